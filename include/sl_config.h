@@ -1,0 +1,126 @@
+/*
+ * sl_config: the YAML configuration, parsed, validated and owned as one
+ * immutable value. Parse, validate, then swap: a caller never sees a half
+ * built config.
+ */
+#ifndef SL_CONFIG_H
+#define SL_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define SL_WORKERS_AUTO 0          /* workers: auto (resolved by the master) */
+#define SL_MAX_WORKERS 64
+
+enum sl_log_level { SL_LOG_ERROR = 0, SL_LOG_WARN, SL_LOG_INFO, SL_LOG_DEBUG };
+
+struct sl_upstream_conf {
+	char *name;
+	char *url;          /* base URL without trailing '/'; the path is appended */
+	char *api_key;      /* NULL: no Authorization header upstream */
+};
+
+struct sl_tenant_conf {
+	char *name;
+	char **keys;
+	size_t nkeys;
+	int32_t max_streams;
+	int32_t retry_after;   /* seconds */
+	char *upstream;        /* upstream name, as written */
+	size_t upstream_idx;   /* index into sl_config.upstreams */
+};
+
+struct sl_config {
+	char *file;            /* path the config was read from */
+	char *listen;          /* "host:port" or "[v6]:port" */
+	char *admin_listen;    /* NULL: no admin listener */
+	int workers;           /* SL_WORKERS_AUTO or 1..SL_MAX_WORKERS */
+	uint64_t stream_buffer;      /* bytes */
+	uint64_t drain_timeout_ms;
+	char *access_log;      /* NULL: off; "stderr" or a path */
+	enum sl_log_level log_level;
+
+	struct {
+		uint64_t upstream_connect_ms;
+		uint64_t upstream_first_byte_ms;
+		uint64_t upstream_idle_ms;
+		uint64_t client_header_ms;
+		uint64_t client_stall_ms;
+		uint64_t keepalive_ms;
+	} timeouts;
+
+	struct {
+		uint64_t max_header_bytes;
+		uint64_t max_body_bytes;
+		uint64_t max_connections;   /* per worker */
+	} limits;
+
+	struct sl_upstream_conf *upstreams;
+	size_t nupstreams;
+	struct sl_tenant_conf *tenants;
+	size_t ntenants;
+};
+
+/*
+ * Problems found while loading, each formatted "FILE:LINE:COL: message"
+ * (LINE and COL 1-based). Every problem is collected, not only the first.
+ */
+struct sl_errors {
+	char **msg;
+	size_t n;
+};
+
+void sl_errors_free(struct sl_errors *);
+void sl_errors_print(const struct sl_errors *, FILE *);
+
+/*
+ * Load and validate the file at path. On success returns 0 and *out owns
+ * a new config (free with sl_config_free). On failure returns -1, *out is
+ * NULL and errs holds at least one message (caller frees with
+ * sl_errors_free). errs must be zeroed by the caller.
+ */
+int sl_config_load_file(const char *path, struct sl_config **out,
+    struct sl_errors *errs);
+
+/* Same, from memory; name is used in messages in place of a file name. */
+int sl_config_load_buffer(const char *name, const char *data, size_t len,
+    struct sl_config **out, struct sl_errors *errs);
+
+void sl_config_free(struct sl_config *);
+
+/* Find a tenant index by name; -1 if absent. */
+int sl_config_tenant_index(const struct sl_config *, const char *name);
+
+/*
+ * Value parsers, exposed for tests and for the command line.
+ * Sizes: a non-negative integer with an optional suffix B, KiB, MiB, GiB
+ * ("64KiB", "1 MiB", "512"). Durations: a non-negative number with a
+ * required unit ms, s, m or h ("250ms", "1.5s", "2m"). Both return 0 and
+ * set *out, or -1 on syntax error or overflow.
+ */
+int sl_parse_size(const char *s, uint64_t *out);
+int sl_parse_duration_ms(const char *s, uint64_t *out_ms);
+
+/*
+ * The table of configuration keys: one row per key, from which the parser,
+ * `sluice -t -v` style listings and the man page check are driven.
+ */
+enum sl_key_type {
+	SL_KEY_STRING, SL_KEY_ADDR, SL_KEY_SIZE, SL_KEY_DURATION, SL_KEY_INT,
+	SL_KEY_WORKERS, SL_KEY_LOGLEVEL, SL_KEY_LOGDEST, SL_KEY_MAP, SL_KEY_LIST
+};
+
+struct sl_key_info {
+	const char *path;       /* "timeouts.client_header", "tenants.*.max_streams" */
+	enum sl_key_type type;
+	const char *def;        /* default as written in YAML; NULL: required or none */
+	const char *range;      /* human readable range, or NULL */
+	int reloadable;         /* 1: applied by SIGHUP */
+	const char *help;
+};
+
+/* NULL-terminated table of every key the parser accepts. */
+const struct sl_key_info *sl_config_keys(void);
+
+#endif

@@ -1,0 +1,105 @@
+/*
+ * sl_http: the client request parser, a thin wrapper around http-parser
+ * 2.9.4 (kept behind this interface so it can be swapped for llhttp).
+ *
+ * The parser stops twice per request so the caller can act at the right
+ * moment: once when the head is complete (admission is decided before the
+ * body is read) and once when the message is complete. Names, values and
+ * the target are copied into an arena bounded by max_header_bytes; the body
+ * is stored up to max_body_bytes (or discarded).
+ */
+#ifndef SL_HTTP_H
+#define SL_HTTP_H
+
+#include <http_parser.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SL_REQ_MAX_HEADERS 128
+
+enum sl_req_state {
+	SL_REQ_HEAD = 0,     /* reading the request head */
+	SL_REQ_HEAD_DONE,    /* head parsed; call sl_req_continue() to read the body */
+	SL_REQ_BODY,         /* reading the body */
+	SL_REQ_DONE,         /* whole message read */
+	SL_REQ_ERROR         /* see status / reason; the connection must close */
+};
+
+struct sl_req_header {
+	uint32_t name_off, name_len;
+	uint32_t value_off, value_len;
+};
+
+struct sl_req {
+	http_parser parser;
+	enum sl_req_state state;
+	int status;              /* on SL_REQ_ERROR: 400, 413, 431, 501 */
+	const char *reason;      /* on SL_REQ_ERROR: human readable, static */
+
+	size_t max_header_bytes;
+	size_t max_body_bytes;
+	int discard_body;        /* set by the caller: count but do not keep */
+
+	char *arena;             /* target + header names and values */
+	size_t arena_len, arena_cap;
+	uint32_t url_off, url_len;
+	struct sl_req_header headers[SL_REQ_MAX_HEADERS];
+	size_t nheaders;
+	int last_was_value;      /* http-parser callback bookkeeping */
+	size_t head_bytes;       /* bytes of head seen (request line + headers) */
+
+	char *body;              /* NULL when empty or discarded */
+	size_t body_len, body_cap;
+	uint64_t body_seen;      /* body bytes seen, kept or not */
+
+	int method;              /* enum http_method */
+	int http_major, http_minor;
+	int keep_alive;          /* from http_should_keep_alive at head done */
+	int has_body;            /* Content-Length > 0 or chunked */
+};
+
+/* Prepare for a new connection. Allocates nothing until bytes arrive. */
+void sl_req_init(struct sl_req *, size_t max_header_bytes, size_t max_body_bytes);
+
+/* Forget the current request, keep the memory: next request on keep-alive. */
+void sl_req_reset(struct sl_req *);
+
+/* Free everything. */
+void sl_req_free(struct sl_req *);
+
+/*
+ * Parse up to len bytes. Returns the number consumed; stops early when the
+ * head completes (state HEAD_DONE), when the message completes (DONE) or on
+ * error (ERROR). The caller keeps unconsumed bytes and feeds them again.
+ */
+size_t sl_req_feed(struct sl_req *, const char *data, size_t len);
+
+/* After HEAD_DONE: go on reading the body (state becomes BODY or DONE). */
+void sl_req_continue(struct sl_req *);
+
+/* The request target as received ("/v1/chat/completions?x=1"). */
+const char *sl_req_url(const struct sl_req *, size_t *len);
+
+/* Value of the first header named name (case-insensitive), or NULL. */
+const char *sl_req_header(const struct sl_req *, const char *name, size_t *len);
+
+/* i-th header; returns 0 or -1 when out of range. */
+int sl_req_header_at(const struct sl_req *, size_t i, const char **name,
+    size_t *nlen, const char **value, size_t *vlen);
+
+/* Method name ("GET") of the current request. */
+const char *sl_req_method(const struct sl_req *);
+
+/*
+ * Bearer token of an Authorization header value ("Bearer KEY"), or NULL when
+ * the value is not of that form. *len receives the token's length.
+ */
+const char *sl_http_bearer(const char *value, size_t vlen, size_t *len);
+
+/* 1 if header name (nlen bytes) is hop-by-hop (RFC 9110 7.6.1 plus legacy ones). */
+int sl_http_is_hop_by_hop(const char *name, size_t nlen);
+
+/* Constant-time comparison of two byte strings; 1 if equal. */
+int sl_ct_equal(const char *a, size_t alen, const char *b, size_t blen);
+
+#endif

@@ -1,0 +1,29 @@
+/*
+ * sl_relay: one client connection, an explicit state machine from accept
+ * to close: read the head, authenticate, admit, read the body, relay the
+ * upstream response through the bounded stream buffer, keep-alive.
+ */
+#ifndef SL_RELAY_H
+#define SL_RELAY_H
+
+#include <curl/curl.h>
+
+struct sl_worker;
+struct sl_conn;
+
+/* Take over an accepted, non-blocking client fd. */
+void sl_conn_new(struct sl_worker *, int fd);
+
+/* libcurl reported the transfer of an easy handle finished (CURLMSG_DONE). */
+void sl_conn_upstream_done(struct sl_worker *, CURL *easy, CURLcode result);
+
+/* Worker shutdown began: close idle connections, close others when done. */
+void sl_conn_drain_all(struct sl_worker *);
+
+/* Close every connection now, cutting streams (drain timeout or SIGQUIT). */
+void sl_conn_close_all(struct sl_worker *);
+
+/* Refuse a connection over max_connections with a 503 and close it. */
+void sl_conn_refuse(int fd);
+
+#endif

@@ -1,0 +1,62 @@
+/*
+ * sl_worker: one worker process. It owns its connections from accept to
+ * close, one libev loop, one libcurl multi handle (so upstream connections
+ * are reused), and a row of the shared region.
+ */
+#ifndef SL_WORKER_H
+#define SL_WORKER_H
+
+#include <curl/curl.h>
+#include <ev.h>
+#include <stddef.h>
+#include <sys/queue.h>
+
+#include "sl_config.h"
+#include "sl_shm.h"
+
+struct sl_conn;
+
+/* What the master hands a worker at fork. Borrowed, never freed by the worker. */
+struct sl_worker_args {
+	const struct sl_config *cfg;
+	struct sl_shm *shm;
+	const size_t *tenant_slot;   /* config tenant index -> shm tenant index */
+	size_t row;                  /* this worker's shm row */
+	int listen_fd;               /* this worker's SO_REUSEPORT socket */
+	int index;                   /* worker number, for logs */
+	unsigned generation;
+};
+
+struct sl_worker {
+	struct ev_loop *loop;
+	const struct sl_config *cfg;
+	struct sl_shm *shm;
+	const size_t *tenant_slot;
+	size_t row;
+	int index;
+
+	int listen_fd;
+	ev_io accept_io;
+	int spare_fd;                /* released on EMFILE to shed one connection */
+	ev_timer accept_retry;
+
+	CURLM *multi;
+	ev_timer curl_timer;
+
+	ev_signal sig_term, sig_int, sig_quit, sig_hup;
+	ev_timer drain_timer;
+	int draining;
+
+	size_t nconns;
+	TAILQ_HEAD(, sl_conn) conns;
+
+	size_t curl_bufsize;         /* CURLOPT_BUFFERSIZE for every stream */
+};
+
+/* Run the worker; returns the process exit status. Call in the child. */
+int sl_worker_main(const struct sl_worker_args *);
+
+/* Drive libcurl after a socket event or timeout, then reap finished transfers. */
+void sl_worker_curl_action(struct sl_worker *, curl_socket_t, int ev_bitmask);
+
+#endif

@@ -1,0 +1,128 @@
+/*
+ * Bounded byte ring. Memory grows by doubling from SL_BUF_MIN_ALLOC up to
+ * cap, so a stream whose client keeps up never holds more than a few KiB,
+ * and one whose client stalls holds at most cap.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "sl_buf.h"
+
+#define SL_BUF_MIN_ALLOC 4096
+
+void
+sl_buf_init(struct sl_buf *b, size_t cap)
+{
+	memset(b, 0, sizeof(*b));
+	b->cap = cap;
+}
+
+void
+sl_buf_free(struct sl_buf *b)
+{
+	free(b->data);
+	b->data = NULL;
+	b->alloc = 0;
+	b->head = 0;
+	b->len = 0;
+}
+
+/* Grow to hold at least need bytes, linearising the contents. */
+static int
+buf_grow(struct sl_buf *b, size_t need)
+{
+	size_t na = b->alloc ? b->alloc : SL_BUF_MIN_ALLOC;
+	char *nd;
+
+	while (na < need)
+		na *= 2;
+	if (na > b->cap)
+		na = b->cap;
+	if (na < need)
+		return -1;
+	nd = malloc(na);
+	if (nd == NULL)
+		return -1;
+	if (b->len > 0)
+		sl_buf_peek(b, nd, b->len);
+	free(b->data);
+	b->data = nd;
+	b->alloc = na;
+	b->head = 0;
+	return 0;
+}
+
+int
+sl_buf_append(struct sl_buf *b, const void *p, size_t n)
+{
+	size_t tail, first;
+
+	if (n == 0)
+		return 0;
+	if (n > b->cap - b->len)
+		return -1;
+	if (b->len + n > b->alloc && buf_grow(b, b->len + n) == -1)
+		return -1;
+	tail = (b->head + b->len) % b->alloc;
+	first = b->alloc - tail;
+	if (first > n)
+		first = n;
+	memcpy(b->data + tail, p, first);
+	if (n > first)
+		memcpy(b->data, (const char *)p + first, n - first);
+	b->len += n;
+	return 0;
+}
+
+int
+sl_buf_iov(const struct sl_buf *b, struct iovec iov[2])
+{
+	size_t first;
+
+	if (b->len == 0)
+		return 0;
+	first = b->alloc - b->head;
+	if (first >= b->len) {
+		iov[0].iov_base = b->data + b->head;
+		iov[0].iov_len = b->len;
+		return 1;
+	}
+	iov[0].iov_base = b->data + b->head;
+	iov[0].iov_len = first;
+	iov[1].iov_base = b->data;
+	iov[1].iov_len = b->len - first;
+	return 2;
+}
+
+void
+sl_buf_consume(struct sl_buf *b, size_t n)
+{
+	if (n >= b->len) {
+		/* Empty: restart at offset 0 so the next appends are contiguous. */
+		b->head = 0;
+		b->len = 0;
+		return;
+	}
+	b->head = (b->head + n) % b->alloc;
+	b->len -= n;
+}
+
+size_t
+sl_buf_peek(const struct sl_buf *b, void *p, size_t n)
+{
+	struct iovec iov[2];
+	int cnt, i;
+	size_t done = 0, k;
+
+	cnt = sl_buf_iov(b, iov);
+	for (i = 0; i < cnt && done < n; i++) {
+		k = iov[i].iov_len;
+		if (k > n - done)
+			k = n - done;
+		memcpy((char *)p + done, iov[i].iov_base, k);
+		done += k;
+	}
+	return done;
+}

@@ -1,0 +1,1105 @@
+/*
+ * Configuration: YAML (libyaml document API) -> struct sl_config.
+ *
+ * Every key lives in one table (keys[] below) with its type, default, range
+ * and help; the parser, `sluice -t` and the man page check are driven by it.
+ * Every problem is reported as FILE:LINE:COL: message, all of them, not just
+ * the first. Unknown keys, duplicate keys and aliases are errors: a misspelt
+ * limit must never silently become "unlimited".
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "sl_config.h"
+
+#define KIB 1024ULL
+#define MIB (1024ULL * KIB)
+#define GIB (1024ULL * MIB)
+#define SEC 1000ULL
+#define MIN (60ULL * SEC)
+#define HOUR (60ULL * MIN)
+
+/*
+ * The key table. min/max are in the key's unit (bytes, ms, or plain
+ * integers). `off` says where the value goes for scalar top-level keys;
+ * per-upstream and per-tenant keys are handled by name.
+ */
+struct key_row {
+	struct sl_key_info info;
+	uint64_t min, max;
+	int required;
+	size_t off;             /* offsetof in struct sl_config, or SIZE_MAX */
+};
+
+#define OFF(f) offsetof(struct sl_config, f)
+#define NOOFF SIZE_MAX
+
+static const struct key_row keys[] = {
+	{ { "listen", SL_KEY_ADDR, NULL, "host:port or [v6]:port", 0,
+	    "Address the gateway accepts client connections on." },
+	    0, 0, 1, OFF(listen) },
+	{ { "workers", SL_KEY_WORKERS, "auto", "1-64 or auto", 1,
+	    "Number of worker processes; auto means one per CPU." },
+	    1, SL_MAX_WORKERS, 0, OFF(workers) },
+	{ { "admin_listen", SL_KEY_ADDR, NULL, "host:port or [v6]:port", 0,
+	    "Address of the admin listener (/metrics, /healthz); unset: none." },
+	    0, 0, 0, OFF(admin_listen) },
+	{ { "stream_buffer", SL_KEY_SIZE, "64KiB", "16KiB-1GiB", 1,
+	    "Per-stream bound on response bytes waiting for a slow client; "
+	    "when full, the upstream is no longer read." },
+	    16 * KIB, GIB, 0, OFF(stream_buffer) },
+	{ { "drain_timeout", SL_KEY_DURATION, "30s", "0-24h", 1,
+	    "On SIGTERM, how long in-flight streams may run before they are cut." },
+	    0, 24 * HOUR, 0, OFF(drain_timeout_ms) },
+	{ { "access_log", SL_KEY_LOGDEST, "off", "path, stderr or off", 1,
+	    "Where one line per request is written." },
+	    0, 0, 0, OFF(access_log) },
+	{ { "log_level", SL_KEY_LOGLEVEL, "info", "error, warn, info, debug", 1,
+	    "Least severe level of the error log (stderr)." },
+	    0, 0, 0, OFF(log_level) },
+	{ { "timeouts", SL_KEY_MAP, NULL, NULL, 1, "Timeouts, all durations." },
+	    0, 0, 0, NOOFF },
+	{ { "timeouts.upstream_connect", SL_KEY_DURATION, "5s", "1ms-10m", 1,
+	    "Connecting to the upstream; past it the client gets 502." },
+	    1, 10 * MIN, 0, OFF(timeouts.upstream_connect_ms) },
+	{ { "timeouts.upstream_first_byte", SL_KEY_DURATION, "120s", "1ms-24h", 1,
+	    "From sending the request to the upstream's response head; past it 504." },
+	    1, 24 * HOUR, 0, OFF(timeouts.upstream_first_byte_ms) },
+	{ { "timeouts.upstream_idle", SL_KEY_DURATION, "120s", "1ms-24h", 1,
+	    "Longest silence of the upstream mid-stream; past it the stream is cut." },
+	    1, 24 * HOUR, 0, OFF(timeouts.upstream_idle_ms) },
+	{ { "timeouts.client_header", SL_KEY_DURATION, "10s", "1ms-1h", 1,
+	    "Time to receive a complete request head; past it 408 and close." },
+	    1, HOUR, 0, OFF(timeouts.client_header_ms) },
+	{ { "timeouts.client_stall", SL_KEY_DURATION, "30s", "1ms-24h", 1,
+	    "How long a client may accept no bytes while its stream buffer is "
+	    "full; past it the stream is cut and the slot freed." },
+	    1, 24 * HOUR, 0, OFF(timeouts.client_stall_ms) },
+	{ { "timeouts.keepalive", SL_KEY_DURATION, "60s", "0-1h", 1,
+	    "Idle time allowed between requests on a connection; 0 closes after "
+	    "each response." },
+	    0, HOUR, 0, OFF(timeouts.keepalive_ms) },
+	{ { "limits", SL_KEY_MAP, NULL, NULL, 1, "Request and connection limits." },
+	    0, 0, 0, NOOFF },
+	{ { "limits.max_header_bytes", SL_KEY_SIZE, "32KiB", "1KiB-1MiB", 1,
+	    "Largest request head (request line and headers); past it 431." },
+	    KIB, MIB, 0, OFF(limits.max_header_bytes) },
+	{ { "limits.max_body_bytes", SL_KEY_SIZE, "16MiB", "0-1GiB", 1,
+	    "Largest request body; past it 413." },
+	    0, GIB, 0, OFF(limits.max_body_bytes) },
+	{ { "limits.max_connections", SL_KEY_INT, "20000", "1-1000000", 1,
+	    "Client connections per worker; past it new connections get 503." },
+	    1, 1000000, 0, OFF(limits.max_connections) },
+	{ { "upstreams", SL_KEY_MAP, NULL, "at least one", 1,
+	    "Model runners, by name." },
+	    0, 0, 1, NOOFF },
+	{ { "upstreams.*.url", SL_KEY_STRING, NULL, "http:// or https:// URL", 1,
+	    "Base URL; the client's path and query are appended." },
+	    0, 0, 1, NOOFF },
+	{ { "upstreams.*.api_key", SL_KEY_STRING, NULL, NULL, 1,
+	    "Sent upstream as Authorization: Bearer; unset: no Authorization." },
+	    0, 0, 0, NOOFF },
+	{ { "tenants", SL_KEY_MAP, NULL, "at least one", 1,
+	    "Tenants, by name." },
+	    0, 0, 1, NOOFF },
+	{ { "tenants.*.keys", SL_KEY_LIST, NULL, "non-empty list of strings", 1,
+	    "API keys (Authorization: Bearer KEY) that identify the tenant." },
+	    0, 0, 1, NOOFF },
+	{ { "tenants.*.max_streams", SL_KEY_INT, NULL, "0-1000000", 1,
+	    "Concurrent requests in flight across all workers; past it 429." },
+	    0, 1000000, 1, NOOFF },
+	{ { "tenants.*.retry_after", SL_KEY_INT, "1", "1-86400", 1,
+	    "Seconds sent in Retry-After with a 429." },
+	    1, 86400, 0, NOOFF },
+	{ { "tenants.*.upstream", SL_KEY_STRING, NULL, "an upstream name", 1,
+	    "Upstream serving the tenant; may be omitted when there is one." },
+	    0, 0, 0, NOOFF },
+	{ { NULL, 0, NULL, NULL, 0, NULL }, 0, 0, 0, NOOFF },
+};
+
+const struct sl_key_info *
+sl_config_keys(void)
+{
+	static struct sl_key_info infos[sizeof(keys) / sizeof(keys[0])];
+	size_t i;
+
+	if (infos[0].path == NULL)
+		for (i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+			infos[i] = keys[i].info;
+	return infos;
+}
+
+static const struct key_row *
+find_key(const char *path)
+{
+	const struct key_row *k;
+
+	for (k = keys; k->info.path != NULL; k++)
+		if (strcmp(k->info.path, path) == 0)
+			return k;
+	return NULL;
+}
+
+/* ---- errors ---------------------------------------------------------- */
+
+void
+sl_errors_free(struct sl_errors *e)
+{
+	size_t i;
+
+	for (i = 0; i < e->n; i++)
+		free(e->msg[i]);
+	free(e->msg);
+	e->msg = NULL;
+	e->n = 0;
+}
+
+void
+sl_errors_print(const struct sl_errors *e, FILE *fp)
+{
+	size_t i;
+
+	for (i = 0; i < e->n; i++)
+		fprintf(fp, "%s\n", e->msg[i]);
+}
+
+struct ctx {
+	const char *name;
+	yaml_document_t *doc;
+	struct sl_errors *errs;
+	struct sl_config *cfg;
+	unsigned char *seen;       /* per node: visited once (alias detection) */
+	size_t nnodes;
+};
+
+static void err_at(struct ctx *, const yaml_mark_t *, const char *, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void
+err_add(struct sl_errors *e, char *msg)
+{
+	char **nm;
+
+	if (msg == NULL)
+		return;
+	nm = realloc(e->msg, (e->n + 1) * sizeof(*nm));
+	if (nm == NULL) {
+		free(msg);
+		return;
+	}
+	e->msg = nm;
+	e->msg[e->n++] = msg;
+}
+
+static void
+err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
+{
+	char body[512], *msg;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(body, sizeof(body), fmt, ap);
+	va_end(ap);
+	if (asprintf(&msg, "%s:%zu:%zu: %s", c->name,
+	    m ? m->line + 1 : 1, m ? m->column + 1 : 1, body) < 0)
+		return;
+	err_add(c->errs, msg);
+}
+
+/* ---- value parsers --------------------------------------------------- */
+
+static const char *
+skip_ws(const char *s)
+{
+	while (*s == ' ' || *s == '\t')
+		s++;
+	return s;
+}
+
+int
+sl_parse_size(const char *s, uint64_t *out)
+{
+	static const struct { const char *sfx; uint64_t mul; } units[] = {
+		{ "B", 1 }, { "KiB", KIB }, { "MiB", MIB }, { "GiB", GIB },
+		{ "", 1 }, { NULL, 0 }
+	};
+	const char *p = skip_ws(s), *u;
+	uint64_t v = 0;
+	size_t i;
+
+	if (!isdigit((unsigned char)*p))
+		return -1;
+	while (isdigit((unsigned char)*p)) {
+		if (v > (UINT64_MAX - 9) / 10)
+			return -1;
+		v = v * 10 + (uint64_t)(*p++ - '0');
+	}
+	u = skip_ws(p);
+	for (i = 0; units[i].sfx != NULL; i++) {
+		size_t l = strlen(units[i].sfx);
+
+		if (strncmp(u, units[i].sfx, l) == 0 && *skip_ws(u + l) == '\0') {
+			if (v != 0 && units[i].mul > UINT64_MAX / v)
+				return -1;
+			*out = v * units[i].mul;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+int
+sl_parse_duration_ms(const char *s, uint64_t *out_ms)
+{
+	static const struct { const char *sfx; uint64_t ms; } units[] = {
+		{ "ms", 1 }, { "s", SEC }, { "m", MIN }, { "h", HOUR }, { NULL, 0 }
+	};
+	const char *p = skip_ws(s), *u;
+	uint64_t whole = 0, frac = 0, fscale = 1;
+	size_t i;
+
+	if (!isdigit((unsigned char)*p))
+		return -1;
+	while (isdigit((unsigned char)*p)) {
+		if (whole > (UINT64_MAX - 9) / 10)
+			return -1;
+		whole = whole * 10 + (uint64_t)(*p++ - '0');
+	}
+	if (*p == '.') {
+		p++;
+		if (!isdigit((unsigned char)*p))
+			return -1;
+		while (isdigit((unsigned char)*p)) {
+			if (fscale < 1000000000ULL) {
+				frac = frac * 10 + (uint64_t)(*p - '0');
+				fscale *= 10;
+			}
+			p++;
+		}
+	}
+	u = skip_ws(p);
+	for (i = 0; units[i].sfx != NULL; i++) {
+		size_t l = strlen(units[i].sfx);
+
+		if (strncmp(u, units[i].sfx, l) == 0 && *skip_ws(u + l) == '\0') {
+			uint64_t m = units[i].ms;
+
+			if (whole != 0 && m > UINT64_MAX / whole / 2)
+				return -1;
+			*out_ms = whole * m + frac * m / fscale;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static int
+parse_int(const char *s, int64_t *out)
+{
+	char *end;
+	long long v;
+
+	if (*s == '\0' || isspace((unsigned char)*s))
+		return -1;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno != 0 || *end != '\0')
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* host:port or [v6]:port with a numeric port 1-65535. */
+static int
+valid_addr(const char *s)
+{
+	const char *colon;
+	int64_t port;
+
+	if (s[0] == '[') {
+		const char *rb = strchr(s, ']');
+
+		if (rb == NULL || rb == s + 1 || rb[1] != ':')
+			return 0;
+		colon = rb + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (colon == NULL || colon == s || memchr(s, ':', (size_t)(colon - s)))
+			return 0;
+	}
+	if (parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
+		return 0;
+	return 1;
+}
+
+/* ---- YAML walking ---------------------------------------------------- */
+
+static yaml_node_t *
+node(struct ctx *c, int id)
+{
+	yaml_node_t *n = yaml_document_get_node(c->doc, id);
+
+	if (n != NULL && id >= 1 && (size_t)id <= c->nnodes) {
+		if (c->seen[id - 1]) {
+			err_at(c, &n->start_mark, "aliases are not allowed");
+			return NULL;
+		}
+		c->seen[id - 1] = 1;
+	}
+	return n;
+}
+
+static const char *
+scalar(yaml_node_t *n)
+{
+	return (const char *)n->data.scalar.value;
+}
+
+static int
+is_null(yaml_node_t *n)
+{
+	const char *v;
+
+	if (n->type != YAML_SCALAR_NODE ||
+	    n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+		return 0;
+	v = scalar(n);
+	return v[0] == '\0' || strcmp(v, "~") == 0 || strcmp(v, "null") == 0 ||
+	    strcmp(v, "Null") == 0 || strcmp(v, "NULL") == 0;
+}
+
+static const char *
+type_name(yaml_node_t *n)
+{
+	switch (n->type) {
+	case YAML_MAPPING_NODE:
+		return "a mapping";
+	case YAML_SEQUENCE_NODE:
+		return "a list";
+	default:
+		return is_null(n) ? "null" : "a scalar";
+	}
+}
+
+/* Expect a scalar; on error report and return NULL. */
+static const char *
+want_scalar(struct ctx *c, yaml_node_t *n, const char *key)
+{
+	if (n->type != YAML_SCALAR_NODE || is_null(n)) {
+		err_at(c, &n->start_mark, "%s: expected a value, got %s", key,
+		    type_name(n));
+		return NULL;
+	}
+	return scalar(n);
+}
+
+static char *
+xstrdup(struct ctx *c, const char *s)
+{
+	char *d = strdup(s);
+
+	if (d == NULL)
+		err_at(c, NULL, "out of memory");
+	return d;
+}
+
+/*
+ * Iterate a mapping's pairs, reporting non-scalar and duplicate keys.
+ * Calls fn for each well-formed pair.
+ */
+typedef void (*pair_fn)(struct ctx *, yaml_node_t *key, yaml_node_t *val,
+    void *arg);
+
+static void
+each_pair(struct ctx *c, yaml_node_t *map, pair_fn fn, void *arg)
+{
+	yaml_node_pair_t *p, *q;
+
+	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+	    p++) {
+		yaml_node_t *k = node(c, p->key), *v;
+		int dup = 0;
+
+		v = node(c, p->value);
+		if (k == NULL || v == NULL)
+			continue;
+		if (k->type != YAML_SCALAR_NODE) {
+			err_at(c, &k->start_mark, "mapping keys must be scalars");
+			continue;
+		}
+		for (q = map->data.mapping.pairs.start; q < p; q++) {
+			yaml_node_t *pk = yaml_document_get_node(c->doc, q->key);
+
+			if (pk != NULL && pk->type == YAML_SCALAR_NODE &&
+			    strcmp(scalar(pk), scalar(k)) == 0) {
+				err_at(c, &k->start_mark,
+				    "duplicate key '%s' (first at line %zu)",
+				    scalar(k), pk->start_mark.line + 1);
+				dup = 1;
+				break;
+			}
+		}
+		if (!dup)
+			fn(c, k, v, arg);
+	}
+}
+
+/* Parse a scalar value of a typed key into dst; dst's type depends on row. */
+static void
+set_value(struct ctx *c, const struct key_row *row, const char *path,
+    yaml_node_t *v, void *dst)
+{
+	const char *s;
+	uint64_t u;
+	int64_t i;
+
+	if (row->info.type == SL_KEY_ADDR && !row->required && is_null(v)) {
+		free(*(char **)dst);
+		*(char **)dst = NULL;
+		return;
+	}
+	if ((s = want_scalar(c, v, path)) == NULL)
+		return;
+	switch (row->info.type) {
+	case SL_KEY_ADDR:
+		if (!valid_addr(s)) {
+			err_at(c, &v->start_mark,
+			    "%s: '%s' is not host:port or [v6]:port", path, s);
+			return;
+		}
+		free(*(char **)dst);
+		*(char **)dst = xstrdup(c, s);
+		return;
+	case SL_KEY_STRING:
+		free(*(char **)dst);
+		*(char **)dst = xstrdup(c, s);
+		return;
+	case SL_KEY_SIZE:
+		if (sl_parse_size(s, &u) == -1) {
+			err_at(c, &v->start_mark,
+			    "%s: '%s' is not a size (e.g. 64KiB; units B, KiB, MiB, GiB)",
+			    path, s);
+			return;
+		}
+		if (u < row->min || u > row->max) {
+			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			    path, s, row->info.range);
+			return;
+		}
+		*(uint64_t *)dst = u;
+		return;
+	case SL_KEY_DURATION:
+		if (sl_parse_duration_ms(s, &u) == -1) {
+			err_at(c, &v->start_mark,
+			    "%s: '%s' is not a duration (e.g. 30s; units ms, s, m, h)",
+			    path, s);
+			return;
+		}
+		if (u < row->min || u > row->max) {
+			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			    path, s, row->info.range);
+			return;
+		}
+		*(uint64_t *)dst = u;
+		return;
+	case SL_KEY_INT:
+		if (parse_int(s, &i) == -1) {
+			err_at(c, &v->start_mark, "%s: '%s' is not an integer",
+			    path, s);
+			return;
+		}
+		if (i < (int64_t)row->min || i > (int64_t)row->max) {
+			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			    path, s, row->info.range);
+			return;
+		}
+		if (row->off == OFF(limits.max_connections))
+			*(uint64_t *)dst = (uint64_t)i;
+		else
+			*(int32_t *)dst = (int32_t)i;
+		return;
+	case SL_KEY_WORKERS:
+		if (strcmp(s, "auto") == 0) {
+			*(int *)dst = SL_WORKERS_AUTO;
+			return;
+		}
+		if (parse_int(s, &i) == -1 || i < (int64_t)row->min ||
+		    i > (int64_t)row->max) {
+			err_at(c, &v->start_mark,
+			    "%s: '%s' must be auto or an integer in %s", path, s,
+			    row->info.range);
+			return;
+		}
+		*(int *)dst = (int)i;
+		return;
+	case SL_KEY_LOGLEVEL: {
+		static const char *const lv[] = { "error", "warn", "info", "debug" };
+		int k;
+
+		for (k = 0; k < 4; k++)
+			if (strcmp(s, lv[k]) == 0) {
+				*(enum sl_log_level *)dst = (enum sl_log_level)k;
+				return;
+			}
+		err_at(c, &v->start_mark,
+		    "%s: '%s' must be one of error, warn, info, debug", path, s);
+		return;
+	}
+	case SL_KEY_LOGDEST:
+		free(*(char **)dst);
+		*(char **)dst = strcmp(s, "off") == 0 ? NULL : xstrdup(c, s);
+		return;
+	default:
+		return;
+	}
+}
+
+struct map_arg {
+	const char *prefix;       /* "" or "timeouts" */
+	unsigned char *present;   /* per key row */
+};
+
+static void top_pair(struct ctx *, yaml_node_t *, yaml_node_t *, void *);
+
+static void
+require_mapping(struct ctx *c, yaml_node_t *v, const char *path, int *ok)
+{
+	*ok = v->type == YAML_MAPPING_NODE;
+	if (!*ok)
+		err_at(c, &v->start_mark, "%s: expected a mapping, got %s", path,
+		    type_name(v));
+}
+
+/* ---- upstreams and tenants ------------------------------------------- */
+
+struct named_arg {
+	size_t idx;
+	unsigned char present[8];
+	yaml_node_t *upstream_node;
+};
+
+static void
+upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	struct named_arg *a = arg;
+	struct sl_upstream_conf *u = &c->cfg->upstreams[a->idx];
+	const char *key = scalar(k);
+	char path[256];
+
+	snprintf(path, sizeof(path), "upstreams.%s.%s", u->name, key);
+	if (strcmp(key, "url") == 0) {
+		a->present[0] = 1;
+		set_value(c, find_key("upstreams.*.url"), path, v, &u->url);
+		if (u->url != NULL) {
+			size_t l;
+
+			if (strncmp(u->url, "http://", 7) != 0 &&
+			    strncmp(u->url, "https://", 8) != 0) {
+				err_at(c, &v->start_mark,
+				    "%s: '%s' must start with http:// or https://",
+				    path, u->url);
+				return;
+			}
+			if (strpbrk(u->url, "?# \t\r\n") != NULL) {
+				err_at(c, &v->start_mark,
+				    "%s: must not contain a query, fragment or spaces",
+				    path);
+				return;
+			}
+			l = strlen(u->url);
+			while (l > 0 && u->url[l - 1] == '/')
+				u->url[--l] = '\0';
+		}
+	} else if (strcmp(key, "api_key") == 0) {
+		if (is_null(v))
+			return;
+		set_value(c, find_key("upstreams.*.api_key"), path, v, &u->api_key);
+		if (u->api_key != NULL && strpbrk(u->api_key, "\r\n") != NULL)
+			err_at(c, &v->start_mark, "%s: must not contain CR or LF",
+			    path);
+	} else
+		err_at(c, &k->start_mark, "unknown key '%s' in upstream '%s'",
+		    key, u->name);
+}
+
+static void
+upstreams_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	size_t *i = arg;
+	struct named_arg a;
+	char path[256];
+	int ok;
+
+	memset(&a, 0, sizeof(a));
+	a.idx = (*i)++;
+	c->cfg->upstreams[a.idx].name = xstrdup(c, scalar(k));
+	snprintf(path, sizeof(path), "upstreams.%s", scalar(k));
+	require_mapping(c, v, path, &ok);
+	if (!ok)
+		return;
+	each_pair(c, v, upstream_pair, &a);
+	if (!a.present[0])
+		err_at(c, &v->start_mark, "upstream '%s': missing required key 'url'",
+		    scalar(k));
+}
+
+static void
+tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	struct named_arg *a = arg;
+	struct sl_tenant_conf *t = &c->cfg->tenants[a->idx];
+	const char *key = scalar(k);
+	char path[256];
+
+	snprintf(path, sizeof(path), "tenants.%s.%s", t->name, key);
+	if (strcmp(key, "keys") == 0) {
+		yaml_node_item_t *it;
+		size_t n;
+
+		a->present[0] = 1;
+		if (v->type != YAML_SEQUENCE_NODE) {
+			err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
+			    path, type_name(v));
+			return;
+		}
+		n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+		if (n == 0) {
+			err_at(c, &v->start_mark, "%s: must hold at least one key", path);
+			return;
+		}
+		t->keys = calloc(n, sizeof(char *));
+		if (t->keys == NULL) {
+			err_at(c, NULL, "out of memory");
+			return;
+		}
+		for (it = v->data.sequence.items.start;
+		    it < v->data.sequence.items.top; it++) {
+			yaml_node_t *kn = node(c, *it);
+			const char *s;
+
+			if (kn == NULL || (s = want_scalar(c, kn, path)) == NULL)
+				continue;
+			if (s[0] == '\0' || strpbrk(s, " \t\r\n") != NULL) {
+				err_at(c, &kn->start_mark,
+				    "%s: a key must be non-empty, without spaces", path);
+				continue;
+			}
+			t->keys[t->nkeys++] = xstrdup(c, s);
+		}
+	} else if (strcmp(key, "max_streams") == 0) {
+		a->present[1] = 1;
+		set_value(c, find_key("tenants.*.max_streams"), path, v,
+		    &t->max_streams);
+	} else if (strcmp(key, "retry_after") == 0) {
+		set_value(c, find_key("tenants.*.retry_after"), path, v,
+		    &t->retry_after);
+	} else if (strcmp(key, "upstream") == 0) {
+		set_value(c, find_key("tenants.*.upstream"), path, v, &t->upstream);
+		a->upstream_node = v;
+	} else
+		err_at(c, &k->start_mark, "unknown key '%s' in tenant '%s'", key,
+		    t->name);
+}
+
+static void
+tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	size_t *i = arg;
+	struct named_arg a;
+	struct sl_tenant_conf *t;
+	char path[256];
+	int ok;
+	size_t u;
+
+	memset(&a, 0, sizeof(a));
+	a.idx = (*i)++;
+	t = &c->cfg->tenants[a.idx];
+	t->name = xstrdup(c, scalar(k));
+	t->retry_after = 1;
+	t->max_streams = -1;
+	snprintf(path, sizeof(path), "tenants.%s", scalar(k));
+	require_mapping(c, v, path, &ok);
+	if (!ok)
+		return;
+	each_pair(c, v, tenant_pair, &a);
+	if (!a.present[0])
+		err_at(c, &v->start_mark, "tenant '%s': missing required key 'keys'",
+		    scalar(k));
+	if (!a.present[1])
+		err_at(c, &v->start_mark,
+		    "tenant '%s': missing required key 'max_streams'", scalar(k));
+	if (t->upstream == NULL) {
+		if (c->cfg->nupstreams == 1) {
+			t->upstream_idx = 0;
+			return;
+		}
+		if (c->cfg->nupstreams > 1)
+			err_at(c, &v->start_mark,
+			    "tenant '%s': missing key 'upstream' (there are %zu upstreams)",
+			    scalar(k), c->cfg->nupstreams);
+		return;
+	}
+	for (u = 0; u < c->cfg->nupstreams; u++)
+		if (c->cfg->upstreams[u].name != NULL &&
+		    strcmp(c->cfg->upstreams[u].name, t->upstream) == 0) {
+			t->upstream_idx = u;
+			return;
+		}
+	err_at(c, &a.upstream_node->start_mark,
+	    "tenants.%s.upstream: no upstream named '%s'", scalar(k), t->upstream);
+}
+
+static size_t
+map_len(yaml_node_t *m)
+{
+	return (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
+}
+
+/* ---- top level ------------------------------------------------------- */
+
+static void
+top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	struct map_arg *a = arg;
+	const struct key_row *row;
+	char path[256];
+	int ok;
+
+	if (a->prefix[0] != '\0')
+		snprintf(path, sizeof(path), "%s.%s", a->prefix, scalar(k));
+	else
+		snprintf(path, sizeof(path), "%s", scalar(k));
+	row = find_key(path);
+	if (row == NULL || strchr(row->info.path, '*') != NULL) {
+		err_at(c, &k->start_mark, "unknown key '%s'", path);
+		return;
+	}
+	a->present[row - keys] = 1;
+	if (row->info.type != SL_KEY_MAP) {
+		set_value(c, row, path, v, (char *)c->cfg + row->off);
+		return;
+	}
+	require_mapping(c, v, path, &ok);
+	if (!ok)
+		return;
+	if (strcmp(path, "upstreams") == 0 || strcmp(path, "tenants") == 0)
+		return;   /* second pass: tenants need all upstreams first */
+	{
+		struct map_arg sub = { path, a->present };
+
+		each_pair(c, v, top_pair, &sub);
+	}
+}
+
+static void
+set_defaults(struct sl_config *cfg)
+{
+	const struct key_row *k;
+
+	for (k = keys; k->info.path != NULL; k++) {
+		void *dst = (char *)cfg + k->off;
+		uint64_t u;
+
+		if (k->off == NOOFF || k->info.def == NULL)
+			continue;
+		switch (k->info.type) {
+		case SL_KEY_SIZE:
+			if (sl_parse_size(k->info.def, &u) == 0)
+				*(uint64_t *)dst = u;
+			break;
+		case SL_KEY_DURATION:
+			if (sl_parse_duration_ms(k->info.def, &u) == 0)
+				*(uint64_t *)dst = u;
+			break;
+		case SL_KEY_INT:
+			*(uint64_t *)dst = strtoull(k->info.def, NULL, 10);
+			break;
+		case SL_KEY_WORKERS:
+			cfg->workers = SL_WORKERS_AUTO;
+			break;
+		case SL_KEY_LOGLEVEL:
+			cfg->log_level = SL_LOG_INFO;
+			break;
+		default:
+			break;
+		}
+	}
+}
+
+static yaml_node_t *
+find_child(struct ctx *c, yaml_node_t *map, const char *key)
+{
+	yaml_node_pair_t *p;
+
+	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+	    p++) {
+		yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+
+		if (k != NULL && k->type == YAML_SCALAR_NODE &&
+		    strcmp(scalar(k), key) == 0)
+			return yaml_document_get_node(c->doc, p->value);
+	}
+	return NULL;
+}
+
+static void
+check_cross(struct ctx *c, yaml_node_t *tenants)
+{
+	struct sl_config *cfg = c->cfg;
+	size_t i, j, a, b;
+
+	/* A key must name exactly one tenant. */
+	for (i = 0; i < cfg->ntenants; i++)
+		for (a = 0; a < cfg->tenants[i].nkeys; a++)
+			for (j = i; j < cfg->ntenants; j++)
+				for (b = (j == i ? a + 1 : 0);
+				    b < cfg->tenants[j].nkeys; b++) {
+					const char *x = cfg->tenants[i].keys[a];
+					const char *y = cfg->tenants[j].keys[b];
+
+					if (x != NULL && y != NULL && strcmp(x, y) == 0)
+						err_at(c, &tenants->start_mark,
+						    "tenants '%s' and '%s' share a key",
+						    cfg->tenants[i].name,
+						    cfg->tenants[j].name);
+				}
+}
+
+static int
+load(struct ctx *c, yaml_parser_t *parser)
+{
+	yaml_document_t doc;
+	yaml_node_t *root, *n;
+	struct map_arg top;
+	unsigned char present[sizeof(keys) / sizeof(keys[0])];
+	const struct key_row *k;
+	size_t i;
+
+	if (!yaml_parser_load(parser, &doc)) {
+		yaml_mark_t m = parser->problem_mark;
+
+		if (parser->context != NULL)
+			err_at(c, &m, "%s %s", parser->problem ? parser->problem :
+			    "syntax error", parser->context);
+		else
+			err_at(c, &m, "%s", parser->problem ? parser->problem :
+			    "syntax error");
+		return -1;
+	}
+	c->doc = &doc;
+	root = yaml_document_get_root_node(&doc);
+	if (root == NULL) {
+		err_at(c, NULL, "empty configuration");
+		yaml_document_delete(&doc);
+		return -1;
+	}
+	c->nnodes = (size_t)(doc.nodes.top - doc.nodes.start);
+	c->seen = calloc(c->nnodes ? c->nnodes : 1, 1);
+	if (c->seen == NULL) {
+		err_at(c, NULL, "out of memory");
+		yaml_document_delete(&doc);
+		return -1;
+	}
+	c->seen[0] = 1;
+	if (root->type != YAML_MAPPING_NODE) {
+		err_at(c, &root->start_mark, "the configuration must be a mapping, got %s",
+		    type_name(root));
+		goto out;
+	}
+
+	memset(present, 0, sizeof(present));
+	top.prefix = "";
+	top.present = present;
+	each_pair(c, root, top_pair, &top);
+
+	/* Upstreams, then tenants (which refer to upstreams). */
+	if ((n = find_child(c, root, "upstreams")) != NULL &&
+	    n->type == YAML_MAPPING_NODE) {
+		size_t cnt = map_len(n), idx = 0;
+
+		if (cnt == 0)
+			err_at(c, &n->start_mark, "upstreams: at least one is required");
+		c->cfg->upstreams = calloc(cnt ? cnt : 1, sizeof(*c->cfg->upstreams));
+		if (c->cfg->upstreams != NULL) {
+			each_pair(c, n, upstreams_pair, &idx);
+			c->cfg->nupstreams = idx;
+		}
+	}
+	if ((n = find_child(c, root, "tenants")) != NULL &&
+	    n->type == YAML_MAPPING_NODE) {
+		size_t cnt = map_len(n), idx = 0;
+
+		if (cnt == 0)
+			err_at(c, &n->start_mark, "tenants: at least one is required");
+		c->cfg->tenants = calloc(cnt ? cnt : 1, sizeof(*c->cfg->tenants));
+		if (c->cfg->tenants != NULL) {
+			each_pair(c, n, tenants_pair, &idx);
+			c->cfg->ntenants = idx;
+		}
+		check_cross(c, n);
+	}
+
+	for (k = keys; k->info.path != NULL; k++)
+		if (k->required && strchr(k->info.path, '*') == NULL &&
+		    !present[k - keys])
+			err_at(c, &root->start_mark, "missing required key '%s'",
+			    k->info.path);
+
+	/* A stream buffer must hold at least one libcurl read plus framing. */
+	(void)i;
+out:
+	free(c->seen);
+	c->seen = NULL;
+	yaml_document_delete(&doc);
+	c->doc = NULL;
+
+	/* Only one document per file. */
+	if (c->errs->n == 0) {
+		yaml_document_t extra;
+
+		if (!yaml_parser_load(parser, &extra)) {
+			err_at(c, &parser->problem_mark, "%s",
+			    parser->problem ? parser->problem : "syntax error");
+		} else {
+			if (yaml_document_get_root_node(&extra) != NULL)
+				err_at(c, &extra.start_mark,
+				    "only one YAML document is allowed");
+			yaml_document_delete(&extra);
+		}
+	}
+	return c->errs->n == 0 ? 0 : -1;
+}
+
+int
+sl_config_load_buffer(const char *name, const char *data, size_t len,
+    struct sl_config **out, struct sl_errors *errs)
+{
+	yaml_parser_t parser;
+	struct ctx c;
+	struct sl_config *cfg;
+	int rc;
+
+	*out = NULL;
+	memset(&c, 0, sizeof(c));
+	c.name = name;
+	c.errs = errs;
+	cfg = calloc(1, sizeof(*cfg));
+	if (cfg == NULL || (cfg->file = strdup(name)) == NULL) {
+		free(cfg);
+		err_at(&c, NULL, "out of memory");
+		return -1;
+	}
+	set_defaults(cfg);
+	c.cfg = cfg;
+	if (!yaml_parser_initialize(&parser)) {
+		err_at(&c, NULL, "cannot initialise the YAML parser");
+		sl_config_free(cfg);
+		return -1;
+	}
+	yaml_parser_set_input_string(&parser, (const unsigned char *)data, len);
+	rc = load(&c, &parser);
+	yaml_parser_delete(&parser);
+	if (rc == -1 || errs->n > 0) {
+		sl_config_free(cfg);
+		return -1;
+	}
+	*out = cfg;
+	return 0;
+}
+
+int
+sl_config_load_file(const char *path, struct sl_config **out,
+    struct sl_errors *errs)
+{
+	FILE *fp;
+	char *data = NULL, *nd, *msg;
+	size_t len = 0, cap = 0, n;
+	int rc;
+
+	*out = NULL;
+	fp = fopen(path, "r");
+	if (fp == NULL) {
+		if (asprintf(&msg, "%s:1:1: cannot open: %s", path,
+		    strerror(errno)) >= 0)
+			err_add(errs, msg);
+		return -1;
+	}
+	for (;;) {
+		if (len == cap) {
+			cap = cap ? cap * 2 : 8192;
+			if (cap > 16 * MIB || (nd = realloc(data, cap)) == NULL) {
+				if (asprintf(&msg, "%s:1:1: file too large or out of memory",
+				    path) >= 0)
+					err_add(errs, msg);
+				free(data);
+				fclose(fp);
+				return -1;
+			}
+			data = nd;
+		}
+		n = fread(data + len, 1, cap - len, fp);
+		len += n;
+		if (n == 0)
+			break;
+	}
+	if (ferror(fp)) {
+		if (asprintf(&msg, "%s:1:1: read error: %s", path,
+		    strerror(errno)) >= 0)
+			err_add(errs, msg);
+		free(data);
+		fclose(fp);
+		return -1;
+	}
+	fclose(fp);
+	rc = sl_config_load_buffer(path, data, len, out, errs);
+	free(data);
+	return rc;
+}
+
+void
+sl_config_free(struct sl_config *cfg)
+{
+	size_t i, j;
+
+	if (cfg == NULL)
+		return;
+	free(cfg->file);
+	free(cfg->listen);
+	free(cfg->admin_listen);
+	free(cfg->access_log);
+	for (i = 0; i < cfg->nupstreams; i++) {
+		free(cfg->upstreams[i].name);
+		free(cfg->upstreams[i].url);
+		free(cfg->upstreams[i].api_key);
+	}
+	free(cfg->upstreams);
+	for (i = 0; i < cfg->ntenants; i++) {
+		for (j = 0; j < cfg->tenants[i].nkeys; j++)
+			free(cfg->tenants[i].keys[j]);
+		free(cfg->tenants[i].keys);
+		free(cfg->tenants[i].name);
+		free(cfg->tenants[i].upstream);
+	}
+	free(cfg->tenants);
+	free(cfg);
+}
+
+int
+sl_config_tenant_index(const struct sl_config *cfg, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < cfg->ntenants; i++)
+		if (strcmp(cfg->tenants[i].name, name) == 0)
+			return (int)i;
+	return -1;
+}

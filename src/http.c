@@ -1,0 +1,420 @@
+/*
+ * Client request parsing on top of http-parser 2.9.4. See sl_http.h.
+ */
+#include "config.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "sl_http.h"
+
+static int on_message_begin(http_parser *);
+static int on_url(http_parser *, const char *, size_t);
+static int on_header_field(http_parser *, const char *, size_t);
+static int on_header_value(http_parser *, const char *, size_t);
+static int on_headers_complete(http_parser *);
+static int on_body(http_parser *, const char *, size_t);
+static int on_message_complete(http_parser *);
+
+static const http_parser_settings req_settings = {
+	.on_message_begin = on_message_begin,
+	.on_url = on_url,
+	.on_header_field = on_header_field,
+	.on_header_value = on_header_value,
+	.on_headers_complete = on_headers_complete,
+	.on_body = on_body,
+	.on_message_complete = on_message_complete,
+};
+
+static void
+req_fail(struct sl_req *r, int status, const char *reason)
+{
+	if (r->state == SL_REQ_ERROR)
+		return;
+	r->state = SL_REQ_ERROR;
+	r->status = status;
+	r->reason = reason;
+}
+
+void
+sl_req_init(struct sl_req *r, size_t max_header_bytes, size_t max_body_bytes)
+{
+	memset(r, 0, sizeof(*r));
+	r->max_header_bytes = max_header_bytes;
+	r->max_body_bytes = max_body_bytes;
+	http_parser_init(&r->parser, HTTP_REQUEST);
+	r->parser.data = r;
+}
+
+void
+sl_req_reset(struct sl_req *r)
+{
+	char *arena = r->arena, *body = r->body;
+	size_t acap = r->arena_cap, bcap = r->body_cap;
+	size_t mh = r->max_header_bytes, mb = r->max_body_bytes;
+
+	/* Keep a small arena across requests; drop a large body buffer. */
+	if (bcap > 65536) {
+		free(body);
+		body = NULL;
+		bcap = 0;
+	}
+	sl_req_init(r, mh, mb);
+	r->arena = arena;
+	r->arena_cap = acap;
+	r->body = body;
+	r->body_cap = bcap;
+}
+
+void
+sl_req_free(struct sl_req *r)
+{
+	free(r->arena);
+	free(r->body);
+	r->arena = NULL;
+	r->body = NULL;
+	r->arena_cap = r->body_cap = 0;
+}
+
+/* Append to the arena; the arena is bounded by the head size limit. */
+static int
+arena_add(struct sl_req *r, const char *p, size_t n)
+{
+	size_t limit = r->max_header_bytes + 1024, ncap;
+	char *na;
+
+	if (r->arena_len + n > limit) {
+		req_fail(r, 431, "request head too large");
+		return -1;
+	}
+	if (r->arena_len + n > r->arena_cap) {
+		ncap = r->arena_cap ? r->arena_cap : 1024;
+		while (ncap < r->arena_len + n)
+			ncap *= 2;
+		if (ncap > limit)
+			ncap = limit;
+		na = realloc(r->arena, ncap);
+		if (na == NULL) {
+			req_fail(r, 503, "out of memory");
+			return -1;
+		}
+		r->arena = na;
+		r->arena_cap = ncap;
+	}
+	memcpy(r->arena + r->arena_len, p, n);
+	r->arena_len += n;
+	return 0;
+}
+
+static int
+check_head_size(struct sl_req *r, size_t n)
+{
+	r->head_bytes += n;
+	if (r->head_bytes > r->max_header_bytes) {
+		req_fail(r, 431, "request head too large");
+		return -1;
+	}
+	return 0;
+}
+
+static int
+on_message_begin(http_parser *p)
+{
+	struct sl_req *r = p->data;
+
+	r->state = SL_REQ_HEAD;
+	return 0;
+}
+
+static int
+on_url(http_parser *p, const char *at, size_t n)
+{
+	struct sl_req *r = p->data;
+
+	if (check_head_size(r, n) == -1)
+		return -1;
+	if (r->url_len == 0)
+		r->url_off = (uint32_t)r->arena_len;
+	if (arena_add(r, at, n) == -1)
+		return -1;
+	r->url_len += (uint32_t)n;
+	return 0;
+}
+
+static int
+on_header_field(http_parser *p, const char *at, size_t n)
+{
+	struct sl_req *r = p->data;
+	struct sl_req_header *h;
+
+	if (check_head_size(r, n) == -1)
+		return -1;
+	if (r->nheaders == 0 || r->last_was_value) {
+		if (r->nheaders == SL_REQ_MAX_HEADERS) {
+			req_fail(r, 431, "too many request headers");
+			return -1;
+		}
+		h = &r->headers[r->nheaders++];
+		memset(h, 0, sizeof(*h));
+		h->name_off = (uint32_t)r->arena_len;
+		r->last_was_value = 0;
+	}
+	h = &r->headers[r->nheaders - 1];
+	if (arena_add(r, at, n) == -1)
+		return -1;
+	h->name_len += (uint32_t)n;
+	return 0;
+}
+
+static int
+on_header_value(http_parser *p, const char *at, size_t n)
+{
+	struct sl_req *r = p->data;
+	struct sl_req_header *h;
+
+	if (check_head_size(r, n) == -1)
+		return -1;
+	if (r->nheaders == 0)
+		return -1;
+	h = &r->headers[r->nheaders - 1];
+	if (!r->last_was_value) {
+		h->value_off = (uint32_t)r->arena_len;
+		h->value_len = 0;
+		r->last_was_value = 1;
+	}
+	if (arena_add(r, at, n) == -1)
+		return -1;
+	h->value_len += (uint32_t)n;
+	return 0;
+}
+
+static int
+on_headers_complete(http_parser *p)
+{
+	struct sl_req *r = p->data;
+
+	r->method = p->method;
+	r->http_major = p->http_major;
+	r->http_minor = p->http_minor;
+	r->keep_alive = http_should_keep_alive(p);
+	if (p->upgrade || p->method == HTTP_CONNECT) {
+		req_fail(r, 400, "upgrade and CONNECT are not supported");
+		return -1;
+	}
+	if (r->url_len == 0 || r->arena[r->url_off] != '/') {
+		req_fail(r, 400, "request target must be in origin form");
+		return -1;
+	}
+	if (p->flags & F_CHUNKED)
+		r->has_body = 1;
+	else if (p->content_length != ULLONG_MAX && p->content_length > 0) {
+		r->has_body = 1;
+		if (p->content_length > r->max_body_bytes) {
+			req_fail(r, 413, "request body too large");
+			return -1;
+		}
+	}
+	r->state = SL_REQ_HEAD_DONE;
+	http_parser_pause(p, 1);
+	return 0;
+}
+
+static int
+on_body(http_parser *p, const char *at, size_t n)
+{
+	struct sl_req *r = p->data;
+	size_t ncap;
+	char *nb;
+
+	r->body_seen += n;
+	if (r->body_seen > r->max_body_bytes) {
+		req_fail(r, 413, "request body too large");
+		return -1;
+	}
+	if (r->discard_body)
+		return 0;
+	if (r->body_len + n > r->body_cap) {
+		ncap = r->body_cap ? r->body_cap : 4096;
+		if (r->parser.content_length != ULLONG_MAX &&
+		    r->body_len + n + r->parser.content_length > ncap)
+			ncap = r->body_len + n + r->parser.content_length;
+		while (ncap < r->body_len + n)
+			ncap *= 2;
+		if (ncap > r->max_body_bytes)
+			ncap = r->max_body_bytes;
+		nb = realloc(r->body, ncap);
+		if (nb == NULL) {
+			req_fail(r, 503, "out of memory");
+			return -1;
+		}
+		r->body = nb;
+		r->body_cap = ncap;
+	}
+	memcpy(r->body + r->body_len, at, n);
+	r->body_len += n;
+	return 0;
+}
+
+static int
+on_message_complete(http_parser *p)
+{
+	struct sl_req *r = p->data;
+
+	r->state = SL_REQ_DONE;
+	http_parser_pause(p, 1);
+	return 0;
+}
+
+static int
+map_parser_error(enum http_errno e)
+{
+	switch (e) {
+	case HPE_HEADER_OVERFLOW:
+		return 431;
+	case HPE_INVALID_METHOD:
+		return 501;
+	default:
+		return 400;
+	}
+}
+
+size_t
+sl_req_feed(struct sl_req *r, const char *data, size_t len)
+{
+	size_t n;
+	enum http_errno e;
+
+	if (r->state == SL_REQ_ERROR || r->state == SL_REQ_DONE ||
+	    r->state == SL_REQ_HEAD_DONE)
+		return 0;
+	n = http_parser_execute(&r->parser, &req_settings, data, len);
+	e = HTTP_PARSER_ERRNO(&r->parser);
+	if (e == HPE_PAUSED) {
+		/* on_headers_complete / on_message_complete stopped us. */
+		return n;
+	}
+	if (e != HPE_OK) {
+		/* Our callbacks may have set a precise status already. */
+		req_fail(r, map_parser_error(e), http_errno_description(e));
+		return n;
+	}
+	return n;
+}
+
+void
+sl_req_continue(struct sl_req *r)
+{
+	if (r->state != SL_REQ_HEAD_DONE)
+		return;
+	http_parser_pause(&r->parser, 0);
+	/*
+	 * http-parser paused in on_headers_complete before consuming the
+	 * head's final LF, so the caller always has at least one byte left
+	 * to feed: a message without a body completes on that feed.
+	 */
+	r->state = SL_REQ_BODY;
+}
+
+const char *
+sl_req_url(const struct sl_req *r, size_t *len)
+{
+	*len = r->url_len;
+	return r->arena + r->url_off;
+}
+
+const char *
+sl_req_header(const struct sl_req *r, const char *name, size_t *len)
+{
+	size_t i, nl = strlen(name);
+
+	for (i = 0; i < r->nheaders; i++) {
+		const struct sl_req_header *h = &r->headers[i];
+
+		if (h->name_len == nl &&
+		    strncasecmp(r->arena + h->name_off, name, nl) == 0) {
+			*len = h->value_len;
+			return r->arena + h->value_off;
+		}
+	}
+	return NULL;
+}
+
+int
+sl_req_header_at(const struct sl_req *r, size_t i, const char **name,
+    size_t *nlen, const char **value, size_t *vlen)
+{
+	const struct sl_req_header *h;
+
+	if (i >= r->nheaders)
+		return -1;
+	h = &r->headers[i];
+	*name = r->arena + h->name_off;
+	*nlen = h->name_len;
+	*value = r->arena + h->value_off;
+	*vlen = h->value_len;
+	return 0;
+}
+
+const char *
+sl_req_method(const struct sl_req *r)
+{
+	return http_method_str((enum http_method)r->method);
+}
+
+const char *
+sl_http_bearer(const char *v, size_t vlen, size_t *len)
+{
+	size_t i = 0, start;
+
+	if (v == NULL || vlen < 7 || strncasecmp(v, "bearer", 6) != 0)
+		return NULL;
+	i = 6;
+	if (v[i] != ' ' && v[i] != '\t')
+		return NULL;
+	while (i < vlen && (v[i] == ' ' || v[i] == '\t'))
+		i++;
+	start = i;
+	while (i < vlen && v[i] != ' ' && v[i] != '\t')
+		i++;
+	if (i == start)
+		return NULL;
+	/* Only trailing whitespace may follow the token. */
+	for (size_t j = i; j < vlen; j++)
+		if (v[j] != ' ' && v[j] != '\t')
+			return NULL;
+	*len = i - start;
+	return v + start;
+}
+
+int
+sl_http_is_hop_by_hop(const char *name, size_t nlen)
+{
+	static const char *const hop[] = {
+		"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
+		"proxy-authorization", "te", "trailer", "transfer-encoding",
+		"upgrade", NULL
+	};
+	size_t i;
+
+	for (i = 0; hop[i] != NULL; i++)
+		if (strlen(hop[i]) == nlen && strncasecmp(hop[i], name, nlen) == 0)
+			return 1;
+	return 0;
+}
+
+int
+sl_ct_equal(const char *a, size_t alen, const char *b, size_t blen)
+{
+	/*
+	 * Time depends only on blen (the candidate key length an attacker
+	 * chose), never on where the first difference is.
+	 */
+	unsigned char diff = (unsigned char)(alen != blen);
+	size_t i;
+
+	for (i = 0; i < blen; i++)
+		diff |= (unsigned char)(b[i] ^ (i < alen ? a[i] : 0));
+	return diff == 0;
+}

@@ -1,0 +1,1351 @@
+/*
+ * One client connection: an explicit state machine.
+ *
+ *   HEAD ──head parsed──▶ route, auth, admit ──▶ BODY ──body read──▶ UPSTREAM
+ *     ▲                        │ refused                                │ head
+ *     │                        ▼                                        ▼
+ *     └──── keep-alive ◀──── LOCAL (error response) ◀── or ────────── STREAM
+ *
+ * Callbacks only record facts and move the machine; nothing is freed inside
+ * a libcurl callback (they return an error code, and the connection is
+ * finished when libcurl reports the transfer done). Every exit path of an
+ * admitted request goes through conn_release(), which gives the tenant slot
+ * back exactly once.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "sl_buf.h"
+#include "sl_http.h"
+#include "sl_log.h"
+#include "sl_net.h"
+#include "sl_relay.h"
+#include "sl_worker.h"
+
+#define CONN_IN_SIZE 16384          /* client input buffer */
+#define RESP_HEAD_MAX 65536         /* largest upstream response head */
+#define CHUNK_FRAMING 32            /* "%zx\r\n" + "\r\n", generously */
+#define LINGER_SECONDS 2.0
+
+enum conn_state {
+	CS_HEAD,       /* waiting for or reading a request head */
+	CS_BODY,       /* admitted, reading the request body */
+	CS_UPSTREAM,   /* request sent upstream, waiting for its response head */
+	CS_STREAM,     /* relaying the upstream response */
+	CS_LOCAL,      /* writing a response made here (errors) */
+	CS_LINGER      /* response sent, reading until EOF before closing */
+};
+
+static const char *const state_names[] = {
+	"head", "body", "upstream", "stream", "local", "linger"
+};
+
+struct sl_conn {
+	TAILQ_ENTRY(sl_conn) entry;
+	struct sl_worker *w;
+	int fd;
+	enum conn_state state;
+	ev_io rio, wio;
+	ev_timer timer;
+	char peer[64];
+
+	/* Request side. */
+	struct sl_req req;
+	char *in;
+	size_t in_len;
+	unsigned nreq;             /* responses completed on this connection */
+	ev_tstamp t_req;           /* when the current request began */
+	int reading;               /* rio active */
+
+	/* Admission. */
+	int tenant;                /* config index, -1 before auth */
+	int slot_held;
+
+	/* Response side. */
+	char *rh;                  /* response head being written */
+	size_t rh_len, rh_off, rh_cap;
+	struct sl_buf out;         /* body bytes (framed) waiting for the client */
+	int chunked;               /* frame the body with chunked encoding */
+	int body_allowed;          /* not HEAD, not 1xx/204/304 */
+	int head_sent;             /* client head built */
+	int close_after;           /* close once the response is written */
+	int resp_done;             /* the response is complete in rh/out */
+
+	/* Upstream. */
+	CURL *easy;
+	struct curl_slist *hdrs;
+	char *url;
+	int status;                /* upstream status */
+	char *uhead;               /* upstream header lines, filtered */
+	size_t uhead_len, uhead_cap;
+	char reason[64];
+	int is_sse;
+	int has_cache_control;
+	int upstream_bad;          /* malformed upstream head */
+	int paused;                /* CURL_WRITEFUNC_PAUSE returned */
+	size_t pending;            /* size of the refused chunk, framed */
+	int client_gone;           /* EOF/RST/EPIPE seen on the client */
+	ev_tstamp t_upstream;      /* last upstream activity */
+	ev_tstamp t_client;        /* last client progress while bytes wait */
+
+	int depth;                 /* entry points on the stack */
+	int dead;                  /* closed; freed when depth drops to 0 */
+};
+
+static void conn_on_read(struct ev_loop *, ev_io *, int);
+static void conn_on_write(struct ev_loop *, ev_io *, int);
+static void conn_on_timer(struct ev_loop *, ev_timer *, int);
+static void conn_process(struct sl_conn *);
+static void conn_close(struct sl_conn *, const char *why);
+static int conn_flush(struct sl_conn *);
+static void conn_after_write(struct sl_conn *);
+static void conn_timer_update(struct sl_conn *);
+static void conn_unref(struct sl_conn *);
+
+/* ---- small helpers --------------------------------------------------- */
+
+static const char *
+status_reason(int status)
+{
+	switch (status) {
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 404: return "Not Found";
+	case 408: return "Request Timeout";
+	case 413: return "Content Too Large";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 501: return "Not Implemented";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	case 504: return "Gateway Timeout";
+	default: return "Unknown";
+	}
+}
+
+static void
+conn_set_state(struct sl_conn *c, enum conn_state s)
+{
+	sl_debug("conn %d: %s -> %s", c->fd, state_names[c->state], state_names[s]);
+	c->state = s;
+	conn_timer_update(c);
+}
+
+static void
+conn_read_start(struct sl_conn *c)
+{
+	if (!c->reading) {
+		ev_io_start(c->w->loop, &c->rio);
+		c->reading = 1;
+	}
+}
+
+static void
+conn_read_stop(struct sl_conn *c)
+{
+	if (c->reading) {
+		ev_io_stop(c->w->loop, &c->rio);
+		c->reading = 0;
+	}
+}
+
+/* Give the tenant slot back; safe to call on every path, acts once. */
+static void
+conn_release(struct sl_conn *c)
+{
+	if (c->slot_held) {
+		sl_shm_release(c->w->shm, c->w->row,
+		    c->w->tenant_slot[c->tenant]);
+		c->slot_held = 0;
+	}
+}
+
+/* Stop the upstream transfer, if any. Never call from a libcurl callback. */
+static void
+conn_abort_upstream(struct sl_conn *c)
+{
+	if (c->easy != NULL) {
+		curl_multi_remove_handle(c->w->multi, c->easy);
+		curl_easy_cleanup(c->easy);
+		c->easy = NULL;
+	}
+	curl_slist_free_all(c->hdrs);
+	c->hdrs = NULL;
+	free(c->url);
+	c->url = NULL;
+	c->paused = 0;
+}
+
+static int
+rh_reserve(struct sl_conn *c, size_t add)
+{
+	size_t ncap;
+	char *n;
+
+	if (c->rh_len + add <= c->rh_cap)
+		return 0;
+	ncap = c->rh_cap ? c->rh_cap : 1024;
+	while (ncap < c->rh_len + add)
+		ncap *= 2;
+	if (ncap > RESP_HEAD_MAX + 4096)
+		return -1;
+	n = realloc(c->rh, ncap);
+	if (n == NULL)
+		return -1;
+	c->rh = n;
+	c->rh_cap = ncap;
+	return 0;
+}
+
+static int
+rh_add(struct sl_conn *c, const char *p, size_t n)
+{
+	if (rh_reserve(c, n) == -1)
+		return -1;
+	memcpy(c->rh + c->rh_len, p, n);
+	c->rh_len += n;
+	return 0;
+}
+
+static int
+rh_addf(struct sl_conn *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int
+rh_addf(struct sl_conn *c, const char *fmt, ...)
+{
+	char tmp[512];
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(tmp))
+		return -1;
+	return rh_add(c, tmp, (size_t)n);
+}
+
+/* ---- local responses ------------------------------------------------- */
+
+/*
+ * Answer the current request here with an OpenAI-shaped JSON error. When
+ * the request body was not read yet, it is read and discarded so the
+ * connection can be kept; unless close is set.
+ */
+static void
+conn_error(struct sl_conn *c, int status, const char *type, const char *code,
+    const char *message, int retry_after, int close)
+{
+	char body[512];
+	int blen;
+
+	conn_abort_upstream(c);
+	conn_release(c);
+	blen = snprintf(body, sizeof(body),
+	    "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"code\":\"%s\"}}\n",
+	    message, type, code);
+	if (blen < 0 || (size_t)blen >= sizeof(body))
+		blen = 0;
+	if (c->req.state == SL_REQ_ERROR || !c->req.keep_alive ||
+	    c->w->draining || c->w->cfg->timeouts.keepalive_ms == 0)
+		close = 1;
+	c->rh_len = c->rh_off = 0;
+	sl_buf_consume(&c->out, sl_buf_len(&c->out));
+	rh_addf(c, "HTTP/1.1 %d %s\r\n", status, status_reason(status));
+	rh_addf(c, "Content-Type: application/json\r\nContent-Length: %d\r\n",
+	    blen);
+	rh_addf(c, "Cache-Control: no-store\r\n");
+	if (retry_after > 0)
+		rh_addf(c, "Retry-After: %d\r\n", retry_after);
+	rh_addf(c, "Connection: %s\r\n\r\n", close ? "close" : "keep-alive");
+	rh_add(c, body, (size_t)blen);
+	c->close_after = close;
+	c->head_sent = 1;
+	c->resp_done = 1;
+	c->status = status;
+	if (c->req.state == SL_REQ_HEAD_DONE) {
+		c->req.discard_body = 1;
+		sl_req_continue(&c->req);
+	}
+	conn_set_state(c, CS_LOCAL);
+	sl_debug("conn %d: %d %s", c->fd, status, code);
+	if (conn_flush(c) == -1) {
+		conn_close(c, "client_gone");
+		return;
+	}
+	conn_after_write(c);
+}
+
+void
+sl_conn_refuse(int fd)
+{
+	static const char resp[] =
+	    "HTTP/1.1 503 Service Unavailable\r\n"
+	    "Content-Type: application/json\r\nContent-Length: 97\r\n"
+	    "Retry-After: 1\r\nConnection: close\r\n\r\n"
+	    "{\"error\":{\"message\":\"too many connections\","
+	    "\"type\":\"server_error\",\"code\":\"overloaded\"}}\n";
+
+	(void)!write(fd, resp, sizeof(resp) - 1);
+	close(fd);
+}
+
+/* ---- connection lifecycle -------------------------------------------- */
+
+void
+sl_conn_new(struct sl_worker *w, int fd)
+{
+	struct sl_conn *c;
+
+	c = calloc(1, sizeof(*c));
+	if (c == NULL || (c->in = malloc(CONN_IN_SIZE)) == NULL) {
+		free(c);
+		sl_conn_refuse(fd);
+		return;
+	}
+	c->w = w;
+	c->fd = fd;
+	c->tenant = -1;
+	sl_net_peer(fd, c->peer, sizeof(c->peer));
+	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
+	    w->cfg->limits.max_body_bytes);
+	sl_buf_init(&c->out, w->cfg->stream_buffer + CHUNK_FRAMING);
+	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
+	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
+	ev_init(&c->timer, conn_on_timer);
+	c->rio.data = c->wio.data = c->timer.data = c;
+	TAILQ_INSERT_TAIL(&w->conns, c, entry);
+	w->nconns++;
+	c->state = CS_HEAD;
+	c->t_req = ev_now(w->loop);
+	conn_read_start(c);
+	conn_timer_update(c);
+}
+
+static void
+conn_close(struct sl_conn *c, const char *why)
+{
+	struct sl_worker *w = c->w;
+
+	if (c->dead)
+		return;
+	sl_debug("conn %d: close (%s) in state %s", c->fd, why,
+	    state_names[c->state]);
+	c->dead = 1;
+	conn_abort_upstream(c);
+	conn_release(c);
+	conn_read_stop(c);
+	ev_io_stop(w->loop, &c->wio);
+	ev_timer_stop(w->loop, &c->timer);
+	close(c->fd);
+	c->fd = -1;
+	TAILQ_REMOVE(&w->conns, c, entry);
+	w->nconns--;
+	if (w->draining && w->nconns == 0)
+		ev_break(w->loop, EVBREAK_ALL);
+	c->depth++;
+	conn_unref(c);
+}
+
+/*
+ * Leave an entry point. The connection is freed here, never in the middle
+ * of a call chain that may still look at it.
+ */
+static void
+conn_unref(struct sl_conn *c)
+{
+	if (--c->depth > 0 || !c->dead)
+		return;
+	sl_req_free(&c->req);
+	sl_buf_free(&c->out);
+	free(c->in);
+	free(c->rh);
+	free(c->uhead);
+	free(c);
+}
+
+/* The response is written and the request read: next request or close. */
+static void
+conn_response_done(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+
+	if (c->close_after || w->draining || w->cfg->timeouts.keepalive_ms == 0) {
+		if (c->state == CS_LOCAL && c->req.state != SL_REQ_DONE) {
+			/*
+			 * The client may still be sending the body we refused:
+			 * closing now could reset the connection and destroy the
+			 * response in flight. Half-close and read to EOF first.
+			 */
+			shutdown(c->fd, SHUT_WR);
+			c->in_len = 0;
+			conn_set_state(c, CS_LINGER);
+			conn_read_start(c);
+			return;
+		}
+		conn_close(c, "done");
+		return;
+	}
+	/* Keep-alive: reset per-request state, keep the buffers' memory. */
+	c->nreq++;
+	sl_req_reset(&c->req);
+	c->tenant = -1;
+	c->rh_len = c->rh_off = 0;
+	c->uhead_len = 0;
+	c->head_sent = c->resp_done = c->close_after = 0;
+	c->status = 0;
+	c->is_sse = c->has_cache_control = c->upstream_bad = 0;
+	c->pending = 0;
+	c->t_req = ev_now(w->loop);
+	if (sl_buf_len(&c->out) == 0 && c->out.data != NULL &&
+	    c->out.alloc > 16384)
+		sl_buf_free(&c->out);   /* a past burst need not pin memory */
+	conn_set_state(c, CS_HEAD);
+	conn_read_start(c);
+	conn_process(c);
+}
+
+/* After a flush: finish the response if everything is out. */
+static void
+conn_after_write(struct sl_conn *c)
+{
+	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0)
+		return;
+	if (!c->resp_done)
+		return;
+	if (c->state == CS_LOCAL && c->req.state != SL_REQ_DONE &&
+	    !c->close_after)
+		return;   /* still discarding the refused request's body */
+	conn_response_done(c);
+}
+
+/*
+ * Write what is pending (response head, then body). Returns 0, or -1 when
+ * the client is gone. Safe inside libcurl callbacks: it never calls libcurl.
+ */
+static int
+conn_flush(struct sl_conn *c)
+{
+	struct iovec iov[3];
+	int cnt;
+	ssize_t n;
+	size_t total, k;
+
+	for (;;) {
+		cnt = 0;
+		total = 0;
+		if (c->rh_off < c->rh_len) {
+			iov[cnt].iov_base = c->rh + c->rh_off;
+			iov[cnt].iov_len = c->rh_len - c->rh_off;
+			total += iov[cnt++].iov_len;
+		}
+		k = (size_t)sl_buf_iov(&c->out, &iov[cnt]);
+		while (k-- > 0)
+			total += iov[cnt++].iov_len;
+		if (cnt == 0)
+			break;
+		n = writev(c->fd, iov, cnt);
+		if (n == -1) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			c->client_gone = 1;
+			return -1;
+		}
+		c->t_client = ev_now(c->w->loop);
+		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_BYTES_OUT,
+		    (uint64_t)n);
+		k = c->rh_len - c->rh_off;
+		if ((size_t)n <= k) {
+			c->rh_off += (size_t)n;
+		} else {
+			c->rh_off = c->rh_len;
+			sl_buf_consume(&c->out, (size_t)n - k);
+		}
+		if ((size_t)n < total)
+			break;
+	}
+	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0)
+		ev_io_start(c->w->loop, &c->wio);
+	else
+		ev_io_stop(c->w->loop, &c->wio);
+	return 0;
+}
+
+/* ---- timers ---------------------------------------------------------- */
+
+static double
+ms(uint64_t v)
+{
+	return (double)v / 1000.0;
+}
+
+/* Earliest deadline that applies in the current state, or 0 for none. */
+static ev_tstamp
+conn_deadline(struct sl_conn *c)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	int waiting = c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0;
+
+	switch (c->state) {
+	case CS_HEAD:
+		if (c->nreq > 0 && c->req.head_bytes == 0 && c->in_len == 0) {
+			if (cfg->timeouts.keepalive_ms == 0)
+				return c->t_req;
+			return c->t_req + ms(cfg->timeouts.keepalive_ms);
+		}
+		return c->t_req + ms(cfg->timeouts.client_header_ms);
+	case CS_BODY:
+		return c->t_req + ms(cfg->timeouts.client_header_ms);
+	case CS_UPSTREAM:
+		return c->t_upstream + ms(cfg->timeouts.upstream_first_byte_ms);
+	case CS_STREAM:
+		if (c->paused || (c->easy == NULL && waiting))
+			return c->t_client + ms(cfg->timeouts.client_stall_ms);
+		if (c->easy != NULL)
+			return c->t_upstream + ms(cfg->timeouts.upstream_idle_ms);
+		return 0;
+	case CS_LOCAL:
+		if (waiting)
+			return c->t_client + ms(cfg->timeouts.client_stall_ms);
+		return c->t_req + ms(cfg->timeouts.client_header_ms);
+	case CS_LINGER:
+		return c->t_client + LINGER_SECONDS;
+	}
+	return 0;
+}
+
+static void
+conn_timer_update(struct sl_conn *c)
+{
+	ev_tstamp d = conn_deadline(c), now = ev_now(c->w->loop);
+
+	ev_timer_stop(c->w->loop, &c->timer);
+	if (d <= 0)
+		return;
+	ev_timer_set(&c->timer, d > now ? d - now : 0.0, 0.0);
+	ev_timer_start(c->w->loop, &c->timer);
+}
+
+static void conn_timer_event(struct sl_conn *);
+
+static void
+conn_on_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_conn *c = t->data;
+
+	c->depth++;
+	conn_timer_event(c);
+	conn_unref(c);
+}
+
+static void
+conn_timer_event(struct sl_conn *c)
+{
+	ev_tstamp now = ev_now(c->w->loop), d = conn_deadline(c);
+
+	if (d > now + 0.0005) {
+		/* Activity moved the deadline since the timer was armed. */
+		conn_timer_update(c);
+		return;
+	}
+	switch (c->state) {
+	case CS_HEAD:
+		if (c->nreq > 0 && c->req.head_bytes == 0 && c->in_len == 0) {
+			conn_close(c, "keepalive");
+			return;
+		}
+		conn_error(c, 408, "invalid_request_error", "request_timeout",
+		    "request head not received in time", 0, 1);
+		return;
+	case CS_BODY:
+		conn_error(c, 408, "invalid_request_error", "request_timeout",
+		    "request body not received in time", 0, 1);
+		return;
+	case CS_UPSTREAM:
+		conn_error(c, 504, "upstream_error", "upstream_timeout",
+		    "upstream sent no response in time", 0, 0);
+		return;
+	case CS_STREAM:
+		if (c->paused || c->easy == NULL) {
+			sl_info("conn %d: client stalled, stream cut", c->fd);
+			conn_close(c, "stall");
+		} else {
+			sl_info("conn %d: upstream idle, stream cut", c->fd);
+			conn_close(c, "upstream_idle");
+		}
+		return;
+	case CS_LOCAL:
+	case CS_LINGER:
+		conn_close(c, "timeout");
+		return;
+	}
+}
+
+/* ---- upstream: libcurl callbacks --------------------------------------- */
+
+static int
+hdr_is(const char *name, size_t nlen, const char *want)
+{
+	return strlen(want) == nlen && strncasecmp(name, want, nlen) == 0;
+}
+
+/* Build the client's response head from the upstream's. */
+static int
+conn_build_head(struct sl_conn *c)
+{
+	int method = c->req.method;
+
+	c->body_allowed = !(method == HTTP_HEAD || c->status < 200 ||
+	    c->status == 204 || c->status == 304);
+	c->chunked = c->body_allowed && c->req.http_major == 1 &&
+	    c->req.http_minor >= 1;
+	if (c->body_allowed && !c->chunked)
+		c->close_after = 1;   /* HTTP/1.0: the body ends at close */
+	if (!c->req.keep_alive || c->w->draining ||
+	    c->w->cfg->timeouts.keepalive_ms == 0)
+		c->close_after = 1;
+	c->rh_len = c->rh_off = 0;
+	if (rh_addf(c, "HTTP/1.1 %d %s\r\n", c->status,
+	    c->reason[0] ? c->reason : status_reason(c->status)) == -1 ||
+	    rh_add(c, c->uhead, c->uhead_len) == -1)
+		return -1;
+	if (c->chunked)
+		rh_addf(c, "Transfer-Encoding: chunked\r\n");
+	rh_addf(c, "X-Accel-Buffering: no\r\n");
+	if (c->is_sse && !c->has_cache_control)
+		rh_addf(c, "Cache-Control: no-cache\r\n");
+	if (rh_addf(c, "Connection: %s\r\n\r\n",
+	    c->close_after ? "close" : "keep-alive") == -1)
+		return -1;
+	c->head_sent = 1;
+	return 0;
+}
+
+static size_t
+upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
+{
+	struct sl_conn *c = arg;
+	size_t n = size * nitems, len = n, nl, i;
+	const char *colon, *v;
+
+	if (c->client_gone)
+		return 0;
+	c->t_upstream = ev_now(c->w->loop);
+	while (len > 0 && (p[len - 1] == '\n' || p[len - 1] == '\r'))
+		len--;
+	if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
+		/* A status line: a new response head (after 1xx) starts. */
+		const char *sp = memchr(p, ' ', len);
+		size_t rl;
+
+		c->uhead_len = 0;
+		c->is_sse = c->has_cache_control = 0;
+		c->status = 0;
+		c->reason[0] = '\0';
+		if (sp == NULL || len < (size_t)(sp - p) + 4)
+			goto bad;
+		c->status = atoi(sp + 1);
+		if (c->status < 100 || c->status > 999)
+			goto bad;
+		sp += 4;
+		rl = (size_t)(p + len - sp);
+		while (rl > 0 && *sp == ' ') {
+			sp++;
+			rl--;
+		}
+		if (rl >= sizeof(c->reason))
+			rl = sizeof(c->reason) - 1;
+		for (i = 0; i < rl; i++)
+			c->reason[i] = (sp[i] >= 0x20 && sp[i] < 0x7f) ? sp[i] : ' ';
+		c->reason[rl] = '\0';
+		return n;
+	}
+	if (len == 0) {
+		/* End of a head. Informational heads are not relayed. */
+		if (c->status < 200)
+			return n;
+		if (conn_build_head(c) == -1)
+			goto bad;
+		if (c->state == CS_UPSTREAM)
+			conn_set_state(c, CS_STREAM);
+		if (conn_flush(c) == -1)
+			return 0;
+		return n;
+	}
+	if (p[0] == ' ' || p[0] == '\t')
+		goto bad;        /* obs-fold: refuse rather than guess */
+	colon = memchr(p, ':', len);
+	if (colon == NULL || colon == p)
+		goto bad;
+	nl = (size_t)(colon - p);
+	for (i = 0; i < len; i++)
+		if (p[i] == '\0' || p[i] == '\r' || p[i] == '\n')
+			goto bad;   /* never let CR/LF/NUL reach the client */
+	for (i = 0; i < nl; i++)
+		if (p[i] <= ' ' || p[i] >= 0x7f)
+			goto bad;
+	if (sl_http_is_hop_by_hop(p, nl) || hdr_is(p, nl, "content-length") ||
+	    hdr_is(p, nl, "x-accel-buffering"))
+		return n;
+	v = colon + 1;
+	while (v < p + len && (*v == ' ' || *v == '\t'))
+		v++;
+	if (hdr_is(p, nl, "content-type") &&
+	    (size_t)(p + len - v) >= 17 && strncasecmp(v, "text/event-stream", 17) == 0)
+		c->is_sse = 1;
+	if (hdr_is(p, nl, "cache-control"))
+		c->has_cache_control = 1;
+	if (c->uhead_len + len + 2 > RESP_HEAD_MAX)
+		goto bad;
+	if (c->uhead_len + len + 2 > c->uhead_cap) {
+		size_t ncap = c->uhead_cap ? c->uhead_cap : 1024;
+		char *nb;
+
+		while (ncap < c->uhead_len + len + 2)
+			ncap *= 2;
+		if ((nb = realloc(c->uhead, ncap)) == NULL)
+			goto bad;
+		c->uhead = nb;
+		c->uhead_cap = ncap;
+	}
+	memcpy(c->uhead + c->uhead_len, p, len);
+	c->uhead_len += len;
+	memcpy(c->uhead + c->uhead_len, "\r\n", 2);
+	c->uhead_len += 2;
+	return n;
+bad:
+	c->upstream_bad = 1;
+	return 0;
+}
+
+static size_t
+upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
+{
+	struct sl_conn *c = arg;
+	size_t n = size * nmemb, hl = 0, total;
+	char hdr[24];
+	struct iovec iov[3];
+	ssize_t wn;
+	int cnt = 0;
+
+	if (c->client_gone)
+		return CURL_WRITEFUNC_ERROR;
+	c->t_upstream = ev_now(c->w->loop);
+	if (!c->head_sent) {
+		if (conn_build_head(c) == -1) {
+			c->upstream_bad = 1;
+			return CURL_WRITEFUNC_ERROR;
+		}
+		conn_set_state(c, CS_STREAM);
+	}
+	if (!c->body_allowed || n == 0)
+		return n;
+	if (c->chunked)
+		hl = (size_t)snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
+	total = hl + n + (c->chunked ? 2 : 0);
+
+	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0) {
+		if (sl_buf_space(&c->out) < total) {
+			/*
+			 * Full: take none of it. libcurl keeps the chunk and
+			 * stops reading the socket, so TCP pushes back on the
+			 * upstream. conn_on_write resumes when it fits.
+			 */
+			c->paused = 1;
+			c->pending = total;
+			sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
+			conn_timer_update(c);
+			return CURL_WRITEFUNC_PAUSE;
+		}
+		sl_buf_append(&c->out, hdr, hl);
+		sl_buf_append(&c->out, p, n);
+		if (c->chunked)
+			sl_buf_append(&c->out, "\r\n", 2);
+		if (conn_flush(c) == -1)
+			return CURL_WRITEFUNC_ERROR;
+		return n;
+	}
+
+	/* Nothing waiting: write straight from libcurl's buffer, no copy. */
+	if (hl > 0) {
+		iov[cnt].iov_base = hdr;
+		iov[cnt++].iov_len = hl;
+	}
+	iov[cnt].iov_base = p;
+	iov[cnt++].iov_len = n;
+	if (c->chunked) {
+		iov[cnt].iov_base = (void *)"\r\n";
+		iov[cnt++].iov_len = 2;
+	}
+	do
+		wn = writev(c->fd, iov, cnt);
+	while (wn == -1 && errno == EINTR);
+	if (wn == -1) {
+		if (errno != EAGAIN && errno != EWOULDBLOCK) {
+			c->client_gone = 1;
+			return CURL_WRITEFUNC_ERROR;
+		}
+		wn = 0;
+	}
+	if (wn > 0)
+		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_BYTES_OUT,
+		    (uint64_t)wn);
+	if ((size_t)wn < total) {
+		/* Keep the rest; the buffer is empty and holds one chunk. */
+		size_t skip = (size_t)wn;
+		int i;
+
+		for (i = 0; i < cnt; i++) {
+			size_t l = iov[i].iov_len;
+
+			if (skip >= l) {
+				skip -= l;
+				continue;
+			}
+			if (sl_buf_append(&c->out, (char *)iov[i].iov_base + skip,
+			    l - skip) == -1) {
+				/* Cannot happen with stream_buffer >= one read. */
+				sl_err("conn %d: stream buffer overflow", c->fd);
+				c->client_gone = 1;
+				return CURL_WRITEFUNC_ERROR;
+			}
+			skip = 0;
+		}
+		c->t_client = ev_now(c->w->loop);
+		ev_io_start(c->w->loop, &c->wio);
+		conn_timer_update(c);
+	}
+	return n;
+}
+
+/* ---- upstream: starting and finishing --------------------------------- */
+
+/* Connection header tokens name more hop-by-hop headers. */
+static int
+listed_in_connection(const struct sl_req *r, const char *name, size_t nlen)
+{
+	const char *v, *p, *end;
+	size_t vlen;
+
+	if ((v = sl_req_header(r, "connection", &vlen)) == NULL)
+		return 0;
+	p = v;
+	end = v + vlen;
+	while (p < end) {
+		const char *s, *e;
+
+		while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
+			p++;
+		s = p;
+		while (p < end && *p != ',')
+			p++;
+		e = p;
+		while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+			e--;
+		if ((size_t)(e - s) == nlen && strncasecmp(s, name, nlen) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+static int
+conn_add_header(struct sl_conn *c, const char *name, size_t nlen,
+    const char *value, size_t vlen)
+{
+	char *line;
+	struct curl_slist *n;
+
+	if (asprintf(&line, "%.*s: %.*s", (int)nlen, name, (int)vlen, value) < 0)
+		return -1;
+	n = curl_slist_append(c->hdrs, line);
+	free(line);
+	if (n == NULL)
+		return -1;
+	c->hdrs = n;
+	return 0;
+}
+
+static int
+conn_build_upstream_headers(struct sl_conn *c,
+    const struct sl_upstream_conf *up)
+{
+	const struct sl_req *r = &c->req;
+	const char *name, *value, *xff = NULL;
+	size_t nlen, vlen, xfflen = 0, i;
+	int have_ct = 0, have_accept = 0;
+	struct curl_slist *n;
+
+	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
+	    i++) {
+		if (memchr(value, '\0', vlen) != NULL || memchr(name, '\0', nlen))
+			return -1;
+		if (sl_http_is_hop_by_hop(name, nlen) ||
+		    hdr_is(name, nlen, "host") ||
+		    hdr_is(name, nlen, "authorization") ||
+		    hdr_is(name, nlen, "content-length") ||
+		    hdr_is(name, nlen, "expect") ||
+		    listed_in_connection(r, name, nlen))
+			continue;
+		if (hdr_is(name, nlen, "x-forwarded-for")) {
+			xff = value;
+			xfflen = vlen;
+			continue;
+		}
+		if (hdr_is(name, nlen, "content-type"))
+			have_ct = 1;
+		if (hdr_is(name, nlen, "accept"))
+			have_accept = 1;
+		if (conn_add_header(c, name, nlen, value, vlen) == -1)
+			return -1;
+	}
+	if (xff != NULL) {
+		char *line;
+
+		if (asprintf(&line, "X-Forwarded-For: %.*s, %s", (int)xfflen, xff,
+		    c->peer) < 0)
+			return -1;
+		n = curl_slist_append(c->hdrs, line);
+		free(line);
+		if (n == NULL)
+			return -1;
+		c->hdrs = n;
+	} else if (c->peer[0] != '\0' &&
+	    conn_add_header(c, "X-Forwarded-For", 15, c->peer,
+	    strlen(c->peer)) == -1)
+		return -1;
+	if (up->api_key != NULL) {
+		char *line;
+
+		if (asprintf(&line, "Authorization: Bearer %s", up->api_key) < 0)
+			return -1;
+		n = curl_slist_append(c->hdrs, line);
+		free(line);
+		if (n == NULL)
+			return -1;
+		c->hdrs = n;
+	}
+	/* Suppress what libcurl would add on its own. */
+	if ((n = curl_slist_append(c->hdrs, "Expect:")) == NULL)
+		return -1;
+	c->hdrs = n;
+	if (!have_ct && (n = curl_slist_append(c->hdrs, "Content-Type:")) == NULL)
+		return -1;
+	c->hdrs = n;
+	if (!have_accept && (n = curl_slist_append(c->hdrs, "Accept:")) == NULL)
+		return -1;
+	c->hdrs = n;
+	return 0;
+}
+
+static void
+conn_start_upstream(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+	const struct sl_config *cfg = w->cfg;
+	const struct sl_upstream_conf *up =
+	    &cfg->upstreams[cfg->tenants[c->tenant].upstream_idx];
+	const char *target, *method = sl_req_method(&c->req);
+	size_t tlen;
+	CURL *e;
+
+	target = sl_req_url(&c->req, &tlen);
+	if (asprintf(&c->url, "%s%.*s", up->url, (int)tlen, target) < 0) {
+		c->url = NULL;
+		goto fail;
+	}
+	if (conn_build_upstream_headers(c, up) == -1)
+		goto fail;
+	if ((e = curl_easy_init()) == NULL)
+		goto fail;
+	c->easy = e;
+	curl_easy_setopt(e, CURLOPT_URL, c->url);
+	curl_easy_setopt(e, CURLOPT_PRIVATE, c);
+	curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+	curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+	    (long)cfg->timeouts.upstream_connect_ms);
+	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)w->curl_bufsize);
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
+	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, upstream_header_cb);
+	curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
+	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, upstream_write_cb);
+	curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
+	if (c->req.method == HTTP_GET && c->req.body_len == 0) {
+		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+	} else if (c->req.method == HTTP_HEAD) {
+		curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+	} else {
+		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
+		    (curl_off_t)c->req.body_len);
+		curl_easy_setopt(e, CURLOPT_POSTFIELDS,
+		    c->req.body != NULL ? c->req.body : "");
+		if (c->req.method != HTTP_POST)
+			curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+	}
+	c->t_upstream = ev_now(w->loop);
+	c->status = 0;
+	conn_set_state(c, CS_UPSTREAM);
+	if (curl_multi_add_handle(w->multi, e) != CURLM_OK)
+		goto fail;
+	return;
+fail:
+	sl_err("conn %d: cannot start the upstream request", c->fd);
+	conn_error(c, 502, "upstream_error", "upstream_unreachable",
+	    "cannot start the upstream request", 0, 0);
+}
+
+void
+sl_conn_upstream_done(struct sl_worker *w, CURL *easy, CURLcode result)
+{
+	struct sl_conn *c = NULL;
+
+	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&c);
+	if (c == NULL || c->easy != easy) {
+		curl_multi_remove_handle(w->multi, easy);
+		curl_easy_cleanup(easy);
+		return;
+	}
+	if (!c->client_gone && (result != CURLE_OK || c->upstream_bad))
+		sl_warn("upstream %s: %s", c->url,
+		    c->upstream_bad ? "malformed response head" :
+		    curl_easy_strerror(result));
+	c->depth++;
+	conn_abort_upstream(c);    /* removes and frees the handle */
+	conn_release(c);
+	if (c->client_gone) {
+		conn_close(c, "client_gone");
+		goto out;
+	}
+	if (result != CURLE_OK || c->upstream_bad) {
+		if (!c->head_sent || c->state == CS_UPSTREAM) {
+			conn_error(c, 502, "upstream_error", "upstream_unreachable",
+			    c->upstream_bad ? "upstream sent a malformed response" :
+			    "upstream unreachable or failed", 0, 0);
+			goto out;
+		}
+		/* Mid-stream: deliver what arrived, then close, no last chunk. */
+		sl_info("conn %d: upstream cut the stream: %s", c->fd,
+		    curl_easy_strerror(result));
+		c->close_after = 1;
+		c->resp_done = 1;
+		c->chunked = 0;
+		if (conn_flush(c) == -1) {
+			conn_close(c, "client_gone");
+			goto out;
+		}
+		if (c->rh_off == c->rh_len && sl_buf_len(&c->out) == 0)
+			conn_close(c, "upstream_error");
+		else
+			conn_timer_update(c);
+		goto out;
+	}
+	if (!c->head_sent && conn_build_head(c) == -1) {
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "upstream sent a malformed response", 0, 0);
+		goto out;
+	}
+	if (c->state == CS_UPSTREAM)
+		conn_set_state(c, CS_STREAM);
+	if (c->chunked && sl_buf_append(&c->out, "0\r\n\r\n", 5) == -1) {
+		/* CHUNK_FRAMING slack guarantees room; this is a bug. */
+		sl_err("conn %d: no room for the last chunk", c->fd);
+		conn_close(c, "bug");
+		goto out;
+	}
+	c->resp_done = 1;
+	if (conn_flush(c) == -1) {
+		conn_close(c, "client_gone");
+		goto out;
+	}
+	conn_timer_update(c);
+	conn_after_write(c);
+out:
+	conn_unref(c);
+}
+
+/* ---- request side ---------------------------------------------------- */
+
+/* Find the tenant whose key is the bearer token; -1 if none. */
+static int
+conn_find_tenant(struct sl_conn *c)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	const char *v, *tok;
+	size_t vlen, tlen, t, k;
+	int found = -1;
+
+	if ((v = sl_req_header(&c->req, "authorization", &vlen)) == NULL)
+		return -1;
+	if ((tok = sl_http_bearer(v, vlen, &tlen)) == NULL)
+		return -1;
+	/* Compare against every key, no early exit: timing says nothing. */
+	for (t = 0; t < cfg->ntenants; t++)
+		for (k = 0; k < cfg->tenants[t].nkeys; k++) {
+			const char *key = cfg->tenants[t].keys[k];
+
+			if (sl_ct_equal(key, strlen(key), tok, tlen) && found < 0)
+				found = (int)t;
+		}
+	return found;
+}
+
+static int
+path_has_dot_segment(const char *p, size_t len)
+{
+	size_t i, s = 0;
+
+	for (i = 0; i <= len; i++) {
+		if (i == len || p[i] == '/' || p[i] == '?') {
+			size_t seg = i - s;
+
+			if ((seg == 1 && p[s] == '.') ||
+			    (seg == 2 && p[s] == '.' && p[s + 1] == '.'))
+				return 1;
+			if (i < len && p[i] == '?')
+				return 0;
+			s = i + 1;
+		}
+	}
+	return 0;
+}
+
+/* The head is parsed: route, authenticate, admit. */
+static void
+conn_on_head(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+	const struct sl_tenant_conf *t;
+	const char *url;
+	size_t ulen;
+	int tenant;
+
+	url = sl_req_url(&c->req, &ulen);
+	if (ulen < 4 || strncmp(url, "/v1/", 4) != 0) {
+		conn_error(c, 404, "invalid_request_error", "not_found",
+		    "only paths under /v1/ are served", 0, 0);
+		return;
+	}
+	if (path_has_dot_segment(url, ulen)) {
+		conn_error(c, 400, "invalid_request_error", "bad_request",
+		    "dot segments are not allowed in the path", 0, 0);
+		return;
+	}
+	if ((tenant = conn_find_tenant(c)) < 0) {
+		conn_error(c, 401, "invalid_request_error", "invalid_api_key",
+		    "missing or unknown API key", 0, 0);
+		return;
+	}
+	t = &w->cfg->tenants[tenant];
+	c->tenant = tenant;
+	if (sl_shm_try_acquire(w->shm, w->row, w->tenant_slot[tenant]) !=
+	    SL_ADMIT_OK) {
+		char msg[160];
+
+		sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
+		snprintf(msg, sizeof(msg),
+		    "tenant concurrency limit reached (%d streams); retry later",
+		    (int)t->max_streams);
+		conn_error(c, 429, "rate_limit_error",
+		    "concurrency_limit_exceeded", msg, t->retry_after, 0);
+		return;
+	}
+	c->slot_held = 1;
+	sl_shm_stat_add(w->shm, w->row, SL_STAT_ADMITTED, 1);
+	sl_req_continue(&c->req);
+	conn_set_state(c, CS_BODY);
+}
+
+static void
+conn_req_error(struct sl_conn *c)
+{
+	int st = c->req.status;
+	const char *code = "bad_request";
+
+	if (st == 431)
+		code = "headers_too_large";
+	else if (st == 413)
+		code = "request_too_large";
+	else if (st == 501)
+		code = "not_implemented";
+	conn_error(c, st, "invalid_request_error", code,
+	    c->req.reason ? c->req.reason : "bad request", 0, 1);
+}
+
+/* Feed buffered input to the parser and act on what it finds. */
+static void
+conn_process(struct sl_conn *c)
+{
+	size_t n;
+
+	for (;;) {
+		if (c->dead)
+			return;
+		if (c->state != CS_HEAD && c->state != CS_BODY &&
+		    !(c->state == CS_LOCAL && c->req.state != SL_REQ_DONE &&
+		    c->req.state != SL_REQ_ERROR))
+			return;
+		n = c->in_len > 0 ? sl_req_feed(&c->req, c->in, c->in_len) : 0;
+		if (n > 0) {
+			memmove(c->in, c->in + n, c->in_len - n);
+			c->in_len -= n;
+		}
+		switch (c->req.state) {
+		case SL_REQ_ERROR:
+			if (c->state == CS_LOCAL) {
+				/* Discarding a refused body failed: just close. */
+				c->close_after = 1;
+				conn_after_write(c);
+				return;
+			}
+			conn_req_error(c);
+			return;
+		case SL_REQ_HEAD_DONE:
+			if (c->state == CS_HEAD)
+				conn_on_head(c);
+			continue;
+		case SL_REQ_DONE:
+			if (c->state == CS_BODY) {
+				conn_start_upstream(c);
+				return;
+			}
+			if (c->state == CS_LOCAL) {
+				conn_after_write(c);
+				return;
+			}
+			return;
+		default:
+			if (n == 0)
+				return;   /* need more bytes */
+			continue;
+		}
+	}
+}
+
+/* ---- libev callbacks --------------------------------------------------- */
+
+static void conn_read_event(struct sl_conn *);
+
+static void
+conn_on_read(struct ev_loop *loop, ev_io *io, int revents)
+{
+	struct sl_conn *c = io->data;
+
+	c->depth++;
+	conn_read_event(c);
+	conn_unref(c);
+}
+
+static void
+conn_read_event(struct sl_conn *c)
+{
+	struct ev_loop *loop = c->w->loop;
+	ssize_t n;
+	char sink[4096];
+
+	if (c->state == CS_LINGER) {
+		do
+			n = read(c->fd, sink, sizeof(sink));
+		while (n > 0);
+		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+			conn_close(c, "done");
+		return;
+	}
+	if (c->in_len == CONN_IN_SIZE) {
+		/* Pipelined bytes wait for the current response; stop reading. */
+		conn_read_stop(c);
+		return;
+	}
+	n = read(c->fd, c->in + c->in_len, CONN_IN_SIZE - c->in_len);
+	if (n == 0 || (n == -1 && errno != EAGAIN && errno != EWOULDBLOCK &&
+	    errno != EINTR)) {
+		c->client_gone = 1;
+		conn_close(c, "client_gone");
+		return;
+	}
+	if (n < 0)
+		return;
+	c->in_len += (size_t)n;
+	if (c->state == CS_HEAD || c->state == CS_BODY) {
+		if (c->state == CS_BODY)
+			c->t_req = ev_now(loop);   /* body: idle, not total */
+		conn_process(c);
+	} else if (c->state == CS_LOCAL) {
+		conn_process(c);
+	}
+}
+
+static void conn_write_event(struct sl_conn *);
+
+static void
+conn_on_write(struct ev_loop *loop, ev_io *io, int revents)
+{
+	struct sl_conn *c = io->data;
+
+	c->depth++;
+	conn_write_event(c);
+	conn_unref(c);
+}
+
+static void
+conn_write_event(struct sl_conn *c)
+{
+	if (conn_flush(c) == -1) {
+		conn_close(c, "client_gone");
+		return;
+	}
+	if (c->paused && c->easy != NULL && sl_buf_space(&c->out) >= c->pending &&
+	    c->rh_off == c->rh_len) {
+		/*
+		 * The refused chunk fits now: resume. libcurl calls the write
+		 * callback from inside curl_easy_pause with the kept bytes.
+		 */
+		c->paused = 0;
+		conn_timer_update(c);
+		curl_easy_pause(c->easy, CURLPAUSE_CONT);
+		if (c->client_gone)
+			return;   /* the transfer reports done; we finish there */
+	}
+	conn_after_write(c);
+}
+
+/* ---- worker-wide ----------------------------------------------------- */
+
+void
+sl_conn_drain_all(struct sl_worker *w)
+{
+	struct sl_conn *c, *next;
+
+	for (c = TAILQ_FIRST(&w->conns); c != NULL; c = next) {
+		next = TAILQ_NEXT(c, entry);
+		if (c->state == CS_HEAD && c->req.head_bytes == 0 &&
+		    c->in_len == 0)
+			conn_close(c, "drain");
+	}
+}
+
+void
+sl_conn_close_all(struct sl_worker *w)
+{
+	struct sl_conn *c;
+
+	while ((c = TAILQ_FIRST(&w->conns)) != NULL)
+		conn_close(c, "drained");
+}

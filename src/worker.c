@@ -1,0 +1,305 @@
+/*
+ * A worker process: one libev loop driving client sockets, the libcurl
+ * multi handle (multi_socket API: one ev_io per curl socket, one ev_timer
+ * for curl's timeout), accepts, and signals from the master.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <http_parser.h>
+
+#include "sl_log.h"
+#include "sl_relay.h"
+#include "sl_worker.h"
+
+#define ACCEPTS_PER_EVENT 64
+
+/* One watcher per socket libcurl asks us to poll. */
+struct curl_sock {
+	ev_io io;
+	struct sl_worker *w;
+	curl_socket_t fd;
+};
+
+static void
+check_multi_info(struct sl_worker *w)
+{
+	CURLMsg *msg;
+	int left;
+
+	while ((msg = curl_multi_info_read(w->multi, &left)) != NULL) {
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		/* The message dies with remove_handle: copy what we need. */
+		sl_conn_upstream_done(w, msg->easy_handle, msg->data.result);
+	}
+}
+
+void
+sl_worker_curl_action(struct sl_worker *w, curl_socket_t fd, int ev_bitmask)
+{
+	int running;
+	CURLMcode rc;
+
+	rc = curl_multi_socket_action(w->multi, fd, ev_bitmask, &running);
+	if (rc != CURLM_OK)
+		sl_err("curl_multi_socket_action: %s", curl_multi_strerror(rc));
+	check_multi_info(w);
+}
+
+static void
+curl_sock_cb(struct ev_loop *loop, ev_io *io, int revents)
+{
+	struct curl_sock *cs = io->data;
+	int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
+	    (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
+
+	sl_worker_curl_action(cs->w, cs->fd, action);
+}
+
+static void
+curl_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_worker *w = t->data;
+
+	sl_worker_curl_action(w, CURL_SOCKET_TIMEOUT, 0);
+}
+
+/* CURLMOPT_SOCKETFUNCTION: start, change or stop polling one socket. */
+static int
+multi_sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *sockp)
+{
+	struct sl_worker *w = userp;
+	struct curl_sock *cs = sockp;
+	int kind;
+
+	if (what == CURL_POLL_REMOVE) {
+		if (cs != NULL) {
+			ev_io_stop(w->loop, &cs->io);
+			curl_multi_assign(w->multi, fd, NULL);
+			free(cs);
+		}
+		return 0;
+	}
+	if (cs == NULL) {
+		cs = calloc(1, sizeof(*cs));
+		if (cs == NULL)
+			return -1;
+		cs->w = w;
+		cs->fd = fd;
+		curl_multi_assign(w->multi, fd, cs);
+	} else
+		ev_io_stop(w->loop, &cs->io);
+	kind = (what & CURL_POLL_IN ? EV_READ : 0) |
+	    (what & CURL_POLL_OUT ? EV_WRITE : 0);
+	/* Re-init each time: the fd number may have been reused. */
+	ev_io_init(&cs->io, curl_sock_cb, fd, kind);
+	cs->io.data = cs;
+	ev_io_start(w->loop, &cs->io);
+	return 0;
+}
+
+/* CURLMOPT_TIMERFUNCTION: never call libcurl from here. */
+static int
+multi_timer_cb(CURLM *m, long timeout_ms, void *userp)
+{
+	struct sl_worker *w = userp;
+
+	ev_timer_stop(w->loop, &w->curl_timer);
+	if (timeout_ms >= 0) {
+		ev_timer_set(&w->curl_timer, (double)timeout_ms / 1000.0, 0.0);
+		ev_timer_start(w->loop, &w->curl_timer);
+	}
+	return 0;
+}
+
+static void
+accept_cb(struct ev_loop *loop, ev_io *io, int revents)
+{
+	struct sl_worker *w = io->data;
+	int i, fd;
+
+	for (i = 0; i < ACCEPTS_PER_EVENT; i++) {
+		fd = accept4(w->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd == -1) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno == EMFILE || errno == ENFILE) {
+				/*
+				 * Out of descriptors: use the spare one to take the
+				 * connection off the queue and refuse it, so the
+				 * client learns at once instead of timing out.
+				 */
+				if (w->spare_fd >= 0) {
+					close(w->spare_fd);
+					fd = accept4(w->listen_fd, NULL, NULL,
+					    SOCK_NONBLOCK | SOCK_CLOEXEC);
+					if (fd >= 0)
+						sl_conn_refuse(fd);
+					w->spare_fd = open("/dev/null",
+					    O_RDONLY | O_CLOEXEC);
+				}
+				sl_warn("accept: %s; pausing accepts for 100 ms",
+				    strerror(errno));
+				ev_io_stop(loop, &w->accept_io);
+				ev_timer_start(loop, &w->accept_retry);
+			}
+			return;
+		}
+		if (w->nconns >= w->cfg->limits.max_connections) {
+			sl_conn_refuse(fd);
+			continue;
+		}
+		sl_conn_new(w, fd);
+	}
+}
+
+static void
+accept_retry_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_worker *w = t->data;
+
+	if (!w->draining)
+		ev_io_start(loop, &w->accept_io);
+}
+
+static void
+drain_timeout_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_worker *w = t->data;
+
+	sl_warn("drain timeout: cutting %zu connection(s)", w->nconns);
+	sl_conn_close_all(w);
+	ev_break(loop, EVBREAK_ALL);
+}
+
+/* SIGTERM/SIGINT from the master: stop accepting, finish streams, exit. */
+static void
+sig_drain_cb(struct ev_loop *loop, ev_signal *s, int revents)
+{
+	struct sl_worker *w = s->data;
+
+	if (w->draining)
+		return;
+	w->draining = 1;
+	ev_io_stop(loop, &w->accept_io);
+	ev_timer_stop(loop, &w->accept_retry);
+	if (w->listen_fd >= 0) {
+		/* The master keeps the socket: its queue waits for successors. */
+		close(w->listen_fd);
+		w->listen_fd = -1;
+	}
+	sl_conn_drain_all(w);
+	if (w->nconns == 0) {
+		ev_break(loop, EVBREAK_ALL);
+		return;
+	}
+	sl_info("draining %zu connection(s)", w->nconns);
+	ev_timer_set(&w->drain_timer, (double)w->cfg->drain_timeout_ms / 1000.0,
+	    0.0);
+	ev_timer_start(loop, &w->drain_timer);
+}
+
+static void
+sig_quit_cb(struct ev_loop *loop, ev_signal *s, int revents)
+{
+	struct sl_worker *w = s->data;
+
+	sl_conn_close_all(w);
+	ev_break(loop, EVBREAK_ALL);
+}
+
+int
+sl_worker_main(const struct sl_worker_args *a)
+{
+	struct sl_worker w;
+	char role[32];
+	sigset_t none;
+
+	memset(&w, 0, sizeof(w));
+	snprintf(role, sizeof(role), "worker%d", a->index);
+	sl_log_init(a->cfg->log_level, role);
+
+	/* If the master dies, drain and go. */
+	prctl(PR_SET_PDEATHSIG, SIGTERM);
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+
+	w.loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);
+	if (w.loop == NULL) {
+		sl_err("cannot create the event loop");
+		return 1;
+	}
+	w.cfg = a->cfg;
+	w.shm = a->shm;
+	w.tenant_slot = a->tenant_slot;
+	w.row = a->row;
+	w.index = a->index;
+	w.listen_fd = a->listen_fd;
+	TAILQ_INIT(&w.conns);
+	w.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	w.curl_bufsize = a->cfg->stream_buffer / 2;
+	if (w.curl_bufsize > CURL_MAX_WRITE_SIZE)
+		w.curl_bufsize = CURL_MAX_WRITE_SIZE;
+	if (w.curl_bufsize < 1024)
+		w.curl_bufsize = 1024;
+	http_parser_set_max_header_size(
+	    (uint32_t)a->cfg->limits.max_header_bytes + 1024);
+
+	w.multi = curl_multi_init();
+	if (w.multi == NULL) {
+		sl_err("curl_multi_init failed");
+		return 1;
+	}
+	curl_multi_setopt(w.multi, CURLMOPT_SOCKETFUNCTION, multi_sock_cb);
+	curl_multi_setopt(w.multi, CURLMOPT_SOCKETDATA, &w);
+	curl_multi_setopt(w.multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
+	curl_multi_setopt(w.multi, CURLMOPT_TIMERDATA, &w);
+	/* Keep idle upstream connections for reuse; one per stream in flight. */
+	curl_multi_setopt(w.multi, CURLMOPT_MAXCONNECTS, 1024L);
+	ev_init(&w.curl_timer, curl_timer_cb);
+	w.curl_timer.data = &w;
+
+	ev_io_init(&w.accept_io, accept_cb, w.listen_fd, EV_READ);
+	w.accept_io.data = &w;
+	ev_timer_init(&w.accept_retry, accept_retry_cb, 0.1, 0.0);
+	w.accept_retry.data = &w;
+	ev_init(&w.drain_timer, drain_timeout_cb);
+	w.drain_timer.data = &w;
+	ev_signal_init(&w.sig_term, sig_drain_cb, SIGTERM);
+	ev_signal_init(&w.sig_int, sig_drain_cb, SIGINT);
+	ev_signal_init(&w.sig_quit, sig_quit_cb, SIGQUIT);
+	w.sig_term.data = w.sig_int.data = w.sig_quit.data = &w;
+	ev_signal_start(w.loop, &w.sig_term);
+	ev_signal_start(w.loop, &w.sig_int);
+	ev_signal_start(w.loop, &w.sig_quit);
+	/* SIGHUP goes to the master; a worker ignores it. */
+	signal(SIGHUP, SIG_IGN);
+
+	/* The master may have died between fork and prctl. */
+	if (getppid() == 1)
+		return 0;
+
+	ev_io_start(w.loop, &w.accept_io);
+	sl_debug("worker started (row %zu)", w.row);
+	ev_run(w.loop, 0);
+
+	sl_conn_close_all(&w);
+	curl_multi_cleanup(w.multi);
+	if (w.spare_fd >= 0)
+		close(w.spare_fd);
+	if (w.listen_fd >= 0)
+		close(w.listen_fd);
+	ev_loop_destroy(w.loop);
+	sl_debug("worker exiting");
+	return 0;
+}
