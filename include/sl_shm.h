@@ -33,6 +33,9 @@ struct sl_shm *sl_shm_create(size_t max_tenants, size_t max_rows);
 void sl_shm_destroy(struct sl_shm *);
 
 size_t sl_shm_max_tenants(const struct sl_shm *);
+
+/* Master: rows below n may hold data; sums skip the rest. */
+void sl_shm_set_rows_used(struct sl_shm *, size_t n);
 size_t sl_shm_max_rows(const struct sl_shm *);
 
 /* Publish a tenant's limit (master, on start and reload). 0 retires it. */
@@ -59,15 +62,63 @@ int32_t sl_shm_held(const struct sl_shm *, size_t row, size_t tenant);
  */
 int64_t sl_shm_reclaim_row(struct sl_shm *, size_t row);
 
-/* Per-row statistics, written only by the owning worker, summed on scrape. */
+/*
+ * Per-row statistics, written only by the owning worker (a load and a
+ * store, no locked instruction), summed by the master on scrape. Nothing
+ * here is written per chunk: counters move once per request, gauges once
+ * per second. Row 0 is the master's: when a worker dies its counters are
+ * folded into row 0 (sl_shm_retire_stats) so totals never go backwards.
+ */
 enum sl_stat {
+	/* counters */
 	SL_STAT_ADMITTED = 0,
 	SL_STAT_REJECTED,
 	SL_STAT_BYTES_OUT,
 	SL_STAT_PAUSES,
+	/* gauges (dropped when a worker dies) */
+	SL_STAT_G_FIRST,
+	SL_STAT_PAUSED_STREAMS = SL_STAT_G_FIRST,
+	SL_STAT_BUFFERED_BYTES,
+	SL_STAT_CONNECTIONS,
+	SL_STAT_STREAMS,
 	SL_STAT_MAX
 };
 void sl_shm_stat_add(struct sl_shm *, size_t row, enum sl_stat, uint64_t n);
+void sl_shm_stat_set(struct sl_shm *, size_t row, enum sl_stat, uint64_t v);
 uint64_t sl_shm_stat_sum(const struct sl_shm *, enum sl_stat);
+
+/* Status codes counted per tenant; others fall into their class (2xx...). */
+#define SL_NCODES 24
+int sl_shm_code_slot(int status);
+const char *sl_shm_code_label(int slot);
+
+/* Tenant index for requests with no tenant (bad key, 404, 400...). */
+#define SL_TENANT_NONE(shm) sl_shm_max_tenants(shm)
+
+void sl_shm_count_request(struct sl_shm *, size_t row, size_t tenant, int status);
+void sl_shm_count_rejected(struct sl_shm *, size_t row, size_t tenant);
+uint64_t sl_shm_requests_sum(const struct sl_shm *, size_t tenant, int slot);
+uint64_t sl_shm_rejected_sum(const struct sl_shm *, size_t tenant);
+
+#define SL_SHM_MAX_UPSTREAMS 64
+enum sl_uerr {
+	SL_UERR_CONNECT = 0, SL_UERR_TIMEOUT, SL_UERR_RESET, SL_UERR_BAD_RESPONSE,
+	SL_UERR_IDLE, SL_UERR_MAX
+};
+const char *sl_shm_uerr_label(enum sl_uerr);
+void sl_shm_count_uerr(struct sl_shm *, size_t row, size_t upstream, enum sl_uerr);
+uint64_t sl_shm_uerr_sum(const struct sl_shm *, size_t upstream, enum sl_uerr);
+
+/* Latency histograms, in seconds; bucket bounds from sl_shm_hist_bounds. */
+enum sl_hist { SL_HIST_TTFB = 0, SL_HIST_DURATION, SL_HIST_MAX };
+#define SL_HIST_BUCKETS 16
+const double *sl_shm_hist_bounds(void);
+void sl_shm_observe(struct sl_shm *, size_t row, enum sl_hist, double seconds);
+/* Cumulative count for bucket b (b == SL_HIST_BUCKETS: +Inf), sum, count. */
+uint64_t sl_shm_hist_bucket(const struct sl_shm *, enum sl_hist, int b);
+double sl_shm_hist_sum(const struct sl_shm *, enum sl_hist);
+
+/* Master: fold a dead worker's counters into row 0 and zero its row. */
+void sl_shm_retire_stats(struct sl_shm *, size_t row);
 
 #endif

@@ -21,6 +21,7 @@ struct sl_worker_args {
 	const struct sl_config *cfg;
 	struct sl_shm *shm;
 	const size_t *tenant_slot;   /* config tenant index -> shm tenant index */
+	const size_t *upstream_slot; /* config upstream index -> shm upstream index */
 	size_t row;                  /* this worker's shm row */
 	int listen_fd;               /* this worker's SO_REUSEPORT socket */
 	int index;                   /* worker number, for logs */
@@ -32,8 +33,12 @@ struct sl_worker {
 	const struct sl_config *cfg;
 	struct sl_shm *shm;
 	const size_t *tenant_slot;
+	const size_t *upstream_slot;
 	size_t row;
 	int index;
+	int access_fd;               /* -1: access log off */
+	ev_timer gauge_timer;
+	ev_signal sig_usr1;
 
 	int listen_fd;
 	ev_io accept_io;

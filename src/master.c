@@ -20,14 +20,15 @@
 
 #include <curl/curl.h>
 
+#include "sl_admin.h"
 #include "sl_log.h"
 #include "sl_master.h"
 #include "sl_net.h"
 #include "sl_shm.h"
 #include "sl_worker.h"
 
-#define MAX_ROWS 256                 /* worker rows: current + draining */
-#define MIN_TENANT_CAPACITY 1024
+#define MAX_ROWS 128                 /* worker rows: 0 is the master's */
+#define MIN_TENANT_CAPACITY 256
 #define RESPAWN_BACKOFF_S 1.0        /* a worker that dies young waits this */
 #define LISTEN_BACKLOG 4096
 
@@ -44,6 +45,7 @@ struct child {
 struct gen {
 	struct sl_config *cfg;
 	size_t *tenant_slot;
+	size_t *upstream_slot;
 	unsigned id;
 };
 
@@ -53,6 +55,10 @@ struct master {
 	struct sl_shm *shm;
 	char **shm_names;            /* shm tenant index -> name (or NULL) */
 	size_t shm_ntenants;         /* indices handed out so far */
+	char *up_names[SL_SHM_MAX_UPSTREAMS];
+	size_t up_n;
+	struct sl_admin *admin;
+	size_t rows_hwm;
 	int *listen_fds;
 	int nlisten;
 	int nworkers;
@@ -64,7 +70,7 @@ struct master {
 	unsigned reloads_ok, reloads_failed;
 };
 
-static volatile sig_atomic_t got_hup, got_term, got_quit, got_chld;
+static volatile sig_atomic_t got_hup, got_term, got_quit, got_chld, got_usr1;
 
 static void
 on_signal(int sig)
@@ -82,6 +88,9 @@ on_signal(int sig)
 		break;
 	case SIGCHLD:
 		got_chld = 1;
+		break;
+	case SIGUSR1:
+		got_usr1 = 1;
 		break;
 	}
 }
@@ -159,14 +168,47 @@ fail:
 	return NULL;
 }
 
+/* Stable upstream indices for the error counters, like tenants. */
+static size_t *
+map_upstreams(struct master *m, const struct sl_config *cfg)
+{
+	size_t *map, i, j;
+
+	map = calloc(cfg->nupstreams ? cfg->nupstreams : 1, sizeof(*map));
+	if (map == NULL)
+		return NULL;
+	for (i = 0; i < cfg->nupstreams; i++) {
+		for (j = 0; j < m->up_n; j++)
+			if (strcmp(m->up_names[j], cfg->upstreams[i].name) == 0)
+				break;
+		if (j == m->up_n) {
+			if (j == SL_SHM_MAX_UPSTREAMS ||
+			    (m->up_names[j] = strdup(cfg->upstreams[i].name)) == NULL) {
+				sl_err("upstream capacity (%d) exhausted; restart to "
+				    "forget removed upstreams", SL_SHM_MAX_UPSTREAMS);
+				free(map);
+				return NULL;
+			}
+			m->up_n++;
+		}
+		map[i] = j;
+	}
+	return map;
+}
+
+/* Row 0 belongs to the master (retired counters); workers get 1.. */
 static int
 alloc_row(struct master *m)
 {
 	int r;
 
-	for (r = 0; r < MAX_ROWS; r++)
+	for (r = 1; r < MAX_ROWS; r++)
 		if (!m->row_used[r]) {
 			m->row_used[r] = 1;
+			if ((size_t)r + 1 > m->rows_hwm) {
+				m->rows_hwm = (size_t)r + 1;
+				sl_shm_set_rows_used(m->shm, m->rows_hwm);
+			}
 			return r;
 		}
 	return -1;
@@ -215,6 +257,9 @@ spawn(struct master *m, int slot)
 		sigaction(SIGINT, &sa, NULL);
 		sigaction(SIGQUIT, &sa, NULL);
 		sigaction(SIGCHLD, &sa, NULL);
+		sigaction(SIGUSR1, &sa, NULL);
+		if (m->admin != NULL)
+			sl_admin_close(m->admin);
 		for (i = 0; i < m->nlisten; i++)
 			if (i != slot)
 				close(m->listen_fds[i]);
@@ -222,6 +267,7 @@ spawn(struct master *m, int slot)
 		a.cfg = m->cur.cfg;
 		a.shm = m->shm;
 		a.tenant_slot = m->cur.tenant_slot;
+		a.upstream_slot = m->cur.upstream_slot;
 		a.row = (size_t)row;
 		a.listen_fd = m->listen_fds[slot];
 		a.index = slot;
@@ -281,6 +327,7 @@ reap(struct master *m)
 			continue;
 		/* The worker is gone: its held slots go back to their tenants. */
 		reclaimed = sl_shm_reclaim_row(m->shm, ch->row);
+		sl_shm_retire_stats(m->shm, ch->row);
 		m->row_used[ch->row] = 0;
 		if (WIFSIGNALED(status))
 			sl_warn("worker %d (pid %d) killed by signal %d; "
@@ -361,7 +408,7 @@ reload(struct master *m)
 {
 	struct sl_config *ncfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
-	size_t *map;
+	size_t *map, *umap;
 	int nw, s;
 	struct gen old;
 
@@ -390,9 +437,20 @@ reload(struct master *m)
 		m->reloads_failed++;
 		return;
 	}
-	map = map_tenants(m, ncfg);
+	if (ncfg->admin_listen == NULL ? m->cur.cfg->admin_listen != NULL :
+	    m->cur.cfg->admin_listen == NULL ||
+	    strcmp(ncfg->admin_listen, m->cur.cfg->admin_listen) != 0) {
+		sl_warn("reload: 'admin_listen' changes need a restart; keeping %s",
+		    m->cur.cfg->admin_listen ? m->cur.cfg->admin_listen : "none");
+		free(ncfg->admin_listen);
+		ncfg->admin_listen = m->cur.cfg->admin_listen ?
+		    strdup(m->cur.cfg->admin_listen) : NULL;
+	}
+	umap = map_upstreams(m, ncfg);
+	map = umap != NULL ? map_tenants(m, ncfg) : NULL;
 	if (map == NULL) {
-		sl_err("reload failed: cannot map tenants");
+		sl_err("reload failed: cannot map tenants or upstreams");
+		free(umap);
 		sl_config_free(ncfg);
 		m->reloads_failed++;
 		return;
@@ -402,6 +460,7 @@ reload(struct master *m)
 	old = m->cur;
 	m->cur.cfg = ncfg;
 	m->cur.tenant_slot = map;
+	m->cur.upstream_slot = umap;
 	m->cur.id = old.id + 1;
 	m->nworkers = nw;
 	memset(m->respawn_at, 0, sizeof(m->respawn_at));
@@ -417,9 +476,173 @@ reload(struct master *m)
 	/* Children hold their own copies of the old generation. */
 	sl_config_free(old.cfg);
 	free(old.tenant_slot);
+	free(old.upstream_slot);
 	m->reloads_ok++;
 	sl_info("reloaded: generation %u, %d worker(s), %zu tenant(s)",
 	    m->cur.id, nw, ncfg->ntenants);
+}
+
+/* Prometheus label value: escape backslash, quote and newline. */
+static void
+label(struct sl_str *o, const char *v)
+{
+	for (; *v != '\0'; v++) {
+		if (*v == '\\' || *v == '"')
+			sl_str_printf(o, "\\%c", *v);
+		else if (*v == '\n')
+			sl_str_printf(o, "\\n");
+		else
+			sl_str_printf(o, "%c", *v);
+	}
+}
+
+static int
+current_workers(const struct master *m)
+{
+	int i, n = 0;
+
+	for (i = 0; i < MAX_ROWS; i++)
+		if (m->children[i].pid > 0 && !m->children[i].draining &&
+		    m->children[i].gen == m->cur.id)
+			n++;
+	return n;
+}
+
+static void
+render_hist(struct sl_str *o, struct sl_shm *shm, enum sl_hist h,
+    const char *name, const char *help)
+{
+	const double *b = sl_shm_hist_bounds();
+	int i;
+
+	sl_str_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+	for (i = 0; i < SL_HIST_BUCKETS; i++)
+		sl_str_printf(o, "%s_bucket{le=\"%g\"} %llu\n", name, b[i],
+		    (unsigned long long)sl_shm_hist_bucket(shm, h, i));
+	sl_str_printf(o, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+	    (unsigned long long)sl_shm_hist_bucket(shm, h, SL_HIST_BUCKETS));
+	sl_str_printf(o, "%s_sum %.6f\n%s_count %llu\n", name,
+	    sl_shm_hist_sum(shm, h), name,
+	    (unsigned long long)sl_shm_hist_bucket(shm, h, SL_HIST_BUCKETS));
+}
+
+static void
+render_metrics(struct master *m, struct sl_str *o)
+{
+	struct sl_shm *shm = m->shm;
+	size_t t, u;
+	int c, k;
+
+	sl_str_printf(o, "# HELP sluice_tenant_streams Requests in flight per "
+	    "tenant, across all workers.\n# TYPE sluice_tenant_streams gauge\n");
+	for (t = 0; t < m->shm_ntenants; t++) {
+		sl_str_printf(o, "sluice_tenant_streams{tenant=\"");
+		label(o, m->shm_names[t]);
+		sl_str_printf(o, "\"} %d\n", (int)sl_shm_inflight(shm, t));
+	}
+	sl_str_printf(o, "# HELP sluice_tenant_max_streams Configured limit per "
+	    "tenant (0: retired).\n# TYPE sluice_tenant_max_streams gauge\n");
+	for (t = 0; t < m->shm_ntenants; t++) {
+		sl_str_printf(o, "sluice_tenant_max_streams{tenant=\"");
+		label(o, m->shm_names[t]);
+		sl_str_printf(o, "\"} %d\n", (int)sl_shm_limit(shm, t));
+	}
+	sl_str_printf(o, "# HELP sluice_requests_total Requests answered, by "
+	    "tenant and status.\n# TYPE sluice_requests_total counter\n");
+	for (t = 0; t <= m->shm_ntenants; t++) {
+		size_t ti = t < m->shm_ntenants ? t : SL_TENANT_NONE(shm);
+
+		for (c = 0; c < SL_NCODES; c++) {
+			uint64_t v = sl_shm_requests_sum(shm, ti, c);
+
+			if (v == 0)
+				continue;
+			sl_str_printf(o, "sluice_requests_total{tenant=\"");
+			label(o, t < m->shm_ntenants ? m->shm_names[t] : "-");
+			sl_str_printf(o, "\",code=\"%s\"} %llu\n",
+			    sl_shm_code_label(c), (unsigned long long)v);
+		}
+	}
+	sl_str_printf(o, "# HELP sluice_rejected_total Requests refused by "
+	    "admission.\n# TYPE sluice_rejected_total counter\n");
+	for (t = 0; t < m->shm_ntenants; t++) {
+		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
+		label(o, m->shm_names[t]);
+		sl_str_printf(o, "\",reason=\"max_streams\"} %llu\n",
+		    (unsigned long long)sl_shm_rejected_sum(shm, t));
+	}
+	sl_str_printf(o, "# HELP sluice_upstream_errors_total Upstream failures "
+	    "by kind.\n# TYPE sluice_upstream_errors_total counter\n");
+	for (u = 0; u < m->up_n; u++)
+		for (k = 0; k < SL_UERR_MAX; k++) {
+			sl_str_printf(o, "sluice_upstream_errors_total{upstream=\"");
+			label(o, m->up_names[u]);
+			sl_str_printf(o, "\",kind=\"%s\"} %llu\n",
+			    sl_shm_uerr_label((enum sl_uerr)k),
+			    (unsigned long long)sl_shm_uerr_sum(shm, u,
+			    (enum sl_uerr)k));
+		}
+	sl_str_printf(o,
+	    "# HELP sluice_upstream_paused_streams Streams whose upstream is "
+	    "paused because the client is slow.\n"
+	    "# TYPE sluice_upstream_paused_streams gauge\n"
+	    "sluice_upstream_paused_streams %llu\n"
+	    "# HELP sluice_stream_buffer_bytes Response bytes waiting for "
+	    "clients in stream buffers.\n"
+	    "# TYPE sluice_stream_buffer_bytes gauge\n"
+	    "sluice_stream_buffer_bytes %llu\n"
+	    "# HELP sluice_connections Open client connections.\n"
+	    "# TYPE sluice_connections gauge\nsluice_connections %llu\n"
+	    "# HELP sluice_upstream_streams Upstream transfers in progress.\n"
+	    "# TYPE sluice_upstream_streams gauge\nsluice_upstream_streams %llu\n"
+	    "# HELP sluice_admitted_total Requests admitted.\n"
+	    "# TYPE sluice_admitted_total counter\nsluice_admitted_total %llu\n"
+	    "# HELP sluice_upstream_pauses_total Times a stream's upstream was "
+	    "paused.\n# TYPE sluice_upstream_pauses_total counter\n"
+	    "sluice_upstream_pauses_total %llu\n"
+	    "# HELP sluice_bytes_out_total Bytes written to clients.\n"
+	    "# TYPE sluice_bytes_out_total counter\nsluice_bytes_out_total %llu\n"
+	    "# HELP sluice_workers Worker processes of the current generation.\n"
+	    "# TYPE sluice_workers gauge\nsluice_workers %d\n"
+	    "# HELP sluice_reloads_total Configuration reloads by result.\n"
+	    "# TYPE sluice_reloads_total counter\n"
+	    "sluice_reloads_total{result=\"ok\"} %u\n"
+	    "sluice_reloads_total{result=\"failed\"} %u\n",
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_PAUSED_STREAMS),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BUFFERED_BYTES),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_CONNECTIONS),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_STREAMS),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_ADMITTED),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_PAUSES),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BYTES_OUT),
+	    current_workers(m), m->reloads_ok, m->reloads_failed);
+	render_hist(o, shm, SL_HIST_TTFB, "sluice_ttfb_seconds",
+	    "Time from request head to the upstream's response head.");
+	render_hist(o, shm, SL_HIST_DURATION, "sluice_stream_duration_seconds",
+	    "Time from request head to the end of the relayed response.");
+}
+
+static void
+admin_handle(void *arg, const char *method, const char *path,
+    struct sl_admin_resp *r)
+{
+	struct master *m = arg;
+
+	if (strcmp(path, "/healthz") != 0 && strcmp(path, "/metrics") != 0)
+		return;
+	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+		r->status = 405;
+		sl_str_printf(&r->body, "only GET\n");
+		return;
+	}
+	if (strcmp(path, "/healthz") == 0) {
+		r->status = m->stopping ? 503 : 200;
+		sl_str_printf(&r->body, m->stopping ? "draining\n" : "ok\n");
+		return;
+	}
+	r->status = 200;
+	r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+	render_metrics(m, &r->body);
 }
 
 int
@@ -452,11 +675,21 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		return 1;
 	}
 	m.cur.tenant_slot = map_tenants(&m, cfg);
-	if (m.cur.tenant_slot == NULL)
+	m.cur.upstream_slot = map_upstreams(&m, cfg);
+	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL)
 		return 1;
 	m.nworkers = resolve_workers(cfg);
 	if (open_listeners(&m, cfg->listen, 0, m.nworkers) == -1)
 		return 1;
+	if (cfg->admin_listen != NULL) {
+		char err[256];
+
+		m.admin = sl_admin_open(cfg->admin_listen, err, sizeof(err));
+		if (m.admin == NULL) {
+			sl_err("admin_listen %s", err);
+			return 1;
+		}
+	}
 
 	sigemptyset(&block);
 	sigaddset(&block, SIGHUP);
@@ -464,6 +697,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sigaddset(&block, SIGINT);
 	sigaddset(&block, SIGQUIT);
 	sigaddset(&block, SIGCHLD);
+	sigaddset(&block, SIGUSR1);
 	sigprocmask(SIG_BLOCK, &block, NULL);
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
@@ -473,6 +707,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGQUIT, &sa, NULL);
 	sigaction(SIGCHLD, &sa, NULL);
+	sigaction(SIGUSR1, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	sigemptyset(&empty);
 
@@ -485,6 +720,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (;;) {
 		double timeout = -1;
 		struct timespec ts;
+		struct pollfd pfd[32];
+		int npfd = 0;
 
 		if (got_chld) {
 			got_chld = 0;
@@ -511,6 +748,11 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			if (!m.stopping)
 				reload(&m);
 		}
+		if (got_usr1) {
+			got_usr1 = 0;
+			sl_info("SIGUSR1: workers reopen the access log");
+			signal_children(&m, SIGUSR1, 0);
+		}
 		if (m.stopping) {
 			if (nchildren(&m) == 0)
 				break;
@@ -522,6 +764,13 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			timeout = m.stop_deadline - now_s();
 		} else
 			respawn_due(&m, &timeout);
+		if (m.admin != NULL) {
+			double at = sl_admin_timeout(m.admin, now_s());
+
+			npfd = sl_admin_pollfds(m.admin, pfd, 32);
+			if (at >= 0 && (timeout < 0 || at < timeout))
+				timeout = at;
+		}
 		if (timeout >= 0) {
 			if (timeout < 0.001)
 				timeout = 0.001;
@@ -529,12 +778,16 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			ts.tv_nsec = (long)((timeout - (double)ts.tv_sec) * 1e9);
 		}
 		/* Sleep with signals unblocked; flags are rechecked on wake. */
-		if (ppoll(NULL, 0, timeout >= 0 ? &ts : NULL, &empty) == -1 &&
-		    errno != EINTR) {
+		if (ppoll(npfd ? pfd : NULL, (nfds_t)npfd, timeout >= 0 ? &ts : NULL,
+		    &empty) == -1) {
+			if (errno == EINTR)
+				continue;
 			sl_err("ppoll: %s", strerror(errno));
 			rc = 1;
 			break;
 		}
+		if (m.admin != NULL)
+			sl_admin_service(m.admin, pfd, npfd, now_s(), admin_handle, &m);
 	}
 	sl_info("stopped");
 	for (s = 0; s < m.nlisten; s++)
@@ -544,6 +797,10 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		free(m.shm_names[cap]);
 	free(m.shm_names);
 	free(m.cur.tenant_slot);
+	free(m.cur.upstream_slot);
+	for (cap = 0; cap < m.up_n; cap++)
+		free(m.up_names[cap]);
+	sl_admin_close(m.admin);
 	sl_config_free(m.cur.cfg);
 	sl_shm_destroy(m.shm);
 	curl_global_cleanup();

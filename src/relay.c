@@ -22,7 +22,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sl_buf.h"
@@ -97,6 +99,15 @@ struct sl_conn {
 	int client_gone;           /* EOF/RST/EPIPE seen on the client */
 	ev_tstamp t_upstream;      /* last upstream activity */
 	ev_tstamp t_client;        /* last client progress while bytes wait */
+
+	/* Accounting for the current request (metrics, access log). */
+	int req_active;            /* a request is being answered */
+	const char *end;           /* how it ended, when decided early */
+	ev_tstamp t_start;         /* request began (first byte or head) */
+	ev_tstamp t_first;         /* first response byte relayed; 0: none */
+	ev_tstamp t_pause;         /* current pause began */
+	ev_tstamp paused_total;
+	uint64_t bytes_out;        /* bytes written to the client */
 
 	int depth;                 /* entry points on the stack */
 	int dead;                  /* closed; freed when depth drops to 0 */
@@ -251,6 +262,18 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 	char body[512];
 	int blen;
 
+	if (!c->req_active) {
+		c->req_active = 1;
+		c->t_start = c->t_req;
+	}
+	if (c->end == NULL) {
+		if (status == 408 || status == 504)
+			c->end = "timeout";
+		else if (status == 502)
+			c->end = "upstream_error";
+		else
+			c->end = "rejected";
+	}
 	conn_abort_upstream(c);
 	conn_release(c);
 	blen = snprintf(body, sizeof(body),
@@ -334,6 +357,115 @@ sl_conn_new(struct sl_worker *w, int fd)
 	conn_timer_update(c);
 }
 
+/* JSON-escape src into dst (always terminated). */
+static void
+json_escape(char *dst, size_t dlen, const char *src, size_t slen)
+{
+	size_t i, o = 0;
+
+	for (i = 0; i < slen && o + 7 < dlen; i++) {
+		unsigned char ch = (unsigned char)src[i];
+
+		if (ch == '"' || ch == '\\') {
+			dst[o++] = '\\';
+			dst[o++] = (char)ch;
+		} else if (ch < 0x20 || ch >= 0x7f) {
+			o += (size_t)snprintf(dst + o, dlen - o, "\\u%04x", ch);
+		} else
+			dst[o++] = (char)ch;
+	}
+	dst[o] = '\0';
+}
+
+static void
+conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
+{
+	struct sl_worker *w = c->w;
+	char line[2048], path[768], method[32], ts[40];
+	const char *url = "", *q;
+	size_t ulen = 0;
+	struct timeval tv;
+	struct tm tm;
+	int n;
+
+	if (w->access_fd < 0)
+		return;
+	if (c->req.url_len > 0)
+		url = sl_req_url(&c->req, &ulen);
+	/* The query string may carry secrets: log the path only. */
+	if ((q = memchr(url, '?', ulen)) != NULL)
+		ulen = (size_t)(q - url);
+	json_escape(path, sizeof(path), url, ulen);
+	if (c->req.state >= SL_REQ_HEAD_DONE || c->req.url_len > 0)
+		json_escape(method, sizeof(method), sl_req_method(&c->req),
+		    strlen(sl_req_method(&c->req)));
+	else
+		strcpy(method, "-");
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
+	n = snprintf(line, sizeof(line),
+	    "{\"time\":\"%s.%03dZ\",\"worker\":%d,\"peer\":\"%s\","
+	    "\"tenant\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
+	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.1f,"
+	    "\"duration_ms\":%.1f,\"paused_ms\":%.1f,\"end\":\"%s\"}\n",
+	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
+	    c->tenant >= 0 ? w->cfg->tenants[c->tenant].name : "-",
+	    method, path, c->status, c->bytes_out,
+	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
+	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0, end);
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(line))
+		n = (int)sizeof(line) - 1;
+	/* One write per line: O_APPEND keeps lines of all workers whole. */
+	(void)!write(w->access_fd, line, (size_t)n);
+}
+
+/*
+ * The current request is over, one way or another: count it and log it.
+ * Called exactly once per request (req_active guards).
+ */
+static void
+conn_request_end(struct sl_conn *c, const char *end)
+{
+	struct sl_worker *w = c->w;
+	ev_tstamp now = ev_now(w->loop);
+	size_t tslot;
+
+	if (!c->req_active)
+		return;
+	c->req_active = 0;
+	if (c->end != NULL)
+		end = c->end;
+	if (c->paused)
+		c->paused_total += now - c->t_pause;
+	tslot = c->tenant >= 0 ? w->tenant_slot[c->tenant] :
+	    SL_TENANT_NONE(w->shm);
+	sl_shm_count_request(w->shm, w->row, tslot, c->status);
+	if (c->t_first > 0) {
+		/* Relayed responses feed the latency histograms. */
+		sl_shm_observe(w->shm, w->row, SL_HIST_TTFB, c->t_first - c->t_start);
+		sl_shm_observe(w->shm, w->row, SL_HIST_DURATION, now - c->t_start);
+	}
+	conn_access_log(c, end, now);
+}
+
+/* Map a close reason to the access log's vocabulary. */
+static const char *
+end_of(const char *why)
+{
+	if (strcmp(why, "stall") == 0 || strcmp(why, "client_gone") == 0 ||
+	    strcmp(why, "drained") == 0 || strcmp(why, "upstream_error") == 0 ||
+	    strcmp(why, "done") == 0)
+		return why;
+	if (strcmp(why, "upstream_idle") == 0 || strcmp(why, "timeout") == 0)
+		return "timeout";
+	if (strcmp(why, "bug") == 0)
+		return "upstream_error";
+	return "client_gone";
+}
+
 static void
 conn_close(struct sl_conn *c, const char *why)
 {
@@ -344,6 +476,7 @@ conn_close(struct sl_conn *c, const char *why)
 	sl_debug("conn %d: close (%s) in state %s", c->fd, why,
 	    state_names[c->state]);
 	c->dead = 1;
+	conn_request_end(c, end_of(why));
 	conn_abort_upstream(c);
 	conn_release(c);
 	conn_read_stop(c);
@@ -382,6 +515,8 @@ conn_response_done(struct sl_conn *c)
 {
 	struct sl_worker *w = c->w;
 
+	conn_request_end(c, c->state == CS_LOCAL ? "rejected" : "done");
+
 	if (c->close_after || w->draining || w->cfg->timeouts.keepalive_ms == 0) {
 		if (c->state == CS_LOCAL && c->req.state != SL_REQ_DONE) {
 			/*
@@ -408,6 +543,9 @@ conn_response_done(struct sl_conn *c)
 	c->status = 0;
 	c->is_sse = c->has_cache_control = c->upstream_bad = 0;
 	c->pending = 0;
+	c->end = NULL;
+	c->t_first = c->t_pause = c->paused_total = 0;
+	c->bytes_out = 0;
 	c->t_req = ev_now(w->loop);
 	if (sl_buf_len(&c->out) == 0 && c->out.data != NULL &&
 	    c->out.alloc > 16384)
@@ -466,6 +604,7 @@ conn_flush(struct sl_conn *c)
 			return -1;
 		}
 		c->t_client = ev_now(c->w->loop);
+		c->bytes_out += (uint64_t)n;
 		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_BYTES_OUT,
 		    (uint64_t)n);
 		k = c->rh_len - c->rh_off;
@@ -483,6 +622,17 @@ conn_flush(struct sl_conn *c)
 	else
 		ev_io_stop(c->w->loop, &c->wio);
 	return 0;
+}
+
+static void
+conn_count_uerr(struct sl_conn *c, enum sl_uerr kind)
+{
+	const struct sl_config *cfg = c->w->cfg;
+
+	if (c->tenant < 0)
+		return;
+	sl_shm_count_uerr(c->w->shm, c->w->row,
+	    c->w->upstream_slot[cfg->tenants[c->tenant].upstream_idx], kind);
 }
 
 /* ---- timers ---------------------------------------------------------- */
@@ -576,6 +726,7 @@ conn_timer_event(struct sl_conn *c)
 		    "request body not received in time", 0, 1);
 		return;
 	case CS_UPSTREAM:
+		conn_count_uerr(c, SL_UERR_TIMEOUT);
 		conn_error(c, 504, "upstream_error", "upstream_timeout",
 		    "upstream sent no response in time", 0, 0);
 		return;
@@ -585,6 +736,7 @@ conn_timer_event(struct sl_conn *c)
 			conn_close(c, "stall");
 		} else {
 			sl_info("conn %d: upstream idle, stream cut", c->fd);
+			conn_count_uerr(c, SL_UERR_IDLE);
 			conn_close(c, "upstream_idle");
 		}
 		return;
@@ -632,6 +784,7 @@ conn_build_head(struct sl_conn *c)
 	    c->close_after ? "close" : "keep-alive") == -1)
 		return -1;
 	c->head_sent = 1;
+	c->t_first = ev_now(c->w->loop);
 	return 0;
 }
 
@@ -767,6 +920,7 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 			 */
 			c->paused = 1;
 			c->pending = total;
+			c->t_pause = ev_now(c->w->loop);
 			sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
 			conn_timer_update(c);
 			return CURL_WRITEFUNC_PAUSE;
@@ -801,9 +955,11 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 		}
 		wn = 0;
 	}
-	if (wn > 0)
+	if (wn > 0) {
+		c->bytes_out += (uint64_t)wn;
 		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_BYTES_OUT,
 		    (uint64_t)wn);
+	}
 	if ((size_t)wn < total) {
 		/* Keep the rest; the buffer is empty and holds one chunk. */
 		size_t skip = (size_t)wn;
@@ -1023,10 +1179,23 @@ sl_conn_upstream_done(struct sl_worker *w, CURL *easy, CURLcode result)
 		curl_easy_cleanup(easy);
 		return;
 	}
-	if (!c->client_gone && (result != CURLE_OK || c->upstream_bad))
+	if (!c->client_gone && (result != CURLE_OK || c->upstream_bad)) {
+		enum sl_uerr kind = SL_UERR_RESET;
+
 		sl_warn("upstream %s: %s", c->url,
 		    c->upstream_bad ? "malformed response head" :
 		    curl_easy_strerror(result));
+		if (c->upstream_bad || result == CURLE_WEIRD_SERVER_REPLY ||
+		    result == CURLE_UNSUPPORTED_PROTOCOL)
+			kind = SL_UERR_BAD_RESPONSE;
+		else if (result == CURLE_COULDNT_CONNECT ||
+		    result == CURLE_COULDNT_RESOLVE_HOST ||
+		    result == CURLE_OPERATION_TIMEDOUT ||
+		    result == CURLE_SSL_CONNECT_ERROR)
+			kind = SL_UERR_CONNECT;
+		conn_count_uerr(c, kind);
+		c->end = "upstream_error";
+	}
 	c->depth++;
 	conn_abort_upstream(c);    /* removes and frees the handle */
 	conn_release(c);
@@ -1137,6 +1306,8 @@ conn_on_head(struct sl_conn *c)
 	size_t ulen;
 	int tenant;
 
+	c->req_active = 1;
+	c->t_start = ev_now(w->loop);
 	url = sl_req_url(&c->req, &ulen);
 	if (ulen < 4 || strncmp(url, "/v1/", 4) != 0) {
 		conn_error(c, 404, "invalid_request_error", "not_found",
@@ -1160,6 +1331,7 @@ conn_on_head(struct sl_conn *c)
 		char msg[160];
 
 		sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
+		sl_shm_count_rejected(w->shm, w->row, w->tenant_slot[tenant]);
 		snprintf(msg, sizeof(msg),
 		    "tenant concurrency limit reached (%d streams); retry later",
 		    (int)t->max_streams);
@@ -1318,6 +1490,7 @@ conn_write_event(struct sl_conn *c)
 		 * callback from inside curl_easy_pause with the kept bytes.
 		 */
 		c->paused = 0;
+		c->paused_total += ev_now(c->w->loop) - c->t_pause;
 		conn_timer_update(c);
 		curl_easy_pause(c->easy, CURLPAUSE_CONT);
 		if (c->client_gone)
@@ -1339,6 +1512,23 @@ sl_conn_drain_all(struct sl_worker *w)
 		    c->in_len == 0)
 			conn_close(c, "drain");
 	}
+}
+
+void
+sl_conn_gauges(struct sl_worker *w)
+{
+	struct sl_conn *c;
+	uint64_t paused = 0, buffered = 0, streams = 0;
+
+	TAILQ_FOREACH(c, &w->conns, entry) {
+		paused += c->paused ? 1 : 0;
+		buffered += sl_buf_len(&c->out) + (c->rh_len - c->rh_off);
+		streams += c->easy != NULL ? 1 : 0;
+	}
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_PAUSED_STREAMS, paused);
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_BUFFERED_BYTES, buffered);
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_STREAMS, streams);
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_CONNECTIONS, w->nconns);
 }
 
 void

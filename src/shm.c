@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -28,15 +29,30 @@ struct shm_tenant {
 /* A worker row's stats, on its own cache line(s). */
 struct shm_stats {
 	alignas(SL_CACHELINE) _Atomic uint64_t v[SL_STAT_MAX];
+	_Atomic uint64_t hist[SL_HIST_MAX][SL_HIST_BUCKETS + 1];
+	_Atomic uint64_t hist_sum_us[SL_HIST_MAX];
+};
+
+/* Per row and tenant (one extra tenant: "none"). */
+struct shm_tstats {
+	_Atomic uint64_t req[SL_NCODES];
+	_Atomic uint64_t rejected;
+};
+
+struct shm_ustats {
+	_Atomic uint64_t err[SL_UERR_MAX];
 };
 
 struct sl_shm {
 	size_t max_tenants;
 	size_t max_rows;
 	size_t map_len;
+	_Atomic size_t rows_used;     /* rows that ever held a worker */
 	struct shm_tenant *tenants;   /* [max_tenants] */
 	_Atomic int32_t *held;        /* [max_rows * max_tenants] */
 	struct shm_stats *stats;      /* [max_rows] */
+	struct shm_tstats *tstats;    /* [max_rows * (max_tenants + 1)] */
+	struct shm_ustats *ustats;    /* [max_rows * SL_SHM_MAX_UPSTREAMS] */
 };
 
 static size_t
@@ -48,7 +64,7 @@ round_up(size_t n, size_t a)
 struct sl_shm *
 sl_shm_create(size_t max_tenants, size_t max_rows)
 {
-	size_t off_tenants, off_held, off_stats, len;
+	size_t off_tenants, off_held, off_stats, off_tstats, off_ustats, len;
 	char *base;
 	struct sl_shm *s;
 
@@ -61,7 +77,12 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	off_held = off_tenants + max_tenants * sizeof(struct shm_tenant);
 	off_stats = round_up(off_held + max_rows * max_tenants * sizeof(int32_t),
 	    SL_CACHELINE);
-	len = off_stats + max_rows * sizeof(struct shm_stats);
+	off_tstats = round_up(off_stats + max_rows * sizeof(struct shm_stats),
+	    SL_CACHELINE);
+	off_ustats = round_up(off_tstats +
+	    max_rows * (max_tenants + 1) * sizeof(struct shm_tstats), SL_CACHELINE);
+	len = off_ustats + max_rows * SL_SHM_MAX_UPSTREAMS *
+	    sizeof(struct shm_ustats);
 
 	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 	    -1, 0);
@@ -75,6 +96,8 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	s->tenants = (struct shm_tenant *)(void *)(base + off_tenants);
 	s->held = (_Atomic int32_t *)(void *)(base + off_held);
 	s->stats = (struct shm_stats *)(void *)(base + off_stats);
+	s->tstats = (struct shm_tstats *)(void *)(base + off_tstats);
+	s->ustats = (struct shm_ustats *)(void *)(base + off_ustats);
 	return s;
 }
 
@@ -89,6 +112,23 @@ size_t
 sl_shm_max_tenants(const struct sl_shm *s)
 {
 	return s->max_tenants;
+}
+
+void
+sl_shm_set_rows_used(struct sl_shm *s, size_t n)
+{
+	if (n > s->max_rows)
+		n = s->max_rows;
+	atomic_store_explicit(&s->rows_used, n, memory_order_relaxed);
+}
+
+static size_t
+rows_used(const struct sl_shm *s)
+{
+	size_t n = atomic_load_explicit(&s->rows_used, memory_order_relaxed);
+
+	/* Never set (unit tests, tools): every row counts. */
+	return n == 0 ? s->max_rows : n;
 }
 
 size_t
@@ -203,17 +243,34 @@ sl_shm_reclaim_row(struct sl_shm *s, size_t row)
 	return total;
 }
 
+/* Single writer per cell: a load and a store, no locked instruction. */
+static void
+cell_add(_Atomic uint64_t *v, uint64_t n)
+{
+	atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + n,
+	    memory_order_relaxed);
+}
+
+static uint64_t
+cell_get(const _Atomic uint64_t *v)
+{
+	return atomic_load_explicit(v, memory_order_relaxed);
+}
+
 void
 sl_shm_stat_add(struct sl_shm *s, size_t row, enum sl_stat st, uint64_t n)
 {
-	_Atomic uint64_t *v;
-
 	if (row >= s->max_rows || st >= SL_STAT_MAX)
 		return;
-	/* Single writer per row: a load and a store, no locked instruction. */
-	v = &s->stats[row].v[st];
-	atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + n,
-	    memory_order_relaxed);
+	cell_add(&s->stats[row].v[st], n);
+}
+
+void
+sl_shm_stat_set(struct sl_shm *s, size_t row, enum sl_stat st, uint64_t v)
+{
+	if (row >= s->max_rows || st >= SL_STAT_MAX)
+		return;
+	atomic_store_explicit(&s->stats[row].v[st], v, memory_order_relaxed);
 }
 
 uint64_t
@@ -224,7 +281,230 @@ sl_shm_stat_sum(const struct sl_shm *s, enum sl_stat st)
 
 	if (st >= SL_STAT_MAX)
 		return 0;
-	for (r = 0; r < s->max_rows; r++)
-		sum += atomic_load_explicit(&s->stats[r].v[st], memory_order_relaxed);
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&s->stats[r].v[st]);
 	return sum;
+}
+
+static const int codes[SL_NCODES] = {
+	200, 201, 204, 206, 400, 401, 403, 404, 408, 409, 413, 422, 429, 431,
+	500, 501, 502, 503, 504, 1, 2, 3, 4, 5
+};
+
+int
+sl_shm_code_slot(int status)
+{
+	int i;
+
+	for (i = 0; i < SL_NCODES - 5; i++)
+		if (codes[i] == status)
+			return i;
+	if (status >= 100 && status < 600)
+		return SL_NCODES - 6 + status / 100;
+	return SL_NCODES - 1;
+}
+
+const char *
+sl_shm_code_label(int slot)
+{
+	static char labels[SL_NCODES][8];
+	static int init;
+	int i;
+
+	if (!init) {
+		for (i = 0; i < SL_NCODES; i++) {
+			if (i < SL_NCODES - 5)
+				snprintf(labels[i], sizeof(labels[i]), "%d", codes[i]);
+			else
+				snprintf(labels[i], sizeof(labels[i]), "%dxx", codes[i]);
+		}
+		init = 1;
+	}
+	return slot >= 0 && slot < SL_NCODES ? labels[slot] : "other";
+}
+
+static struct shm_tstats *
+tcell(const struct sl_shm *s, size_t row, size_t tenant)
+{
+	return &s->tstats[row * (s->max_tenants + 1) + tenant];
+}
+
+void
+sl_shm_count_request(struct sl_shm *s, size_t row, size_t tenant, int status)
+{
+	if (row >= s->max_rows || tenant > s->max_tenants)
+		return;
+	cell_add(&tcell(s, row, tenant)->req[sl_shm_code_slot(status)], 1);
+}
+
+void
+sl_shm_count_rejected(struct sl_shm *s, size_t row, size_t tenant)
+{
+	if (row >= s->max_rows || tenant > s->max_tenants)
+		return;
+	cell_add(&tcell(s, row, tenant)->rejected, 1);
+}
+
+uint64_t
+sl_shm_requests_sum(const struct sl_shm *s, size_t tenant, int slot)
+{
+	size_t r;
+	uint64_t sum = 0;
+
+	if (tenant > s->max_tenants || slot < 0 || slot >= SL_NCODES)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&tcell(s, r, tenant)->req[slot]);
+	return sum;
+}
+
+uint64_t
+sl_shm_rejected_sum(const struct sl_shm *s, size_t tenant)
+{
+	size_t r;
+	uint64_t sum = 0;
+
+	if (tenant > s->max_tenants)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&tcell(s, r, tenant)->rejected);
+	return sum;
+}
+
+const char *
+sl_shm_uerr_label(enum sl_uerr k)
+{
+	static const char *const names[SL_UERR_MAX] = {
+		"connect", "timeout", "reset", "bad_response", "idle"
+	};
+
+	return k < SL_UERR_MAX ? names[k] : "other";
+}
+
+void
+sl_shm_count_uerr(struct sl_shm *s, size_t row, size_t upstream,
+    enum sl_uerr k)
+{
+	if (row >= s->max_rows || upstream >= SL_SHM_MAX_UPSTREAMS ||
+	    k >= SL_UERR_MAX)
+		return;
+	cell_add(&s->ustats[row * SL_SHM_MAX_UPSTREAMS + upstream].err[k], 1);
+}
+
+uint64_t
+sl_shm_uerr_sum(const struct sl_shm *s, size_t upstream, enum sl_uerr k)
+{
+	size_t r;
+	uint64_t sum = 0;
+
+	if (upstream >= SL_SHM_MAX_UPSTREAMS || k >= SL_UERR_MAX)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&s->ustats[r * SL_SHM_MAX_UPSTREAMS + upstream].err[k]);
+	return sum;
+}
+
+static const double bounds[SL_HIST_BUCKETS] = {
+	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+	300, 600
+};
+
+const double *
+sl_shm_hist_bounds(void)
+{
+	return bounds;
+}
+
+void
+sl_shm_observe(struct sl_shm *s, size_t row, enum sl_hist h, double seconds)
+{
+	int b;
+
+	if (row >= s->max_rows || h >= SL_HIST_MAX)
+		return;
+	if (seconds < 0)
+		seconds = 0;
+	for (b = 0; b < SL_HIST_BUCKETS && seconds > bounds[b]; b++)
+		;
+	cell_add(&s->stats[row].hist[h][b], 1);
+	cell_add(&s->stats[row].hist_sum_us[h], (uint64_t)(seconds * 1e6));
+}
+
+uint64_t
+sl_shm_hist_bucket(const struct sl_shm *s, enum sl_hist h, int b)
+{
+	size_t r;
+	int i;
+	uint64_t sum = 0;
+
+	if (h >= SL_HIST_MAX || b < 0 || b > SL_HIST_BUCKETS)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		for (i = 0; i <= b; i++)
+			sum += cell_get(&s->stats[r].hist[h][i]);
+	return sum;
+}
+
+double
+sl_shm_hist_sum(const struct sl_shm *s, enum sl_hist h)
+{
+	size_t r;
+	uint64_t sum = 0;
+
+	if (h >= SL_HIST_MAX)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&s->stats[r].hist_sum_us[h]);
+	return (double)sum / 1e6;
+}
+
+void
+sl_shm_retire_stats(struct sl_shm *s, size_t row)
+{
+	struct shm_stats *from, *to;
+	size_t t, u;
+	int i, h;
+
+	if (row == 0 || row >= s->max_rows)
+		return;
+	from = &s->stats[row];
+	to = &s->stats[0];
+	for (i = 0; i < SL_STAT_G_FIRST; i++) {
+		cell_add(&to->v[i], cell_get(&from->v[i]));
+		atomic_store_explicit(&from->v[i], 0, memory_order_relaxed);
+	}
+	for (i = SL_STAT_G_FIRST; i < SL_STAT_MAX; i++)
+		atomic_store_explicit(&from->v[i], 0, memory_order_relaxed);
+	for (h = 0; h < SL_HIST_MAX; h++) {
+		for (i = 0; i <= SL_HIST_BUCKETS; i++) {
+			cell_add(&to->hist[h][i], cell_get(&from->hist[h][i]));
+			atomic_store_explicit(&from->hist[h][i], 0,
+			    memory_order_relaxed);
+		}
+		cell_add(&to->hist_sum_us[h], cell_get(&from->hist_sum_us[h]));
+		atomic_store_explicit(&from->hist_sum_us[h], 0, memory_order_relaxed);
+	}
+	for (t = 0; t <= s->max_tenants; t++) {
+		struct shm_tstats *a = tcell(s, row, t), *b = tcell(s, 0, t);
+
+		for (i = 0; i < SL_NCODES; i++) {
+			uint64_t v = cell_get(&a->req[i]);
+
+			if (v) {
+				cell_add(&b->req[i], v);
+				atomic_store_explicit(&a->req[i], 0, memory_order_relaxed);
+			}
+		}
+		if (cell_get(&a->rejected)) {
+			cell_add(&b->rejected, cell_get(&a->rejected));
+			atomic_store_explicit(&a->rejected, 0, memory_order_relaxed);
+		}
+	}
+	for (u = 0; u < SL_SHM_MAX_UPSTREAMS; u++)
+		for (i = 0; i < SL_UERR_MAX; i++) {
+			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].err[i];
+
+			cell_add(&s->ustats[u].err[i], cell_get(a));
+			atomic_store_explicit(a, 0, memory_order_relaxed);
+		}
 }

@@ -208,6 +208,43 @@ sig_drain_cb(struct ev_loop *loop, ev_signal *s, int revents)
 	ev_timer_start(loop, &w->drain_timer);
 }
 
+/* Open (or reopen, on SIGUSR1) the access log; keep the old fd on failure. */
+static void
+access_log_open(struct sl_worker *w)
+{
+	const char *dst = w->cfg->access_log;
+	int fd;
+
+	if (dst == NULL)
+		return;
+	if (strcmp(dst, "stderr") == 0) {
+		w->access_fd = STDERR_FILENO;
+		return;
+	}
+	fd = open(dst, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+	if (fd == -1) {
+		sl_err("access_log %s: %s", dst, strerror(errno));
+		return;
+	}
+	if (w->access_fd > STDERR_FILENO)
+		close(w->access_fd);
+	w->access_fd = fd;
+}
+
+static void
+sig_usr1_cb(struct ev_loop *loop, ev_signal *s, int revents)
+{
+	struct sl_worker *w = s->data;
+
+	access_log_open(w);
+}
+
+static void
+gauge_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	sl_conn_gauges(t->data);
+}
+
 static void
 sig_quit_cb(struct ev_loop *loop, ev_signal *s, int revents)
 {
@@ -242,6 +279,9 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.cfg = a->cfg;
 	w.shm = a->shm;
 	w.tenant_slot = a->tenant_slot;
+	w.upstream_slot = a->upstream_slot;
+	w.access_fd = -1;
+	access_log_open(&w);
 	w.row = a->row;
 	w.index = a->index;
 	w.listen_fd = a->listen_fd;
@@ -282,6 +322,13 @@ sl_worker_main(const struct sl_worker_args *a)
 	ev_signal_start(w.loop, &w.sig_term);
 	ev_signal_start(w.loop, &w.sig_int);
 	ev_signal_start(w.loop, &w.sig_quit);
+	ev_signal_init(&w.sig_usr1, sig_usr1_cb, SIGUSR1);
+	w.sig_usr1.data = &w;
+	ev_signal_start(w.loop, &w.sig_usr1);
+	/* Gauges are published once a second, never per chunk. */
+	ev_timer_init(&w.gauge_timer, gauge_cb, 1.0, 1.0);
+	w.gauge_timer.data = &w;
+	ev_timer_start(w.loop, &w.gauge_timer);
 	/* SIGHUP goes to the master; a worker ignores it. */
 	signal(SIGHUP, SIG_IGN);
 
@@ -294,7 +341,10 @@ sl_worker_main(const struct sl_worker_args *a)
 	ev_run(w.loop, 0);
 
 	sl_conn_close_all(&w);
+	sl_conn_gauges(&w);
 	curl_multi_cleanup(w.multi);
+	if (w.access_fd > STDERR_FILENO)
+		close(w.access_fd);
 	if (w.spare_fd >= 0)
 		close(w.spare_fd);
 	if (w.listen_fd >= 0)

@@ -1,0 +1,284 @@
+/*
+ * The admin listener. It runs in the master, which must stay responsive to
+ * signals and child exits: every socket is non-blocking, a connection gets
+ * 5 seconds to send its request and read the answer, and at most
+ * ADMIN_MAX_CONNS are served at once (further accepts wait in the backlog).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "sl_admin.h"
+#include "sl_net.h"
+
+#define ADMIN_MAX_CONNS 16
+#define ADMIN_REQ_MAX 4096
+#define ADMIN_DEADLINE_S 5.0
+
+struct admin_conn {
+	int fd;                      /* -1: free */
+	double deadline;
+	char req[ADMIN_REQ_MAX];
+	size_t req_len;
+	char *out;                   /* response, once built */
+	size_t out_len, out_off;
+};
+
+struct sl_admin {
+	int listen_fd;
+	struct admin_conn conns[ADMIN_MAX_CONNS];
+};
+
+void
+sl_str_printf(struct sl_str *s, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	for (;;) {
+		size_t room = s->cap - s->len;
+
+		va_start(ap, fmt);
+		n = vsnprintf(s->p ? s->p + s->len : NULL, s->p ? room : 0, fmt, ap);
+		va_end(ap);
+		if (n < 0)
+			return;
+		if (s->p != NULL && (size_t)n < room) {
+			s->len += (size_t)n;
+			return;
+		}
+		{
+			size_t ncap = s->cap ? s->cap * 2 : 4096;
+			char *np;
+
+			while (ncap < s->len + (size_t)n + 1)
+				ncap *= 2;
+			if ((np = realloc(s->p, ncap)) == NULL)
+				return;
+			s->p = np;
+			s->cap = ncap;
+		}
+	}
+}
+
+void
+sl_str_free(struct sl_str *s)
+{
+	free(s->p);
+	s->p = NULL;
+	s->len = s->cap = 0;
+}
+
+struct sl_admin *
+sl_admin_open(const char *addr, char *err, size_t errlen)
+{
+	struct sl_admin *a;
+	int i;
+
+	a = calloc(1, sizeof(*a));
+	if (a == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	a->listen_fd = sl_net_listen(addr, 0, 64, err, errlen);
+	if (a->listen_fd == -1) {
+		free(a);
+		return NULL;
+	}
+	for (i = 0; i < ADMIN_MAX_CONNS; i++)
+		a->conns[i].fd = -1;
+	return a;
+}
+
+static void
+conn_free(struct admin_conn *c)
+{
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = -1;
+	free(c->out);
+	c->out = NULL;
+	c->req_len = c->out_len = c->out_off = 0;
+}
+
+void
+sl_admin_close(struct sl_admin *a)
+{
+	int i;
+
+	if (a == NULL)
+		return;
+	for (i = 0; i < ADMIN_MAX_CONNS; i++)
+		conn_free(&a->conns[i]);
+	close(a->listen_fd);
+	free(a);
+}
+
+int
+sl_admin_pollfds(struct sl_admin *a, struct pollfd *p, int max)
+{
+	int i, n = 0, busy = 0;
+
+	for (i = 0; i < ADMIN_MAX_CONNS && n < max; i++) {
+		struct admin_conn *c = &a->conns[i];
+
+		if (c->fd < 0)
+			continue;
+		busy++;
+		p[n].fd = c->fd;
+		p[n].events = c->out != NULL ? POLLOUT : POLLIN;
+		p[n].revents = 0;
+		n++;
+	}
+	if (busy < ADMIN_MAX_CONNS && n < max) {
+		p[n].fd = a->listen_fd;
+		p[n].events = POLLIN;
+		p[n].revents = 0;
+		n++;
+	}
+	return n;
+}
+
+double
+sl_admin_timeout(const struct sl_admin *a, double now)
+{
+	double t = -1;
+	int i;
+
+	for (i = 0; i < ADMIN_MAX_CONNS; i++) {
+		const struct admin_conn *c = &a->conns[i];
+
+		if (c->fd >= 0 && (t < 0 || c->deadline - now < t))
+			t = c->deadline - now > 0 ? c->deadline - now : 0;
+	}
+	return t;
+}
+
+static const char *
+reason(int status)
+{
+	switch (status) {
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 503: return "Service Unavailable";
+	default: return "Error";
+	}
+}
+
+static void
+build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
+{
+	char method[16], path[256];
+	struct sl_admin_resp r;
+	struct sl_str out = { NULL, 0, 0 };
+	char *q;
+
+	memset(&r, 0, sizeof(r));
+	if (sscanf(c->req, "%15s %255s", method, path) != 2) {
+		r.status = 400;
+		sl_str_printf(&r.body, "bad request\n");
+	} else {
+		if ((q = strchr(path, '?')) != NULL)
+			*q = '\0';
+		h(arg, method, path, &r);
+		if (r.status == 0) {
+			r.status = 404;
+			sl_str_printf(&r.body, "not found: try /metrics or /healthz\n");
+		}
+	}
+	sl_str_printf(&out,
+	    "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+	    "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
+	    r.status, reason(r.status),
+	    r.content_type ? r.content_type : "text/plain; charset=utf-8",
+	    r.body.len);
+	if (strcmp(method, "HEAD") != 0 && r.body.len > 0)
+		sl_str_printf(&out, "%.*s", (int)r.body.len, r.body.p);
+	sl_str_free(&r.body);
+	c->out = out.p;
+	c->out_len = out.len;
+	c->out_off = 0;
+}
+
+static struct admin_conn *
+find_conn(struct sl_admin *a, int fd)
+{
+	int i;
+
+	for (i = 0; i < ADMIN_MAX_CONNS; i++)
+		if (a->conns[i].fd == fd)
+			return &a->conns[i];
+	return NULL;
+}
+
+void
+sl_admin_service(struct sl_admin *a, const struct pollfd *p, int n,
+    double now, sl_admin_handler h, void *arg)
+{
+	int i, k;
+
+	for (i = 0; i < n; i++) {
+		struct admin_conn *c;
+		ssize_t r;
+
+		if (p[i].revents == 0)
+			continue;
+		if (p[i].fd == a->listen_fd) {
+			for (k = 0; k < ADMIN_MAX_CONNS; k++) {
+				int fd;
+
+				if (a->conns[k].fd >= 0)
+					continue;
+				fd = accept4(a->listen_fd, NULL, NULL,
+				    SOCK_NONBLOCK | SOCK_CLOEXEC);
+				if (fd == -1)
+					break;
+				a->conns[k].fd = fd;
+				a->conns[k].deadline = now + ADMIN_DEADLINE_S;
+			}
+			continue;
+		}
+		if ((c = find_conn(a, p[i].fd)) == NULL)
+			continue;
+		if (c->out == NULL) {
+			r = read(c->fd, c->req + c->req_len,
+			    ADMIN_REQ_MAX - 1 - c->req_len);
+			if (r <= 0) {
+				if (r == -1 && (errno == EAGAIN || errno == EINTR))
+					continue;
+				conn_free(c);
+				continue;
+			}
+			c->req_len += (size_t)r;
+			c->req[c->req_len] = '\0';
+			if (strstr(c->req, "\r\n\r\n") == NULL &&
+			    strstr(c->req, "\n\n") == NULL) {
+				if (c->req_len == ADMIN_REQ_MAX - 1)
+					conn_free(c);
+				continue;
+			}
+			build_response(c, h, arg);
+		}
+		r = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
+		if (r == -1 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (r <= 0) {
+			conn_free(c);
+			continue;
+		}
+		c->out_off += (size_t)r;
+		if (c->out_off == c->out_len)
+			conn_free(c);
+	}
+	for (k = 0; k < ADMIN_MAX_CONNS; k++)
+		if (a->conns[k].fd >= 0 && now >= a->conns[k].deadline)
+			conn_free(&a->conns[k]);
+}
