@@ -63,6 +63,13 @@ int32_t sl_shm_held(const struct sl_shm *, size_t row, size_t tenant);
 int64_t sl_shm_reclaim_row(struct sl_shm *, size_t row);
 
 /*
+ * Same for several rows that died together. Exact even for a worker killed
+ * between the two steps of an acquire or release: that tenant's in-flight
+ * count is reconciled against the live rows. Returns slots given back.
+ */
+int64_t sl_shm_reclaim_rows(struct sl_shm *, const size_t *rows, size_t n);
+
+/*
  * Per-row statistics, written only by the owning worker (a load and a
  * store, no locked instruction), summed by the master on scrape. Nothing
  * here is written per chunk: counters move once per request, gauges once

@@ -174,10 +174,12 @@ sl_errors_print(const struct sl_errors *e, FILE *fp)
 
 struct ctx {
 	const char *name;
+	yaml_mark_t **key_marks_tenant;   /* per tenant: where each key was */
 	yaml_document_t *doc;
 	struct sl_errors *errs;
 	struct sl_config *cfg;
-	unsigned char *seen;       /* per node: visited once (alias detection) */
+	unsigned char *seen;       /* per node: visited (alias detection) */
+	int quiet;                 /* inside an aliased value: errors muted */
 	size_t nnodes;
 };
 
@@ -205,6 +207,13 @@ err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
 {
 	char body[512], *msg;
 	va_list ap;
+
+	/*
+	 * An aliased value was reported once, where the alias is; what its
+	 * copy would say again at the anchor's position is noise.
+	 */
+	if (c->quiet)
+		return;
 
 	va_start(ap, fmt);
 	vsnprintf(body, sizeof(body), fmt, ap);
@@ -349,10 +358,6 @@ node(struct ctx *c, int id)
 	yaml_node_t *n = yaml_document_get_node(c->doc, id);
 
 	if (n != NULL && id >= 1 && (size_t)id <= c->nnodes) {
-		if (c->seen[id - 1]) {
-			err_at(c, &n->start_mark, "aliases are not allowed");
-			return NULL;
-		}
 		c->seen[id - 1] = 1;
 	}
 	return n;
@@ -427,8 +432,11 @@ each_pair(struct ctx *c, yaml_node_t *map, pair_fn fn, void *arg)
 	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
 	    p++) {
 		yaml_node_t *k = node(c, p->key), *v;
-		int dup = 0;
+		int dup = 0, alias;
 
+		/* A node reached twice is an alias (prescan() reported it). */
+		alias = p->value >= 1 && (size_t)p->value <= c->nnodes &&
+		    c->seen[p->value - 1];
 		v = node(c, p->value);
 		if (k == NULL || v == NULL)
 			continue;
@@ -448,8 +456,11 @@ each_pair(struct ctx *c, yaml_node_t *map, pair_fn fn, void *arg)
 				break;
 			}
 		}
-		if (!dup)
+		if (!dup) {
+			c->quiet += alias;
 			fn(c, k, v, arg);
+			c->quiet -= alias;
+		}
 	}
 }
 
@@ -677,7 +688,8 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 			return;
 		}
 		t->keys = calloc(n, sizeof(char *));
-		if (t->keys == NULL) {
+		c->key_marks_tenant[a->idx] = calloc(n, sizeof(yaml_mark_t));
+		if (t->keys == NULL || c->key_marks_tenant[a->idx] == NULL) {
 			err_at(c, NULL, "out of memory");
 			return;
 		}
@@ -693,6 +705,9 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 				    "%s: a key must be non-empty, without spaces", path);
 				continue;
 			}
+			if (c->quiet)
+				continue;   /* aliased keys would "share" with the anchor */
+			c->key_marks_tenant[a->idx][t->nkeys] = kn->start_mark;
 			t->keys[t->nkeys++] = xstrdup(c, s);
 		}
 	} else if (strcmp(key, "max_streams") == 0) {
@@ -778,7 +793,7 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		snprintf(path, sizeof(path), "%s.%s", a->prefix, scalar(k));
 	else
 		snprintf(path, sizeof(path), "%s", scalar(k));
-	row = find_key(path);
+	row = strchr(scalar(k), '.') == NULL ? find_key(path) : NULL;
 	if (row == NULL || strchr(row->info.path, '*') != NULL) {
 		err_at(c, &k->start_mark, "unknown key '%s'", path);
 		return;
@@ -867,11 +882,45 @@ check_cross(struct ctx *c, yaml_node_t *tenants)
 					const char *y = cfg->tenants[j].keys[b];
 
 					if (x != NULL && y != NULL && strcmp(x, y) == 0)
-						err_at(c, &tenants->start_mark,
+						err_at(c, c->key_marks_tenant[j] ?
+						    &c->key_marks_tenant[j][b] :
+						    &tenants->start_mark, i == j ?
+						    "tenant '%s' lists the same key twice%s" :
 						    "tenants '%s' and '%s' share a key",
 						    cfg->tenants[i].name,
-						    cfg->tenants[j].name);
+						    i == j ? "" : cfg->tenants[j].name);
 				}
+}
+
+/*
+ * Aliases are refused (they can build cycles and exponential documents,
+ * and a config has no use for them). The document API keeps no
+ * position for an alias, so find them in the event stream first.
+ */
+static int
+prescan(struct ctx *c, const char *data, size_t len)
+{
+	yaml_parser_t p;
+	yaml_event_t ev;
+	int found = 0, done = 0;
+
+	if (!yaml_parser_initialize(&p))
+		return 0;
+	yaml_parser_set_input_string(&p, (const unsigned char *)data, len);
+	while (!done) {
+		if (!yaml_parser_parse(&p, &ev))
+			break;   /* syntax errors are reported by the real load */
+		if (ev.type == YAML_ALIAS_EVENT) {
+			/* An anchor alone is harmless; only its use is refused. */
+			err_at(c, &ev.start_mark, "aliases are not allowed (*%s)",
+			    (const char *)ev.data.alias.anchor);
+			found++;
+		}
+		done = ev.type == YAML_STREAM_END_EVENT;
+		yaml_event_delete(&ev);
+	}
+	yaml_parser_delete(&p);
+	return found;
 }
 
 static int
@@ -941,11 +990,18 @@ load(struct ctx *c, yaml_parser_t *parser)
 		if (cnt == 0)
 			err_at(c, &n->start_mark, "tenants: at least one is required");
 		c->cfg->tenants = calloc(cnt ? cnt : 1, sizeof(*c->cfg->tenants));
-		if (c->cfg->tenants != NULL) {
+		c->key_marks_tenant = calloc(cnt ? cnt : 1, sizeof(yaml_mark_t *));
+		if (c->cfg->tenants != NULL && c->key_marks_tenant != NULL) {
 			each_pair(c, n, tenants_pair, &idx);
 			c->cfg->ntenants = idx;
+			check_cross(c, n);
 		}
-		check_cross(c, n);
+		if (c->key_marks_tenant != NULL) {
+			for (i = 0; i < cnt; i++)
+				free(c->key_marks_tenant[i]);
+			free(c->key_marks_tenant);
+			c->key_marks_tenant = NULL;
+		}
 	}
 
 	for (k = keys; k->info.path != NULL; k++)
@@ -979,6 +1035,41 @@ out:
 	return c->errs->n == 0 ? 0 : -1;
 }
 
+/* Position of a message "NAME:LINE:COL: ..." for sorting. */
+static void
+msg_pos(const char *msg, size_t namelen, unsigned long *line, unsigned long *col)
+{
+	char *end;
+
+	*line = *col = 0;
+	if (strlen(msg) <= namelen + 1)
+		return;
+	*line = strtoul(msg + namelen + 1, &end, 10);
+	if (*end == ':')
+		*col = strtoul(end + 1, NULL, 10);
+}
+
+/* Report problems in file order (stable: insertion sort, lists are short). */
+static void
+sort_errors(struct sl_errors *e, const char *name)
+{
+	size_t i, j, nl = strlen(name);
+
+	for (i = 1; i < e->n; i++) {
+		char *m = e->msg[i];
+		unsigned long l, c, l2, c2;
+
+		msg_pos(m, nl, &l, &c);
+		for (j = i; j > 0; j--) {
+			msg_pos(e->msg[j - 1], nl, &l2, &c2);
+			if (l2 < l || (l2 == l && c2 <= c))
+				break;
+			e->msg[j] = e->msg[j - 1];
+		}
+		e->msg[j] = m;
+	}
+}
+
 int
 sl_config_load_buffer(const char *name, const char *data, size_t len,
     struct sl_config **out, struct sl_errors *errs)
@@ -1006,8 +1097,11 @@ sl_config_load_buffer(const char *name, const char *data, size_t len,
 		return -1;
 	}
 	yaml_parser_set_input_string(&parser, (const unsigned char *)data, len);
-	rc = load(&c, &parser);
+	rc = prescan(&c, data, len) > 0 ? -1 : 0;
+	if (load(&c, &parser) == -1)
+		rc = -1;
 	yaml_parser_delete(&parser);
+	sort_errors(errs, name);
 	if (rc == -1 || errs->n > 0) {
 		sl_config_free(cfg);
 		return -1;

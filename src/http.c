@@ -108,15 +108,12 @@ arena_add(struct sl_req *r, const char *p, size_t n)
 	return 0;
 }
 
+/* RFC 9110 token characters, for header names. */
 static int
-check_head_size(struct sl_req *r, size_t n)
+is_tchar(unsigned char ch)
 {
-	r->head_bytes += n;
-	if (r->head_bytes > r->max_header_bytes) {
-		req_fail(r, 431, "request head too large");
-		return -1;
-	}
-	return 0;
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+	    (ch >= '0' && ch <= '9') || strchr("!#$%&'*+-.^_`|~", ch) != NULL;
 }
 
 static int
@@ -133,8 +130,6 @@ on_url(http_parser *p, const char *at, size_t n)
 {
 	struct sl_req *r = p->data;
 
-	if (check_head_size(r, n) == -1)
-		return -1;
 	if (r->url_len == 0)
 		r->url_off = (uint32_t)r->arena_len;
 	if (arena_add(r, at, n) == -1)
@@ -149,8 +144,6 @@ on_header_field(http_parser *p, const char *at, size_t n)
 	struct sl_req *r = p->data;
 	struct sl_req_header *h;
 
-	if (check_head_size(r, n) == -1)
-		return -1;
 	if (r->nheaders == 0 || r->last_was_value) {
 		if (r->nheaders == SL_REQ_MAX_HEADERS) {
 			req_fail(r, 431, "too many request headers");
@@ -174,15 +167,29 @@ on_header_value(http_parser *p, const char *at, size_t n)
 	struct sl_req *r = p->data;
 	struct sl_req_header *h;
 
-	if (check_head_size(r, n) == -1)
-		return -1;
 	if (r->nheaders == 0)
 		return -1;
 	h = &r->headers[r->nheaders - 1];
 	if (!r->last_was_value) {
+		uint32_t i;
+
+		/*
+		 * The name is complete. Refuse what http-parser lets through
+		 * but RFC 9112 forbids ("Content-Length : 3"): a name that
+		 * framing and lookups would read differently.
+		 */
+		for (i = 0; i < h->name_len; i++)
+			if (!is_tchar((unsigned char)r->arena[h->name_off + i])) {
+				req_fail(r, 400, "invalid header name");
+				return -1;
+			}
 		h->value_off = (uint32_t)r->arena_len;
 		h->value_len = 0;
 		r->last_was_value = 1;
+	}
+	if (memchr(at, '\0', n) != NULL) {
+		req_fail(r, 400, "NUL in a header value");
+		return -1;
 	}
 	if (arena_add(r, at, n) == -1)
 		return -1;
@@ -195,6 +202,21 @@ on_headers_complete(http_parser *p)
 {
 	struct sl_req *r = p->data;
 
+	size_t i;
+
+	/* Trailing whitespace is not part of a field value (RFC 9110 5.5). */
+	for (i = 0; i < r->nheaders; i++) {
+		struct sl_req_header *h = &r->headers[i];
+
+		while (h->value_len > 0 &&
+		    (r->arena[h->value_off + h->value_len - 1] == ' ' ||
+		    r->arena[h->value_off + h->value_len - 1] == '\t'))
+			h->value_len--;
+	}
+	if (p->http_major != 1) {
+		req_fail(r, 400, "only HTTP/1.x is supported");
+		return -1;
+	}
 	r->method = p->method;
 	r->http_major = p->http_major;
 	r->http_minor = p->http_minor;
@@ -236,10 +258,12 @@ on_body(http_parser *p, const char *at, size_t n)
 	if (r->discard_body)
 		return 0;
 	if (r->body_len + n > r->body_cap) {
-		ncap = r->body_cap ? r->body_cap : 4096;
-		if (r->parser.content_length != ULLONG_MAX &&
-		    r->body_len + n + r->parser.content_length > ncap)
-			ncap = r->body_len + n + r->parser.content_length;
+		/*
+		 * Grow with what arrives, not with what Content-Length
+		 * promises: a client announcing 16 MiB and sending nothing
+		 * must not pin 16 MiB.
+		 */
+		ncap = r->body_cap ? r->body_cap * 2 : 16384;
 		while (ncap < r->body_len + n)
 			ncap *= 2;
 		if (ncap > r->max_body_bytes)
@@ -273,8 +297,6 @@ map_parser_error(enum http_errno e)
 	switch (e) {
 	case HPE_HEADER_OVERFLOW:
 		return 431;
-	case HPE_INVALID_METHOD:
-		return 501;
 	default:
 		return 400;
 	}
@@ -291,6 +313,15 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 		return 0;
 	n = http_parser_execute(&r->parser, &req_settings, data, len);
 	e = HTTP_PARSER_ERRNO(&r->parser);
+	if (r->state == SL_REQ_HEAD || r->state == SL_REQ_HEAD_DONE ||
+	    (r->state == SL_REQ_ERROR && r->body_seen == 0)) {
+		/* Every byte of the head counts: request line, CRLFs, spaces. */
+		r->head_bytes += n;
+		if (r->head_bytes > r->max_header_bytes) {
+			req_fail(r, 431, "request head too large");
+			return n;
+		}
+	}
 	if (e == HPE_PAUSED) {
 		/* on_headers_complete / on_message_complete stopped us. */
 		return n;

@@ -311,33 +311,46 @@ nchildren(const struct master *m)
 static void
 reap(struct master *m)
 {
+	struct { pid_t pid; int status; struct child *ch; } dead[MAX_ROWS];
+	size_t rows[MAX_ROWS], n = 0, i;
 	pid_t pid;
-	int status, i;
+	int status, k;
+	int64_t reclaimed;
 
-	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-		struct child *ch = NULL;
-		int64_t reclaimed;
-
-		for (i = 0; i < MAX_ROWS; i++)
-			if (m->children[i].pid == pid) {
-				ch = &m->children[i];
+	/*
+	 * Collect every dead worker first, then reclaim their rows together:
+	 * reconciling one dead row must not wait on another dead row.
+	 */
+	while (n < MAX_ROWS && (pid = waitpid(-1, &status, WNOHANG)) > 0) {
+		for (k = 0; k < MAX_ROWS; k++)
+			if (m->children[k].pid == pid)
 				break;
-			}
-		if (ch == NULL)
+		if (k == MAX_ROWS)
 			continue;
-		/* The worker is gone: its held slots go back to their tenants. */
-		reclaimed = sl_shm_reclaim_row(m->shm, ch->row);
+		dead[n].pid = pid;
+		dead[n].status = status;
+		dead[n].ch = &m->children[k];
+		rows[n] = m->children[k].row;
+		n++;
+	}
+	if (n == 0)
+		return;
+	/* The workers are gone: their held slots go back to their tenants. */
+	reclaimed = sl_shm_reclaim_rows(m->shm, rows, n);
+	for (i = 0; i < n; i++) {
+		struct child *ch = dead[i].ch;
+
+		status = dead[i].status;
+		pid = dead[i].pid;
 		sl_shm_retire_stats(m->shm, ch->row);
 		m->row_used[ch->row] = 0;
 		if (WIFSIGNALED(status))
-			sl_warn("worker %d (pid %d) killed by signal %d; "
-			    "%lld slot(s) reclaimed", ch->slot, (int)pid,
-			    WTERMSIG(status), (long long)reclaimed);
-		else if (WEXITSTATUS(status) != 0 || (!m->stopping && !ch->draining &&
-		    ch->gen == m->cur.id))
-			sl_warn("worker %d (pid %d) exited with status %d; "
-			    "%lld slot(s) reclaimed", ch->slot, (int)pid,
-			    WEXITSTATUS(status), (long long)reclaimed);
+			sl_warn("worker %d (pid %d) killed by signal %d",
+			    ch->slot, (int)pid, WTERMSIG(status));
+		else if (WEXITSTATUS(status) != 0 || (!m->stopping &&
+		    !ch->draining && ch->gen == m->cur.id))
+			sl_warn("worker %d (pid %d) exited with status %d",
+			    ch->slot, (int)pid, WEXITSTATUS(status));
 		else
 			sl_debug("worker %d (pid %d) exited", ch->slot, (int)pid);
 		if (!m->stopping && !ch->draining && ch->gen == m->cur.id &&
@@ -349,6 +362,9 @@ reap(struct master *m)
 		}
 		ch->pid = 0;
 	}
+	if (reclaimed > 0)
+		sl_warn("%lld slot(s) held by dead worker(s) given back",
+		    (long long)reclaimed);
 }
 
 static void
@@ -473,6 +489,14 @@ reload(struct master *m)
 	for (s = 0; s < nw; s++)
 		if (spawn(m, s) == -1)
 			m->respawn_at[s] = now_s() + RESPAWN_BACKOFF_S;
+	/*
+	 * Fewer workers: a socket nobody accepts on would still receive its
+	 * share of new connections from SO_REUSEPORT, so close it.
+	 */
+	for (s = nw; s < m->nlisten; s++)
+		close(m->listen_fds[s]);
+	if (nw < m->nlisten)
+		m->nlisten = nw;
 	/* Children hold their own copies of the old generation. */
 	sl_config_free(old.cfg);
 	free(old.tenant_slot);
@@ -740,6 +764,14 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			    (double)m.cur.cfg->drain_timeout_ms / 1000.0);
 			m.stopping = 1;
 			signal_children(&m, SIGTERM, 0);
+			/*
+			 * Refuse new connections at once: with every copy of the
+			 * listen sockets closed, the kernel answers RST instead
+			 * of queueing clients nobody will accept.
+			 */
+			for (s = 0; s < m.nlisten; s++)
+				close(m.listen_fds[s]);
+			m.nlisten = 0;
 			m.stop_deadline = now_s() +
 			    (double)m.cur.cfg->drain_timeout_ms / 1000.0 + 5.0;
 		}

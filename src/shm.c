@@ -10,8 +10,10 @@
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "sl_shm.h"
 
@@ -24,6 +26,18 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "shared stats need lock-free long lo
 struct shm_tenant {
 	alignas(SL_CACHELINE) _Atomic int32_t limit;
 	_Atomic int32_t inflight;
+};
+
+/*
+ * A worker row's admission window marker. seq is odd while the worker is
+ * between the two steps of an acquire or release (the tenant CAS and its
+ * own held count), and intent names the tenant. A worker killed inside the
+ * window leaves seq odd, which tells the master exactly which tenant needs
+ * reconciling (see sl_shm_reclaim_rows).
+ */
+struct shm_sync {
+	alignas(SL_CACHELINE) _Atomic uint32_t seq;
+	_Atomic int32_t intent;
 };
 
 /* A worker row's stats, on its own cache line(s). */
@@ -51,6 +65,7 @@ struct sl_shm {
 	struct shm_tenant *tenants;   /* [max_tenants] */
 	_Atomic int32_t *held;        /* [max_rows * max_tenants] */
 	struct shm_stats *stats;      /* [max_rows] */
+	struct shm_sync *sync;        /* [max_rows] */
 	struct shm_tstats *tstats;    /* [max_rows * (max_tenants + 1)] */
 	struct shm_ustats *ustats;    /* [max_rows * SL_SHM_MAX_UPSTREAMS] */
 };
@@ -64,7 +79,8 @@ round_up(size_t n, size_t a)
 struct sl_shm *
 sl_shm_create(size_t max_tenants, size_t max_rows)
 {
-	size_t off_tenants, off_held, off_stats, off_tstats, off_ustats, len;
+	size_t off_tenants, off_held, off_stats, off_tstats, off_ustats, off_sync;
+	size_t len;
 	char *base;
 	struct sl_shm *s;
 
@@ -81,8 +97,9 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	    SL_CACHELINE);
 	off_ustats = round_up(off_tstats +
 	    max_rows * (max_tenants + 1) * sizeof(struct shm_tstats), SL_CACHELINE);
-	len = off_ustats + max_rows * SL_SHM_MAX_UPSTREAMS *
-	    sizeof(struct shm_ustats);
+	off_sync = round_up(off_ustats + max_rows * SL_SHM_MAX_UPSTREAMS *
+	    sizeof(struct shm_ustats), SL_CACHELINE);
+	len = off_sync + max_rows * sizeof(struct shm_sync);
 
 	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 	    -1, 0);
@@ -98,6 +115,7 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	s->stats = (struct shm_stats *)(void *)(base + off_stats);
 	s->tstats = (struct shm_tstats *)(void *)(base + off_tstats);
 	s->ustats = (struct shm_ustats *)(void *)(base + off_ustats);
+	s->sync = (struct shm_sync *)(void *)(base + off_sync);
 	return s;
 }
 
@@ -169,31 +187,47 @@ held_cell(const struct sl_shm *s, size_t row, size_t tenant)
 	return &s->held[row * s->max_tenants + tenant];
 }
 
+/* Enter / leave the row's admission window (single writer per row). */
+static uint32_t
+window_enter(struct sl_shm *s, size_t row, size_t tenant)
+{
+	struct shm_sync *sy = &s->sync[row];
+	uint32_t seq = atomic_load_explicit(&sy->seq, memory_order_relaxed);
+
+	atomic_store(&sy->intent, (int32_t)tenant);
+	atomic_store(&sy->seq, seq + 1);
+	return seq + 2;
+}
+
+static void
+window_leave(struct sl_shm *s, size_t row, uint32_t seq)
+{
+	atomic_store(&s->sync[row].seq, seq);
+}
+
 enum sl_admit
 sl_shm_try_acquire(struct sl_shm *s, size_t row, size_t tenant)
 {
 	struct shm_tenant *t;
 	int32_t cur, limit;
 	_Atomic int32_t *h;
+	uint32_t seq;
 
 	if (tenant >= s->max_tenants || row >= s->max_rows)
 		return SL_ADMIT_INVALID;
 	t = &s->tenants[tenant];
-	cur = atomic_load_explicit(&t->inflight, memory_order_relaxed);
+	seq = window_enter(s, row, tenant);
+	cur = atomic_load(&t->inflight);
 	do {
 		limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
-		if (cur >= limit)
+		if (cur >= limit) {
+			window_leave(s, row, seq);
 			return SL_ADMIT_FULL;
-	} while (!atomic_compare_exchange_weak_explicit(&t->inflight, &cur,
-	    cur + 1, memory_order_relaxed, memory_order_relaxed));
-	/*
-	 * In-flight first, held second: a crash between the two leaves one
-	 * slot counted that no row owns (under-admission), never the reverse.
-	 */
+		}
+	} while (!atomic_compare_exchange_weak(&t->inflight, &cur, cur + 1));
 	h = held_cell(s, row, tenant);
-	atomic_store_explicit(h,
-	    atomic_load_explicit(h, memory_order_relaxed) + 1,
-	    memory_order_relaxed);
+	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) + 1);
+	window_leave(s, row, seq);
 	return SL_ADMIT_OK;
 }
 
@@ -201,16 +235,15 @@ void
 sl_shm_release(struct sl_shm *s, size_t row, size_t tenant)
 {
 	_Atomic int32_t *h;
+	uint32_t seq;
 
 	if (tenant >= s->max_tenants || row >= s->max_rows)
 		return;
-	/* Held first, in-flight second: same crash argument as acquire. */
+	seq = window_enter(s, row, tenant);
 	h = held_cell(s, row, tenant);
-	atomic_store_explicit(h,
-	    atomic_load_explicit(h, memory_order_relaxed) - 1,
-	    memory_order_relaxed);
-	atomic_fetch_sub_explicit(&s->tenants[tenant].inflight, 1,
-	    memory_order_relaxed);
+	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) - 1);
+	atomic_fetch_sub(&s->tenants[tenant].inflight, 1);
+	window_leave(s, row, seq);
 }
 
 int32_t
@@ -222,25 +255,111 @@ sl_shm_held(const struct sl_shm *s, size_t row, size_t tenant)
 	    memory_order_relaxed);
 }
 
+/*
+ * Bring tenant's in-flight count back to what the live rows hold, for a
+ * tenant whose slot a dead worker may have taken without recording it.
+ * Reads a consistent snapshot: no live row may be inside its window
+ * between the first and the second look at every row's seq (all seq_cst,
+ * so the loads of in-flight and held sit in one total order with the
+ * workers' steps). Returns the slots given back, or -1 if no quiet moment
+ * was found (a live worker stuck in its window, e.g. stopped by a debugger).
+ */
+static int64_t
+reconcile(struct sl_shm *s, size_t tenant, const unsigned char *dead)
+{
+	size_t r, nrows = rows_used(s);
+	uint32_t *seq1;
+	int attempt;
+	int64_t delta = -1;
+
+	seq1 = calloc(nrows ? nrows : 1, sizeof(*seq1));
+	if (seq1 == NULL)
+		return -1;
+	for (attempt = 0; attempt < 2000 && delta < 0; attempt++) {
+		int32_t inf;
+		int64_t held = 0;
+		int busy = 0;
+
+		if (attempt > 0)
+			usleep(50);
+		for (r = 0; r < nrows && !busy; r++) {
+			if (dead[r])
+				continue;
+			seq1[r] = atomic_load(&s->sync[r].seq);
+			busy = seq1[r] & 1;
+		}
+		if (busy)
+			continue;
+		inf = atomic_load(&s->tenants[tenant].inflight);
+		for (r = 0; r < nrows; r++)
+			if (!dead[r])
+				held += atomic_load(held_cell(s, r, tenant));
+		for (r = 0; r < nrows && !busy; r++)
+			if (!dead[r] && atomic_load(&s->sync[r].seq) != seq1[r])
+				busy = 1;
+		if (busy)
+			continue;
+		delta = (int64_t)inf - held;
+		if (delta < 0)
+			delta = 0;   /* cannot happen; never raise in-flight */
+		else if (delta > 0)
+			atomic_fetch_sub(&s->tenants[tenant].inflight, (int32_t)delta);
+	}
+	free(seq1);
+	return delta;
+}
+
+int64_t
+sl_shm_reclaim_rows(struct sl_shm *s, const size_t *rows, size_t n)
+{
+	unsigned char *dead;
+	size_t i, t, nrows = rows_used(s);
+	int64_t total = 0, d;
+	int32_t h;
+
+	dead = calloc(s->max_rows, 1);
+	if (dead == NULL)
+		return -1;
+	for (i = 0; i < n; i++)
+		if (rows[i] < s->max_rows)
+			dead[rows[i]] = 1;
+	(void)nrows;
+	for (i = 0; i < n; i++) {
+		size_t row = rows[i];
+		int in_window;
+		int32_t intent;
+
+		if (row >= s->max_rows)
+			continue;
+		in_window = atomic_load(&s->sync[row].seq) & 1;
+		intent = atomic_load(&s->sync[row].intent);
+		for (t = 0; t < s->max_tenants; t++) {
+			h = atomic_exchange(held_cell(s, row, t), 0);
+			/*
+			 * Outside its window a row's held count is exact. For
+			 * the window's tenant it is not: reconcile it below.
+			 */
+			if (h > 0 && !(in_window && (int32_t)t == intent)) {
+				atomic_fetch_sub(&s->tenants[t].inflight, h);
+				total += h;
+			}
+		}
+		if (in_window && intent >= 0 && (size_t)intent < s->max_tenants) {
+			d = reconcile(s, (size_t)intent, dead);
+			if (d > 0)
+				total += d;
+		}
+		atomic_store(&s->sync[row].seq, 0);
+		atomic_store(&s->sync[row].intent, -1);
+	}
+	free(dead);
+	return total;
+}
+
 int64_t
 sl_shm_reclaim_row(struct sl_shm *s, size_t row)
 {
-	size_t t;
-	int32_t h;
-	int64_t total = 0;
-
-	if (row >= s->max_rows)
-		return 0;
-	for (t = 0; t < s->max_tenants; t++) {
-		h = atomic_exchange_explicit(held_cell(s, row, t), 0,
-		    memory_order_relaxed);
-		if (h > 0) {
-			atomic_fetch_sub_explicit(&s->tenants[t].inflight, h,
-			    memory_order_relaxed);
-			total += h;
-		}
-	}
-	return total;
+	return sl_shm_reclaim_rows(s, &row, 1);
 }
 
 /* Single writer per cell: a load and a store, no locked instruction. */

@@ -1,0 +1,1836 @@
+/*
+ * sluice-stub: an OpenAI-compatible model-runner stub for tests and benchmarks.
+ *
+ * It stands where vLLM / TGI / llama.cpp would stand behind the gateway, but its
+ * answers are steered by request headers and it counts what it sees, so a test can
+ * prove what the gateway let through (concurrency per tenant, backpressure, cuts).
+ *
+ * Command line
+ *   sluice-stub [-l HOST:PORT] [-q]
+ *     -l  listen address, default 127.0.0.1:9000; "[::1]:PORT" for IPv6; port 0
+ *         picks a free port.
+ *     -q  quiet: no per-request log lines on stderr (startup errors still print).
+ *   After binding, exactly one line goes to stdout, flushed:
+ *     sluice-stub listening on HOST:PORT        (numeric host, actual port)
+ *   SIGTERM / SIGINT: free every connection and exit 0.
+ *
+ * Endpoints
+ *   POST /v1/chat/completions, POST /v1/completions
+ *       body contains "stream": true or "stream":true -> SSE stream, else one JSON
+ *       completion (Content-Length framed).
+ *   GET|POST|PUT|DELETE /v1/echo[?query]
+ *       {"method":..,"path":..,"query":..,"headers":[[name,value],..],"body":..}
+ *   GET /v1/models      one model, "stub".
+ *   GET /stub/stats     counters, below.
+ *   POST /stub/reset    zero the counters, drop idle tags; {"ok":true}.
+ *   anything else       404 {"error":{...}}.
+ *   Malformed HTTP gets 400 (413 body > 4 MiB, 414 URL > 8 KiB, 431 headers too
+ *   large or > 100 of them) and the connection is closed. Upgrade/CONNECT: 400.
+ *   HTTP/1.1 keep-alive with pipelining (answered in order); bodies (Content-Length
+ *   or chunked) are read whole before answering; "Expect: 100-continue" is
+ *   answered. HTTP/1.0, "Connection: close" and HEAD get "Connection: close" on
+ *   JSON answers and the socket closes after the response (the SSE head is always
+ *   the exact one below). A peer that closes or half-closes (EOF) while its
+ *   request is being served counts as gone.
+ *
+ * Steering headers (names case-insensitive, values decimal, blanks trimmed; a value
+ * that does not parse or is out of range gets 400 {"error":..} instead of being
+ * ignored, so a typo cannot silently become a default; the last of duplicates
+ * wins). They apply to every /v1/ path (including /v1/ 404s); /stub/ paths and
+ * other paths ignore them.
+ *   X-Stub-Events       0..100000000 (non-stream: 0..1000000), default 16
+ *   X-Stub-Event-Size   0..8388608 target bytes per event, default 0 (natural size)
+ *   X-Stub-Interval-Ms  0..3600000, default 20; 0 = as fast as the socket takes them
+ *   X-Stub-Abort-After  0..100000000: after K events are written, close the socket
+ *                       (FIN, no [DONE], no last chunk); 0 closes right after the
+ *                       head; K == events cuts just before [DONE]; K > events
+ *                       never fires. Non-stream: the head (with the full
+ *                       Content-Length) is sent, then the close.
+ *   X-Stub-Status       200..599 except 204 and 304 (they cannot carry the body):
+ *                       completions answer {"error":{"message":"stub status CODE",
+ *                       "type":"stub","code":CODE}} with that status (other
+ *                       paths ignore it).
+ *   X-Stub-Delay-Ms     0..3600000 wait before the response head (every /v1/ path)
+ *   X-Stub-Hang         0..1: read the request, never answer, hold the connection
+ *                       until the peer closes it (wins over everything but a 400)
+ *   X-Stub-Tag          1..64 bytes, per-tag stats label, default "-"
+ *   X-Stub-Stamp        0..1: add "t":<CLOCK_MONOTONIC ns> to each event
+ *
+ * Stream framing (byte exact)
+ *   HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n
+ *   Transfer-Encoding: chunked\r\n\r\n
+ *   then one chunk per event ("%x\r\n<event>\r\n"), the first at once, the next one
+ *   X-Stub-Interval-Ms after the previous was fully handed to the kernel; then the
+ *   chunk "data: [DONE]\n\n" and "0\r\n\r\n". Keep-alive goes on afterwards.
+ *   Event i (0-based):
+ *   data: {"id":"chatcmpl-stub","object":"chat.completion.chunk","seq":I,
+ *   "choices":[{"index":0,"delta":{"content":"tokI "}}],"pad":"PAD"}\n\n
+ *   (one line), where PAD is max(0, EVENT_SIZE - length of the event with PAD
+ *   empty) 'x's. With X-Stub-Stamp: 1, ,"t":NANOS follows "seq":I and counts
+ *   toward the size.
+ *   Non-stream: {"id":"chatcmpl-stub","object":"chat.completion","choices":[{"index":0,
+ *   "message":{"role":"assistant","content":"tok0 tok1 ... "},"finish_reason":"stop"}]}
+ *
+ * Stats (GET /stub/stats)
+ *   {"requests","streams_started","streams_completed","aborted_by_client","inflight",
+ *    "max_inflight","blocked_writes","bytes_sent","connections_open",
+ *    "connections_total","tags":{"TAG":{"requests","inflight","max_inflight",
+ *    "completed","aborted_by_client","bytes_sent"}}}
+ *   requests/inflight count /v1/ requests only (not /stub/ paths, not other 404s, not
+ *   malformed HTTP): in flight from the moment the request is fully read until its
+ *   response is fully written or its connection closes. completed (per tag) = whole
+ *   response written. aborted_by_client = the peer closed (EOF, ECONNRESET, EPIPE)
+ *   before that. A stub-made cut (Abort-After) is neither. blocked_writes counts every
+ *   EAGAIN from a client write; bytes_sent counts head + body bytes of /v1/ responses.
+ *   Reset keeps the gauges (inflight, connections_open), sets max_inflight to
+ *   inflight, and keeps tags that still have requests in flight (counters zeroed).
+ *
+ * Flow control is the point of this program: at most one unit (a head, one event,
+ * or one whole JSON response) waits in user space per connection. When a write
+ * returns EAGAIN nothing more is produced until the socket drains, so a reader
+ * that stops reading stops the stub, and bytes_sent shows it.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/queue.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ev.h>
+#include <http_parser.h>
+
+#define STUB_DEFAULT_LISTEN "127.0.0.1:9000"
+#define LISTEN_BACKLOG      4096
+#define ACCEPTS_PER_PASS    64
+#define READS_PER_PASS      4
+/* Steps of the state machine per wake-up; one fast stream must not starve the rest. */
+#define DRIVE_BUDGET        192
+
+#define IN_CAP              (64 * 1024)         /* pipelined bytes kept while serving */
+#define ARENA_CAP           (96 * 1024)         /* URL + header bytes of one request */
+#define URL_CAP             (8 * 1024)
+#define BODY_CAP            (4 * 1024 * 1024)
+#define MAX_HEADERS         100
+/* Worst case is /v1/echo with every body byte escaped as \u00XX. */
+#define OUT_CAP             (6 * BODY_CAP + 6 * ARENA_CAP + 4096)
+#define OUT_KEEP            (64 * 1024)         /* larger out buffers are freed when idle */
+#define REQ_KEEP            (16 * 1024)
+#define HEAD_ROOM           256                 /* room before a JSON body for its head */
+#define CHUNK_ROOM          16                  /* room before an event for "%x\r\n" */
+#define TAG_MAX_LEN         64
+#define MAX_TAGS            10000
+#define NONSTREAM_MAX_EVENTS 1000000LL
+
+/* ------------------------------------------------------------------ buffers */
+
+/*
+ * A growable byte buffer with a hard cap. Appends that would pass the cap or fail
+ * to allocate set a sticky err, so a builder checks once at the end.
+ */
+struct buf {
+	char	*data;
+	size_t	 len;
+	size_t	 cap;
+	size_t	 max;
+	int	 err;
+};
+
+static void
+buf_init(struct buf *b, size_t max)
+{
+	memset(b, 0, sizeof *b);
+	b->max = max;
+}
+
+static void
+buf_free(struct buf *b)
+{
+	free(b->data);
+	b->data = NULL;
+	b->len = b->cap = 0;
+	b->err = 0;
+}
+
+/* Make room for extra more bytes; -1 (and err set) past the cap or out of memory. */
+static int
+buf_reserve(struct buf *b, size_t extra)
+{
+	size_t need, ncap;
+	char *p;
+
+	if (b->err)
+		return -1;
+	if (extra > b->max - b->len) {
+		b->err = 1;
+		return -1;
+	}
+	need = b->len + extra;
+	if (need <= b->cap)
+		return 0;
+	ncap = b->cap ? b->cap : 1024;
+	while (ncap < need)
+		ncap *= 2;
+	if (ncap > b->max)
+		ncap = b->max;
+	if ((p = realloc(b->data, ncap)) == NULL) {
+		b->err = 1;
+		return -1;
+	}
+	b->data = p;
+	b->cap = ncap;
+	return 0;
+}
+
+static void
+buf_append(struct buf *b, const void *p, size_t n)
+{
+	if (n == 0 || buf_reserve(b, n) < 0)
+		return;
+	memcpy(b->data + b->len, p, n);
+	b->len += n;
+}
+
+static void
+buf_puts(struct buf *b, const char *s)
+{
+	buf_append(b, s, strlen(s));
+}
+
+static void
+buf_fill(struct buf *b, int ch, size_t n)
+{
+	if (n == 0 || buf_reserve(b, n) < 0)
+		return;
+	memset(b->data + b->len, ch, n);
+	b->len += n;
+}
+
+static void buf_printf(struct buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void
+buf_printf(struct buf *b, const char *fmt, ...)
+{
+	va_list ap;
+	char tmp[256];
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+	va_end(ap);
+	/* Only short numeric fragments go through here. */
+	if (n < 0 || (size_t)n >= sizeof tmp) {
+		b->err = 1;
+		return;
+	}
+	buf_append(b, tmp, (size_t)n);
+}
+
+/* Append s as a JSON string: quote, backslash and C0 controls escaped, the rest raw. */
+static void
+buf_json_str(struct buf *b, const char *s, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t i, need = 2;
+	char *o;
+
+	for (i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+		need += ch == '"' || ch == '\\' ? 2 : ch < 0x20 ? 6 : 1;
+	}
+	if (buf_reserve(b, need) < 0)
+		return;
+	o = b->data + b->len;
+	*o++ = '"';
+	for (i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+		if (ch == '"' || ch == '\\') {
+			*o++ = '\\';
+			*o++ = (char)ch;
+		} else if (ch < 0x20) {
+			memcpy(o, "\\u00", 4);
+			o += 4;
+			*o++ = hex[ch >> 4];
+			*o++ = hex[ch & 15];
+		} else
+			*o++ = (char)ch;
+	}
+	*o++ = '"';
+	b->len = (size_t)(o - b->data);
+}
+
+/* Drop the first n bytes (already parsed). */
+static void
+buf_consume(struct buf *b, size_t n)
+{
+	if (n >= b->len) {
+		b->len = 0;
+		return;
+	}
+	memmove(b->data, b->data + n, b->len - n);
+	b->len -= n;
+}
+
+/* ------------------------------------------------------------------ context */
+
+struct tag {
+	TAILQ_ENTRY(tag) entry;
+	char	 name[TAG_MAX_LEN + 1];
+	uint64_t requests, inflight, max_inflight, completed, aborted_by_client, bytes_sent;
+};
+TAILQ_HEAD(tag_list, tag);
+
+struct stats {
+	uint64_t requests, streams_started, streams_completed, aborted_by_client;
+	uint64_t inflight, max_inflight, blocked_writes, bytes_sent;
+	uint64_t connections_open, connections_total;
+};
+
+struct conn;
+LIST_HEAD(conn_list, conn);
+
+/* The one context of the process; every callback reaches it through its conn. */
+struct stub {
+	struct ev_loop	*loop;
+	int		 quiet;
+	int		 lfd;
+	ev_io		 accept_w;
+	ev_timer	 accept_retry;	/* after EMFILE: accept again later */
+	ev_signal	 sigterm_w, sigint_w;
+	struct conn_list conns;
+	struct tag_list	 tags;
+	size_t		 ntags;
+	struct stats	 st;
+	char		 scratch[IN_CAP];	/* socket reads land here, then the parser */
+};
+
+static void stub_log(const struct stub *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void
+stub_log(const struct stub *ctx, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (ctx->quiet)
+		return;
+	va_start(ap, fmt);
+	fputs("sluice-stub: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* Startup failures only. */
+static void
+die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fputs("sluice-stub: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	exit(1);
+}
+
+/*
+ * Find or create the stats row for a tag. NULL when the table is full or out of
+ * memory. Rows live until a reset finds them idle, so a request may keep a pointer.
+ */
+static struct tag *
+tag_get(struct stub *ctx, const char *name, size_t len)
+{
+	struct tag *t;
+
+	TAILQ_FOREACH(t, &ctx->tags, entry)
+		if (strlen(t->name) == len && memcmp(t->name, name, len) == 0)
+			return t;
+	if (ctx->ntags >= MAX_TAGS || (t = calloc(1, sizeof *t)) == NULL)
+		return NULL;
+	memcpy(t->name, name, len);
+	t->name[len] = '\0';
+	TAILQ_INSERT_TAIL(&ctx->tags, t, entry);
+	ctx->ntags++;
+	return t;
+}
+
+static void
+tags_free(struct stub *ctx)
+{
+	struct tag *t;
+
+	while ((t = TAILQ_FIRST(&ctx->tags)) != NULL) {
+		TAILQ_REMOVE(&ctx->tags, t, entry);
+		free(t);
+	}
+	ctx->ntags = 0;
+}
+
+/* ------------------------------------------------------------------ requests */
+
+/* The knobs a request sets through X-Stub-* headers; table-driven below. */
+struct knobs {
+	long long events, event_size, interval_ms, abort_after, status, delay_ms, hang, stamp;
+};
+
+static const struct knob_def {
+	const char	*name;
+	long long	 min, max, def;	/* def may lie outside [min,max]: "unset" */
+	size_t		 off;
+} knob_defs[] = {
+	{ "X-Stub-Events",	0, 100000000, 16, offsetof(struct knobs, events) },
+	{ "X-Stub-Event-Size",	0, 8 * 1024 * 1024, 0, offsetof(struct knobs, event_size) },
+	{ "X-Stub-Interval-Ms",	0, 3600000, 20, offsetof(struct knobs, interval_ms) },
+	{ "X-Stub-Abort-After",	0, 100000000, -1, offsetof(struct knobs, abort_after) },
+	{ "X-Stub-Status",	200, 599, 0, offsetof(struct knobs, status) },
+	{ "X-Stub-Delay-Ms",	0, 3600000, 0, offsetof(struct knobs, delay_ms) },
+	{ "X-Stub-Hang",	0, 1, 0, offsetof(struct knobs, hang) },
+	{ "X-Stub-Stamp",	0, 1, 0, offsetof(struct knobs, stamp) },
+};
+#define NKNOBS (sizeof knob_defs / sizeof knob_defs[0])
+
+enum route {
+	ROUTE_BAD,		/* malformed HTTP: 4xx, then close */
+	ROUTE_KNOB_ERROR,	/* well-formed, but an X-Stub-* value is wrong: 400 */
+	ROUTE_CHAT,
+	ROUTE_COMPLETIONS,
+	ROUTE_ECHO,
+	ROUTE_MODELS,
+	ROUTE_STATS,
+	ROUTE_RESET,
+	ROUTE_NOT_FOUND
+};
+
+struct hdr {
+	uint32_t name_off, name_len, val_off, val_len;	/* into req.arena */
+};
+
+enum last_cb { LAST_NONE, LAST_FIELD, LAST_VALUE };
+
+/* One request, filled by the parser callbacks, judged at dispatch. */
+struct req {
+	struct buf	 arena;		/* URL first, then header names and values */
+	size_t		 url_len;
+	struct hdr	 hdrs[MAX_HEADERS];
+	unsigned	 nhdr;
+	enum last_cb	 last;
+	struct buf	 body;
+	int		 err_status;	/* a callback refused input: 413/414/431 */
+	unsigned	 method;
+	unsigned	 started:1, complete:1, keep_alive:1;
+	unsigned	 expect_continue:1, continue_sent:1;
+
+	/* Set at dispatch. */
+	enum route	 route;
+	struct knobs	 k;
+	int		 stream;
+	int		 status;	/* what we answer, for the log */
+	char		 errmsg[96];	/* ROUTE_BAD / ROUTE_KNOB_ERROR */
+	unsigned	 dispatched:1;	/* finish it exactly once */
+	unsigned	 counted:1;	/* holds one unit of inflight */
+	struct tag	*tag;
+};
+
+enum outcome { OUT_COMPLETED, OUT_ABORTED_BY_CLIENT, OUT_CUT, OUT_SHUTDOWN };
+
+/* ------------------------------------------------------------------ connections */
+
+/*
+ * The connection state machine. conn_drive() is the only place that moves it;
+ * libev callbacks note what happened (timer fired, socket writable) and call it.
+ */
+enum conn_state {
+	CONN_READ,	/* parsing requests; EV_READ wakes us */
+	CONN_DISPATCH,	/* a request is complete: pick route and knobs */
+	CONN_DELAY,	/* X-Stub-Delay-Ms timer before the head */
+	CONN_HANG,	/* X-Stub-Hang: wait for the peer to give up */
+	CONN_RESPOND,	/* build the head (and a small body) into out */
+	CONN_WRITE,	/* flush out; EV_WRITE wakes us when the socket was full */
+	CONN_NEXT,	/* out flushed: what does this response send next? */
+	CONN_PACE,	/* interval timer before the next event */
+	CONN_EMIT,	/* build the next event, or the [DONE] trailer */
+	CONN_DONE,	/* response written: account, then the next request */
+	CONN_CLOSING	/* free at the top of the machine, never inside a library call */
+};
+
+enum resp_kind { RESP_NONE, RESP_CONTINUE, RESP_FIXED, RESP_CUT_AFTER_HEAD, RESP_STREAM };
+
+struct conn {
+	LIST_ENTRY(conn) entry;
+	struct stub	*ctx;
+	int		 fd;
+	enum conn_state	 state;
+	enum outcome	 close_outcome;
+	ev_io		 rio, wio;
+	ev_timer	 timer;		/* delay, pacing, and yielding */
+	http_parser	 parser;
+	struct buf	 in;		/* pipelined bytes not yet parsed */
+	struct buf	 out;		/* the one unit being written */
+	size_t		 out_pos;
+	int		 rio_stopped;	/* in is full: stop reading until served */
+	struct req	 req;
+	enum resp_kind	 kind;
+	long long	 events_sent;
+	int		 trailer_sent;
+};
+
+static void conn_drive(struct conn *c);
+
+static const char *
+status_reason(int status)
+{
+	switch (status) {
+	case 100: return "Continue";
+	case 200: return "OK";
+	case 201: return "Created";
+	case 202: return "Accepted";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 408: return "Request Timeout";
+	case 409: return "Conflict";
+	case 413: return "Payload Too Large";
+	case 414: return "URI Too Long";
+	case 422: return "Unprocessable Entity";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	case 504: return "Gateway Timeout";
+	default:  return "Stub Status";
+	}
+}
+
+/* Forget the last request but keep (small) buffers for the next one. */
+static void
+req_reset(struct req *r)
+{
+	if (r->arena.cap > REQ_KEEP)
+		buf_free(&r->arena);
+	if (r->body.cap > REQ_KEEP)
+		buf_free(&r->body);
+	r->arena.len = 0;
+	r->arena.err = 0;
+	r->body.len = 0;
+	r->body.err = 0;
+	r->url_len = 0;
+	r->nhdr = 0;
+	r->last = LAST_NONE;
+	r->err_status = 0;
+	r->method = 0;
+	r->started = r->complete = r->keep_alive = 0;
+	r->expect_continue = r->continue_sent = 0;
+	r->route = ROUTE_NOT_FOUND;
+	r->stream = 0;
+	r->status = 0;
+	r->errmsg[0] = '\0';
+	r->dispatched = r->counted = 0;
+	r->tag = NULL;
+}
+
+static const char *
+hdr_name(const struct req *r, const struct hdr *h)
+{
+	return r->arena.data + h->name_off;
+}
+
+static const char *
+hdr_val(const struct req *r, const struct hdr *h)
+{
+	return r->arena.data + h->val_off;
+}
+
+/* The last header called name, value trimmed of blanks; NULL when absent. */
+static const char *
+req_header(const struct req *r, const char *name, size_t *len)
+{
+	size_t nlen = strlen(name);
+	unsigned i;
+
+	for (i = r->nhdr; i-- > 0; ) {
+		const struct hdr *h = &r->hdrs[i];
+		const char *v;
+		size_t vl;
+
+		if (h->name_len != nlen || strncasecmp(hdr_name(r, h), name, nlen) != 0)
+			continue;
+		v = hdr_val(r, h);
+		vl = h->val_len;
+		while (vl > 0 && (*v == ' ' || *v == '\t')) {
+			v++;
+			vl--;
+		}
+		while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+			vl--;
+		*len = vl;
+		return v;
+	}
+	return NULL;
+}
+
+/* Decimal, no sign, no junk; -1 on anything else. */
+static int
+parse_ll(const char *s, size_t n, long long *out)
+{
+	long long v = 0;
+	size_t i;
+
+	if (n == 0 || n > 18)
+		return -1;
+	for (i = 0; i < n; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return -1;
+		v = v * 10 + (s[i] - '0');
+	}
+	*out = v;
+	return 0;
+}
+
+/* Fill r->k from the headers; -1 with r->errmsg set when a value is wrong. */
+static int
+req_parse_knobs(struct req *r)
+{
+	size_t i, len;
+
+	for (i = 0; i < NKNOBS; i++) {
+		const struct knob_def *d = &knob_defs[i];
+		long long *dst = (long long *)(void *)((char *)&r->k + d->off);
+		const char *v = req_header(r, d->name, &len);
+		long long x;
+
+		*dst = d->def;
+		if (v == NULL)
+			continue;
+		if (parse_ll(v, len, &x) < 0 || x < d->min || x > d->max) {
+			snprintf(r->errmsg, sizeof r->errmsg, "bad %s: want %lld..%lld",
+			    d->name, d->min, d->max);
+			return -1;
+		}
+		*dst = x;
+	}
+	if (r->k.status == 204 || r->k.status == 304) {
+		snprintf(r->errmsg, sizeof r->errmsg, "bad X-Stub-Status: 204 and 304 carry no body");
+		return -1;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ parser callbacks */
+
+/* Callbacks only record; the state machine acts after http_parser_execute returns. */
+
+static int
+on_message_begin(http_parser *p)
+{
+	struct conn *c = p->data;
+
+	c->req.started = 1;
+	return 0;
+}
+
+static int
+on_url(http_parser *p, const char *at, size_t len)
+{
+	struct req *r = &((struct conn *)p->data)->req;
+
+	if (len > URL_CAP - r->url_len) {
+		r->err_status = 414;
+		return -1;
+	}
+	buf_append(&r->arena, at, len);
+	if (r->arena.err) {
+		r->err_status = 431;
+		return -1;
+	}
+	r->url_len += len;
+	return 0;
+}
+
+static int
+on_header_field(http_parser *p, const char *at, size_t len)
+{
+	struct req *r = &((struct conn *)p->data)->req;
+	struct hdr *h;
+
+	if (r->last != LAST_FIELD) {
+		if (r->nhdr == MAX_HEADERS) {
+			r->err_status = 431;
+			return -1;
+		}
+		h = &r->hdrs[r->nhdr++];
+		h->name_off = h->val_off = (uint32_t)r->arena.len;
+		h->name_len = h->val_len = 0;
+	}
+	h = &r->hdrs[r->nhdr - 1];
+	buf_append(&r->arena, at, len);
+	if (r->arena.err) {
+		r->err_status = 431;
+		return -1;
+	}
+	h->name_len += (uint32_t)len;
+	h->val_off = (uint32_t)r->arena.len;
+	r->last = LAST_FIELD;
+	return 0;
+}
+
+static int
+on_header_value(http_parser *p, const char *at, size_t len)
+{
+	struct req *r = &((struct conn *)p->data)->req;
+	struct hdr *h;
+
+	if (r->nhdr == 0)
+		return -1;
+	h = &r->hdrs[r->nhdr - 1];
+	if (r->last != LAST_VALUE) {
+		h->val_off = (uint32_t)r->arena.len;
+		h->val_len = 0;
+	}
+	buf_append(&r->arena, at, len);
+	if (r->arena.err) {
+		r->err_status = 431;
+		return -1;
+	}
+	h->val_len += (uint32_t)len;
+	r->last = LAST_VALUE;
+	return 0;
+}
+
+static int
+on_headers_complete(http_parser *p)
+{
+	struct req *r = &((struct conn *)p->data)->req;
+	const char *v;
+	size_t len;
+	int has_body;
+
+	/* curl waits up to a second for "100 Continue" before sending a large body. */
+	has_body = (p->flags & F_CHUNKED) ||
+	    (p->content_length > 0 && p->content_length != ULLONG_MAX);
+	v = req_header(r, "Expect", &len);
+	if (has_body && v != NULL && len == 12 && strncasecmp(v, "100-continue", 12) == 0)
+		r->expect_continue = 1;
+	return 0;
+}
+
+static int
+on_body(http_parser *p, const char *at, size_t len)
+{
+	struct req *r = &((struct conn *)p->data)->req;
+
+	buf_append(&r->body, at, len);
+	if (r->body.err) {
+		r->err_status = 413;
+		return -1;
+	}
+	return 0;
+}
+
+static int
+on_message_complete(http_parser *p)
+{
+	struct conn *c = p->data;
+
+	c->req.complete = 1;
+	c->req.method = p->method;
+	c->req.keep_alive = http_should_keep_alive(p) && p->method != HTTP_HEAD;
+	/* One request at a time: the rest of the input waits in c->in. */
+	http_parser_pause(p, 1);
+	return 0;
+}
+
+static const http_parser_settings parser_settings = {
+	.on_message_begin = on_message_begin,
+	.on_url = on_url,
+	.on_header_field = on_header_field,
+	.on_header_value = on_header_value,
+	.on_headers_complete = on_headers_complete,
+	.on_body = on_body,
+	.on_message_complete = on_message_complete,
+};
+
+/* ------------------------------------------------------------------ accounting */
+
+static void
+conn_set_state(struct conn *c, enum conn_state s)
+{
+	c->state = s;
+}
+
+static void
+conn_set_closing(struct conn *c, enum outcome o)
+{
+	c->close_outcome = o;
+	conn_set_state(c, CONN_CLOSING);
+}
+
+/* Take one unit of inflight for a /v1/ request (global and per tag). */
+static void
+req_count(struct conn *c)
+{
+	struct stats *st = &c->ctx->st;
+	struct tag *t = c->req.tag;
+
+	c->req.counted = 1;
+	st->requests++;
+	if (++st->inflight > st->max_inflight)
+		st->max_inflight = st->inflight;
+	if (t != NULL) {
+		t->requests++;
+		if (++t->inflight > t->max_inflight)
+			t->max_inflight = t->inflight;
+	}
+}
+
+/*
+ * Call exactly once per dispatched request, when its response is done or its
+ * connection goes: releases inflight and logs one line.
+ */
+static void
+req_finish(struct conn *c, enum outcome o)
+{
+	static const char *const names[] = { "done", "aborted_by_client", "cut", "shutdown" };
+	struct stats *st = &c->ctx->st;
+	struct req *r = &c->req;
+	struct tag *t = r->tag;
+
+	if (!r->dispatched)
+		return;
+	r->dispatched = 0;
+	stub_log(c->ctx, "%s %.*s tag=%s status=%d events=%lld %s",
+	    http_method_str((enum http_method)r->method), (int)r->url_len,
+	    r->arena.data ? r->arena.data : "", t ? t->name : "-", r->status,
+	    c->events_sent, names[o]);
+	if (!r->counted)
+		return;
+	r->counted = 0;
+	st->inflight--;
+	if (o == OUT_ABORTED_BY_CLIENT)
+		st->aborted_by_client++;
+	if (t != NULL) {
+		t->inflight--;
+		if (o == OUT_COMPLETED)
+			t->completed++;
+		else if (o == OUT_ABORTED_BY_CLIENT)
+			t->aborted_by_client++;
+	}
+}
+
+/* Zero the counters. Gauges stay; tags still referenced by a request stay. */
+static void
+stats_reset(struct stub *ctx)
+{
+	struct stats *st = &ctx->st;
+	struct tag *t, *tnext;
+
+	st->requests = st->streams_started = st->streams_completed = 0;
+	st->aborted_by_client = st->blocked_writes = st->bytes_sent = 0;
+	st->connections_total = 0;
+	st->max_inflight = st->inflight;
+	for (t = TAILQ_FIRST(&ctx->tags); t != NULL; t = tnext) {
+		tnext = TAILQ_NEXT(t, entry);
+		if (t->inflight == 0) {
+			TAILQ_REMOVE(&ctx->tags, t, entry);
+			ctx->ntags--;
+			free(t);
+			continue;
+		}
+		t->requests = t->completed = t->aborted_by_client = t->bytes_sent = 0;
+		t->max_inflight = t->inflight;
+	}
+}
+
+/* ------------------------------------------------------------------ response builders */
+
+/* Start a JSON body; resp_json_end() puts the head in front of it. */
+static void
+resp_json_begin(struct conn *c)
+{
+	c->out.len = 0;
+	c->out.err = 0;
+	buf_fill(&c->out, ' ', HEAD_ROOM);
+}
+
+static void
+resp_json_end(struct conn *c, int status)
+{
+	char head[HEAD_ROOM];
+	size_t body_len;
+	int hl;
+
+	c->req.status = status;
+	c->kind = RESP_FIXED;
+	if (c->out.err)
+		return;
+	body_len = c->out.len - HEAD_ROOM;
+	hl = snprintf(head, sizeof head,
+	    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+	    "Content-Length: %zu\r\n%s\r\n",
+	    status, status_reason(status), body_len,
+	    c->req.keep_alive ? "" : "Connection: close\r\n");
+	memcpy(c->out.data + HEAD_ROOM - hl, head, (size_t)hl);
+	c->out_pos = HEAD_ROOM - (size_t)hl;
+}
+
+static void
+resp_error(struct conn *c, int status, const char *msg)
+{
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"error\":{\"message\":");
+	buf_json_str(&c->out, msg, strlen(msg));
+	buf_printf(&c->out, ",\"type\":\"stub\",\"code\":%d}}", status);
+	resp_json_end(c, status);
+}
+
+static void
+resp_completion(struct conn *c)
+{
+	long long i;
+
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"id\":\"chatcmpl-stub\",\"object\":\"chat.completion\","
+	    "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"");
+	for (i = 0; i < c->req.k.events; i++)
+		buf_printf(&c->out, "tok%lld ", i);
+	buf_puts(&c->out, "\"},\"finish_reason\":\"stop\"}]}");
+	resp_json_end(c, 200);
+	if (c->req.k.abort_after >= 0 && !c->out.err) {
+		/* The head promises the whole body; the cut shows as a short read. */
+		char *end = memmem(c->out.data + c->out_pos, c->out.len - c->out_pos,
+		    "\r\n\r\n", 4);
+		c->out.len = (size_t)(end + 4 - c->out.data);
+		c->kind = RESP_CUT_AFTER_HEAD;
+	}
+}
+
+static void
+resp_echo(struct conn *c)
+{
+	struct req *r = &c->req;
+	const char *url = r->arena.data ? r->arena.data : "";
+	const char *q = memchr(url, '?', r->url_len);
+	size_t plen = q ? (size_t)(q - url) : r->url_len;
+	const char *method = http_method_str((enum http_method)r->method);
+	unsigned i;
+
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"method\":");
+	buf_json_str(&c->out, method, strlen(method));
+	buf_puts(&c->out, ",\"path\":");
+	buf_json_str(&c->out, url, plen);
+	buf_puts(&c->out, ",\"query\":");
+	if (q != NULL)
+		buf_json_str(&c->out, q + 1, r->url_len - plen - 1);
+	else
+		buf_puts(&c->out, "\"\"");
+	buf_puts(&c->out, ",\"headers\":[");
+	for (i = 0; i < r->nhdr; i++) {
+		const struct hdr *h = &r->hdrs[i];
+
+		buf_puts(&c->out, i ? ",[" : "[");
+		buf_json_str(&c->out, hdr_name(r, h), h->name_len);
+		buf_puts(&c->out, ",");
+		buf_json_str(&c->out, hdr_val(r, h), h->val_len);
+		buf_puts(&c->out, "]");
+	}
+	buf_puts(&c->out, "],\"body\":");
+	buf_json_str(&c->out, r->body.data ? r->body.data : "", r->body.len);
+	buf_puts(&c->out, "}");
+	resp_json_end(c, 200);
+}
+
+static void
+resp_models(struct conn *c)
+{
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"object\":\"list\",\"data\":[{\"id\":\"stub\",\"object\":\"model\","
+	    "\"created\":0,\"owned_by\":\"sluice-stub\"}]}");
+	resp_json_end(c, 200);
+}
+
+static void
+resp_stats(struct conn *c)
+{
+	const struct stats *st = &c->ctx->st;
+	const struct tag *t;
+	struct buf *b = &c->out;
+
+	resp_json_begin(c);
+	buf_printf(b, "{\"requests\":%" PRIu64 ",\"streams_started\":%" PRIu64
+	    ",\"streams_completed\":%" PRIu64 ",\"aborted_by_client\":%" PRIu64,
+	    st->requests, st->streams_started, st->streams_completed, st->aborted_by_client);
+	buf_printf(b, ",\"inflight\":%" PRIu64 ",\"max_inflight\":%" PRIu64
+	    ",\"blocked_writes\":%" PRIu64 ",\"bytes_sent\":%" PRIu64,
+	    st->inflight, st->max_inflight, st->blocked_writes, st->bytes_sent);
+	buf_printf(b, ",\"connections_open\":%" PRIu64 ",\"connections_total\":%" PRIu64
+	    ",\"tags\":{", st->connections_open, st->connections_total);
+	TAILQ_FOREACH(t, &c->ctx->tags, entry) {
+		if (t != TAILQ_FIRST(&c->ctx->tags))
+			buf_puts(b, ",");
+		buf_json_str(b, t->name, strlen(t->name));
+		buf_printf(b, ":{\"requests\":%" PRIu64 ",\"inflight\":%" PRIu64
+		    ",\"max_inflight\":%" PRIu64, t->requests, t->inflight, t->max_inflight);
+		buf_printf(b, ",\"completed\":%" PRIu64 ",\"aborted_by_client\":%" PRIu64
+		    ",\"bytes_sent\":%" PRIu64 "}",
+		    t->completed, t->aborted_by_client, t->bytes_sent);
+	}
+	buf_puts(b, "}}");
+	resp_json_end(c, 200);
+}
+
+static void
+resp_stream_head(struct conn *c)
+{
+	static const char head[] =
+	    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+	    "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+	c->out.len = 0;
+	c->out.err = 0;
+	c->out_pos = 0;
+	buf_append(&c->out, head, sizeof head - 1);
+	c->kind = RESP_STREAM;
+	c->req.status = 200;
+	c->events_sent = 0;
+	c->trailer_sent = 0;
+	c->ctx->st.streams_started++;
+}
+
+/* Event number events_sent as one chunk; the layout is pinned in the header comment. */
+static void
+resp_stream_event(struct conn *c)
+{
+	static const char tail[] = "\"}\n\n";
+	struct buf *b = &c->out;
+	long long i = c->events_sent;
+	char head[256], pre[CHUNK_ROOM];
+	size_t natural, pad, ev_len;
+	int hl, pl;
+
+	if (c->req.k.stamp) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		hl = snprintf(head, sizeof head, "data: {\"id\":\"chatcmpl-stub\","
+		    "\"object\":\"chat.completion.chunk\",\"seq\":%lld,\"t\":%lld,"
+		    "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%lld \"}}],"
+		    "\"pad\":\"", i, (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, i);
+	} else
+		hl = snprintf(head, sizeof head, "data: {\"id\":\"chatcmpl-stub\","
+		    "\"object\":\"chat.completion.chunk\",\"seq\":%lld,"
+		    "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%lld \"}}],"
+		    "\"pad\":\"", i, i);
+	natural = (size_t)hl + sizeof tail - 1;
+	pad = (size_t)c->req.k.event_size > natural ? (size_t)c->req.k.event_size - natural : 0;
+
+	b->len = 0;
+	b->err = 0;
+	buf_fill(b, ' ', CHUNK_ROOM);
+	buf_append(b, head, (size_t)hl);
+	buf_fill(b, 'x', pad);
+	buf_append(b, tail, sizeof tail - 1);
+	buf_append(b, "\r\n", 2);
+	if (b->err)
+		return;
+	ev_len = b->len - CHUNK_ROOM - 2;
+	pl = snprintf(pre, sizeof pre, "%zx\r\n", ev_len);
+	memcpy(b->data + CHUNK_ROOM - pl, pre, (size_t)pl);
+	c->out_pos = CHUNK_ROOM - (size_t)pl;
+	c->events_sent++;
+}
+
+static void
+resp_stream_trailer(struct conn *c)
+{
+	static const char trailer[] = "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
+
+	c->out.len = 0;
+	c->out.err = 0;
+	c->out_pos = 0;
+	buf_append(&c->out, trailer, sizeof trailer - 1);
+	c->trailer_sent = 1;
+}
+
+/* ------------------------------------------------------------------ I/O */
+
+/* (Re)arm the connection's one timer; secs 0 means "next loop iteration". */
+static void
+conn_arm_timer(struct conn *c, double secs)
+{
+	ev_timer_stop(c->ctx->loop, &c->timer);
+	ev_timer_set(&c->timer, secs, 0.);
+	ev_timer_start(c->ctx->loop, &c->timer);
+}
+
+enum rd { RD_WAIT, RD_REQUEST, RD_CONTINUE, RD_BAD, RD_EOF };
+
+static enum rd
+conn_parse(struct conn *c, const char *data, size_t len, size_t *used)
+{
+	struct req *r = &c->req;
+	enum http_errno e;
+
+	*used = http_parser_execute(&c->parser, &parser_settings, data, len);
+	e = HTTP_PARSER_ERRNO(&c->parser);
+	if (c->parser.upgrade) {
+		snprintf(r->errmsg, sizeof r->errmsg, "Upgrade and CONNECT are not supported");
+		r->err_status = 400;
+		return RD_BAD;
+	}
+	if (e == HPE_PAUSED)
+		return RD_REQUEST;
+	if (e != HPE_OK) {
+		if (r->err_status == 0)
+			r->err_status = e == HPE_HEADER_OVERFLOW ? 431 : 400;
+		switch (r->err_status) {
+		case 413:
+			snprintf(r->errmsg, sizeof r->errmsg, "request body over %d bytes", BODY_CAP);
+			break;
+		case 414:
+			snprintf(r->errmsg, sizeof r->errmsg, "URL over %d bytes", URL_CAP);
+			break;
+		case 431:
+			snprintf(r->errmsg, sizeof r->errmsg, "headers too large or over %d of them",
+			    MAX_HEADERS);
+			break;
+		default:
+			snprintf(r->errmsg, sizeof r->errmsg, "bad request: %s", http_errno_name(e));
+		}
+		return RD_BAD;
+	}
+	if (r->expect_continue && !r->continue_sent) {
+		r->continue_sent = 1;
+		return RD_CONTINUE;
+	}
+	return RD_WAIT;
+}
+
+/*
+ * Read and parse until a request is complete. Bytes past the end of that request
+ * stay in c->in (pipelining); the parser is paused until conn_drive resumes it.
+ */
+static enum rd
+conn_read_request(struct conn *c)
+{
+	struct stub *ctx = c->ctx;
+	size_t used;
+	ssize_t n;
+	enum rd r;
+	int i;
+
+	if (c->in.len > 0) {
+		r = conn_parse(c, c->in.data, c->in.len, &used);
+		buf_consume(&c->in, used);
+		if (r != RD_WAIT)
+			return r;
+	}
+	/* Here c->in is empty, so whatever a read leaves over fits in it. */
+	for (i = 0; i < READS_PER_PASS; i++) {
+		n = recv(c->fd, ctx->scratch, sizeof ctx->scratch, 0);
+		if (n > 0) {
+			r = conn_parse(c, ctx->scratch, (size_t)n, &used);
+			if (r == RD_REQUEST && used < (size_t)n)
+				buf_append(&c->in, ctx->scratch + used, (size_t)n - used);
+			if (r != RD_WAIT)
+				return r;
+			continue;
+		}
+		if (n == 0)
+			return RD_EOF;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return RD_WAIT;
+		return RD_EOF;
+	}
+	return RD_WAIT;	/* level-triggered: EV_READ calls again */
+}
+
+/*
+ * While a response is in progress, reading is only for noticing that the peer
+ * left; whatever it pipelines meanwhile is kept, up to IN_CAP.
+ */
+static void
+conn_watch_peer(struct conn *c)
+{
+	ssize_t n;
+	size_t room;
+	int i;
+
+	for (i = 0; i < READS_PER_PASS; i++) {
+		room = IN_CAP - c->in.len;
+		if (room == 0) {
+			/* Cannot see a close now; the next write error will. */
+			ev_io_stop(c->ctx->loop, &c->rio);
+			c->rio_stopped = 1;
+			return;
+		}
+		if (room > 16384)
+			room = 16384;
+		if (buf_reserve(&c->in, room) < 0) {
+			conn_set_closing(c, OUT_CUT);
+			return;
+		}
+		n = recv(c->fd, c->in.data + c->in.len, room, 0);
+		if (n > 0) {
+			c->in.len += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		conn_set_closing(c, OUT_ABORTED_BY_CLIENT);
+		return;
+	}
+}
+
+enum wr { WR_DONE, WR_BLOCKED, WR_GONE };
+
+/* Write out[out_pos..len). On EAGAIN keep the rest and wait for EV_WRITE. */
+static enum wr
+conn_flush(struct conn *c)
+{
+	struct stub *ctx = c->ctx;
+	ssize_t n;
+
+	while (c->out_pos < c->out.len) {
+		n = send(c->fd, c->out.data + c->out_pos, c->out.len - c->out_pos,
+		    MSG_NOSIGNAL);
+		if (n > 0) {
+			c->out_pos += (size_t)n;
+			if (c->req.counted) {
+				ctx->st.bytes_sent += (uint64_t)n;
+				if (c->req.tag != NULL)
+					c->req.tag->bytes_sent += (uint64_t)n;
+			}
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			ctx->st.blocked_writes++;
+			ev_timer_stop(ctx->loop, &c->timer);
+			ev_io_start(ctx->loop, &c->wio);
+			return WR_BLOCKED;
+		}
+		return WR_GONE;
+	}
+	return WR_DONE;
+}
+
+/* ------------------------------------------------------------------ the machine */
+
+static enum route
+route_of(const struct req *r, const char *path, size_t plen)
+{
+	unsigned m = r->method;
+
+#define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(path, s, plen) == 0)
+	if (PATH_IS("/v1/chat/completions"))
+		return m == HTTP_POST ? ROUTE_CHAT : ROUTE_NOT_FOUND;
+	if (PATH_IS("/v1/completions"))
+		return m == HTTP_POST ? ROUTE_COMPLETIONS : ROUTE_NOT_FOUND;
+	if (PATH_IS("/v1/echo"))
+		return m == HTTP_GET || m == HTTP_POST || m == HTTP_PUT || m == HTTP_DELETE ?
+		    ROUTE_ECHO : ROUTE_NOT_FOUND;
+	if (PATH_IS("/v1/models"))
+		return m == HTTP_GET ? ROUTE_MODELS : ROUTE_NOT_FOUND;
+	if (PATH_IS("/stub/stats"))
+		return m == HTTP_GET ? ROUTE_STATS : ROUTE_NOT_FOUND;
+	if (PATH_IS("/stub/reset"))
+		return m == HTTP_POST ? ROUTE_RESET : ROUTE_NOT_FOUND;
+#undef PATH_IS
+	return ROUTE_NOT_FOUND;
+}
+
+/* A complete request: decide what to answer and whether to wait first. */
+static void
+conn_dispatch(struct conn *c)
+{
+	struct req *r = &c->req;
+	const char *url = r->arena.data ? r->arena.data : "";
+	const char *q = memchr(url, '?', r->url_len);
+	size_t plen = q ? (size_t)(q - url) : r->url_len;
+	const char *tag;
+	size_t tlen;
+
+	r->dispatched = 1;
+	r->route = route_of(r, url, plen);
+	if (plen < 4 || memcmp(url, "/v1/", 4) != 0) {
+		/* Control and unknown paths: not counted, not steered. */
+		conn_set_state(c, CONN_RESPOND);
+		return;
+	}
+
+	tag = req_header(r, "X-Stub-Tag", &tlen);
+	if (tag == NULL || tlen == 0) {
+		tag = "-";
+		tlen = 1;
+	}
+	if (tlen > TAG_MAX_LEN) {
+		snprintf(r->errmsg, sizeof r->errmsg, "bad X-Stub-Tag: longer than %d bytes",
+		    TAG_MAX_LEN);
+		r->route = ROUTE_KNOB_ERROR;
+	} else if ((r->tag = tag_get(c->ctx, tag, tlen)) == NULL) {
+		snprintf(r->errmsg, sizeof r->errmsg, "too many tags (max %d); POST /stub/reset",
+		    MAX_TAGS);
+		r->route = ROUTE_KNOB_ERROR;
+	}
+	req_count(c);
+	if (r->route == ROUTE_KNOB_ERROR || req_parse_knobs(r) < 0) {
+		r->route = ROUTE_KNOB_ERROR;
+		conn_set_state(c, CONN_RESPOND);
+		return;
+	}
+	if (r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) {
+		r->stream = r->body.len > 0 &&
+		    (memmem(r->body.data, r->body.len, "\"stream\": true", 14) != NULL ||
+		    memmem(r->body.data, r->body.len, "\"stream\":true", 13) != NULL);
+		if (!r->stream && r->k.status == 0 && r->k.events > NONSTREAM_MAX_EVENTS) {
+			snprintf(r->errmsg, sizeof r->errmsg,
+			    "bad X-Stub-Events: want 0..%lld for a non-stream response",
+			    NONSTREAM_MAX_EVENTS);
+			r->route = ROUTE_KNOB_ERROR;
+			conn_set_state(c, CONN_RESPOND);
+			return;
+		}
+	}
+	if (r->k.hang) {
+		conn_set_state(c, CONN_HANG);
+		return;
+	}
+	if (r->k.delay_ms > 0) {
+		conn_arm_timer(c, (double)r->k.delay_ms / 1000.0);
+		conn_set_state(c, CONN_DELAY);
+		return;
+	}
+	conn_set_state(c, CONN_RESPOND);
+}
+
+/* Build the first unit of the response into out. */
+static void
+conn_respond(struct conn *c)
+{
+	struct req *r = &c->req;
+	char msg[64];
+
+	c->events_sent = 0;
+	c->trailer_sent = 0;
+	switch (r->route) {
+	case ROUTE_BAD:
+		resp_error(c, r->err_status, r->errmsg);
+		break;
+	case ROUTE_KNOB_ERROR:
+		resp_error(c, 400, r->errmsg);
+		break;
+	case ROUTE_CHAT:
+	case ROUTE_COMPLETIONS:
+		if (r->k.status != 0) {
+			snprintf(msg, sizeof msg, "stub status %lld", r->k.status);
+			resp_error(c, (int)r->k.status, msg);
+		} else if (r->stream)
+			resp_stream_head(c);
+		else
+			resp_completion(c);
+		break;
+	case ROUTE_ECHO:
+		resp_echo(c);
+		break;
+	case ROUTE_MODELS:
+		resp_models(c);
+		break;
+	case ROUTE_STATS:
+		resp_stats(c);
+		break;
+	case ROUTE_RESET:
+		stats_reset(c->ctx);
+		resp_json_begin(c);
+		buf_puts(&c->out, "{\"ok\":true}");
+		resp_json_end(c, 200);
+		break;
+	case ROUTE_NOT_FOUND:
+		resp_error(c, 404, "not found");
+		break;
+	}
+	if (c->out.err) {
+		stub_log(c->ctx, "out of memory building a response; closing");
+		conn_set_closing(c, OUT_CUT);
+		return;
+	}
+	conn_set_state(c, CONN_WRITE);
+}
+
+/* out has been written: decide what follows. */
+static void
+conn_next(struct conn *c)
+{
+	const struct knobs *k = &c->req.k;
+
+	switch (c->kind) {
+	case RESP_CONTINUE:
+		c->kind = RESP_NONE;
+		conn_set_state(c, CONN_READ);
+		return;
+	case RESP_NONE:
+	case RESP_FIXED:
+		conn_set_state(c, CONN_DONE);
+		return;
+	case RESP_CUT_AFTER_HEAD:
+		conn_set_closing(c, OUT_CUT);
+		return;
+	case RESP_STREAM:
+		break;
+	}
+	if (c->trailer_sent) {
+		c->ctx->st.streams_completed++;
+		conn_set_state(c, CONN_DONE);
+	} else if (k->abort_after >= 0 && c->events_sent == k->abort_after)
+		conn_set_closing(c, OUT_CUT);
+	else if (c->events_sent == 0 || c->events_sent >= k->events || k->interval_ms == 0)
+		conn_set_state(c, CONN_EMIT);
+	else {
+		conn_arm_timer(c, (double)k->interval_ms / 1000.0);
+		conn_set_state(c, CONN_PACE);
+	}
+}
+
+/* The response is written: release it, then read the next request or close. */
+static void
+conn_done(struct conn *c)
+{
+	req_finish(c, OUT_COMPLETED);
+	if (!c->req.keep_alive) {
+		conn_set_closing(c, OUT_COMPLETED);
+		return;
+	}
+	c->kind = RESP_NONE;
+	if (c->out.cap > OUT_KEEP)
+		buf_free(&c->out);
+	req_reset(&c->req);
+	http_parser_pause(&c->parser, 0);
+	if (c->rio_stopped) {
+		c->rio_stopped = 0;
+		ev_io_start(c->ctx->loop, &c->rio);
+	}
+	conn_set_state(c, CONN_READ);
+}
+
+static void
+conn_free(struct conn *c)
+{
+	struct stub *ctx = c->ctx;
+
+	req_finish(c, c->close_outcome);
+	ev_io_stop(ctx->loop, &c->rio);
+	ev_io_stop(ctx->loop, &c->wio);
+	ev_timer_stop(ctx->loop, &c->timer);
+	close(c->fd);
+	buf_free(&c->in);
+	buf_free(&c->out);
+	buf_free(&c->req.arena);
+	buf_free(&c->req.body);
+	LIST_REMOVE(c, entry);
+	ctx->st.connections_open--;
+	free(c);
+}
+
+/*
+ * Run the connection until it has to wait for the socket or a timer. Callers must
+ * not touch c afterwards: it may have been freed.
+ */
+static void
+conn_drive(struct conn *c)
+{
+	int budget = DRIVE_BUDGET;
+
+	for (;;) {
+		switch (c->state) {
+		case CONN_CLOSING:
+			conn_free(c);
+			return;
+		case CONN_DELAY:
+		case CONN_HANG:
+		case CONN_PACE:
+			/* Waiting; the yield below must not replace a delay or pace timer. */
+			return;
+		default:
+			break;
+		}
+		if (budget-- == 0) {
+			conn_arm_timer(c, 0.);
+			return;
+		}
+		switch (c->state) {
+		case CONN_READ:
+			switch (conn_read_request(c)) {
+			case RD_WAIT:
+				return;
+			case RD_REQUEST:
+				conn_set_state(c, CONN_DISPATCH);
+				break;
+			case RD_CONTINUE:
+				c->out.len = 0;
+				c->out.err = 0;
+				c->out_pos = 0;
+				buf_puts(&c->out, "HTTP/1.1 100 Continue\r\n\r\n");
+				c->kind = RESP_CONTINUE;
+				conn_set_state(c, c->out.err ? CONN_CLOSING : CONN_WRITE);
+				break;
+			case RD_BAD:
+				c->req.route = ROUTE_BAD;
+				c->req.dispatched = 1;
+				c->req.keep_alive = 0;
+				conn_set_state(c, CONN_RESPOND);
+				break;
+			case RD_EOF:
+				conn_set_closing(c, OUT_COMPLETED);
+				break;
+			}
+			break;
+		case CONN_DISPATCH:
+			conn_dispatch(c);
+			break;
+		case CONN_RESPOND:
+			conn_respond(c);
+			break;
+		case CONN_WRITE:
+			switch (conn_flush(c)) {
+			case WR_DONE:
+				conn_set_state(c, CONN_NEXT);
+				break;
+			case WR_BLOCKED:
+				return;
+			case WR_GONE:
+				conn_set_closing(c, OUT_ABORTED_BY_CLIENT);
+				break;
+			}
+			break;
+		case CONN_NEXT:
+			conn_next(c);
+			break;
+		case CONN_EMIT:
+			if (c->events_sent < c->req.k.events)
+				resp_stream_event(c);
+			else
+				resp_stream_trailer(c);
+			if (c->out.err)
+				conn_set_closing(c, OUT_CUT);
+			else
+				conn_set_state(c, CONN_WRITE);
+			break;
+		case CONN_DONE:
+			conn_done(c);
+			break;
+		case CONN_DELAY:
+		case CONN_HANG:
+		case CONN_PACE:
+		case CONN_CLOSING:
+			break;	/* handled above */
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ libev callbacks */
+
+static void
+conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct conn *c = w->data;
+
+	if (c->state == CONN_READ) {
+		conn_drive(c);
+		return;
+	}
+	/* Mid-response the machine is waiting on a timer or EV_WRITE: only a close wakes it. */
+	conn_watch_peer(c);
+	if (c->state == CONN_CLOSING)
+		conn_drive(c);
+}
+
+static void
+conn_write_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	ev_io_stop(loop, w);
+	conn_drive(w->data);
+}
+
+static void
+conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct conn *c = w->data;
+
+	if (c->state == CONN_DELAY)
+		conn_set_state(c, CONN_RESPOND);
+	else if (c->state == CONN_PACE)
+		conn_set_state(c, CONN_EMIT);
+	/* Otherwise it was a yield: the state already says what to do. */
+	conn_drive(c);
+}
+
+static void
+conn_new(struct stub *ctx, int fd)
+{
+	struct conn *c;
+	int one = 1;
+
+	if ((c = calloc(1, sizeof *c)) == NULL) {
+		stub_log(ctx, "out of memory; dropping a connection");
+		close(fd);
+		return;
+	}
+	/* Events are small and due now; Nagle would hold them for the peer's ACK. */
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	c->ctx = ctx;
+	c->fd = fd;
+	buf_init(&c->in, IN_CAP);
+	buf_init(&c->out, OUT_CAP);
+	buf_init(&c->req.arena, ARENA_CAP);
+	buf_init(&c->req.body, BODY_CAP);
+	req_reset(&c->req);
+	http_parser_init(&c->parser, HTTP_REQUEST);
+	c->parser.data = c;
+	ev_io_init(&c->rio, conn_read_cb, fd, EV_READ);
+	ev_io_init(&c->wio, conn_write_cb, fd, EV_WRITE);
+	ev_init(&c->timer, conn_timer_cb);
+	c->rio.data = c->wio.data = c->timer.data = c;
+	c->state = CONN_READ;
+	LIST_INSERT_HEAD(&ctx->conns, c, entry);
+	ctx->st.connections_open++;
+	ctx->st.connections_total++;
+	ev_io_start(ctx->loop, &c->rio);
+}
+
+static void
+accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct stub *ctx = w->data;
+	int fd, i;
+
+	for (i = 0; i < ACCEPTS_PER_PASS; i++) {
+		fd = accept4(ctx->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd >= 0) {
+			conn_new(ctx, fd);
+			continue;
+		}
+		if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+			continue;
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+			/* Level-triggered accept would spin; try again in a moment. */
+			stub_log(ctx, "accept: %s; pausing accepts for 100 ms", strerror(errno));
+			ev_io_stop(loop, &ctx->accept_w);
+			ev_timer_set(&ctx->accept_retry, 0.1, 0.);
+			ev_timer_start(loop, &ctx->accept_retry);
+		}
+		return;
+	}
+}
+
+static void
+accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct stub *ctx = w->data;
+
+	ev_io_start(loop, &ctx->accept_w);
+}
+
+static void
+signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	ev_break(loop, EVBREAK_ALL);
+}
+
+/* ------------------------------------------------------------------ startup */
+
+/* Split "HOST:PORT" or "[V6]:PORT"; -1 on a malformed address. */
+static int
+split_listen(const char *arg, char *host, size_t hostsz, char *port, size_t portsz)
+{
+	const char *colon, *h = arg;
+	size_t hl;
+
+	if (*arg == '[') {
+		const char *rb = strchr(arg, ']');
+
+		if (rb == NULL || rb[1] != ':')
+			return -1;
+		h = arg + 1;
+		hl = (size_t)(rb - h);
+		colon = rb + 1;
+	} else {
+		if ((colon = strrchr(arg, ':')) == NULL)
+			return -1;
+		hl = (size_t)(colon - arg);
+		if (memchr(arg, ':', hl) != NULL)	/* bare IPv6 needs brackets */
+			return -1;
+	}
+	if (hl == 0 || hl >= hostsz || strlen(colon + 1) == 0 || strlen(colon + 1) >= portsz)
+		return -1;
+	if (strspn(colon + 1, "0123456789") != strlen(colon + 1) || atol(colon + 1) > 65535)
+		return -1;
+	memcpy(host, h, hl);
+	host[hl] = '\0';
+	strcpy(port, colon + 1);
+	return 0;
+}
+
+/* Bind and listen; fatal on failure. Prints the one line tests wait for. */
+static int
+listen_on(const char *arg)
+{
+	struct addrinfo hints, *res, *ai;
+	struct sockaddr_storage ss;
+	socklen_t slen = sizeof ss;
+	char host[256], port[8], addr[INET6_ADDRSTRLEN];
+	int fd = -1, one = 1, err;
+
+	if (split_listen(arg, host, sizeof host, port, sizeof port) < 0)
+		die("bad listen address '%s': want HOST:PORT or [V6]:PORT", arg);
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	if ((err = getaddrinfo(host, port, &hints, &res)) != 0)
+		die("%s: %s", arg, gai_strerror(err));
+	for (ai = res; ai != NULL; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		    ai->ai_protocol);
+		if (fd < 0)
+			continue;
+		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, LISTEN_BACKLOG) == 0)
+			break;
+		err = errno;
+		close(fd);
+		fd = -1;
+		errno = err;
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		die("listen on %s: %s", arg, strerror(errno));
+	if (getsockname(fd, (struct sockaddr *)&ss, &slen) < 0)
+		die("getsockname: %s", strerror(errno));
+	if (ss.ss_family == AF_INET6) {
+		struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+
+		inet_ntop(AF_INET6, &s6->sin6_addr, addr, sizeof addr);
+		printf("sluice-stub listening on [%s]:%u\n", addr, ntohs(s6->sin6_port));
+	} else {
+		struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+
+		inet_ntop(AF_INET, &s4->sin_addr, addr, sizeof addr);
+		printf("sluice-stub listening on %s:%u\n", addr, ntohs(s4->sin_port));
+	}
+	fflush(stdout);
+	return fd;
+}
+
+/* Thousands of connections need more than the usual 1024 descriptors. */
+static void
+raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		(void)setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+static void
+usage(void)
+{
+	fprintf(stderr, "usage: sluice-stub [-l HOST:PORT] [-q]\n"
+	    "  -l  listen address (default " STUB_DEFAULT_LISTEN "; [::1]:PORT for IPv6)\n"
+	    "  -q  no per-request logging\n");
+	exit(2);
+}
+
+int
+main(int argc, char **argv)
+{
+	static struct stub ctx;	/* large (scratch buffer): not on the stack */
+	const char *listen_arg = STUB_DEFAULT_LISTEN;
+	struct conn *c;
+	int ch;
+
+	while ((ch = getopt(argc, argv, "l:qh")) != -1) {
+		switch (ch) {
+		case 'l':
+			listen_arg = optarg;
+			break;
+		case 'q':
+			ctx.quiet = 1;
+			break;
+		default:
+			usage();
+		}
+	}
+	if (optind != argc)
+		usage();
+
+	/* A peer that resets mid-write must be an error return, not a death. */
+	signal(SIGPIPE, SIG_IGN);
+	raise_nofile();
+	LIST_INIT(&ctx.conns);
+	TAILQ_INIT(&ctx.tags);
+	if ((ctx.loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
+		die("cannot initialise libev");
+	ctx.lfd = listen_on(listen_arg);
+
+	ev_io_init(&ctx.accept_w, accept_cb, ctx.lfd, EV_READ);
+	ctx.accept_w.data = &ctx;
+	ev_io_start(ctx.loop, &ctx.accept_w);
+	ev_init(&ctx.accept_retry, accept_retry_cb);
+	ctx.accept_retry.data = &ctx;
+	ev_signal_init(&ctx.sigterm_w, signal_cb, SIGTERM);
+	ev_signal_start(ctx.loop, &ctx.sigterm_w);
+	ev_signal_init(&ctx.sigint_w, signal_cb, SIGINT);
+	ev_signal_start(ctx.loop, &ctx.sigint_w);
+
+	ev_run(ctx.loop, 0);
+
+	while ((c = LIST_FIRST(&ctx.conns)) != NULL) {
+		c->close_outcome = OUT_SHUTDOWN;
+		conn_free(c);
+	}
+	tags_free(&ctx);
+	ev_io_stop(ctx.loop, &ctx.accept_w);
+	ev_timer_stop(ctx.loop, &ctx.accept_retry);
+	ev_signal_stop(ctx.loop, &ctx.sigterm_w);
+	ev_signal_stop(ctx.loop, &ctx.sigint_w);
+	close(ctx.lfd);
+	ev_loop_destroy(ctx.loop);
+	return 0;
+}

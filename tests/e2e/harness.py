@@ -1,0 +1,1124 @@
+"""Helpers shared by the end-to-end tests.
+
+Everything here talks to real processes over 127.0.0.1: the built `sluice`
+gateway ($SLUICE_BIN) and the model-runner stub ($STUB_BIN). Python 3.11
+standard library only.
+
+Every process a helper starts is registered and ended by pid when its
+context manager exits (and, as a last resort, tests/run.py kills the whole
+process group of the test). Every wait is bounded in time.
+"""
+
+import http.client
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+HOST = "127.0.0.1"
+
+# Keys of the default tenants built by gateway_config().
+ACME_KEY = "sk-acme-1"
+ACME_KEY2 = "sk-acme-2"
+BETA_KEY = "sk-beta-1"
+UPSTREAM_KEY = "upstream-secret"
+
+
+class HarnessError(AssertionError):
+    """A precondition of the harness failed (binary missing, no start...)."""
+
+
+# ---------------------------------------------------------------- basics
+
+def timeout(seconds):
+    """Decorator: per-test watchdog budget read by tests/run.py."""
+    def deco(fn):
+        fn.timeout = seconds
+        return fn
+    return deco
+
+
+def env_bin(name):
+    path = os.environ.get(name)
+    if not path:
+        raise HarnessError("%s is not set" % name)
+    if not os.access(path, os.X_OK):
+        raise HarnessError("%s=%s is not an executable file" % (name, path))
+    return path
+
+
+def sluice_bin():
+    return env_bin("SLUICE_BIN")
+
+
+def stub_bin():
+    return env_bin("STUB_BIN")
+
+
+_tmpdir = None
+
+
+def tmpdir():
+    """Directory for this test's files (set per test by tests/run.py)."""
+    global _tmpdir
+    if _tmpdir is None:
+        d = os.environ.get("SLUICE_E2E_TMPDIR")
+        if not d:
+            d = tempfile.mkdtemp(prefix="sluice-e2e-")
+        os.makedirs(d, exist_ok=True)
+        _tmpdir = d
+    return _tmpdir
+
+
+_seq = [0]
+
+
+def tmpfile(prefix, suffix=""):
+    _seq[0] += 1
+    return os.path.join(tmpdir(), "%s-%d%s" % (prefix, _seq[0], suffix))
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def closed_port():
+    """A port on 127.0.0.1 where nothing listens (connect is refused)."""
+    for _ in range(20):
+        p = free_port()
+        c = socket.socket()
+        c.settimeout(1.0)
+        try:
+            c.connect((HOST, p))
+        except ConnectionRefusedError:
+            return p
+        except OSError:
+            pass
+        finally:
+            c.close()
+    raise HarnessError("could not find a closed port")
+
+
+def wait_until(pred, timeout=5.0, interval=0.02, msg="condition"):
+    """Poll pred() until it returns a truthy value; return that value.
+    Raises AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = pred()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s (last: %r)"
+                                 % (timeout, msg, last))
+        time.sleep(interval)
+
+
+def file_tail(path, nbytes=4000):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - nbytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def pid_alive(pid):
+    """True if pid exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            st = f.read()
+    except OSError:
+        return False
+    state = st[st.rindex(")") + 2:].split()[0]
+    return state not in ("Z", "X")
+
+
+def kill_pid(pid, sig=signal.SIGKILL):
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def children_of(pid):
+    """Pids of the direct children of pid (all its threads)."""
+    kids = []
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return kids
+    have_file = False
+    for t in tasks:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, t)) as f:
+                have_file = True
+                kids += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            pass
+        except OSError:
+            pass
+    if not have_file:  # kernel without CONFIG_PROC_CHILDREN: scan /proc
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    st = f.read()
+            except OSError:
+                continue
+            rest = st[st.rindex(")") + 2:].split()
+            if int(rest[1]) == pid:
+                kids.append(int(d))
+    return sorted(k for k in kids if pid_alive(k))
+
+
+def rss_kb(pid):
+    """VmRSS of pid in KiB."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise HarnessError("no VmRSS for pid %d" % pid)
+
+
+# ---------------------------------------------------------------- stub events
+
+_EVENT_FMT = ('data: {"id":"chatcmpl-stub","object":"chat.completion.chunk",'
+              '"seq":%d,"choices":[{"index":0,"delta":{"content":"tok%d "}}],'
+              '"pad":"%s"}\n\n')
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def stub_event(i, size=0):
+    """Event i of a stub stream, byte-exact."""
+    base = len(_EVENT_FMT % (i, i, ""))
+    return (_EVENT_FMT % (i, i, "x" * max(0, size - base))).encode()
+
+
+def expected_events(n, size=0):
+    """The whole SSE body the stub sends for n events of `size` bytes."""
+    return b"".join(stub_event(i, size) for i in range(n)) + DONE_EVENT
+
+
+def stream_body(model="stub", stream=True):
+    return json.dumps({"model": model, "stream": stream,
+                       "messages": [{"role": "user", "content": "hello"}]}).encode()
+
+
+def stub_headers(events=None, size=None, interval=None, abort_after=None,
+                 status=None, delay=None, hang=False, tag=None):
+    h = {}
+    if events is not None:
+        h["X-Stub-Events"] = str(events)
+    if size is not None:
+        h["X-Stub-Event-Size"] = str(size)
+    if interval is not None:
+        h["X-Stub-Interval-Ms"] = str(interval)
+    if abort_after is not None:
+        h["X-Stub-Abort-After"] = str(abort_after)
+    if status is not None:
+        h["X-Stub-Status"] = str(status)
+    if delay is not None:
+        h["X-Stub-Delay-Ms"] = str(delay)
+    if hang:
+        h["X-Stub-Hang"] = "1"
+    if tag is not None:
+        h["X-Stub-Tag"] = tag
+    return h
+
+
+def bearer(key):
+    return {"Authorization": "Bearer %s" % key}
+
+
+# ---------------------------------------------------------------- HTTP client
+
+class StreamCut(Exception):
+    pass
+
+
+class Response:
+    """A response read from a Client. The body is read on demand."""
+
+    def __init__(self, client, status, reason, version, headers, t_head, method):
+        self.client = client
+        self.status = status
+        self.reason = reason
+        self.version = version
+        self.headers = headers          # [(name, value)] in order
+        self.t_head = t_head            # monotonic time the head was complete
+        self.data = bytearray()         # de-chunked body read so far
+        self.chunk_times = []           # (monotonic time, size) per chunk read
+        self.complete = False           # body framing reached its end
+        self.cut = False                # connection closed before the end
+        self._event_pos = 0
+        self.events = []                # (monotonic time, bytes) per SSE event
+        te = (self.header("transfer-encoding") or "").lower()
+        cl = self.header("content-length")
+        self.chunked = "chunked" in te
+        self.content_length = int(cl) if cl is not None and not self.chunked else None
+        self._left = 0                  # bytes left in the current chunk
+        self._need_crlf = False
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            self.complete = True
+        elif not self.chunked and self.content_length is not None:
+            self._left = self.content_length
+            if self._left == 0:
+                self.complete = True
+
+    # headers
+    def header(self, name):
+        name = name.lower()
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return None
+
+    def header_all(self, name):
+        name = name.lower()
+        return [v for k, v in self.headers if k.lower() == name]
+
+    @property
+    def done(self):
+        return self.complete or self.cut
+
+    def json(self):
+        return json.loads(bytes(self.data).decode())
+
+    # body
+    def _got(self, piece):
+        now = time.monotonic()
+        self.data += piece
+        self.chunk_times.append((now, len(piece)))
+        while True:
+            i = self.data.find(b"\n\n", self._event_pos)
+            if i < 0:
+                break
+            self.events.append((now, bytes(self.data[self._event_pos:i + 2])))
+            self._event_pos = i + 2
+
+    def read_some(self, deadline=None):
+        """Read and decode more body bytes; returns the new bytes (b"" at
+        the end of the body, clean or cut)."""
+        c = self.client
+        if self.done:
+            return b""
+        try:
+            if self.chunked:
+                return self._read_chunked(deadline)
+            if self.content_length is not None:
+                if not c._fill_some(deadline):
+                    self.cut = True
+                    return b""
+                n = min(self._left, len(c.buf))
+                piece = bytes(c.buf[:n])
+                del c.buf[:n]
+                self._left -= n
+                if self._left == 0:
+                    self.complete = True
+                self._got(piece)
+                return piece
+            # no framing: read until close
+            if not c._fill_some(deadline):
+                self.complete = True
+                return b""
+            piece = bytes(c.buf)
+            c.buf.clear()
+            self._got(piece)
+            return piece
+        except StreamCut:
+            self.cut = True
+            return b""
+
+    def _read_chunked(self, deadline):
+        c = self.client
+        while True:
+            if self._need_crlf:
+                line = c._readline(deadline)
+                if line != b"":
+                    raise AssertionError("bad chunk terminator %r" % line[:40])
+                self._need_crlf = False
+            if self._left == 0:
+                line = c._readline(deadline)
+                size_s = line.split(b";", 1)[0].strip()
+                try:
+                    size = int(size_s, 16)
+                except ValueError:
+                    raise AssertionError("bad chunk size line %r" % line[:80])
+                if size == 0:
+                    while c._readline(deadline) != b"":   # trailers
+                        pass
+                    self.complete = True
+                    return b""
+                self._left = size
+            if not c.buf and not c._fill_some(deadline):
+                raise StreamCut()
+            n = min(self._left, len(c.buf))
+            piece = bytes(c.buf[:n])
+            del c.buf[:n]
+            self._left -= n
+            if self._left == 0:
+                self._need_crlf = True
+            self._got(piece)
+            return piece
+
+    def read_all(self, timeout=30.0):
+        """Read the body to its end (clean or cut). Returns the data."""
+        deadline = time.monotonic() + timeout
+        while not self.done:
+            self.read_some(deadline)
+        return bytes(self.data)
+
+    def read_events(self, n, timeout=30.0):
+        """Read until at least n SSE events were received (or the body ended)."""
+        deadline = time.monotonic() + timeout
+        while len(self.events) < n and not self.done:
+            self.read_some(deadline)
+        return self.events[:n]
+
+
+class Client:
+    """HTTP/1.1 over one raw TCP connection, with keep-alive."""
+
+    def __init__(self, port, host=HOST, timeout=10.0, rcvbuf=None, connect=True):
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self.buf = bytearray()
+        self.eof = False
+        self.reset = False
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(timeout)
+        if connect:
+            self.sock.connect((host, port))
+
+    # low level
+    def _recv(self, deadline):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("client read deadline passed")
+            self.sock.settimeout(min(left, self.timeout))
+        else:
+            self.sock.settimeout(self.timeout)
+        try:
+            d = self.sock.recv(262144)
+        except ConnectionResetError:
+            self.reset = True
+            d = b""
+        except socket.timeout:
+            raise TimeoutError("no data from server for %.1fs" % self.sock.gettimeout())
+        if not d:
+            self.eof = True
+        return d
+
+    def _fill_some(self, deadline=None):
+        """Ensure buf is non-empty; False at EOF."""
+        if self.buf:
+            return True
+        if self.eof:
+            return False
+        d = self._recv(deadline)
+        self.buf += d
+        return bool(d)
+
+    def _readline(self, deadline=None):
+        while True:
+            i = self.buf.find(b"\r\n")
+            if i >= 0:
+                line = bytes(self.buf[:i])
+                del self.buf[:i + 2]
+                return line
+            if len(self.buf) > 1 << 20:
+                raise AssertionError("line too long from server")
+            if self.eof:
+                raise StreamCut()
+            d = self._recv(deadline)
+            if not d:
+                raise StreamCut()
+            self.buf += d
+
+    # requests
+    def send_raw(self, data):
+        self.sock.sendall(data)
+
+    def send(self, method, path, headers=None, body=b"", host=True,
+             content_length=True):
+        if isinstance(body, str):
+            body = body.encode()
+        lines = ["%s %s HTTP/1.1" % (method, path)]
+        hl = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        names = {k.lower() for k, _ in hl}
+        if host and "host" not in names:
+            lines.append("Host: %s:%d" % (self.host, self.port))
+        if content_length and body and "content-length" not in names \
+                and "transfer-encoding" not in names:
+            lines.append("Content-Length: %d" % len(body))
+        if content_length and not body and method in ("POST", "PUT", "PATCH") \
+                and "content-length" not in names and "transfer-encoding" not in names:
+            lines.append("Content-Length: 0")
+        for k, v in hl:
+            lines.append("%s: %s" % (k, v))
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.sock.sendall(head + body)
+        self._method = method
+
+    def read_response(self, timeout=None):
+        """Read a status line and headers; returns a Response whose body is
+        not read yet. Raises StreamCut if the connection closed first."""
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
+        while True:
+            line = self._readline(deadline)
+            m = re.match(rb"^HTTP/(\d\.\d) (\d{3})(?: (.*))?$", line)
+            if not m:
+                raise AssertionError("bad status line %r" % line[:120])
+            headers = []
+            while True:
+                h = self._readline(deadline)
+                if h == b"":
+                    break
+                if b":" not in h:
+                    raise AssertionError("bad header line %r" % h[:120])
+                k, v = h.split(b":", 1)
+                headers.append((k.decode("latin-1").strip(), v.decode("latin-1").strip()))
+            status = int(m.group(2))
+            resp = Response(self, status, (m.group(3) or b"").decode("latin-1"),
+                            m.group(1).decode(), headers, time.monotonic(),
+                            getattr(self, "_method", "GET"))
+            if 100 <= status < 200 and status != 101:
+                continue
+            return resp
+
+    def request(self, method, path, headers=None, body=b"", timeout=30.0):
+        """Send a request and read the whole response (body included)."""
+        self.send(method, path, headers, body)
+        resp = self.read_response(timeout=timeout)
+        resp.read_all(timeout=timeout)
+        return resp
+
+    def wait_closed(self, timeout=5.0):
+        """True if the server closes the connection within timeout (any data
+        still arriving is read and kept in self.buf)."""
+        deadline = time.monotonic() + timeout
+        while not self.eof:
+            if time.monotonic() >= deadline:
+                return False
+            try:
+                d = self._recv(deadline)
+            except TimeoutError:
+                return False
+            self.buf += d
+        return True
+
+    def close(self, rst=False):
+        if self.sock is None:
+            return
+        if rst:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                     b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            except OSError:
+                pass
+        try:
+            self.sock.close()
+        finally:
+            self.sock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def send_head_then_body(c, method, path, headers, body, wait=2.0):
+    """Send the head (with Content-Length) alone; if no response comes within
+    `wait` seconds, send the body too. Returns the Response (head read).
+    Avoids racing a server that answers on the head and closes (a close with
+    unread bytes resets the connection and can destroy the response)."""
+    hd = dict(headers)
+    hd["Content-Length"] = str(len(body))
+    c.send(method, path, hd, b"")
+    try:
+        return c.read_response(timeout=wait)
+    except TimeoutError:
+        pass
+    c.send_raw(body)
+    return c.read_response()
+
+
+def assert_error(resp, status, code, read=True):
+    """The response is a JSON error in the OpenAI shape with this status
+    and error code."""
+    if read:
+        resp.read_all(timeout=10)
+    assert resp.status == status, "expected status %d, got %d (body %r)" % (
+        status, resp.status, bytes(resp.data[:300]))
+    ct = resp.header("content-type") or ""
+    assert "application/json" in ct, "error content-type %r" % ct
+    try:
+        doc = json.loads(bytes(resp.data).decode())
+    except ValueError:
+        raise AssertionError("error body is not JSON: %r" % bytes(resp.data[:300]))
+    assert isinstance(doc, dict) and isinstance(doc.get("error"), dict), \
+        "error body lacks an 'error' object: %r" % doc
+    err = doc["error"]
+    for k in ("message", "type", "code"):
+        assert k in err, "error object lacks %r: %r" % (k, err)
+    assert isinstance(err["message"], str) and err["message"], \
+        "empty error message: %r" % err
+    assert isinstance(err["type"], str) and err["type"], "empty error type: %r" % err
+    assert err["code"] == code, "expected error code %r, got %r" % (code, err["code"])
+    return doc
+
+
+# ---------------------------------------------------------------- stub
+
+class Stub:
+    """The model-runner stub on an ephemeral port of 127.0.0.1."""
+
+    def __init__(self, name="stub"):
+        self.name = name
+        self.proc = None
+        self.port = None
+
+    def start(self):
+        self.stdout_path = tmpfile(self.name, ".stdout")
+        self.stderr_path = tmpfile(self.name, ".stderr")
+        out = open(self.stdout_path, "wb")
+        err = open(self.stderr_path, "wb")
+        try:
+            self.proc = subprocess.Popen([stub_bin(), "-l", "%s:0" % HOST, "-q"],
+                                         stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=err, close_fds=True)
+        finally:
+            out.close()
+            err.close()
+        _register(self.proc.pid)
+        deadline = time.monotonic() + 10
+        while True:
+            with open(self.stdout_path, "rb") as f:
+                first = f.readline()
+            if first.endswith(b"\n"):
+                break
+            if self.proc.poll() is not None:
+                raise HarnessError("stub exited with status %s before listening "
+                                   "(stderr below)" % self.proc.returncode)
+            if time.monotonic() > deadline:
+                self.kill()
+                raise HarnessError("stub printed no listening line in 10s")
+            time.sleep(0.01)
+        m = re.match(rb"^sluice-stub listening on 127\.0\.0\.1:(\d+)\s*$", first)
+        if not m:
+            self.kill()
+            raise HarnessError("unexpected first stub line %r" % first)
+        self.port = int(m.group(1))
+        self.url = "http://%s:%d" % (HOST, self.port)
+        return self
+
+    def _http(self, method, path, body=None, headers=None, timeout=10):
+        c = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            c.close()
+
+    def stats(self):
+        st, _, body = self._http("GET", "/stub/stats")
+        assert st == 200, "stub stats: %d %r" % (st, body[:200])
+        return json.loads(body)
+
+    def tag(self, name):
+        """Per-tag stats (zeros when the tag was never seen)."""
+        t = self.stats().get("tags", {}).get(name)
+        if t is None:
+            return {"requests": 0, "inflight": 0, "max_inflight": 0, "completed": 0,
+                    "aborted_by_client": 0, "bytes_sent": 0}
+        return t
+
+    def reset(self):
+        st, _, body = self._http("POST", "/stub/reset", body=b"")
+        assert st == 200, "stub reset: %d %r" % (st, body[:200])
+
+    def direct(self, method, path, headers=None, body=b""):
+        """A request straight to the stub (no gateway); the whole Response."""
+        with Client(self.port) as c:
+            r = c.request(method, path, headers, body)
+            return r
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            kill_pid(self.proc.pid, signal.SIGKILL)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc is not None:
+            _unregister(self.proc.pid)
+
+    def stderr_tail(self, n=3000):
+        return file_tail(self.stderr_path, n)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.kill()
+        return False
+
+
+# ---------------------------------------------------------------- config
+
+def _yaml_scalar(v):
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return str(v)
+    s = str(v)
+    if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*", s) and \
+            s.lower() not in ("true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"):
+        return s
+    return json.dumps(s)
+
+
+def to_yaml(value, indent=0):
+    """Render dicts / lists / scalars as block YAML (lists of scalars in
+    flow style)."""
+    pad = " " * indent
+    out = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, dict) and v:
+                out.append("%s%s:" % (pad, k))
+                out.append(to_yaml(v, indent + 2))
+            elif isinstance(v, (list, tuple)):
+                if all(not isinstance(x, (dict, list, tuple)) for x in v):
+                    out.append("%s%s: [%s]" % (pad, k, ", ".join(
+                        json.dumps(x) if isinstance(x, str) else _yaml_scalar(x) for x in v)))
+                else:
+                    out.append("%s%s:" % (pad, k))
+                    for x in v:
+                        out.append("%s  - %s" % (pad, to_yaml(x, indent + 4).lstrip()))
+            else:
+                out.append("%s%s: %s" % (pad, k, _yaml_scalar(v)))
+        return "\n".join(out)
+    return pad + _yaml_scalar(value)
+
+
+def deep_merge(base, over):
+    """Merge `over` into a copy of `base`; a None value deletes the key."""
+    res = dict(base)
+    for k, v in over.items():
+        if v is None:
+            res.pop(k, None)
+        elif isinstance(v, dict) and isinstance(res.get(k), dict):
+            res[k] = deep_merge(res[k], v)
+        else:
+            res[k] = v
+    return res
+
+
+def gateway_config(stub=None, upstream_url=None, **overrides):
+    """A config dict with sensible defaults: listen on a free port, two
+    workers, upstream `main` pointing at the stub (api_key set), tenants
+    acme (keys sk-acme-1, sk-acme-2) and beta (sk-beta-1)."""
+    url = upstream_url or (stub.url if stub is not None else "http://127.0.0.1:9")
+    cfg = {
+        "listen": "%s:%d" % (HOST, free_port()),
+        "workers": 2,
+        "drain_timeout": "3s",
+        "upstreams": {"main": {"url": url, "api_key": UPSTREAM_KEY}},
+        "tenants": {
+            "acme": {"keys": [ACME_KEY, ACME_KEY2], "max_streams": 100,
+                     "retry_after": 1, "upstream": "main"},
+            "beta": {"keys": [BETA_KEY], "max_streams": 100,
+                     "retry_after": 2, "upstream": "main"},
+        },
+    }
+    return deep_merge(cfg, overrides)
+
+
+def write_config(text, name="sluice"):
+    path = tmpfile(name, ".yaml")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds keys
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+# ---------------------------------------------------------------- gateway
+
+_SAN_PATTERNS = (b"AddressSanitizer", b"LeakSanitizer", b"runtime error:",
+                 b"UndefinedBehaviorSanitizer")
+
+
+class Gateway:
+    """The built sluice, in the foreground, with a temp config.
+
+    Gateway(config_text_or_dict) or Gateway(stub=stub, **overrides) where
+    overrides are merged into gateway_config(). allow_worker_changes=False
+    makes the exit check fail if a worker died during the test (a crash the
+    master hid by respawning it)."""
+
+    def __init__(self, config=None, stub=None, allow_worker_changes=False,
+                 name="gateway", **overrides):
+        if config is None:
+            config = gateway_config(stub, **overrides)
+        elif isinstance(config, dict) and overrides:
+            config = deep_merge(config, overrides)
+        self.config = config
+        self.name = name
+        self.allow_worker_changes = allow_worker_changes
+        if isinstance(config, dict):
+            self.text = to_yaml(config) + "\n"
+            listen = config.get("listen", "")
+            workers = config.get("workers", 2)
+        else:
+            self.text = config
+            m = re.search(r'^listen:\s*"?([^"\s]+)"?', config, re.M)
+            listen = m.group(1) if m else ""
+            m = re.search(r"^workers:\s*(\S+)", config, re.M)
+            workers = m.group(1) if m else None
+        m = re.match(r"^(.*):(\d+)$", str(listen))
+        self.port = int(m.group(2)) if m else None
+        if workers == "auto":
+            workers = None          # CPU count as the gateway sees it: not waited for
+        try:
+            self.nworkers = int(workers) if workers is not None else None
+        except ValueError:
+            self.nworkers = None
+        self.drain_s = 3.0
+        if isinstance(config, dict):
+            self.drain_s = _duration_s(config.get("drain_timeout", "30s"))
+        self.proc = None
+        self.pid = None
+        self.clients = []
+        self.initial_workers = []
+        self.exit_code = None
+
+    # lifecycle
+    def start(self, wait_workers=True):
+        self.path = write_config(self.text, self.name)
+        self.stderr_path = tmpfile(self.name, ".stderr")
+        self.stdout_path = tmpfile(self.name, ".stdout")
+        out = open(self.stdout_path, "wb")
+        err = open(self.stderr_path, "wb")
+        try:
+            self.proc = subprocess.Popen([sluice_bin(), "-c", self.path],
+                                         stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=err, close_fds=True)
+        finally:
+            out.close()
+            err.close()
+        self.pid = self.proc.pid
+        _register(self.pid)
+        if self.port is None:
+            raise HarnessError("no listen port in the config")
+        deadline = time.monotonic() + 10
+        while True:
+            if self.proc.poll() is not None:
+                raise HarnessError("sluice exited with status %s before listening "
+                                   "(stderr below)" % self.proc.returncode)
+            try:
+                s = socket.create_connection((HOST, self.port), timeout=1)
+                s.close()
+                break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise HarnessError("sluice did not accept on port %d within 10s "
+                                   "(stderr below)" % self.port)
+            time.sleep(0.02)
+        if wait_workers and self.nworkers:
+            self.wait_workers(self.nworkers, timeout=10)
+            self.initial_workers = self.worker_pids()
+        return self
+
+    def wait_workers(self, n, timeout=10, exclude=()):
+        """Wait until the master has exactly n live children, none in exclude."""
+        def ok():
+            w = self.worker_pids()
+            return w if len(w) == n and not set(w) & set(exclude) else None
+        try:
+            return wait_until(ok, timeout, msg="%d workers" % n)
+        except AssertionError as e:
+            raise AssertionError("%s; workers now %r" % (e, self.worker_pids()))
+
+    def worker_pids(self):
+        return children_of(self.pid)
+
+    def rss_kb(self, pid):
+        return rss_kb(pid)
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig=signal.SIGTERM, timeout=None):
+        """Send SIGTERM, wait up to the drain time (+3 s); SIGKILL and fail if
+        it is still running. Returns the exit status."""
+        if timeout is None:
+            timeout = self.drain_s + 3.0
+        self._stopped = True
+        if self.proc.poll() is None:
+            kill_pid(self.pid, sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                workers = self.worker_pids()
+                self.kill()
+                raise AssertionError("sluice still running %.1fs after %s; killed (workers %r)"
+                                     % (timeout, signal.Signals(sig).name, workers))
+        self.exit_code = self.proc.returncode
+        self._reap_workers()
+        return self.exit_code
+
+    def wait_exit(self, timeout):
+        """Wait (sending nothing) for the master to exit; returns its status.
+        Fails, after SIGKILL, if it is still running after timeout."""
+        self._stopped = True
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            workers = self.worker_pids()
+            self.kill()
+            raise AssertionError("sluice still running after %.1fs; killed (workers %r)"
+                                 % (timeout, workers))
+        self.exit_code = self.proc.returncode
+        self._reap_workers()
+        return self.exit_code
+
+    def _reap_workers(self):
+        # Workers orphaned by a dead master are ours: end them by pid.
+        for w in set(self.initial_workers) | set(getattr(self, "_last_workers", [])):
+            if pid_alive(w) and _is_sluice(w):
+                kill_pid(w, signal.SIGKILL)
+
+    def kill(self):
+        if self.proc is None:
+            return
+        self._last_workers = self.worker_pids() if self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            kill_pid(self.pid, signal.SIGKILL)   # first, so it respawns nothing
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        for w in self._last_workers:
+            if pid_alive(w):
+                kill_pid(w, signal.SIGKILL)
+        self._reap_workers()
+        _unregister(self.pid)
+
+    def stderr_tail(self, n=3000):
+        return file_tail(self.stderr_path, n)
+
+    def sanitizer_report(self):
+        try:
+            with open(self.stderr_path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        for p in _SAN_PATTERNS:
+            i = data.find(p)
+            if i >= 0:
+                return data[max(0, i - 200):i + 2000].decode("utf-8", "replace")
+        return None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb):
+        for c in self.clients:
+            c.close()
+        if exc_type is not None:
+            self.kill()
+            return False
+        problems = []
+        if self.proc.poll() is not None and not getattr(self, "_stopped", False):
+            problems.append("sluice exited during the test with status %s"
+                            % self.proc.returncode)
+        elif not self.allow_worker_changes and self.initial_workers \
+                and not getattr(self, "_stopped", False):
+            now = self.worker_pids()
+            if set(now) != set(self.initial_workers):
+                problems.append("workers changed during the test (a worker died?): "
+                                "%r -> %r" % (self.initial_workers, now))
+        if self.proc.poll() is None:
+            try:
+                code = self.stop()
+                if code != 0:
+                    problems.append("sluice exited with status %s after SIGTERM" % code)
+            except AssertionError as e:
+                problems.append(str(e))
+        else:
+            self.kill()
+            self._reap_workers()
+        san = self.sanitizer_report()
+        if san:
+            problems.append("sanitizer report in sluice stderr:\n" + san)
+        _unregister(self.pid)
+        if problems:
+            raise AssertionError("; ".join(problems))
+        return False
+
+    # clients
+    def client(self, **kw):
+        c = Client(self.port, **kw)
+        self.clients.append(c)
+        return c
+
+    def request(self, method, path, headers=None, body=b"", key=ACME_KEY, timeout=30.0):
+        """One request on a fresh connection, whole response read."""
+        h = dict(bearer(key)) if key else {}
+        h.update(headers or {})
+        with Client(self.port) as c:
+            return c.request(method, path, h, body, timeout=timeout)
+
+    def open_stream(self, key=ACME_KEY, path="/v1/chat/completions", read_head=True,
+                    timeout=10.0, rcvbuf=None, **stub_kw):
+        """Send a streaming completion on a new connection; returns (client,
+        response-or-None)."""
+        c = self.client(rcvbuf=rcvbuf, timeout=timeout)
+        h = dict(bearer(key)) if key else {}
+        h["Content-Type"] = "application/json"
+        h.update(stub_headers(**stub_kw))
+        c.send("POST", path, h, stream_body())
+        if not read_head:
+            return c, None
+        return c, c.read_response(timeout=timeout)
+
+    def admit(self, within=1.0, key=ACME_KEY, **stream_kw):
+        """Open a stream that must be admitted (head 200) within `within`
+        seconds: a 429 is retried every 50 ms until then (a slot given back
+        by another worker a moment after its stream ended). Returns (client,
+        response)."""
+        deadline = time.monotonic() + within
+        seen = []
+        while True:
+            c, r = self.open_stream(key=key, **stream_kw)
+            seen.append(r.status)
+            if r.status != 429:
+                assert r.status == 200, "stream refused with %d: %r" % (
+                    r.status, bytes(r.read_all(timeout=5))[:200])
+                return c, r
+            r.read_all(timeout=5)
+            c.close()
+            if time.monotonic() >= deadline:
+                raise AssertionError("not admitted within %.1fs (a slot leaked?): %r"
+                                     % (within, seen))
+            time.sleep(0.05)
+
+    def hold_hung(self, stub, tag, n, within=1.0, key=ACME_KEY):
+        """Open n requests the stub never answers (X-Stub-Hang), each of
+        which must be admitted (reach the stub) within `within` seconds; a
+        429 is retried until then. Returns the clients."""
+        held = []
+        base = stub.tag(tag)["inflight"]
+        for i in range(n):
+            deadline = time.monotonic() + within
+            seen = []
+            while True:
+                c, _ = self.open_stream(key=key, hang=True, tag=tag, read_head=False)
+                def reached():
+                    if stub.tag(tag)["inflight"] >= base + i + 1:
+                        return "admitted"
+                    r, _, _ = select.select([c.sock], [], [], 0)
+                    return "answered" if r else None
+                what = wait_until(reached, 5, interval=0.01,
+                                  msg="request %d to reach the stub or be answered" % i)
+                if what == "admitted":
+                    held.append(c)
+                    break
+                resp = c.read_response(timeout=5)
+                resp.read_all(timeout=5)
+                seen.append(resp.status)
+                assert resp.status == 429, "hung request answered %d" % resp.status
+                c.close()
+                if time.monotonic() >= deadline:
+                    raise AssertionError("request %d of %d not admitted within %.1fs: %r"
+                                         % (i + 1, n, within, seen))
+                time.sleep(0.05)
+        return held
+
+
+def _duration_s(v):
+    s = str(v).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)", s)
+    if not m:
+        return 30.0
+    n = float(m.group(1))
+    return n * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _is_sluice(pid):
+    try:
+        exe = os.readlink("/proc/%d/exe" % pid)
+    except OSError:
+        return False
+    try:
+        return os.path.samefile(exe, sluice_bin())
+    except OSError:
+        return os.path.basename(exe).startswith("sluice")
+
+
+# Registry of pids started by this process, so tests/run.py (or an atexit
+# hook) can end them by pid if a test body escapes its context managers.
+_started = set()
+
+
+def _register(pid):
+    _started.add(pid)
+
+
+def _unregister(pid):
+    _started.discard(pid)
+
+
+def kill_started():
+    for pid in list(_started):
+        for w in children_of(pid):
+            kill_pid(w, signal.SIGKILL)
+        kill_pid(pid, signal.SIGKILL)
+        _started.discard(pid)
+
+
+def run_sluice(args, timeout=10):
+    """Run sluice with args to completion: (exit status, stdout, stderr)."""
+    p = subprocess.Popen([sluice_bin()] + list(args), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _register(p.pid)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_pid(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise AssertionError("sluice %s did not exit within %ss" % (" ".join(args), timeout))
+    finally:
+        _unregister(p.pid)
+    return p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+

@@ -1,0 +1,96 @@
+"""A client that stops reading: the gateway buffers at most stream_buffer,
+pauses the upstream (TCP pushes back on the runner), and loses nothing."""
+
+import time
+
+import harness as h
+from harness import ACME_KEY, Gateway, Stub, expected_events
+
+EVENTS = 40000
+SIZE = 1000
+RSS_BOUND_KB = 20 * 1024
+
+
+def _wait_stub_stalled(stub, timeout=20.0):
+    """Poll the stub's bytes_sent until it stays the same for 1 s; returns
+    the stats at that point."""
+    deadline = time.monotonic() + timeout
+    hist = []
+    while time.monotonic() < deadline:
+        st = stub.stats()
+        hist.append((time.monotonic(), st["bytes_sent"]))
+        cur = hist[-1][1]
+        since = hist[-1][0]
+        for t, b in reversed(hist):
+            if b != cur:
+                break
+            since = t
+        if cur > 0 and hist[-1][0] - since >= 1.0:
+            return st
+        time.sleep(0.25)
+    raise AssertionError("stub never stopped sending: bytes_sent history %r"
+                         % [b for _, b in hist[-8:]])
+
+
+@h.timeout(150)
+def test_slow_client_pauses_upstream_with_bounded_memory_then_gets_every_byte():
+    with Stub() as stub, Gateway(stub=stub, stream_buffer="64KiB",
+                                 timeouts={"client_stall": "60s"}) as gw:
+        # Warm both workers up so the baseline includes one-time allocations.
+        for _ in range(6):
+            r = gw.request("POST", "/v1/chat/completions",
+                           dict(h.stub_headers(events=50, size=1000, interval=0),
+                                **{"Content-Type": "application/json"}), h.stream_body())
+            assert r.status == 200 and r.complete
+        stub.reset()
+        workers = gw.worker_pids()
+        base = {w: gw.rss_kb(w) for w in workers}
+
+        c, r = gw.open_stream(key=ACME_KEY, rcvbuf=4096, timeout=30,
+                              events=EVENTS, size=SIZE, interval=0, tag="big")
+        assert r.status == 200, r.status
+        want = expected_events(EVENTS, SIZE)
+        # The client reads nothing more; the runner must be pushed back.
+        st = _wait_stub_stalled(stub)
+        print("stub stalled at %d of %d bytes, blocked_writes %d" % (
+            st["bytes_sent"], len(want), st["blocked_writes"]))
+        assert st["bytes_sent"] < len(want) // 2, \
+            "stub sent %d of %d bytes to a client that reads nothing" % (st["bytes_sent"], len(want))
+        assert st["blocked_writes"] > 0, "the stub never saw TCP push back: %r" % st
+        assert st["streams_completed"] == 0, st
+        growth = {w: gw.rss_kb(w) - base[w] for w in workers}
+        print("worker RSS growth KiB %r (base %r)" % (growth, base))
+        assert max(growth.values()) < RSS_BOUND_KB, \
+            "worker RSS grew by %r KiB while the stream was paused (bound %d)" % (
+                growth, RSS_BOUND_KB)
+        # Paused, not lost: the client now reads every byte, in order.
+        body = r.read_all(timeout=90)
+        assert r.complete, "stream cut after %d of %d bytes" % (len(body), len(want))
+        assert len(body) == len(want), (len(body), len(want))
+        if body != want:
+            i = next(i for i in range(len(want)) if body[i] != want[i])
+            raise AssertionError("byte %d differs: got %r want %r" % (
+                i, body[i:i + 80], want[i:i + 80]))
+        h.wait_until(lambda: stub.tag("big")["completed"] == 1, 5, msg="stub completion")
+        assert max(gw.rss_kb(w) - base[w] for w in workers) < RSS_BOUND_KB
+
+
+@h.timeout(90)
+def test_stalled_client_is_cut_after_client_stall_and_slot_freed():
+    with Stub() as stub, Gateway(stub=stub, stream_buffer="64KiB",
+                                 timeouts={"client_stall": "1s"},
+                                 tenants={"acme": {"max_streams": 1}}) as gw:
+        c, r = gw.open_stream(key=ACME_KEY, rcvbuf=4096, timeout=30,
+                              events=EVENTS, size=SIZE, interval=0, tag="stall")
+        assert r.status == 200
+        t0 = time.monotonic()
+        h.wait_until(lambda: stub.tag("stall")["aborted_by_client"] == 1, 20,
+                     msg="the gateway to cut the stalled stream and close the upstream")
+        body = r.read_all(timeout=30)
+        assert r.cut and not r.complete, "stalled stream not visibly cut"
+        assert expected_events(EVENTS, SIZE).startswith(body), "relayed bytes differ"
+        assert time.monotonic() - t0 < 30
+        r2 = gw.request("POST", "/v1/chat/completions",
+                        dict(h.stub_headers(events=2, interval=0),
+                             **{"Content-Type": "application/json"}), h.stream_body())
+        assert r2.status == 200 and r2.complete, "slot not released after the stall cut: %d" % r2.status

@@ -1,0 +1,1473 @@
+/*
+ * Unit tests for the configuration loader (src/config.c).
+ *
+ * Every error test writes out a YAML text whose line and column numbers are
+ * given in the comment next to it, and asserts the exact "NAME:LINE:COL: "
+ * prefix of each message (1-based), the number of messages, and either the
+ * whole message or the part that names the problem.
+ */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "sl_config.h"
+
+#define NAME "t.yaml"
+
+#define KIB 1024ULL
+#define MIB (1024ULL * KIB)
+#define GIB (1024ULL * MIB)
+
+/* The sample configuration of issue 2, comments and all. */
+static const char sample_yaml[] =
+    "listen: \"127.0.0.1:8080\"          # required; host:port or [v6]:port\n"
+    "workers: auto                     # integer or auto (= CPUs)\n"
+    "admin_listen: \"127.0.0.1:9090\"    # optional; /metrics and /healthz (operations issue)\n"
+    "stream_buffer: 64KiB              # per-stream bound on bytes waiting for a client\n"
+    "drain_timeout: 30s\n"
+    "timeouts:\n"
+    "  upstream_connect: 5s            # -> 502\n"
+    "  upstream_first_byte: 120s       # request sent, no response head -> 504\n"
+    "  upstream_idle: 120s             # no upstream bytes mid-stream -> stream cut\n"
+    "  client_header: 10s              # request head incomplete -> 408, close\n"
+    "  client_stall: 30s               # client accepts no bytes while its buffer is full -> cut\n"
+    "  keepalive: 60s\n"
+    "limits:\n"
+    "  max_header_bytes: 32KiB         # -> 431\n"
+    "  max_body_bytes: 16MiB           # -> 413\n"
+    "  max_connections: 20000          # per worker\n"
+    "upstreams:\n"
+    "  main:\n"
+    "    url: \"http://127.0.0.1:9000\"  # base URL; the client's path is appended\n"
+    "    api_key: \"secret\"             # optional; sent upstream as Authorization: Bearer\n"
+    "tenants:\n"
+    "  acme:\n"
+    "    keys: [\"sk-acme-1\", \"sk-acme-2\"]\n"
+    "    max_streams: 100              # concurrent requests in flight, across all workers\n"
+    "    retry_after: 1                # seconds, sent with 429\n"
+    "    upstream: main\n";
+
+/* Smallest valid file: only the required keys. Tests append to it. */
+#define MINIMAL_UPSTREAMS_TENANTS                                       \
+    "upstreams:\n"                                                      \
+    "  main:\n"                                                         \
+    "    url: \"http://127.0.0.1:9000\"\n"                              \
+    "tenants:\n"                                                        \
+    "  acme:\n"                                                         \
+    "    keys: [\"k1\"]\n"                                              \
+    "    max_streams: 2\n"
+
+/* What a test loaded; freed by the teardown even when an assert fails. */
+struct fx {
+	struct sl_config *cfg;
+	struct sl_errors errs;
+	char tmp[64];
+};
+
+static int
+setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+
+	if (f == NULL)
+		return -1;
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fx *f = *state;
+
+	sl_config_free(f->cfg);
+	sl_errors_free(&f->errs);
+	if (f->tmp[0] != '\0')
+		unlink(f->tmp);
+	free(f);
+	return 0;
+}
+
+static int
+load(struct fx *f, const char *yaml)
+{
+	sl_config_free(f->cfg);
+	f->cfg = NULL;
+	sl_errors_free(&f->errs);
+	return sl_config_load_buffer(NAME, yaml, strlen(yaml), &f->cfg, &f->errs);
+}
+
+static void
+dump_errors(const struct fx *f)
+{
+	size_t i;
+
+	print_error("  %zu message(s):\n", f->errs.n);
+	for (i = 0; i < f->errs.n; i++)
+		print_error("    [%zu] %s\n", i, f->errs.msg[i]);
+}
+
+/* Loading yaml must succeed with no message. */
+static void
+expect_ok(struct fx *f, const char *yaml)
+{
+	int rc = load(f, yaml);
+
+	if (rc != 0 || f->errs.n != 0 || f->cfg == NULL) {
+		print_error("expected the config to load, rc=%d\n", rc);
+		dump_errors(f);
+		fail();
+	}
+}
+
+/*
+ * Loading yaml must fail with exactly n messages; message i must start with
+ * want[2*i] (the "NAME:LINE:COL: " prefix, or the whole message) and the rest
+ * must contain want[2*i+1] (NULL: the prefix is the whole message).
+ */
+static void
+expect_errors(struct fx *f, const char *yaml, size_t n, const char *const *want)
+{
+	int rc = load(f, yaml), bad = 0;
+	size_t i;
+
+	if (rc != -1 || f->cfg != NULL) {
+		print_error("expected load to fail, rc=%d cfg=%p\n", rc,
+		    (void *)f->cfg);
+		bad = 1;
+	}
+	if (f->errs.n != n) {
+		print_error("expected %zu message(s), got %zu\n", n, f->errs.n);
+		bad = 1;
+	}
+	for (i = 0; i < n && i < f->errs.n; i++) {
+		const char *msg = f->errs.msg[i], *pre = want[2 * i];
+		const char *needle = want[2 * i + 1];
+		size_t pl = strlen(pre);
+
+		if (needle == NULL ? strcmp(msg, pre) != 0 :
+		    strncmp(msg, pre, pl) != 0 || strstr(msg + pl, needle) == NULL) {
+			print_error("message %zu:\n  got      '%s'\n"
+			    "  expected '%s%s%s'\n", i, msg, pre,
+			    needle ? "...' containing '" : "", needle ? needle : "");
+			bad = 1;
+		}
+	}
+	if (bad) {
+		dump_errors(f);
+		fail();
+	}
+}
+
+static void
+expect_error(struct fx *f, const char *yaml, const char *prefix,
+    const char *needle)
+{
+	const char *want[2] = { prefix, needle };
+
+	expect_errors(f, yaml, 1, want);
+}
+
+/* ---- successful loads ------------------------------------------------ */
+
+static void
+test_sample_config_loads_every_field(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_config *c;
+
+	expect_ok(f, sample_yaml);
+	c = f->cfg;
+	assert_string_equal(c->file, NAME);
+	assert_string_equal(c->listen, "127.0.0.1:8080");
+	assert_int_equal(c->workers, SL_WORKERS_AUTO);
+	assert_non_null(c->admin_listen);
+	assert_string_equal(c->admin_listen, "127.0.0.1:9090");
+	assert_int_equal(c->stream_buffer, 64 * KIB);
+	assert_int_equal(c->drain_timeout_ms, 30000);
+	assert_int_equal(c->timeouts.upstream_connect_ms, 5000);
+	assert_int_equal(c->timeouts.upstream_first_byte_ms, 120000);
+	assert_int_equal(c->timeouts.upstream_idle_ms, 120000);
+	assert_int_equal(c->timeouts.client_header_ms, 10000);
+	assert_int_equal(c->timeouts.client_stall_ms, 30000);
+	assert_int_equal(c->timeouts.keepalive_ms, 60000);
+	assert_int_equal(c->limits.max_header_bytes, 32 * KIB);
+	assert_int_equal(c->limits.max_body_bytes, 16 * MIB);
+	assert_int_equal(c->limits.max_connections, 20000);
+	assert_null(c->access_log);
+	assert_int_equal(c->log_level, SL_LOG_INFO);
+
+	assert_int_equal(c->nupstreams, 1);
+	assert_string_equal(c->upstreams[0].name, "main");
+	assert_string_equal(c->upstreams[0].url, "http://127.0.0.1:9000");
+	assert_non_null(c->upstreams[0].api_key);
+	assert_string_equal(c->upstreams[0].api_key, "secret");
+
+	assert_int_equal(c->ntenants, 1);
+	assert_string_equal(c->tenants[0].name, "acme");
+	assert_int_equal(c->tenants[0].nkeys, 2);
+	assert_string_equal(c->tenants[0].keys[0], "sk-acme-1");
+	assert_string_equal(c->tenants[0].keys[1], "sk-acme-2");
+	assert_int_equal(c->tenants[0].max_streams, 100);
+	assert_int_equal(c->tenants[0].retry_after, 1);
+	assert_non_null(c->tenants[0].upstream);
+	assert_string_equal(c->tenants[0].upstream, "main");
+	assert_int_equal(c->tenants[0].upstream_idx, 0);
+	assert_int_equal(sl_config_tenant_index(c, "acme"), 0);
+	assert_int_equal(sl_config_tenant_index(c, "nobody"), -1);
+}
+
+static void
+test_omitted_keys_take_defaults(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_config *c;
+
+	expect_ok(f, "listen: \"127.0.0.1:8080\"\n" MINIMAL_UPSTREAMS_TENANTS);
+	c = f->cfg;
+	assert_string_equal(c->listen, "127.0.0.1:8080");
+	assert_null(c->admin_listen);
+	assert_int_equal(c->workers, SL_WORKERS_AUTO);
+	assert_int_equal(c->stream_buffer, 64 * KIB);
+	assert_int_equal(c->drain_timeout_ms, 30000);
+	assert_int_equal(c->timeouts.upstream_connect_ms, 5000);
+	assert_int_equal(c->timeouts.upstream_first_byte_ms, 120000);
+	assert_int_equal(c->timeouts.upstream_idle_ms, 120000);
+	assert_int_equal(c->timeouts.client_header_ms, 10000);
+	assert_int_equal(c->timeouts.client_stall_ms, 30000);
+	assert_int_equal(c->timeouts.keepalive_ms, 60000);
+	assert_int_equal(c->limits.max_header_bytes, 32 * KIB);
+	assert_int_equal(c->limits.max_body_bytes, 16 * MIB);
+	assert_int_equal(c->limits.max_connections, 20000);
+	assert_null(c->access_log);
+	assert_int_equal(c->log_level, SL_LOG_INFO);
+
+	assert_int_equal(c->nupstreams, 1);
+	assert_null(c->upstreams[0].api_key);
+	assert_int_equal(c->ntenants, 1);
+	assert_int_equal(c->tenants[0].retry_after, 1);
+	assert_int_equal(c->tenants[0].max_streams, 2);
+	/* One upstream: a tenant that names none is served by it. */
+	assert_null(c->tenants[0].upstream);
+	assert_int_equal(c->tenants[0].upstream_idx, 0);
+}
+
+static void
+test_explicit_values_and_second_upstream_index(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_config *c;
+
+	expect_ok(f,
+	    "listen: \"[::1]:8443\"\n"
+	    "workers: 4\n"
+	    "stream_buffer: 1 MiB\n"
+	    "drain_timeout: 1.5s\n"
+	    "access_log: stderr\n"
+	    "log_level: debug\n"
+	    "admin_listen: ~\n"
+	    "timeouts:\n"
+	    "  upstream_connect: 250ms\n"
+	    "  keepalive: 0s\n"
+	    "limits:\n"
+	    "  max_body_bytes: 0\n"
+	    "  max_connections: 7\n"
+	    "upstreams:\n"
+	    "  a:\n"
+	    "    url: \"http://10.0.0.1:9000\"\n"
+	    "  b:\n"
+	    "    url: \"https://runner.example:8443/base//\"\n"
+	    "    api_key: \"up-key\"\n"
+	    "tenants:\n"
+	    "  t1:\n"
+	    "    keys: [\"k1\"]\n"
+	    "    max_streams: 0\n"
+	    "    upstream: a\n"
+	    "  t2:\n"
+	    "    keys:\n"
+	    "      - \"k2\"\n"
+	    "      - \"k3\"\n"
+	    "    max_streams: 1000000\n"
+	    "    retry_after: 30\n"
+	    "    upstream: b\n");
+	c = f->cfg;
+	assert_string_equal(c->listen, "[::1]:8443");
+	assert_int_equal(c->workers, 4);
+	assert_int_equal(c->stream_buffer, MIB);
+	assert_int_equal(c->drain_timeout_ms, 1500);
+	assert_non_null(c->access_log);
+	assert_string_equal(c->access_log, "stderr");
+	assert_int_equal(c->log_level, SL_LOG_DEBUG);
+	assert_null(c->admin_listen);
+	assert_int_equal(c->timeouts.upstream_connect_ms, 250);
+	assert_int_equal(c->timeouts.keepalive_ms, 0);
+	assert_int_equal(c->timeouts.client_header_ms, 10000);
+	assert_int_equal(c->limits.max_body_bytes, 0);
+	assert_int_equal(c->limits.max_connections, 7);
+	assert_int_equal(c->limits.max_header_bytes, 32 * KIB);
+
+	assert_int_equal(c->nupstreams, 2);
+	assert_string_equal(c->upstreams[0].url, "http://10.0.0.1:9000");
+	assert_null(c->upstreams[0].api_key);
+	assert_string_equal(c->upstreams[1].name, "b");
+	/* Every trailing '/' goes: the client's path starts with one. */
+	assert_string_equal(c->upstreams[1].url, "https://runner.example:8443/base");
+	assert_string_equal(c->upstreams[1].api_key, "up-key");
+
+	assert_int_equal(c->ntenants, 2);
+	assert_int_equal(c->tenants[0].max_streams, 0);
+	assert_int_equal(c->tenants[0].upstream_idx, 0);
+	assert_string_equal(c->tenants[1].name, "t2");
+	assert_int_equal(c->tenants[1].nkeys, 2);
+	assert_string_equal(c->tenants[1].keys[0], "k2");
+	assert_string_equal(c->tenants[1].keys[1], "k3");
+	assert_int_equal(c->tenants[1].max_streams, 1000000);
+	assert_int_equal(c->tenants[1].retry_after, 30);
+	assert_string_equal(c->tenants[1].upstream, "b");
+	assert_int_equal(c->tenants[1].upstream_idx, 1);
+	assert_int_equal(sl_config_tenant_index(c, "t2"), 1);
+}
+
+static void
+test_access_log_off_is_null(void **state)
+{
+	struct fx *f = *state;
+
+	expect_ok(f, "listen: \"127.0.0.1:8080\"\naccess_log: \"off\"\n"
+	    MINIMAL_UPSTREAMS_TENANTS);
+	assert_null(f->cfg->access_log);
+	expect_ok(f, "listen: \"127.0.0.1:8080\"\naccess_log: /var/log/x.log\n"
+	    MINIMAL_UPSTREAMS_TENANTS);
+	assert_string_equal(f->cfg->access_log, "/var/log/x.log");
+}
+
+static void
+test_workers_bounds_accepted(void **state)
+{
+	struct fx *f = *state;
+
+	expect_ok(f, "listen: \"127.0.0.1:8080\"\nworkers: 1\n"
+	    MINIMAL_UPSTREAMS_TENANTS);
+	assert_int_equal(f->cfg->workers, 1);
+	expect_ok(f, "listen: \"127.0.0.1:8080\"\nworkers: 64\n"
+	    MINIMAL_UPSTREAMS_TENANTS);
+	assert_int_equal(f->cfg->workers, SL_MAX_WORKERS);
+}
+
+static void
+test_load_file_reads_sample(void **state)
+{
+	struct fx *f = *state;
+	FILE *fp;
+	int fd;
+
+	snprintf(f->tmp, sizeof(f->tmp), "/tmp/sl-test-config-XXXXXX");
+	fd = mkstemp(f->tmp);
+	assert_true(fd >= 0);
+	fp = fdopen(fd, "w");
+	assert_non_null(fp);
+	assert_int_equal(fwrite(sample_yaml, 1, strlen(sample_yaml), fp),
+	    strlen(sample_yaml));
+	assert_int_equal(fclose(fp), 0);
+
+	assert_int_equal(sl_config_load_file(f->tmp, &f->cfg, &f->errs), 0);
+	assert_int_equal(f->errs.n, 0);
+	assert_non_null(f->cfg);
+	assert_string_equal(f->cfg->file, f->tmp);
+	assert_int_equal(f->cfg->tenants[0].max_streams, 100);
+}
+
+static void
+test_load_file_missing_reports_path(void **state)
+{
+	struct fx *f = *state;
+	const char *path = "/nonexistent/sluice-test/none.yaml";
+	struct sl_config *cfg = (struct sl_config *)&path;  /* must be reset */
+	int rc;
+
+	rc = sl_config_load_file(path, &cfg, &f->errs);
+	assert_int_equal(rc, -1);
+	assert_null(cfg);
+	assert_int_equal(f->errs.n, 1);
+	assert_string_equal(f->errs.msg[0],
+	    "/nonexistent/sluice-test/none.yaml:1:1: cannot open: "
+	    "No such file or directory");
+}
+
+/* ---- unknown keys ----------------------------------------------------- */
+
+static void
+test_unknown_top_level_key_reports_line(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "bogus: 1\n"                        /* 2: key at col 1 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:1: unknown key 'bogus'", NULL);
+}
+
+static void
+test_unknown_timeouts_key_reports_line(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "timeouts:\n"                       /* 2 */
+	    "  client_header: 5s\n"             /* 3 */
+	    "  bogus: 5s\n"                     /* 4: key at col 3 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":4:3: unknown key 'timeouts.bogus'", NULL);
+}
+
+static void
+test_unknown_limits_key_reports_line(void **state)
+{
+	/* A misspelt limit must never silently become "unlimited". */
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "limits:\n"                         /* 2 */
+	    "  max_body_byte: 1MiB\n"           /* 3: key at col 3 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":3:3: unknown key 'limits.max_body_byte'", NULL);
+}
+
+static void
+test_unknown_tenant_key_reports_line(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    MINIMAL_UPSTREAMS_TENANTS           /* 2-8 */
+	    "    burst: 3\n",                   /* 9: key at col 5 */
+	    NAME ":9:5: unknown key 'burst' in tenant 'acme'", NULL);
+}
+
+static void
+test_unknown_upstream_key_reports_line(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "    timeout: 5s\n"                 /* 5: key at col 5 */
+	    "tenants:\n"
+	    "  acme:\n"
+	    "    keys: [\"k1\"]\n"
+	    "    max_streams: 2\n",
+	    NAME ":5:5: unknown key 'timeout' in upstream 'main'", NULL);
+}
+
+static void
+test_dotted_top_level_key_is_unknown(void **state)
+{
+	/*
+	 * "timeouts.client_header" names a row of the key table, but it is not
+	 * a key of the file's schema: written flat at the top level it must be
+	 * refused like any other unknown key, not applied.
+	 */
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "timeouts.client_header: 1s\n"      /* 2: key at col 1 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:1: unknown key 'timeouts.client_header'", NULL);
+}
+
+static void
+test_wildcard_key_path_is_unknown(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "tenants.*.keys: [\"x\"]\n"         /* 2: key at col 1 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:1: ", "unknown key 'tenants.*.keys'");
+}
+
+/* ---- wrong types ------------------------------------------------------ */
+
+static void
+test_mapping_where_scalar_expected_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen:\n"                         /* 1 */
+	    "  host: 127.0.0.1\n"               /* 2: mapping starts col 3 */
+	    "  port: 8080\n"
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:3: ", "listen: expected a value, got a mapping");
+}
+
+static void
+test_flow_mapping_where_scalar_expected_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "stream_buffer: {size: 64KiB}\n"    /* 2: value at col 16 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:16: ", "stream_buffer: expected a value, got a mapping");
+}
+
+static void
+test_scalar_where_list_expected_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    "    keys: \"k1\"\n"                /* 7: value at col 11 */
+	    "    max_streams: 2\n",
+	    NAME ":7:11: ", "tenants.acme.keys: expected a list of strings, got a scalar");
+}
+
+static void
+test_scalar_where_mapping_expected_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "timeouts: 5s\n"                    /* 2: value at col 11 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:11: ", "timeouts: expected a mapping, got a scalar");
+}
+
+static void
+test_list_where_mapping_expected_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  - \"http://127.0.0.1:9000\"\n"   /* 3: list at col 3 */
+	    "tenants:\n"
+	    "  acme:\n"
+	    "    keys: [\"k1\"]\n"
+	    "    max_streams: 2\n",
+	    NAME ":3:3: ", "upstreams: expected a mapping, got a list");
+}
+
+static void
+test_empty_value_for_required_scalar_is_null(void **state)
+{
+	expect_error(*state,
+	    "listen:\n"                         /* 1: empty value after ':' */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":1:8: ", "listen: expected a value, got null");
+}
+
+/* ---- bad sizes, durations, integers ----------------------------------- */
+
+static void
+test_bad_size_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "stream_buffer: 64KB\n"             /* 2: value at col 16 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:16: ", "stream_buffer: '64KB' is not a size");
+}
+
+static void
+test_bad_nested_size_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "limits:\n"                         /* 2 */
+	    "  max_body_bytes: lots\n"          /* 3: value at col 19 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":3:19: ", "limits.max_body_bytes: 'lots' is not a size");
+}
+
+static void
+test_bad_duration_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "drain_timeout: 30 sec\n"           /* 2: value at col 16 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:16: ", "drain_timeout: '30 sec' is not a duration");
+}
+
+static void
+test_duration_without_unit_is_rejected(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "timeouts:\n"                       /* 2 */
+	    "  client_header: 10\n"             /* 3: value at col 18 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":3:18: ", "timeouts.client_header: '10' is not a duration");
+}
+
+static void
+test_non_integer_max_streams_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    MINIMAL_UPSTREAMS_TENANTS           /* 2-8 */
+	    "    retry_after: soon\n",          /* 9: value at col 18 */
+	    NAME ":9:18: ", "tenants.acme.retry_after: 'soon' is not an integer");
+}
+
+static void
+test_bad_log_level_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "log_level: verbose\n"              /* 2: value at col 12 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:12: ", "log_level: 'verbose' must be one of");
+}
+
+/* ---- out of range ----------------------------------------------------- */
+
+static void
+test_negative_max_streams_out_of_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    "    keys: [\"k1\"]\n"              /* 7 */
+	    "    max_streams: -1\n",            /* 8: value at col 18 */
+	    NAME ":8:18: ", "tenants.acme.max_streams: -1 is out of range 0-1000000");
+}
+
+static void
+test_max_streams_above_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    "    keys: [\"k1\"]\n"              /* 7 */
+	    "    max_streams: 1000001\n",       /* 8: value at col 18 */
+	    NAME ":8:18: ", "out of range");
+}
+
+static void
+test_stream_buffer_below_minimum_out_of_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "stream_buffer: 1KiB\n"             /* 2: value at col 16 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:16: ", "stream_buffer: 1KiB is out of range");
+}
+
+static void
+test_workers_zero_out_of_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "workers: 0\n"                      /* 2: value at col 10 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:10: ", "workers: '0' must be auto or an integer in 1-64");
+}
+
+static void
+test_workers_65_out_of_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "workers: 65\n"                     /* 2: value at col 10 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:10: ", "workers: '65' must be auto or an integer in 1-64");
+}
+
+static void
+test_retry_after_zero_out_of_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    MINIMAL_UPSTREAMS_TENANTS           /* 2-8 */
+	    "    retry_after: 0\n",             /* 9: value at col 18 */
+	    NAME ":9:18: ", "tenants.acme.retry_after: 0 is out of range 1-86400");
+}
+
+static void
+test_max_header_bytes_above_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "limits:\n"                         /* 2 */
+	    "  max_header_bytes: 2MiB\n"        /* 3: value at col 21 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":3:21: ", "limits.max_header_bytes: 2MiB is out of range 1KiB-1MiB");
+}
+
+static void
+test_zero_client_header_timeout_out_of_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "timeouts:\n"                       /* 2 */
+	    "  client_header: 0s\n"             /* 3: value at col 18 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":3:18: ", "timeouts.client_header: 0s is out of range 1ms-1h");
+}
+
+/* ---- duplicates and aliases ------------------------------------------- */
+
+static void
+test_duplicate_top_level_key_reports_line(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "listen: \"127.0.0.1:8081\"\n"      /* 2: second key at col 1 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:1: duplicate key 'listen' (first at line 1)", NULL);
+}
+
+static void
+test_duplicate_key_within_tenant_reports_line(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    MINIMAL_UPSTREAMS_TENANTS           /* 2-8; max_streams on 8 */
+	    "    max_streams: 3\n",             /* 9: second key at col 5 */
+	    NAME ":9:5: duplicate key 'max_streams' (first at line 8)", NULL);
+}
+
+static void
+test_duplicate_tenant_name_reports_line(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    MINIMAL_UPSTREAMS_TENANTS           /* 2-8; acme on 6 */
+	    "  acme:\n"                         /* 9: second name at col 3 */
+	    "    keys: [\"k9\"]\n"
+	    "    max_streams: 2\n",
+	    NAME ":9:3: duplicate key 'acme' (first at line 6)", NULL);
+}
+
+static void
+test_alias_use_reports_alias_position(void **state)
+{
+	/*
+	 * The message must point at the alias (line 2), where the file does
+	 * something forbidden, not only at the anchor it refers to.
+	 */
+	expect_error(*state,
+	    "listen: &addr \"127.0.0.1:8080\"\n" /* 1: anchor at col 9 */
+	    "admin_listen: *addr\n"             /* 2: alias at col 15 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:15: ", "aliases are not allowed");
+}
+
+static void
+test_alias_of_tenant_keys_is_one_error(void **state)
+{
+	/*
+	 * One problem, one message: the alias. The aliased "keys" is present,
+	 * so no "missing required key 'keys'" may follow it.
+	 */
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  a:\n"                            /* 6 */
+	    "    keys: &k [\"k1\"]\n"           /* 7: anchor at col 11 */
+	    "    max_streams: 1\n"              /* 8 */
+	    "  b:\n"                            /* 9 */
+	    "    keys: *k\n"                    /* 10: alias at col 11 */
+	    "    max_streams: 1\n",
+	    NAME ":10:11: ", "aliases are not allowed");
+}
+
+static void
+test_alias_is_rejected_even_if_otherwise_valid(void **state)
+{
+	struct fx *f = *state;
+	size_t i;
+	int found = 0;
+
+	/* Whatever the position, an alias must fail the load. */
+	assert_int_equal(load(f,
+	    "listen: \"127.0.0.1:8080\"\n"
+	    "timeouts:\n"
+	    "  upstream_connect: &t 5s\n"
+	    "  client_header: *t\n"
+	    MINIMAL_UPSTREAMS_TENANTS), -1);
+	assert_null(f->cfg);
+	for (i = 0; i < f->errs.n; i++)
+		if (strstr(f->errs.msg[i], "aliases are not allowed") != NULL)
+			found = 1;
+	assert_true(found);
+}
+
+/* ---- missing required keys -------------------------------------------- */
+
+static void
+test_missing_top_level_required_keys_all_reported(void **state)
+{
+	static const char *const want[] = {
+		NAME ":1:1: missing required key 'listen'", NULL,
+		NAME ":1:1: missing required key 'upstreams'", NULL,
+		NAME ":1:1: missing required key 'tenants'", NULL,
+	};
+
+	expect_errors(*state, "workers: 2\n", 3, want);
+}
+
+static void
+test_missing_listen_reported(void **state)
+{
+	expect_error(*state, MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":1:1: missing required key 'listen'", NULL);
+}
+
+static void
+test_missing_tenant_keys_and_max_streams(void **state)
+{
+	/* Reported where the tenant's mapping starts (its first key). */
+	static const char *const want[] = {
+		NAME ":7:5: ", "tenant 'acme': missing required key 'keys'",
+		NAME ":7:5: ", "tenant 'acme': missing required key 'max_streams'",
+	};
+
+	expect_errors(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    "    retry_after: 2\n",             /* 7: mapping at col 5 */
+	    2, want);
+}
+
+static void
+test_missing_tenant_keys_only(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    "    max_streams: 2\n",             /* 7: mapping at col 5 */
+	    NAME ":7:5: ", "tenant 'acme': missing required key 'keys'");
+}
+
+static void
+test_missing_upstream_url(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    api_key: \"x\"\n"              /* 4: mapping at col 5 */
+	    "tenants:\n"
+	    "  acme:\n"
+	    "    keys: [\"k1\"]\n"
+	    "    max_streams: 2\n",
+	    NAME ":4:5: ", "upstream 'main': missing required key 'url'");
+}
+
+static void
+test_empty_upstreams_and_tenants_rejected(void **state)
+{
+	static const char *const want[] = {
+		NAME ":2:12: ", "upstreams: at least one is required",
+		NAME ":3:10: ", "tenants: at least one is required",
+	};
+
+	expect_errors(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams: {}\n"                   /* 2: '{' at col 12 */
+	    "tenants: {}\n",                    /* 3: '{' at col 10 */
+	    2, want);
+}
+
+static void
+test_empty_tenant_key_list_rejected(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    "    keys: []\n"                    /* 7: '[' at col 11 */
+	    "    max_streams: 2\n",
+	    NAME ":7:11: ", "tenants.acme.keys: must hold at least one key");
+}
+
+static void
+test_tenant_key_with_space_rejected(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    "    keys: [\"ok\", \"a b\"]\n"     /* 7: second item at col 18 */
+	    "    max_streams: 2\n",
+	    NAME ":7:18: ", "a key must be non-empty, without spaces");
+}
+
+/* ---- cross references -------------------------------------------------- */
+
+static void
+test_tenant_naming_unknown_upstream(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    MINIMAL_UPSTREAMS_TENANTS           /* 2-8 */
+	    "    upstream: other\n",            /* 9: value at col 15 */
+	    NAME ":9:15: ", "tenants.acme.upstream: no upstream named 'other'");
+}
+
+static void
+test_tenant_without_upstream_when_several(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  a:\n"                            /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "  b:\n"                            /* 5 */
+	    "    url: \"http://127.0.0.1:9001\"\n" /* 6 */
+	    "tenants:\n"                        /* 7 */
+	    "  acme:\n"                         /* 8 */
+	    "    keys: [\"k1\"]\n"              /* 9: mapping at col 5 */
+	    "    max_streams: 2\n",
+	    NAME ":9:5: ", "tenant 'acme': missing key 'upstream'");
+}
+
+static void
+test_key_shared_by_two_tenants_reports_second_use(void **state)
+{
+	/*
+	 * The file is wrong where the second tenant lists a key the first
+	 * already has: that is the position the operator must be sent to.
+	 */
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  a:\n"                            /* 6 */
+	    "    keys: [\"k1\", \"k2\"]\n"      /* 7 */
+	    "    max_streams: 1\n"              /* 8 */
+	    "  b:\n"                            /* 9 */
+	    "    keys: [\"k3\", \"k2\"]\n"      /* 10: "k2" at col 18 */
+	    "    max_streams: 1\n",
+	    NAME ":10:18: ", "tenants 'a' and 'b' share a key");
+}
+
+static void
+test_key_shared_by_two_tenants_is_rejected(void **state)
+{
+	struct fx *f = *state;
+
+	/* Whatever position is reported, the load fails with one message. */
+	assert_int_equal(load(f,
+	    "listen: \"127.0.0.1:8080\"\n"
+	    "upstreams:\n"
+	    "  main:\n"
+	    "    url: \"http://127.0.0.1:9000\"\n"
+	    "tenants:\n"
+	    "  a:\n"
+	    "    keys: [\"k1\", \"k2\"]\n"
+	    "    max_streams: 1\n"
+	    "  b:\n"
+	    "    keys: [\"k3\", \"k2\"]\n"
+	    "    max_streams: 1\n"), -1);
+	assert_null(f->cfg);
+	assert_int_equal(f->errs.n, 1);
+	assert_non_null(strstr(f->errs.msg[0], "tenants 'a' and 'b' share a key"));
+}
+
+static void
+test_key_repeated_within_one_tenant_is_rejected(void **state)
+{
+	struct fx *f = *state;
+
+	assert_int_equal(load(f,
+	    "listen: \"127.0.0.1:8080\"\n"
+	    MINIMAL_UPSTREAMS_TENANTS
+	    "  other:\n"
+	    "    keys: [\"z\", \"z\"]\n"
+	    "    max_streams: 1\n"), -1);
+	assert_int_equal(f->errs.n, 1);
+	assert_non_null(strstr(f->errs.msg[0], "lists the same key twice"));
+}
+
+/* ---- addresses and URLs ------------------------------------------------ */
+
+static void
+test_invalid_listen_address_reports_value(void **state)
+{
+	static const struct { const char *yaml, *needle; } cases[] = {
+		{ "listen: localhost\n", "listen: 'localhost' is not host:port" },
+		{ "listen: \"127.0.0.1:0\"\n", "'127.0.0.1:0' is not host:port" },
+		{ "listen: \"127.0.0.1:65536\"\n", "'127.0.0.1:65536' is not" },
+		{ "listen: \"127.0.0.1:http\"\n", "'127.0.0.1:http' is not" },
+		{ "listen: \":8080\"\n", "':8080' is not" },
+		{ "listen: \"::1:8080\"\n", "'::1:8080' is not" },
+		{ "listen: \"[::1]\"\n", "'[::1]' is not" },
+		{ "listen: \"[]:80\"\n", "'[]:80' is not" },
+		{ "listen: 8080\n", "'8080' is not" },
+	};
+	struct fx *f = *state;
+	char yaml[512];
+	size_t i;
+
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		snprintf(yaml, sizeof(yaml), "%s%s", cases[i].yaml,
+		    MINIMAL_UPSTREAMS_TENANTS);
+		/* Line 1, the value at col 9. */
+		expect_error(f, yaml, NAME ":1:9: ", cases[i].needle);
+	}
+}
+
+static void
+test_valid_listen_addresses_accepted(void **state)
+{
+	static const char *const addrs[] = {
+		"127.0.0.1:1", "0.0.0.0:65535", "localhost:8080", "[::1]:8080",
+		"[::]:443",
+	};
+	struct fx *f = *state;
+	char yaml[512];
+	size_t i;
+
+	for (i = 0; i < sizeof(addrs) / sizeof(addrs[0]); i++) {
+		snprintf(yaml, sizeof(yaml), "listen: \"%s\"\n%s", addrs[i],
+		    MINIMAL_UPSTREAMS_TENANTS);
+		expect_ok(f, yaml);
+		assert_string_equal(f->cfg->listen, addrs[i]);
+	}
+}
+
+static void
+test_invalid_admin_listen_reports_value(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "admin_listen: \"nowhere\"\n"       /* 2: value at col 15 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":2:15: ", "admin_listen: 'nowhere' is not host:port");
+}
+
+static void
+test_upstream_url_scheme_checked(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"ftp://127.0.0.1:9000\"\n" /* 4: value at col 10 */
+	    "tenants:\n"
+	    "  acme:\n"
+	    "    keys: [\"k1\"]\n"
+	    "    max_streams: 2\n",
+	    NAME ":4:10: ", "must start with http:// or https://");
+}
+
+static void
+test_upstream_url_with_query_rejected(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://h:1/x?y=1\"\n"   /* 4: value at col 10 */
+	    "tenants:\n"
+	    "  acme:\n"
+	    "    keys: [\"k1\"]\n"
+	    "    max_streams: 2\n",
+	    NAME ":4:10: ", "must not contain a query");
+}
+
+/* ---- YAML level problems ----------------------------------------------- */
+
+static void
+test_syntax_error_reports_problem_position(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "workers: 2: 3\n",                  /* 2: second ':' at col 11 */
+	    NAME ":2:11: mapping values are not allowed in this context", NULL);
+}
+
+static void
+test_bad_indentation_reports_problem_position(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "timeouts:\n"                       /* 2 */
+	    "  client_header: 5s\n"             /* 3 */
+	    " keepalive: 5s\n",                 /* 4: 'k' at col 2 */
+	    NAME ":4:2: ", "did not find expected key");
+}
+
+static void
+test_unclosed_flow_sequence_reports_problem_position(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    "    keys: [\"k1\", \"k2\"\n"       /* 7 */
+	    "    max_streams: 2\n",             /* 8: next token at col 5 */
+	    NAME ":8:5: ", "did not find expected ',' or ']'");
+}
+
+static void
+test_empty_document_rejected(void **state)
+{
+	expect_error(*state, "", NAME ":1:1: empty configuration", NULL);
+	expect_error(*state, "# only a comment\n\n",
+	    NAME ":1:1: empty configuration", NULL);
+}
+
+static void
+test_non_mapping_document_rejected(void **state)
+{
+	expect_error(*state, "- listen\n- workers\n",
+	    NAME ":1:1: ", "the configuration must be a mapping, got a list");
+}
+
+static void
+test_second_document_rejected(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    MINIMAL_UPSTREAMS_TENANTS           /* 2-8 */
+	    "---\n"                             /* 9 */
+	    "listen: \"127.0.0.1:9999\"\n",     /* 10 */
+	    NAME ":9:1: ", "only one YAML document is allowed");
+}
+
+static void
+test_several_problems_all_reported(void **state)
+{
+	static const char *const want[] = {
+		NAME ":1:9: ", "listen: 'nope' is not host:port",
+		NAME ":2:10: ", "workers: '0' must be auto",
+		NAME ":3:16: ", "stream_buffer: '1KB' is not a size",
+		NAME ":5:18: ", "timeouts.client_header: '10' is not a duration",
+		NAME ":6:1: ", "unknown key 'bogus'",
+		NAME ":9:10: ", "must start with http:// or https://",
+		NAME ":13:18: ", "tenants.acme.max_streams: -1 is out of range",
+	};
+
+	expect_errors(*state,
+	    "listen: nope\n"                    /* 1: value col 9 */
+	    "workers: 0\n"                      /* 2: value col 10 */
+	    "stream_buffer: 1KB\n"              /* 3: value col 16 */
+	    "timeouts:\n"                       /* 4 */
+	    "  client_header: 10\n"             /* 5: value col 18 */
+	    "bogus: yes\n"                      /* 6: key col 1 */
+	    "upstreams:\n"                      /* 7 */
+	    "  main:\n"                         /* 8 */
+	    "    url: \"ftp://x\"\n"            /* 9: value col 10 */
+	    "tenants:\n"                        /* 10 */
+	    "  acme:\n"                         /* 11 */
+	    "    keys: [\"k1\"]\n"              /* 12 */
+	    "    max_streams: -1\n",            /* 13: value col 18 */
+	    sizeof(want) / sizeof(want[0]) / 2, want);
+}
+
+static void
+test_errors_print_one_line_each(void **state)
+{
+	struct fx *f = *state;
+	char *out = NULL;
+	size_t outlen = 0;
+	FILE *fp;
+
+	assert_int_equal(load(f, "workers: 2\n"), -1);
+	assert_int_equal(f->errs.n, 3);
+	fp = open_memstream(&out, &outlen);
+	assert_non_null(fp);
+	sl_errors_print(&f->errs, fp);
+	assert_int_equal(fclose(fp), 0);
+	assert_string_equal(out,
+	    NAME ":1:1: missing required key 'listen'\n"
+	    NAME ":1:1: missing required key 'upstreams'\n"
+	    NAME ":1:1: missing required key 'tenants'\n");
+	free(out);
+	sl_errors_free(&f->errs);
+	assert_int_equal(f->errs.n, 0);
+	assert_null(f->errs.msg);
+}
+
+/* ---- value parsers ------------------------------------------------------ */
+
+static void
+test_parse_size_valid_forms(void **state)
+{
+	static const struct { const char *s; uint64_t v; } ok[] = {
+		{ "0", 0 }, { "512", 512 }, { "512B", 512 }, { "64KiB", 64 * KIB },
+		{ "1 MiB", MIB }, { "2GiB", 2 * GIB }, { "0KiB", 0 },
+		{ "1024GiB", 1024 * GIB },
+	};
+	size_t i;
+	uint64_t v;
+
+	for (i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		v = 12345;
+		if (sl_parse_size(ok[i].s, &v) != 0 || v != ok[i].v) {
+			print_error("sl_parse_size(\"%s\") -> %" PRIu64 ", want %" PRIu64 "\n",
+			    ok[i].s, v, ok[i].v);
+			fail();
+		}
+	}
+}
+
+static void
+test_parse_size_rejects_invalid(void **state)
+{
+	static const char *const bad[] = {
+		"", " ", "KiB", "-1", "1KB", "1.5KiB", "1kib", "1 K", "1x", "0x10",
+		"99999999999999999999", "17179869184GiB", "1KiBB", "B",
+	};
+	size_t i;
+	uint64_t v;
+
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		v = 777;
+		if (sl_parse_size(bad[i], &v) != -1 || v != 777) {
+			print_error("sl_parse_size(\"%s\") accepted (%" PRIu64 ")\n",
+			    bad[i], v);
+			fail();
+		}
+	}
+}
+
+static void
+test_parse_duration_valid_forms(void **state)
+{
+	static const struct { const char *s; uint64_t ms; } ok[] = {
+		{ "250ms", 250 }, { "1.5s", 1500 }, { "2m", 120000 },
+		{ "1h", 3600000 }, { "0s", 0 }, { "0ms", 0 }, { "30s", 30000 },
+		{ "0.25s", 250 }, { "1.5m", 90000 },
+	};
+	size_t i;
+	uint64_t v;
+
+	for (i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		v = 12345;
+		if (sl_parse_duration_ms(ok[i].s, &v) != 0 || v != ok[i].ms) {
+			print_error("sl_parse_duration_ms(\"%s\") -> %" PRIu64
+			    ", want %" PRIu64 "\n", ok[i].s, v, ok[i].ms);
+			fail();
+		}
+	}
+}
+
+static void
+test_parse_duration_rejects_invalid(void **state)
+{
+	static const char *const bad[] = {
+		"", "10", "s", "ms", "1x", "-1s", "1.s", ".5s", "1.5", "1sec",
+		"1 hour", "1d", "99999999999999999999s", "5124095576031h",
+	};
+	size_t i;
+	uint64_t v;
+
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		v = 777;
+		if (sl_parse_duration_ms(bad[i], &v) != -1 || v != 777) {
+			print_error("sl_parse_duration_ms(\"%s\") accepted (%" PRIu64
+			    ")\n", bad[i], v);
+			fail();
+		}
+	}
+}
+
+/* ---- the key table ------------------------------------------------------ */
+
+static void
+test_key_table_paths_unique(void **state)
+{
+	const struct sl_key_info *k = sl_config_keys(), *j;
+	size_t n = 0;
+
+	assert_non_null(k);
+	for (; k->path != NULL; k++, n++)
+		for (j = k + 1; j->path != NULL; j++)
+			if (strcmp(k->path, j->path) == 0) {
+				print_error("duplicate key table row '%s'\n", k->path);
+				fail();
+			}
+	assert_true(n > 0);
+}
+
+static void
+test_key_table_rows_have_help(void **state)
+{
+	const struct sl_key_info *k;
+
+	for (k = sl_config_keys(); k->path != NULL; k++) {
+		if (k->type == SL_KEY_MAP)
+			continue;
+		if (k->help == NULL || k->help[0] == '\0') {
+			print_error("key '%s' has no help text\n", k->path);
+			fail();
+		}
+	}
+}
+
+static void
+test_key_table_lists_every_sample_key(void **state)
+{
+	static const char *const want[] = {
+		"listen", "workers", "admin_listen", "stream_buffer",
+		"drain_timeout", "timeouts", "timeouts.upstream_connect",
+		"timeouts.upstream_first_byte", "timeouts.upstream_idle",
+		"timeouts.client_header", "timeouts.client_stall",
+		"timeouts.keepalive", "limits", "limits.max_header_bytes",
+		"limits.max_body_bytes", "limits.max_connections", "upstreams",
+		"upstreams.*.url", "upstreams.*.api_key", "tenants",
+		"tenants.*.keys", "tenants.*.max_streams", "tenants.*.retry_after",
+		"tenants.*.upstream",
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		const struct sl_key_info *k;
+
+		for (k = sl_config_keys(); k->path != NULL; k++)
+			if (strcmp(k->path, want[i]) == 0)
+				break;
+		if (k->path == NULL) {
+			print_error("key '%s' missing from the table\n", want[i]);
+			fail();
+		}
+	}
+}
+
+static void
+test_key_table_defaults_parse_as_their_type(void **state)
+{
+	const struct sl_key_info *k;
+	uint64_t v;
+
+	for (k = sl_config_keys(); k->path != NULL; k++) {
+		if (k->def == NULL)
+			continue;
+		if (k->type == SL_KEY_SIZE && sl_parse_size(k->def, &v) != 0) {
+			print_error("default of '%s' is not a size: %s\n", k->path, k->def);
+			fail();
+		}
+		if (k->type == SL_KEY_DURATION &&
+		    sl_parse_duration_ms(k->def, &v) != 0) {
+			print_error("default of '%s' is not a duration: %s\n", k->path,
+			    k->def);
+			fail();
+		}
+	}
+}
+
+int
+main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+	const struct CMUnitTest tests[] = {
+		T(test_sample_config_loads_every_field),
+		T(test_omitted_keys_take_defaults),
+		T(test_explicit_values_and_second_upstream_index),
+		T(test_access_log_off_is_null),
+		T(test_workers_bounds_accepted),
+		T(test_load_file_reads_sample),
+		T(test_load_file_missing_reports_path),
+		T(test_unknown_top_level_key_reports_line),
+		T(test_unknown_timeouts_key_reports_line),
+		T(test_unknown_limits_key_reports_line),
+		T(test_unknown_tenant_key_reports_line),
+		T(test_unknown_upstream_key_reports_line),
+		T(test_dotted_top_level_key_is_unknown),
+		T(test_wildcard_key_path_is_unknown),
+		T(test_mapping_where_scalar_expected_reports_value),
+		T(test_flow_mapping_where_scalar_expected_reports_value),
+		T(test_scalar_where_list_expected_reports_value),
+		T(test_scalar_where_mapping_expected_reports_value),
+		T(test_list_where_mapping_expected_reports_value),
+		T(test_empty_value_for_required_scalar_is_null),
+		T(test_bad_size_reports_value),
+		T(test_bad_nested_size_reports_value),
+		T(test_bad_duration_reports_value),
+		T(test_duration_without_unit_is_rejected),
+		T(test_non_integer_max_streams_reports_value),
+		T(test_bad_log_level_reports_value),
+		T(test_negative_max_streams_out_of_range),
+		T(test_max_streams_above_range),
+		T(test_stream_buffer_below_minimum_out_of_range),
+		T(test_workers_zero_out_of_range),
+		T(test_workers_65_out_of_range),
+		T(test_retry_after_zero_out_of_range),
+		T(test_max_header_bytes_above_range),
+		T(test_zero_client_header_timeout_out_of_range),
+		T(test_duplicate_top_level_key_reports_line),
+		T(test_duplicate_key_within_tenant_reports_line),
+		T(test_duplicate_tenant_name_reports_line),
+		T(test_alias_use_reports_alias_position),
+		T(test_alias_of_tenant_keys_is_one_error),
+		T(test_alias_is_rejected_even_if_otherwise_valid),
+		T(test_missing_top_level_required_keys_all_reported),
+		T(test_missing_listen_reported),
+		T(test_missing_tenant_keys_and_max_streams),
+		T(test_missing_tenant_keys_only),
+		T(test_missing_upstream_url),
+		T(test_empty_upstreams_and_tenants_rejected),
+		T(test_empty_tenant_key_list_rejected),
+		T(test_tenant_key_with_space_rejected),
+		T(test_tenant_naming_unknown_upstream),
+		T(test_tenant_without_upstream_when_several),
+		T(test_key_shared_by_two_tenants_reports_second_use),
+		T(test_key_shared_by_two_tenants_is_rejected),
+		T(test_key_repeated_within_one_tenant_is_rejected),
+		T(test_invalid_listen_address_reports_value),
+		T(test_valid_listen_addresses_accepted),
+		T(test_invalid_admin_listen_reports_value),
+		T(test_upstream_url_scheme_checked),
+		T(test_upstream_url_with_query_rejected),
+		T(test_syntax_error_reports_problem_position),
+		T(test_bad_indentation_reports_problem_position),
+		T(test_unclosed_flow_sequence_reports_problem_position),
+		T(test_empty_document_rejected),
+		T(test_non_mapping_document_rejected),
+		T(test_second_document_rejected),
+		T(test_several_problems_all_reported),
+		T(test_errors_print_one_line_each),
+		T(test_parse_size_valid_forms),
+		T(test_parse_size_rejects_invalid),
+		T(test_parse_duration_valid_forms),
+		T(test_parse_duration_rejects_invalid),
+		T(test_key_table_paths_unique),
+		T(test_key_table_rows_have_help),
+		T(test_key_table_lists_every_sample_key),
+		T(test_key_table_defaults_parse_as_their_type),
+	};
+#undef T
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,574 @@
+/*
+ * Docs and code cannot drift: the man pages are checked against the tables
+ * and contracts the code and the issues define.
+ *
+ *   man/sluice.yaml.5  every row of sl_config_keys() has an entry
+ *                      ".It Ic PATH" ("*" written as NAME) in the KEYS
+ *                      section that states its type, default, range and
+ *                      whether SIGHUP applies it exactly as the table does;
+ *                      no entry names a key the parser does not know; the
+ *                      sample in EXAMPLES is a valid configuration.
+ *   man/sluice.8       every metric, signal, error code and access log
+ *                      "end" value of the contract is documented in its
+ *                      section.
+ *
+ * The pages are read from $SLUICE_SRCDIR/man (default: ./man). Every
+ * mismatch is printed, not only the first, before the test fails.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sl_config.h"
+
+#define YAML_PAGE "man/sluice.yaml.5"
+#define MAIN_PAGE "man/sluice.8"
+
+/* ---- helpers ----------------------------------------------------------- */
+
+/* Read $SLUICE_SRCDIR/rel (or ./rel) whole; fails the test if it cannot. */
+static char *
+read_page(const char *rel)
+{
+	const char *dir = getenv("SLUICE_SRCDIR");
+	char path[4096];
+	FILE *fp;
+	char *buf = NULL, *nb;
+	size_t len = 0, cap = 0, n;
+
+	if (dir == NULL || dir[0] == '\0')
+		dir = ".";
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, rel) >=
+	    sizeof(path))
+		fail_msg("path too long: %s/%s", dir, rel);
+	fp = fopen(path, "r");
+	if (fp == NULL)
+		fail_msg("cannot open %s: %s (set SLUICE_SRCDIR to the source "
+		    "tree)", path, strerror(errno));
+	for (;;) {
+		if (cap - len < 4096) {
+			cap = cap ? cap * 2 : 65536;
+			nb = realloc(buf, cap + 1);
+			if (nb == NULL) {
+				free(buf);
+				fclose(fp);
+				fail_msg("out of memory reading %s", path);
+			}
+			buf = nb;
+		}
+		n = fread(buf + len, 1, cap - len, fp);
+		len += n;
+		if (n == 0)
+			break;
+	}
+	if (ferror(fp)) {
+		free(buf);
+		fclose(fp);
+		fail_msg("cannot read %s", path);
+	}
+	fclose(fp);
+	buf[len] = '\0';
+	if (memchr(buf, '\0', len) != NULL) {
+		free(buf);
+		fail_msg("%s contains a NUL byte", path);
+	}
+	return buf;
+}
+
+/*
+ * The body of section ".Sh NAME" (NAME in full, e.g. "ERROR RESPONSES"):
+ * a copy of the text after the header line up to the next ".Sh".
+ * NULL if the page has no such section.
+ */
+static char *
+section(const char *page, const char *name)
+{
+	char hdr[128];
+	const char *s, *e;
+	size_t hl;
+	char *out;
+
+	hl = (size_t)snprintf(hdr, sizeof(hdr), "\n.Sh %s\n", name);
+	s = strstr(page, hdr);
+	if (s == NULL)
+		return NULL;
+	s += hl;
+	e = strstr(s, "\n.Sh ");
+	if (e == NULL)
+		e = s + strlen(s);
+	out = malloc((size_t)(e - s) + 2);
+	if (out == NULL)
+		return NULL;
+	/* Keep a leading newline so every line, the first too, follows '\n'. */
+	out[0] = '\n';
+	memcpy(out + 1, s, (size_t)(e - s));
+	out[(size_t)(e - s) + 1] = '\0';
+	return out;
+}
+
+/* Key path as the page writes it: every '*' becomes NAME. */
+static void
+doc_path(const char *path, char *out, size_t outlen)
+{
+	size_t o = 0;
+
+	for (; *path != '\0' && o + 5 < outlen; path++) {
+		if (*path == '*') {
+			memcpy(out + o, "NAME", 4);
+			o += 4;
+		} else
+			out[o++] = *path;
+	}
+	out[o] = '\0';
+}
+
+/*
+ * Find the line ".It Ic WORD" or ".It Cm WORD" (WORD followed by the end
+ * of the line or a space) in text; returns the start of the line after it,
+ * or NULL.
+ */
+static const char *
+find_item(const char *text, const char *word)
+{
+	static const char *const macros[] = { "\n.It Ic ", "\n.It Cm ", NULL };
+	char needle[512];
+	const char *p;
+	size_t nl;
+	int m;
+
+	for (m = 0; macros[m] != NULL; m++) {
+		nl = (size_t)snprintf(needle, sizeof(needle), "%s%s", macros[m],
+		    word);
+		if (nl >= sizeof(needle))
+			return NULL;
+		for (p = strstr(text, needle); p != NULL;
+		    p = strstr(p + 1, needle)) {
+			const char *after = p + nl;
+
+			if (*after == '\n')
+				return after + 1;
+			if (*after == ' ') {
+				after = strchr(after, '\n');
+				return after != NULL ? after + 1 : after;
+			}
+		}
+	}
+	return NULL;
+}
+
+/* A copy of an item's text: from body up to the next key item or (sub)section. */
+static char *
+item_text(const char *body)
+{
+	static const char *const ends[] = {
+		"\n.It Ic ", "\n.It Cm ", "\n.Ss ", "\n.Sh ", NULL
+	};
+	const char *e = body + strlen(body), *q;
+	char *out;
+	int i;
+
+	for (i = 0; ends[i] != NULL; i++)
+		if ((q = strstr(body, ends[i])) != NULL && q < e)
+			e = q;
+	out = malloc((size_t)(e - body) + 1);
+	if (out == NULL)
+		return NULL;
+	memcpy(out, body, (size_t)(e - body));
+	out[e - body] = '\0';
+	return out;
+}
+
+static const char *
+type_word(enum sl_key_type t)
+{
+	switch (t) {
+	case SL_KEY_STRING:
+		return "string";
+	case SL_KEY_ADDR:
+		return "address";
+	case SL_KEY_SIZE:
+		return "size";
+	case SL_KEY_DURATION:
+		return "duration";
+	case SL_KEY_INT:
+		return "integer";
+	case SL_KEY_WORKERS:
+		return "integer or auto";
+	case SL_KEY_LOGLEVEL:
+		return "log level";
+	case SL_KEY_LOGDEST:
+		return "log destination";
+	case SL_KEY_MAP:
+		return "mapping";
+	case SL_KEY_LIST:
+		return "list of strings";
+	}
+	return "?";
+}
+
+/* Count a problem and print it; the test fails at the end if any. */
+static void problem(int *n, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void
+problem(int *n, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fputs("[  DRIFT   ] ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	(*n)++;
+}
+
+/* Expect "LABEL VALUE;" in an item; report a problem otherwise. */
+static void
+expect_field(int *n, const char *dpath, const char *item, const char *label,
+    const char *value)
+{
+	char want[512];
+
+	snprintf(want, sizeof(want), "%s %s;", label, value);
+	if (strstr(item, want) == NULL)
+		problem(n, "%s: %s: entry for %s lacks \"%s\" (the key table "
+		    "in src/config.c says so)", YAML_PAGE, "KEYS", dpath, want);
+}
+
+/* ---- sluice.yaml(5) ---------------------------------------------------- */
+
+/* Every key of the parser's table is documented, with what the table says. */
+static void
+test_every_key_documented(void **state)
+{
+	const struct sl_key_info *k = sl_config_keys();
+	char *page = read_page(YAML_PAGE), *keys;
+	int n = 0, rows = 0;
+
+	(void)state;
+	assert_non_null(k);
+	keys = section(page, "KEYS");
+	if (keys == NULL) {
+		free(page);
+		fail_msg("%s has no KEYS section", YAML_PAGE);
+	}
+	for (; k->path != NULL; k++) {
+		char dpath[256], *item;
+		const char *body;
+
+		rows++;
+		doc_path(k->path, dpath, sizeof(dpath));
+		if (strstr(page, dpath) == NULL) {
+			problem(&n, "%s: key %s is not mentioned", YAML_PAGE, dpath);
+			continue;
+		}
+		if ((body = find_item(keys, dpath)) == NULL) {
+			problem(&n, "%s: KEYS has no \".It Ic %s\" entry",
+			    YAML_PAGE, dpath);
+			continue;
+		}
+		if ((item = item_text(body)) == NULL)
+			fail_msg("out of memory");
+		expect_field(&n, dpath, item, "Type:", type_word(k->type));
+		if (k->def != NULL)
+			expect_field(&n, dpath, item, "default:", k->def);
+		if (k->range != NULL)
+			expect_field(&n, dpath, item, "range:", k->range);
+		if (k->reloadable && strstr(item, "applied by a reload") == NULL)
+			problem(&n, "%s: entry for %s should say \"applied by a "
+			    "reload\" (reloadable in the key table)", YAML_PAGE, dpath);
+		if (!k->reloadable && strstr(item, "needs a restart") == NULL)
+			problem(&n, "%s: entry for %s should say \"needs a "
+			    "restart\" (not reloadable in the key table)", YAML_PAGE,
+			    dpath);
+		if (!k->reloadable && strstr(item, "applied by a reload") != NULL)
+			problem(&n, "%s: entry for %s says \"applied by a reload\" "
+			    "but the key table says a restart is needed", YAML_PAGE,
+			    dpath);
+		free(item);
+	}
+	free(keys);
+	free(page);
+	assert_true(rows > 0);
+	if (n > 0)
+		fail_msg("%d mismatch(es) between %s and the key table "
+		    "(src/config.c keys[])", n, YAML_PAGE);
+}
+
+/* Every key the page documents is one the parser accepts. */
+static void
+test_no_unknown_key_documented(void **state)
+{
+	char *page = read_page(YAML_PAGE), *keys;
+	const char *p;
+	int n = 0, items = 0;
+
+	(void)state;
+	keys = section(page, "KEYS");
+	if (keys == NULL) {
+		free(page);
+		fail_msg("%s has no KEYS section", YAML_PAGE);
+	}
+	for (p = strstr(keys, "\n.It Ic "); p != NULL;
+	    p = strstr(p + 1, "\n.It Ic ")) {
+		const struct sl_key_info *k;
+		char word[256], dpath[256];
+		size_t l = strcspn(p + 8, " \n");
+
+		if (l >= sizeof(word))
+			l = sizeof(word) - 1;
+		memcpy(word, p + 8, l);
+		word[l] = '\0';
+		items++;
+		for (k = sl_config_keys(); k->path != NULL; k++) {
+			doc_path(k->path, dpath, sizeof(dpath));
+			if (strcmp(dpath, word) == 0)
+				break;
+		}
+		if (k->path == NULL)
+			problem(&n, "%s: KEYS documents \"%s\", which is not in the "
+			    "key table", YAML_PAGE, word);
+	}
+	free(keys);
+	free(page);
+	assert_true(items > 0);
+	if (n > 0)
+		fail_msg("%d key(s) documented but unknown to the parser", n);
+}
+
+/*
+ * The first literal display of EXAMPLES is the sample configuration: once
+ * the few roff escapes it may use are undone, the parser must accept it.
+ */
+static void
+test_example_is_valid(void **state)
+{
+	char *page = read_page(YAML_PAGE), *ex, *yaml, *o;
+	const char *s, *e, *p;
+	struct sl_config *cfg = NULL;
+	struct sl_errors errs = { NULL, 0 };
+	size_t i;
+	int rc;
+
+	(void)state;
+	ex = section(page, "EXAMPLES");
+	if (ex == NULL) {
+		free(page);
+		fail_msg("%s has no EXAMPLES section", YAML_PAGE);
+	}
+	s = strstr(ex, "\n.Bd -literal");
+	if (s == NULL || (s = strchr(s + 1, '\n')) == NULL)
+		fail_msg("%s: EXAMPLES has no literal display", YAML_PAGE);
+	s++;
+	e = strstr(s, "\n.Ed");
+	if (e == NULL)
+		fail_msg("%s: EXAMPLES: unterminated literal display", YAML_PAGE);
+	yaml = malloc((size_t)(e - s) + 2);
+	if (yaml == NULL)
+		fail_msg("out of memory");
+	for (p = s, o = yaml; p <= e; p++) {
+		if (*p != '\\') {
+			*o++ = *p;
+			continue;
+		}
+		if (p[1] == 'e') {
+			*o++ = '\\';
+			p++;
+		} else if (p[1] == '&') {
+			p++;
+		} else if (strncmp(p + 1, "(dq", 3) == 0) {
+			*o++ = '"';
+			p += 3;
+		} else
+			fail_msg("%s: EXAMPLES: unexpected roff escape \"%.4s\"",
+			    YAML_PAGE, p);
+	}
+	*o = '\0';
+	rc = sl_config_load_buffer("sluice.yaml(5) EXAMPLES", yaml, strlen(yaml),
+	    &cfg, &errs);
+	for (i = 0; i < errs.n; i++)
+		fprintf(stderr, "[  DRIFT   ] %s\n", errs.msg[i]);
+	assert_int_equal(rc, 0);
+	assert_int_equal(errs.n, 0);
+	assert_non_null(cfg);
+	assert_true(cfg->ntenants > 0);
+	sl_config_free(cfg);
+	sl_errors_free(&errs);
+	free(yaml);
+	free(ex);
+	free(page);
+}
+
+/* ---- sluice(8) --------------------------------------------------------- */
+
+static int
+is_word_char(char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+	    (ch >= '0' && ch <= '9') || ch == '_';
+}
+
+/*
+ * Does some line of text that starts with prefix hold word as a whole: right
+ * after the prefix or after a space, and not followed by a letter, digit or
+ * underscore ("stall" does not match "stalled")?
+ */
+static int
+line_has(const char *text, const char *prefix, const char *word)
+{
+	size_t pl = strlen(prefix), wl = strlen(word);
+	const char *line = text, *eol, *p;
+
+	for (; *line != '\0'; line = *eol != '\0' ? eol + 1 : eol) {
+		eol = strchr(line, '\n');
+		if (eol == NULL)
+			eol = line + strlen(line);
+		if (strncmp(line, prefix, pl) != 0)
+			continue;
+		for (p = line + pl; p + wl <= eol; p++) {
+			if (p != line + pl && p[-1] != ' ')
+				continue;
+			if (strncmp(p, word, wl) == 0 && !is_word_char(p[wl]))
+				return 1;
+		}
+	}
+	return 0;
+}
+
+/*
+ * Each word must be documented in section sec of the page, on a line that
+ * starts with prefix (".It Li " for a metric, ".It Dv " for a signal...).
+ */
+static void
+expect_words(const char *page_name, const char *page, const char *sec,
+    const char *prefix, const char *const *words)
+{
+	char *text = section(page, sec);
+	int n = 0;
+
+	if (text == NULL)
+		fail_msg("%s has no %s section", page_name, sec);
+	for (; *words != NULL; words++)
+		if (!line_has(text, prefix, *words))
+			problem(&n, "%s: %s has no \"%s...\" line naming \"%s\"",
+			    page_name, sec, prefix, *words);
+	free(text);
+	if (n > 0)
+		fail_msg("%d name(s) of the contract missing from %s, %s", n,
+		    page_name, sec);
+}
+
+static void
+test_metrics_documented(void **state)
+{
+	static const char *const metrics[] = {
+		"sluice_tenant_streams", "sluice_tenant_max_streams",
+		"sluice_requests_total", "sluice_rejected_total",
+		"sluice_upstream_paused_streams", "sluice_stream_buffer_bytes",
+		"sluice_upstream_errors_total", "sluice_workers",
+		"sluice_reloads_total", "sluice_ttfb_seconds",
+		"sluice_stream_duration_seconds", NULL
+	};
+	static const char *const kinds[] = {
+		"connect", "timeout", "reset", "bad_response", "idle", NULL
+	};
+	char *page = read_page(MAIN_PAGE);
+
+	(void)state;
+	expect_words(MAIN_PAGE, page, "ADMIN ENDPOINTS", ".It Li ", metrics);
+	expect_words(MAIN_PAGE, page, "ADMIN ENDPOINTS", ".It Cm ", kinds);
+	expect_words(MAIN_PAGE, page, "ADMIN ENDPOINTS", ".It Li ",
+	    (const char *[]){ "GET /healthz", "GET /metrics", NULL });
+	free(page);
+}
+
+static void
+test_signals_documented(void **state)
+{
+	static const char *const sigs[] = {
+		"SIGHUP", "SIGTERM", "SIGINT", "SIGQUIT", "SIGUSR1", NULL
+	};
+	char *page = read_page(MAIN_PAGE);
+
+	(void)state;
+	expect_words(MAIN_PAGE, page, "SIGNALS", ".It Dv ", sigs);
+	free(page);
+}
+
+static void
+test_errors_documented(void **state)
+{
+	static const char *const codes[] = {
+		"400 Ta Li bad_request", "401 Ta Li invalid_api_key",
+		"404 Ta Li not_found", "408 Ta Li request_timeout",
+		"413 Ta Li request_too_large",
+		"429 Ta Li concurrency_limit_exceeded",
+		"431 Ta Li headers_too_large", "501 Ta Li not_implemented",
+		"502 Ta Li upstream_unreachable", "503 Ta Li overloaded",
+		"504 Ta Li upstream_timeout", NULL
+	};
+	char *page = read_page(MAIN_PAGE);
+
+	(void)state;
+	expect_words(MAIN_PAGE, page, "ERROR RESPONSES", ".It ", codes);
+	free(page);
+}
+
+static void
+test_access_log_documented(void **state)
+{
+	static const char *const fields[] = {
+		"time", "worker", "peer", "tenant", "method", "path", "status",
+		"bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", NULL
+	};
+	static const char *const ends[] = {
+		"done", "client_gone", "upstream_error", "timeout", "stall",
+		"rejected", "drained", NULL
+	};
+	char *page = read_page(MAIN_PAGE);
+
+	(void)state;
+	expect_words(MAIN_PAGE, page, "ACCESS LOG", ".It Li ", fields);
+	expect_words(MAIN_PAGE, page, "ACCESS LOG", ".It Cm ", ends);
+	free(page);
+}
+
+static void
+test_synopsis(void **state)
+{
+	char *page = read_page(MAIN_PAGE);
+
+	(void)state;
+	expect_words(MAIN_PAGE, page, "SYNOPSIS", ".Op ", (const char *[]){
+	    "Fl c Ar file", "Fl t", "Fl V", "Fl h", NULL });
+	expect_words(MAIN_PAGE, page, "OPTIONS", ".It ", (const char *[]){
+	    "Fl c Ar file", "Fl t", "Fl V", "Fl h", NULL });
+	free(page);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_every_key_documented),
+		cmocka_unit_test(test_no_unknown_key_documented),
+		cmocka_unit_test(test_example_is_valid),
+		cmocka_unit_test(test_metrics_documented),
+		cmocka_unit_test(test_signals_documented),
+		cmocka_unit_test(test_errors_documented),
+		cmocka_unit_test(test_access_log_documented),
+		cmocka_unit_test(test_synopsis),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,643 @@
+/*
+ * Unit tests for the shared admission region (src/shm.c): exact limits,
+ * per-row held counts, reclaim of a dead worker's row, stats, and real
+ * processes (fork) hammering one tenant at once.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "sl_shm.h"
+
+/* The region under test, destroyed by the teardown even on failure. */
+struct fx {
+	struct sl_shm *shm;
+	pid_t kids[16];
+	size_t nkids;
+	void *page;          /* extra MAP_SHARED page, page_len bytes */
+	size_t page_len;
+};
+
+static int
+setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+
+	if (f == NULL)
+		return -1;
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fx *f = *state;
+	size_t i;
+
+	/* Children left behind by a failed assert must not outlive the test. */
+	for (i = 0; i < f->nkids; i++)
+		if (f->kids[i] > 0) {
+			kill(f->kids[i], SIGKILL);
+			waitpid(f->kids[i], NULL, 0);
+		}
+	sl_shm_destroy(f->shm);
+	if (f->page != NULL)
+		munmap(f->page, f->page_len);
+	free(f);
+	return 0;
+}
+
+static struct sl_shm *
+make(struct fx *f, size_t tenants, size_t rows)
+{
+	f->shm = sl_shm_create(tenants, rows);
+	assert_non_null(f->shm);
+	return f->shm;
+}
+
+static void
+test_new_region_is_zeroed(void **state)
+{
+	struct sl_shm *s = make(*state, 4, 3);
+	size_t t, r;
+	int st;
+
+	assert_int_equal(sl_shm_max_tenants(s), 4);
+	assert_int_equal(sl_shm_max_rows(s), 3);
+	for (t = 0; t < 4; t++) {
+		assert_int_equal(sl_shm_limit(s, t), 0);
+		assert_int_equal(sl_shm_inflight(s, t), 0);
+		for (r = 0; r < 3; r++)
+			assert_int_equal(sl_shm_held(s, r, t), 0);
+	}
+	for (st = 0; st < SL_STAT_MAX; st++)
+		assert_int_equal(sl_shm_stat_sum(s, (enum sl_stat)st), 0);
+}
+
+static void
+test_create_rejects_zero_sizes(void **state)
+{
+	errno = 0;
+	assert_null(sl_shm_create(0, 4));
+	assert_int_equal(errno, EINVAL);
+	errno = 0;
+	assert_null(sl_shm_create(4, 0));
+	assert_int_equal(errno, EINVAL);
+}
+
+static void
+test_acquire_up_to_limit_then_full(void **state)
+{
+	struct sl_shm *s = make(*state, 2, 2);
+	int i;
+
+	sl_shm_set_limit(s, 0, 3);
+	assert_int_equal(sl_shm_limit(s, 0), 3);
+	for (i = 0; i < 3; i++) {
+		assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+		assert_int_equal(sl_shm_inflight(s, 0), i + 1);
+	}
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_FULL);
+	/* Refusals change nothing. */
+	assert_int_equal(sl_shm_inflight(s, 0), 3);
+	assert_int_equal(sl_shm_held(s, 0, 0), 3);
+	assert_int_equal(sl_shm_held(s, 1, 0), 0);
+}
+
+static void
+test_release_frees_exactly_one_slot(void **state)
+{
+	struct sl_shm *s = make(*state, 1, 1);
+
+	sl_shm_set_limit(s, 0, 2);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	sl_shm_release(s, 0, 0);
+	assert_int_equal(sl_shm_inflight(s, 0), 1);
+	assert_int_equal(sl_shm_held(s, 0, 0), 1);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	sl_shm_release(s, 0, 0);
+	sl_shm_release(s, 0, 0);
+	assert_int_equal(sl_shm_inflight(s, 0), 0);
+	assert_int_equal(sl_shm_held(s, 0, 0), 0);
+}
+
+static void
+test_tenants_are_independent(void **state)
+{
+	struct sl_shm *s = make(*state, 3, 1);
+
+	sl_shm_set_limit(s, 0, 1);
+	sl_shm_set_limit(s, 1, 2);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	/* A full tenant does not affect the others. */
+	assert_int_equal(sl_shm_try_acquire(s, 0, 1), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 1), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 1), SL_ADMIT_FULL);
+	assert_int_equal(sl_shm_inflight(s, 0), 1);
+	assert_int_equal(sl_shm_inflight(s, 1), 2);
+	assert_int_equal(sl_shm_inflight(s, 2), 0);
+}
+
+static void
+test_raised_limit_applies_to_next_acquire(void **state)
+{
+	struct sl_shm *s = make(*state, 1, 1);
+
+	sl_shm_set_limit(s, 0, 1);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	sl_shm_set_limit(s, 0, 3);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	assert_int_equal(sl_shm_inflight(s, 0), 3);
+}
+
+static void
+test_lowered_limit_refuses_until_inflight_below(void **state)
+{
+	struct sl_shm *s = make(*state, 1, 1);
+	int i;
+
+	sl_shm_set_limit(s, 0, 5);
+	for (i = 0; i < 5; i++)
+		assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	/* Reload lowers the limit under what is in flight: nothing is cut. */
+	sl_shm_set_limit(s, 0, 2);
+	assert_int_equal(sl_shm_inflight(s, 0), 5);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	sl_shm_release(s, 0, 0);               /* 4 */
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	sl_shm_release(s, 0, 0);               /* 3 */
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	sl_shm_release(s, 0, 0);               /* 2: at the new limit */
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+	sl_shm_release(s, 0, 0);               /* 1: under it */
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_inflight(s, 0), 2);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_FULL);
+}
+
+static void
+test_zero_limit_refuses_all(void **state)
+{
+	struct sl_shm *s = make(*state, 2, 2);
+	int i;
+
+	/* Fresh tenant: limit 0 until published. */
+	assert_int_equal(sl_shm_try_acquire(s, 0, 1), SL_ADMIT_FULL);
+	sl_shm_set_limit(s, 1, 4);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 1), SL_ADMIT_OK);
+	sl_shm_set_limit(s, 1, 0);                /* retired */
+	for (i = 0; i < 100; i++)
+		assert_int_equal(sl_shm_try_acquire(s, (size_t)(i % 2), 1),
+		    SL_ADMIT_FULL);
+	assert_int_equal(sl_shm_inflight(s, 1), 1);
+	sl_shm_release(s, 0, 1);
+	assert_int_equal(sl_shm_inflight(s, 1), 0);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 1), SL_ADMIT_FULL);
+}
+
+static void
+test_held_counts_per_row(void **state)
+{
+	struct sl_shm *s = make(*state, 2, 3);
+
+	sl_shm_set_limit(s, 0, 10);
+	sl_shm_set_limit(s, 1, 10);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 2, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 2, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 2, 1), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_held(s, 0, 0), 1);
+	assert_int_equal(sl_shm_held(s, 1, 0), 0);
+	assert_int_equal(sl_shm_held(s, 2, 0), 2);
+	assert_int_equal(sl_shm_held(s, 0, 1), 0);
+	assert_int_equal(sl_shm_held(s, 2, 1), 1);
+	assert_int_equal(sl_shm_inflight(s, 0), 3);
+	assert_int_equal(sl_shm_inflight(s, 1), 1);
+	sl_shm_release(s, 2, 0);
+	assert_int_equal(sl_shm_held(s, 2, 0), 1);
+	assert_int_equal(sl_shm_held(s, 0, 0), 1);
+	assert_int_equal(sl_shm_inflight(s, 0), 2);
+}
+
+static void
+test_reclaim_row_gives_back_exactly_that_row(void **state)
+{
+	struct sl_shm *s = make(*state, 3, 3);
+	int i;
+
+	sl_shm_set_limit(s, 0, 10);
+	sl_shm_set_limit(s, 1, 10);
+	sl_shm_set_limit(s, 2, 10);
+	for (i = 0; i < 3; i++)
+		assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_OK);
+	for (i = 0; i < 2; i++)
+		assert_int_equal(sl_shm_try_acquire(s, 1, 2), SL_ADMIT_OK);
+	for (i = 0; i < 4; i++)
+		assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 2, 1), SL_ADMIT_OK);
+
+	assert_int_equal(sl_shm_reclaim_row(s, 1), 5);
+	assert_int_equal(sl_shm_held(s, 1, 0), 0);
+	assert_int_equal(sl_shm_held(s, 1, 1), 0);
+	assert_int_equal(sl_shm_held(s, 1, 2), 0);
+	/* Other rows untouched. */
+	assert_int_equal(sl_shm_inflight(s, 0), 4);
+	assert_int_equal(sl_shm_inflight(s, 1), 1);
+	assert_int_equal(sl_shm_inflight(s, 2), 0);
+	assert_int_equal(sl_shm_held(s, 0, 0), 4);
+	assert_int_equal(sl_shm_held(s, 2, 1), 1);
+	/* A second reclaim finds nothing. */
+	assert_int_equal(sl_shm_reclaim_row(s, 1), 0);
+	assert_int_equal(sl_shm_inflight(s, 0), 4);
+	/* The row is reusable by a replacement worker. */
+	assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_held(s, 1, 0), 1);
+	assert_int_equal(sl_shm_inflight(s, 0), 5);
+}
+
+static void
+test_reclaim_empty_row_returns_zero(void **state)
+{
+	struct sl_shm *s = make(*state, 2, 2);
+
+	assert_int_equal(sl_shm_reclaim_row(s, 0), 0);
+	assert_int_equal(sl_shm_reclaim_row(s, 1), 0);
+	assert_int_equal(sl_shm_inflight(s, 0), 0);
+}
+
+static void
+test_stats_add_and_sum_across_rows(void **state)
+{
+	struct sl_shm *s = make(*state, 1, 4);
+
+	sl_shm_stat_add(s, 0, SL_STAT_ADMITTED, 3);
+	sl_shm_stat_add(s, 1, SL_STAT_ADMITTED, 4);
+	sl_shm_stat_add(s, 3, SL_STAT_ADMITTED, 5);
+	sl_shm_stat_add(s, 3, SL_STAT_ADMITTED, 1);
+	sl_shm_stat_add(s, 2, SL_STAT_BYTES_OUT, 1ULL << 40);
+	sl_shm_stat_add(s, 0, SL_STAT_BYTES_OUT, 10);
+	sl_shm_stat_add(s, 1, SL_STAT_REJECTED, 2);
+	assert_int_equal(sl_shm_stat_sum(s, SL_STAT_ADMITTED), 13);
+	assert_int_equal(sl_shm_stat_sum(s, SL_STAT_REJECTED), 2);
+	assert_int_equal(sl_shm_stat_sum(s, SL_STAT_BYTES_OUT), (1ULL << 40) + 10);
+	assert_int_equal(sl_shm_stat_sum(s, SL_STAT_PAUSES), 0);
+	/* Out of range rows and stats are ignored, not written elsewhere. */
+	sl_shm_stat_add(s, 4, SL_STAT_ADMITTED, 100);
+	sl_shm_stat_add(s, 0, SL_STAT_MAX, 100);
+	assert_int_equal(sl_shm_stat_sum(s, SL_STAT_ADMITTED), 13);
+	assert_int_equal(sl_shm_stat_sum(s, SL_STAT_PAUSES), 0);
+	assert_int_equal(sl_shm_stat_sum(s, SL_STAT_MAX), 0);
+}
+
+static void
+test_invalid_indices_return_invalid(void **state)
+{
+	struct sl_shm *s = make(*state, 2, 2);
+
+	sl_shm_set_limit(s, 0, 5);
+	sl_shm_set_limit(s, 2, 5);               /* ignored */
+	assert_int_equal(sl_shm_try_acquire(s, 0, 2), SL_ADMIT_INVALID);
+	assert_int_equal(sl_shm_try_acquire(s, 2, 0), SL_ADMIT_INVALID);
+	assert_int_equal(sl_shm_try_acquire(s, 2, 2), SL_ADMIT_INVALID);
+	assert_int_equal(sl_shm_try_acquire(s, SIZE_MAX, 0), SL_ADMIT_INVALID);
+	assert_int_equal(sl_shm_try_acquire(s, 0, SIZE_MAX), SL_ADMIT_INVALID);
+	assert_int_equal(sl_shm_inflight(s, 0), 0);
+	assert_int_equal(sl_shm_limit(s, 2), 0);
+	assert_int_equal(sl_shm_inflight(s, 2), 0);
+	assert_int_equal(sl_shm_held(s, 2, 0), 0);
+	assert_int_equal(sl_shm_held(s, 0, 2), 0);
+	assert_int_equal(sl_shm_reclaim_row(s, 2), 0);
+	sl_shm_release(s, 2, 0);                 /* ignored */
+	sl_shm_release(s, 0, 2);                 /* ignored */
+	assert_int_equal(sl_shm_inflight(s, 0), 0);
+	assert_int_equal(sl_shm_held(s, 0, 0), 0);
+	/* The valid cell still works. */
+	assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_inflight(s, 0), 1);
+}
+
+/* ---- many processes ---------------------------------------------------- */
+
+/* Shared between the test and its children, on its own MAP_SHARED page. */
+struct hammer {
+	_Atomic int go;
+	_Atomic int32_t violations;   /* inflight seen above the limit */
+	_Atomic int32_t high_water;   /* largest inflight seen after an acquire */
+	_Atomic int64_t acquired;
+	_Atomic int64_t refused;
+	_Atomic int32_t bad_held;     /* own row's held count disagreed */
+};
+
+#define HAMMER_KIDS 8
+#define HAMMER_ITERS 20000
+#define HAMMER_LIMIT 5
+#define HAMMER_HOLD_MAX 3
+
+static void
+atomic_max(_Atomic int32_t *m, int32_t v)
+{
+	int32_t cur = atomic_load(m);
+
+	while (cur < v && !atomic_compare_exchange_weak(m, &cur, v))
+		;
+}
+
+/* A child: acquire and release on its own row; never uses cmocka. */
+static void
+hammer_child(struct sl_shm *s, struct hammer *h, size_t row)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ULL * (row + 1);
+	int32_t held = 0, in, lim;
+	int i;
+
+	while (!atomic_load(&h->go))
+		sched_yield();
+	for (i = 0; i < HAMMER_ITERS; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		if (held < HAMMER_HOLD_MAX && (held == 0 || x % 3 != 0)) {
+			enum sl_admit a = sl_shm_try_acquire(s, row, 0);
+
+			if (a == SL_ADMIT_OK) {
+				held++;
+				in = sl_shm_inflight(s, 0);
+				lim = sl_shm_limit(s, 0);
+				if (in > lim || in < 1)
+					atomic_fetch_add(&h->violations, 1);
+				atomic_max(&h->high_water, in);
+				atomic_fetch_add(&h->acquired, 1);
+			} else if (a == SL_ADMIT_FULL) {
+				atomic_fetch_add(&h->refused, 1);
+			} else
+				_exit(3);
+		} else {
+			sl_shm_release(s, row, 0);
+			held--;
+		}
+		if (sl_shm_held(s, row, 0) != held)
+			atomic_fetch_add(&h->bad_held, 1);
+		if (x % 64 == 0)
+			sched_yield();
+	}
+	while (held > 0) {
+		sl_shm_release(s, row, 0);
+		held--;
+	}
+	_exit(0);
+}
+
+static void
+test_many_processes_never_exceed_limit(void **state)
+{
+	struct fx *f = *state;
+	struct sl_shm *s = make(f, 2, HAMMER_KIDS + 1);
+	struct hammer *h;
+	size_t i;
+	int st;
+
+	h = mmap(NULL, sizeof(*h), PROT_READ | PROT_WRITE,
+	    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	assert_true(h != MAP_FAILED);
+	f->page = h;
+	f->page_len = sizeof(*h);
+	sl_shm_set_limit(s, 0, HAMMER_LIMIT);
+	sl_shm_set_limit(s, 1, 1000);
+
+	for (i = 0; i < HAMMER_KIDS; i++) {
+		pid_t pid = fork();
+
+		if (pid == -1)
+			break;
+		if (pid == 0)
+			hammer_child(s, h, i);
+		f->kids[f->nkids++] = pid;
+	}
+	atomic_store(&h->go, 1);
+	for (i = 0; i < f->nkids; i++) {
+		assert_int_equal(waitpid(f->kids[i], &st, 0), f->kids[i]);
+		f->kids[i] = 0;
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), 0);
+	}
+	assert_int_equal(f->nkids, HAMMER_KIDS);
+
+	assert_int_equal(atomic_load(&h->violations), 0);
+	assert_int_equal(atomic_load(&h->bad_held), 0);
+	assert_int_equal(sl_shm_inflight(s, 0), 0);
+	for (i = 0; i < HAMMER_KIDS; i++)
+		assert_int_equal(sl_shm_held(s, i, 0), 0);
+	/* The limit was actually reached, and contended. */
+	assert_int_equal(atomic_load(&h->high_water), HAMMER_LIMIT);
+	assert_true(atomic_load(&h->refused) > 0);
+	assert_true(atomic_load(&h->acquired) > 0);
+	/* The other tenant saw nothing. */
+	assert_int_equal(sl_shm_inflight(s, 1), 0);
+}
+
+/* A child that takes slots on its row, reports, then waits to be killed. */
+static void
+holder_child(struct sl_shm *s, size_t row, int wfd)
+{
+	char ok = 'y';
+	int i;
+
+	for (i = 0; i < 3; i++)
+		if (sl_shm_try_acquire(s, row, 0) != SL_ADMIT_OK)
+			ok = 'n';
+	for (i = 0; i < 2; i++)
+		if (sl_shm_try_acquire(s, row, 1) != SL_ADMIT_OK)
+			ok = 'n';
+	if (write(wfd, &ok, 1) != 1)
+		_exit(1);
+	for (;;)
+		pause();
+}
+
+static void
+test_killed_worker_slots_reclaimed(void **state)
+{
+	struct fx *f = *state;
+	struct sl_shm *s = make(f, 2, 3);
+	int p[2], st;
+	pid_t pid;
+	char c = 0;
+
+	sl_shm_set_limit(s, 0, 5);
+	sl_shm_set_limit(s, 1, 2);
+	/* Another worker (row 0) holds a slot that must survive the reclaim. */
+	assert_int_equal(sl_shm_try_acquire(s, 0, 0), SL_ADMIT_OK);
+
+	assert_int_equal(pipe(p), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(p[0]);
+		holder_child(s, 2, p[1]);
+	}
+	f->kids[f->nkids++] = pid;
+	close(p[1]);
+	assert_int_equal(read(p[0], &c, 1), 1);
+	close(p[0]);
+	assert_int_equal(c, 'y');
+
+	assert_int_equal(sl_shm_inflight(s, 0), 4);
+	assert_int_equal(sl_shm_inflight(s, 1), 2);
+	assert_int_equal(sl_shm_try_acquire(s, 0, 1), SL_ADMIT_FULL);
+
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	f->kids[0] = 0;
+	assert_true(WIFSIGNALED(st));
+	assert_int_equal(WTERMSIG(st), SIGKILL);
+
+	/* The dead worker's slots are still counted until the master reclaims. */
+	assert_int_equal(sl_shm_held(s, 2, 0), 3);
+	assert_int_equal(sl_shm_held(s, 2, 1), 2);
+	assert_int_equal(sl_shm_inflight(s, 0), 4);
+	assert_int_equal(sl_shm_reclaim_row(s, 2), 5);
+	assert_int_equal(sl_shm_inflight(s, 0), 1);
+	assert_int_equal(sl_shm_inflight(s, 1), 0);
+	assert_int_equal(sl_shm_held(s, 2, 0), 0);
+	assert_int_equal(sl_shm_held(s, 2, 1), 0);
+	assert_int_equal(sl_shm_held(s, 0, 0), 1);
+	/* Exactly the limit is available again: no leak, no over-admission. */
+	assert_int_equal(sl_shm_try_acquire(s, 1, 1), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 1), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 1), SL_ADMIT_FULL);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 0), SL_ADMIT_FULL);
+}
+
+/* A worker in its hot loop: admit and finish requests as fast as it can. */
+static void
+churn_child(struct sl_shm *s, size_t row, int wfd)
+{
+	char c = 'y';
+
+	if (sl_shm_try_acquire(s, row, 0) != SL_ADMIT_OK)
+		_exit(1);
+	sl_shm_release(s, row, 0);
+	if (write(wfd, &c, 1) != 1)
+		_exit(1);
+	for (;;)
+		if (sl_shm_try_acquire(s, row, 0) == SL_ADMIT_OK)
+			sl_shm_release(s, row, 0);
+}
+
+/*
+ * kill -9 can land on any instruction, including the ones between the
+ * tenant's CAS and the row's held count (acquire) or between the held count
+ * and the tenant's decrement (release). Whatever the instant, reclaiming the
+ * dead row must bring in-flight back exactly: no slot leaked, none freed
+ * twice. 200 kills at varying delays.
+ */
+static void
+test_sigkill_at_any_instant_reclaims_exactly(void **state)
+{
+	struct fx *f = *state;
+	uint64_t x = 0x2545f4914f6cdd1dULL;
+	int round, leaked = 0, freed_twice = 0, bad_rounds = 0, st, p[2];
+	int32_t in;
+	char c;
+
+	f->nkids = 1;
+	for (round = 0; round < 200; round++) {
+		struct timespec ts;
+		pid_t pid;
+
+		/* A fresh region per round: each kill is judged on its own. */
+		sl_shm_destroy(f->shm);
+		f->shm = NULL;
+		make(f, 1, 2);
+		sl_shm_set_limit(f->shm, 0, 1000);
+		assert_int_equal(pipe(p), 0);
+		pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			close(p[0]);
+			churn_child(f->shm, 1, p[1]);
+		}
+		f->kids[0] = pid;
+		close(p[1]);
+		assert_int_equal(read(p[0], &c, 1), 1);
+		close(p[0]);
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		ts.tv_sec = 0;
+		ts.tv_nsec = (long)(20000 + x % 200000);
+		nanosleep(&ts, NULL);
+		assert_int_equal(kill(pid, SIGKILL), 0);
+		assert_int_equal(waitpid(pid, &st, 0), pid);
+		f->kids[0] = 0;
+		assert_true(WIFSIGNALED(st));
+
+		sl_shm_reclaim_row(f->shm, 1);
+		in = sl_shm_inflight(f->shm, 0);
+		if (in != 0)
+			bad_rounds++;
+		if (in > 0)
+			leaked += in;
+		else if (in < 0)
+			freed_twice -= in;
+	}
+	if (bad_rounds != 0)
+		fail_msg("%d of 200 kills left in-flight wrong after reclaim: "
+		    "%d slot(s) leaked, %d freed twice", bad_rounds, leaked,
+		    freed_twice);
+}
+
+int
+main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+	const struct CMUnitTest tests[] = {
+		T(test_new_region_is_zeroed),
+		T(test_create_rejects_zero_sizes),
+		T(test_acquire_up_to_limit_then_full),
+		T(test_release_frees_exactly_one_slot),
+		T(test_tenants_are_independent),
+		T(test_raised_limit_applies_to_next_acquire),
+		T(test_lowered_limit_refuses_until_inflight_below),
+		T(test_zero_limit_refuses_all),
+		T(test_held_counts_per_row),
+		T(test_reclaim_row_gives_back_exactly_that_row),
+		T(test_reclaim_empty_row_returns_zero),
+		T(test_stats_add_and_sum_across_rows),
+		T(test_invalid_indices_return_invalid),
+		T(test_many_processes_never_exceed_limit),
+		T(test_killed_worker_slots_reclaimed),
+		T(test_sigkill_at_any_instant_reclaims_exactly),
+	};
+#undef T
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
