@@ -27,6 +27,6 @@ void sl_conn_close_all(struct sl_worker *);
 void sl_conn_gauges(struct sl_worker *);
 
 /* Refuse a connection over max_connections with a 503 and close it. */
-void sl_conn_refuse(int fd);
+void sl_conn_refuse(struct sl_worker *, int fd);
 
 #endif

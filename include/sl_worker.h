@@ -48,7 +48,7 @@ struct sl_worker {
 	CURLM *multi;
 	ev_timer curl_timer;
 
-	ev_signal sig_term, sig_int, sig_quit, sig_hup;
+	ev_signal sig_term, sig_int, sig_quit, sig_usr2;
 	ev_timer drain_timer;
 	int draining;
 

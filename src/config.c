@@ -821,11 +821,12 @@ set_defaults(struct sl_config *cfg)
 	const struct key_row *k;
 
 	for (k = keys; k->info.path != NULL; k++) {
-		void *dst = (char *)cfg + k->off;
+		void *dst;
 		uint64_t u;
 
 		if (k->off == NOOFF || k->info.def == NULL)
 			continue;
+		dst = (char *)cfg + k->off;
 		switch (k->info.type) {
 		case SL_KEY_SIZE:
 			if (sl_parse_size(k->info.def, &u) == 0)

@@ -258,6 +258,7 @@ spawn(struct master *m, int slot)
 		sigaction(SIGQUIT, &sa, NULL);
 		sigaction(SIGCHLD, &sa, NULL);
 		sigaction(SIGUSR1, &sa, NULL);
+		sigaction(SIGUSR2, &sa, NULL);
 		if (m->admin != NULL)
 			sl_admin_close(m->admin);
 		for (i = 0; i < m->nlisten; i++)
@@ -480,11 +481,14 @@ reload(struct master *m)
 	m->cur.id = old.id + 1;
 	m->nworkers = nw;
 	memset(m->respawn_at, 0, sizeof(m->respawn_at));
-	/* Old workers drain: they stop accepting and finish their streams. */
+	/*
+	 * Old workers retire (SIGUSR2): they stop accepting and finish every
+	 * stream they have, with no deadline, so a reload never cuts one.
+	 */
 	for (s = 0; s < MAX_ROWS; s++)
 		if (m->children[s].pid > 0 && m->children[s].gen != m->cur.id) {
 			m->children[s].draining = 1;
-			kill(m->children[s].pid, SIGTERM);
+			kill(m->children[s].pid, SIGUSR2);
 		}
 	for (s = 0; s < nw; s++)
 		if (spawn(m, s) == -1)
@@ -722,6 +726,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sigaddset(&block, SIGQUIT);
 	sigaddset(&block, SIGCHLD);
 	sigaddset(&block, SIGUSR1);
+	sigaddset(&block, SIGUSR2);   /* inherited blocked by workers */
 	sigprocmask(SIG_BLOCK, &block, NULL);
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
@@ -733,6 +738,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sigaction(SIGCHLD, &sa, NULL);
 	sigaction(SIGUSR1, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	signal(SIGUSR2, SIG_IGN);     /* meant for workers only */
 	sigemptyset(&empty);
 
 	for (s = 0; s < m.nworkers; s++)

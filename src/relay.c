@@ -312,17 +312,23 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 }
 
 void
-sl_conn_refuse(int fd)
+sl_conn_refuse(struct sl_worker *w, int fd)
 {
-	static const char resp[] =
-	    "HTTP/1.1 503 Service Unavailable\r\n"
-	    "Content-Type: application/json\r\nContent-Length: 97\r\n"
-	    "Retry-After: 1\r\nConnection: close\r\n\r\n"
+	static const char body[] =
 	    "{\"error\":{\"message\":\"too many connections\","
 	    "\"type\":\"server_error\",\"code\":\"overloaded\"}}\n";
+	char resp[512];
+	int n;
 
-	(void)!write(fd, resp, sizeof(resp) - 1);
+	n = snprintf(resp, sizeof(resp),
+	    "HTTP/1.1 503 Service Unavailable\r\n"
+	    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+	    "Retry-After: 1\r\nConnection: close\r\n\r\n%s",
+	    sizeof(body) - 1, body);
+	if (n > 0)
+		(void)!write(fd, resp, (size_t)n);
 	close(fd);
+	sl_shm_count_request(w->shm, w->row, SL_TENANT_NONE(w->shm), 503);
 }
 
 /* ---- connection lifecycle -------------------------------------------- */
@@ -335,7 +341,7 @@ sl_conn_new(struct sl_worker *w, int fd)
 	c = calloc(1, sizeof(*c));
 	if (c == NULL || (c->in = malloc(CONN_IN_SIZE)) == NULL) {
 		free(c);
-		sl_conn_refuse(fd);
+		sl_conn_refuse(w, fd);
 		return;
 	}
 	c->w = w;
@@ -440,6 +446,8 @@ conn_request_end(struct sl_conn *c, const char *end)
 		end = c->end;
 	if (c->paused)
 		c->paused_total += now - c->t_pause;
+	if (c->status == 0)
+		c->status = 499;   /* nginx's "client closed request" */
 	tslot = c->tenant >= 0 ? w->tenant_slot[c->tenant] :
 	    SL_TENANT_NONE(w->shm);
 	sl_shm_count_request(w->shm, w->row, tslot, c->status);

@@ -143,7 +143,7 @@ accept_cb(struct ev_loop *loop, ev_io *io, int revents)
 					fd = accept4(w->listen_fd, NULL, NULL,
 					    SOCK_NONBLOCK | SOCK_CLOEXEC);
 					if (fd >= 0)
-						sl_conn_refuse(fd);
+						sl_conn_refuse(w, fd);
 					w->spare_fd = open("/dev/null",
 					    O_RDONLY | O_CLOEXEC);
 				}
@@ -155,7 +155,7 @@ accept_cb(struct ev_loop *loop, ev_io *io, int revents)
 			return;
 		}
 		if (w->nconns >= w->cfg->limits.max_connections) {
-			sl_conn_refuse(fd);
+			sl_conn_refuse(w, fd);
 			continue;
 		}
 		sl_conn_new(w, fd);
@@ -182,13 +182,25 @@ drain_timeout_cb(struct ev_loop *loop, ev_timer *t, int revents)
 }
 
 /* SIGTERM/SIGINT from the master: stop accepting, finish streams, exit. */
+/*
+ * Stop accepting and let the connections finish. SIGTERM/SIGINT (shutdown)
+ * bound the wait by drain_timeout; SIGUSR2 (retired by a reload) does not:
+ * a reload must never cut a stream, however long it runs.
+ */
 static void
 sig_drain_cb(struct ev_loop *loop, ev_signal *s, int revents)
 {
 	struct sl_worker *w = s->data;
+	int bounded = s->signum != SIGUSR2;
 
-	if (w->draining)
+	if (w->draining) {
+		if (bounded && !ev_is_active(&w->drain_timer)) {
+			ev_timer_set(&w->drain_timer,
+			    (double)w->cfg->drain_timeout_ms / 1000.0, 0.0);
+			ev_timer_start(loop, &w->drain_timer);
+		}
 		return;
+	}
 	w->draining = 1;
 	ev_io_stop(loop, &w->accept_io);
 	ev_timer_stop(loop, &w->accept_retry);
@@ -202,10 +214,13 @@ sig_drain_cb(struct ev_loop *loop, ev_signal *s, int revents)
 		ev_break(loop, EVBREAK_ALL);
 		return;
 	}
-	sl_info("draining %zu connection(s)", w->nconns);
-	ev_timer_set(&w->drain_timer, (double)w->cfg->drain_timeout_ms / 1000.0,
-	    0.0);
-	ev_timer_start(loop, &w->drain_timer);
+	sl_info("draining %zu connection(s)%s", w->nconns,
+	    bounded ? "" : " (retired by a reload)");
+	if (bounded) {
+		ev_timer_set(&w->drain_timer,
+		    (double)w->cfg->drain_timeout_ms / 1000.0, 0.0);
+		ev_timer_start(loop, &w->drain_timer);
+	}
 }
 
 /* Open (or reopen, on SIGUSR1) the access log; keep the old fd on failure. */
@@ -268,8 +283,6 @@ sl_worker_main(const struct sl_worker_args *a)
 	/* If the master dies, drain and go. */
 	prctl(PR_SET_PDEATHSIG, SIGTERM);
 	signal(SIGPIPE, SIG_IGN);
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
 
 	w.loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);
 	if (w.loop == NULL) {
@@ -317,8 +330,11 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.drain_timer.data = &w;
 	ev_signal_init(&w.sig_term, sig_drain_cb, SIGTERM);
 	ev_signal_init(&w.sig_int, sig_drain_cb, SIGINT);
+	ev_signal_init(&w.sig_usr2, sig_drain_cb, SIGUSR2);
 	ev_signal_init(&w.sig_quit, sig_quit_cb, SIGQUIT);
 	w.sig_term.data = w.sig_int.data = w.sig_quit.data = &w;
+	w.sig_usr2.data = &w;
+	ev_signal_start(w.loop, &w.sig_usr2);
 	ev_signal_start(w.loop, &w.sig_term);
 	ev_signal_start(w.loop, &w.sig_int);
 	ev_signal_start(w.loop, &w.sig_quit);
@@ -331,6 +347,14 @@ sl_worker_main(const struct sl_worker_args *a)
 	ev_timer_start(w.loop, &w.gauge_timer);
 	/* SIGHUP goes to the master; a worker ignores it. */
 	signal(SIGHUP, SIG_IGN);
+
+	/*
+	 * Signals stayed blocked since fork (inherited from the master): only
+	 * now that the watchers exist may they arrive, and any that came in
+	 * between are delivered here instead of killing us.
+	 */
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
 
 	/* The master may have died between fork and prctl. */
 	if (getppid() == 1)

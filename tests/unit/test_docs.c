@@ -513,7 +513,7 @@ test_errors_documented(void **state)
 		"404 Ta Li not_found", "408 Ta Li request_timeout",
 		"413 Ta Li request_too_large",
 		"429 Ta Li concurrency_limit_exceeded",
-		"431 Ta Li headers_too_large", "501 Ta Li not_implemented",
+		"431 Ta Li headers_too_large",
 		"502 Ta Li upstream_unreachable", "503 Ta Li overloaded",
 		"504 Ta Li upstream_timeout", NULL
 	};
