@@ -473,10 +473,9 @@ enum conn_state {
 	CONN_HANG,	/* X-Stub-Hang: wait for the peer to give up */
 	CONN_RESPOND,	/* build the head (and a small body) into out */
 	CONN_WRITE,	/* flush out; EV_WRITE wakes us when the socket was full */
-	CONN_NEXT,	/* out flushed: what does this response send next? */
 	CONN_PACE,	/* interval timer before the next event */
 	CONN_EMIT,	/* build the next event, or the [DONE] trailer */
-	CONN_DONE,	/* response written: account, then the next request */
+	CONN_DONE,	/* response written and accounted: next request or close */
 	CONN_CLOSING	/* free at the top of the machine, never inside a library call */
 };
 
@@ -1392,9 +1391,13 @@ conn_respond(struct conn *c)
 	conn_set_state(c, CONN_WRITE);
 }
 
-/* out has been written: decide what follows. */
+/*
+ * Call in the same step that flushed out. Completion and cuts are decided here,
+ * not a step later: a yield in between would let a client that read everything
+ * and closed be counted as aborted_by_client.
+ */
 static void
-conn_next(struct conn *c)
+conn_after_write(struct conn *c)
 {
 	const struct knobs *k = &c->req.k;
 
@@ -1405,6 +1408,7 @@ conn_next(struct conn *c)
 		return;
 	case RESP_NONE:
 	case RESP_FIXED:
+		req_finish(c, OUT_COMPLETED);
 		conn_set_state(c, CONN_DONE);
 		return;
 	case RESP_CUT_AFTER_HEAD:
@@ -1415,6 +1419,7 @@ conn_next(struct conn *c)
 	}
 	if (c->trailer_sent) {
 		c->ctx->st.streams_completed++;
+		req_finish(c, OUT_COMPLETED);
 		conn_set_state(c, CONN_DONE);
 	} else if (k->abort_after >= 0 && c->events_sent == k->abort_after)
 		conn_set_closing(c, OUT_CUT);
@@ -1426,11 +1431,10 @@ conn_next(struct conn *c)
 	}
 }
 
-/* The response is written: release it, then read the next request or close. */
+/* The response is written and accounted: read the next request or close. */
 static void
 conn_done(struct conn *c)
 {
-	req_finish(c, OUT_COMPLETED);
 	if (!c->req.keep_alive) {
 		conn_set_closing(c, OUT_COMPLETED);
 		return;
@@ -1528,7 +1532,7 @@ conn_drive(struct conn *c)
 		case CONN_WRITE:
 			switch (conn_flush(c)) {
 			case WR_DONE:
-				conn_set_state(c, CONN_NEXT);
+				conn_after_write(c);
 				break;
 			case WR_BLOCKED:
 				return;
@@ -1536,9 +1540,6 @@ conn_drive(struct conn *c)
 				conn_set_closing(c, OUT_ABORTED_BY_CLIENT);
 				break;
 			}
-			break;
-		case CONN_NEXT:
-			conn_next(c);
 			break;
 		case CONN_EMIT:
 			if (c->events_sent < c->req.k.events)

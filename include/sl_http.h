@@ -99,6 +99,41 @@ const char *sl_http_bearer(const char *value, size_t vlen, size_t *len);
 /* 1 if header name (nlen bytes) is hop-by-hop (RFC 9110 7.6.1 plus legacy ones). */
 int sl_http_is_hop_by_hop(const char *name, size_t nlen);
 
+/*
+ * The upstream's response head, fed line by line as libcurl's header
+ * callback hands it over. Filters what may reach the client: hop-by-hop
+ * headers, Content-Length (the body is re-framed) and X-Accel-Buffering are
+ * dropped; a line with CR, LF or NUL inside, an obs-fold, a bad name or a
+ * head over SL_RESP_HEAD_MAX makes the whole head bad.
+ */
+#define SL_RESP_HEAD_MAX 65536
+
+struct sl_resp_head {
+	int status;
+	char reason[64];          /* printable ASCII only */
+	char *block;              /* kept headers, "Name: value\r\n" each */
+	size_t len, cap;
+	int is_sse;               /* Content-Type: text/event-stream */
+	int has_cache_control;
+};
+
+enum sl_rh_result {
+	SL_RH_MORE = 0,           /* keep feeding */
+	SL_RH_DONE,               /* a final (>= 200) head is complete */
+	SL_RH_BAD                 /* malformed: answer 502 / cut */
+};
+
+/* Forget the head, keep the memory (a 1xx head is followed by another). */
+void sl_resp_head_reset(struct sl_resp_head *);
+void sl_resp_head_free(struct sl_resp_head *);
+
+/* One header line as libcurl delivers it, CRLF included. */
+enum sl_rh_result sl_resp_head_line(struct sl_resp_head *, const char *line,
+    size_t len);
+
+/* Write the chunk-size line for n body bytes ("%zx\r\n"); returns its length. */
+size_t sl_http_chunk_header(char *dst, size_t dstlen, size_t n);
+
 /* Constant-time comparison of two byte strings; 1 if equal. */
 int sl_ct_equal(const char *a, size_t alen, const char *b, size_t blen);
 

@@ -4,6 +4,7 @@
 #include "config.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -448,4 +449,125 @@ sl_ct_equal(const char *a, size_t alen, const char *b, size_t blen)
 	for (i = 0; i < blen; i++)
 		diff |= (unsigned char)(b[i] ^ (i < alen ? a[i] : 0));
 	return diff == 0;
+}
+
+void
+sl_resp_head_reset(struct sl_resp_head *h)
+{
+	h->status = 0;
+	h->reason[0] = '\0';
+	h->len = 0;
+	h->is_sse = h->has_cache_control = 0;
+}
+
+void
+sl_resp_head_free(struct sl_resp_head *h)
+{
+	free(h->block);
+	h->block = NULL;
+	h->cap = 0;
+	sl_resp_head_reset(h);
+}
+
+static int
+name_is(const char *name, size_t nlen, const char *want)
+{
+	return strlen(want) == nlen && strncasecmp(name, want, nlen) == 0;
+}
+
+enum sl_rh_result
+sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
+{
+	size_t len = n, nl, i, rl;
+	const char *colon, *v, *sp;
+
+	/* libcurl hands each line with its CRLF (or bare LF). */
+	if (len > 0 && p[len - 1] == '\n')
+		len--;
+	if (len > 0 && p[len - 1] == '\r')
+		len--;
+	for (i = 0; i < len; i++)
+		if (p[i] == '\0' || p[i] == '\r' || p[i] == '\n')
+			return SL_RH_BAD;   /* never let CR/LF/NUL reach the client */
+	if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
+		/* A status line: a new head (after a 1xx) starts. */
+		sl_resp_head_reset(h);
+		sp = memchr(p, ' ', len);
+		if (sp == NULL || (size_t)(p + len - sp) < 4)
+			return SL_RH_BAD;
+		for (i = 1; i <= 3; i++)
+			if (sp[i] < '0' || sp[i] > '9')
+				return SL_RH_BAD;
+		h->status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
+		if (h->status < 100 || ((size_t)(p + len - sp) > 4 && sp[4] != ' '))
+			return SL_RH_BAD;
+		sp += 4;
+		rl = (size_t)(p + len - sp);
+		while (rl > 0 && *sp == ' ') {
+			sp++;
+			rl--;
+		}
+		if (rl >= sizeof(h->reason))
+			rl = sizeof(h->reason) - 1;
+		for (i = 0; i < rl; i++)
+			h->reason[i] = (sp[i] >= 0x20 && sp[i] < 0x7f) ? sp[i] : ' ';
+		h->reason[rl] = '\0';
+		return SL_RH_MORE;
+	}
+	if (h->status == 0)
+		return SL_RH_BAD;   /* a header before any status line */
+	if (len == 0) {
+		/* End of a head. Informational heads are not relayed. */
+		if (h->status < 200) {
+			sl_resp_head_reset(h);
+			return SL_RH_MORE;
+		}
+		return SL_RH_DONE;
+	}
+	if (p[0] == ' ' || p[0] == '\t')
+		return SL_RH_BAD;   /* obs-fold: refuse rather than guess */
+	colon = memchr(p, ':', len);
+	if (colon == NULL || colon == p)
+		return SL_RH_BAD;
+	nl = (size_t)(colon - p);
+	for (i = 0; i < nl; i++)
+		if (!is_tchar((unsigned char)p[i]))
+			return SL_RH_BAD;
+	if (sl_http_is_hop_by_hop(p, nl) || name_is(p, nl, "content-length") ||
+	    name_is(p, nl, "x-accel-buffering"))
+		return SL_RH_MORE;
+	v = colon + 1;
+	while (v < p + len && (*v == ' ' || *v == '\t'))
+		v++;
+	if (name_is(p, nl, "content-type") && (size_t)(p + len - v) >= 17 &&
+	    strncasecmp(v, "text/event-stream", 17) == 0)
+		h->is_sse = 1;
+	if (name_is(p, nl, "cache-control"))
+		h->has_cache_control = 1;
+	if (h->len + len + 2 > SL_RESP_HEAD_MAX)
+		return SL_RH_BAD;
+	if (h->len + len + 2 > h->cap) {
+		size_t ncap = h->cap ? h->cap : 1024;
+		char *nb;
+
+		while (ncap < h->len + len + 2)
+			ncap *= 2;
+		if ((nb = realloc(h->block, ncap)) == NULL)
+			return SL_RH_BAD;
+		h->block = nb;
+		h->cap = ncap;
+	}
+	memcpy(h->block + h->len, p, len);
+	h->len += len;
+	memcpy(h->block + h->len, "\r\n", 2);
+	h->len += 2;
+	return SL_RH_MORE;
+}
+
+size_t
+sl_http_chunk_header(char *dst, size_t dstlen, size_t n)
+{
+	int k = snprintf(dst, dstlen, "%zx\r\n", n);
+
+	return k > 0 && (size_t)k < dstlen ? (size_t)k : 0;
 }

@@ -35,7 +35,6 @@
 #include "sl_worker.h"
 
 #define CONN_IN_SIZE 16384          /* client input buffer */
-#define RESP_HEAD_MAX 65536         /* largest upstream response head */
 #define CHUNK_FRAMING 32            /* "%zx\r\n" + "\r\n", generously */
 #define LINGER_SECONDS 2.0
 
@@ -88,11 +87,7 @@ struct sl_conn {
 	struct curl_slist *hdrs;
 	char *url;
 	int status;                /* upstream status */
-	char *uhead;               /* upstream header lines, filtered */
-	size_t uhead_len, uhead_cap;
-	char reason[64];
-	int is_sse;
-	int has_cache_control;
+	struct sl_resp_head uh;    /* upstream response head, filtered */
 	int upstream_bad;          /* malformed upstream head */
 	int paused;                /* CURL_WRITEFUNC_PAUSE returned */
 	size_t pending;            /* size of the refused chunk, framed */
@@ -209,7 +204,7 @@ rh_reserve(struct sl_conn *c, size_t add)
 	ncap = c->rh_cap ? c->rh_cap : 1024;
 	while (ncap < c->rh_len + add)
 		ncap *= 2;
-	if (ncap > RESP_HEAD_MAX + 4096)
+	if (ncap > SL_RESP_HEAD_MAX + 4096)
 		return -1;
 	n = realloc(c->rh, ncap);
 	if (n == NULL)
@@ -513,7 +508,7 @@ conn_unref(struct sl_conn *c)
 	sl_buf_free(&c->out);
 	free(c->in);
 	free(c->rh);
-	free(c->uhead);
+	sl_resp_head_free(&c->uh);
 	free(c);
 }
 
@@ -546,10 +541,10 @@ conn_response_done(struct sl_conn *c)
 	sl_req_reset(&c->req);
 	c->tenant = -1;
 	c->rh_len = c->rh_off = 0;
-	c->uhead_len = 0;
+	sl_resp_head_reset(&c->uh);
 	c->head_sent = c->resp_done = c->close_after = 0;
 	c->status = 0;
-	c->is_sse = c->has_cache_control = c->upstream_bad = 0;
+	c->upstream_bad = 0;
 	c->pending = 0;
 	c->end = NULL;
 	c->t_first = c->t_pause = c->paused_total = 0;
@@ -780,13 +775,13 @@ conn_build_head(struct sl_conn *c)
 		c->close_after = 1;
 	c->rh_len = c->rh_off = 0;
 	if (rh_addf(c, "HTTP/1.1 %d %s\r\n", c->status,
-	    c->reason[0] ? c->reason : status_reason(c->status)) == -1 ||
-	    rh_add(c, c->uhead, c->uhead_len) == -1)
+	    c->uh.reason[0] ? c->uh.reason : status_reason(c->status)) == -1 ||
+	    rh_add(c, c->uh.block, c->uh.len) == -1)
 		return -1;
 	if (c->chunked)
 		rh_addf(c, "Transfer-Encoding: chunked\r\n");
 	rh_addf(c, "X-Accel-Buffering: no\r\n");
-	if (c->is_sse && !c->has_cache_control)
+	if (c->uh.is_sse && !c->uh.has_cache_control)
 		rh_addf(c, "Cache-Control: no-cache\r\n");
 	if (rh_addf(c, "Connection: %s\r\n\r\n",
 	    c->close_after ? "close" : "keep-alive") == -1)
@@ -800,95 +795,26 @@ static size_t
 upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 {
 	struct sl_conn *c = arg;
-	size_t n = size * nitems, len = n, nl, i;
-	const char *colon, *v;
+	size_t n = size * nitems;
 
 	if (c->client_gone)
 		return 0;
 	c->t_upstream = ev_now(c->w->loop);
-	while (len > 0 && (p[len - 1] == '\n' || p[len - 1] == '\r'))
-		len--;
-	if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
-		/* A status line: a new response head (after 1xx) starts. */
-		const char *sp = memchr(p, ' ', len);
-		size_t rl;
-
-		c->uhead_len = 0;
-		c->is_sse = c->has_cache_control = 0;
-		c->status = 0;
-		c->reason[0] = '\0';
-		if (sp == NULL || len < (size_t)(sp - p) + 4)
-			goto bad;
-		c->status = atoi(sp + 1);
-		if (c->status < 100 || c->status > 999)
-			goto bad;
-		sp += 4;
-		rl = (size_t)(p + len - sp);
-		while (rl > 0 && *sp == ' ') {
-			sp++;
-			rl--;
-		}
-		if (rl >= sizeof(c->reason))
-			rl = sizeof(c->reason) - 1;
-		for (i = 0; i < rl; i++)
-			c->reason[i] = (sp[i] >= 0x20 && sp[i] < 0x7f) ? sp[i] : ' ';
-		c->reason[rl] = '\0';
+	switch (sl_resp_head_line(&c->uh, p, n)) {
+	case SL_RH_MORE:
 		return n;
-	}
-	if (len == 0) {
-		/* End of a head. Informational heads are not relayed. */
-		if (c->status < 200)
-			return n;
+	case SL_RH_DONE:
+		c->status = c->uh.status;
 		if (conn_build_head(c) == -1)
-			goto bad;
+			break;
 		if (c->state == CS_UPSTREAM)
 			conn_set_state(c, CS_STREAM);
 		if (conn_flush(c) == -1)
 			return 0;
 		return n;
+	case SL_RH_BAD:
+		break;
 	}
-	if (p[0] == ' ' || p[0] == '\t')
-		goto bad;        /* obs-fold: refuse rather than guess */
-	colon = memchr(p, ':', len);
-	if (colon == NULL || colon == p)
-		goto bad;
-	nl = (size_t)(colon - p);
-	for (i = 0; i < len; i++)
-		if (p[i] == '\0' || p[i] == '\r' || p[i] == '\n')
-			goto bad;   /* never let CR/LF/NUL reach the client */
-	for (i = 0; i < nl; i++)
-		if (p[i] <= ' ' || p[i] >= 0x7f)
-			goto bad;
-	if (sl_http_is_hop_by_hop(p, nl) || hdr_is(p, nl, "content-length") ||
-	    hdr_is(p, nl, "x-accel-buffering"))
-		return n;
-	v = colon + 1;
-	while (v < p + len && (*v == ' ' || *v == '\t'))
-		v++;
-	if (hdr_is(p, nl, "content-type") &&
-	    (size_t)(p + len - v) >= 17 && strncasecmp(v, "text/event-stream", 17) == 0)
-		c->is_sse = 1;
-	if (hdr_is(p, nl, "cache-control"))
-		c->has_cache_control = 1;
-	if (c->uhead_len + len + 2 > RESP_HEAD_MAX)
-		goto bad;
-	if (c->uhead_len + len + 2 > c->uhead_cap) {
-		size_t ncap = c->uhead_cap ? c->uhead_cap : 1024;
-		char *nb;
-
-		while (ncap < c->uhead_len + len + 2)
-			ncap *= 2;
-		if ((nb = realloc(c->uhead, ncap)) == NULL)
-			goto bad;
-		c->uhead = nb;
-		c->uhead_cap = ncap;
-	}
-	memcpy(c->uhead + c->uhead_len, p, len);
-	c->uhead_len += len;
-	memcpy(c->uhead + c->uhead_len, "\r\n", 2);
-	c->uhead_len += 2;
-	return n;
-bad:
 	c->upstream_bad = 1;
 	return 0;
 }
@@ -916,7 +842,7 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 	if (!c->body_allowed || n == 0)
 		return n;
 	if (c->chunked)
-		hl = (size_t)snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
+		hl = sl_http_chunk_header(hdr, sizeof(hdr), n);
 	total = hl + n + (c->chunked ? 2 : 0);
 
 	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0) {
