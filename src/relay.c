@@ -1275,6 +1275,18 @@ conn_on_head(struct sl_conn *c)
 	}
 	c->slot_held = 1;
 	sl_shm_stat_add(w->shm, w->row, SL_STAT_ADMITTED, 1);
+	if (c->req.has_body) {
+		const char *e;
+		size_t elen;
+
+		/*
+		 * Admitted: a client waiting for 100-continue may send its body
+		 * now. (Refused requests get their final status instead.)
+		 */
+		e = sl_req_header(&c->req, "expect", &elen);
+		if (e != NULL && elen == 12 && strncasecmp(e, "100-continue", 12) == 0)
+			(void)!write(c->fd, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	}
 	sl_req_continue(&c->req);
 	conn_set_state(c, CS_BODY);
 }

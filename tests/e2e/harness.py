@@ -773,7 +773,10 @@ def write_config(text, name="sluice"):
 # ---------------------------------------------------------------- gateway
 
 _SAN_PATTERNS = (b"AddressSanitizer", b"LeakSanitizer", b"runtime error:",
-                 b"UndefinedBehaviorSanitizer")
+                 b"UndefinedBehaviorSanitizer",
+                 # valgrind (SLUICE_WRAPPER): invalid accesses, definite leaks
+                 b"Invalid read", b"Invalid write", b"Invalid free",
+                 b"uninitialised value", b"are definitely lost")
 
 
 class Gateway:
@@ -828,7 +831,10 @@ class Gateway:
         out = open(self.stdout_path, "wb")
         err = open(self.stderr_path, "wb")
         try:
-            self.proc = subprocess.Popen([sluice_bin(), "-c", self.path],
+            # SLUICE_WRAPPER runs the gateway under a tool, e.g. valgrind
+            # (make check-valgrind); workers are forks, so it covers them.
+            wrapper = os.environ.get("SLUICE_WRAPPER", "").split()
+            self.proc = subprocess.Popen(wrapper + [sluice_bin(), "-c", self.path],
                                          stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=err, close_fds=True)
         finally:
@@ -1122,3 +1128,297 @@ def run_sluice(args, timeout=10):
         _unregister(p.pid)
     return p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
+
+
+# ---------------------------------------------------------------- reload
+
+def config_text(config):
+    """YAML text for a config dict (as Gateway renders it) or a string."""
+    return to_yaml(config) + "\n" if isinstance(config, dict) else config
+
+
+def rewrite_config(gw, config):
+    """Replace the running gateway's config file (same path, mode 0600)
+    with `config` (dict or text), atomically; sends no signal."""
+    text = config_text(config)
+    tmp = gw.path + ".new"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, gw.path)
+    gw.config = config
+    gw.text = text
+    if isinstance(config, dict):
+        gw.drain_s = _duration_s(config.get("drain_timeout", "30s"))
+
+
+def stderr_text(gw):
+    try:
+        with open(gw.stderr_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+_RELOAD_OK_RE = re.compile(r" master: info: reloaded: generation (\d+)")
+_RELOAD_FAILED_RE = re.compile(r" master: error: reload failed")
+
+
+def reload_results(gw):
+    """(reloads logged ok, reloads logged failed) so far. Needs log_level
+    info or debug for the ok count."""
+    text = stderr_text(gw)
+    return len(_RELOAD_OK_RE.findall(text)), len(_RELOAD_FAILED_RE.findall(text))
+
+
+def reload(gw, config=None, expect="ok", timeout=5.0):
+    """Write `config` (if given) over the gateway's file, send SIGHUP to the
+    master and wait until it logs the outcome ("reloaded: generation N" or
+    "reload failed"). Asserts the outcome is `expect` ("ok" or "failed")
+    and returns it."""
+    before = reload_results(gw)
+    if config is not None:
+        rewrite_config(gw, config)
+    kill_pid(gw.pid, signal.SIGHUP)
+
+    def outcome():
+        ok, failed = reload_results(gw)
+        if ok > before[0]:
+            return "ok"
+        if failed > before[1]:
+            return "failed"
+        return None
+    got = wait_until(outcome, timeout, interval=0.01, msg="the master to log the reload")
+    assert got == expect, "reload %s, expected %s; stderr tail:\n%s" % (
+        got, expect, gw.stderr_tail(1500))
+    return got
+
+
+# ---------------------------------------------------------------- admin
+
+def admin_port(gw):
+    """The port of the gateway's admin_listen (config dict or text)."""
+    if isinstance(gw.config, dict):
+        addr = gw.config.get("admin_listen")
+    else:
+        m = re.search(r'^admin_listen:\s*"?([^"\s]+)"?', gw.config, re.M)
+        addr = m.group(1) if m else None
+    if not addr:
+        raise HarnessError("the gateway has no admin_listen")
+    return int(str(addr).rsplit(":", 1)[1])
+
+
+class AdminResponse:
+    def __init__(self, raw):
+        self.raw = raw
+        head, sep, body = raw.partition(b"\r\n\r\n")
+        if not sep:
+            raise AssertionError("admin response without a complete head: %r" % raw[:300])
+        lines = head.decode("latin-1").split("\r\n")
+        m = re.match(r"^HTTP/1\.[01] (\d{3}) ", lines[0] + " ")
+        if not m:
+            raise AssertionError("bad admin status line %r" % lines[0])
+        self.status = int(m.group(1))
+        self.headers = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(":")
+            self.headers[k.strip().lower()] = v.strip()
+        self.body = body
+        cl = self.headers.get("content-length")
+        if cl is not None and int(cl) != len(body):
+            raise AssertionError("admin Content-Length %s but %d body bytes" % (cl, len(body)))
+
+    @property
+    def text(self):
+        return self.body.decode("utf-8")
+
+
+def admin_request(port, method="GET", path="/metrics", timeout=5.0):
+    """One request to the admin listener (it answers and closes); returns
+    an AdminResponse with the raw bytes kept."""
+    deadline = time.monotonic() + timeout
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    try:
+        s.sendall(("%s %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n"
+                   % (method, path, HOST, port)).encode())
+        raw = bytearray()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("admin %s %s: no complete answer in %.1fs (got %r)"
+                                     % (method, path, timeout, bytes(raw[:200])))
+            s.settimeout(left)
+            d = s.recv(65536)
+            if not d:
+                break
+            raw += d
+    finally:
+        s.close()
+    return AdminResponse(bytes(raw))
+
+
+_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
+_SAMPLE_RE = re.compile(r"^(%s)(\{[^}]*\})?[ ]+(\S+)(?:[ ]+(-?\d+))?$" % _METRIC_NAME)
+
+
+class Metrics:
+    """Parsed Prometheus text exposition (version 0.0.4). Parsing is strict:
+    a line that is not a comment, HELP, TYPE or `name{labels} value` fails,
+    as does a sample whose family has no HELP and TYPE before it."""
+
+    def __init__(self, text):
+        self.text = text
+        self.samples = {}           # (name, ((label, value), ...)) -> float
+        self.order = []
+        self.types = {}
+        self.helps = {}
+        for n, line in enumerate(text.split("\n"), 1):
+            if line == "":
+                continue
+            if line.startswith("#"):
+                m = re.match(r"^# (HELP|TYPE) (%s) (.*)$" % _METRIC_NAME, line)
+                if m is None:
+                    if re.match(r"^# (HELP|TYPE)\b", line):
+                        raise AssertionError("metrics line %d: bad %r" % (n, line))
+                    continue
+                kind, name, rest = m.groups()
+                if kind == "TYPE":
+                    assert rest in ("counter", "gauge", "histogram", "summary", "untyped"), \
+                        "metrics line %d: bad type %r" % (n, line)
+                    assert name not in self.types, "metrics line %d: second TYPE for %s" % (n, name)
+                    self.types[name] = rest
+                else:
+                    assert name not in self.helps, "metrics line %d: second HELP for %s" % (n, name)
+                    self.helps[name] = rest
+                continue
+            m = _SAMPLE_RE.match(line)
+            assert m, "metrics line %d does not parse as `name{labels} value`: %r" % (n, line)
+            name, lbl, val, _ts = m.groups()
+            labels = ()
+            if lbl:
+                inner = lbl[1:-1]
+                pos, pairs = 0, []
+                while pos < len(inner):
+                    lm = _LABEL_RE.match(inner, pos)
+                    assert lm, "metrics line %d: bad labels %r" % (n, lbl)
+                    pairs.append((lm.group(1), lm.group(2).replace('\\"', '"')
+                                  .replace("\\n", "\n").replace("\\\\", "\\")))
+                    pos = lm.end()
+                    if pos < len(inner):
+                        assert inner[pos] == ",", "metrics line %d: bad labels %r" % (n, lbl)
+                        pos += 1
+                names = [k for k, _ in pairs]
+                assert len(set(names)) == len(names), "metrics line %d: repeated label" % n
+                labels = tuple(sorted(pairs))
+            try:
+                v = float(val)
+            except ValueError:
+                raise AssertionError("metrics line %d: bad value %r" % (n, line))
+            fam = self.family(name)
+            assert fam in self.types and fam in self.helps, \
+                "metrics line %d: sample of %s before its HELP and TYPE" % (n, fam)
+            key = (name, labels)
+            assert key not in self.samples, "metrics line %d: duplicate sample %r" % (n, line)
+            self.samples[key] = v
+            self.order.append(key)
+
+    def family(self, name):
+        for suf in ("_bucket", "_sum", "_count"):
+            if name.endswith(suf) and self.types.get(name[:-len(suf)]) in ("histogram", "summary"):
+                return name[:-len(suf)]
+        return name
+
+    def get(self, name, **labels):
+        """The sample's value, or None when it is not exposed."""
+        return self.samples.get((name, tuple(sorted(labels.items()))))
+
+    def value(self, name, default=0.0, **labels):
+        v = self.get(name, **labels)
+        return default if v is None else v
+
+    def series(self, name):
+        """{labels dict as sorted tuple: value} for every sample of name."""
+        return {lb: v for (n, lb), v in self.samples.items() if n == name}
+
+    def counters(self):
+        """{(name, labels): value} of every counter and histogram sample."""
+        return {k: v for k, v in self.samples.items()
+                if self.types.get(self.family(k[0])) in ("counter", "histogram")}
+
+
+def scrape(gw, timeout=5.0):
+    """GET /metrics from the gateway's admin listener, parsed (strictly)."""
+    r = admin_request(admin_port(gw), "GET", "/metrics", timeout)
+    assert r.status == 200, "GET /metrics: %d %r" % (r.status, r.body[:200])
+    return Metrics(r.text)
+
+
+def wait_metric(gw, name, want, timeout=3.0, **labels):
+    """Poll /metrics until name{labels} == want (a missing sample counts as
+    0); returns the Metrics. Counters move when a request ends and gauges
+    once a second, so a bounded poll is the exact way to read them."""
+    last = [None]
+
+    def ok():
+        m = scrape(gw)
+        last[0] = m.get(name, **labels)
+        return m if m.value(name, **labels) == want else None
+    try:
+        return wait_until(ok, timeout, interval=0.05,
+                          msg="%s%r == %r" % (name, labels, want))
+    except AssertionError:
+        raise AssertionError("%s%r is %r, expected %r (after %.1fs)"
+                             % (name, labels, last[0], want, timeout))
+
+
+# ---------------------------------------------------------------- access log
+
+ACCESS_LOG_FIELDS = ("time", "worker", "peer", "tenant", "method", "path", "status",
+                     "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end")
+
+
+def access_lines(path):
+    """The access log's lines as dicts; every line must be whole JSON."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    out = []
+    # A line is written with one write(2); a reader racing it may see its
+    # first part only: leave that for the next read.
+    for i, line in enumerate(data.split(b"\n")[:-1], 1):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            raise AssertionError("access log %s line %d is not JSON: %r" % (path, i, line[:300]))
+    return out
+
+
+def wait_access_lines(path, n, timeout=5.0):
+    """Wait until the access log has at least n lines; returns them all."""
+    def ok():
+        lines = access_lines(path)
+        return lines if len(lines) >= n else None
+    try:
+        return wait_until(ok, timeout, interval=0.02, msg="%d access log lines" % n)
+    except AssertionError:
+        raise AssertionError("access log %s has %d lines, expected %d"
+                             % (path, len(access_lines(path)), n))
+
+
+def open_files(pid):
+    """Paths of the regular files pid has open (fd -> path)."""
+    res = {}
+    d = "/proc/%d/fd" % pid
+    try:
+        fds = os.listdir(d)
+    except OSError:
+        return res
+    for fd in fds:
+        try:
+            res[int(fd)] = os.readlink(os.path.join(d, fd))
+        except OSError:
+            pass
+    return res
