@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <sys/queue.h>
 
+#include "sl_auth.h"
 #include "sl_config.h"
 #include "sl_shm.h"
 
@@ -37,6 +38,7 @@ struct sl_worker {
 	size_t row;
 	int index;
 	int access_fd;               /* -1: access log off */
+	struct sl_keyidx *keys;      /* API key -> tenant */
 	ev_timer gauge_timer;
 	ev_signal sig_usr1;
 

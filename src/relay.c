@@ -1190,24 +1190,14 @@ out:
 static int
 conn_find_tenant(struct sl_conn *c)
 {
-	const struct sl_config *cfg = c->w->cfg;
 	const char *v, *tok;
-	size_t vlen, tlen, t, k;
-	int found = -1;
+	size_t vlen, tlen;
 
 	if ((v = sl_req_header(&c->req, "authorization", &vlen)) == NULL)
 		return -1;
 	if ((tok = sl_http_bearer(v, vlen, &tlen)) == NULL)
 		return -1;
-	/* Compare against every key, no early exit: timing says nothing. */
-	for (t = 0; t < cfg->ntenants; t++)
-		for (k = 0; k < cfg->tenants[t].nkeys; k++) {
-			const char *key = cfg->tenants[t].keys[k];
-
-			if (sl_ct_equal(key, strlen(key), tok, tlen) && found < 0)
-				found = (int)t;
-		}
-	return found;
+	return sl_keyidx_lookup(c->w->keys, tok, tlen);
 }
 
 static int

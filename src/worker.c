@@ -295,6 +295,10 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.upstream_slot = a->upstream_slot;
 	w.access_fd = -1;
 	access_log_open(&w);
+	if ((w.keys = sl_keyidx_build(a->cfg)) == NULL) {
+		sl_err("cannot build the key index");
+		return 1;
+	}
 	w.row = a->row;
 	w.index = a->index;
 	w.listen_fd = a->listen_fd;
@@ -369,6 +373,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	curl_multi_cleanup(w.multi);
 	if (w.access_fd > STDERR_FILENO)
 		close(w.access_fd);
+	sl_keyidx_free(w.keys);
 	if (w.spare_fd >= 0)
 		close(w.spare_fd);
 	if (w.listen_fd >= 0)

@@ -1,0 +1,97 @@
+/*
+ * API key index: open addressing, power-of-two table at most half full,
+ * built once per worker from the configuration it was forked with.
+ */
+#include "config.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sl_auth.h"
+#include "sl_http.h"
+
+struct slot {
+	uint64_t hash;
+	const char *key;     /* NULL: empty */
+	size_t len;
+	int tenant;
+};
+
+struct sl_keyidx {
+	struct slot *slots;
+	size_t mask;
+};
+
+static uint64_t
+fnv1a(const char *p, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		h ^= (unsigned char)p[i];
+		h *= 0x100000001b3ULL;
+	}
+	return h;
+}
+
+struct sl_keyidx *
+sl_keyidx_build(const struct sl_config *cfg)
+{
+	struct sl_keyidx *x;
+	size_t n = 0, size = 8, t, k;
+
+	for (t = 0; t < cfg->ntenants; t++)
+		n += cfg->tenants[t].nkeys;
+	while (size < n * 2)
+		size *= 2;
+	x = calloc(1, sizeof(*x));
+	if (x == NULL || (x->slots = calloc(size, sizeof(*x->slots))) == NULL) {
+		free(x);
+		return NULL;
+	}
+	x->mask = size - 1;
+	for (t = 0; t < cfg->ntenants; t++)
+		for (k = 0; k < cfg->tenants[t].nkeys; k++) {
+			const char *key = cfg->tenants[t].keys[k];
+			size_t len = strlen(key), i;
+			uint64_t h = fnv1a(key, len);
+
+			for (i = (size_t)h & x->mask; x->slots[i].key != NULL;
+			    i = (i + 1) & x->mask)
+				;
+			x->slots[i].hash = h;
+			x->slots[i].key = key;
+			x->slots[i].len = len;
+			x->slots[i].tenant = (int)t;
+		}
+	return x;
+}
+
+void
+sl_keyidx_free(struct sl_keyidx *x)
+{
+	if (x != NULL) {
+		free(x->slots);
+		free(x);
+	}
+}
+
+int
+sl_keyidx_lookup(const struct sl_keyidx *x, const char *tok, size_t len)
+{
+	uint64_t h = fnv1a(tok, len);
+	size_t i;
+	int found = -1;
+
+	for (i = (size_t)h & x->mask; x->slots[i].key != NULL;
+	    i = (i + 1) & x->mask) {
+		const struct slot *s = &x->slots[i];
+
+		if (s->hash == h && found < 0 &&
+		    sl_ct_equal(s->key, s->len, tok, len))
+			found = s->tenant;
+	}
+	return found;
+}
