@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -342,6 +344,12 @@ sl_conn_new(struct sl_worker *w, int fd)
 	c->w = w;
 	c->fd = fd;
 	c->tenant = -1;
+	/*
+	 * Every write is a flush of what the upstream just sent: Nagle would
+	 * hold a token back until the previous one is acknowledged (40 ms with
+	 * delayed ACKs).
+	 */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
 	sl_net_peer(fd, c->peer, sizeof(c->peer));
 	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
 	    w->cfg->limits.max_body_bytes);
