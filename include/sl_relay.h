@@ -23,6 +23,9 @@ void sl_conn_drain_all(struct sl_worker *);
 /* Close every connection now, cutting streams (drain timeout or SIGQUIT). */
 void sl_conn_close_all(struct sl_worker *);
 
+/* Write out what the callbacks of this loop iteration queued. */
+void sl_conn_flush_dirty(struct sl_worker *);
+
 /* Publish this worker's gauges (paused streams, buffered bytes...). */
 void sl_conn_gauges(struct sl_worker *);
 

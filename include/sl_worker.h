@@ -56,6 +56,8 @@ struct sl_worker {
 
 	size_t nconns;
 	TAILQ_HEAD(, sl_conn) conns;
+	TAILQ_HEAD(, sl_conn) dirty;     /* connections with bytes to flush */
+	ev_prepare flush_prep;
 
 	size_t curl_bufsize;         /* CURLOPT_BUFFERSIZE for every stream */
 };

@@ -106,6 +106,9 @@ struct sl_conn {
 	ev_tstamp paused_total;
 	uint64_t bytes_out;        /* bytes written to the client */
 
+	TAILQ_ENTRY(sl_conn) dirty_entry;
+	int dirty;                 /* on w->dirty: bytes to flush this turn */
+
 	int depth;                 /* entry points on the stack */
 	int dead;                  /* closed; freed when depth drops to 0 */
 };
@@ -165,6 +168,21 @@ conn_read_stop(struct sl_conn *c)
 	if (c->reading) {
 		ev_io_stop(c->w->loop, &c->rio);
 		c->reading = 0;
+	}
+}
+
+/*
+ * Queue the connection for a flush when this loop iteration's events are
+ * handled (sl_conn_flush_dirty, from an ev_prepare). What libcurl hands
+ * over in one socket event (head, chunks, the last chunk) leaves in one
+ * writev instead of one each. Safe inside libcurl callbacks.
+ */
+static void
+conn_mark_dirty(struct sl_conn *c)
+{
+	if (!c->dirty) {
+		TAILQ_INSERT_TAIL(&c->w->dirty, c, dirty_entry);
+		c->dirty = 1;
 	}
 }
 
@@ -496,6 +514,10 @@ conn_close(struct sl_conn *c, const char *why)
 	close(c->fd);
 	c->fd = -1;
 	TAILQ_REMOVE(&w->conns, c, entry);
+	if (c->dirty) {
+		TAILQ_REMOVE(&w->dirty, c, dirty_entry);
+		c->dirty = 0;
+	}
 	w->nconns--;
 	if (w->draining && w->nconns == 0)
 		ev_break(w->loop, EVBREAK_ALL);
@@ -817,8 +839,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 			break;
 		if (c->state == CS_UPSTREAM)
 			conn_set_state(c, CS_STREAM);
-		if (conn_flush(c) == -1)
-			return 0;
+		conn_mark_dirty(c);
 		return n;
 	case SL_RH_BAD:
 		break;
@@ -833,9 +854,6 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 	struct sl_conn *c = arg;
 	size_t n = size * nmemb, hl = 0, total;
 	char hdr[24];
-	struct iovec iov[3];
-	ssize_t wn;
-	int cnt = 0;
 
 	if (c->client_gone)
 		return CURL_WRITEFUNC_ERROR;
@@ -853,80 +871,31 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 		hl = sl_http_chunk_header(hdr, sizeof(hdr), n);
 	total = hl + n + (c->chunked ? 2 : 0);
 
-	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0) {
-		if (sl_buf_space(&c->out) < total) {
-			/*
-			 * Full: take none of it. libcurl keeps the chunk and
-			 * stops reading the socket, so TCP pushes back on the
-			 * upstream. conn_on_write resumes when it fits.
-			 */
-			c->paused = 1;
-			c->pending = total;
-			c->t_pause = ev_now(c->w->loop);
-			sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
-			conn_timer_update(c);
-			return CURL_WRITEFUNC_PAUSE;
-		}
-		sl_buf_append(&c->out, hdr, hl);
-		sl_buf_append(&c->out, p, n);
-		if (c->chunked)
-			sl_buf_append(&c->out, "\r\n", 2);
-		if (conn_flush(c) == -1)
-			return CURL_WRITEFUNC_ERROR;
-		return n;
-	}
-
-	/* Nothing waiting: write straight from libcurl's buffer, no copy. */
-	if (hl > 0) {
-		iov[cnt].iov_base = hdr;
-		iov[cnt++].iov_len = hl;
-	}
-	iov[cnt].iov_base = p;
-	iov[cnt++].iov_len = n;
-	if (c->chunked) {
-		iov[cnt].iov_base = (void *)"\r\n";
-		iov[cnt++].iov_len = 2;
-	}
-	do
-		wn = writev(c->fd, iov, cnt);
-	while (wn == -1 && errno == EINTR);
-	if (wn == -1) {
-		if (errno != EAGAIN && errno != EWOULDBLOCK) {
-			c->client_gone = 1;
-			return CURL_WRITEFUNC_ERROR;
-		}
-		wn = 0;
-	}
-	if (wn > 0) {
-		c->bytes_out += (uint64_t)wn;
-		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_BYTES_OUT,
-		    (uint64_t)wn);
-	}
-	if ((size_t)wn < total) {
-		/* Keep the rest; the buffer is empty and holds one chunk. */
-		size_t skip = (size_t)wn;
-		int i;
-
-		for (i = 0; i < cnt; i++) {
-			size_t l = iov[i].iov_len;
-
-			if (skip >= l) {
-				skip -= l;
-				continue;
-			}
-			if (sl_buf_append(&c->out, (char *)iov[i].iov_base + skip,
-			    l - skip) == -1) {
-				/* Cannot happen with stream_buffer >= one read. */
-				sl_err("conn %d: stream buffer overflow", c->fd);
-				c->client_gone = 1;
-				return CURL_WRITEFUNC_ERROR;
-			}
-			skip = 0;
-		}
-		c->t_client = ev_now(c->w->loop);
-		ev_io_start(c->w->loop, &c->wio);
+	if (sl_buf_space(&c->out) < total) {
+		/*
+		 * Full: take none of it. libcurl keeps the chunk and stops
+		 * reading the socket, so TCP pushes back on the upstream.
+		 * conn_on_write resumes when it fits. (An empty buffer always
+		 * fits one read: cap >= stream_buffer >= CURL_MAX_WRITE_SIZE.)
+		 */
+		c->paused = 1;
+		c->pending = total;
+		c->t_pause = ev_now(c->w->loop);
+		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
 		conn_timer_update(c);
+		return CURL_WRITEFUNC_PAUSE;
 	}
+	if (sl_buf_len(&c->out) == 0)
+		c->t_client = ev_now(c->w->loop);   /* bytes start waiting now */
+	if (sl_buf_append(&c->out, hdr, hl) == -1 ||
+	    sl_buf_append(&c->out, p, n) == -1 ||
+	    (c->chunked && sl_buf_append(&c->out, "\r\n", 2) == -1)) {
+		/* Out of memory (space was checked): fail this stream only. */
+		sl_err("conn %d: cannot buffer the response", c->fd);
+		c->client_gone = 1;
+		return CURL_WRITEFUNC_ERROR;
+	}
+	conn_mark_dirty(c);
 	return n;
 }
 
@@ -1420,6 +1389,23 @@ conn_on_write(struct ev_loop *loop, ev_io *io, int revents)
 	conn_unref(c);
 }
 
+/*
+ * After a flush made room: resume a paused transfer once the chunk it
+ * refused fits (hysteresis: not at the first free byte). libcurl calls the
+ * write callback from inside curl_easy_pause with the kept bytes, which
+ * only appends and queues a flush. Never call from a libcurl callback.
+ */
+static void
+conn_maybe_resume(struct sl_conn *c)
+{
+	if (!c->paused || c->easy == NULL || sl_buf_space(&c->out) < c->pending)
+		return;
+	c->paused = 0;
+	c->paused_total += ev_now(c->w->loop) - c->t_pause;
+	conn_timer_update(c);
+	curl_easy_pause(c->easy, CURLPAUSE_CONT);
+}
+
 static void
 conn_write_event(struct sl_conn *c)
 {
@@ -1427,19 +1413,7 @@ conn_write_event(struct sl_conn *c)
 		conn_close(c, "client_gone");
 		return;
 	}
-	if (c->paused && c->easy != NULL && sl_buf_space(&c->out) >= c->pending &&
-	    c->rh_off == c->rh_len) {
-		/*
-		 * The refused chunk fits now: resume. libcurl calls the write
-		 * callback from inside curl_easy_pause with the kept bytes.
-		 */
-		c->paused = 0;
-		c->paused_total += ev_now(c->w->loop) - c->t_pause;
-		conn_timer_update(c);
-		curl_easy_pause(c->easy, CURLPAUSE_CONT);
-		if (c->client_gone)
-			return;   /* the transfer reports done; we finish there */
-	}
+	conn_maybe_resume(c);
 	conn_after_write(c);
 }
 
@@ -1455,6 +1429,25 @@ sl_conn_drain_all(struct sl_worker *w)
 		if (c->state == CS_HEAD && c->req.head_bytes == 0 &&
 		    c->in_len == 0)
 			conn_close(c, "drain");
+	}
+}
+
+void
+sl_conn_flush_dirty(struct sl_worker *w)
+{
+	struct sl_conn *c;
+
+	while ((c = TAILQ_FIRST(&w->dirty)) != NULL) {
+		TAILQ_REMOVE(&w->dirty, c, dirty_entry);
+		c->dirty = 0;
+		c->depth++;
+		if (conn_flush(c) == -1)
+			conn_close(c, "client_gone");
+		else {
+			conn_maybe_resume(c);
+			conn_after_write(c);
+		}
+		conn_unref(c);
 	}
 }
 

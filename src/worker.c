@@ -254,6 +254,13 @@ sig_usr1_cb(struct ev_loop *loop, ev_signal *s, int revents)
 	access_log_open(w);
 }
 
+/* Before the loop sleeps: flush what this iteration's events produced. */
+static void
+flush_cb(struct ev_loop *loop, ev_prepare *p, int revents)
+{
+	sl_conn_flush_dirty(p->data);
+}
+
 static void
 gauge_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
@@ -303,6 +310,9 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.index = a->index;
 	w.listen_fd = a->listen_fd;
 	TAILQ_INIT(&w.conns);
+	TAILQ_INIT(&w.dirty);
+	ev_prepare_init(&w.flush_prep, flush_cb);
+	w.flush_prep.data = &w;
 	w.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	w.curl_bufsize = a->cfg->stream_buffer / 2;
 	if (w.curl_bufsize > CURL_MAX_WRITE_SIZE)
@@ -364,6 +374,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	if (getppid() == 1)
 		return 0;
 
+	ev_prepare_start(w.loop, &w.flush_prep);
 	ev_io_start(w.loop, &w.accept_io);
 	sl_debug("worker started (row %zu)", w.row);
 	ev_run(w.loop, 0);
