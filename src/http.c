@@ -316,6 +316,22 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 	e = HTTP_PARSER_ERRNO(&r->parser);
 	if (r->state == SL_REQ_HEAD || r->state == SL_REQ_HEAD_DONE ||
 	    (r->state == SL_REQ_ERROR && r->body_seen == 0)) {
+		size_t i;
+
+		/*
+		 * http-parser unfolds obs-fold lines (a line starting with SP
+		 * or HT continues the previous value); RFC 9112 lets a server
+		 * reject them, and a gateway should: peers may fold
+		 * differently. The LF may end the previous feed.
+		 */
+		for (i = 0; i < n; i++) {
+			if (r->last_lf && (data[i] == ' ' || data[i] == '\t') &&
+			    r->head_bytes + i > 0) {
+				req_fail(r, 400, "obsolete line folding");
+				return n;
+			}
+			r->last_lf = data[i] == '\n';
+		}
 		/* Every byte of the head counts: request line, CRLFs, spaces. */
 		r->head_bytes += n;
 		if (r->head_bytes > r->max_header_bytes) {

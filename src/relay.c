@@ -1177,24 +1177,45 @@ conn_find_tenant(struct sl_conn *c)
 	return sl_keyidx_lookup(c->w->keys, tok, tlen);
 }
 
+/*
+ * 1 if the path part of a target could walk out of /v1/ once an upstream
+ * normalises or decodes it: a "." or ".." segment, spelt plainly or with
+ * %2e, or an encoded slash or backslash (%2f, %5c) inside a segment.
+ */
 static int
 path_has_dot_segment(const char *p, size_t len)
 {
-	size_t i, s = 0;
+	size_t i = 0, dots = 0, other = 0;
 
-	for (i = 0; i <= len; i++) {
-		if (i == len || p[i] == '/' || p[i] == '?') {
-			size_t seg = i - s;
+	for (;;) {
+		int end = i == len || p[i] == '?' || p[i] == '#';
 
-			if ((seg == 1 && p[s] == '.') ||
-			    (seg == 2 && p[s] == '.' && p[s + 1] == '.'))
+		if (end || p[i] == '/') {
+			if (other == 0 && (dots == 1 || dots == 2))
 				return 1;
-			if (i < len && p[i] == '?')
+			if (end)
 				return 0;
-			s = i + 1;
+			dots = other = 0;
+			i++;
+			continue;
 		}
+		if (p[i] == '%' && i + 2 < len) {
+			char h1 = p[i + 1], h2 = (char)(p[i + 2] | 0x20);
+
+			if ((h1 == '2' && h2 == 'f') || (h1 == '5' && h2 == 'c'))
+				return 1;
+			if (h1 == '2' && h2 == 'e') {
+				dots++;
+				i += 3;
+				continue;
+			}
+		}
+		if (p[i] == '.')
+			dots++;
+		else
+			other++;
+		i++;
 	}
-	return 0;
 }
 
 /* The head is parsed: route, authenticate, admit. */
@@ -1425,10 +1446,22 @@ sl_conn_drain_all(struct sl_worker *w)
 	struct sl_conn *c, *next;
 
 	for (c = TAILQ_FIRST(&w->conns); c != NULL; c = next) {
+		char b;
+
 		next = TAILQ_NEXT(c, entry);
-		if (c->state == CS_HEAD && c->req.head_bytes == 0 &&
-		    c->in_len == 0)
-			conn_close(c, "drain");
+		/*
+		 * Close keep-alive connections idle between requests. Not a
+		 * connection just accepted (its first request is on its way:
+		 * serve it, with Connection: close), and not one whose next
+		 * request already sits in the socket: closing over unread
+		 * bytes would reset it.
+		 */
+		if (c->state != CS_HEAD || c->nreq == 0 ||
+		    c->req.head_bytes != 0 || c->in_len != 0)
+			continue;
+		if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+			continue;
+		conn_close(c, "drain");
 	}
 }
 
