@@ -1093,7 +1093,8 @@ sl_conn_upstream_done(struct sl_worker *w, CURL *easy, CURLcode result)
 	if (!c->client_gone && (result != CURLE_OK || c->upstream_bad)) {
 		enum sl_uerr kind = SL_UERR_RESET;
 
-		sl_warn("upstream %s: %s", c->url,
+		/* The query string may carry secrets: log the path only. */
+		sl_warn("upstream %.*s: %s", (int)strcspn(c->url, "?#"), c->url,
 		    c->upstream_bad ? "malformed response head" :
 		    curl_easy_strerror(result));
 		if (c->upstream_bad || result == CURLE_WEIRD_SERVER_REPLY ||
