@@ -859,11 +859,9 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 		return CURL_WRITEFUNC_ERROR;
 	c->t_upstream = ev_now(c->w->loop);
 	if (!c->head_sent) {
-		if (conn_build_head(c) == -1) {
-			c->upstream_bad = 1;
-			return CURL_WRITEFUNC_ERROR;
-		}
-		conn_set_state(c, CS_STREAM);
+		/* Body bytes without a final response head (e.g. after a 101). */
+		c->upstream_bad = 1;
+		return CURL_WRITEFUNC_ERROR;
 	}
 	if (!c->body_allowed || n == 0)
 		return n;
@@ -1138,9 +1136,12 @@ sl_conn_upstream_done(struct sl_worker *w, CURL *easy, CURLcode result)
 			conn_timer_update(c);
 		goto out;
 	}
-	if (!c->head_sent && conn_build_head(c) == -1) {
+	if (!c->head_sent) {
+		/* Done without a final head: only 1xx, or nothing usable. */
+		conn_count_uerr(c, SL_UERR_BAD_RESPONSE);
+		c->end = "upstream_error";
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "upstream sent a malformed response", 0, 0);
+		    "upstream sent no final response", 0, 0);
 		goto out;
 	}
 	if (c->state == CS_UPSTREAM)
@@ -1376,18 +1377,23 @@ conn_read_event(struct sl_conn *c)
 		return;
 	}
 	if (c->in_len == CONN_IN_SIZE) {
-		/* Pipelined bytes wait for the current response; stop reading. */
-		conn_read_stop(c);
-		return;
-	}
-	n = read(c->fd, c->in + c->in_len, CONN_IN_SIZE - c->in_len);
+		/*
+		 * More pipelined bytes than we keep while a response is in
+		 * progress. Go on reading, so a client that leaves is noticed
+		 * at once, but drop them and close after this response: a
+		 * client retries what a closed connection did not answer.
+		 */
+		c->close_after = 1;
+		n = read(c->fd, sink, sizeof(sink));
+	} else
+		n = read(c->fd, c->in + c->in_len, CONN_IN_SIZE - c->in_len);
 	if (n == 0 || (n == -1 && errno != EAGAIN && errno != EWOULDBLOCK &&
 	    errno != EINTR)) {
 		c->client_gone = 1;
 		conn_close(c, "client_gone");
 		return;
 	}
-	if (n < 0)
+	if (n < 0 || c->close_after)
 		return;
 	c->in_len += (size_t)n;
 	if (c->state == CS_HEAD || c->state == CS_BODY) {

@@ -150,6 +150,8 @@ accept_cb(struct ev_loop *loop, ev_io *io, int revents)
 				sl_warn("accept: %s; pausing accepts for 100 ms",
 				    strerror(errno));
 				ev_io_stop(loop, &w->accept_io);
+				/* A one-shot timer must be set again before each start. */
+				ev_timer_set(&w->accept_retry, 0.1, 0.0);
 				ev_timer_start(loop, &w->accept_retry);
 			}
 			return;
