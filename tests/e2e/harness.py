@@ -16,8 +16,10 @@ import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
+import threading
 import time
 
 HOST = "127.0.0.1"
@@ -785,7 +787,13 @@ class Gateway:
     Gateway(config_text_or_dict) or Gateway(stub=stub, **overrides) where
     overrides are merged into gateway_config(). allow_worker_changes=False
     makes the exit check fail if a worker died during the test (a crash the
-    master hid by respawning it)."""
+    master hid by respawning it).
+
+    Set before start(): `preexec_fn` (run in the child before exec, e.g. to
+    lower RLIMIT_NOFILE) and `config_mode` (chmod of the config file)."""
+
+    preexec_fn = None
+    config_mode = None
 
     def __init__(self, config=None, stub=None, allow_worker_changes=False,
                  name="gateway", **overrides):
@@ -826,6 +834,8 @@ class Gateway:
     # lifecycle
     def start(self, wait_workers=True):
         self.path = write_config(self.text, self.name)
+        if self.config_mode is not None:
+            os.chmod(self.path, self.config_mode)
         self.stderr_path = tmpfile(self.name, ".stderr")
         self.stdout_path = tmpfile(self.name, ".stdout")
         out = open(self.stdout_path, "wb")
@@ -836,7 +846,8 @@ class Gateway:
             wrapper = os.environ.get("SLUICE_WRAPPER", "").split()
             self.proc = subprocess.Popen(wrapper + [sluice_bin(), "-c", self.path],
                                          stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=err, close_fds=True)
+                                         stderr=err, close_fds=True,
+                                         preexec_fn=self.preexec_fn)
         finally:
             out.close()
             err.close()
@@ -1171,12 +1182,27 @@ def reload_results(gw):
     return len(_RELOAD_OK_RE.findall(text)), len(_RELOAD_FAILED_RE.findall(text))
 
 
+def wait_retired(gw, pids, timeout=5.0):
+    """Wait until each worker in pids has exited or logged that it drains
+    (it then no longer accepts). Needs log_level info or debug."""
+    def done():
+        text = stderr_text(gw)
+        return all(not pid_alive(p) or
+                   re.search(r"sluice\[%d\] worker\d+: info: draining " % p, text)
+                   for p in pids)
+    wait_until(done, timeout, interval=0.01,
+               msg="the old workers %r to stop accepting" % (list(pids),))
+
+
 def reload(gw, config=None, expect="ok", timeout=5.0):
     """Write `config` (if given) over the gateway's file, send SIGHUP to the
     master and wait until it logs the outcome ("reloaded: generation N" or
     "reload failed"). Asserts the outcome is `expect` ("ok" or "failed")
-    and returns it."""
+    and returns it. After an ok reload, also waits until the workers of the
+    previous generations stopped accepting, so that a new connection is
+    served by the new configuration."""
     before = reload_results(gw)
+    old_workers = gw.worker_pids()
     if config is not None:
         rewrite_config(gw, config)
     kill_pid(gw.pid, signal.SIGHUP)
@@ -1191,6 +1217,8 @@ def reload(gw, config=None, expect="ok", timeout=5.0):
     got = wait_until(outcome, timeout, interval=0.01, msg="the master to log the reload")
     assert got == expect, "reload %s, expected %s; stderr tail:\n%s" % (
         got, expect, gw.stderr_tail(1500))
+    if got == "ok":
+        wait_retired(gw, old_workers, timeout)
     return got
 
 
@@ -1209,7 +1237,7 @@ def admin_port(gw):
 
 
 class AdminResponse:
-    def __init__(self, raw):
+    def __init__(self, raw, method="GET"):
         self.raw = raw
         head, sep, body = raw.partition(b"\r\n\r\n")
         if not sep:
@@ -1225,7 +1253,7 @@ class AdminResponse:
             self.headers[k.strip().lower()] = v.strip()
         self.body = body
         cl = self.headers.get("content-length")
-        if cl is not None and int(cl) != len(body):
+        if cl is not None and method != "HEAD" and int(cl) != len(body):
             raise AssertionError("admin Content-Length %s but %d body bytes" % (cl, len(body)))
 
     @property
@@ -1254,7 +1282,7 @@ def admin_request(port, method="GET", path="/metrics", timeout=5.0):
             raw += d
     finally:
         s.close()
-    return AdminResponse(bytes(raw))
+    return AdminResponse(bytes(raw), method)
 
 
 _METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -1422,3 +1450,227 @@ def open_files(pid):
         except OSError:
             pass
     return res
+
+
+# ---------------------------------------------------------------- hostile peers
+
+def close_rst(sock):
+    """Close a socket with SO_LINGER 0: the peer gets a RST, not a FIN."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
+
+
+def exchange_raw(port, data, timeout=5.0, host=HOST):
+    """Send raw bytes on a fresh connection and read until the server
+    closes it or `timeout` passes. Returns (bytes, closed) where closed is
+    True on EOF or reset."""
+    s = socket.create_connection((host, port), timeout=timeout)
+    deadline = time.monotonic() + timeout
+    got = bytearray()
+    closed = False
+    try:
+        s.sendall(data)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            s.settimeout(left)
+            try:
+                d = s.recv(65536)
+            except socket.timeout:
+                break
+            except ConnectionResetError:
+                closed = True
+                break
+            if not d:
+                closed = True
+                break
+            got += d
+    finally:
+        s.close()
+    return bytes(got), closed
+
+
+def split_responses(data):
+    """Split raw bytes holding whole HTTP/1.1 responses framed by
+    Content-Length into [(status, {lower name: value}, body)]; a trailing
+    incomplete part is returned as (None, {}, rest)."""
+    out = []
+    rest = data
+    while rest:
+        head, sep, tail = rest.partition(b"\r\n\r\n")
+        if not sep:
+            out.append((None, {}, rest))
+            break
+        lines = head.decode("latin-1").split("\r\n")
+        m = re.match(r"^HTTP/1\.[01] (\d{3})", lines[0])
+        if not m:
+            out.append((None, {}, rest))
+            break
+        hd = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(":")
+            hd[k.strip().lower()] = v.strip()
+        n = int(hd.get("content-length", "0"))
+        if len(tail) < n:
+            out.append((None, {}, rest))
+            break
+        out.append((int(m.group(1)), hd, tail[:n]))
+        rest = tail[n:]
+    return out
+
+
+class RawUpstream:
+    """A minimal upstream on 127.0.0.1 that answers with whatever bytes a
+    test gives it: malformed heads, resets, anything the stub refuses to
+    produce. For each connection it reads one request (head and a
+    Content-Length body), records it in `requests`, and calls
+    handler(sock, request_bytes) in the connection's thread; the socket is
+    closed when the handler returns. Every wait is bounded."""
+
+    def __init__(self, handler, read_timeout=5.0):
+        self.handler = handler
+        self.read_timeout = read_timeout
+        self.requests = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._stop = False
+        self._threads = []
+
+    def start(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((HOST, 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.url = "http://%s:%d" % (HOST, self.port)
+        t = threading.Thread(target=self._accept_loop, daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def _accept_loop(self):
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            t = threading.Thread(target=self._serve, args=(c,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _serve(self, c):
+        try:
+            c.settimeout(self.read_timeout)
+            data = bytearray()
+            try:
+                while b"\r\n\r\n" not in data and len(data) < 1 << 20:
+                    d = c.recv(65536)
+                    if not d:
+                        break
+                    data += d
+                head = bytes(data).split(b"\r\n\r\n", 1)[0]
+                m = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+                if m:
+                    want = len(head) + 4 + int(m.group(1))
+                    while len(data) < want:
+                        d = c.recv(65536)
+                        if not d:
+                            break
+                        data += d
+            except OSError:
+                pass
+            with self._lock:
+                self.requests.append(bytes(data))
+            try:
+                self.handler(c, bytes(data))
+            except OSError:
+                pass
+        finally:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+    def stop(self):
+        self._stop = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        for t in self._threads:
+            t.join(timeout=2)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def fd_count(pid):
+    """Number of open descriptors of pid."""
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def _socket_inodes(pid):
+    res = set()
+    d = "/proc/%d/fd" % pid
+    for fd in os.listdir(d):
+        try:
+            t = os.readlink(os.path.join(d, fd))
+        except OSError:
+            continue
+        if t.startswith("socket:["):
+            res.add(int(t[8:-1]))
+    return res
+
+
+def _proc_net_tcp(pid):
+    """[(local (ip, port), remote (ip, port), state hex, inode)] from the
+    network namespace of pid (IPv4 and IPv6)."""
+    rows = []
+    for fn, v6 in (("tcp", False), ("tcp6", True)):
+        try:
+            with open("/proc/%d/net/%s" % (pid, fn)) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            p = ln.split()
+            rows.append((_hexaddr(p[1], v6), _hexaddr(p[2], v6), p[3], int(p[9])))
+    return rows
+
+
+def _hexaddr(s, v6):
+    ip, port = s.split(":")
+    raw = bytes.fromhex(ip)
+    if not v6:
+        addr = socket.inet_ntop(socket.AF_INET, raw[::-1])
+    else:
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+        addr = socket.inet_ntop(socket.AF_INET6, raw)
+    return addr, int(port, 16)
+
+
+def listening_addrs(pids):
+    """Set of (ip, port) TCP addresses that the processes `pids` listen on."""
+    inodes = set()
+    for p in pids:
+        try:
+            inodes |= _socket_inodes(p)
+        except OSError:
+            pass
+    if not pids:
+        return set()
+    return {loc for loc, _, st, ino in _proc_net_tcp(pids[0])
+            if st == "0A" and ino in inodes}
