@@ -434,8 +434,8 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	n = snprintf(line, sizeof(line),
 	    "{\"time\":\"%s.%03dZ\",\"worker\":%d,\"peer\":\"%s\","
 	    "\"tenant\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
-	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.1f,"
-	    "\"duration_ms\":%.1f,\"paused_ms\":%.1f,\"end\":\"%s\"}\n",
+	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.3f,"
+	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    c->tenant >= 0 ? w->cfg->tenants[c->tenant].name : "-",
 	    method, path, c->status, c->bytes_out,
