@@ -218,6 +218,34 @@ on_headers_complete(http_parser *p)
 		req_fail(r, 400, "only HTTP/1.x is supported");
 		return -1;
 	}
+	{
+		size_t hosts = 0, k;
+
+		for (k = 0; k < r->nheaders; k++) {
+			const struct sl_req_header *h = &r->headers[k];
+			const char *v = r->arena + h->value_off;
+
+			if (h->name_len == 4 &&
+			    strncasecmp(r->arena + h->name_off, "host", 4) == 0)
+				hosts++;
+			/*
+			 * We de-chunk and forward with a length: any other
+			 * transfer coding would be silently dropped.
+			 */
+			if (h->name_len == 17 && strncasecmp(r->arena + h->name_off,
+			    "transfer-encoding", 17) == 0 &&
+			    !(h->value_len == 7 && strncasecmp(v, "chunked", 7) == 0)) {
+				req_fail(r, 400, "unsupported transfer coding");
+				return -1;
+			}
+		}
+		/* RFC 9112 3.2: exactly one Host in HTTP/1.1. */
+		if (hosts > 1 || (hosts == 0 && p->http_minor >= 1)) {
+			req_fail(r, 400, hosts ? "more than one Host header" :
+			    "missing Host header");
+			return -1;
+		}
+	}
 	r->method = p->method;
 	r->http_major = p->http_major;
 	r->http_minor = p->http_minor;
@@ -335,7 +363,10 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 		/* Every byte of the head counts: request line, CRLFs, spaces. */
 		r->head_bytes += n;
 		if (r->head_bytes > r->max_header_bytes) {
-			req_fail(r, 431, "request head too large");
+			/* Size wins over what the callbacks found inside it. */
+			r->state = SL_REQ_ERROR;
+			r->status = 431;
+			r->reason = "request head too large";
 			return n;
 		}
 	}

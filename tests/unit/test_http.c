@@ -470,8 +470,9 @@ test_max_headers_exactly_accepted(void **state)
 	sl_req_init(&f->r, 65536, MAX_BODY);
 	f->buf = malloc(8192);
 	assert_non_null(f->buf);
-	off = (size_t)snprintf(f->buf, 8192, "GET / HTTP/1.1\r\n");
-	for (i = 0; i < SL_REQ_MAX_HEADERS; i++)
+	/* Host is one of them: HTTP/1.1 requires it. */
+	off = (size_t)snprintf(f->buf, 8192, "GET / HTTP/1.1\r\nHost: x\r\n");
+	for (i = 1; i < SL_REQ_MAX_HEADERS; i++)
 		off += (size_t)snprintf(f->buf + off, 8192 - off, "h%zu: v%zu\r\n",
 		    i, i);
 	off += (size_t)snprintf(f->buf + off, 8192 - off, "\r\n");
@@ -482,6 +483,33 @@ test_max_headers_exactly_accepted(void **state)
 }
 
 /* ---- malformed and refused requests ----------------------------------- */
+
+static void
+test_http11_without_host_is_400(void **state)
+{
+	static const char req[] = "GET /v1/x HTTP/1.1\r\nA: b\r\n\r\n";
+
+	expect_error_status(*state, req, sizeof(req) - 1, 400);
+}
+
+static void
+test_duplicate_host_is_400(void **state)
+{
+	static const char req[] =
+	    "GET /v1/x HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n";
+
+	expect_error_status(*state, req, sizeof(req) - 1, 400);
+}
+
+static void
+test_transfer_coding_other_than_chunked_is_400(void **state)
+{
+	static const char req[] =
+	    "POST /v1/x HTTP/1.1\r\nHost: a\r\n"
+	    "Transfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+
+	expect_error_status(*state, req, sizeof(req) - 1, 400);
+}
 
 static void
 test_binary_garbage_is_400(void **state)
@@ -823,6 +851,9 @@ main(void)
 		T(test_head_whitespace_counts_toward_header_limit),
 		T(test_too_many_headers_is_431),
 		T(test_max_headers_exactly_accepted),
+		T(test_http11_without_host_is_400),
+		T(test_duplicate_host_is_400),
+		T(test_transfer_coding_other_than_chunked_is_400),
 		T(test_binary_garbage_is_400),
 		T(test_text_garbage_is_400),
 		T(test_header_without_colon_is_400),
