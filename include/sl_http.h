@@ -47,7 +47,7 @@ struct sl_req {
 	size_t nheaders;
 	int last_was_value;      /* http-parser callback bookkeeping */
 	size_t head_bytes;       /* bytes of head seen (request line + headers) */
-	int last_lf;             /* the last head byte fed was LF */
+	int lex;                 /* head_lex() state across feeds */
 
 	char *body;              /* NULL when empty or discarded */
 	size_t body_len, body_cap;

@@ -218,6 +218,10 @@ err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(body, sizeof(body), fmt, ap);
 	va_end(ap);
+	/* One problem, one line: a value quoted in it may hold controls. */
+	for (msg = body; *msg != '\0'; msg++)
+		if ((unsigned char)*msg < 0x20 || *msg == 0x7f)
+			*msg = '?';
 	if (asprintf(&msg, "%s:%zu:%zu: %s", c->name,
 	    m ? m->line + 1 : 1, m ? m->column + 1 : 1, body) < 0)
 		return;
@@ -300,11 +304,16 @@ sl_parse_duration_ms(const char *s, uint64_t *out_ms)
 		size_t l = strlen(units[i].sfx);
 
 		if (strncmp(u, units[i].sfx, l) == 0 && *skip_ws(u + l) == '\0') {
-			uint64_t m = units[i].ms;
+			uint64_t m = units[i].ms, base, add;
 
-			if (whole != 0 && m > UINT64_MAX / whole / 2)
+			/* Bounded by INT64_MAX ms, as the size parser's peers. */
+			if (whole > (uint64_t)INT64_MAX / m)
 				return -1;
-			*out_ms = whole * m + frac * m / fscale;
+			base = whole * m;
+			add = frac * m / fscale;   /* frac < 1e9, m <= 3.6e6: fits */
+			if (base > (uint64_t)INT64_MAX - add)
+				return -1;
+			*out_ms = base + add;
 			return 0;
 		}
 	}
@@ -402,6 +411,11 @@ want_scalar(struct ctx *c, yaml_node_t *n, const char *key)
 	if (n->type != YAML_SCALAR_NODE || is_null(n)) {
 		err_at(c, &n->start_mark, "%s: expected a value, got %s", key,
 		    type_name(n));
+		return NULL;
+	}
+	if (strlen(scalar(n)) != n->data.scalar.length) {
+		/* "\0" in a quoted scalar: C strings would cut it short. */
+		err_at(c, &n->start_mark, "%s: NUL characters are not allowed", key);
 		return NULL;
 	}
 	return scalar(n);
@@ -613,10 +627,19 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		if (u->url != NULL) {
 			size_t l;
 
+			const char *host;
+
 			if (strncmp(u->url, "http://", 7) != 0 &&
 			    strncmp(u->url, "https://", 8) != 0) {
 				err_at(c, &v->start_mark,
 				    "%s: '%s' must start with http:// or https://",
+				    path, u->url);
+				return;
+			}
+			host = strstr(u->url, "://") + 3;
+			if (*host == '\0' || *host == '/' || *host == ':' ||
+			    *host == '@') {
+				err_at(c, &v->start_mark, "%s: '%s' names no host",
 				    path, u->url);
 				return;
 			}

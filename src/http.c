@@ -156,6 +156,12 @@ on_header_field(http_parser *p, const char *at, size_t n)
 		r->last_was_value = 0;
 	}
 	h = &r->headers[r->nheaders - 1];
+	for (size_t i = 0; i < n; i++)
+		if (!is_tchar((unsigned char)at[i])) {
+			/* e.g. "Content-Length : 3": framing and lookups disagree */
+			req_fail(r, 400, "invalid header name");
+			return -1;
+		}
 	if (arena_add(r, at, n) == -1)
 		return -1;
 	h->name_len += (uint32_t)n;
@@ -258,6 +264,14 @@ on_headers_complete(http_parser *p)
 		req_fail(r, 400, "request target must be in origin form");
 		return -1;
 	}
+	for (i = 0; i < r->url_len; i++) {
+		unsigned char ch = (unsigned char)r->arena[r->url_off + i];
+
+		if (ch <= 0x20 || ch >= 0x7f) {
+			req_fail(r, 400, "invalid byte in the request target");
+			return -1;
+		}
+	}
 	if (p->flags & F_CHUNKED)
 		r->has_body = 1;
 	else if (p->content_length != ULLONG_MAX && p->content_length > 0) {
@@ -331,42 +345,106 @@ map_parser_error(enum http_errno e)
 	}
 }
 
+/* Force a verdict, whatever a callback decided inside the same bytes. */
+static void
+req_force(struct sl_req *r, int status, const char *reason)
+{
+	r->state = SL_REQ_ERROR;
+	r->status = status;
+	r->reason = reason;
+}
+
+/*
+ * A byte-level pass over the head, alongside http-parser, for what it lets
+ * through or reports only lazily (its data callbacks fire at the end of a
+ * read, so a check inside them lands at a position that depends on how the
+ * bytes were split): obs-fold, whitespace before a header's colon, NUL.
+ * Returns the head offset of the first offending byte, or SIZE_MAX.
+ */
+enum { LX_REQLINE = 0, LX_LINE_START, LX_NAME, LX_VALUE, LX_END };
+
+static size_t
+head_lex(struct sl_req *r, const char *data, size_t n, const char **why)
+{
+	size_t i;
+
+	for (i = 0; i < n && r->lex != LX_END; i++) {
+		char ch = data[i];
+
+		if (ch == '\0') {
+			*why = "NUL in the request head";
+			return r->head_bytes + i;
+		}
+		switch (r->lex) {
+		case LX_REQLINE:
+		case LX_VALUE:
+			if (ch == '\n')
+				r->lex = LX_LINE_START;
+			break;
+		case LX_LINE_START:
+			if (ch == ' ' || ch == '\t') {
+				*why = "obsolete line folding";
+				return r->head_bytes + i;
+			}
+			if (ch == '\n')
+				r->lex = LX_END;
+			else if (ch != '\r')
+				r->lex = LX_NAME;
+			break;
+		case LX_NAME:
+			if (ch == ':')
+				r->lex = LX_VALUE;
+			else if (ch == ' ' || ch == '\t') {
+				*why = "whitespace in a header name";
+				return r->head_bytes + i;
+			} else if (ch == '\n')
+				r->lex = LX_LINE_START;   /* http-parser refuses it */
+			break;
+		}
+	}
+	return SIZE_MAX;
+}
+
 size_t
 sl_req_feed(struct sl_req *r, const char *data, size_t len)
 {
-	size_t n;
+	size_t n, bad_at, head;
+	const char *why = NULL;
 	enum http_errno e;
+	int was_head;
 
 	if (r->state == SL_REQ_ERROR || r->state == SL_REQ_DONE ||
 	    r->state == SL_REQ_HEAD_DONE)
 		return 0;
+	was_head = r->state == SL_REQ_HEAD;
 	n = http_parser_execute(&r->parser, &req_settings, data, len);
 	e = HTTP_PARSER_ERRNO(&r->parser);
-	if (r->state == SL_REQ_HEAD || r->state == SL_REQ_HEAD_DONE ||
-	    (r->state == SL_REQ_ERROR && r->body_seen == 0)) {
-		size_t i;
-
+	if (was_head) {
 		/*
-		 * http-parser unfolds obs-fold lines (a line starting with SP
-		 * or HT continues the previous value); RFC 9112 lets a server
-		 * reject them, and a gateway should: peers may fold
-		 * differently. The LF may end the previous feed.
+		 * http-parser unfolds obs-fold lines and takes "Name :" as
+		 * "Name"; RFC 9112 lets a server reject both, and a gateway
+		 * should: peers may read them differently (smuggling).
 		 */
-		for (i = 0; i < n; i++) {
-			if (r->last_lf && (data[i] == ' ' || data[i] == '\t') &&
-			    r->head_bytes + i > 0) {
-				req_fail(r, 400, "obsolete line folding");
-				return n;
-			}
-			r->last_lf = data[i] == '\n';
-		}
-		/* Every byte of the head counts: request line, CRLFs, spaces. */
+		bad_at = head_lex(r, data, n, &why);
+		/*
+		 * Every byte of the head counts: request line, CRLFs, spaces,
+		 * and the final LF that http-parser has not consumed yet when
+		 * it pauses at the end of the head.
+		 */
 		r->head_bytes += n;
-		if (r->head_bytes > r->max_header_bytes) {
-			/* Size wins over what the callbacks found inside it. */
-			r->state = SL_REQ_ERROR;
-			r->status = 431;
-			r->reason = "request head too large";
+		head = r->head_bytes + (r->state == SL_REQ_HEAD_DONE ? 1 : 0);
+		/*
+		 * The first problem in byte order wins, however the bytes were
+		 * split into reads: a fold within the limit, else the size,
+		 * else what the callbacks found (they stopped the parser at
+		 * their byte, which is after both).
+		 */
+		if (bad_at < r->max_header_bytes) {
+			req_force(r, 400, why);
+			return n;
+		}
+		if (head > r->max_header_bytes) {
+			req_force(r, 431, "request head too large");
 			return n;
 		}
 	}
@@ -533,9 +611,13 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 		len--;
 	if (len > 0 && p[len - 1] == '\r')
 		len--;
-	for (i = 0; i < len; i++)
-		if (p[i] == '\0' || p[i] == '\r' || p[i] == '\n')
-			return SL_RH_BAD;   /* never let CR/LF/NUL reach the client */
+	for (i = 0; i < len; i++) {
+		unsigned char ch = (unsigned char)p[i];
+
+		/* Never let CR, LF, NUL or other controls reach the client. */
+		if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+			return SL_RH_BAD;
+	}
 	if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
 		/* A status line: a new head (after a 1xx) starts. */
 		sl_resp_head_reset(h);

@@ -237,6 +237,8 @@ rh_reserve(struct sl_conn *c, size_t add)
 static int
 rh_add(struct sl_conn *c, const char *p, size_t n)
 {
+	if (n == 0)
+		return 0;   /* p may be NULL (an upstream head with no headers) */
 	if (rh_reserve(c, n) == -1)
 		return -1;
 	memcpy(c->rh + c->rh_len, p, n);
@@ -408,7 +410,7 @@ static void
 conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 {
 	struct sl_worker *w = c->w;
-	char line[2048], path[768], method[32], ts[40];
+	char line[2048], path[768], method[32], ts[40], tenant[256];
 	const char *url = "", *q;
 	size_t ulen = 0;
 	struct timeval tv;
@@ -423,6 +425,11 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	if ((q = memchr(url, '?', ulen)) != NULL)
 		ulen = (size_t)(q - url);
 	json_escape(path, sizeof(path), url, ulen);
+	if (c->tenant >= 0)
+		json_escape(tenant, sizeof(tenant), w->cfg->tenants[c->tenant].name,
+		    strlen(w->cfg->tenants[c->tenant].name));
+	else
+		strcpy(tenant, "-");
 	if (c->req.state >= SL_REQ_HEAD_DONE || c->req.url_len > 0)
 		json_escape(method, sizeof(method), sl_req_method(&c->req),
 		    strlen(sl_req_method(&c->req)));
@@ -437,8 +444,7 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.3f,"
 	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
-	    c->tenant >= 0 ? w->cfg->tenants[c->tenant].name : "-",
-	    method, path, c->status, c->bytes_out,
+	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
 	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0, end);
 	if (n < 0)
@@ -830,6 +836,8 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 	if (c->client_gone)
 		return 0;
 	c->t_upstream = ev_now(c->w->loop);
+	if (c->head_sent)
+		return n;   /* chunked trailers: not relayed (the body is re-framed) */
 	switch (sl_resp_head_line(&c->uh, p, n)) {
 	case SL_RH_MORE:
 		return n;

@@ -12,6 +12,11 @@
 Options: -k SUBSTR (repeatable; run only tests whose name contains one of
 them), --unit-only, --e2e-only, -v, --timeout SECONDS (default per-test
 watchdog, 120).
+
+$SLUICE_UNDER names the tools the gateway runs under (comma separated:
+"sanitizers", "valgrind"). A test decorated @harness.skip_under("valgrind")
+measures something such a tool distorts (RSS, fd counts, timing): it is
+reported as SKIP with its reason and counted in ", N skipped".
 """
 
 import argparse
@@ -241,7 +246,15 @@ def discover(filters):
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 tmo = DEFAULT_TIMEOUT
+                skip = None
+                under = set(filter(None, os.environ.get("SLUICE_UNDER", "").split(",")))
                 for d in node.decorator_list:
+                    if isinstance(d, ast.Call) and getattr(d.func, "attr",
+                                                           getattr(d.func, "id", "")) == "skip_under":
+                        tools = [a.value for a in d.args if isinstance(a, ast.Constant)]
+                        hit = [t for t in tools if t in under]
+                        if hit:
+                            skip = "measures what %s distorts" % hit[0]
                     if isinstance(d, ast.Call) and getattr(d.func, "attr",
                                                            getattr(d.func, "id", "")) == "timeout" \
                             and d.args and isinstance(d.args[0], ast.Constant):
@@ -249,7 +262,7 @@ def discover(filters):
                 full = "%s::%s" % (fn, node.name)
                 if filters and not any(f in full for f in filters):
                     continue
-                found.append((fn, node.name, tmo))
+                found.append((fn, node.name, tmo, skip))
     return found
 
 
@@ -301,10 +314,14 @@ def stderr_tails(tmp):
 
 
 def run_e2e(tests, default_timeout, verbose, results):
-    for fn, test, tmo in tests:
+    for fn, test, tmo, skip in tests:
         if tmo == DEFAULT_TIMEOUT:
             tmo = default_timeout
         name = "%s::%s" % (fn, test)
+        if skip:
+            results["skipped"] += 1
+            out("SKIP %s (%s)" % (name, skip))
+            continue
         tmp = tempfile.mkdtemp(prefix="sluice-e2e-")
         result_path = os.path.join(tmp, "result.json")
         log_path = os.path.join(tmp, "test.log")
@@ -372,7 +389,7 @@ def main(argv):
         if os.environ.get(v):
             os.environ[v] = os.path.abspath(os.environ[v])
     become_subreaper()
-    results = {"passed": 0, "failed": 0}
+    results = {"passed": 0, "failed": 0, "skipped": 0}
     t0 = time.monotonic()
     if not args.e2e_only:
         units = os.environ.get("UNIT_TESTS", "").split()
@@ -382,14 +399,18 @@ def main(argv):
                    if not os.environ.get(v) or not os.access(os.environ[v], os.X_OK)]
         tests = discover(args.k)
         if missing and tests:
-            for fn, test, _ in tests:
+            for fn, test, _, _ in tests:
                 out("FAIL %s::%s: %s not set or not executable" % (fn, test, " and ".join(missing)))
             results["failed"] += len(tests)
         else:
             run_e2e(tests, args.timeout, args.v, results)
     if args.v:
         out("(%.1fs)" % (time.monotonic() - t0))
-    out("%d passed, %d failed" % (results["passed"], results["failed"]))
+    if results["skipped"]:
+        out("%d passed, %d failed, %d skipped" % (results["passed"], results["failed"],
+                                                  results["skipped"]))
+    else:
+        out("%d passed, %d failed" % (results["passed"], results["failed"]))
     return 0 if results["failed"] == 0 and results["passed"] > 0 else 1
 
 

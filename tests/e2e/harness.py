@@ -37,6 +37,16 @@ class HarnessError(AssertionError):
 
 # ---------------------------------------------------------------- basics
 
+def skip_under(*tools):
+    """Mark a test that measures what a tool distorts (RSS under the
+    sanitizers' quarantine, fds and timing under valgrind). tests/run.py
+    reads the decorator statically and skips the test when $SLUICE_UNDER
+    names one of the tools; at run time it changes nothing."""
+    def wrap(fn):
+        return fn
+    return wrap
+
+
 def timeout(seconds):
     """Decorator: per-test watchdog budget read by tests/run.py."""
     def deco(fn):

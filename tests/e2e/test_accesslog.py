@@ -318,6 +318,7 @@ def test_sigusr1_after_rename_makes_workers_reopen_the_access_log():
         assert gw.worker_pids() == workers, "SIGUSR1 replaced the workers"
 
 
+@h.skip_under("valgrind")
 def test_access_log_off_writes_nothing():
     # Started from an empty directory: "off" must not become a relative path.
     cwd = os.getcwd()

@@ -32,6 +32,7 @@ def _wait_stub_stalled(stub, timeout=20.0):
                          % [b for _, b in hist[-8:]])
 
 
+@h.skip_under("sanitizers", "valgrind")
 @h.timeout(150)
 def test_slow_client_pauses_upstream_with_bounded_memory_then_gets_every_byte():
     with Stub() as stub, Gateway(stub=stub, stream_buffer="64KiB",

@@ -774,6 +774,7 @@ def test_connection_flood_past_max_connections_is_refused_and_service_resumes():
         assert stub.stats()["requests"] == 2
 
 
+@h.skip_under("valgrind")
 @h.timeout(60)
 def test_flood_past_open_file_limit_no_crash_and_service_resumes():
     NOFILE, N = 128, 300
@@ -870,6 +871,7 @@ def test_accept_pause_at_the_open_file_limit_lasts_100ms():
 
 # ---------------------------------------------------------------- soak
 
+@h.skip_under("sanitizers", "valgrind")
 @h.timeout(120)
 def test_soak_small_keeps_rss_and_fds_flat():
     REQUESTS = 20000

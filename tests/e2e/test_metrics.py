@@ -162,7 +162,9 @@ def test_upstream_errors_are_counted_by_upstream_and_kind():
             c, r = gw.open_stream(key=BETA_KEY, hang=True, tag="hang", timeout=10)
             h.assert_error(r, 504, "upstream_timeout")
             c.close()
-            m = h.wait_metric(gw, "sluice_upstream_errors_total", 1, upstream="s", kind="timeout")
+            h.wait_metric(gw, "sluice_upstream_errors_total", 1, upstream="s", kind="timeout")
+            # The request is counted when its answer is out, a moment later.
+            m = h.wait_metric(gw, "sluice_requests_total", 1, tenant="beta", code="504")
             got = {(dict(lb)["upstream"], dict(lb)["kind"]): v
                    for lb, v in m.series("sluice_upstream_errors_total").items()}
             want = {(u, k): 0 for u in ("u", "s") for k in UPSTREAM_ERROR_KINDS}

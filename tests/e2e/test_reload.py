@@ -443,6 +443,7 @@ def _load_config(gw_config, stub, retry_after):
     return cfg
 
 
+@h.skip_under("valgrind")
 @h.timeout(90)
 def test_reload_every_200ms_for_10s_under_load_cuts_nothing_and_never_exceeds_a_limit():
     with Stub() as stub, Gateway(_load_config(None, stub, 1), allow_worker_changes=True) as gw:

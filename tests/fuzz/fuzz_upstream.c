@@ -73,8 +73,11 @@ model_line(struct model *m, const char *p, size_t n)
 		n--;
 	if (n > 0 && p[n - 1] == '\r')
 		n--;
-	if (memchr(p, '\r', n) || memchr(p, '\n', n) || memchr(p, '\0', n))
-		return SL_RH_BAD;
+	/* Controls other than HTAB (CR, LF and NUL among them) are refused. */
+	for (i = 0; i < n; i++)
+		if (((unsigned char)p[i] < 0x20 && p[i] != '\t') ||
+		    (unsigned char)p[i] == 0x7f)
+			return SL_RH_BAD;
 	if (n >= 5 && memcmp(p, "HTTP/", 5) == 0) {
 		/* "HTTP/x" SP 3DIGIT [ SP reason ] */
 		const char *sp = memchr(p, ' ', n);
@@ -135,9 +138,12 @@ model_line(struct model *m, const char *p, size_t n)
 	return SL_RH_MORE;
 }
 
-/* A final head on its own terms; returns the number of header lines. */
+/*
+ * A final head on its own terms; returns the number of header lines and
+ * sets *skip when http-parser cannot be trusted to read the block back.
+ */
 static size_t
-check_block(const struct sl_resp_head *h, int *has_ctl)
+check_block(const struct sl_resp_head *h, int *skip)
 {
 	const char *b = h->block, *end, *eol, *colon;
 	size_t i, lines = 0;
@@ -150,14 +156,14 @@ check_block(const struct sl_resp_head *h, int *has_ctl)
 		    "byte 0x%02x in the reason", (unsigned char)h->reason[i]);
 	fz_check(h->len <= SL_RESP_HEAD_MAX && h->len <= h->cap, "block-size",
 	    "block of %zu bytes (cap %zu)", h->len, h->cap);
-	*has_ctl = 0;
+	*skip = 0;
 	if (h->len == 0)
 		return 0;
 	end = b + h->len;
 	while (b < end) {
 		for (eol = b; eol < end && *eol != '\r' && *eol != '\n' && *eol != '\0'; eol++)
 			if (((unsigned char)*eol < 0x20 && *eol != '\t') || *eol == 0x7f)
-				*has_ctl = 1;
+				*skip = 1;
 		fz_check(end - eol >= 2 && eol[0] == '\r' && eol[1] == '\n', "block-crlf",
 		    "CR, LF or NUL inside a relayed line (line %zu)", lines + 1);
 		for (colon = b; colon < eol && *colon != ':'; colon++)
@@ -166,6 +172,13 @@ check_block(const struct sl_resp_head *h, int *has_ctl)
 		fz_check(colon > b && colon < eol, "block-name", "relayed line without 'Name:'");
 		fz_check(!is_dropped(b, (size_t)(colon - b)), "block-dropped",
 		    "relayed '%.*s'", (int)(colon - b), b);
+		/*
+		 * http-parser 2.9.4 takes any name starting "Transfer-Encoding"
+		 * for that header (uses_transfer_encoding is set on the prefix)
+		 * and then reads a 204/304 body to EOF: no use cross-checking.
+		 */
+		if ((size_t)(colon - b) > 17 && strncasecmp(b, "transfer-encoding", 17) == 0)
+			*skip = 1;
 		fz_check(sl_http_is_hop_by_hop(b, (size_t)(colon - b)) == 0, "hop-by-hop",
 		    "sl_http_is_hop_by_hop disagrees on '%.*s'", (int)(colon - b), b);
 		b = eol + 2;
@@ -304,7 +317,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t len, off = 0, n, lines, extra, body_start;
 	uint32_t seed;
 	char *copy, hdr[24], line[128];
-	int has_ctl, body_allowed, k;
+	int skip, body_allowed, k, ok;
 
 	if (size < 2)
 		return 0;
@@ -341,7 +354,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (got != SL_RH_DONE)
 		goto out;
 
-	lines = check_block(&h, &has_ctl);
+	lines = check_block(&h, &skip);
 	body_start = off;
 
 	/* The body, cut as libcurl's write callback might deliver it. */
@@ -389,11 +402,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fz_add(&resp, "Connection: keep-alive\r\n\r\n", 26);
 	if (body_allowed)
 		fz_add(&resp, framed.p, framed.len);
-	if (!has_ctl) {
+	if (!skip) {
 		/*
-		 * Only when the block holds no control byte but HTAB: http-parser
-		 * refuses those, while sl_resp_head_line() relays them (RFC 9110
-		 * 5.5 lets a recipient keep them; only CR, LF and NUL are fatal).
+		 * Skipped when check_block() saw what http-parser misreads: a
+		 * control byte other than HTAB (it refuses them; RFC 9110 5.5 lets
+		 * sl_resp_head_line() relay them, only CR, LF and NUL are fatal),
+		 * or a name extending "Transfer-Encoding".
 		 */
 		http_parser hp;
 		struct seen s;
@@ -402,18 +416,16 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		http_parser_init(&hp, HTTP_RESPONSE);
 		hp.data = &s;
 		n = http_parser_execute(&hp, &client_settings, (const char *)resp.p, resp.len);
-		if (HTTP_PARSER_ERRNO(&hp) != HPE_OK)
-			fz_dump("response", resp.p, resp.len);
-		fz_check(HTTP_PARSER_ERRNO(&hp) == HPE_OK && n == resp.len, "client-parse",
-		    "http-parser: %s at %zu of %zu",
-		    http_errno_name(HTTP_PARSER_ERRNO(&hp)), n, resp.len);
-		fz_check(s.complete && hp.status_code == h.status, "client-parse",
-		    "response incomplete or status %u", hp.status_code);
-		fz_check(s.nfields == lines + extra, "client-parse",
-		    "client sees %zu headers, %zu relayed + %zu added", s.nfields, lines, extra);
-		fz_check(s.body.len == plain.len &&
-		    (plain.len == 0 || memcmp(s.body.p, plain.p, plain.len) == 0), "client-parse",
-		    "client sees a different body");
+		ok = HTTP_PARSER_ERRNO(&hp) == HPE_OK && n == resp.len && s.complete &&
+		    hp.status_code == h.status && s.nfields == lines + extra &&
+		    s.body.len == plain.len &&
+		    (plain.len == 0 || memcmp(s.body.p, plain.p, plain.len) == 0);
+		if (!ok && !fz_allowed("client-parse"))
+			fz_dump("client response", resp.p, resp.len);
+		fz_check(ok, "client-parse", "http-parser: %s at %zu of %zu, complete %d, "
+		    "status %u, %zu headers (%zu relayed + %zu added), body %zu of %zu",
+		    http_errno_name(HTTP_PARSER_ERRNO(&hp)), n, resp.len, s.complete,
+		    hp.status_code, s.nfields, lines, extra, s.body.len, plain.len);
 		fz_free(&s.body);
 	}
 out:

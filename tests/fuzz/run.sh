@@ -46,8 +46,11 @@ if [ ! -f "$build/Makefile" ] && [ $have_all = 0 ]; then
 	(cd "$build" && "$src/configure" -q --enable-fuzzing CC="${CC:-clang}")
 fi
 if [ -f "$build/Makefile" ]; then
-	make -C "$build" -s -j"$(nproc 2>/dev/null || echo 2)" \
-	    $(for t in $targets; do printf 'tests/fuzz/%s ' "$t"; done)
+	goals=()
+	for t in $targets; do
+		goals+=("tests/fuzz/$t")
+	done
+	make -C "$build" -s -j"$(nproc 2>/dev/null || echo 2)" "${goals[@]}"
 fi
 for t in $targets; do
 	if [ ! -x "$build/tests/fuzz/$t" ]; then
@@ -57,6 +60,8 @@ for t in $targets; do
 done
 
 failed=0
+npass=0
+nfail=0
 out=$build/fuzz-out
 mkdir -p "$out"
 
@@ -74,11 +79,13 @@ if [ ${#crashes[@]} -gt 0 ]; then
 		esac
 		if "$build/tests/fuzz/$t" -runs=1 "$f" >"$out/replay-$name.log" 2>&1; then
 			printf '   %-50s ok\n' "$name"
+			npass=$((npass + 1))
 		else
 			printf '   %-50s FAILS (see %s)\n' "$name" "$out/replay-$name.log"
 			grep -m1 -E "invariant|ERROR: (Address|Leak|libFuzzer)|runtime error" \
 			    "$out/replay-$name.log" | sed 's/^/      /' || true
 			failed=1
+			nfail=$((nfail + 1))
 		fi
 	done
 fi
@@ -119,7 +126,8 @@ for t in $targets; do
 		result=ok
 	else
 		failed=1
-		art=$(ls "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-* 2>/dev/null | head -1 || true)
+		art=$(find "$dir" -maxdepth 1 \( -name 'crash-*' -o -name 'leak-*' -o \
+		    -name 'timeout-*' -o -name 'oom-*' \) -print -quit)
 		result="FAILED rc=$rc ${art:-see $dir/log}"
 		grep -m1 -E "invariant|ERROR: (Address|Leak|libFuzzer)|runtime error" "$dir/log" \
 		    | sed 's/^/   /' || true
@@ -133,5 +141,11 @@ printf '%-14s | %12s | %8s | %6s | %6s | %-10s | %s\n' target execs exec/s cov f
 printf '%s\n' "---------------+--------------+----------+--------+--------+------------+-------"
 for r in "${rows[@]}"; do
 	printf '%s\n' "$r"
+	case "$r" in
+	*"| ok") npass=$((npass + 1)) ;;
+	*) nfail=$((nfail + 1)) ;;
+	esac
 done
+echo
+echo "fuzz: $npass passed, $nfail failed"
 exit $failed
