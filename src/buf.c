@@ -33,11 +33,18 @@ sl_buf_free(struct sl_buf *b)
 static int
 buf_grow(struct sl_buf *b, size_t need)
 {
-	size_t na = b->alloc ? b->alloc : SL_BUF_MIN_ALLOC;
+	size_t na = b->alloc + b->alloc / 2;
 	char *nd;
 
-	while (na < need)
-		na *= 2;
+	/*
+	 * Grow by half, at least to what is needed, in whole pages: a 16 KiB
+	 * event plus framing takes 20 KiB, not the 32 KiB doubling would.
+	 */
+	if (na < need)
+		na = need;
+	if (na < SL_BUF_MIN_ALLOC)
+		na = SL_BUF_MIN_ALLOC;
+	na = (na + SL_BUF_MIN_ALLOC - 1) / SL_BUF_MIN_ALLOC * SL_BUF_MIN_ALLOC;
 	if (na > b->cap)
 		na = b->cap;
 	if (na < need)

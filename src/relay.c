@@ -36,7 +36,7 @@
 #include "sl_relay.h"
 #include "sl_worker.h"
 
-#define CONN_IN_SIZE 16384          /* client input buffer */
+#define CONN_IN_SIZE 4096           /* client input buffer (heads stream through) */
 #define CHUNK_FRAMING 32            /* "%zx\r\n" + "\r\n", generously */
 #define LINGER_SECONDS 2.0
 
