@@ -396,6 +396,20 @@ open_listeners(struct master *m, const char *addr, int from, int to)
 	if (fds == NULL)
 		return -1;
 	m->listen_fds = fds;
+	if (from == 0) {
+		/*
+		 * SO_REUSEPORT would let us bind beside another server on the
+		 * same address and split its traffic. Take the address without
+		 * it first, so a taken address fails here, then let it go.
+		 */
+		int probe = sl_net_listen(addr, 0, 1, err, sizeof(err));
+
+		if (probe == -1) {
+			sl_err("listen %s", err);
+			return -1;
+		}
+		close(probe);
+	}
 	for (i = from; i < to; i++) {
 		fds[i] = sl_net_listen(addr, 1, LISTEN_BACKLOG, err, sizeof(err));
 		if (fds[i] == -1) {

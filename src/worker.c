@@ -89,20 +89,32 @@ multi_sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *sockp)
 		}
 		return 0;
 	}
+	kind = (what & CURL_POLL_IN ? EV_READ : 0) |
+	    (what & CURL_POLL_OUT ? EV_WRITE : 0);
 	if (cs == NULL) {
+		/*
+		 * A new socket: a fresh watcher (the fd number may be a reused
+		 * one; its old watcher was freed on CURL_POLL_REMOVE).
+		 */
 		cs = calloc(1, sizeof(*cs));
 		if (cs == NULL)
 			return -1;
 		cs->w = w;
 		cs->fd = fd;
 		curl_multi_assign(w->multi, fd, cs);
-	} else
-		ev_io_stop(w->loop, &cs->io);
-	kind = (what & CURL_POLL_IN ? EV_READ : 0) |
-	    (what & CURL_POLL_OUT ? EV_WRITE : 0);
-	/* Re-init each time: the fd number may have been reused. */
-	ev_io_init(&cs->io, curl_sock_cb, fd, kind);
-	cs->io.data = cs;
+		ev_io_init(&cs->io, curl_sock_cb, fd, kind);
+		cs->io.data = cs;
+		ev_io_start(w->loop, &cs->io);
+		return 0;
+	}
+	if ((cs->io.events & (EV_READ | EV_WRITE)) == kind)
+		return 0;
+	/*
+	 * Same socket, other events: ev_io_modify keeps libev from re-adding
+	 * an fd epoll already has (a failing epoll_ctl per request).
+	 */
+	ev_io_stop(w->loop, &cs->io);
+	ev_io_modify(&cs->io, kind);
 	ev_io_start(w->loop, &cs->io);
 	return 0;
 }
