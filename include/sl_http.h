@@ -48,6 +48,7 @@ struct sl_req {
 	int last_was_value;      /* http-parser callback bookkeeping */
 	size_t head_bytes;       /* bytes of head seen (request line + headers) */
 	int lex;                 /* head_lex() state across feeds */
+	size_t lex_headers;      /* header lines head_lex() has seen */
 
 	char *body;              /* NULL when empty or discarded */
 	size_t body_len, body_cap;

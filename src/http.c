@@ -364,13 +364,15 @@ req_force(struct sl_req *r, int status, const char *reason)
 enum { LX_REQLINE = 0, LX_LINE_START, LX_NAME, LX_VALUE, LX_END };
 
 static size_t
-head_lex(struct sl_req *r, const char *data, size_t n, const char **why)
+head_lex(struct sl_req *r, const char *data, size_t n, const char **why,
+    int *status)
 {
 	size_t i;
 
 	for (i = 0; i < n && r->lex != LX_END; i++) {
 		char ch = data[i];
 
+		*status = 400;
 		if (ch == '\0') {
 			*why = "NUL in the request head";
 			return r->head_bytes + i;
@@ -388,8 +390,16 @@ head_lex(struct sl_req *r, const char *data, size_t n, const char **why)
 			}
 			if (ch == '\n')
 				r->lex = LX_END;
-			else if (ch != '\r')
+			else if (ch != '\r') {
 				r->lex = LX_NAME;
+				/* Counted here, at its first byte, not when
+				 * http-parser gets round to the name callback. */
+				if (++r->lex_headers > SL_REQ_MAX_HEADERS) {
+					*why = "too many request headers";
+					*status = 431;
+					return r->head_bytes + i;
+				}
+			}
 			break;
 		case LX_NAME:
 			if (ch == ':')
@@ -410,6 +420,7 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 {
 	size_t n, bad_at, head;
 	const char *why = NULL;
+	int bad_status = 400;
 	enum http_errno e;
 	int was_head;
 
@@ -425,7 +436,7 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 		 * "Name"; RFC 9112 lets a server reject both, and a gateway
 		 * should: peers may read them differently (smuggling).
 		 */
-		bad_at = head_lex(r, data, n, &why);
+		bad_at = head_lex(r, data, n, &why, &bad_status);
 		/*
 		 * Every byte of the head counts: request line, CRLFs, spaces,
 		 * and the final LF that http-parser has not consumed yet when
@@ -440,7 +451,7 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 		 * their byte, which is after both).
 		 */
 		if (bad_at < r->max_header_bytes) {
-			req_force(r, 400, why);
+			req_force(r, bad_status, why);
 			return n;
 		}
 		if (head > r->max_header_bytes) {
