@@ -82,6 +82,10 @@
  *   response written. aborted_by_client = the peer closed (EOF, ECONNRESET, EPIPE)
  *   before that. A stub-made cut (Abort-After) is neither. blocked_writes counts every
  *   EAGAIN from a client write; bytes_sent counts head + body bytes of /v1/ responses.
+ *   max_inflight is sampled once the events of a loop iteration are all handled, so a
+ *   close and a new request seen in one iteration are never counted as overlapping
+ *   (libev runs them last-ready first); a request that starts and ends within one
+ *   iteration is not seen by it.
  *   Reset keeps the gauges (inflight, connections_open), sets max_inflight to
  *   inflight, and keeps tags that still have requests in flight (counters zeroed).
  *
@@ -324,6 +328,8 @@ struct stub {
 	struct tag_list	 tags;
 	size_t		 ntags;
 	struct stats	 st;
+	ev_prepare	 peak_w;	/* max_inflight, once the iteration's events are in */
+	int		 peak_dirty;
 	char		 scratch[IN_CAP];	/* socket reads land here, then the parser */
 };
 
@@ -803,13 +809,40 @@ req_count(struct conn *c)
 
 	c->req.counted = 1;
 	st->requests++;
-	if (++st->inflight > st->max_inflight)
-		st->max_inflight = st->inflight;
+	st->inflight++;
 	if (t != NULL) {
 		t->requests++;
-		if (++t->inflight > t->max_inflight)
-			t->max_inflight = t->inflight;
+		t->inflight++;
 	}
+	c->ctx->peak_dirty = 1;
+}
+
+/*
+ * max_inflight is taken after all the events of a loop iteration are
+ * handled, not at each new request: libev invokes one iteration's callbacks
+ * last-ready first, so a request that arrived after its predecessor's
+ * connection was closed (a client killed, a slot handed on) could be counted
+ * before that close, and show a concurrency that never existed.
+ */
+static void
+peak_update(struct stub *ctx)
+{
+	struct tag *t;
+
+	if (!ctx->peak_dirty)
+		return;
+	ctx->peak_dirty = 0;
+	if (ctx->st.inflight > ctx->st.max_inflight)
+		ctx->st.max_inflight = ctx->st.inflight;
+	TAILQ_FOREACH(t, &ctx->tags, entry)
+		if (t->inflight > t->max_inflight)
+			t->max_inflight = t->inflight;
+}
+
+static void
+peak_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	peak_update(w->data);
 }
 
 /*
@@ -1813,6 +1846,9 @@ main(int argc, char **argv)
 	ev_io_init(&ctx.accept_w, accept_cb, ctx.lfd, EV_READ);
 	ctx.accept_w.data = &ctx;
 	ev_io_start(ctx.loop, &ctx.accept_w);
+	ev_prepare_init(&ctx.peak_w, peak_cb);
+	ctx.peak_w.data = &ctx;
+	ev_prepare_start(ctx.loop, &ctx.peak_w);
 	ev_init(&ctx.accept_retry, accept_retry_cb);
 	ctx.accept_retry.data = &ctx;
 	ev_signal_init(&ctx.sigterm_w, signal_cb, SIGTERM);

@@ -118,7 +118,9 @@ def test_reload_lowering_max_streams_refuses_until_inflight_below_new_limit():
         assert {3, 2, 1} <= refused_at, "probes refused at in-flight counts %r" % refused_at
         for t, n in lengths.items():
             _assert_complete([streams[t]], expected_events(n), "stream " + t)
-        assert stub.tag("probe")["requests"] == 1 and stub.tag("probe")["max_inflight"] == 1
+        # One probe was admitted (a one-event probe may start and end within
+        # one stub loop iteration, where max_inflight does not see it).
+        assert stub.tag("probe")["requests"] == 1 and stub.tag("probe")["max_inflight"] <= 1
         for t in lengths:
             assert stub.tag(t)["completed"] == 1 and stub.tag(t)["aborted_by_client"] == 0
         h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
