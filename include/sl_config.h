@@ -54,6 +54,8 @@ struct sl_config {
 		uint64_t max_header_bytes;
 		uint64_t max_body_bytes;
 		uint64_t max_connections;   /* per worker */
+		uint64_t upstream_rcvbuf;   /* SO_RCVBUF upstream; 0: kernel's */
+		uint64_t client_sndbuf;     /* SO_SNDBUF to clients; 0: kernel's */
 	} limits;
 
 	struct sl_upstream_conf *upstreams;

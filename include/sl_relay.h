@@ -9,13 +9,14 @@
 #include <curl/curl.h>
 
 struct sl_worker;
+struct sl_shard;
 struct sl_conn;
 
 /* Take over an accepted, non-blocking client fd. */
 void sl_conn_new(struct sl_worker *, int fd);
 
 /* libcurl reported the transfer of an easy handle finished (CURLMSG_DONE). */
-void sl_conn_upstream_done(struct sl_worker *, CURL *easy, CURLcode result);
+void sl_conn_upstream_done(struct sl_shard *, CURL *easy, CURLcode result);
 
 /* Worker shutdown began: close idle connections, close others when done. */
 void sl_conn_drain_all(struct sl_worker *);

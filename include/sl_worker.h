@@ -1,7 +1,7 @@
 /*
  * sl_worker: one worker process. It owns its connections from accept to
- * close, one libev loop, one libcurl multi handle (so upstream connections
- * are reused), and a row of the shared region.
+ * close, one libev loop, a few libcurl multi handles (shards: upstream
+ * connections are reused within one), and a row of the shared region.
  */
 #ifndef SL_WORKER_H
 #define SL_WORKER_H
@@ -16,6 +16,27 @@
 #include "sl_shm.h"
 
 struct sl_conn;
+struct sl_worker;
+
+/*
+ * One libcurl multi handle and its connection cache. libcurl 7.88 walks
+ * every connection of a cache when a transfer starts (to find one to
+ * reuse) and when one is removed (close_connect_only): O(connections) per
+ * request. Streams fill shard 0 first, then the next, SL_SHARD_STREAMS at
+ * a time, so a walk is short whatever the concurrency and a light load
+ * still reuses a handful of connections.
+ */
+#define SL_SHARD_STREAMS 32
+
+/* Finished easy handles kept (reset) for the next transfers. */
+#define SL_EASY_POOL 128
+
+struct sl_shard {
+	CURLM *multi;
+	ev_timer timer;
+	struct sl_worker *w;
+	unsigned active;             /* transfers in this multi */
+};
 
 /* What the master hands a worker at fork. Borrowed, never freed by the worker. */
 struct sl_worker_args {
@@ -47,8 +68,8 @@ struct sl_worker {
 	int spare_fd;                /* released on EMFILE to shed one connection */
 	ev_timer accept_retry;
 
-	CURLM *multi;
-	ev_timer curl_timer;
+	struct sl_shard *shards;     /* created on demand, never moved */
+	size_t nshards, maxshards;
 
 	ev_signal sig_term, sig_int, sig_quit, sig_usr2;
 	ev_timer drain_timer;
@@ -60,12 +81,23 @@ struct sl_worker {
 	ev_prepare flush_prep;
 
 	size_t curl_bufsize;         /* CURLOPT_BUFFERSIZE for every stream */
+	CURL *easy_pool[SL_EASY_POOL];   /* reset handles, ready for reuse */
+	size_t neasy;
 };
 
 /* Run the worker; returns the process exit status. Call in the child. */
 int sl_worker_main(const struct sl_worker_args *);
 
-/* Drive libcurl after a socket event or timeout, then reap finished transfers. */
-void sl_worker_curl_action(struct sl_worker *, curl_socket_t, int ev_bitmask);
+/* The shard a new transfer goes to; NULL if none can be created. */
+struct sl_shard *sl_worker_shard(struct sl_worker *);
+
+/* An easy handle for a new transfer (a pooled one, reset), or NULL. */
+CURL *sl_worker_easy_get(struct sl_worker *);
+
+/* A transfer's handle, out of its multi: keep it for reuse or free it. */
+void sl_worker_easy_put(struct sl_worker *, CURL *);
+
+/* Options every upstream transfer of this worker gets (socket buffers). */
+void sl_worker_easy_setopts(struct sl_worker *, CURL *);
 
 #endif

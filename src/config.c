@@ -99,6 +99,16 @@ static const struct key_row keys[] = {
 	{ { "limits.max_connections", SL_KEY_INT, "20000", "1-1000000", 1,
 	    "Client connections per worker; past it new connections get 503." },
 	    1, 1000000, 0, OFF(limits.max_connections) },
+	{ { "limits.upstream_rcvbuf", SL_KEY_SIZE, "256KiB", "0-64MiB", 1,
+	    "SO_RCVBUF of upstream sockets, so a paused stream pushes back on "
+	    "the upstream within stream_buffer plus about this; 0: the kernel "
+	    "autotunes it." },
+	    0, 64 * MIB, 0, OFF(limits.upstream_rcvbuf) },
+	{ { "limits.client_sndbuf", SL_KEY_SIZE, "0", "0-64MiB", 1,
+	    "SO_SNDBUF of client sockets, bounding how far a slow client may "
+	    "fall behind in kernel buffers before its upstream is paused; 0: "
+	    "the kernel autotunes it." },
+	    0, 64 * MIB, 0, OFF(limits.client_sndbuf) },
 	{ { "upstreams", SL_KEY_MAP, NULL, "at least one", 1,
 	    "Model runners, by name." },
 	    0, 0, 1, NOOFF },

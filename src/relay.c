@@ -86,6 +86,7 @@ struct sl_conn {
 
 	/* Upstream. */
 	CURL *easy;
+	struct sl_shard *shard;    /* the multi handle easy is in */
 	struct curl_slist *hdrs;
 	char *url;
 	int status;                /* upstream status */
@@ -172,10 +173,11 @@ conn_read_stop(struct sl_conn *c)
 }
 
 /*
- * Queue the connection for a flush when this loop iteration's events are
- * handled (sl_conn_flush_dirty, from an ev_prepare). What libcurl hands
- * over in one socket event (head, chunks, the last chunk) leaves in one
- * writev instead of one each. Safe inside libcurl callbacks.
+ * Queue the connection for a flush once libcurl returns from the socket
+ * event that fed it (sl_conn_flush_dirty; the ev_prepare catches the rest).
+ * What libcurl hands over in one socket event (head, chunks, the last
+ * chunk) leaves in one writev instead of one each. Safe inside libcurl
+ * callbacks.
  */
 static void
 conn_mark_dirty(struct sl_conn *c)
@@ -202,8 +204,12 @@ static void
 conn_abort_upstream(struct sl_conn *c)
 {
 	if (c->easy != NULL) {
-		curl_multi_remove_handle(c->w->multi, c->easy);
-		curl_easy_cleanup(c->easy);
+		if (c->shard != NULL) {
+			curl_multi_remove_handle(c->shard->multi, c->easy);
+			c->shard->active--;
+			c->shard = NULL;
+		}
+		sl_worker_easy_put(c->w, c->easy);
 		c->easy = NULL;
 	}
 	curl_slist_free_all(c->hdrs);
@@ -246,23 +252,35 @@ rh_add(struct sl_conn *c, const char *p, size_t n)
 	return 0;
 }
 
-static int
-rh_addf(struct sl_conn *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+#define RH_LIT(c, lit) rh_add((c), (lit), sizeof(lit) - 1)
 
 static int
-rh_addf(struct sl_conn *c, const char *fmt, ...)
+rh_add_uint(struct sl_conn *c, unsigned long v)
 {
-	char tmp[512];
-	va_list ap;
-	int n;
+	char b[24];
+	size_t i = sizeof(b);
 
-	va_start(ap, fmt);
-	n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-	va_end(ap);
-	if (n < 0 || (size_t)n >= sizeof(tmp))
-		return -1;
-	return rh_add(c, tmp, (size_t)n);
+	do {
+		b[--i] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v != 0);
+	return rh_add(c, b + i, sizeof(b) - i);
+}
+
+/* "HTTP/1.1 200 OK\r\n", without printf: this runs once per request. */
+static int
+rh_status_line(struct sl_conn *c, int status, const char *reason)
+{
+	return RH_LIT(c, "HTTP/1.1 ") | rh_add_uint(c, (unsigned long)status) |
+	    RH_LIT(c, " ") | rh_add(c, reason, strlen(reason)) |
+	    RH_LIT(c, "\r\n");
+}
+
+static int
+rh_connection(struct sl_conn *c, int close)
+{
+	return close ? RH_LIT(c, "Connection: close\r\n\r\n") :
+	    RH_LIT(c, "Connection: keep-alive\r\n\r\n");
 }
 
 /* ---- local responses ------------------------------------------------- */
@@ -303,13 +321,16 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 		close = 1;
 	c->rh_len = c->rh_off = 0;
 	sl_buf_consume(&c->out, sl_buf_len(&c->out));
-	rh_addf(c, "HTTP/1.1 %d %s\r\n", status, status_reason(status));
-	rh_addf(c, "Content-Type: application/json\r\nContent-Length: %d\r\n",
-	    blen);
-	rh_addf(c, "Cache-Control: no-store\r\n");
-	if (retry_after > 0)
-		rh_addf(c, "Retry-After: %d\r\n", retry_after);
-	rh_addf(c, "Connection: %s\r\n\r\n", close ? "close" : "keep-alive");
+	rh_status_line(c, status, status_reason(status));
+	RH_LIT(c, "Content-Type: application/json\r\nContent-Length: ");
+	rh_add_uint(c, (unsigned long)blen);
+	RH_LIT(c, "\r\nCache-Control: no-store\r\n");
+	if (retry_after > 0) {
+		RH_LIT(c, "Retry-After: ");
+		rh_add_uint(c, (unsigned long)retry_after);
+		RH_LIT(c, "\r\n");
+	}
+	rh_connection(c, close);
 	rh_add(c, body, (size_t)blen);
 	c->close_after = close;
 	c->head_sent = 1;
@@ -370,6 +391,9 @@ sl_conn_new(struct sl_worker *w, int fd)
 	 * delayed ACKs).
 	 */
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
+	if (w->cfg->limits.client_sndbuf > 0)
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF,
+		    &(int){ (int)w->cfg->limits.client_sndbuf }, sizeof(int));
 	sl_net_peer(fd, c->peer, sizeof(c->peer));
 	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
 	    w->cfg->limits.max_body_bytes);
@@ -810,17 +834,18 @@ conn_build_head(struct sl_conn *c)
 	    c->w->cfg->timeouts.keepalive_ms == 0)
 		c->close_after = 1;
 	c->rh_len = c->rh_off = 0;
-	if (rh_addf(c, "HTTP/1.1 %d %s\r\n", c->status,
+	if (rh_status_line(c, c->status,
 	    c->uh.reason[0] ? c->uh.reason : status_reason(c->status)) == -1 ||
 	    rh_add(c, c->uh.block, c->uh.len) == -1)
 		return -1;
-	if (c->chunked)
-		rh_addf(c, "Transfer-Encoding: chunked\r\n");
-	rh_addf(c, "X-Accel-Buffering: no\r\n");
-	if (c->uh.is_sse && !c->uh.has_cache_control)
-		rh_addf(c, "Cache-Control: no-cache\r\n");
-	if (rh_addf(c, "Connection: %s\r\n\r\n",
-	    c->close_after ? "close" : "keep-alive") == -1)
+	if (c->chunked && RH_LIT(c, "Transfer-Encoding: chunked\r\n") == -1)
+		return -1;
+	if (RH_LIT(c, "X-Accel-Buffering: no\r\n") == -1)
+		return -1;
+	if (c->uh.is_sse && !c->uh.has_cache_control &&
+	    RH_LIT(c, "Cache-Control: no-cache\r\n") == -1)
+		return -1;
+	if (rh_connection(c, c->close_after) == -1)
 		return -1;
 	c->head_sent = 1;
 	c->t_first = ev_now(c->w->loop);
@@ -935,21 +960,46 @@ listed_in_connection(const struct sl_req *r, const char *name, size_t nlen)
 	return 0;
 }
 
+/*
+ * Append the pieces as one header line. curl_slist_append copies the line,
+ * so it is joined on the stack (or the heap, for a long one) without printf.
+ */
+static int
+conn_add_line(struct sl_conn *c, const struct iovec *v, int nv)
+{
+	char stack[1024], *line = stack;
+	size_t n = 0, off = 0;
+	struct curl_slist *sl;
+	int i;
+
+	for (i = 0; i < nv; i++)
+		n += v[i].iov_len;
+	if (n >= sizeof(stack) && (line = malloc(n + 1)) == NULL)
+		return -1;
+	for (i = 0; i < nv; i++) {
+		memcpy(line + off, v[i].iov_base, v[i].iov_len);
+		off += v[i].iov_len;
+	}
+	line[n] = '\0';
+	sl = curl_slist_append(c->hdrs, line);
+	if (line != stack)
+		free(line);
+	if (sl == NULL)
+		return -1;
+	c->hdrs = sl;
+	return 0;
+}
+
+#define IOV(p, n) { (void *)(uintptr_t)(p), (n) }
+
 static int
 conn_add_header(struct sl_conn *c, const char *name, size_t nlen,
     const char *value, size_t vlen)
 {
-	char *line;
-	struct curl_slist *n;
+	const struct iovec v[] = { IOV(name, nlen), IOV(": ", 2),
+	    IOV(value, vlen) };
 
-	if (asprintf(&line, "%.*s: %.*s", (int)nlen, name, (int)vlen, value) < 0)
-		return -1;
-	n = curl_slist_append(c->hdrs, line);
-	free(line);
-	if (n == NULL)
-		return -1;
-	c->hdrs = n;
-	return 0;
+	return conn_add_line(c, v, 3);
 }
 
 static int
@@ -986,30 +1036,22 @@ conn_build_upstream_headers(struct sl_conn *c,
 			return -1;
 	}
 	if (xff != NULL) {
-		char *line;
+		const struct iovec v[] = { IOV("X-Forwarded-For: ", 17),
+		    IOV(xff, xfflen), IOV(", ", 2),
+		    IOV(c->peer, strlen(c->peer)) };
 
-		if (asprintf(&line, "X-Forwarded-For: %.*s, %s", (int)xfflen, xff,
-		    c->peer) < 0)
+		if (conn_add_line(c, v, 4) == -1)
 			return -1;
-		n = curl_slist_append(c->hdrs, line);
-		free(line);
-		if (n == NULL)
-			return -1;
-		c->hdrs = n;
 	} else if (c->peer[0] != '\0' &&
 	    conn_add_header(c, "X-Forwarded-For", 15, c->peer,
 	    strlen(c->peer)) == -1)
 		return -1;
 	if (up->api_key != NULL) {
-		char *line;
+		const struct iovec v[] = { IOV("Authorization: Bearer ", 22),
+		    IOV(up->api_key, strlen(up->api_key)) };
 
-		if (asprintf(&line, "Authorization: Bearer %s", up->api_key) < 0)
+		if (conn_add_line(c, v, 2) == -1)
 			return -1;
-		n = curl_slist_append(c->hdrs, line);
-		free(line);
-		if (n == NULL)
-			return -1;
-		c->hdrs = n;
 	}
 	/* Suppress what libcurl would add on its own. */
 	if ((n = curl_slist_append(c->hdrs, "Expect:")) == NULL)
@@ -1032,17 +1074,19 @@ conn_start_upstream(struct sl_conn *c)
 	const struct sl_upstream_conf *up =
 	    &cfg->upstreams[cfg->tenants[c->tenant].upstream_idx];
 	const char *target, *method = sl_req_method(&c->req);
-	size_t tlen;
+	size_t tlen, ulen;
 	CURL *e;
 
 	target = sl_req_url(&c->req, &tlen);
-	if (asprintf(&c->url, "%s%.*s", up->url, (int)tlen, target) < 0) {
-		c->url = NULL;
+	ulen = strlen(up->url);
+	if ((c->url = malloc(ulen + tlen + 1)) == NULL)
 		goto fail;
-	}
+	memcpy(c->url, up->url, ulen);
+	memcpy(c->url + ulen, target, tlen);
+	c->url[ulen + tlen] = '\0';
 	if (conn_build_upstream_headers(c, up) == -1)
 		goto fail;
-	if ((e = curl_easy_init()) == NULL)
+	if ((e = sl_worker_easy_get(w)) == NULL)
 		goto fail;
 	c->easy = e;
 	curl_easy_setopt(e, CURLOPT_URL, c->url);
@@ -1061,6 +1105,7 @@ conn_start_upstream(struct sl_conn *c)
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, upstream_write_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
+	sl_worker_easy_setopts(w, e);
 	if (c->req.method == HTTP_GET && c->req.body_len == 0) {
 		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
 	} else if (c->req.method == HTTP_HEAD) {
@@ -1076,8 +1121,13 @@ conn_start_upstream(struct sl_conn *c)
 	c->t_upstream = ev_now(w->loop);
 	c->status = 0;
 	conn_set_state(c, CS_UPSTREAM);
-	if (curl_multi_add_handle(w->multi, e) != CURLM_OK)
+	if ((c->shard = sl_worker_shard(w)) == NULL)
 		goto fail;
+	if (curl_multi_add_handle(c->shard->multi, e) != CURLM_OK) {
+		c->shard = NULL;
+		goto fail;
+	}
+	c->shard->active++;
 	return;
 fail:
 	sl_err("conn %d: cannot start the upstream request", c->fd);
@@ -1086,13 +1136,15 @@ fail:
 }
 
 void
-sl_conn_upstream_done(struct sl_worker *w, CURL *easy, CURLcode result)
+sl_conn_upstream_done(struct sl_shard *sh, CURL *easy, CURLcode result)
 {
 	struct sl_conn *c = NULL;
 
 	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&c);
 	if (c == NULL || c->easy != easy) {
-		curl_multi_remove_handle(w->multi, easy);
+		curl_multi_remove_handle(sh->multi, easy);
+		if (sh->active > 0)
+			sh->active--;
 		curl_easy_cleanup(easy);
 		return;
 	}

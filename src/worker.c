@@ -25,66 +25,76 @@
 /* One watcher per socket libcurl asks us to poll. */
 struct curl_sock {
 	ev_io io;
-	struct sl_worker *w;
+	struct sl_shard *sh;
 	curl_socket_t fd;
 };
 
 static void
-check_multi_info(struct sl_worker *w)
+check_multi_info(struct sl_shard *sh)
 {
 	CURLMsg *msg;
 	int left;
 
-	while ((msg = curl_multi_info_read(w->multi, &left)) != NULL) {
+	while ((msg = curl_multi_info_read(sh->multi, &left)) != NULL) {
 		if (msg->msg != CURLMSG_DONE)
 			continue;
 		/* The message dies with remove_handle: copy what we need. */
-		sl_conn_upstream_done(w, msg->easy_handle, msg->data.result);
+		sl_conn_upstream_done(sh, msg->easy_handle, msg->data.result);
 	}
 }
 
-void
-sl_worker_curl_action(struct sl_worker *w, curl_socket_t fd, int ev_bitmask)
+static void
+curl_action(struct sl_shard *sh, curl_socket_t fd, int ev_bitmask)
 {
 	int running;
 	CURLMcode rc;
 
-	rc = curl_multi_socket_action(w->multi, fd, ev_bitmask, &running);
+	rc = curl_multi_socket_action(sh->multi, fd, ev_bitmask, &running);
 	if (rc != CURLM_OK)
 		sl_err("curl_multi_socket_action: %s", curl_multi_strerror(rc));
-	check_multi_info(w);
+	check_multi_info(sh);
 }
 
+/*
+ * What one upstream read produced (often a head, some events and the last
+ * chunk) goes out in one writev right away: waiting for the end of the loop
+ * iteration would hold every stream's event until all the others ready in
+ * the same epoll batch are read (milliseconds at thousands of streams).
+ */
 static void
 curl_sock_cb(struct ev_loop *loop, ev_io *io, int revents)
 {
 	struct curl_sock *cs = io->data;
+	struct sl_worker *w = cs->sh->w;   /* cs may be freed by the action */
 	int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
 	    (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
 
-	sl_worker_curl_action(cs->w, cs->fd, action);
+	curl_action(cs->sh, cs->fd, action);
+	sl_conn_flush_dirty(w);
 }
 
 static void
 curl_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
-	struct sl_worker *w = t->data;
+	struct sl_shard *sh = t->data;
 
-	sl_worker_curl_action(w, CURL_SOCKET_TIMEOUT, 0);
+	curl_action(sh, CURL_SOCKET_TIMEOUT, 0);
+	sl_conn_flush_dirty(sh->w);
 }
 
 /* CURLMOPT_SOCKETFUNCTION: start, change or stop polling one socket. */
 static int
 multi_sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *sockp)
 {
-	struct sl_worker *w = userp;
+	struct sl_shard *sh = userp;
+	struct ev_loop *loop = sh->w->loop;
 	struct curl_sock *cs = sockp;
 	int kind;
 
 	if (what == CURL_POLL_REMOVE) {
 		if (cs != NULL) {
-			ev_io_stop(w->loop, &cs->io);
-			curl_multi_assign(w->multi, fd, NULL);
+			ev_io_stop(loop, &cs->io);
+			curl_multi_assign(sh->multi, fd, NULL);
 			free(cs);
 		}
 		return 0;
@@ -99,12 +109,12 @@ multi_sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *sockp)
 		cs = calloc(1, sizeof(*cs));
 		if (cs == NULL)
 			return -1;
-		cs->w = w;
+		cs->sh = sh;
 		cs->fd = fd;
-		curl_multi_assign(w->multi, fd, cs);
+		curl_multi_assign(sh->multi, fd, cs);
 		ev_io_init(&cs->io, curl_sock_cb, fd, kind);
 		cs->io.data = cs;
-		ev_io_start(w->loop, &cs->io);
+		ev_io_start(loop, &cs->io);
 		return 0;
 	}
 	if ((cs->io.events & (EV_READ | EV_WRITE)) == kind)
@@ -113,9 +123,9 @@ multi_sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *sockp)
 	 * Same socket, other events: ev_io_modify keeps libev from re-adding
 	 * an fd epoll already has (a failing epoll_ctl per request).
 	 */
-	ev_io_stop(w->loop, &cs->io);
+	ev_io_stop(loop, &cs->io);
 	ev_io_modify(&cs->io, kind);
-	ev_io_start(w->loop, &cs->io);
+	ev_io_start(loop, &cs->io);
 	return 0;
 }
 
@@ -123,14 +133,103 @@ multi_sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *sockp)
 static int
 multi_timer_cb(CURLM *m, long timeout_ms, void *userp)
 {
-	struct sl_worker *w = userp;
+	struct sl_shard *sh = userp;
 
-	ev_timer_stop(w->loop, &w->curl_timer);
+	ev_timer_stop(sh->w->loop, &sh->timer);
 	if (timeout_ms >= 0) {
-		ev_timer_set(&w->curl_timer, (double)timeout_ms / 1000.0, 0.0);
-		ev_timer_start(w->loop, &w->curl_timer);
+		ev_timer_set(&sh->timer, (double)timeout_ms / 1000.0, 0.0);
+		ev_timer_start(sh->w->loop, &sh->timer);
 	}
 	return 0;
+}
+
+/*
+ * SO_RCVBUF on every upstream socket before it connects, when configured:
+ * a fixed receive buffer stops the kernel from autotuning it to tens of
+ * megabytes, so a paused stream pushes back on the model runner after
+ * stream_buffer + upstream_rcvbuf bytes, not after whatever tcp_rmem allows.
+ */
+static int
+upstream_sockopt_cb(void *arg, curl_socket_t fd, curlsocktype purpose)
+{
+	struct sl_worker *w = arg;
+	int v = (int)w->cfg->limits.upstream_rcvbuf;
+
+	if (purpose == CURLSOCKTYPE_IPCXN && v > 0 &&
+	    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v)) == -1)
+		sl_warn("upstream SO_RCVBUF %d: %s", v, strerror(errno));
+	return CURL_SOCKOPT_OK;
+}
+
+static int
+shard_init(struct sl_worker *w, struct sl_shard *sh)
+{
+	memset(sh, 0, sizeof(*sh));
+	if ((sh->multi = curl_multi_init()) == NULL)
+		return -1;
+	sh->w = w;
+	curl_multi_setopt(sh->multi, CURLMOPT_SOCKETFUNCTION, multi_sock_cb);
+	curl_multi_setopt(sh->multi, CURLMOPT_SOCKETDATA, sh);
+	curl_multi_setopt(sh->multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
+	curl_multi_setopt(sh->multi, CURLMOPT_TIMERDATA, sh);
+	/*
+	 * Keep an idle connection for every stream the shard may carry (and
+	 * as many again for a burst that spills over): a smaller cache closes
+	 * a connection per finished transfer at full load, and the next
+	 * request connects again.
+	 */
+	curl_multi_setopt(sh->multi, CURLMOPT_MAXCONNECTS,
+	    (long)(2 * SL_SHARD_STREAMS));
+	ev_init(&sh->timer, curl_timer_cb);
+	sh->timer.data = sh;
+	return 0;
+}
+
+struct sl_shard *
+sl_worker_shard(struct sl_worker *w)
+{
+	struct sl_shard *best = NULL;
+	size_t i;
+
+	/* The first shard with room: a light load stays on shard 0. */
+	for (i = 0; i < w->nshards; i++) {
+		if (w->shards[i].active < SL_SHARD_STREAMS)
+			return &w->shards[i];
+		if (best == NULL || w->shards[i].active < best->active)
+			best = &w->shards[i];
+	}
+	if (w->nshards < w->maxshards &&
+	    shard_init(w, &w->shards[w->nshards]) == 0)
+		return &w->shards[w->nshards++];
+	return best;
+}
+
+CURL *
+sl_worker_easy_get(struct sl_worker *w)
+{
+	if (w->neasy > 0)
+		return w->easy_pool[--w->neasy];
+	return curl_easy_init();
+}
+
+void
+sl_worker_easy_put(struct sl_worker *w, CURL *e)
+{
+	if (w->neasy < SL_EASY_POOL) {
+		curl_easy_reset(e);
+		w->easy_pool[w->neasy++] = e;
+	} else {
+		curl_easy_cleanup(e);
+	}
+}
+
+void
+sl_worker_easy_setopts(struct sl_worker *w, CURL *e)
+{
+	if (w->cfg->limits.upstream_rcvbuf > 0) {
+		curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, upstream_sockopt_cb);
+		curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, w);
+	}
 }
 
 static void
@@ -336,26 +435,17 @@ sl_worker_main(const struct sl_worker_args *a)
 	http_parser_set_max_header_size(
 	    (uint32_t)a->cfg->limits.max_header_bytes + 1024);
 
-	w.multi = curl_multi_init();
-	if (w.multi == NULL) {
-		sl_err("curl_multi_init failed");
+	/*
+	 * Every stream the worker may carry, SL_SHARD_STREAMS per shard; the
+	 * array never moves (watchers point into it), shards start on demand.
+	 */
+	w.maxshards = (a->cfg->limits.max_connections + SL_SHARD_STREAMS - 1) /
+	    SL_SHARD_STREAMS;
+	if ((w.shards = calloc(w.maxshards, sizeof(*w.shards))) == NULL ||
+	    (w.nshards = 1, shard_init(&w, &w.shards[0])) == -1) {
+		sl_err("cannot create the libcurl multi handle");
 		return 1;
 	}
-	curl_multi_setopt(w.multi, CURLMOPT_SOCKETFUNCTION, multi_sock_cb);
-	curl_multi_setopt(w.multi, CURLMOPT_SOCKETDATA, &w);
-	curl_multi_setopt(w.multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
-	curl_multi_setopt(w.multi, CURLMOPT_TIMERDATA, &w);
-	/*
-	 * Keep an idle upstream connection for every stream this worker may
-	 * have in flight: with a smaller cache, past that many streams every
-	 * finished transfer closes a connection and the next one connects
-	 * again (measured: 95% new connections at 4,096 streams with 1,024).
-	 */
-	curl_multi_setopt(w.multi, CURLMOPT_MAXCONNECTS,
-	    (long)(a->cfg->limits.max_connections < 100000 ?
-	    a->cfg->limits.max_connections : 100000));
-	ev_init(&w.curl_timer, curl_timer_cb);
-	w.curl_timer.data = &w;
 
 	ev_io_init(&w.accept_io, accept_cb, w.listen_fd, EV_READ);
 	w.accept_io.data = &w;
@@ -402,7 +492,13 @@ sl_worker_main(const struct sl_worker_args *a)
 
 	sl_conn_close_all(&w);
 	sl_conn_gauges(&w);
-	curl_multi_cleanup(w.multi);
+	while (w.neasy > 0)
+		curl_easy_cleanup(w.easy_pool[--w.neasy]);
+	for (size_t i = 0; i < w.nshards; i++) {
+		ev_timer_stop(w.loop, &w.shards[i].timer);
+		curl_multi_cleanup(w.shards[i].multi);
+	}
+	free(w.shards);
 	if (w.access_fd > STDERR_FILENO)
 		close(w.access_fd);
 	sl_keyidx_free(w.keys);

@@ -9,6 +9,27 @@ from harness import ACME_KEY, Gateway, Stub, expected_events
 EVENTS = 40000
 SIZE = 1000
 RSS_BOUND_KB = 20 * 1024
+UPSTREAM_RCVBUF = 128 * 1024
+CLIENT_SNDBUF = 64 * 1024
+CLIENT_RCVBUF = 4096
+
+
+def _sysctl_max(name):
+    with open("/proc/sys/net/ipv4/" + name) as f:
+        return int(f.read().split()[2])
+
+
+def _in_flight_bound():
+    """Bytes that may legitimately sit between the stub and a client that
+    reads nothing: the stub's send buffer (autotuned, up to tcp_wmem's max),
+    the gateway's upstream receive buffer (upstream_rcvbuf, doubled by the
+    kernel), stream_buffer, the gateway's client send buffer (client_sndbuf,
+    doubled) and the client's receive buffer (doubled), plus 256 KiB for
+    framing and segments in flight. Without upstream_rcvbuf the kernel may
+    grow the upstream receive buffer to tcp_rmem's max (32 MiB here), and
+    without client_sndbuf the client send buffer to tcp_wmem's max."""
+    return (_sysctl_max("tcp_wmem") + 2 * UPSTREAM_RCVBUF + 64 * 1024 +
+            2 * CLIENT_SNDBUF + 2 * CLIENT_RCVBUF + 256 * 1024)
 
 
 def _wait_stub_stalled(stub, timeout=20.0):
@@ -36,7 +57,9 @@ def _wait_stub_stalled(stub, timeout=20.0):
 @h.timeout(150)
 def test_slow_client_pauses_upstream_with_bounded_memory_then_gets_every_byte():
     with Stub() as stub, Gateway(stub=stub, stream_buffer="64KiB",
-                                 timeouts={"client_stall": "60s"}) as gw:
+                                 timeouts={"client_stall": "60s"},
+                                 limits={"upstream_rcvbuf": "128KiB",
+                                         "client_sndbuf": "64KiB"}) as gw:
         # Warm both workers up so the baseline includes one-time allocations.
         for _ in range(6):
             r = gw.request("POST", "/v1/chat/completions",
@@ -47,16 +70,18 @@ def test_slow_client_pauses_upstream_with_bounded_memory_then_gets_every_byte():
         workers = gw.worker_pids()
         base = {w: gw.rss_kb(w) for w in workers}
 
-        c, r = gw.open_stream(key=ACME_KEY, rcvbuf=4096, timeout=30,
+        c, r = gw.open_stream(key=ACME_KEY, rcvbuf=CLIENT_RCVBUF, timeout=30,
                               events=EVENTS, size=SIZE, interval=0, tag="big")
         assert r.status == 200, r.status
         want = expected_events(EVENTS, SIZE)
         # The client reads nothing more; the runner must be pushed back.
         st = _wait_stub_stalled(stub)
-        print("stub stalled at %d of %d bytes, blocked_writes %d" % (
-            st["bytes_sent"], len(want), st["blocked_writes"]))
-        assert st["bytes_sent"] < len(want) // 2, \
-            "stub sent %d of %d bytes to a client that reads nothing" % (st["bytes_sent"], len(want))
+        bound = _in_flight_bound()
+        print("stub stalled at %d of %d bytes (bound %d), blocked_writes %d" % (
+            st["bytes_sent"], len(want), bound, st["blocked_writes"]))
+        assert st["bytes_sent"] < bound, \
+            "stub sent %d of %d bytes to a client that reads nothing (bound %d)" % (
+                st["bytes_sent"], len(want), bound)
         assert st["blocked_writes"] > 0, "the stub never saw TCP push back: %r" % st
         assert st["streams_completed"] == 0, st
         growth = {w: gw.rss_kb(w) - base[w] for w in workers}

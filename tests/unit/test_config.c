@@ -204,6 +204,8 @@ test_sample_config_loads_every_field(void **state)
 	assert_int_equal(c->limits.max_header_bytes, 32 * KIB);
 	assert_int_equal(c->limits.max_body_bytes, 16 * MIB);
 	assert_int_equal(c->limits.max_connections, 20000);
+	assert_int_equal(c->limits.upstream_rcvbuf, 256 * KIB);
+	assert_int_equal(c->limits.client_sndbuf, 0);
 	assert_null(c->access_log);
 	assert_int_equal(c->log_level, SL_LOG_INFO);
 
@@ -282,6 +284,8 @@ test_explicit_values_and_second_upstream_index(void **state)
 	    "limits:\n"
 	    "  max_body_bytes: 0\n"
 	    "  max_connections: 7\n"
+	    "  upstream_rcvbuf: 0\n"
+	    "  client_sndbuf: 64KiB\n"
 	    "upstreams:\n"
 	    "  a:\n"
 	    "    url: \"http://10.0.0.1:9000\"\n"
@@ -315,6 +319,8 @@ test_explicit_values_and_second_upstream_index(void **state)
 	assert_int_equal(c->limits.max_body_bytes, 0);
 	assert_int_equal(c->limits.max_connections, 7);
 	assert_int_equal(c->limits.max_header_bytes, 32 * KIB);
+	assert_int_equal(c->limits.upstream_rcvbuf, 0);
+	assert_int_equal(c->limits.client_sndbuf, 64 * KIB);
 
 	assert_int_equal(c->nupstreams, 2);
 	assert_string_equal(c->upstreams[0].url, "http://10.0.0.1:9000");
@@ -666,6 +672,17 @@ test_stream_buffer_below_minimum_out_of_range(void **state)
 	    "stream_buffer: 1KiB\n"             /* 2: value at col 16 */
 	    MINIMAL_UPSTREAMS_TENANTS,
 	    NAME ":2:16: ", "stream_buffer: 1KiB is out of range");
+}
+
+static void
+test_socket_buffer_above_range(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "limits:\n"                         /* 2 */
+	    "  client_sndbuf: 65MiB\n"          /* 3: value at col 18 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":3:18: ", "limits.client_sndbuf: 65MiB is out of range 0-64MiB");
 }
 
 static void
@@ -1421,6 +1438,7 @@ main(void)
 		T(test_negative_max_streams_out_of_range),
 		T(test_max_streams_above_range),
 		T(test_stream_buffer_below_minimum_out_of_range),
+		T(test_socket_buffer_above_range),
 		T(test_workers_zero_out_of_range),
 		T(test_workers_65_out_of_range),
 		T(test_retry_after_zero_out_of_range),
