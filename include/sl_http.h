@@ -101,6 +101,12 @@ const char *sl_http_bearer(const char *value, size_t vlen, size_t *len);
 /* 1 if header name (nlen bytes) is hop-by-hop (RFC 9110 7.6.1 plus legacy ones). */
 int sl_http_is_hop_by_hop(const char *name, size_t nlen);
 
+/* 1 if header name (nlen bytes) is `want` (lower case), ignoring case. */
+int sl_http_name_is(const char *name, size_t nlen, const char *want);
+
+/* Reason phrase of a status sluice sends itself ("Unknown" for others). */
+const char *sl_http_reason(int status);
+
 /*
  * The upstream's response head, fed line by line as libcurl's header
  * callback hands it over. Filters what may reach the client: hop-by-hop

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "sl_admin.h"
+#include "sl_http.h"
 #include "sl_net.h"
 
 #define ADMIN_MAX_CONNS 16
@@ -160,19 +161,6 @@ sl_admin_timeout(const struct sl_admin *a, double now)
 	return t;
 }
 
-static const char *
-reason(int status)
-{
-	switch (status) {
-	case 200: return "OK";
-	case 400: return "Bad Request";
-	case 404: return "Not Found";
-	case 405: return "Method Not Allowed";
-	case 503: return "Service Unavailable";
-	default: return "Error";
-	}
-}
-
 static void
 build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
 {
@@ -197,7 +185,7 @@ build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
 	sl_str_printf(&out,
 	    "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
 	    "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
-	    r.status, reason(r.status),
+	    r.status, sl_http_reason(r.status),
 	    r.content_type ? r.content_type : "text/plain; charset=utf-8",
 	    r.body.len);
 	if (strcmp(method, "HEAD") != 0 && r.body.len > 0)

@@ -347,10 +347,17 @@ req_force(struct sl_req *r, int status, const char *reason)
  * A byte-level pass over the head, alongside http-parser, for what it lets
  * through or reports only lazily (its data callbacks fire at the end of a
  * read, so a check inside them lands at a position that depends on how the
- * bytes were split): obs-fold, whitespace before a header's colon, NUL.
- * Returns the head offset of the first offending byte, or SIZE_MAX.
+ * bytes were split): obs-fold, whitespace before a header's colon, NUL, a
+ * CR not followed by LF (RFC 9112 2.2; http-parser takes "\r " inside a
+ * value as a fold). Returns the head offset of the first offending byte, or
+ * SIZE_MAX.
  */
-enum { LX_REQLINE = 0, LX_LINE_START, LX_NAME, LX_VALUE, LX_END };
+enum {
+	LX_REQLINE = 0, LX_LINE_START, LX_NAME, LX_VALUE,
+	LX_CR,          /* after a CR ending a line: LF must follow */
+	LX_CR_END,      /* after the CR of the empty line ending the head */
+	LX_END
+};
 
 static size_t
 head_lex(struct sl_req *r, const char *data, size_t n, const char **why,
@@ -371,6 +378,8 @@ head_lex(struct sl_req *r, const char *data, size_t n, const char **why,
 		case LX_VALUE:
 			if (ch == '\n')
 				r->lex = LX_LINE_START;
+			else if (ch == '\r')
+				r->lex = LX_CR;
 			break;
 		case LX_LINE_START:
 			if (ch == ' ' || ch == '\t') {
@@ -379,7 +388,9 @@ head_lex(struct sl_req *r, const char *data, size_t n, const char **why,
 			}
 			if (ch == '\n')
 				r->lex = LX_END;
-			else if (ch != '\r') {
+			else if (ch == '\r')
+				r->lex = LX_CR_END;
+			else {
 				r->lex = LX_NAME;
 				/* Counted here, at its first byte, not when
 				 * http-parser gets round to the name callback. */
@@ -398,6 +409,16 @@ head_lex(struct sl_req *r, const char *data, size_t n, const char **why,
 				return r->head_bytes + i;
 			} else if (ch == '\n')
 				r->lex = LX_LINE_START;   /* http-parser refuses it */
+			else if (ch == '\r')
+				r->lex = LX_CR;
+			break;
+		case LX_CR:
+		case LX_CR_END:
+			if (ch != '\n') {
+				*why = "CR not followed by LF in the request head";
+				return r->head_bytes + i;
+			}
+			r->lex = r->lex == LX_CR ? LX_LINE_START : LX_END;
 			break;
 		}
 	}
@@ -556,7 +577,7 @@ sl_http_is_hop_by_hop(const char *name, size_t nlen)
 	size_t i;
 
 	for (i = 0; hop[i] != NULL; i++)
-		if (strlen(hop[i]) == nlen && strncasecmp(hop[i], name, nlen) == 0)
+		if (sl_http_name_is(name, nlen, hop[i]))
 			return 1;
 	return 0;
 }
@@ -594,10 +615,31 @@ sl_resp_head_free(struct sl_resp_head *h)
 	sl_resp_head_reset(h);
 }
 
-static int
-name_is(const char *name, size_t nlen, const char *want)
+int
+sl_http_name_is(const char *name, size_t nlen, const char *want)
 {
 	return strlen(want) == nlen && strncasecmp(name, want, nlen) == 0;
+}
+
+const char *
+sl_http_reason(int status)
+{
+	switch (status) {
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 408: return "Request Timeout";
+	case 413: return "Content Too Large";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 501: return "Not Implemented";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	case 504: return "Gateway Timeout";
+	default: return "Unknown";
+	}
 }
 
 enum sl_rh_result
@@ -662,16 +704,16 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 	for (i = 0; i < nl; i++)
 		if (!is_tchar((unsigned char)p[i]))
 			return SL_RH_BAD;
-	if (sl_http_is_hop_by_hop(p, nl) || name_is(p, nl, "content-length") ||
-	    name_is(p, nl, "x-accel-buffering"))
+	if (sl_http_is_hop_by_hop(p, nl) || sl_http_name_is(p, nl, "content-length") ||
+	    sl_http_name_is(p, nl, "x-accel-buffering"))
 		return SL_RH_MORE;
 	v = colon + 1;
 	while (v < p + len && (*v == ' ' || *v == '\t'))
 		v++;
-	if (name_is(p, nl, "content-type") && (size_t)(p + len - v) >= 17 &&
+	if (sl_http_name_is(p, nl, "content-type") && (size_t)(p + len - v) >= 17 &&
 	    strncasecmp(v, "text/event-stream", 17) == 0)
 		h->is_sse = 1;
-	if (name_is(p, nl, "cache-control"))
+	if (sl_http_name_is(p, nl, "cache-control"))
 		h->has_cache_control = 1;
 	if (h->len + len + 2 > SL_RESP_HEAD_MAX)
 		return SL_RH_BAD;

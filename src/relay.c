@@ -126,26 +126,6 @@ static void conn_unref(struct sl_conn *);
 
 /* ---- small helpers --------------------------------------------------- */
 
-static const char *
-status_reason(int status)
-{
-	switch (status) {
-	case 200: return "OK";
-	case 400: return "Bad Request";
-	case 401: return "Unauthorized";
-	case 404: return "Not Found";
-	case 408: return "Request Timeout";
-	case 413: return "Content Too Large";
-	case 429: return "Too Many Requests";
-	case 431: return "Request Header Fields Too Large";
-	case 501: return "Not Implemented";
-	case 502: return "Bad Gateway";
-	case 503: return "Service Unavailable";
-	case 504: return "Gateway Timeout";
-	default: return "Unknown";
-	}
-}
-
 static void
 conn_set_state(struct sl_conn *c, enum conn_state s)
 {
@@ -321,7 +301,7 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 		close = 1;
 	c->rh_len = c->rh_off = 0;
 	sl_buf_consume(&c->out, sl_buf_len(&c->out));
-	rh_status_line(c, status, status_reason(status));
+	rh_status_line(c, status, sl_http_reason(status));
 	RH_LIT(c, "Content-Type: application/json\r\nContent-Length: ");
 	rh_add_uint(c, (unsigned long)blen);
 	RH_LIT(c, "\r\nCache-Control: no-store\r\n");
@@ -812,12 +792,6 @@ conn_timer_event(struct sl_conn *c)
 
 /* ---- upstream: libcurl callbacks --------------------------------------- */
 
-static int
-hdr_is(const char *name, size_t nlen, const char *want)
-{
-	return strlen(want) == nlen && strncasecmp(name, want, nlen) == 0;
-}
-
 /* Build the client's response head from the upstream's. */
 static int
 conn_build_head(struct sl_conn *c)
@@ -835,7 +809,7 @@ conn_build_head(struct sl_conn *c)
 		c->close_after = 1;
 	c->rh_len = c->rh_off = 0;
 	if (rh_status_line(c, c->status,
-	    c->uh.reason[0] ? c->uh.reason : status_reason(c->status)) == -1 ||
+	    c->uh.reason[0] ? c->uh.reason : sl_http_reason(c->status)) == -1 ||
 	    rh_add(c, c->uh.block, c->uh.len) == -1)
 		return -1;
 	if (c->chunked && RH_LIT(c, "Transfer-Encoding: chunked\r\n") == -1)
@@ -1017,20 +991,20 @@ conn_build_upstream_headers(struct sl_conn *c,
 		if (memchr(value, '\0', vlen) != NULL || memchr(name, '\0', nlen))
 			return -1;
 		if (sl_http_is_hop_by_hop(name, nlen) ||
-		    hdr_is(name, nlen, "host") ||
-		    hdr_is(name, nlen, "authorization") ||
-		    hdr_is(name, nlen, "content-length") ||
-		    hdr_is(name, nlen, "expect") ||
+		    sl_http_name_is(name, nlen, "host") ||
+		    sl_http_name_is(name, nlen, "authorization") ||
+		    sl_http_name_is(name, nlen, "content-length") ||
+		    sl_http_name_is(name, nlen, "expect") ||
 		    listed_in_connection(r, name, nlen))
 			continue;
-		if (hdr_is(name, nlen, "x-forwarded-for")) {
+		if (sl_http_name_is(name, nlen, "x-forwarded-for")) {
 			xff = value;
 			xfflen = vlen;
 			continue;
 		}
-		if (hdr_is(name, nlen, "content-type"))
+		if (sl_http_name_is(name, nlen, "content-type"))
 			have_ct = 1;
-		if (hdr_is(name, nlen, "accept"))
+		if (sl_http_name_is(name, nlen, "accept"))
 			have_accept = 1;
 		if (conn_add_header(c, name, nlen, value, vlen) == -1)
 			return -1;

@@ -553,6 +553,40 @@ test_whitespace_before_colon_is_400(void **state)
 }
 
 static void
+test_bare_cr_in_a_header_is_400_whatever_the_split(void **state)
+{
+	/*
+	 * RFC 9112 2.2: a bare CR is invalid. http-parser (non-strict) takes
+	 * "\r " inside a value as a fold, so this was seen by the fuzzer as
+	 * 400 in one read but 431 byte by byte when 128 more lines followed.
+	 */
+	struct fx *f = *state;
+	char req[8192];
+	size_t len, i;
+	int n, split;
+
+	n = snprintf(req, sizeof(req),
+	    "GET /v1/x HTTP/1.1\r\nHost: gw\r\nX-A:\r Xv\r\n");
+	len = (size_t)n;
+	for (i = 0; i < 130; i++) {
+		n = snprintf(req + len, sizeof(req) - len, "X-%zu: v\r\n", i);
+		len += (size_t)n;
+	}
+	memcpy(req + len, "\r\n", 2);
+	len += 2;
+	for (split = 0; split < 2; split++) {
+		sl_req_reset(&f->r);
+		drive(&f->r, req, len, split ? 1 : 0);
+		if (f->r.state != SL_REQ_ERROR || f->r.status != 400)
+			fail_msg("step %d: state %d status %d (%s), want 400", split,
+			    (int)f->r.state, f->r.status,
+			    f->r.reason ? f->r.reason : "-");
+		assert_string_equal(f->r.reason,
+		    "CR not followed by LF in the request head");
+	}
+}
+
+static void
 test_bad_version_is_400(void **state)
 {
 	static const char req[] = "GET / HTTP/x.1\r\n\r\n";
@@ -858,6 +892,7 @@ main(void)
 		T(test_text_garbage_is_400),
 		T(test_header_without_colon_is_400),
 		T(test_whitespace_before_colon_is_400),
+		T(test_bare_cr_in_a_header_is_400_whatever_the_split),
 		T(test_bad_version_is_400),
 		T(test_absolute_form_target_is_400),
 		T(test_asterisk_form_target_is_400),
