@@ -32,11 +32,21 @@ struct sl_worker;
 #define SL_EASY_POOL 128
 
 struct sl_shard {
-	CURLM *multi;
+	CURLM *multi;                /* NULL: dormant (its connections closed) */
 	ev_timer timer;
 	struct sl_worker *w;
 	unsigned active;             /* transfers in this multi */
+	ev_tstamp idle_since;        /* when active last dropped to 0 */
 };
+
+/*
+ * A shard other than the first, idle this long, is closed (its cached
+ * upstream connections with it): libcurl only prunes a cache when a
+ * transfer starts in it, so after a burst the shards it spilled into would
+ * otherwise hold their idle connections, half-closed by the upstream, for
+ * good.
+ */
+#define SL_SHARD_IDLE_SECONDS 10.0
 
 /* What the master hands a worker at fork. Borrowed, never freed by the worker. */
 struct sl_worker_args {
@@ -90,6 +100,9 @@ int sl_worker_main(const struct sl_worker_args *);
 
 /* The shard a new transfer goes to; NULL if none can be created. */
 struct sl_shard *sl_worker_shard(struct sl_worker *);
+
+/* A transfer left the shard (its handle was removed from the multi). */
+void sl_worker_shard_done(struct sl_shard *);
 
 /* An easy handle for a new transfer (a pooled one, reset), or NULL. */
 CURL *sl_worker_easy_get(struct sl_worker *);

@@ -186,7 +186,7 @@ conn_abort_upstream(struct sl_conn *c)
 	if (c->easy != NULL) {
 		if (c->shard != NULL) {
 			curl_multi_remove_handle(c->shard->multi, c->easy);
-			c->shard->active--;
+			sl_worker_shard_done(c->shard);
 			c->shard = NULL;
 		}
 		sl_worker_easy_put(c->w, c->easy);
@@ -1117,8 +1117,7 @@ sl_conn_upstream_done(struct sl_shard *sh, CURL *easy, CURLcode result)
 	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&c);
 	if (c == NULL || c->easy != easy) {
 		curl_multi_remove_handle(sh->multi, easy);
-		if (sh->active > 0)
-			sh->active--;
+		sl_worker_shard_done(sh);
 		curl_easy_cleanup(easy);
 		return;
 	}

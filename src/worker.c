@@ -182,26 +182,62 @@ shard_init(struct sl_worker *w, struct sl_shard *sh)
 	    (long)(2 * SL_SHARD_STREAMS));
 	ev_init(&sh->timer, curl_timer_cb);
 	sh->timer.data = sh;
+	sh->idle_since = ev_now(w->loop);
 	return 0;
 }
 
 struct sl_shard *
 sl_worker_shard(struct sl_worker *w)
 {
-	struct sl_shard *best = NULL;
+	struct sl_shard *best = NULL, *dormant = NULL, *sh;
 	size_t i;
 
-	/* The first shard with room: a light load stays on shard 0. */
+	/* The first live shard with room: a light load stays on shard 0. */
 	for (i = 0; i < w->nshards; i++) {
-		if (w->shards[i].active < SL_SHARD_STREAMS)
-			return &w->shards[i];
-		if (best == NULL || w->shards[i].active < best->active)
-			best = &w->shards[i];
+		sh = &w->shards[i];
+		if (sh->multi == NULL) {
+			if (dormant == NULL)
+				dormant = sh;
+			continue;
+		}
+		if (sh->active < SL_SHARD_STREAMS)
+			return sh;
+		if (best == NULL || sh->active < best->active)
+			best = sh;
 	}
+	if (dormant != NULL && shard_init(w, dormant) == 0)
+		return dormant;
 	if (w->nshards < w->maxshards &&
 	    shard_init(w, &w->shards[w->nshards]) == 0)
 		return &w->shards[w->nshards++];
 	return best;
+}
+
+void
+sl_worker_shard_done(struct sl_shard *sh)
+{
+	if (sh->active > 0 && --sh->active == 0)
+		sh->idle_since = ev_now(sh->w->loop);
+}
+
+/* Close shards (not the first) idle for SL_SHARD_IDLE_SECONDS. */
+static void
+shards_reap(struct sl_worker *w)
+{
+	ev_tstamp now = ev_now(w->loop);
+	size_t i;
+
+	for (i = 1; i < w->nshards; i++) {
+		struct sl_shard *sh = &w->shards[i];
+
+		if (sh->multi == NULL || sh->active > 0 ||
+		    now - sh->idle_since < SL_SHARD_IDLE_SECONDS)
+			continue;
+		ev_timer_stop(w->loop, &sh->timer);
+		curl_multi_cleanup(sh->multi);
+		ev_timer_stop(w->loop, &sh->timer);
+		sh->multi = NULL;
+	}
 }
 
 CURL *
@@ -378,6 +414,7 @@ static void
 gauge_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	sl_conn_gauges(t->data);
+	shards_reap(t->data);
 }
 
 static void
@@ -495,6 +532,8 @@ sl_worker_main(const struct sl_worker_args *a)
 	while (w.neasy > 0)
 		curl_easy_cleanup(w.easy_pool[--w.neasy]);
 	for (size_t i = 0; i < w.nshards; i++) {
+		if (w.shards[i].multi == NULL)
+			continue;
 		ev_timer_stop(w.loop, &w.shards[i].timer);
 		curl_multi_cleanup(w.shards[i].multi);
 	}

@@ -214,6 +214,42 @@ def test_upstream_connections_are_reused():
         assert opened == 1, "6 sequential requests opened %d upstream connections" % opened
 
 
+@h.timeout(90)
+def test_burst_spills_over_then_idle_upstream_connections_are_closed():
+    # 100 streams at once on one worker, then 2 sequential ones: the burst
+    # opens ~100 upstream connections; once it is over, they are reused, and
+    # after the idle period those beyond the first shard's cache (64) close.
+    with Stub() as stub, Gateway(stub=stub, workers=1) as gw:
+        streams = [gw.open_stream(events=20, size=10, interval=50, timeout=30)
+                   for _ in range(100)]
+        for c, r in streams:
+            assert r.status == 200
+        for c, r in streams:
+            r.read_all(timeout=30)
+            assert r.complete
+            c.close()
+        st = stub.stats()
+        assert st["requests"] == 100, st
+        peak = st["connections_open"] - 1          # minus this stats call
+        assert peak >= 90, "100 concurrent streams used %d upstream connections" % peak
+        total = st["connections_total"]
+        c = gw.client()
+        for i in range(2):
+            r = _stream(c, events=3, interval=0)
+            r.read_all()
+            assert r.status == 200 and r.complete
+        st = stub.stats()
+        opened = st["connections_total"] - total - 1
+        assert opened == 0, "after the burst, 2 requests opened %d connections" % opened
+
+        def settled():
+            return stub.stats()["connections_open"] - 1 <= 64
+        h.wait_until(settled, 25, msg="idle upstream connections beyond 64 closed")
+        r = _stream(c, events=3, interval=0)
+        r.read_all()
+        assert r.status == 200 and r.complete
+
+
 def test_upstream_error_status_relayed():
     with Stub() as stub, Gateway(stub=stub) as gw:
         for code in (503, 422, 400):
