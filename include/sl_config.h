@@ -46,6 +46,7 @@ struct sl_config {
 		uint64_t upstream_first_byte_ms;
 		uint64_t upstream_idle_ms;
 		uint64_t client_header_ms;
+		uint64_t client_body_ms;
 		uint64_t client_stall_ms;
 		uint64_t keepalive_ms;
 	} timeouts;

@@ -80,6 +80,10 @@ static const struct key_row keys[] = {
 	{ { "timeouts.client_header", SL_KEY_DURATION, "10s", "1ms-1h", 1,
 	    "Time to receive a complete request head; past it 408 and close." },
 	    1, HOUR, 0, OFF(timeouts.client_header_ms) },
+	{ { "timeouts.client_body", SL_KEY_DURATION, "60s", "1ms-24h", 1,
+	    "Time to receive a whole request body once admitted; past it 408, "
+	    "close, and the slot is freed." },
+	    1, 24 * HOUR, 0, OFF(timeouts.client_body_ms) },
 	{ { "timeouts.client_stall", SL_KEY_DURATION, "30s", "1ms-24h", 1,
 	    "How long a client may accept no bytes while its stream buffer is "
 	    "full; past it the stream is cut and the slot freed." },

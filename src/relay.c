@@ -68,6 +68,7 @@ struct sl_conn {
 	size_t in_len;
 	unsigned nreq;             /* responses completed on this connection */
 	ev_tstamp t_req;           /* when the current request began */
+	ev_tstamp t_body;          /* when its body began to be read */
 	int reading;               /* rio active */
 
 	/* Admission. */
@@ -701,8 +702,13 @@ conn_deadline(struct sl_conn *c)
 			return c->t_req + ms(cfg->timeouts.keepalive_ms);
 		}
 		return c->t_req + ms(cfg->timeouts.client_header_ms);
-	case CS_BODY:
-		return c->t_req + ms(cfg->timeouts.client_header_ms);
+	case CS_BODY: {
+		/* A pause between reads, and the whole body, are both bounded. */
+		ev_tstamp idle = c->t_req + ms(cfg->timeouts.client_header_ms);
+		ev_tstamp total = c->t_body + ms(cfg->timeouts.client_body_ms);
+
+		return idle < total ? idle : total;
+	}
 	case CS_UPSTREAM:
 		return c->t_upstream + ms(cfg->timeouts.upstream_first_byte_ms);
 	case CS_STREAM:
@@ -1311,6 +1317,7 @@ conn_on_head(struct sl_conn *c)
 			(void)!write(c->fd, "HTTP/1.1 100 Continue\r\n\r\n", 25);
 	}
 	sl_req_continue(&c->req);
+	c->t_body = ev_now(c->w->loop);
 	conn_set_state(c, CS_BODY);
 }
 

@@ -183,6 +183,40 @@ def test_incomplete_head_is_408_after_client_header():
         assert stub.stats()["requests"] == 0
 
 
+@h.timeout(60)
+def test_trickled_body_is_408_after_client_body_and_frees_the_slot():
+    # One byte of body every 0.3 s keeps client_header (the pause bound)
+    # from firing; client_body bounds the whole body, so the slot comes back.
+    with Stub() as stub, Gateway(stub=stub, tenants={"acme": {"max_streams": 1}},
+                                 timeouts={"client_header": "2s",
+                                           "client_body": "1500ms"}) as gw:
+        with h.Client(gw.port) as c:
+            c.send_raw(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                        "Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                        "Content-Length: 1000\r\n\r\n" % ACME_KEY).encode())
+            t0 = time.monotonic()
+            # Admitted: the one slot is held, so a second request gets 429.
+            r2 = gw.request("POST", "/v1/chat/completions",
+                            dict(h.bearer(ACME_KEY), **{"Content-Type": "application/json"}),
+                            h.stream_body())
+            assert_error(r2, 429, "concurrency_limit_exceeded")
+            sent = 0
+            while time.monotonic() - t0 < 1.3:
+                c.send_raw(b"{")
+                sent += 1
+                time.sleep(0.3)
+            r = c.read_response(timeout=6)
+            dt = time.monotonic() - t0
+            assert_error(r, 408, "request_timeout")
+            assert 1.3 <= dt < 4.0, "408 after %.2fs with client_body 1.5s" % dt
+            assert c.wait_closed(3), "connection kept open after a 408"
+        r3 = gw.request("POST", "/v1/chat/completions",
+                        dict(h.stub_headers(events=2, interval=0),
+                             **{"Content-Type": "application/json"}), h.stream_body())
+        assert r3.status == 200 and r3.complete, "slot not freed after the 408: %d" % r3.status
+        assert stub.stats()["requests"] == 1
+
+
 def test_silent_connection_closed_after_client_header():
     # A connection that never sends a byte is an incomplete head too.
     with Stub() as stub, Gateway(stub=stub, timeouts={"client_header": "1s"}) as gw:
