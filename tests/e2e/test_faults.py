@@ -193,9 +193,14 @@ def test_trickled_body_is_408_after_client_body_and_frees_the_slot():
         with h.Client(gw.port) as c:
             c.send_raw(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                         "Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                        "Expect: 100-continue\r\n"
                         "Content-Length: 1000\r\n\r\n" % ACME_KEY).encode())
             t0 = time.monotonic()
-            # Admitted: the one slot is held, so a second request gets 429.
+            # 100 Continue says it was admitted: the one slot is held, so a
+            # second request gets 429.
+            deadline = time.monotonic() + 10
+            assert c._readline(deadline).startswith(b"HTTP/1.1 100 ")
+            assert c._readline(deadline) == b""
             r2 = gw.request("POST", "/v1/chat/completions",
                             dict(h.bearer(ACME_KEY), **{"Content-Type": "application/json"}),
                             h.stream_body())
