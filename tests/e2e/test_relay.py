@@ -200,14 +200,19 @@ def test_keepalive_serves_several_requests_on_one_connection():
         assert stub.stats()["requests"] == 9, stub.stats()
 
 
+def _sequential_streams(c, n):
+    """n short streams one after another on client connection c."""
+    for i in range(n):
+        r = _stream(c, events=3, interval=0)
+        r.read_all()
+        assert r.status == 200 and r.complete
+
+
 def test_upstream_connections_are_reused():
     with Stub() as stub, Gateway(stub=stub, workers=1) as gw:
         before = stub.stats()["connections_total"]
         c = gw.client()
-        for i in range(6):
-            r = _stream(c, events=3, interval=0)
-            r.read_all()
-            assert r.status == 200 and r.complete
+        _sequential_streams(c, 6)
         st = stub.stats()
         assert st["requests"] == 6, st
         opened = st["connections_total"] - before - 1   # minus this stats call
@@ -234,10 +239,7 @@ def test_burst_spills_over_then_idle_upstream_connections_are_closed():
         assert peak >= 90, "100 concurrent streams used %d upstream connections" % peak
         total = st["connections_total"]
         c = gw.client()
-        for i in range(2):
-            r = _stream(c, events=3, interval=0)
-            r.read_all()
-            assert r.status == 200 and r.complete
+        _sequential_streams(c, 2)
         st = stub.stats()
         opened = st["connections_total"] - total - 1
         assert opened == 0, "after the burst, 2 requests opened %d connections" % opened
@@ -245,9 +247,7 @@ def test_burst_spills_over_then_idle_upstream_connections_are_closed():
         def settled():
             return stub.stats()["connections_open"] - 1 <= 64
         h.wait_until(settled, 25, msg="idle upstream connections beyond 64 closed")
-        r = _stream(c, events=3, interval=0)
-        r.read_all()
-        assert r.status == 200 and r.complete
+        _sequential_streams(c, 1)
 
 
 def test_upstream_error_status_relayed():
