@@ -197,6 +197,8 @@ conn_abort_upstream(struct sl_conn *c)
 	c->hdrs = NULL;
 	free(c->url);
 	c->url = NULL;
+	if (c->paused)   /* the pause ends here: count it for the access log */
+		c->paused_total += ev_now(c->w->loop) - c->t_pause;
 	c->paused = 0;
 }
 
@@ -516,9 +518,14 @@ conn_close(struct sl_conn *c, const char *why)
 	sl_debug("conn %d: close (%s) in state %s", c->fd, why,
 	    state_names[c->state]);
 	c->dead = 1;
-	conn_request_end(c, end_of(why));
+	/*
+	 * Upstream first, then the slot, then the log line: the runner never
+	 * sees the next admitted stream before this one's close, and once the
+	 * access log says a request ended, its slot is free.
+	 */
 	conn_abort_upstream(c);
 	conn_release(c);
+	conn_request_end(c, end_of(why));
 	conn_read_stop(c);
 	ev_io_stop(w->loop, &c->wio);
 	ev_timer_stop(w->loop, &c->timer);
