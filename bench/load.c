@@ -731,6 +731,36 @@ conn_eof(struct conn *c)
 	conn_drop(c, E_EOF, 1);
 }
 
+/*
+ * One read of at most `want` bytes into x->buf, stamping progress. Returns
+ * the byte count, or 0 when there is nothing more to do now: EAGAIN, EOF
+ * (conn_eof) or an error (the connection is dropped).
+ */
+static ssize_t
+conn_read_some(struct conn *c, size_t want)
+{
+	struct ctx *x = c->x;
+	ssize_t n;
+
+	for (;;) {
+		n = read(c->fd, x->buf, want);
+		if (n == -1) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN)
+				conn_drop(c, E_RESET, 1);
+			return 0;
+		}
+		if (n == 0) {
+			conn_eof(c);
+			return 0;
+		}
+		x->t_now = now_ns();
+		c->t_progress = x->t_now;
+		return n;
+	}
+}
+
 /* Read what the throttle allows; stop reading until the bucket refills. */
 static void
 conn_read_throttled(struct conn *c)
@@ -748,21 +778,8 @@ conn_read_throttled(struct conn *c)
 
 		if (want > READ_BUF)
 			want = READ_BUF;
-		n = read(c->fd, x->buf, want);
-		if (n == -1) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN)
-				return;
-			conn_drop(c, E_RESET, 1);
+		if ((n = conn_read_some(c, want)) == 0)
 			return;
-		}
-		if (n == 0) {
-			conn_eof(c);
-			return;
-		}
-		x->t_now = now_ns();
-		c->t_progress = x->t_now;
 		c->budget -= (double)n;
 		conn_feed(c, x->buf, (size_t)n);
 	}
@@ -783,20 +800,8 @@ conn_read(struct conn *c)
 		return;
 	}
 	for (;;) {
-		n = read(c->fd, x->buf, READ_BUF);
-		if (n == -1) {
-			if (errno == EINTR)
-				continue;
-			if (errno != EAGAIN)
-				conn_drop(c, E_RESET, 1);
+		if ((n = conn_read_some(c, READ_BUF)) == 0)
 			return;
-		}
-		if (n == 0) {
-			conn_eof(c);
-			return;
-		}
-		x->t_now = now_ns();
-		c->t_progress = x->t_now;
 		conn_feed(c, x->buf, (size_t)n);
 		if (c->state != C_RECEIVING || n < READ_BUF)
 			return;
