@@ -233,8 +233,8 @@ shards_reap(struct sl_worker *w)
 		if (sh->multi == NULL || sh->active > 0 ||
 		    now - sh->idle_since < SL_SHARD_IDLE_SECONDS)
 			continue;
-		ev_timer_stop(w->loop, &sh->timer);
 		curl_multi_cleanup(sh->multi);
+		/* After: cleanup may still have set the timer through its callback. */
 		ev_timer_stop(w->loop, &sh->timer);
 		sh->multi = NULL;
 	}
