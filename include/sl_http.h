@@ -54,10 +54,13 @@ struct sl_req {
 	size_t body_len, body_cap;
 	uint64_t body_seen;      /* body bytes seen, kept or not */
 
-	int method;              /* enum http_method */
+	int method;              /* enum http_method, once method_known */
+	int method_known;        /* the head was parsed: method is real */
 	int http_major, http_minor;
 	int keep_alive;          /* from http_should_keep_alive at head done */
 	int has_body;            /* Content-Length > 0 or chunked */
+	int too_large;           /* Content-Length over max_body_bytes: the
+	                          * caller answers 413 after authenticating */
 };
 
 /* Prepare for a new connection. Allocates nothing until bytes arrive. */
@@ -89,7 +92,7 @@ const char *sl_req_header(const struct sl_req *, const char *name, size_t *len);
 int sl_req_header_at(const struct sl_req *, size_t i, const char **name,
     size_t *nlen, const char **value, size_t *vlen);
 
-/* Method name ("GET") of the current request. */
+/* Method name ("GET") of the current request; "-" before its head parsed. */
 const char *sl_req_method(const struct sl_req *);
 
 /*

@@ -30,6 +30,9 @@ void sl_conn_flush_dirty(struct sl_worker *);
 /* Publish this worker's gauges (paused streams, buffered bytes...). */
 void sl_conn_gauges(struct sl_worker *);
 
+/* w->hup_fd is readable: close the connections whose client left. */
+void sl_conn_hup_event(struct sl_worker *);
+
 /* Refuse a connection over max_connections with a 503 and close it. */
 void sl_conn_refuse(struct sl_worker *, int fd);
 

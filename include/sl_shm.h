@@ -82,6 +82,7 @@ enum sl_stat {
 	SL_STAT_REJECTED,
 	SL_STAT_BYTES_OUT,
 	SL_STAT_PAUSES,
+	SL_STAT_IDLE_CLOSED,   /* connections closed with no request byte */
 	/* gauges (dropped when a worker dies) */
 	SL_STAT_G_FIRST,
 	SL_STAT_PAUSED_STREAMS = SL_STAT_G_FIRST,

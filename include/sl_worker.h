@@ -76,6 +76,13 @@ struct sl_worker {
 	int listen_fd;
 	ev_io accept_io;
 	int spare_fd;                /* released on EMFILE to shed one connection */
+	/*
+	 * An epoll set of the client sockets we stopped reading (pipelined
+	 * bytes over the input buffer), watched for EPOLLRDHUP only: their
+	 * client leaving is seen at once although their input is unread.
+	 */
+	int hup_fd;
+	ev_io hup_io;
 	ev_timer accept_retry;
 
 	struct sl_shard *shards;     /* created on demand, never moved */

@@ -214,7 +214,7 @@ on_headers_complete(http_parser *p)
 		return -1;
 	}
 	{
-		size_t hosts = 0, k;
+		size_t hosts = 0, auths = 0, k;
 
 		for (k = 0; k < r->nheaders; k++) {
 			const struct sl_req_header *h = &r->headers[k];
@@ -223,6 +223,9 @@ on_headers_complete(http_parser *p)
 			if (h->name_len == 4 &&
 			    strncasecmp(r->arena + h->name_off, "host", 4) == 0)
 				hosts++;
+			if (h->name_len == 13 && strncasecmp(r->arena + h->name_off,
+			    "authorization", 13) == 0)
+				auths++;
 			/*
 			 * We de-chunk and forward with a length: any other
 			 * transfer coding would be silently dropped.
@@ -240,8 +243,17 @@ on_headers_complete(http_parser *p)
 			    "missing Host header");
 			return -1;
 		}
+		/*
+		 * Two credentials: we would authenticate one and a proxy in
+		 * front may have checked the other.
+		 */
+		if (auths > 1) {
+			req_fail(r, 400, "more than one Authorization header");
+			return -1;
+		}
 	}
 	r->method = p->method;
+	r->method_known = 1;
 	r->http_major = p->http_major;
 	r->http_minor = p->http_minor;
 	r->keep_alive = http_should_keep_alive(p);
@@ -265,10 +277,13 @@ on_headers_complete(http_parser *p)
 		r->has_body = 1;
 	else if (p->content_length != ULLONG_MAX && p->content_length > 0) {
 		r->has_body = 1;
-		if (p->content_length > r->max_body_bytes) {
-			req_fail(r, 413, "request body too large");
-			return -1;
-		}
+		/*
+		 * Not refused here: the caller authenticates and admits first,
+		 * so the 413 is counted under the tenant (and a bad key gets
+		 * its 401, whatever length it announces).
+		 */
+		if (p->content_length > r->max_body_bytes)
+			r->too_large = 1;
 	}
 	r->state = SL_REQ_HEAD_DONE;
 	http_parser_pause(p, 1);
@@ -475,6 +490,9 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 	}
 	if (e != HPE_OK) {
 		/* Our callbacks may have set a precise status already. */
+		if (e == HPE_INVALID_CONTENT_LENGTH && r->state == SL_REQ_BODY &&
+		    (r->parser.flags & F_CHUNKED))
+			req_fail(r, 400, "invalid chunk size in the request body");
 		req_fail(r, map_parser_error(e), http_errno_description(e));
 		return n;
 	}
@@ -538,6 +556,12 @@ sl_req_header_at(const struct sl_req *r, size_t i, const char **name,
 const char *
 sl_req_method(const struct sl_req *r)
 {
+	/*
+	 * http-parser's method 0 is DELETE: before the head was parsed (or
+	 * when the request line itself was bad) there is no method.
+	 */
+	if (!r->method_known)
+		return "-";
 	return http_method_str((enum http_method)r->method);
 }
 
@@ -628,6 +652,7 @@ sl_http_reason(int status)
 	case 200: return "OK";
 	case 400: return "Bad Request";
 	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
 	case 404: return "Not Found";
 	case 405: return "Method Not Allowed";
 	case 408: return "Request Timeout";

@@ -642,6 +642,11 @@ render_metrics(struct master *m, struct sl_str *o)
 	    "# HELP sluice_upstream_pauses_total Times a stream's upstream was "
 	    "paused.\n# TYPE sluice_upstream_pauses_total counter\n"
 	    "sluice_upstream_pauses_total %llu\n"
+	    "# HELP sluice_idle_connections_closed_total Connections closed "
+	    "after sending no request byte within timeouts.client_header "
+	    "(preconnects); not requests.\n"
+	    "# TYPE sluice_idle_connections_closed_total counter\n"
+	    "sluice_idle_connections_closed_total %llu\n"
 	    "# HELP sluice_bytes_out_total Bytes written to clients.\n"
 	    "# TYPE sluice_bytes_out_total counter\nsluice_bytes_out_total %llu\n"
 	    "# HELP sluice_workers Worker processes of the current generation.\n"
@@ -656,6 +661,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_STREAMS),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_ADMITTED),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_PAUSES),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_IDLE_CLOSED),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BYTES_OUT),
 	    current_workers(m), m->reloads_ok, m->reloads_failed);
 	render_hist(o, shm, SL_HIST_TTFB, "sluice_ttfb_seconds",

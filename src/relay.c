@@ -23,6 +23,7 @@
 #include <strings.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -67,9 +68,11 @@ struct sl_conn {
 	char *in;
 	size_t in_len;
 	unsigned nreq;             /* responses completed on this connection */
-	ev_tstamp t_req;           /* when the current request began */
+	ev_tstamp t_req;           /* when the connection became ready for it */
+	ev_tstamp t_rx;            /* first byte of the current request; 0: none */
 	ev_tstamp t_body;          /* when its body began to be read */
 	int reading;               /* rio active */
+	int hup_watched;           /* in w->hup_fd while not reading */
 
 	/* Admission. */
 	int tenant;                /* config index, -1 before auth */
@@ -96,6 +99,9 @@ struct sl_conn {
 	int paused;                /* CURL_WRITEFUNC_PAUSE returned */
 	size_t pending;            /* size of the refused chunk, framed */
 	int client_gone;           /* EOF/RST/EPIPE seen on the client */
+	int sends;                 /* times libcurl was about to send it */
+	int resend_refused;        /* a second send was refused */
+	int no_fds;                /* the upstream socket() hit EMFILE/ENFILE */
 	ev_tstamp t_upstream;      /* last upstream activity */
 	ev_tstamp t_client;        /* last client progress while bytes wait */
 
@@ -135,9 +141,37 @@ conn_set_state(struct sl_conn *c, enum conn_state s)
 	conn_timer_update(c);
 }
 
+/*
+ * Reading stopped with input still unread: a FIN behind it would never be
+ * read, so ask the kernel for EPOLLRDHUP instead (libev cannot).
+ */
+static void
+conn_hup_watch(struct sl_conn *c)
+{
+	struct epoll_event ev;
+
+	if (c->hup_watched || c->w->hup_fd < 0)
+		return;
+	memset(&ev, 0, sizeof(ev));
+	ev.events = EPOLLRDHUP;
+	ev.data.ptr = c;
+	if (epoll_ctl(c->w->hup_fd, EPOLL_CTL_ADD, c->fd, &ev) == 0)
+		c->hup_watched = 1;
+}
+
+static void
+conn_hup_unwatch(struct sl_conn *c)
+{
+	if (c->hup_watched) {
+		epoll_ctl(c->w->hup_fd, EPOLL_CTL_DEL, c->fd, NULL);
+		c->hup_watched = 0;
+	}
+}
+
 static void
 conn_read_start(struct sl_conn *c)
 {
+	conn_hup_unwatch(c);
 	if (!c->reading) {
 		ev_io_start(c->w->loop, &c->rio);
 		c->reading = 1;
@@ -282,7 +316,7 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 
 	if (!c->req_active) {
 		c->req_active = 1;
-		c->t_start = c->t_req;
+		c->t_start = c->t_rx > 0 ? c->t_rx : c->t_req;
 	}
 	if (c->end == NULL) {
 		if (status == 408 || status == 504)
@@ -393,18 +427,63 @@ sl_conn_new(struct sl_worker *w, int fd)
 	conn_timer_update(c);
 }
 
-/* JSON-escape src into dst (always terminated). */
+/*
+ * Length of the well-formed UTF-8 sequence at p (RFC 3629: no overlongs,
+ * no surrogates, nothing above U+10FFFF), or 0.
+ */
+static size_t
+utf8_len(const unsigned char *p, size_t n)
+{
+	size_t len, i;
+	unsigned lo = 0x80, hi = 0xbf;
+
+	if (p[0] >= 0xc2 && p[0] <= 0xdf)
+		len = 2;
+	else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+		len = 3;
+		if (p[0] == 0xe0)
+			lo = 0xa0;
+		else if (p[0] == 0xed)
+			hi = 0x9f;
+	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+		len = 4;
+		if (p[0] == 0xf0)
+			lo = 0x90;
+		else if (p[0] == 0xf4)
+			hi = 0x8f;
+	} else
+		return 0;
+	if (n < len || p[1] < lo || p[1] > hi)
+		return 0;
+	for (i = 2; i < len; i++)
+		if (p[i] < 0x80 || p[i] > 0xbf)
+			return 0;
+	return len;
+}
+
+/*
+ * JSON-escape src into dst (always terminated). Well-formed UTF-8 is kept
+ * as it is; a byte that is not part of one is written as \u00XX, so the
+ * line stays valid JSON whatever a client sent.
+ */
 static void
 json_escape(char *dst, size_t dlen, const char *src, size_t slen)
 {
-	size_t i, o = 0;
+	const unsigned char *u = (const unsigned char *)src;
+	size_t i, o = 0, k;
 
 	for (i = 0; i < slen && o + 7 < dlen; i++) {
-		unsigned char ch = (unsigned char)src[i];
+		unsigned char ch = u[i];
 
 		if (ch == '"' || ch == '\\') {
 			dst[o++] = '\\';
 			dst[o++] = (char)ch;
+		} else if (ch >= 0x80 && (k = utf8_len(u + i, slen - i)) > 0) {
+			if (o + k + 7 >= dlen)
+				break;
+			memcpy(dst + o, u + i, k);
+			o += k;
+			i += k - 1;
 		} else if (ch < 0x20 || ch >= 0x7f) {
 			o += (size_t)snprintf(dst + o, dlen - o, "\\u%04x", ch);
 		} else
@@ -437,11 +516,8 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 		    strlen(w->cfg->tenants[c->tenant].name));
 	else
 		strcpy(tenant, "-");
-	if (c->req.state >= SL_REQ_HEAD_DONE || c->req.url_len > 0)
-		json_escape(method, sizeof(method), sl_req_method(&c->req),
-		    strlen(sl_req_method(&c->req)));
-	else
-		strcpy(method, "-");
+	json_escape(method, sizeof(method), sl_req_method(&c->req),
+	    strlen(sl_req_method(&c->req)));
 	gettimeofday(&tv, NULL);
 	gmtime_r(&tv.tv_sec, &tm);
 	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
@@ -470,12 +546,22 @@ static void
 conn_request_end(struct sl_conn *c, const char *end)
 {
 	struct sl_worker *w = c->w;
-	ev_tstamp now = ev_now(w->loop);
+	ev_tstamp now;
 	size_t tslot;
 
 	if (!c->req_active)
 		return;
 	c->req_active = 0;
+	/*
+	 * The slot is held until the client has the whole response (or it
+	 * is cut), not only until the upstream finished: max_streams also
+	 * bounds what a tenant keeps buffered here, and the gauge says so.
+	 * Freed before the log line: once the log says a request ended,
+	 * its slot is free.
+	 */
+	conn_release(c);
+	/* The real time: a refusal is answered within one loop iteration. */
+	now = ev_time();
 	if (c->end != NULL)
 		end = c->end;
 	if (c->paused)
@@ -527,6 +613,7 @@ conn_close(struct sl_conn *c, const char *why)
 	conn_release(c);
 	conn_request_end(c, end_of(why));
 	conn_read_stop(c);
+	conn_hup_unwatch(c);
 	ev_io_stop(w->loop, &c->wio);
 	ev_timer_stop(w->loop, &c->timer);
 	close(c->fd);
@@ -597,7 +684,10 @@ conn_response_done(struct sl_conn *c)
 	c->end = NULL;
 	c->t_first = c->t_pause = c->paused_total = 0;
 	c->bytes_out = 0;
+	c->sends = c->resend_refused = c->no_fds = 0;
 	c->t_req = ev_now(w->loop);
+	/* A pipelined request already waiting begins now. */
+	c->t_rx = c->in_len > 0 ? c->t_req : 0;
 	if (sl_buf_len(&c->out) == 0 && c->out.data != NULL &&
 	    c->out.alloc > 16384)
 		sl_buf_free(&c->out);   /* a past burst need not pin memory */
@@ -774,6 +864,18 @@ conn_timer_event(struct sl_conn *c)
 			conn_close(c, "keepalive");
 			return;
 		}
+		if (c->req.head_bytes == 0 && c->in_len == 0) {
+			/*
+			 * Not one byte of a request: a browser's or an SDK's
+			 * preconnect, or a port scan. Nobody waits for an
+			 * answer; a 408 would only count as an error. Close
+			 * it silently and count it apart.
+			 */
+			sl_shm_stat_add(c->w->shm, c->w->row,
+			    SL_STAT_IDLE_CLOSED, 1);
+			conn_close(c, "idle");
+			return;
+		}
 		conn_error(c, 408, "invalid_request_error", "request_timeout",
 		    "request head not received in time", 0, 1);
 		return;
@@ -855,6 +957,14 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 		return n;
 	case SL_RH_DONE:
 		c->status = c->uh.status;
+		/*
+		 * 204 and 304 have no body, whatever the upstream sends after
+		 * the head: like HEAD's, their connection is not reused, so no
+		 * stray byte becomes another request's response. (libcurl
+		 * reads this flag when the transfer ends.)
+		 */
+		if (c->status == 204 || c->status == 304)
+			curl_easy_setopt(c->easy, CURLOPT_FORBID_REUSE, 1L);
 		if (conn_build_head(c) == -1)
 			break;
 		if (c->state == CS_UPSTREAM)
@@ -985,7 +1095,11 @@ conn_add_header(struct sl_conn *c, const char *name, size_t nlen,
 {
 	const struct iovec v[] = { IOV(name, nlen), IOV(": ", 2),
 	    IOV(value, vlen) };
+	/* To libcurl "Name:" removes a header; "Name;" sends it empty. */
+	const struct iovec empty[] = { IOV(name, nlen), IOV(";", 1) };
 
+	if (vlen == 0)
+		return conn_add_line(c, empty, 2);
 	return conn_add_line(c, v, 3);
 }
 
@@ -994,10 +1108,11 @@ conn_build_upstream_headers(struct sl_conn *c,
     const struct sl_upstream_conf *up)
 {
 	const struct sl_req *r = &c->req;
-	const char *name, *value, *xff = NULL;
-	size_t nlen, vlen, xfflen = 0, i;
-	int have_ct = 0, have_accept = 0;
+	const char *name, *value;
+	size_t nlen, vlen, i;
+	int have_ct = 0, have_accept = 0, nxff = 0;
 	struct curl_slist *n;
+	struct iovec xff[2 * SL_REQ_MAX_HEADERS + 2];
 
 	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
 	    i++) {
@@ -1011,8 +1126,18 @@ conn_build_upstream_headers(struct sl_conn *c,
 		    listed_in_connection(r, name, nlen))
 			continue;
 		if (sl_http_name_is(name, nlen, "x-forwarded-for")) {
-			xff = value;
-			xfflen = vlen;
+			/*
+			 * Repeated lines are one list (RFC 9110 5.3): every
+			 * hop is kept, in order, then ours is appended.
+			 */
+			if (vlen == 0)
+				continue;
+			xff[2 * nxff].iov_base = (void *)(uintptr_t)(nxff ?
+			    ", " : "X-Forwarded-For: ");
+			xff[2 * nxff].iov_len = nxff ? 2 : 17;
+			xff[2 * nxff + 1].iov_base = (void *)(uintptr_t)value;
+			xff[2 * nxff + 1].iov_len = vlen;
+			nxff++;
 			continue;
 		}
 		if (sl_http_name_is(name, nlen, "content-type"))
@@ -1022,12 +1147,12 @@ conn_build_upstream_headers(struct sl_conn *c,
 		if (conn_add_header(c, name, nlen, value, vlen) == -1)
 			return -1;
 	}
-	if (xff != NULL) {
-		const struct iovec v[] = { IOV("X-Forwarded-For: ", 17),
-		    IOV(xff, xfflen), IOV(", ", 2),
-		    IOV(c->peer, strlen(c->peer)) };
-
-		if (conn_add_line(c, v, 4) == -1)
+	if (nxff > 0) {
+		xff[2 * nxff].iov_base = (void *)(uintptr_t)", ";
+		xff[2 * nxff].iov_len = 2;
+		xff[2 * nxff + 1].iov_base = c->peer;
+		xff[2 * nxff + 1].iov_len = strlen(c->peer);
+		if (conn_add_line(c, xff, 2 * nxff + 2) == -1)
 			return -1;
 	} else if (c->peer[0] != '\0' &&
 	    conn_add_header(c, "X-Forwarded-For", 15, c->peer,
@@ -1051,6 +1176,45 @@ conn_build_upstream_headers(struct sl_conn *c,
 		return -1;
 	c->hdrs = n;
 	return 0;
+}
+
+/*
+ * CURLOPT_PREREQFUNCTION: libcurl is about to send the request on a
+ * connection. A second call for the same transfer is libcurl retrying on
+ * a new connection because the reused one closed without a response, and
+ * the runner may already have read the request and started generating:
+ * never send a prompt twice (twice the GPU time, maybe twice the bill).
+ * GET and HEAD are idempotent and carry no prompt; they may go again.
+ */
+static int
+upstream_prereq_cb(void *arg, char *pip, char *lip, int pport, int lport)
+{
+	struct sl_conn *c = arg;
+
+	(void)pip; (void)lip; (void)pport; (void)lport;
+	if (c->sends++ == 0 || c->req.method == HTTP_GET ||
+	    c->req.method == HTTP_HEAD)
+		return CURL_PREREQFUNC_OK;
+	c->resend_refused = 1;
+	return CURL_PREREQFUNC_ABORT;
+}
+
+/*
+ * CURLOPT_OPENSOCKETFUNCTION: the upstream socket, made here to tell "out
+ * of descriptors" (our problem: 503) from "cannot connect" (the
+ * upstream's: 502 and an upstream error).
+ */
+static curl_socket_t
+upstream_socket_cb(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	struct sl_conn *c = arg;
+	int fd;
+
+	(void)purpose;
+	fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+	if (fd == -1 && (errno == EMFILE || errno == ENFILE))
+		c->no_fds = 1;
+	return fd == -1 ? CURL_SOCKET_BAD : fd;
 }
 
 static void
@@ -1092,11 +1256,22 @@ conn_start_upstream(struct sl_conn *c)
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, upstream_write_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
+	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, upstream_prereq_cb);
+	curl_easy_setopt(e, CURLOPT_PREREQDATA, c);
+	curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, upstream_socket_cb);
+	curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, c);
 	sl_worker_easy_setopts(w, e);
 	if (c->req.method == HTTP_GET && c->req.body_len == 0) {
 		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
 	} else if (c->req.method == HTTP_HEAD) {
 		curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+		/*
+		 * A HEAD response has no body, but an upstream may send one
+		 * anyway: bytes left on a cached connection would be read as
+		 * the start of the next request's response (any tenant's).
+		 * HEAD is rare; its connection is not kept.
+		 */
+		curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
 	} else {
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
 		    (curl_off_t)c->req.body_len);
@@ -1107,6 +1282,7 @@ conn_start_upstream(struct sl_conn *c)
 	}
 	c->t_upstream = ev_now(w->loop);
 	c->status = 0;
+	c->sends = c->resend_refused = c->no_fds = 0;
 	conn_set_state(c, CS_UPSTREAM);
 	if ((c->shard = sl_worker_shard(w)) == NULL)
 		goto fail;
@@ -1134,12 +1310,24 @@ sl_conn_upstream_done(struct sl_shard *sh, CURL *easy, CURLcode result)
 		curl_easy_cleanup(easy);
 		return;
 	}
+	if (!c->client_gone && c->no_fds) {
+		/* Our descriptors ran out, not the upstream: not its error. */
+		sl_warn("upstream %.*s: out of file descriptors",
+		    (int)strcspn(c->url, "?#"), c->url);
+		c->depth++;
+		conn_abort_upstream(c);
+		conn_error(c, 503, "server_error", "overloaded",
+		    "the gateway is out of file descriptors; retry later", 1, 1);
+		goto out;
+	}
 	if (!c->client_gone && (result != CURLE_OK || c->upstream_bad)) {
 		enum sl_uerr kind = SL_UERR_RESET;
 
 		/* The query string may carry secrets: log the path only. */
 		sl_warn("upstream %.*s: %s", (int)strcspn(c->url, "?#"), c->url,
 		    c->upstream_bad ? "malformed response head" :
+		    c->resend_refused ? "connection closed after the request "
+		    "was sent, without a response (not sent again)" :
 		    curl_easy_strerror(result));
 		if (c->upstream_bad || result == CURLE_WEIRD_SERVER_REPLY ||
 		    result == CURLE_UNSUPPORTED_PROTOCOL)
@@ -1154,7 +1342,6 @@ sl_conn_upstream_done(struct sl_shard *sh, CURL *easy, CURLcode result)
 	}
 	c->depth++;
 	conn_abort_upstream(c);    /* removes and frees the handle */
-	conn_release(c);
 	if (c->client_gone) {
 		conn_close(c, "client_gone");
 		goto out;
@@ -1296,6 +1483,12 @@ conn_on_head(struct sl_conn *c)
 	}
 	t = &w->cfg->tenants[tenant];
 	c->tenant = tenant;
+	if (t->max_streams == 0) {
+		/* Not "full, retry later": the operator switched it off. */
+		conn_error(c, 403, "permission_error", "tenant_disabled",
+		    "this tenant is disabled (max_streams: 0)", 0, 0);
+		return;
+	}
 	if (sl_shm_try_acquire(w->shm, w->row, w->tenant_slot[tenant]) !=
 	    SL_ADMIT_OK) {
 		char msg[160];
@@ -1311,7 +1504,18 @@ conn_on_head(struct sl_conn *c)
 	}
 	c->slot_held = 1;
 	sl_shm_stat_add(w->shm, w->row, SL_STAT_ADMITTED, 1);
-	if (c->req.has_body) {
+	if (c->req.too_large) {
+		/*
+		 * Known from Content-Length alone. Decided after the key and
+		 * admission, so the answer is counted under the tenant; the
+		 * body is not read (the connection closes after the answer).
+		 */
+		conn_error(c, 413, "invalid_request_error", "request_too_large",
+		    "request body too large", 0, 1);
+		return;
+	}
+	/* RFC 9110 15.2: no 1xx to an HTTP/1.0 client. */
+	if (c->req.has_body && c->req.http_minor >= 1) {
 		const char *e;
 		size_t elen;
 
@@ -1426,22 +1630,27 @@ conn_read_event(struct sl_conn *c)
 	if (c->in_len == CONN_IN_SIZE) {
 		/*
 		 * More pipelined bytes than we keep while a response is in
-		 * progress. Go on reading, so a client that leaves is noticed
-		 * at once, but drop them and close after this response: a
-		 * client retries what a closed connection did not answer.
+		 * progress: leave the rest in the kernel (TCP pushes back on
+		 * the client) until this response is done and the buffer
+		 * drains. Nothing is dropped. A client that leaves meanwhile
+		 * is noticed when we write to it.
 		 */
-		c->close_after = 1;
-		n = read(c->fd, sink, sizeof(sink));
-	} else
-		n = read(c->fd, c->in + c->in_len, CONN_IN_SIZE - c->in_len);
+		conn_read_stop(c);
+		conn_hup_watch(c);
+		return;
+	}
+	n = read(c->fd, c->in + c->in_len, CONN_IN_SIZE - c->in_len);
 	if (n == 0 || (n == -1 && errno != EAGAIN && errno != EWOULDBLOCK &&
 	    errno != EINTR)) {
 		c->client_gone = 1;
 		conn_close(c, "client_gone");
 		return;
 	}
-	if (n < 0 || c->close_after)
+	if (n < 0)
 		return;
+	if (c->in_len == 0 && c->req.head_bytes == 0 && c->t_rx == 0 &&
+	    c->state == CS_HEAD)
+		c->t_rx = ev_now(loop);   /* the request begins at its first byte */
 	c->in_len += (size_t)n;
 	if (c->state == CS_HEAD || c->state == CS_BODY) {
 		if (c->state == CS_BODY)
@@ -1516,6 +1725,24 @@ sl_conn_drain_all(struct sl_worker *w)
 		if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
 			continue;
 		conn_close(c, "drain");
+	}
+}
+
+void
+sl_conn_hup_event(struct sl_worker *w)
+{
+	struct epoll_event ev[64];
+	int n, i;
+
+	n = epoll_wait(w->hup_fd, ev, 64, 0);
+	for (i = 0; i < n; i++) {
+		struct sl_conn *c = ev[i].data.ptr;
+
+		c->depth++;
+		sl_debug("conn %d: client left with input unread", c->fd);
+		c->client_gone = 1;
+		conn_close(c, "client_gone");
+		conn_unref(c);
 	}
 }
 

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -403,6 +404,12 @@ sig_usr1_cb(struct ev_loop *loop, ev_signal *s, int revents)
 	access_log_open(w);
 }
 
+static void
+hup_cb(struct ev_loop *loop, ev_io *io, int revents)
+{
+	sl_conn_hup_event(io->data);
+}
+
 /* Before the loop sleeps: flush what this iteration's events produced. */
 static void
 flush_cb(struct ev_loop *loop, ev_prepare *p, int revents)
@@ -464,6 +471,10 @@ sl_worker_main(const struct sl_worker_args *a)
 	ev_prepare_init(&w.flush_prep, flush_cb);
 	w.flush_prep.data = &w;
 	w.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if ((w.hup_fd = epoll_create1(EPOLL_CLOEXEC)) == -1)
+		sl_warn("epoll_create1: %s (a client leaving behind unread "
+		    "pipelined bytes is noticed at the next write)",
+		    strerror(errno));
 	w.curl_bufsize = a->cfg->stream_buffer / 2;
 	if (w.curl_bufsize > CURL_MAX_WRITE_SIZE)
 		w.curl_bufsize = CURL_MAX_WRITE_SIZE;
@@ -523,6 +534,11 @@ sl_worker_main(const struct sl_worker_args *a)
 		return 0;
 
 	ev_prepare_start(w.loop, &w.flush_prep);
+	if (w.hup_fd >= 0) {
+		ev_io_init(&w.hup_io, hup_cb, w.hup_fd, EV_READ);
+		w.hup_io.data = &w;
+		ev_io_start(w.loop, &w.hup_io);
+	}
 	ev_io_start(w.loop, &w.accept_io);
 	sl_debug("worker started (row %zu)", w.row);
 	ev_run(w.loop, 0);
@@ -543,6 +559,10 @@ sl_worker_main(const struct sl_worker_args *a)
 	sl_keyidx_free(w.keys);
 	if (w.spare_fd >= 0)
 		close(w.spare_fd);
+	if (w.hup_fd >= 0) {
+		ev_io_stop(w.loop, &w.hup_io);
+		close(w.hup_fd);
+	}
 	if (w.listen_fd >= 0)
 		close(w.listen_fd);
 	ev_loop_destroy(w.loop);

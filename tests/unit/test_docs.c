@@ -477,7 +477,8 @@ test_metrics_documented(void **state)
 		"sluice_upstream_paused_streams", "sluice_stream_buffer_bytes",
 		"sluice_upstream_errors_total", "sluice_workers",
 		"sluice_reloads_total", "sluice_ttfb_seconds",
-		"sluice_stream_duration_seconds", NULL
+		"sluice_stream_duration_seconds",
+		"sluice_idle_connections_closed_total", NULL
 	};
 	static const char *const kinds[] = {
 		"connect", "timeout", "reset", "bad_response", "idle", NULL
@@ -510,6 +511,7 @@ test_errors_documented(void **state)
 {
 	static const char *const codes[] = {
 		"400 Ta Li bad_request", "401 Ta Li invalid_api_key",
+		"403 Ta Li tenant_disabled",
 		"404 Ta Li not_found", "408 Ta Li request_timeout",
 		"413 Ta Li request_too_large",
 		"429 Ta Li concurrency_limit_exceeded",
