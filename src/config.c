@@ -132,7 +132,8 @@ static const struct key_row keys[] = {
 	    "API keys (Authorization: Bearer KEY) that identify the tenant." },
 	    0, 0, 1, NOOFF },
 	{ { "tenants.*.max_streams", SL_KEY_INT, NULL, "0-1000000", 1,
-	    "Concurrent requests in flight across all workers; past it 429." },
+	    "Concurrent requests in flight across all workers; past it 429; "
+	    "0 disables the tenant (403)." },
 	    0, 1000000, 1, NOOFF },
 	{ { "tenants.*.retry_after", SL_KEY_INT, "1", "1-86400", 1,
 	    "Seconds sent in Retry-After with a 429." },
