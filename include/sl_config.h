@@ -6,6 +6,7 @@
 #ifndef SL_CONFIG_H
 #define SL_CONFIG_H
 
+#include <limits.h>          /* PATH_MAX, for permission warnings */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,18 +78,35 @@ struct sl_errors {
 void sl_errors_free(struct sl_errors *);
 void sl_errors_print(const struct sl_errors *, FILE *);
 
+/* Deepest nesting of lists and mappings a file may have (the root is 1). */
+#define SL_CONFIG_MAX_DEPTH 32
+
 /*
- * Load and validate the file at path. On success returns 0 and *out owns
- * a new config (free with sl_config_free). On failure returns -1, *out is
- * NULL and errs holds at least one message (caller frees with
- * sl_errors_free). errs must be zeroed by the caller.
+ * Load and validate the file at path, which must be a regular file. On
+ * success returns 0 and *out owns a new config (free with
+ * sl_config_free). On failure returns -1, *out is NULL and errs holds at
+ * least one message (caller frees with sl_errors_free). errs must be
+ * zeroed by the caller. Besides what sl_config_load_buffer checks, it
+ * opens (creating it if need be) the access_log file, as the workers will.
+ * Used by `sluice -t`, at start and on every reload.
  */
 int sl_config_load_file(const char *path, struct sl_config **out,
     struct sl_errors *errs);
 
-/* Same, from memory; name is used in messages in place of a file name. */
+/*
+ * Same, from memory; name is used in messages in place of a file name.
+ * Touches no file (tests and fuzzers call it).
+ */
 int sl_config_load_buffer(const char *name, const char *data, size_t len,
     struct sl_config **out, struct sl_errors *errs);
+
+/*
+ * The file holds API keys: if the file at path is readable by others,
+ * write a one-line warning (no newline) into msg and return 1, else 0.
+ * Call after a successful check or load; the caller chooses where the
+ * warning goes (stderr for -t, the log for the master).
+ */
+int sl_config_permission_warning(const char *path, char *msg, size_t len);
 
 void sl_config_free(struct sl_config *);
 

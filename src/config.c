@@ -11,12 +11,15 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "sl_config.h"
@@ -129,7 +132,8 @@ static const struct key_row keys[] = {
 	    "API keys (Authorization: Bearer KEY) that identify the tenant." },
 	    0, 0, 1, NOOFF },
 	{ { "tenants.*.max_streams", SL_KEY_INT, NULL, "0-1000000", 1,
-	    "Concurrent requests in flight across all workers; past it 429." },
+	    "Concurrent requests in flight across all workers; past it 429; "
+	    "0 disables the tenant (403)." },
 	    0, 1000000, 1, NOOFF },
 	{ { "tenants.*.retry_after", SL_KEY_INT, "1", "1-86400", 1,
 	    "Seconds sent in Retry-After with a 429." },
@@ -188,6 +192,9 @@ sl_errors_print(const struct sl_errors *e, FILE *fp)
 
 struct ctx {
 	const char *name;
+	const unsigned char *data; /* the text, for positions libyaml omits */
+	size_t len;
+	int check_files;           /* open what the config names (access_log) */
 	yaml_mark_t **key_marks_tenant;   /* per tenant: where each key was */
 	yaml_document_t *doc;
 	struct sl_errors *errs;
@@ -207,12 +214,15 @@ err_add(struct sl_errors *e, char *msg)
 
 	if (msg == NULL)
 		return;
-	nm = realloc(e->msg, (e->n + 1) * sizeof(*nm));
-	if (nm == NULL) {
-		free(msg);
-		return;
+	/* Capacity is the next power of two: a file with n errors costs O(n). */
+	if ((e->n & (e->n - 1)) == 0) {
+		nm = realloc(e->msg, (e->n ? 2 * e->n : 1) * sizeof(*nm));
+		if (nm == NULL) {
+			free(msg);
+			return;
+		}
+		e->msg = nm;
 	}
-	e->msg = nm;
 	e->msg[e->n++] = msg;
 }
 
@@ -240,6 +250,81 @@ err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
 	    m ? m->line + 1 : 1, m ? m->column + 1 : 1, body) < 0)
 		return;
 	err_add(c->errs, msg);
+}
+
+/* ---- string sets ------------------------------------------------------ */
+
+/*
+ * A set of borrowed strings, each with two caller indices, for duplicate
+ * detection in O(n) however many names or keys a file holds: open
+ * addressing, power-of-two table at most half full, sized once.
+ */
+struct strset_slot {
+	uint64_t hash;
+	const char *s;          /* NULL: empty */
+	size_t a, b;
+};
+
+struct strset {
+	struct strset_slot *slots;
+	size_t mask;
+};
+
+static uint64_t
+str_hash(const char *p)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;   /* FNV-1a, then a mixer */
+
+	for (; *p != '\0'; p++) {
+		h ^= (unsigned char)*p;
+		h *= 0x100000001b3ULL;
+	}
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	return h;
+}
+
+/* Room for n strings; -1 on ENOMEM. Free with strset_free. */
+static int
+strset_init(struct strset *set, size_t n)
+{
+	size_t size = 8;
+
+	while (size < 2 * n)
+		size *= 2;
+	set->slots = calloc(size, sizeof(*set->slots));
+	set->mask = size - 1;
+	return set->slots == NULL ? -1 : 0;
+}
+
+static void
+strset_free(struct strset *set)
+{
+	free(set->slots);
+	set->slots = NULL;
+}
+
+/*
+ * Add s with indices a, b. Returns the slot of an equal string already in
+ * the set (s is not added), or NULL when s is new. At most n strings (the
+ * strset_init argument) may be added.
+ */
+static const struct strset_slot *
+strset_add(struct strset *set, const char *s, size_t a, size_t b)
+{
+	uint64_t h = str_hash(s);
+	size_t i;
+
+	for (i = (size_t)h & set->mask; set->slots[i].s != NULL;
+	    i = (i + 1) & set->mask)
+		if (set->slots[i].hash == h && strcmp(set->slots[i].s, s) == 0)
+			return &set->slots[i];
+	set->slots[i].hash = h;
+	set->slots[i].s = s;
+	set->slots[i].a = a;
+	set->slots[i].b = b;
+	return NULL;
 }
 
 /* ---- value parsers --------------------------------------------------- */
@@ -455,12 +540,19 @@ typedef void (*pair_fn)(struct ctx *, yaml_node_t *key, yaml_node_t *val,
 static void
 each_pair(struct ctx *c, yaml_node_t *map, pair_fn fn, void *arg)
 {
-	yaml_node_pair_t *p, *q;
+	yaml_node_pair_t *p;
+	struct strset seen;
 
+	if (strset_init(&seen, (size_t)(map->data.mapping.pairs.top -
+	    map->data.mapping.pairs.start)) == -1) {
+		err_at(c, &map->start_mark, "out of memory");
+		return;
+	}
 	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
 	    p++) {
 		yaml_node_t *k = node(c, p->key), *v;
-		int dup = 0, alias;
+		const struct strset_slot *first;
+		int alias;
 
 		/* A node reached twice is an alias (prescan() reported it). */
 		alias = p->value >= 1 && (size_t)p->value <= c->nnodes &&
@@ -472,24 +564,40 @@ each_pair(struct ctx *c, yaml_node_t *map, pair_fn fn, void *arg)
 			err_at(c, &k->start_mark, "mapping keys must be scalars");
 			continue;
 		}
-		for (q = map->data.mapping.pairs.start; q < p; q++) {
-			yaml_node_t *pk = yaml_document_get_node(c->doc, q->key);
-
-			if (pk != NULL && pk->type == YAML_SCALAR_NODE &&
-			    strcmp(scalar(pk), scalar(k)) == 0) {
-				err_at(c, &k->start_mark,
-				    "duplicate key '%s' (first at line %zu)",
-				    scalar(k), pk->start_mark.line + 1);
-				dup = 1;
-				break;
-			}
+		/* a: the line of the first use, for the message. */
+		first = strset_add(&seen, scalar(k), k->start_mark.line + 1, 0);
+		if (first != NULL) {
+			err_at(c, &k->start_mark,
+			    "duplicate key '%s' (first at line %zu)", scalar(k),
+			    first->a);
+			continue;
 		}
-		if (!dup) {
-			c->quiet += alias;
-			fn(c, k, v, arg);
-			c->quiet -= alias;
-		}
+		c->quiet += alias;
+		fn(c, k, v, arg);
+		c->quiet -= alias;
 	}
+	strset_free(&seen);
+}
+
+/*
+ * Can the workers open this log file? Opened (created if need be) the way
+ * the worker does, then closed, so a missing directory is a config error
+ * with a position rather than lines dropped later. O_NONBLOCK: a FIFO
+ * without a reader fails here instead of hanging the check.
+ */
+static int
+log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
+{
+	int fd = open(s, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK,
+	    0640);
+
+	if (fd == -1) {
+		err_at(c, &v->start_mark, "%s: cannot open '%s': %s", path, s,
+		    strerror(errno));
+		return 0;
+	}
+	close(fd);
+	return 1;
 }
 
 /* Parse a scalar value of a typed key into dst; dst's type depends on row. */
@@ -594,6 +702,9 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		return;
 	}
 	case SL_KEY_LOGDEST:
+		if (c->check_files && strcmp(s, "off") != 0 &&
+		    strcmp(s, "stderr") != 0 && !log_dest_opens(c, v, path, s))
+			return;
 		free(*(char **)dst);
 		*(char **)dst = strcmp(s, "off") == 0 ? NULL : xstrdup(c, s);
 		return;
@@ -700,6 +811,24 @@ upstreams_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		    scalar(k));
 }
 
+/*
+ * A key a client can present as "Authorization: Bearer KEY": visible
+ * ASCII or UTF-8 (libyaml has checked the encoding), no space, no control
+ * character, no DEL.
+ */
+static int
+valid_api_key(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	if (*p == '\0')
+		return 0;
+	for (; *p != '\0'; p++)
+		if (*p < 0x21 || *p == 0x7f)
+			return 0;
+	return 1;
+}
+
 static void
 tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
@@ -737,9 +866,10 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 
 			if (kn == NULL || (s = want_scalar(c, kn, path)) == NULL)
 				continue;
-			if (s[0] == '\0' || strpbrk(s, " \t\r\n") != NULL) {
-				err_at(c, &kn->start_mark,
-				    "%s: a key must be non-empty, without spaces", path);
+			if (!valid_api_key(s)) {
+				err_at(c, &kn->start_mark, "%s: a key must be "
+				    "non-empty, without spaces or control characters",
+				    path);
 				continue;
 			}
 			if (c->quiet)
@@ -776,6 +906,8 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	a.idx = (*i)++;
 	t = &c->cfg->tenants[a.idx];
 	t->name = xstrdup(c, scalar(k));
+	if (scalar(k)[0] == '\0')
+		err_at(c, &k->start_mark, "tenants: a tenant name must not be empty");
 	t->retry_after = 1;
 	t->max_streams = -1;
 	snprintf(path, sizeof(path), "tenants.%s", scalar(k));
@@ -904,61 +1036,151 @@ find_child(struct ctx *c, yaml_node_t *map, const char *key)
 	return NULL;
 }
 
+/*
+ * A key must name exactly one tenant. Each repeat is reported once, where
+ * it is, with the tenant that listed the key first.
+ */
 static void
 check_cross(struct ctx *c, yaml_node_t *tenants)
 {
 	struct sl_config *cfg = c->cfg;
-	size_t i, j, a, b;
+	struct strset keyset;
+	size_t n = 0, j, b;
 
-	/* A key must name exactly one tenant. */
-	for (i = 0; i < cfg->ntenants; i++)
-		for (a = 0; a < cfg->tenants[i].nkeys; a++)
-			for (j = i; j < cfg->ntenants; j++)
-				for (b = (j == i ? a + 1 : 0);
-				    b < cfg->tenants[j].nkeys; b++) {
-					const char *x = cfg->tenants[i].keys[a];
-					const char *y = cfg->tenants[j].keys[b];
+	for (j = 0; j < cfg->ntenants; j++)
+		n += cfg->tenants[j].nkeys;
+	if (strset_init(&keyset, n) == -1) {
+		err_at(c, &tenants->start_mark, "out of memory");
+		return;
+	}
+	for (j = 0; j < cfg->ntenants; j++)
+		for (b = 0; b < cfg->tenants[j].nkeys; b++) {
+			const struct strset_slot *first;
+			const char *y = cfg->tenants[j].keys[b];
+			size_t i;
 
-					if (x != NULL && y != NULL && strcmp(x, y) == 0)
-						err_at(c, c->key_marks_tenant[j] ?
-						    &c->key_marks_tenant[j][b] :
-						    &tenants->start_mark, i == j ?
-						    "tenant '%s' lists the same key twice%s" :
-						    "tenants '%s' and '%s' share a key",
-						    cfg->tenants[i].name,
-						    i == j ? "" : cfg->tenants[j].name);
-				}
+			if (y == NULL ||
+			    (first = strset_add(&keyset, y, j, b)) == NULL)
+				continue;
+			i = first->a;
+			err_at(c, c->key_marks_tenant[j] ?
+			    &c->key_marks_tenant[j][b] : &tenants->start_mark,
+			    i == j ? "tenant '%s' lists the same key twice%s" :
+			    "tenants '%s' and '%s' share a key",
+			    cfg->tenants[i].name, i == j ? "" : cfg->tenants[j].name);
+		}
+	strset_free(&keyset);
 }
 
 /*
  * Aliases are refused (they can build cycles and exponential documents,
  * and a config has no use for them). The document API keeps no
  * position for an alias, so find them in the event stream first.
+ *
+ * Nesting is bounded here too, before libyaml builds a document: its
+ * scanner costs O(depth) per token, so 200 KB of "[[[[" took 42 s. A
+ * configuration needs 4 levels. Past SL_CONFIG_MAX_DEPTH the scan stops
+ * and *fatal is set: the file is not read further.
  */
 static int
-prescan(struct ctx *c, const char *data, size_t len)
+prescan(struct ctx *c, const char *data, size_t len, int *fatal)
 {
 	yaml_parser_t p;
 	yaml_event_t ev;
-	int found = 0, done = 0;
+	int found = 0, done = 0, depth = 0;
 
+	*fatal = 0;
 	if (!yaml_parser_initialize(&p))
 		return 0;
 	yaml_parser_set_input_string(&p, (const unsigned char *)data, len);
 	while (!done) {
 		if (!yaml_parser_parse(&p, &ev))
 			break;   /* syntax errors are reported by the real load */
-		if (ev.type == YAML_ALIAS_EVENT) {
+		switch (ev.type) {
+		case YAML_ALIAS_EVENT:
 			/* An anchor alone is harmless; only its use is refused. */
 			err_at(c, &ev.start_mark, "aliases are not allowed (*%s)",
 			    (const char *)ev.data.alias.anchor);
 			found++;
+			break;
+		case YAML_SEQUENCE_START_EVENT:
+		case YAML_MAPPING_START_EVENT:
+			if (++depth > SL_CONFIG_MAX_DEPTH) {
+				err_at(c, &ev.start_mark, "nesting deeper than %d "
+				    "levels (lists and mappings inside each other)",
+				    SL_CONFIG_MAX_DEPTH);
+				found++;
+				*fatal = 1;
+				done = 1;
+			}
+			break;
+		case YAML_SEQUENCE_END_EVENT:
+		case YAML_MAPPING_END_EVENT:
+			depth--;
+			break;
+		case YAML_STREAM_END_EVENT:
+			done = 1;
+			break;
+		default:
+			break;
 		}
-		done = ev.type == YAML_STREAM_END_EVENT;
 		yaml_event_delete(&ev);
 	}
 	yaml_parser_delete(&p);
 	return found;
+}
+
+/*
+ * libyaml gives a reader error (bad UTF-8, a control character) as a byte
+ * offset only: turn it into the line and column (in characters, as the
+ * other marks count) of that byte.
+ */
+static yaml_mark_t
+offset_mark(const struct ctx *c, size_t offset)
+{
+	yaml_mark_t m;
+	size_t i = 0;
+
+	memset(&m, 0, sizeof(m));
+	if (offset > c->len)
+		offset = c->len;
+	if (offset >= 3 && memcmp(c->data, "\xef\xbb\xbf", 3) == 0)
+		i = 3;   /* a BOM is not a character of the first line */
+	for (; i < offset; i++) {
+		unsigned char b = c->data[i];
+
+		if (b == '\n' || (b == '\r' && (i + 1 >= c->len ||
+		    c->data[i + 1] != '\n'))) {
+			m.line++;
+			m.column = 0;
+		} else if (b != '\r' && (b & 0xc0) != 0x80)
+			m.column++;
+	}
+	m.index = offset;
+	return m;
+}
+
+/* Report why yaml_parser_load failed, where it failed. */
+static void
+parser_error(struct ctx *c, yaml_parser_t *parser)
+{
+	const char *problem = parser->problem ? parser->problem : "syntax error";
+	yaml_mark_t m = parser->problem_mark;
+
+	if (parser->error == YAML_READER_ERROR) {
+		m = offset_mark(c, parser->problem_offset);
+		if (parser->problem_value == -1)
+			err_at(c, &m, "%s", problem);
+		else if (strstr(problem, "octet") != NULL)
+			err_at(c, &m, "%s (byte 0x%02x)", problem,
+			    (unsigned)parser->problem_value & 0xff);
+		else
+			err_at(c, &m, "%s (U+%04X)", problem,
+			    (unsigned)parser->problem_value);
+	} else if (parser->context != NULL)
+		err_at(c, &m, "%s %s", problem, parser->context);
+	else
+		err_at(c, &m, "%s", problem);
 }
 
 static int
@@ -972,14 +1194,7 @@ load(struct ctx *c, yaml_parser_t *parser)
 	size_t i;
 
 	if (!yaml_parser_load(parser, &doc)) {
-		yaml_mark_t m = parser->problem_mark;
-
-		if (parser->context != NULL)
-			err_at(c, &m, "%s %s", parser->problem ? parser->problem :
-			    "syntax error", parser->context);
-		else
-			err_at(c, &m, "%s", parser->problem ? parser->problem :
-			    "syntax error");
+		parser_error(c, parser);
 		return -1;
 	}
 	c->doc = &doc;
@@ -1061,8 +1276,7 @@ out:
 		yaml_document_t extra;
 
 		if (!yaml_parser_load(parser, &extra)) {
-			err_at(c, &parser->problem_mark, "%s",
-			    parser->problem ? parser->problem : "syntax error");
+			parser_error(c, parser);
 		} else {
 			if (yaml_document_get_root_node(&extra) != NULL)
 				err_at(c, &extra.start_mark,
@@ -1087,40 +1301,63 @@ msg_pos(const char *msg, size_t namelen, unsigned long *line, unsigned long *col
 		*col = strtoul(end + 1, NULL, 10);
 }
 
-/* Report problems in file order (stable: insertion sort, lists are short). */
+struct msg_key {
+	unsigned long line, col;
+	size_t seq;             /* order of insertion: keeps the sort stable */
+	char *msg;
+};
+
+static int
+msg_key_cmp(const void *x, const void *y)
+{
+	const struct msg_key *a = x, *b = y;
+
+	if (a->line != b->line)
+		return a->line < b->line ? -1 : 1;
+	if (a->col != b->col)
+		return a->col < b->col ? -1 : 1;
+	return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+/*
+ * Report problems in file order, those at one position in the order they
+ * were found. O(n log n): a file may hold 100k repeated keys.
+ */
 static void
 sort_errors(struct sl_errors *e, const char *name)
 {
-	size_t i, j, nl = strlen(name);
+	size_t i, nl = strlen(name);
+	struct msg_key *k;
 
-	for (i = 1; i < e->n; i++) {
-		char *m = e->msg[i];
-		unsigned long l, c, l2, c2;
-
-		msg_pos(m, nl, &l, &c);
-		for (j = i; j > 0; j--) {
-			msg_pos(e->msg[j - 1], nl, &l2, &c2);
-			if (l2 < l || (l2 == l && c2 <= c))
-				break;
-			e->msg[j] = e->msg[j - 1];
-		}
-		e->msg[j] = m;
+	if (e->n < 2 || (k = calloc(e->n, sizeof(*k))) == NULL)
+		return;
+	for (i = 0; i < e->n; i++) {
+		msg_pos(e->msg[i], nl, &k[i].line, &k[i].col);
+		k[i].seq = i;
+		k[i].msg = e->msg[i];
 	}
+	qsort(k, e->n, sizeof(*k), msg_key_cmp);
+	for (i = 0; i < e->n; i++)
+		e->msg[i] = k[i].msg;
+	free(k);
 }
 
-int
-sl_config_load_buffer(const char *name, const char *data, size_t len,
+static int
+load_buffer(const char *name, const char *data, size_t len, int check_files,
     struct sl_config **out, struct sl_errors *errs)
 {
 	yaml_parser_t parser;
 	struct ctx c;
 	struct sl_config *cfg;
-	int rc;
+	int rc, fatal;
 
 	*out = NULL;
 	memset(&c, 0, sizeof(c));
 	c.name = name;
 	c.errs = errs;
+	c.data = (const unsigned char *)data;
+	c.len = len;
+	c.check_files = check_files;
 	cfg = calloc(1, sizeof(*cfg));
 	if (cfg == NULL || (cfg->file = strdup(name)) == NULL) {
 		free(cfg);
@@ -1135,8 +1372,8 @@ sl_config_load_buffer(const char *name, const char *data, size_t len,
 		return -1;
 	}
 	yaml_parser_set_input_string(&parser, (const unsigned char *)data, len);
-	rc = prescan(&c, data, len) > 0 ? -1 : 0;
-	if (load(&c, &parser) == -1)
+	rc = prescan(&c, data, len, &fatal) > 0 ? -1 : 0;
+	if (!fatal && load(&c, &parser) == -1)
 		rc = -1;
 	yaml_parser_delete(&parser);
 	sort_errors(errs, name);
@@ -1149,20 +1386,70 @@ sl_config_load_buffer(const char *name, const char *data, size_t len,
 }
 
 int
+sl_config_load_buffer(const char *name, const char *data, size_t len,
+    struct sl_config **out, struct sl_errors *errs)
+{
+	return load_buffer(name, data, len, 0, out, errs);
+}
+
+static const char *
+file_kind(mode_t mode)
+{
+	if (S_ISDIR(mode))
+		return "a directory";
+	if (S_ISFIFO(mode))
+		return "a FIFO";
+	if (S_ISCHR(mode))
+		return "a character device";
+	if (S_ISBLK(mode))
+		return "a block device";
+	if (S_ISSOCK(mode))
+		return "a socket";
+	return "a special file";
+}
+
+int
 sl_config_load_file(const char *path, struct sl_config **out,
     struct sl_errors *errs)
 {
 	FILE *fp;
 	char *data = NULL, *nd, *msg;
 	size_t len = 0, cap = 0, n;
-	int rc;
+	struct stat st;
+	int rc, fd;
 
 	*out = NULL;
-	fp = fopen(path, "r");
+	/*
+	 * O_NONBLOCK: opening a FIFO must not wait for a writer. Only a
+	 * regular file is read; a FIFO or a device could block or never end.
+	 */
+	fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	if (fd == -1) {
+		if (asprintf(&msg, "%s:1:1: cannot open: %s", path,
+		    strerror(errno)) >= 0)
+			err_add(errs, msg);
+		return -1;
+	}
+	if (fstat(fd, &st) == -1) {
+		if (asprintf(&msg, "%s:1:1: cannot stat: %s", path,
+		    strerror(errno)) >= 0)
+			err_add(errs, msg);
+		close(fd);
+		return -1;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		if (asprintf(&msg, "%s:1:1: not a regular file (%s)", path,
+		    file_kind(st.st_mode)) >= 0)
+			err_add(errs, msg);
+		close(fd);
+		return -1;
+	}
+	fp = fdopen(fd, "r");
 	if (fp == NULL) {
 		if (asprintf(&msg, "%s:1:1: cannot open: %s", path,
 		    strerror(errno)) >= 0)
 			err_add(errs, msg);
+		close(fd);
 		return -1;
 	}
 	for (;;) {
@@ -1192,9 +1479,21 @@ sl_config_load_file(const char *path, struct sl_config **out,
 		return -1;
 	}
 	fclose(fp);
-	rc = sl_config_load_buffer(path, data, len, out, errs);
+	rc = load_buffer(path, data, len, 1, out, errs);
 	free(data);
 	return rc;
+}
+
+int
+sl_config_permission_warning(const char *path, char *msg, size_t len)
+{
+	struct stat st;
+
+	if (stat(path, &st) == -1 || !(st.st_mode & S_IROTH))
+		return 0;
+	snprintf(msg, len, "%s holds API keys and is readable by others "
+	    "(chmod o-r)", path);
+	return 1;
 }
 
 void

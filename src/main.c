@@ -5,6 +5,7 @@
  */
 #include "config.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,11 @@ main(int argc, char **argv)
 		return 1;
 	}
 	if (test) {
+		char warn[PATH_MAX + 128];
+
+		/* As the master warns at start and reload; not an error. */
+		if (sl_config_permission_warning(path, warn, sizeof(warn)))
+			fprintf(stderr, "sluice: warning: %s\n", warn);
 		printf("%s: ok\n", path);
 		sl_config_free(cfg);
 		return 0;

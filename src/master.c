@@ -426,11 +426,10 @@ open_listeners(struct master *m, const char *addr, int from, int to)
 static void
 config_warn_permissions(const char *path)
 {
-	struct stat st;
+	char msg[PATH_MAX + 128];
 
-	if (stat(path, &st) == 0 && (st.st_mode & S_IROTH))
-		sl_warn("%s holds API keys and is readable by others "
-		    "(chmod o-r)", path);
+	if (sl_config_permission_warning(path, msg, sizeof(msg)))
+		sl_warn("%s", msg);
 }
 
 /* SIGHUP: parse, validate, then swap. An invalid file changes nothing. */

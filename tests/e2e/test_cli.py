@@ -243,3 +243,72 @@ def test_workers_auto_starts_one_worker_per_cpu():
             n = len(h.wait_until(lambda: gw.worker_pids() if len(gw.worker_pids()) in ncpu
                                  else None, 10, msg="one worker per CPU %r" % ncpu))
             assert n in ncpu
+
+
+def _line_col(text, needle, at=None):
+    """1-based (line, column) of `at` (default: needle itself) in the line
+    of `text` that contains `needle`."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if needle in line:
+            return n, line.index(at if at is not None else needle) + 1
+    raise AssertionError("%r not in the config" % needle)
+
+
+def test_check_and_start_refuse_a_fifo_at_once():
+    path = os.path.join(h.tmpdir(), "fifo.yaml")
+    os.mkfifo(path, 0o600)
+    want = "%s:1:1: not a regular file (a FIFO)" % path
+    for args in (["-t", "-c", path], ["-c", path]):
+        rc, out, err = h.run_sluice(args, timeout=10)
+        assert rc == 1, "%r: exit %d, output %r" % (args, rc, out + err)
+        assert want in err.splitlines(), "%r: no %r line in %r" % (args, want, err)
+
+
+def test_check_warns_about_a_config_readable_by_others_and_still_passes():
+    for mode, warns in ((0o644, True), (0o604, True), (0o640, False), (0o600, False)):
+        path = h.write_config(VALID.format(port=h.free_port()))
+        os.chmod(path, mode)
+        rc, out, err = h.run_sluice(["-t", "-c", path])
+        assert rc == 0, "mode %o: exit %d, output %r" % (mode, rc, out + err)
+        assert "%s: ok" % path in out.splitlines(), out
+        lines = [ln for ln in err.splitlines() if "readable by others" in ln]
+        if warns:
+            assert lines == ["sluice: warning: %s holds API keys and is readable "
+                             "by others (chmod o-r)" % path], \
+                "mode %o: stderr %r" % (mode, err)
+        else:
+            assert not lines, "mode %o warned: %r" % (mode, err)
+
+
+def test_check_and_start_report_an_access_log_that_cannot_be_opened():
+    for dest, why in (("/nonexistent-sluice-dir/access.log", "No such file or directory"),
+                      (h.tmpdir(), "Is a directory")):
+        text = VALID.format(port=h.free_port()) + 'access_log: "%s"\n' % dest
+        path = h.write_config(text)
+        line, col = _line_col(text, "access_log:", '"')
+        want = "%s:%d:%d: access_log: cannot open '%s': %s" % (path, line, col, dest, why)
+        for args in (["-t", "-c", path], ["-c", path]):
+            rc, out, err = h.run_sluice(args, timeout=10)
+            assert rc == 1, "%r: exit %d, output %r" % (args, rc, out + err)
+            assert want in err.splitlines(), "%r: no %r line in %r" % (args, want, err)
+
+
+def test_check_accepts_200k_keys_and_rejects_deep_nesting_quickly():
+    """Bounded, not timed: run_sluice's watchdog (30 s) is two orders of
+    magnitude above what linear loading takes, and below what the old
+    quadratic checks took (about 56 s for 200k keys, 42 s for the nesting)."""
+    parts = [VALID.format(port=h.free_port())]
+    for t in range(2000):
+        parts.append("  t%d:\n    max_streams: 1\n    keys:\n" % t)
+        parts.extend('      - "sk-%d-%d"\n' % (t, k) for k in range(100))
+    path = h.write_config("".join(parts))
+    rc, out, err = h.run_sluice(["-t", "-c", path], timeout=30)
+    assert rc == 0, "exit %d, output %r" % (rc, (out + err)[:2000])
+    assert "%s: ok" % path in out.splitlines(), out
+
+    path = h.write_config("listen: " + "[" * 100000 + "]" * 100000 + "\n")
+    rc, out, err = h.run_sluice(["-t", "-c", path], timeout=30)
+    assert rc == 1, "exit %d" % rc
+    assert err.splitlines() == [
+        "%s:1:40: nesting deeper than 32 levels (lists and mappings inside "
+        "each other)" % path], err[:2000]

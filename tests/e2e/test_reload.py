@@ -494,3 +494,27 @@ def test_reload_every_200ms_for_10s_under_load_cuts_nothing_and_never_exceeds_a_
         # Last, so that the invariants above are checked either way.
         assert not load.failures, "%d requests failed or were cut: %r" % (
             len(load.failures), load.failure_kinds())
+
+
+def test_reload_with_an_access_log_that_cannot_be_opened_is_refused():
+    access = h.tmpfile("access", ".log")
+    with Stub() as stub, _gw(stub, access_log=access, log_level="info") as gw:
+        assert _short(gw, ACME_KEY)[0] == 200
+        h.wait_access_lines(access, 1)
+        bad = "/nonexistent-sluice-dir/access.log"
+        text = h.config_text(_with(gw, access_log=bad))
+        line = [n for n, ln in enumerate(text.splitlines(), 1)
+                if ln.startswith("access_log:")][0]
+        col = len("access_log: ") + 1       # the value, quoted or not
+        err_before = len(h.stderr_text(gw))
+        h.reload(gw, text, expect="failed")
+        logged = h.stderr_text(gw)[err_before:]
+        want = " master: error: %s:%d:%d: access_log: cannot open '%s': " \
+            "No such file or directory" % (gw.path, line, col, bad)
+        assert want in logged, "no %r in:\n%s" % (want, logged)
+        m = h.scrape(gw)
+        assert m.get("sluice_reloads_total", result="failed") == 1
+        assert m.get("sluice_reloads_total", result="ok") == 0
+        # The running configuration, access log included, is kept.
+        assert _short(gw, ACME_KEY)[0] == 200
+        h.wait_access_lines(access, 2)

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1236,6 +1237,299 @@ test_errors_print_one_line_each(void **state)
 	assert_null(f->errs.msg);
 }
 
+/* ---- issue 9: limits, positions and what a request can present ------- */
+
+/* "listen: " then n '[' and n ']': the k-th '[' is at column 8 + k. */
+static char *
+nested_listen(size_t n, char open, char close)
+{
+	char *s = malloc(8 + 2 * n + 2);
+	size_t i;
+
+	assert_non_null(s);
+	memcpy(s, "listen: ", 8);
+	for (i = 0; i < n; i++) {
+		s[8 + i] = open;
+		s[8 + n + i] = close;
+	}
+	s[8 + 2 * n] = '\n';
+	s[8 + 2 * n + 1] = '\0';
+	return s;
+}
+
+static void
+test_nesting_deeper_than_32_levels_is_rejected_where_it_starts(void **state)
+{
+	static const char *const want32[] = {
+		NAME ":1:1: missing required key 'upstreams'", NULL,
+		NAME ":1:1: missing required key 'tenants'", NULL,
+		NAME ":1:9: listen: expected a value, got a list", NULL,
+	};
+	struct fx *f = *state;
+	char *yaml;
+
+	/*
+	 * The root mapping is level 1, so the 32nd '[' opens level 33: col 40.
+	 * Only that is reported: the rest of the document is not read.
+	 */
+	yaml = nested_listen(32, '[', ']');
+	expect_error(f, yaml,
+	    NAME ":1:40: nesting deeper than 32 levels (lists and mappings "
+	    "inside each other)", NULL);
+	free(yaml);
+	yaml = nested_listen(100000, '[', ']');
+	expect_error(f, yaml,
+	    NAME ":1:40: nesting deeper than 32 levels (lists and mappings "
+	    "inside each other)", NULL);
+	free(yaml);
+	yaml = nested_listen(40, '{', '}');
+	expect_error(f, yaml,
+	    NAME ":1:40: nesting deeper than 32 levels (lists and mappings "
+	    "inside each other)", NULL);
+	free(yaml);
+	/* 32 levels are read as a document: then only what it says is wrong. */
+	yaml = nested_listen(31, '[', ']');
+	expect_errors(f, yaml, 3, want32);
+	free(yaml);
+}
+
+static void
+test_non_utf8_byte_reports_its_own_line_and_column(void **state)
+{
+	/* Columns count characters, as libyaml's marks do: "é" is one. */
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "log_level: info\n"                 /* 2 */
+	    "access_log: \"/tmp/\xc3\xa9\xff.log\"\n" /* 3: 0xff at col 20 */
+	    MINIMAL_UPSTREAMS_TENANTS,
+	    NAME ":3:20: invalid leading UTF-8 octet (byte 0xff)", NULL);
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\r\n"    /* 1 */
+	    "\r\n"                              /* 2 */
+	    "# caf\xc3\n",                      /* 3: 0xc3, then '\n' at col 7 */
+	    NAME ":3:7: invalid trailing UTF-8 octet (byte 0x0a)", NULL);
+}
+
+static void
+test_tenant_key_with_control_character_rejected(void **state)
+{
+	static const char *const want[] = {
+		NAME ":7:18: ", "a key must be non-empty, without spaces or "
+		    "control characters",
+		NAME ":7:28: ", "a key must be non-empty, without spaces or "
+		    "control characters",
+		NAME ":7:38: ", "a key must be non-empty, without spaces or "
+		    "control characters",
+	};
+	struct fx *f = *state;
+
+	expect_errors(f,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  acme:\n"                         /* 6 */
+	    /* 7: items at cols 12, 18, 28, 38 */
+	    "    keys: [\"ok\", \"a\\x01b\", \"a\\x7fb\", \"a\\eb\"]\n"
+	    "    max_streams: 2\n",
+	    sizeof(want) / sizeof(want[0]) / 2, want);
+	/* Visible ASCII and UTF-8 can be sent in a Bearer token. */
+	expect_ok(f,
+	    "listen: \"127.0.0.1:8080\"\n"
+	    "upstreams:\n"
+	    "  main:\n"
+	    "    url: \"http://127.0.0.1:9000\"\n"
+	    "tenants:\n"
+	    "  acme:\n"
+	    "    keys: [\"sk-~!#$%&'*+/=?^_`{|}:;<>,.@\\\\\", \"ключ-1\"]\n"
+	    "    max_streams: 2\n");
+	assert_string_equal(f->cfg->tenants[0].keys[0],
+	    "sk-~!#$%&'*+/=?^_`{|}:;<>,.@\\");
+	assert_string_equal(f->cfg->tenants[0].keys[1], "ключ-1");
+}
+
+static void
+test_empty_tenant_name_rejected(void **state)
+{
+	expect_error(*state,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "upstreams:\n"                      /* 2 */
+	    "  main:\n"                         /* 3 */
+	    "    url: \"http://127.0.0.1:9000\"\n" /* 4 */
+	    "tenants:\n"                        /* 5 */
+	    "  \"\":\n"                         /* 6: key at col 3 */
+	    "    keys: [\"k1\"]\n"
+	    "    max_streams: 2\n",
+	    NAME ":6:3: tenants: a tenant name must not be empty", NULL);
+}
+
+/*
+ * Many keys, some repeated: each repeat is reported once, where it is,
+ * naming the tenant that listed the key first.
+ */
+static void
+test_100k_keys_load_and_each_repeat_is_reported_once(void **state)
+{
+	enum { NT = 1000, PER = 100 };
+	struct fx *f = *state;
+	char *yaml, *p;
+	size_t cap = 64 + (size_t)NT * (40 + PER * 32), t, k, line = 5;
+	size_t l_dup2 = 0, l_dup3 = 0, l_same = 0;
+	char want[3][64];
+	const char *w[6];
+
+	yaml = malloc(cap);
+	assert_non_null(yaml);
+	p = yaml;
+	p += sprintf(p, "listen: \"127.0.0.1:8080\"\n"
+	    "upstreams:\n  main:\n    url: \"http://127.0.0.1:9000\"\n"
+	    "tenants:\n");
+	for (t = 0; t < NT; t++) {
+		p += sprintf(p, "  t%zu:\n    max_streams: 1\n    keys:\n", t);
+		line += 3;
+		for (k = 0; k < PER; k++) {
+			p += sprintf(p, "      - \"sk-%zu-%zu\"\n", t, k);
+			line++;
+		}
+	}
+	assert_true((size_t)(p - yaml) < cap);
+	expect_ok(f, yaml);
+	assert_int_equal(f->cfg->ntenants, NT);
+	assert_string_equal(f->cfg->tenants[NT - 1].keys[PER - 1], "sk-999-99");
+
+	/* t500 lists t3's key, t998 and t999 too; t999 repeats its own. */
+	p += sprintf(p, "  t500b:\n    max_streams: 1\n    keys:\n");
+	line += 3;
+	l_dup2 = ++line;
+	p += sprintf(p, "      - \"sk-3-7\"\n");
+	p += sprintf(p, "  t998b:\n    max_streams: 1\n    keys:\n");
+	line += 3;
+	l_dup3 = ++line;
+	p += sprintf(p, "      - \"sk-3-7\"\n");
+	line++;
+	p += sprintf(p, "      - \"x\"\n");
+	l_same = ++line;
+	p += sprintf(p, "      - \"x\"\n");
+	assert_true((size_t)(p - yaml) < cap);
+	snprintf(want[0], sizeof(want[0]), NAME ":%zu:9: ", l_dup2);
+	snprintf(want[1], sizeof(want[1]), NAME ":%zu:9: ", l_dup3);
+	snprintf(want[2], sizeof(want[2]), NAME ":%zu:9: ", l_same);
+	w[0] = want[0];
+	w[1] = "tenants 't3' and 't500b' share a key";
+	w[2] = want[1];
+	w[3] = "tenants 't3' and 't998b' share a key";
+	w[4] = want[2];
+	w[5] = "tenant 't998b' lists the same key twice";
+	expect_errors(f, yaml, 3, w);
+	free(yaml);
+}
+
+/* Write text to f->tmp (mode 0600) and return the path. */
+static const char *
+write_tmp(struct fx *f, const char *text)
+{
+	FILE *fp;
+	int fd;
+
+	snprintf(f->tmp, sizeof(f->tmp), "/tmp/sl-test-config-XXXXXX");
+	fd = mkstemp(f->tmp);
+	assert_true(fd >= 0);
+	fp = fdopen(fd, "w");
+	assert_non_null(fp);
+	assert_int_equal(fwrite(text, 1, strlen(text), fp), strlen(text));
+	assert_int_equal(fclose(fp), 0);
+	return f->tmp;
+}
+
+static void
+test_load_file_refuses_what_is_not_a_regular_file(void **state)
+{
+	struct fx *f = *state;
+
+	assert_int_equal(sl_config_load_file("/tmp", &f->cfg, &f->errs), -1);
+	assert_null(f->cfg);
+	assert_int_equal(f->errs.n, 1);
+	assert_string_equal(f->errs.msg[0],
+	    "/tmp:1:1: not a regular file (a directory)");
+	sl_errors_free(&f->errs);
+	assert_int_equal(sl_config_load_file("/dev/null", &f->cfg, &f->errs), -1);
+	assert_int_equal(f->errs.n, 1);
+	assert_string_equal(f->errs.msg[0],
+	    "/dev/null:1:1: not a regular file (a character device)");
+}
+
+static void
+test_load_file_reports_an_access_log_it_cannot_open(void **state)
+{
+	struct fx *f = *state;
+	char want[256], log[64];
+	const char *path;
+
+	path = write_tmp(f,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    "access_log: /nonexistent-sluice-dir/access.log\n" /* 2: col 13 */
+	    MINIMAL_UPSTREAMS_TENANTS);
+	assert_int_equal(sl_config_load_file(path, &f->cfg, &f->errs), -1);
+	assert_null(f->cfg);
+	snprintf(want, sizeof(want), "%s:2:13: access_log: cannot open "
+	    "'/nonexistent-sluice-dir/access.log': No such file or directory",
+	    path);
+	assert_int_equal(f->errs.n, 1);
+	assert_string_equal(f->errs.msg[0], want);
+	unlink(f->tmp);
+	sl_errors_free(&f->errs);
+
+	path = write_tmp(f,
+	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
+	    MINIMAL_UPSTREAMS_TENANTS           /* 2-8 */
+	    "access_log: \"/tmp\"\n");          /* 9: col 13 */
+	assert_int_equal(sl_config_load_file(path, &f->cfg, &f->errs), -1);
+	snprintf(want, sizeof(want), "%s:9:13: access_log: cannot open "
+	    "'/tmp': Is a directory", path);
+	assert_int_equal(f->errs.n, 1);
+	assert_string_equal(f->errs.msg[0], want);
+	unlink(f->tmp);
+	sl_errors_free(&f->errs);
+
+	/* stderr and a file that can be created are fine. */
+	path = write_tmp(f, "listen: \"127.0.0.1:8080\"\naccess_log: stderr\n"
+	    MINIMAL_UPSTREAMS_TENANTS);
+	assert_int_equal(sl_config_load_file(path, &f->cfg, &f->errs), 0);
+	assert_string_equal(f->cfg->access_log, "stderr");
+	sl_config_free(f->cfg);
+	f->cfg = NULL;
+	unlink(f->tmp);
+	snprintf(log, sizeof(log), "/tmp/sl-test-access-%ld.log", (long)getpid());
+	unlink(log);
+	snprintf(want, sizeof(want), "listen: \"127.0.0.1:8080\"\n"
+	    "access_log: %s\n" MINIMAL_UPSTREAMS_TENANTS, log);
+	path = write_tmp(f, want);
+	assert_int_equal(sl_config_load_file(path, &f->cfg, &f->errs), 0);
+	assert_int_equal(access(log, W_OK), 0);
+	unlink(log);
+}
+
+static void
+test_permission_warning_names_a_file_readable_by_others(void **state)
+{
+	struct fx *f = *state;
+	char msg[512], want[512];
+	const char *path = write_tmp(f, "x: 1\n");
+
+	assert_int_equal(chmod(path, 0644), 0);
+	assert_int_equal(sl_config_permission_warning(path, msg, sizeof(msg)), 1);
+	snprintf(want, sizeof(want),
+	    "%s holds API keys and is readable by others (chmod o-r)", path);
+	assert_string_equal(msg, want);
+	assert_int_equal(chmod(path, 0604), 0);
+	assert_int_equal(sl_config_permission_warning(path, msg, sizeof(msg)), 1);
+	assert_int_equal(chmod(path, 0640), 0);
+	assert_int_equal(sl_config_permission_warning(path, msg, sizeof(msg)), 0);
+	assert_int_equal(chmod(path, 0600), 0);
+	assert_int_equal(sl_config_permission_warning(path, msg, sizeof(msg)), 0);
+}
+
 /* ---- value parsers ------------------------------------------------------ */
 
 static void
@@ -1484,6 +1778,14 @@ main(void)
 		T(test_key_table_rows_have_help),
 		T(test_key_table_lists_every_sample_key),
 		T(test_key_table_defaults_parse_as_their_type),
+		T(test_nesting_deeper_than_32_levels_is_rejected_where_it_starts),
+		T(test_non_utf8_byte_reports_its_own_line_and_column),
+		T(test_tenant_key_with_control_character_rejected),
+		T(test_empty_tenant_name_rejected),
+		T(test_100k_keys_load_and_each_repeat_is_reported_once),
+		T(test_load_file_refuses_what_is_not_a_regular_file),
+		T(test_load_file_reports_an_access_log_it_cannot_open),
+		T(test_permission_warning_names_a_file_readable_by_others),
 	};
 #undef T
 
