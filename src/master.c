@@ -55,6 +55,8 @@ struct master {
 	struct sl_shm *shm;
 	char **shm_names;            /* shm tenant index -> name (or NULL) */
 	size_t shm_ntenants;         /* indices handed out so far */
+	size_t *name_ht;             /* open addressing: shm index + 1, 0 empty */
+	size_t name_ht_mask;         /* capacity - 1, a power of two */
 	char *up_names[SL_SHM_MAX_UPSTREAMS];
 	size_t up_n;
 	struct sl_admin *admin;
@@ -119,6 +121,32 @@ resolve_workers(const struct sl_config *cfg)
 	return (int)n;
 }
 
+static size_t
+name_hash(const char *s)
+{
+	size_t h = 14695981039346656037ULL;
+
+	for (; *s != '\0'; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+	return h;
+}
+
+/*
+ * Slot of name in the name table: its entry, or the empty slot where it
+ * goes. The table is at least twice the tenant capacity and names are
+ * never removed (a retired tenant keeps its index), so a probe ends.
+ */
+static size_t *
+name_slot(struct master *m, const char *name)
+{
+	size_t i = name_hash(name) & m->name_ht_mask;
+
+	while (m->name_ht[i] != 0 &&
+	    strcmp(m->shm_names[m->name_ht[i] - 1], name) != 0)
+		i = (i + 1) & m->name_ht_mask;
+	return &m->name_ht[i];
+}
+
 /*
  * Map every tenant of cfg to a stable shm index (same name, same index
  * across reloads) and publish limits. Tenants that disappeared are retired
@@ -136,10 +164,10 @@ map_tenants(struct master *m, const struct sl_config *cfg)
 	if (map == NULL || keep == NULL)
 		goto fail;
 	for (i = 0; i < cfg->ntenants; i++) {
-		for (j = 0; j < m->shm_ntenants; j++)
-			if (m->shm_names[j] != NULL &&
-			    strcmp(m->shm_names[j], cfg->tenants[i].name) == 0)
-				break;
+		/* A hash lookup: 100k tenants must not cost 10^10 compares. */
+		size_t *slot = name_slot(m, cfg->tenants[i].name);
+
+		j = *slot != 0 ? *slot - 1 : m->shm_ntenants;
 		if (j == m->shm_ntenants) {
 			if (j == sl_shm_max_tenants(m->shm)) {
 				sl_err("tenant capacity (%zu) exhausted; restart to grow it",
@@ -149,6 +177,7 @@ map_tenants(struct master *m, const struct sl_config *cfg)
 			m->shm_names[j] = strdup(cfg->tenants[i].name);
 			if (m->shm_names[j] == NULL)
 				goto fail;
+			*slot = j + 1;
 			m->shm_ntenants++;
 		}
 		map[i] = j;
@@ -717,7 +746,11 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		cap = MIN_TENANT_CAPACITY;
 	m.shm = sl_shm_create(cap, MAX_ROWS);
 	m.shm_names = calloc(cap, sizeof(char *));
-	if (m.shm == NULL || m.shm_names == NULL) {
+	for (m.name_ht_mask = 1; m.name_ht_mask < 2 * cap; m.name_ht_mask <<= 1)
+		;
+	m.name_ht = calloc(m.name_ht_mask, sizeof(size_t));
+	m.name_ht_mask--;
+	if (m.shm == NULL || m.shm_names == NULL || m.name_ht == NULL) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
 		return 1;
 	}
@@ -853,6 +886,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (cap = 0; cap < m.shm_ntenants; cap++)
 		free(m.shm_names[cap]);
 	free(m.shm_names);
+	free(m.name_ht);
 	free(m.cur.tenant_slot);
 	free(m.cur.upstream_slot);
 	for (cap = 0; cap < m.up_n; cap++)
