@@ -16,10 +16,52 @@
 
 enum sl_log_level { SL_LOG_ERROR = 0, SL_LOG_WARN, SL_LOG_INFO, SL_LOG_DEBUG };
 
+enum sl_balance {
+	SL_BALANCE_LEAST_LOADED = 0,   /* default */
+	SL_BALANCE_ROUND_ROBIN,
+	SL_BALANCE_RANDOM
+};
+
+/* upstreams.*.retry_on, a bit set. */
+#define SL_RETRY_CONNECT 0x1u      /* no connection could be made */
+#define SL_RETRY_BUSY    0x2u      /* a 429, 502 or 503 response head */
+#define SL_RETRY_EMPTY   0x4u      /* closed after the request, no response byte */
+
+#define SL_MAX_REPLICAS 64         /* per upstream */
+
+struct sl_replica_conf {
+	char *url;          /* base URL without trailing '/'; the path is appended */
+	int32_t weight;     /* 1..100, default 1 */
+	int32_t max_streams;   /* streams in flight to it, all workers; 0: no cap */
+};
+
+/*
+ * An upstream is a pool of replicas. `url:` alone is a pool of one: then
+ * url is set and replicas[0].url equals it; with `replicas:`, url is NULL.
+ * nreplicas >= 1 in a valid config.
+ */
 struct sl_upstream_conf {
 	char *name;
-	char *url;          /* base URL without trailing '/'; the path is appended */
+	char *url;          /* `url:` form only, else NULL */
 	char *api_key;      /* NULL: no Authorization header upstream */
+	struct sl_replica_conf *replicas;
+	size_t nreplicas;
+	enum sl_balance balance;
+	int32_t retries;    /* other replicas tried, before any response byte */
+	unsigned retry_on;  /* SL_RETRY_*; default CONNECT | BUSY */
+	struct {
+		int enabled;            /* a `health:` mapping is present */
+		char *path;             /* default "/health" */
+		uint64_t interval_ms;   /* default 2s */
+		uint64_t timeout_ms;    /* default 1s */
+		int32_t fall;           /* consecutive failures -> down, default 3 */
+		int32_t rise;           /* consecutive successes -> up, default 2 */
+	} health;
+	struct {
+		int32_t failures;       /* consecutive failures -> ejected; 0: off */
+		uint64_t duration_ms;   /* first ejection; doubled, capped at 5 min */
+		int32_t max_percent;    /* never eject more of the pool than this */
+	} eject;
 };
 
 struct sl_tenant_conf {
