@@ -95,8 +95,14 @@ void sl_shm_stat_add(struct sl_shm *, size_t row, enum sl_stat, uint64_t n);
 void sl_shm_stat_set(struct sl_shm *, size_t row, enum sl_stat, uint64_t v);
 uint64_t sl_shm_stat_sum(const struct sl_shm *, enum sl_stat);
 
-/* Status codes counted per tenant; others fall into their class (2xx...). */
-#define SL_NCODES 24
+/*
+ * Status codes counted per tenant; others fall into their class (2xx...).
+ * Three pseudo statuses count replica tries that got no status at all.
+ */
+#define SL_NCODES 27
+#define SL_CODE_CONNECT (-1)       /* label "connect" */
+#define SL_CODE_TIMEOUT (-2)       /* label "timeout" */
+#define SL_CODE_RESET (-3)         /* label "reset" */
 int sl_shm_code_slot(int status);
 const char *sl_shm_code_label(int slot);
 
@@ -114,6 +120,40 @@ enum sl_uerr {
 	SL_UERR_IDLE, SL_UERR_MAX
 };
 const char *sl_shm_uerr_label(enum sl_uerr);
+
+/* Why a request moved to another replica (sluice_upstream_retries_total). */
+enum sl_retry_reason {
+	SL_RETRY_R_CONNECT = 0, SL_RETRY_R_BUSY, SL_RETRY_R_EMPTY, SL_RETRY_R_MAX
+};
+const char *sl_shm_retry_label(enum sl_retry_reason);
+void sl_shm_count_retry(struct sl_shm *, size_t row, size_t upstream,
+    enum sl_retry_reason);
+uint64_t sl_shm_retry_sum(const struct sl_shm *, size_t upstream,
+    enum sl_retry_reason);
+
+/*
+ * Replicas of upstream pools share the tenants' index space: a replica's
+ * in-flight count, cap (its limit; INT32_MAX for none, 0 once removed by a
+ * reload), per-worker held counts and crash reclaim are exactly a
+ * tenant's (sl_shm_try_acquire / sl_shm_release), and its requests are
+ * counted with sl_shm_count_request. What only a replica has is its
+ * health, below: written by the master's prober (down) and by any worker
+ * (passive failures, ejection, busy marks); read by every worker choosing
+ * a replica. Times are CLOCK_MONOTONIC milliseconds, the same clock in
+ * every process.
+ */
+struct sl_shm_replica {
+	_Atomic int32_t down;              /* 0 up; SL_REPLICA_DOWN / _LOADING */
+	_Atomic int32_t fails;             /* consecutive failures seen on traffic */
+	_Atomic int32_t ejections;         /* consecutive ejections (backoff) */
+	_Atomic int64_t ejected_until_ms;  /* 0: not ejected */
+	_Atomic int64_t busy_until_ms;     /* a 429/503 with Retry-After */
+};
+#define SL_REPLICA_DOWN 1
+#define SL_REPLICA_LOADING 2
+
+/* The health cell of index idx (a replica's), or NULL if out of range. */
+struct sl_shm_replica *sl_shm_replica(struct sl_shm *, size_t idx);
 void sl_shm_count_uerr(struct sl_shm *, size_t row, size_t upstream, enum sl_uerr);
 uint64_t sl_shm_uerr_sum(const struct sl_shm *, size_t upstream, enum sl_uerr);
 

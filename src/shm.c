@@ -55,6 +55,11 @@ struct shm_tstats {
 
 struct shm_ustats {
 	_Atomic uint64_t err[SL_UERR_MAX];
+	_Atomic uint64_t retry[SL_RETRY_R_MAX];
+};
+
+struct shm_replica {
+	alignas(SL_CACHELINE) struct sl_shm_replica r;
 };
 
 struct sl_shm {
@@ -68,6 +73,7 @@ struct sl_shm {
 	struct shm_sync *sync;        /* [max_rows] */
 	struct shm_tstats *tstats;    /* [max_rows * (max_tenants + 1)] */
 	struct shm_ustats *ustats;    /* [max_rows * SL_SHM_MAX_UPSTREAMS] */
+	struct shm_replica *replicas; /* [max_tenants] */
 };
 
 static size_t
@@ -80,6 +86,7 @@ struct sl_shm *
 sl_shm_create(size_t max_tenants, size_t max_rows)
 {
 	size_t off_tenants, off_held, off_stats, off_tstats, off_ustats, off_sync;
+	size_t off_replicas;
 	size_t len;
 	char *base;
 	struct sl_shm *s;
@@ -99,7 +106,9 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	    max_rows * (max_tenants + 1) * sizeof(struct shm_tstats), SL_CACHELINE);
 	off_sync = round_up(off_ustats + max_rows * SL_SHM_MAX_UPSTREAMS *
 	    sizeof(struct shm_ustats), SL_CACHELINE);
-	len = off_sync + max_rows * sizeof(struct shm_sync);
+	off_replicas = round_up(off_sync + max_rows * sizeof(struct shm_sync),
+	    SL_CACHELINE);
+	len = off_replicas + max_tenants * sizeof(struct shm_replica);
 
 	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 	    -1, 0);
@@ -116,6 +125,7 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	s->tstats = (struct shm_tstats *)(void *)(base + off_tstats);
 	s->ustats = (struct shm_ustats *)(void *)(base + off_ustats);
 	s->sync = (struct shm_sync *)(void *)(base + off_sync);
+	s->replicas = (struct shm_replica *)(void *)(base + off_replicas);
 	return s;
 }
 
@@ -407,7 +417,8 @@ sl_shm_stat_sum(const struct sl_shm *s, enum sl_stat st)
 
 static const int codes[SL_NCODES] = {
 	200, 201, 204, 400, 401, 403, 404, 408, 409, 413, 422, 429, 431, 499,
-	500, 501, 502, 503, 504, 1, 2, 3, 4, 5
+	500, 501, 502, 503, 504, SL_CODE_CONNECT, SL_CODE_TIMEOUT, SL_CODE_RESET,
+	1, 2, 3, 4, 5
 };
 
 int
@@ -432,7 +443,13 @@ sl_shm_code_label(int slot)
 
 	if (!init) {
 		for (i = 0; i < SL_NCODES; i++) {
-			if (i < SL_NCODES - 5)
+			if (codes[i] == SL_CODE_CONNECT)
+				snprintf(labels[i], sizeof(labels[i]), "connect");
+			else if (codes[i] == SL_CODE_TIMEOUT)
+				snprintf(labels[i], sizeof(labels[i]), "timeout");
+			else if (codes[i] == SL_CODE_RESET)
+				snprintf(labels[i], sizeof(labels[i]), "reset");
+			else if (i < SL_NCODES - 5)
 				snprintf(labels[i], sizeof(labels[i]), "%d", codes[i]);
 			else
 				snprintf(labels[i], sizeof(labels[i]), "%dxx", codes[i]);
@@ -508,6 +525,47 @@ sl_shm_count_uerr(struct sl_shm *s, size_t row, size_t upstream,
 	    k >= SL_UERR_MAX)
 		return;
 	cell_add(&s->ustats[row * SL_SHM_MAX_UPSTREAMS + upstream].err[k], 1);
+}
+
+const char *
+sl_shm_retry_label(enum sl_retry_reason k)
+{
+	static const char *const names[SL_RETRY_R_MAX] = {
+		"connect", "busy", "empty"
+	};
+
+	return k < SL_RETRY_R_MAX ? names[k] : "other";
+}
+
+void
+sl_shm_count_retry(struct sl_shm *s, size_t row, size_t upstream,
+    enum sl_retry_reason k)
+{
+	if (row >= s->max_rows || upstream >= SL_SHM_MAX_UPSTREAMS ||
+	    k >= SL_RETRY_R_MAX)
+		return;
+	cell_add(&s->ustats[row * SL_SHM_MAX_UPSTREAMS + upstream].retry[k], 1);
+}
+
+uint64_t
+sl_shm_retry_sum(const struct sl_shm *s, size_t upstream,
+    enum sl_retry_reason k)
+{
+	size_t r;
+	uint64_t sum = 0;
+
+	if (upstream >= SL_SHM_MAX_UPSTREAMS || k >= SL_RETRY_R_MAX)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&s->ustats[r * SL_SHM_MAX_UPSTREAMS +
+		    upstream].retry[k]);
+	return sum;
+}
+
+struct sl_shm_replica *
+sl_shm_replica(struct sl_shm *s, size_t idx)
+{
+	return idx < s->max_tenants ? &s->replicas[idx].r : NULL;
 }
 
 uint64_t
@@ -619,11 +677,18 @@ sl_shm_retire_stats(struct sl_shm *s, size_t row)
 			atomic_store_explicit(&a->rejected, 0, memory_order_relaxed);
 		}
 	}
-	for (u = 0; u < SL_SHM_MAX_UPSTREAMS; u++)
+	for (u = 0; u < SL_SHM_MAX_UPSTREAMS; u++) {
 		for (i = 0; i < SL_UERR_MAX; i++) {
 			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].err[i];
 
 			cell_add(&s->ustats[u].err[i], cell_get(a));
 			atomic_store_explicit(a, 0, memory_order_relaxed);
 		}
+		for (i = 0; i < SL_RETRY_R_MAX; i++) {
+			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].retry[i];
+
+			cell_add(&s->ustats[u].retry[i], cell_get(a));
+			atomic_store_explicit(a, 0, memory_order_relaxed);
+		}
+	}
 }
