@@ -250,6 +250,13 @@ spawn(struct master *m, int slot)
 	if (pid == 0) {
 		struct sigaction sa;
 
+		/*
+		 * First thing: a worker must never hold the admin socket (nor
+		 * its connections), or it could accept admin connections it
+		 * never serves. Nothing before this line may block.
+		 */
+		if (m->admin != NULL)
+			sl_admin_close(m->admin);
 		memset(&sa, 0, sizeof(sa));
 		sa.sa_handler = SIG_DFL;
 		sigaction(SIGHUP, &sa, NULL);
@@ -259,8 +266,6 @@ spawn(struct master *m, int slot)
 		sigaction(SIGCHLD, &sa, NULL);
 		sigaction(SIGUSR1, &sa, NULL);
 		sigaction(SIGUSR2, &sa, NULL);
-		if (m->admin != NULL)
-			sl_admin_close(m->admin);
 		for (i = 0; i < m->nlisten; i++)
 			if (i != slot)
 				close(m->listen_fds[i]);
