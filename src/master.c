@@ -890,7 +890,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (;;) {
 		double timeout = -1;
 		struct timespec ts;
-		struct pollfd pfd[32];
+		struct pollfd pfd[SL_ADMIN_POLLFDS];
 		int npfd = 0;
 
 		if (got_chld) {
@@ -945,7 +945,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		if (m.admin != NULL) {
 			double at = sl_admin_timeout(m.admin, now_s());
 
-			npfd = sl_admin_pollfds(m.admin, pfd, 32);
+			npfd = sl_admin_pollfds(m.admin, pfd, SL_ADMIN_POLLFDS);
 			if (at >= 0 && (timeout < 0 || at < timeout))
 				timeout = at;
 		}
