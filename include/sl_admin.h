@@ -40,7 +40,7 @@ void sl_admin_close(struct sl_admin *);
  * of SL_ADMIN_POLLFDS always has room for the listener and every
  * connection.
  */
-#define SL_ADMIN_POLLFDS 65
+#define SL_ADMIN_POLLFDS 257
 int sl_admin_pollfds(struct sl_admin *, struct pollfd *, int max);
 
 /* Seconds until the earliest connection deadline, or -1 for none. */
