@@ -41,7 +41,7 @@ void sl_admin_close(struct sl_admin *);
  * connection.
  */
 #define SL_ADMIN_POLLFDS 257
-int sl_admin_pollfds(struct sl_admin *, struct pollfd *, int max);
+int sl_admin_pollfds(struct sl_admin *, struct pollfd *, int max, double now);
 
 /* Seconds until the earliest connection deadline, or -1 for none. */
 double sl_admin_timeout(const struct sl_admin *, double now);

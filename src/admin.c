@@ -31,6 +31,7 @@
 #define ADMIN_DEADLINE_S 5.0         /* from accept to the answer written */
 #define ADMIN_BACKLOG 512
 #define ADMIN_ACCEPT_BATCH 64        /* accepts per wake-up */
+#define ADMIN_ACCEPT_PAUSE_S 0.1     /* out of descriptors: poll again then */
 
 struct admin_conn {
 	int fd;                      /* -1: free */
@@ -44,6 +45,7 @@ struct admin_conn {
 
 struct sl_admin {
 	int listen_fd;
+	double accept_paused_until;  /* 0: accepting */
 	struct admin_conn conns[ADMIN_MAX_CONNS];
 };
 
@@ -133,12 +135,14 @@ sl_admin_close(struct sl_admin *a)
 }
 
 int
-sl_admin_pollfds(struct sl_admin *a, struct pollfd *p, int max)
+sl_admin_pollfds(struct sl_admin *a, struct pollfd *p, int max, double now)
 {
 	int i, n = 0;
 
+	if (a->accept_paused_until != 0 && now >= a->accept_paused_until)
+		a->accept_paused_until = 0;
 	/* The listen socket first: it is polled even at the cap. */
-	if (n < max) {
+	if (n < max && a->accept_paused_until == 0) {
 		p[n].fd = a->listen_fd;
 		p[n].events = POLLIN;
 		p[n].revents = 0;
@@ -163,6 +167,8 @@ sl_admin_timeout(const struct sl_admin *a, double now)
 	double t = -1;
 	int i;
 
+	if (a->accept_paused_until != 0)
+		t = a->accept_paused_until - now > 0 ? a->accept_paused_until - now : 0;
 	for (i = 0; i < ADMIN_MAX_CONNS; i++) {
 		const struct admin_conn *c = &a->conns[i];
 
@@ -207,12 +213,9 @@ build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
 	c->out_off = 0;
 }
 
-/*
- * A place for a new connection: a free entry, else the oldest one still
- * waiting for its request (closed now), else NULL (all are being answered).
- */
+/* Close the oldest connection still waiting for its request; NULL: none. */
 static struct admin_conn *
-conn_slot(struct sl_admin *a)
+evict_oldest_silent(struct sl_admin *a)
 {
 	struct admin_conn *oldest = NULL;
 	int i;
@@ -220,14 +223,28 @@ conn_slot(struct sl_admin *a)
 	for (i = 0; i < ADMIN_MAX_CONNS; i++) {
 		struct admin_conn *c = &a->conns[i];
 
-		if (c->fd < 0)
-			return c;
-		if (c->out == NULL && (oldest == NULL || c->accepted < oldest->accepted))
+		if (c->fd >= 0 && c->out == NULL &&
+		    (oldest == NULL || c->accepted < oldest->accepted))
 			oldest = c;
 	}
 	if (oldest != NULL)
 		conn_free(oldest);
 	return oldest;
+}
+
+/*
+ * A place for a new connection: a free entry, else the oldest one still
+ * waiting for its request (closed now), else NULL (all are being answered).
+ */
+static struct admin_conn *
+conn_slot(struct sl_admin *a)
+{
+	int i;
+
+	for (i = 0; i < ADMIN_MAX_CONNS; i++)
+		if (a->conns[i].fd < 0)
+			return &a->conns[i];
+	return evict_oldest_silent(a);
 }
 
 /* Drain the listen queue (a batch per wake-up): never leave it unserved. */
@@ -241,8 +258,20 @@ accept_some(struct sl_admin *a, double now)
 		int fd;
 
 		fd = accept4(a->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd == -1)
+		if (fd == -1) {
+			if (errno != EMFILE && errno != ENFILE &&
+			    errno != ENOBUFS && errno != ENOMEM)
+				return;         /* EAGAIN: drained; or the peer left */
+			/*
+			 * Out of descriptors: a silent connection makes room;
+			 * without one, stop polling the listener for a moment
+			 * rather than spin on it.
+			 */
+			if (errno == EMFILE && evict_oldest_silent(a) != NULL)
+				continue;
+			a->accept_paused_until = now + ADMIN_ACCEPT_PAUSE_S;
 			return;
+		}
 		if ((c = conn_slot(a)) == NULL) {
 			close(fd);
 			continue;

@@ -945,7 +945,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		if (m.admin != NULL) {
 			double at = sl_admin_timeout(m.admin, now_s());
 
-			npfd = sl_admin_pollfds(m.admin, pfd, SL_ADMIN_POLLFDS);
+			npfd = sl_admin_pollfds(m.admin, pfd, SL_ADMIN_POLLFDS,
+			    now_s());
 			if (at >= 0 && (timeout < 0 || at < timeout))
 				timeout = at;
 		}
