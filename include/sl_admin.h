@@ -1,7 +1,8 @@
 /*
  * sl_admin: the admin listener (GET /healthz, GET /metrics), served by the
  * master from its ppoll() loop. Tiny, non-blocking, one request per
- * connection, a handful of connections at once, a deadline on each.
+ * connection, a capped number of connections at once (a new one evicts the
+ * oldest silent one), a short deadline on each.
  */
 #ifndef SL_ADMIN_H
 #define SL_ADMIN_H
@@ -34,8 +35,13 @@ struct sl_admin;
 struct sl_admin *sl_admin_open(const char *addr, char *err, size_t errlen);
 void sl_admin_close(struct sl_admin *);
 
-/* Pollfds to wait on (at most max); returns how many were filled. */
-int sl_admin_pollfds(struct sl_admin *, struct pollfd *, int max);
+/*
+ * Pollfds to wait on (at most max); returns how many were filled. An array
+ * of SL_ADMIN_POLLFDS always has room for the listener and every
+ * connection.
+ */
+#define SL_ADMIN_POLLFDS 257
+int sl_admin_pollfds(struct sl_admin *, struct pollfd *, int max, double now);
 
 /* Seconds until the earliest connection deadline, or -1 for none. */
 double sl_admin_timeout(const struct sl_admin *, double now);

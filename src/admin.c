@@ -1,8 +1,15 @@
 /*
  * The admin listener. It runs in the master, which must stay responsive to
- * signals and child exits: every socket is non-blocking, a connection gets
- * 5 seconds to send its request and read the answer, and at most
- * ADMIN_MAX_CONNS are served at once (further accepts wait in the backlog).
+ * signals and child exits, and it must answer a /healthz probe however many
+ * idle or slow connections others hold:
+ *  - every socket is non-blocking, and nothing here waits;
+ *  - a connection gets ADMIN_REQUEST_S to send its whole request and
+ *    ADMIN_DEADLINE_S (from accept) to read the answer, then it is closed;
+ *  - at most ADMIN_MAX_CONNS are open; the listen queue is always drained:
+ *    a new connection at the cap evicts the oldest one still waiting for
+ *    its request (one that has a request is answered first), and when
+ *    every open one is being answered, the new one is closed at once.
+ * The figures are in sluice.8, ADMIN ENDPOINTS.
  */
 #include "config.h"
 
@@ -18,12 +25,17 @@
 #include "sl_http.h"
 #include "sl_net.h"
 
-#define ADMIN_MAX_CONNS 16
+#define ADMIN_MAX_CONNS (SL_ADMIN_POLLFDS - 1)
 #define ADMIN_REQ_MAX 4096
-#define ADMIN_DEADLINE_S 5.0
+#define ADMIN_REQUEST_S 2.0          /* from accept to a complete request */
+#define ADMIN_DEADLINE_S 5.0         /* from accept to the answer written */
+#define ADMIN_BACKLOG 512
+#define ADMIN_ACCEPT_BATCH 64        /* accepts per wake-up */
+#define ADMIN_ACCEPT_PAUSE_S 0.1     /* out of descriptors: poll again then */
 
 struct admin_conn {
 	int fd;                      /* -1: free */
+	double accepted;
 	double deadline;
 	char req[ADMIN_REQ_MAX];
 	size_t req_len;
@@ -33,6 +45,7 @@ struct admin_conn {
 
 struct sl_admin {
 	int listen_fd;
+	double accept_paused_until;  /* 0: accepting */
 	struct admin_conn conns[ADMIN_MAX_CONNS];
 };
 
@@ -87,7 +100,7 @@ sl_admin_open(const char *addr, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
-	a->listen_fd = sl_net_listen(addr, 0, 64, err, errlen);
+	a->listen_fd = sl_net_listen(addr, 0, ADMIN_BACKLOG, err, errlen);
 	if (a->listen_fd == -1) {
 		free(a);
 		return NULL;
@@ -122,24 +135,26 @@ sl_admin_close(struct sl_admin *a)
 }
 
 int
-sl_admin_pollfds(struct sl_admin *a, struct pollfd *p, int max)
+sl_admin_pollfds(struct sl_admin *a, struct pollfd *p, int max, double now)
 {
-	int i, n = 0, busy = 0;
+	int i, n = 0;
 
+	if (a->accept_paused_until != 0 && now >= a->accept_paused_until)
+		a->accept_paused_until = 0;
+	/* The listen socket first: it is polled even at the cap. */
+	if (n < max && a->accept_paused_until == 0) {
+		p[n].fd = a->listen_fd;
+		p[n].events = POLLIN;
+		p[n].revents = 0;
+		n++;
+	}
 	for (i = 0; i < ADMIN_MAX_CONNS && n < max; i++) {
 		struct admin_conn *c = &a->conns[i];
 
 		if (c->fd < 0)
 			continue;
-		busy++;
 		p[n].fd = c->fd;
 		p[n].events = c->out != NULL ? POLLOUT : POLLIN;
-		p[n].revents = 0;
-		n++;
-	}
-	if (busy < ADMIN_MAX_CONNS && n < max) {
-		p[n].fd = a->listen_fd;
-		p[n].events = POLLIN;
 		p[n].revents = 0;
 		n++;
 	}
@@ -152,6 +167,8 @@ sl_admin_timeout(const struct sl_admin *a, double now)
 	double t = -1;
 	int i;
 
+	if (a->accept_paused_until != 0)
+		t = a->accept_paused_until - now > 0 ? a->accept_paused_until - now : 0;
 	for (i = 0; i < ADMIN_MAX_CONNS; i++) {
 		const struct admin_conn *c = &a->conns[i];
 
@@ -196,6 +213,75 @@ build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
 	c->out_off = 0;
 }
 
+/* Close the oldest connection still waiting for its request; NULL: none. */
+static struct admin_conn *
+evict_oldest_silent(struct sl_admin *a)
+{
+	struct admin_conn *oldest = NULL;
+	int i;
+
+	for (i = 0; i < ADMIN_MAX_CONNS; i++) {
+		struct admin_conn *c = &a->conns[i];
+
+		if (c->fd >= 0 && c->out == NULL &&
+		    (oldest == NULL || c->accepted < oldest->accepted))
+			oldest = c;
+	}
+	if (oldest != NULL)
+		conn_free(oldest);
+	return oldest;
+}
+
+/*
+ * A place for a new connection: a free entry, else the oldest one still
+ * waiting for its request (closed now), else NULL (all are being answered).
+ */
+static struct admin_conn *
+conn_slot(struct sl_admin *a)
+{
+	int i;
+
+	for (i = 0; i < ADMIN_MAX_CONNS; i++)
+		if (a->conns[i].fd < 0)
+			return &a->conns[i];
+	return evict_oldest_silent(a);
+}
+
+/* Drain the listen queue (a batch per wake-up): never leave it unserved. */
+static void
+accept_some(struct sl_admin *a, double now)
+{
+	int k;
+
+	for (k = 0; k < ADMIN_ACCEPT_BATCH; k++) {
+		struct admin_conn *c;
+		int fd;
+
+		fd = accept4(a->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd == -1) {
+			if (errno != EMFILE && errno != ENFILE &&
+			    errno != ENOBUFS && errno != ENOMEM)
+				return;         /* EAGAIN: drained; or the peer left */
+			/*
+			 * Out of descriptors: a silent connection makes room;
+			 * without one, stop polling the listener for a moment
+			 * rather than spin on it.
+			 */
+			if (errno == EMFILE && evict_oldest_silent(a) != NULL)
+				continue;
+			a->accept_paused_until = now + ADMIN_ACCEPT_PAUSE_S;
+			return;
+		}
+		if ((c = conn_slot(a)) == NULL) {
+			close(fd);
+			continue;
+		}
+		c->fd = fd;
+		c->accepted = now;
+		c->deadline = now + ADMIN_REQUEST_S;
+	}
+}
+
 static struct admin_conn *
 find_conn(struct sl_admin *a, int fd)
 {
@@ -219,21 +305,8 @@ sl_admin_service(struct sl_admin *a, const struct pollfd *p, int n,
 
 		if (p[i].revents == 0)
 			continue;
-		if (p[i].fd == a->listen_fd) {
-			for (k = 0; k < ADMIN_MAX_CONNS; k++) {
-				int fd;
-
-				if (a->conns[k].fd >= 0)
-					continue;
-				fd = accept4(a->listen_fd, NULL, NULL,
-				    SOCK_NONBLOCK | SOCK_CLOEXEC);
-				if (fd == -1)
-					break;
-				a->conns[k].fd = fd;
-				a->conns[k].deadline = now + ADMIN_DEADLINE_S;
-			}
-			continue;
-		}
+		if (p[i].fd == a->listen_fd)
+			continue;       /* after the others: see below */
 		if ((c = find_conn(a, p[i].fd)) == NULL)
 			continue;
 		if (c->out == NULL) {
@@ -254,6 +327,7 @@ sl_admin_service(struct sl_admin *a, const struct pollfd *p, int n,
 				continue;
 			}
 			build_response(c, h, arg);
+			c->deadline = c->accepted + ADMIN_DEADLINE_S;
 		}
 		r = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
 		if (r == -1 && (errno == EAGAIN || errno == EINTR))
@@ -269,4 +343,11 @@ sl_admin_service(struct sl_admin *a, const struct pollfd *p, int n,
 	for (k = 0; k < ADMIN_MAX_CONNS; k++)
 		if (a->conns[k].fd >= 0 && now >= a->conns[k].deadline)
 			conn_free(&a->conns[k]);
+	/*
+	 * Accept last: the requests that arrived were read first, so a new
+	 * connection evicts only one that is still silent.
+	 */
+	for (i = 0; i < n; i++)
+		if (p[i].fd == a->listen_fd && p[i].revents != 0)
+			accept_some(a, now);
 }

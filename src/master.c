@@ -27,7 +27,15 @@
 #include "sl_shm.h"
 #include "sl_worker.h"
 
-#define MAX_ROWS 128                 /* worker rows: 0 is the master's */
+/*
+ * Rows of the shared region: row 0 is the master's, each worker process
+ * holds one. A reload reserves a row for every worker of the new generation
+ * before it retires anything, so there must be room for a full generation
+ * beside a full current one; draining generations use what is left, and a
+ * reload that finds too few free rows is refused (sluice.8, SIGNALS).
+ */
+#define MAX_ROWS (2 * SL_MAX_WORKERS + 1)
+#define WORKER_ROWS (MAX_ROWS - 1)
 #define MIN_TENANT_CAPACITY 256
 #define RESPAWN_BACKOFF_S 1.0        /* a worker that dies young waits this */
 #define LISTEN_BACKLOG 4096
@@ -67,6 +75,13 @@ struct master {
 	struct child children[MAX_ROWS];
 	unsigned char row_used[MAX_ROWS];
 	double respawn_at[SL_MAX_WORKERS];   /* 0: none pending */
+	/*
+	 * The row reserved for each slot of the current generation, held from
+	 * the reload that created it to the next one, across a crash of the
+	 * slot's worker: a respawn never competes with draining workers.
+	 */
+	int slot_row[SL_MAX_WORKERS];
+	unsigned last_gen;           /* generation ids are never reused */
 	int stopping;                /* 1 drain, 2 quit */
 	double stop_deadline;
 	unsigned reloads_ok, reloads_failed;
@@ -225,22 +240,55 @@ map_upstreams(struct master *m, const struct sl_config *cfg)
 	return map;
 }
 
-/* Row 0 belongs to the master (retired counters); workers get 1.. */
 static int
-alloc_row(struct master *m)
+rows_free(const struct master *m)
 {
-	int r;
+	int r, n = 0;
 
 	for (r = 1; r < MAX_ROWS; r++)
+		n += !m->row_used[r];
+	return n;
+}
+
+/*
+ * Reserve n worker rows into rows[], all or none: 0, or -1 (nothing
+ * reserved) when fewer than n are free. Row 0 belongs to the master
+ * (retired counters); workers get 1.. Release with release_row().
+ */
+static int
+reserve_rows(struct master *m, int n, int *rows)
+{
+	int r, k = 0;
+
+	if (rows_free(m) < n)
+		return -1;
+	for (r = 1; r < MAX_ROWS && k < n; r++)
 		if (!m->row_used[r]) {
 			m->row_used[r] = 1;
+			rows[k++] = r;
 			if ((size_t)r + 1 > m->rows_hwm) {
 				m->rows_hwm = (size_t)r + 1;
 				sl_shm_set_rows_used(m->shm, m->rows_hwm);
 			}
-			return r;
 		}
-	return -1;
+	return 0;
+}
+
+static void
+release_row(struct master *m, int row)
+{
+	if (row > 0 && row < MAX_ROWS)
+		m->row_used[row] = 0;
+}
+
+static int
+ndraining(const struct master *m)
+{
+	int i, n = 0;
+
+	for (i = 0; i < MAX_ROWS; i++)
+		n += m->children[i].pid > 0 && m->children[i].draining;
+	return n;
 }
 
 static struct child *
@@ -262,23 +310,29 @@ spawn(struct master *m, int slot)
 	int row, i, rc;
 	pid_t pid;
 
+	/* The slot's row was reserved by the reload (or start) that made it. */
+	row = m->slot_row[slot];
 	ch = free_child(m);
-	row = alloc_row(m);
-	if (ch == NULL || row < 0) {
-		if (row >= 0)
-			m->row_used[row] = 0;
-		sl_err("no free worker row (too many draining workers)");
+	if (ch == NULL || row <= 0 || !m->row_used[row]) {
+		/* Cannot happen: children <= rows in use < MAX_ROWS. */
+		sl_err("worker %d has no row; not started", slot);
 		return -1;
 	}
 	pid = fork();
 	if (pid == -1) {
 		sl_err("fork: %s", strerror(errno));
-		m->row_used[row] = 0;
 		return -1;
 	}
 	if (pid == 0) {
 		struct sigaction sa;
 
+		/*
+		 * First thing: a worker must never hold the admin socket (nor
+		 * its connections), or it could accept admin connections it
+		 * never serves. Nothing before this line may block.
+		 */
+		if (m->admin != NULL)
+			sl_admin_close(m->admin);
 		memset(&sa, 0, sizeof(sa));
 		sa.sa_handler = SIG_DFL;
 		sigaction(SIGHUP, &sa, NULL);
@@ -288,8 +342,6 @@ spawn(struct master *m, int slot)
 		sigaction(SIGCHLD, &sa, NULL);
 		sigaction(SIGUSR1, &sa, NULL);
 		sigaction(SIGUSR2, &sa, NULL);
-		if (m->admin != NULL)
-			sl_admin_close(m->admin);
 		for (i = 0; i < m->nlisten; i++)
 			if (i != slot)
 				close(m->listen_fds[i]);
@@ -373,7 +425,6 @@ reap(struct master *m)
 		status = dead[i].status;
 		pid = dead[i].pid;
 		sl_shm_retire_stats(m->shm, ch->row);
-		m->row_used[ch->row] = 0;
 		if (WIFSIGNALED(status))
 			sl_warn("worker %d (pid %d) killed by signal %d",
 			    ch->slot, (int)pid, WTERMSIG(status));
@@ -387,9 +438,11 @@ reap(struct master *m)
 		    ch->slot < m->nworkers) {
 			double age = now_s() - ch->started;
 
+			/* The row stays reserved for the replacement. */
 			m->respawn_at[ch->slot] = age < RESPAWN_BACKOFF_S ?
 			    now_s() + RESPAWN_BACKOFF_S : now_s();
-		}
+		} else
+			release_row(m, (int)ch->row);
 		ch->pid = 0;
 	}
 	if (reclaimed > 0)
@@ -461,14 +514,33 @@ config_warn_permissions(const char *path)
 		sl_warn("%s", msg);
 }
 
-/* SIGHUP: parse, validate, then swap. An invalid file changes nothing. */
+/* Is a worker of generation gen alive (not yet reaped) on slot s? */
+static int
+slot_live(const struct master *m, unsigned gen, int s)
+{
+	int i;
+
+	for (i = 0; i < MAX_ROWS; i++)
+		if (m->children[i].pid > 0 && m->children[i].gen == gen &&
+		    m->children[i].slot == s)
+			return 1;
+	return 0;
+}
+
+/*
+ * SIGHUP: parse, validate, then swap. An invalid file changes nothing, and
+ * neither does a valid one that cannot get a whole new generation (worker
+ * rows, listen sockets, room in the shared region, fork): the serving
+ * generation is retired only once every worker of its replacement runs.
+ */
 static void
 reload(struct master *m)
 {
 	struct sl_config *ncfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
-	size_t *map, *umap;
-	int nw, s;
+	size_t *map = NULL, *umap = NULL;
+	int rows[SL_MAX_WORKERS], old_rows[SL_MAX_WORKERS];
+	int nw, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
 	struct gen old;
 
 	sl_info("reloading %s", m->path);
@@ -490,11 +562,22 @@ reload(struct master *m)
 		ncfg->listen = strdup(m->cur.cfg->listen);
 	}
 	nw = resolve_workers(ncfg);
+	/*
+	 * Rows first, for every worker of the new generation: when draining
+	 * workers of earlier reloads hold too many, refuse before anything
+	 * changes; the current generation goes on serving.
+	 */
+	if (reserve_rows(m, nw, rows) == -1) {
+		sl_err("reload failed: %d worker row(s) needed, %d free; %d "
+		    "draining worker(s) hold the rest of the %d rows until their "
+		    "streams end; keeping generation %u", nw, rows_free(m),
+		    ndraining(m), WORKER_ROWS, m->cur.id);
+		goto fail;
+	}
+	have_rows = 1;
 	if (nw > m->nlisten && open_listeners(m, ncfg->listen, m->nlisten, nw) == -1) {
 		sl_err("reload failed: cannot open listen sockets");
-		sl_config_free(ncfg);
-		m->reloads_failed++;
-		return;
+		goto fail;
 	}
 	if (ncfg->admin_listen == NULL ? m->cur.cfg->admin_listen != NULL :
 	    m->cur.cfg->admin_listen == NULL ||
@@ -509,32 +592,61 @@ reload(struct master *m)
 	map = umap != NULL ? map_tenants(m, ncfg) : NULL;
 	if (map == NULL) {
 		sl_err("reload failed: cannot map tenants or upstreams");
-		free(umap);
-		sl_config_free(ncfg);
-		m->reloads_failed++;
-		return;
+		goto fail;
 	}
-	config_warn_permissions(m->path);
-	sl_log_set_level(ncfg->log_level);
 	old = m->cur;
+	old_nw = m->nworkers;
+	memcpy(old_rows, m->slot_row, sizeof(old_rows));
 	m->cur.cfg = ncfg;
 	m->cur.tenant_slot = map;
 	m->cur.upstream_slot = umap;
-	m->cur.id = old.id + 1;
+	m->cur.id = ++m->last_gen;
 	m->nworkers = nw;
+	for (s = 0; s < SL_MAX_WORKERS; s++)
+		m->slot_row[s] = s < nw ? rows[s] : 0;
+	/* The new generation starts beside the serving one. */
+	for (started = 0; started < nw; started++)
+		if (spawn(m, started) == -1)
+			break;
+	if (started < nw) {
+		/*
+		 * Not all of it: those that started retire (they may have
+		 * accepted a connection already) and the old generation, with
+		 * its limits, stays.
+		 */
+		for (s = 0; s < MAX_ROWS; s++)
+			if (m->children[s].pid > 0 && m->children[s].gen == m->cur.id) {
+				m->children[s].draining = 1;
+				kill(m->children[s].pid, SIGUSR2);
+			}
+		for (s = started; s < nw; s++)
+			release_row(m, rows[s]);
+		have_rows = 0;          /* the others go when their workers exit */
+		m->cur = old;
+		m->nworkers = old_nw;
+		memcpy(m->slot_row, old_rows, sizeof(old_rows));
+		free(map_tenants(m, old.cfg));
+		sl_err("reload failed: cannot start worker %d of the new "
+		    "generation; keeping generation %u", started, m->cur.id);
+		goto fail;
+	}
+	config_warn_permissions(m->path);
+	sl_log_set_level(ncfg->log_level);
+	/* Rows kept for a respawn that will not happen now go back. */
+	for (s = 0; s < old_nw; s++)
+		if (!slot_live(m, old.id, s))
+			release_row(m, old_rows[s]);
 	memset(m->respawn_at, 0, sizeof(m->respawn_at));
 	/*
 	 * Old workers retire (SIGUSR2): they stop accepting and finish every
 	 * stream they have, with no deadline, so a reload never cuts one.
 	 */
 	for (s = 0; s < MAX_ROWS; s++)
-		if (m->children[s].pid > 0 && m->children[s].gen != m->cur.id) {
+		if (m->children[s].pid > 0 && m->children[s].gen != m->cur.id &&
+		    !m->children[s].draining) {
 			m->children[s].draining = 1;
 			kill(m->children[s].pid, SIGUSR2);
 		}
-	for (s = 0; s < nw; s++)
-		if (spawn(m, s) == -1)
-			m->respawn_at[s] = now_s() + RESPAWN_BACKOFF_S;
 	/*
 	 * Fewer workers: a socket nobody accepts on would still receive its
 	 * share of new connections from SO_REUSEPORT, so close it.
@@ -550,6 +662,18 @@ reload(struct master *m)
 	m->reloads_ok++;
 	sl_info("reloaded: generation %u, %d worker(s), %zu tenant(s)",
 	    m->cur.id, nw, ncfg->ntenants);
+	return;
+fail:
+	/* Listen sockets opened for this reload: nobody accepts on them. */
+	for (s = nlisten0; s < m->nlisten; s++)
+		close(m->listen_fds[s]);
+	m->nlisten = nlisten0;
+	for (s = 0; have_rows && s < nw; s++)
+		release_row(m, rows[s]);
+	free(map);
+	free(umap);
+	sl_config_free(ncfg);
+	m->reloads_failed++;
 }
 
 /* Prometheus label value: escape backslash, quote and newline. */
@@ -733,7 +857,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	memset(&m, 0, sizeof(m));
 	m.path = path;
 	m.cur.cfg = cfg;
-	m.cur.id = 1;
+	m.cur.id = m.last_gen = 1;
 	sl_log_init(cfg->log_level, "master");
 	config_warn_permissions(path);
 
@@ -793,6 +917,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	signal(SIGUSR2, SIG_IGN);     /* meant for workers only */
 	sigemptyset(&empty);
 
+	if (reserve_rows(&m, m.nworkers, m.slot_row) == -1)
+		return 1;
 	for (s = 0; s < m.nworkers; s++)
 		if (spawn(&m, s) == -1)
 			return 1;
@@ -802,7 +928,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (;;) {
 		double timeout = -1;
 		struct timespec ts;
-		struct pollfd pfd[32];
+		struct pollfd pfd[SL_ADMIN_POLLFDS];
 		int npfd = 0;
 
 		if (got_chld) {
@@ -857,7 +983,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		if (m.admin != NULL) {
 			double at = sl_admin_timeout(m.admin, now_s());
 
-			npfd = sl_admin_pollfds(m.admin, pfd, 32);
+			npfd = sl_admin_pollfds(m.admin, pfd, SL_ADMIN_POLLFDS,
+			    now_s());
 			if (at >= 0 && (timeout < 0 || at < timeout))
 				timeout = at;
 		}

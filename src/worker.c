@@ -540,6 +540,11 @@ sl_worker_main(const struct sl_worker_args *a)
 		ev_io_start(w.loop, &w.hup_io);
 	}
 	ev_io_start(w.loop, &w.accept_io);
+	/*
+	 * Ready: the name tells ps(1) and the tests that setup is done (the
+	 * master's admin socket was closed before sl_worker_main was called).
+	 */
+	prctl(PR_SET_NAME, "sluice-worker");
 	sl_debug("worker started (row %zu)", w.row);
 	ev_run(w.loop, 0);
 

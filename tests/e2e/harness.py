@@ -1204,6 +1204,35 @@ def wait_retired(gw, pids, timeout=5.0):
                msg="the old workers %r to stop accepting" % (list(pids),))
 
 
+WORKER_COMM = "sluice-worker"
+
+
+def proc_comm(pid):
+    """/proc/PID/comm of pid (its process name), or None once it is gone."""
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().rstrip("\n")
+    except OSError:
+        return None
+
+
+def wait_workers_ready(gw, n=None, timeout=10.0):
+    """Wait until the master has n children (default: the configured count)
+    and each of them is named "sluice-worker": a worker takes that name
+    once its setup is done (the master's sockets it must not keep are
+    closed by then). Returns their pids. Works under valgrind too."""
+    n = gw.nworkers if n is None else n
+
+    def ok():
+        w = gw.worker_pids()
+        return w if len(w) == n and all(proc_comm(p) == WORKER_COMM for p in w) else None
+    try:
+        return wait_until(ok, timeout, msg="%d ready workers" % n)
+    except AssertionError as e:
+        raise AssertionError("%s; workers now %r" % (
+            e, [(p, proc_comm(p)) for p in gw.worker_pids()]))
+
+
 def reload(gw, config=None, expect="ok", timeout=5.0):
     """Write `config` (if given) over the gateway's file, send SIGHUP to the
     master and wait until it logs the outcome ("reloaded: generation N" or

@@ -2,7 +2,10 @@
 the test did (Prometheus text format, counters that never go backwards)."""
 
 import os
+import selectors
 import signal
+import socket
+import threading
 import time
 
 import harness as h
@@ -320,3 +323,104 @@ def test_client_port_does_not_serve_metrics():
         r = gw.request("GET", "/metrics", key=ACME_KEY)
         h.assert_error(r, 404, "not_found", read=False)
         assert b"sluice_" not in bytes(r.data)
+
+
+
+class _IdleConnections:
+    """Keeps n connections to port open and idle (or each having sent
+    `partial`, an unfinished request), from a thread: one the server
+    closes is counted and replaced REOPEN_S later, like a client that
+    holds connections on purpose. Connects are non-blocking: a connection
+    waiting in the listen queue counts as open."""
+
+    REOPEN_S = 0.1
+
+    def __init__(self, port, n, partial=b""):
+        self.port, self.n, self.partial = port, n, partial
+        self.closed_by_server = 0
+        self.established = 0
+        self.sel = selectors.DefaultSelector()
+        self.reopen = []                # times at which to open one more
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.connect_ex((h.HOST, self.port))
+        self.sel.register(s, selectors.EVENT_WRITE, "connecting")
+
+    def _drop(self, s):
+        self.sel.unregister(s)
+        s.close()
+        self.reopen.append(time.monotonic() + self.REOPEN_S)
+
+    def _run(self):
+        for _ in range(self.n):
+            self._open()
+        while not self.stop.is_set():
+            now = time.monotonic()
+            while self.reopen and self.reopen[0] <= now:
+                self.reopen.pop(0)
+                self._open()
+            for key, _ in self.sel.select(0.05):
+                s = key.fileobj
+                if key.data == "connecting":
+                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+                        self._drop(s)
+                        continue
+                    self.established += 1
+                    try:
+                        if self.partial:
+                            s.send(self.partial)
+                    except OSError:
+                        pass
+                    self.sel.modify(s, selectors.EVENT_READ, "open")
+                    continue
+                try:
+                    d = s.recv(4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    d = b""
+                if d == b"":
+                    self.closed_by_server += 1
+                    self._drop(s)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=10)
+        for key in list(self.sel.get_map().values()):
+            key.fileobj.close()
+        self.sel.close()
+        return False
+
+
+@h.timeout(150)
+def test_admin_answers_healthz_and_metrics_with_hundreds_of_idle_connections_open():
+    """An orchestrator probing /healthz must get its answer while hundreds of
+    connections to admin_listen sit idle or trickle a request and are
+    reopened as soon as they are closed: the master closes idle ones soon,
+    and at its connection cap makes room for new ones instead of leaving
+    them in the listen queue."""
+    with Stub() as stub, _admin_gw(stub) as gw:
+        port = h.admin_port(gw)
+        with _IdleConnections(port, 300) as idle, \
+                _IdleConnections(port, 20, b"GET /metrics HTTP/1.1\r\nHost: x\r\n") as slow:
+            h.wait_until(lambda: idle.established + slow.established >= 64, 30,
+                         msg="idle connections to be established")
+            r = h.admin_request(port, "GET", "/healthz", timeout=60)
+            assert r.status == 200 and r.body == b"ok\n", (r.status, r.body)
+            m = h.scrape(gw, timeout=60)
+            assert m.get("sluice_workers") == 2
+            # Idle and unfinished connections are closed by the server...
+            h.wait_until(lambda: idle.closed_by_server > 0 and slow.closed_by_server > 0, 60,
+                         msg="the server to close idle and trickling connections")
+            # ...and the admin server keeps answering.
+            for _ in range(10):
+                assert h.admin_request(port, "GET", "/healthz", timeout=60).status == 200
+            assert h.admin_request(port, "GET", "/metrics", timeout=60).status == 200

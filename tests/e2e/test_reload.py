@@ -3,6 +3,7 @@ and go, and a reload never cuts a stream (not even one longer than
 drain_timeout, not even under load with a reload every 200 ms)."""
 
 import re
+import signal
 import socket
 import threading
 import time
@@ -518,3 +519,83 @@ def test_reload_with_an_access_log_that_cannot_be_opened_is_refused():
         # The running configuration, access log included, is kept.
         assert _short(gw, ACME_KEY)[0] == 200
         h.wait_access_lines(access, 2)
+
+
+def _hup(gw, timeout=10.0):
+    """SIGHUP the master and wait for the outcome it logs: "ok" or "failed"."""
+    before = h.reload_results(gw)
+    h.kill_pid(gw.pid, signal.SIGHUP)
+
+    def outcome():
+        ok, failed = h.reload_results(gw)
+        return "ok" if ok > before[0] else "failed" if failed > before[1] else None
+    return h.wait_until(outcome, timeout, interval=0.01, msg="the master to log the reload")
+
+
+# The master has 128 worker rows in the shared region (twice the most
+# workers a config may ask for): 128 worker processes at most, current and
+# draining generations together (sluice.8, SIGNALS).
+WORKER_ROWS = 128
+
+
+@h.timeout(180)
+def test_reload_storm_refused_when_draining_workers_hold_every_row_and_current_keeps_serving():
+    """One stream held on every generation keeps each retired worker alive.
+    With workers: 1 the 128 rows are full after 127 reloads: the next one
+    must be refused (counted failed, logged) without retiring the serving
+    worker; once an old stream ends, a reload works again."""
+    with Stub() as stub, _gw(stub, workers=1, tenants={"acme": {"max_streams": 1000}}) as gw:
+        held = []
+        outcome, n = "ok", 0
+        while outcome == "ok" and n < WORKER_ROWS + 5:
+            c, r = gw.admit(events=2, interval=600000, tag="held", timeout=20)
+            r.read_events(1, timeout=20)
+            held.append((c, r))
+            old = gw.worker_pids()
+            outcome = _hup(gw)
+            n += 1
+            if outcome == "ok":
+                h.wait_retired(gw, old, timeout=20)
+        assert (outcome, n) == ("failed", WORKER_ROWS), \
+            "reload %d was %s; stderr tail:\n%s" % (n, outcome, gw.stderr_tail(1500))
+        assert re.search(r"master: error: reload failed: .*worker row", h.stderr_text(gw)), \
+            gw.stderr_tail(1500)
+        m = h.scrape(gw)
+        assert m.get("sluice_reloads_total", result="ok") == WORKER_ROWS - 1
+        assert m.get("sluice_reloads_total", result="failed") == 1
+        assert m.get("sluice_workers") == 1
+        assert len(gw.worker_pids()) == WORKER_ROWS
+        # The current generation still serves, on new connections.
+        for _ in range(3):
+            assert _short(gw, ACME_KEY)[0] == 200
+        # Every held stream is still in flight.
+        assert stub.tag("held")["inflight"] == len(held)
+        # The serving worker can always be replaced, rows full or not: its
+        # row stays its slot's, no draining worker can take it.
+        draining = {int(p) for p in re.findall(r"sluice\[(\d+)\] worker\d+: info: draining ",
+                                               h.stderr_text(gw))}
+        cur = [p for p in gw.worker_pids() if p not in draining]
+        assert len(cur) == 1, cur
+        h.kill_pid(cur[0])
+        c, r = held.pop()       # the stream it carried is cut with it
+        c.close()
+        h.wait_until(lambda: (lambda w: len(w) == WORKER_ROWS and cur[0] not in w)(
+            gw.worker_pids()), 20, msg="the killed worker to be replaced")
+        h.wait_workers_ready(gw, WORKER_ROWS, timeout=20)
+        assert h.scrape(gw).get("sluice_workers") == 1
+        assert _short(gw, ACME_KEY)[0] == 200
+        # One old stream ends: its worker exits, its row is free, and a
+        # reload works again.
+        c, r = held.pop(0)
+        c.close()
+        h.wait_until(lambda: len(gw.worker_pids()) == WORKER_ROWS - 1, 20,
+                     msg="the worker of the closed stream to exit")
+        assert _hup(gw) == "ok"
+        m = h.scrape(gw)
+        assert m.get("sluice_reloads_total", result="ok") == WORKER_ROWS
+        assert m.get("sluice_workers") == 1
+        assert _short(gw, ACME_KEY)[0] == 200
+        for c, _ in held:
+            c.close()
+        h.wait_until(lambda: len(gw.worker_pids()) == 1, 30,
+                     msg="the old workers to exit once their streams are gone")

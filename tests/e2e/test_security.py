@@ -229,7 +229,7 @@ def test_keys_are_compared_exactly():
 def test_admin_listener_is_only_where_the_config_says_and_exposes_no_keys():
     with Stub() as stub:
         with Gateway(stub=stub) as gw:
-            pids = [gw.pid] + gw.worker_pids()
+            pids = [gw.pid] + h.wait_workers_ready(gw, timeout=30)
             assert h.listening_addrs(pids) == {(h.HOST, gw.port)}, h.listening_addrs(pids)
             # /metrics and /healthz are not served on the client listener.
             for path in ("/metrics", "/healthz"):
@@ -238,7 +238,9 @@ def test_admin_listener_is_only_where_the_config_says_and_exposes_no_keys():
             assert stub.stats()["requests"] == 0
         aport = h.free_port()
         with Gateway(stub=stub, admin_listen="%s:%d" % (h.HOST, aport)) as gw:
-            master, workers = gw.pid, gw.worker_pids()
+            # A worker closes the admin socket before it is ready; look then
+            # (under valgrind a worker may take a while to get there).
+            master, workers = gw.pid, h.wait_workers_ready(gw, timeout=30)
             assert h.listening_addrs([master]) == {(h.HOST, gw.port), (h.HOST, aport)}, \
                 h.listening_addrs([master])
             assert h.listening_addrs(workers) == {(h.HOST, gw.port)}, \
