@@ -138,6 +138,9 @@ enum sl_rh_result {
 void sl_resp_head_reset(struct sl_resp_head *);
 void sl_resp_head_free(struct sl_resp_head *);
 
+/* Retry-After of the head in seconds (delta-seconds form only), or 0. */
+int sl_resp_head_retry_after(const struct sl_resp_head *);
+
 /* One header line as libcurl delivers it, CRLF included. */
 enum sl_rh_result sl_resp_head_line(struct sl_resp_head *, const char *line,
     size_t len);

@@ -14,6 +14,7 @@
 #include "sl_auth.h"
 #include "sl_config.h"
 #include "sl_shm.h"
+#include "sl_upstream.h"
 
 struct sl_conn;
 struct sl_worker;
@@ -54,6 +55,8 @@ struct sl_worker_args {
 	struct sl_shm *shm;
 	const size_t *tenant_slot;   /* config tenant index -> shm tenant index */
 	const size_t *upstream_slot; /* config upstream index -> shm upstream index */
+	/* [upstream][replica] -> shared index of the replica (sl_upstream.h) */
+	const size_t *const *replica_slot;
 	size_t row;                  /* this worker's shm row */
 	int listen_fd;               /* this worker's SO_REUSEPORT socket */
 	int index;                   /* worker number, for logs */
@@ -66,6 +69,7 @@ struct sl_worker {
 	struct sl_shm *shm;
 	const size_t *tenant_slot;
 	const size_t *upstream_slot;
+	struct sl_pools *pools;      /* replica choice, per upstream */
 	size_t row;
 	int index;
 	int access_fd;               /* -1: access log off */

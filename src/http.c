@@ -760,6 +760,30 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 	return SL_RH_MORE;
 }
 
+int
+sl_resp_head_retry_after(const struct sl_resp_head *h)
+{
+	const char *p = h->block, *end = h->block + h->len, *eol, *v;
+	long secs;
+
+	while (p != NULL && p < end) {
+		eol = memchr(p, '\n', (size_t)(end - p));
+		if (eol == NULL)
+			break;
+		if ((size_t)(eol - p) > 12 && strncasecmp(p, "retry-after:", 12) == 0) {
+			v = p + 12;
+			while (v < eol && (*v == ' ' || *v == '\t'))
+				v++;
+			secs = 0;
+			while (v < eol && *v >= '0' && *v <= '9' && secs < 86400)
+				secs = secs * 10 + (*v++ - '0');
+			return secs > 86400 ? 86400 : (int)secs;
+		}
+		p = eol + 1;
+	}
+	return 0;
+}
+
 size_t
 sl_http_chunk_header(char *dst, size_t dstlen, size_t n)
 {

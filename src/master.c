@@ -25,6 +25,7 @@
 #include "sl_master.h"
 #include "sl_net.h"
 #include "sl_shm.h"
+#include "sl_upstream.h"
 #include "sl_worker.h"
 
 /*
@@ -54,6 +55,7 @@ struct gen {
 	struct sl_config *cfg;
 	size_t *tenant_slot;
 	size_t *upstream_slot;
+	size_t **replica_slot;       /* [upstream][replica] -> shm index */
 	unsigned id;
 };
 
@@ -61,7 +63,13 @@ struct master {
 	const char *path;
 	struct gen cur;
 	struct sl_shm *shm;
-	char **shm_names;            /* shm tenant index -> name (or NULL) */
+	/*
+	 * Tenants and pool replicas share the region's index space (a
+	 * replica's cap and count are a tenant slot's); a replica's name is
+	 * "\x01UPSTREAM\x01URL", so it never meets a tenant's.
+	 */
+	char **shm_names;            /* shm index -> name (or NULL) */
+	unsigned char *shm_replica;  /* shm index -> 1 for a replica */
 	size_t shm_ntenants;         /* indices handed out so far */
 	size_t *name_ht;             /* open addressing: shm index + 1, 0 empty */
 	size_t name_ht_mask;         /* capacity - 1, a power of two */
@@ -163,6 +171,110 @@ name_slot(struct master *m, const char *name)
 }
 
 /*
+ * The stable shm index of name (same name, same index across reloads),
+ * handed out on first sight; (size_t)-1 when the region is full.
+ */
+static size_t
+shm_index(struct master *m, const char *name, int replica)
+{
+	/* A hash lookup: 100k tenants must not cost 10^10 compares. */
+	size_t *slot = name_slot(m, name), j;
+
+	if (*slot != 0)
+		return *slot - 1;
+	j = m->shm_ntenants;
+	if (j == sl_shm_max_tenants(m->shm)) {
+		sl_err("tenant and replica capacity (%zu) exhausted; restart to "
+		    "grow it", sl_shm_max_tenants(m->shm));
+		return (size_t)-1;
+	}
+	if ((m->shm_names[j] = strdup(name)) == NULL)
+		return (size_t)-1;
+	m->shm_replica[j] = (unsigned char)replica;
+	*slot = j + 1;
+	m->shm_ntenants++;
+	return j;
+}
+
+static char *
+replica_key(const char *upstream, const char *url)
+{
+	size_t a = strlen(upstream), b = strlen(url);
+	char *k = malloc(a + b + 3);
+
+	if (k != NULL) {
+		k[0] = '\x01';
+		memcpy(k + 1, upstream, a);
+		k[a + 1] = '\x01';
+		memcpy(k + a + 2, url, b + 1);
+	}
+	return k;
+}
+
+static void
+free_replica_map(size_t **rmap, size_t n)
+{
+	size_t u;
+
+	if (rmap == NULL)
+		return;
+	for (u = 0; u < n; u++)
+		free(rmap[u]);
+	free(rmap);
+}
+
+/*
+ * Map every replica of every pool to a stable shm index, keyed by upstream
+ * name and URL (a reload keeps the counts and health of replicas that
+ * stay), and publish caps: max_streams, or no cap. A replica a reload
+ * removed gets cap 0: it takes no new stream, and those in flight finish.
+ * Returns the mapping (caller owns; free_replica_map) or NULL.
+ */
+static size_t **
+map_replicas(struct master *m, const struct sl_config *cfg)
+{
+	size_t **map, u, r, j;
+	unsigned char *keep;
+
+	map = calloc(cfg->nupstreams ? cfg->nupstreams : 1, sizeof(*map));
+	keep = calloc(sl_shm_max_tenants(m->shm), 1);
+	if (map == NULL || keep == NULL)
+		goto fail;
+	for (u = 0; u < cfg->nupstreams; u++) {
+		const struct sl_upstream_conf *up = &cfg->upstreams[u];
+
+		map[u] = calloc(up->nreplicas ? up->nreplicas : 1, sizeof(size_t));
+		if (map[u] == NULL)
+			goto fail;
+		for (r = 0; r < up->nreplicas; r++) {
+			char *k = replica_key(up->name, up->replicas[r].url);
+
+			j = k != NULL ? shm_index(m, k, 1) : (size_t)-1;
+			free(k);
+			if (j == (size_t)-1)
+				goto fail;
+			map[u][r] = j;
+			keep[j] = 1;
+		}
+	}
+	for (u = 0; u < cfg->nupstreams; u++)
+		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
+			int32_t cap = cfg->upstreams[u].replicas[r].max_streams;
+
+			sl_shm_set_limit(m->shm, map[u][r], cap > 0 ? cap : INT32_MAX);
+		}
+	for (j = 0; j < m->shm_ntenants; j++)
+		if (m->shm_replica[j] && !keep[j])
+			sl_shm_set_limit(m->shm, j, 0);
+	free(keep);
+	return map;
+fail:
+	free_replica_map(map, cfg->nupstreams);
+	free(keep);
+	return NULL;
+}
+
+/*
  * Map every tenant of cfg to a stable shm index (same name, same index
  * across reloads) and publish limits. Tenants that disappeared are retired
  * (limit 0): their in-flight streams still release. Returns the mapping
@@ -179,22 +291,8 @@ map_tenants(struct master *m, const struct sl_config *cfg)
 	if (map == NULL || keep == NULL)
 		goto fail;
 	for (i = 0; i < cfg->ntenants; i++) {
-		/* A hash lookup: 100k tenants must not cost 10^10 compares. */
-		size_t *slot = name_slot(m, cfg->tenants[i].name);
-
-		j = *slot != 0 ? *slot - 1 : m->shm_ntenants;
-		if (j == m->shm_ntenants) {
-			if (j == sl_shm_max_tenants(m->shm)) {
-				sl_err("tenant capacity (%zu) exhausted; restart to grow it",
-				    sl_shm_max_tenants(m->shm));
-				goto fail;
-			}
-			m->shm_names[j] = strdup(cfg->tenants[i].name);
-			if (m->shm_names[j] == NULL)
-				goto fail;
-			*slot = j + 1;
-			m->shm_ntenants++;
-		}
+		if ((j = shm_index(m, cfg->tenants[i].name, 0)) == (size_t)-1)
+			goto fail;
 		map[i] = j;
 		keep[j] = 1;
 	}
@@ -202,7 +300,7 @@ map_tenants(struct master *m, const struct sl_config *cfg)
 	for (i = 0; i < cfg->ntenants; i++)
 		sl_shm_set_limit(m->shm, map[i], cfg->tenants[i].max_streams);
 	for (j = 0; j < m->shm_ntenants; j++)
-		if (!keep[j])
+		if (!keep[j] && !m->shm_replica[j])
 			sl_shm_set_limit(m->shm, j, 0);
 	free(keep);
 	return map;
@@ -350,6 +448,7 @@ spawn(struct master *m, int slot)
 		a.shm = m->shm;
 		a.tenant_slot = m->cur.tenant_slot;
 		a.upstream_slot = m->cur.upstream_slot;
+		a.replica_slot = (const size_t *const *)m->cur.replica_slot;
 		a.row = (size_t)row;
 		a.listen_fd = m->listen_fds[slot];
 		a.index = slot;
@@ -538,7 +637,7 @@ reload(struct master *m)
 {
 	struct sl_config *ncfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
-	size_t *map = NULL, *umap = NULL;
+	size_t *map = NULL, *umap = NULL, **rmap = NULL;
 	int rows[SL_MAX_WORKERS], old_rows[SL_MAX_WORKERS];
 	int nw, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
 	struct gen old;
@@ -594,12 +693,18 @@ reload(struct master *m)
 		sl_err("reload failed: cannot map tenants or upstreams");
 		goto fail;
 	}
+	if ((rmap = map_replicas(m, ncfg)) == NULL) {
+		sl_err("reload failed: cannot map the upstreams' replicas");
+		free(map_tenants(m, m->cur.cfg));   /* the old limits again */
+		goto fail;
+	}
 	old = m->cur;
 	old_nw = m->nworkers;
 	memcpy(old_rows, m->slot_row, sizeof(old_rows));
 	m->cur.cfg = ncfg;
 	m->cur.tenant_slot = map;
 	m->cur.upstream_slot = umap;
+	m->cur.replica_slot = rmap;
 	m->cur.id = ++m->last_gen;
 	m->nworkers = nw;
 	for (s = 0; s < SL_MAX_WORKERS; s++)
@@ -626,6 +731,7 @@ reload(struct master *m)
 		m->nworkers = old_nw;
 		memcpy(m->slot_row, old_rows, sizeof(old_rows));
 		free(map_tenants(m, old.cfg));
+		free_replica_map(map_replicas(m, old.cfg), old.cfg->nupstreams);
 		sl_err("reload failed: cannot start worker %d of the new "
 		    "generation; keeping generation %u", started, m->cur.id);
 		goto fail;
@@ -656,6 +762,7 @@ reload(struct master *m)
 	if (nw < m->nlisten)
 		m->nlisten = nw;
 	/* Children hold their own copies of the old generation. */
+	free_replica_map(old.replica_slot, old.cfg->nupstreams);
 	sl_config_free(old.cfg);
 	free(old.tenant_slot);
 	free(old.upstream_slot);
@@ -672,6 +779,7 @@ fail:
 		release_row(m, rows[s]);
 	free(map);
 	free(umap);
+	free_replica_map(rmap, ncfg->nupstreams);
 	sl_config_free(ncfg);
 	m->reloads_failed++;
 }
@@ -720,6 +828,93 @@ render_hist(struct sl_str *o, struct sl_shm *shm, enum sl_hist h,
 	    (unsigned long long)sl_shm_hist_bucket(shm, h, SL_HIST_BUCKETS));
 }
 
+/* {upstream="U",replica="URL" */
+static void
+replica_labels(struct sl_str *o, const char *metric, const char *up,
+    const char *url)
+{
+	sl_str_printf(o, "%s{upstream=\"", metric);
+	label(o, up);
+	sl_str_printf(o, "\",replica=\"");
+	label(o, url);
+	sl_str_printf(o, "\"");
+}
+
+/* The pools of the current generation, replica by replica. */
+static void
+render_replicas(struct master *m, struct sl_str *o)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	int64_t now = sl_mono_ms();
+	size_t u, r, k;
+	int c;
+
+	sl_str_printf(o, "# HELP sluice_replica_streams Streams in flight to "
+	    "the replica, across all workers.\n"
+	    "# TYPE sluice_replica_streams gauge\n");
+	for (u = 0; u < cfg->nupstreams; u++)
+		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
+			replica_labels(o, "sluice_replica_streams",
+			    cfg->upstreams[u].name, cfg->upstreams[u].replicas[r].url);
+			sl_str_printf(o, "} %d\n", (int)sl_shm_inflight(m->shm,
+			    m->cur.replica_slot[u][r]));
+		}
+	sl_str_printf(o, "# HELP sluice_replica_up 1 when the replica takes "
+	    "traffic by its health probes, 0 down or loading.\n"
+	    "# TYPE sluice_replica_up gauge\n");
+	for (u = 0; u < cfg->nupstreams; u++)
+		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
+			struct sl_shm_replica *h = sl_shm_replica(m->shm,
+			    m->cur.replica_slot[u][r]);
+
+			replica_labels(o, "sluice_replica_up",
+			    cfg->upstreams[u].name, cfg->upstreams[u].replicas[r].url);
+			sl_str_printf(o, "} %d\n", h != NULL && h->down == 0);
+		}
+	sl_str_printf(o, "# HELP sluice_replica_ejected 1 while the replica is "
+	    "ejected after failures on traffic.\n"
+	    "# TYPE sluice_replica_ejected gauge\n");
+	for (u = 0; u < cfg->nupstreams; u++)
+		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
+			struct sl_shm_replica *h = sl_shm_replica(m->shm,
+			    m->cur.replica_slot[u][r]);
+
+			replica_labels(o, "sluice_replica_ejected",
+			    cfg->upstreams[u].name, cfg->upstreams[u].replicas[r].url);
+			sl_str_printf(o, "} %d\n",
+			    h != NULL && h->ejected_until_ms > now);
+		}
+	sl_str_printf(o, "# HELP sluice_replica_requests_total Tries sent to "
+	    "the replica, by response status (connect, timeout, reset: none).\n"
+	    "# TYPE sluice_replica_requests_total counter\n");
+	for (u = 0; u < cfg->nupstreams; u++)
+		for (r = 0; r < cfg->upstreams[u].nreplicas; r++)
+			for (c = 0; c < SL_NCODES; c++) {
+				uint64_t v = sl_shm_requests_sum(m->shm,
+				    m->cur.replica_slot[u][r], c);
+
+				if (v == 0)
+					continue;
+				replica_labels(o, "sluice_replica_requests_total",
+				    cfg->upstreams[u].name,
+				    cfg->upstreams[u].replicas[r].url);
+				sl_str_printf(o, ",code=\"%s\"} %llu\n",
+				    sl_shm_code_label(c), (unsigned long long)v);
+			}
+	sl_str_printf(o, "# HELP sluice_upstream_retries_total Requests moved "
+	    "to another replica, by reason.\n"
+	    "# TYPE sluice_upstream_retries_total counter\n");
+	for (k = 0; k < m->up_n; k++)
+		for (c = 0; c < SL_RETRY_R_MAX; c++) {
+			sl_str_printf(o, "sluice_upstream_retries_total{upstream=\"");
+			label(o, m->up_names[k]);
+			sl_str_printf(o, "\",reason=\"%s\"} %llu\n",
+			    sl_shm_retry_label((enum sl_retry_reason)c),
+			    (unsigned long long)sl_shm_retry_sum(m->shm, k,
+			    (enum sl_retry_reason)c));
+		}
+}
+
 static void
 render_metrics(struct master *m, struct sl_str *o)
 {
@@ -730,6 +925,8 @@ render_metrics(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_tenant_streams Requests in flight per "
 	    "tenant, across all workers.\n# TYPE sluice_tenant_streams gauge\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
+		if (m->shm_replica[t])
+			continue;
 		sl_str_printf(o, "sluice_tenant_streams{tenant=\"");
 		label(o, m->shm_names[t]);
 		sl_str_printf(o, "\"} %d\n", (int)sl_shm_inflight(shm, t));
@@ -737,6 +934,8 @@ render_metrics(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_tenant_max_streams Configured limit per "
 	    "tenant (0: retired).\n# TYPE sluice_tenant_max_streams gauge\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
+		if (m->shm_replica[t])
+			continue;
 		sl_str_printf(o, "sluice_tenant_max_streams{tenant=\"");
 		label(o, m->shm_names[t]);
 		sl_str_printf(o, "\"} %d\n", (int)sl_shm_limit(shm, t));
@@ -745,6 +944,9 @@ render_metrics(struct master *m, struct sl_str *o)
 	    "tenant and status.\n# TYPE sluice_requests_total counter\n");
 	for (t = 0; t <= m->shm_ntenants; t++) {
 		size_t ti = t < m->shm_ntenants ? t : SL_TENANT_NONE(shm);
+
+		if (t < m->shm_ntenants && m->shm_replica[t])
+			continue;
 
 		for (c = 0; c < SL_NCODES; c++) {
 			uint64_t v = sl_shm_requests_sum(shm, ti, c);
@@ -760,6 +962,8 @@ render_metrics(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_rejected_total Requests refused by "
 	    "admission.\n# TYPE sluice_rejected_total counter\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
+		if (m->shm_replica[t])
+			continue;
 		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
 		label(o, m->shm_names[t]);
 		sl_str_printf(o, "\",reason=\"max_streams\"} %llu\n",
@@ -816,6 +1020,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_IDLE_CLOSED),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BYTES_OUT),
 	    current_workers(m), m->reloads_ok, m->reloads_failed);
+	render_replicas(m, o);
 	render_hist(o, shm, SL_HIST_TTFB, "sluice_ttfb_seconds",
 	    "Time from request head to the upstream's response head.");
 	render_hist(o, shm, SL_HIST_DURATION, "sluice_stream_duration_seconds",
@@ -865,22 +1070,29 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		sl_err("curl_global_init failed");
 		return 1;
 	}
-	cap = cfg->ntenants * 4;
+	cap = cfg->ntenants;
+	for (s = 0; (size_t)s < cfg->nupstreams; s++)
+		cap += cfg->upstreams[s].nreplicas;
+	cap *= 4;
 	if (cap < MIN_TENANT_CAPACITY)
 		cap = MIN_TENANT_CAPACITY;
 	m.shm = sl_shm_create(cap, MAX_ROWS);
 	m.shm_names = calloc(cap, sizeof(char *));
+	m.shm_replica = calloc(cap, 1);
 	for (m.name_ht_mask = 1; m.name_ht_mask < 2 * cap; m.name_ht_mask <<= 1)
 		;
 	m.name_ht = calloc(m.name_ht_mask, sizeof(size_t));
 	m.name_ht_mask--;
-	if (m.shm == NULL || m.shm_names == NULL || m.name_ht == NULL) {
+	if (m.shm == NULL || m.shm_names == NULL || m.name_ht == NULL ||
+	    m.shm_replica == NULL) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
 		return 1;
 	}
 	m.cur.tenant_slot = map_tenants(&m, cfg);
 	m.cur.upstream_slot = map_upstreams(&m, cfg);
-	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL)
+	m.cur.replica_slot = map_replicas(&m, cfg);
+	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL ||
+	    m.cur.replica_slot == NULL)
 		return 1;
 	m.nworkers = resolve_workers(cfg);
 	if (open_listeners(&m, cfg->listen, 0, m.nworkers) == -1)
@@ -1016,6 +1228,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	free(m.name_ht);
 	free(m.cur.tenant_slot);
 	free(m.cur.upstream_slot);
+	free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
+	free(m.shm_replica);
 	for (cap = 0; cap < m.up_n; cap++)
 		free(m.up_names[cap]);
 	sl_admin_close(m.admin);

@@ -35,6 +35,7 @@
 #include "sl_log.h"
 #include "sl_net.h"
 #include "sl_relay.h"
+#include "sl_upstream.h"
 #include "sl_worker.h"
 
 #define CONN_IN_SIZE 4096           /* client input buffer (heads stream through) */
@@ -102,6 +103,16 @@ struct sl_conn {
 	int sends;                 /* times libcurl was about to send it */
 	int resend_refused;        /* a second send was refused */
 	int no_fds;                /* the upstream socket() hit EMFILE/ENFILE */
+
+	/* The pool: which replica this try went to, and the tries so far. */
+	int replica;               /* replica of the current try; -1: none */
+	int last_replica;          /* of the last try, for the access log */
+	uint64_t tried;            /* replicas tried for this request (bits) */
+	int tries;                 /* tries started for this request */
+	int reported;              /* the current try's outcome was reported */
+	int retry_next;            /* busy head: the replica picked for the
+	                            * next try (slot held); -1: none */
+	int busy_code, busy_after; /* that head's status and Retry-After */
 	ev_tstamp t_upstream;      /* last upstream activity */
 	ev_tstamp t_client;        /* last client progress while bytes wait */
 
@@ -214,9 +225,19 @@ conn_release(struct sl_conn *c)
 	}
 }
 
-/* Stop the upstream transfer, if any. Never call from a libcurl callback. */
+static size_t
+conn_upstream_idx(const struct sl_conn *c)
+{
+	return c->w->cfg->tenants[c->tenant].upstream_idx;
+}
+
+/*
+ * Stop the current try's transfer, if any, and give its replica slot back
+ * (and that of a replica picked for a next try that will not happen).
+ * Never call from a libcurl callback.
+ */
 static void
-conn_abort_upstream(struct sl_conn *c)
+conn_stop_transfer(struct sl_conn *c)
 {
 	if (c->easy != NULL) {
 		if (c->shard != NULL) {
@@ -226,6 +247,21 @@ conn_abort_upstream(struct sl_conn *c)
 		}
 		sl_worker_easy_put(c->w, c->easy);
 		c->easy = NULL;
+	}
+	if (c->replica >= 0) {
+		sl_pool_release(c->w->pools, conn_upstream_idx(c), c->replica);
+		c->replica = -1;
+	}
+}
+
+/* Stop the upstream side of the request. Never call from a libcurl callback. */
+static void
+conn_abort_upstream(struct sl_conn *c)
+{
+	conn_stop_transfer(c);
+	if (c->retry_next >= 0) {
+		sl_pool_release(c->w->pools, conn_upstream_idx(c), c->retry_next);
+		c->retry_next = -1;
 	}
 	curl_slist_free_all(c->hdrs);
 	c->hdrs = NULL;
@@ -402,6 +438,7 @@ sl_conn_new(struct sl_worker *w, int fd)
 	c->w = w;
 	c->fd = fd;
 	c->tenant = -1;
+	c->replica = c->last_replica = c->retry_next = -1;
 	/*
 	 * Every write is a flush of what the upstream just sent: Nagle would
 	 * hold a token back until the previous one is acknowledged (40 ms with
@@ -496,7 +533,8 @@ static void
 conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 {
 	struct sl_worker *w = c->w;
-	char line[2048], path[768], method[32], ts[40], tenant[256];
+	char line[2560], path[768], method[32], ts[40], tenant[256];
+	char replica[512];
 	const char *url = "", *q;
 	size_t ulen = 0;
 	struct timeval tv;
@@ -516,6 +554,13 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 		    strlen(w->cfg->tenants[c->tenant].name));
 	else
 		strcpy(tenant, "-");
+	if (c->tenant >= 0 && c->last_replica >= 0) {
+		const char *ru = sl_pool_url(w->pools,
+		    w->cfg->tenants[c->tenant].upstream_idx, c->last_replica);
+
+		json_escape(replica, sizeof(replica), ru, strlen(ru));
+	} else
+		strcpy(replica, "-");
 	json_escape(method, sizeof(method), sl_req_method(&c->req),
 	    strlen(sl_req_method(&c->req)));
 	gettimeofday(&tv, NULL);
@@ -525,11 +570,13 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "{\"time\":\"%s.%03dZ\",\"worker\":%d,\"peer\":\"%s\","
 	    "\"tenant\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
 	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.3f,"
-	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\"}\n",
+	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\","
+	    "\"replica\":\"%s\",\"tries\":%d}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
-	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0, end);
+	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0, end,
+	    replica, c->tries);
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line))
@@ -685,6 +732,9 @@ conn_response_done(struct sl_conn *c)
 	c->t_first = c->t_pause = c->paused_total = 0;
 	c->bytes_out = 0;
 	c->sends = c->resend_refused = c->no_fds = 0;
+	c->tried = 0;
+	c->tries = 0;
+	c->last_replica = -1;
 	c->t_req = ev_now(w->loop);
 	/* A pipelined request already waiting begins now. */
 	c->t_rx = c->in_len > 0 ? c->t_req : 0;
@@ -885,6 +935,11 @@ conn_timer_event(struct sl_conn *c)
 		return;
 	case CS_UPSTREAM:
 		conn_count_uerr(c, SL_UERR_TIMEOUT);
+		if (c->replica >= 0 && !c->reported) {
+			sl_pool_report(c->w->pools, conn_upstream_idx(c),
+			    c->replica, SL_CODE_TIMEOUT, 0);
+			c->reported = 1;
+		}
 		conn_error(c, 504, "upstream_error", "upstream_timeout",
 		    "upstream sent no response in time", 0, 0);
 		return;
@@ -895,6 +950,9 @@ conn_timer_event(struct sl_conn *c)
 		} else {
 			sl_info("conn %d: upstream idle, stream cut", c->fd);
 			conn_count_uerr(c, SL_UERR_IDLE);
+			if (c->replica >= 0)
+				sl_pool_failed(c->w->pools, conn_upstream_idx(c),
+				    c->replica);
 			conn_close(c, "upstream_idle");
 		}
 		return;
@@ -1217,26 +1275,33 @@ upstream_socket_cb(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
 	return fd == -1 ? CURL_SOCKET_BAD : fd;
 }
 
-static void
-conn_start_upstream(struct sl_conn *c)
+/*
+ * Start a try of the request on replica r of its upstream, whose slot the
+ * caller took (sl_pool_pick). Returns 0, or -1 when the transfer could not
+ * be started (the slot is given back; the caller answers).
+ */
+static int
+conn_try(struct sl_conn *c, int r)
 {
 	struct sl_worker *w = c->w;
 	const struct sl_config *cfg = w->cfg;
-	const struct sl_upstream_conf *up =
-	    &cfg->upstreams[cfg->tenants[c->tenant].upstream_idx];
-	const char *target, *method = sl_req_method(&c->req);
+	const char *target, *method = sl_req_method(&c->req), *base;
 	size_t tlen, ulen;
 	CURL *e;
 
+	c->replica = c->last_replica = r;
+	c->tried |= 1ULL << r;
+	c->tries++;
+	c->reported = 0;
 	target = sl_req_url(&c->req, &tlen);
-	ulen = strlen(up->url);
+	base = sl_pool_url(w->pools, conn_upstream_idx(c), r);
+	ulen = strlen(base);
+	free(c->url);
 	if ((c->url = malloc(ulen + tlen + 1)) == NULL)
 		goto fail;
-	memcpy(c->url, up->url, ulen);
+	memcpy(c->url, base, ulen);
 	memcpy(c->url + ulen, target, tlen);
 	c->url[ulen + tlen] = '\0';
-	if (conn_build_upstream_headers(c, up) == -1)
-		goto fail;
 	if ((e = sl_worker_easy_get(w)) == NULL)
 		goto fail;
 	c->easy = e;
@@ -1282,7 +1347,9 @@ conn_start_upstream(struct sl_conn *c)
 	}
 	c->t_upstream = ev_now(w->loop);
 	c->status = 0;
+	c->upstream_bad = 0;
 	c->sends = c->resend_refused = c->no_fds = 0;
+	sl_resp_head_reset(&c->uh);
 	conn_set_state(c, CS_UPSTREAM);
 	if ((c->shard = sl_worker_shard(w)) == NULL)
 		goto fail;
@@ -1291,11 +1358,99 @@ conn_start_upstream(struct sl_conn *c)
 		goto fail;
 	}
 	c->shard->active++;
-	return;
+	return 0;
 fail:
 	sl_err("conn %d: cannot start the upstream request", c->fd);
-	conn_error(c, 502, "upstream_error", "upstream_unreachable",
-	    "cannot start the upstream request", 0, 0);
+	conn_stop_transfer(c);
+	return -1;
+}
+
+/* The request is read whole: build its upstream head, choose a replica. */
+static void
+conn_start_upstream(struct sl_conn *c)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	const struct sl_upstream_conf *up = &cfg->upstreams[conn_upstream_idx(c)];
+	int r, retry_after;
+
+	if (conn_build_upstream_headers(c, up) == -1) {
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
+		return;
+	}
+	c->tried = 0;
+	c->tries = 0;
+	r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0, &retry_after);
+	if (r < 0) {
+		char msg[160];
+
+		/* Like a full tenant: answer at once, free the slot at once. */
+		snprintf(msg, sizeof(msg), "no replica of upstream '%s' can take "
+		    "the request now (down, ejected, busy or at capacity)",
+		    up->name);
+		conn_error(c, 503, "server_error", "upstream_unavailable", msg,
+		    retry_after, 0);
+		return;
+	}
+	if (conn_try(c, r) == -1)
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
+}
+
+/*
+ * A try failed before any response byte reached the client: report it, and
+ * move the request to another replica when the pool's policy allows it
+ * (retry_on, retries). Returns 0 when a next try started, -1 when the
+ * caller answers the failure.
+ */
+static int
+conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
+{
+	const struct sl_upstream_conf *up =
+	    &c->w->cfg->upstreams[conn_upstream_idx(c)];
+	enum sl_retry_reason why;
+	int r2, wait;
+
+	if (!c->reported) {
+		sl_pool_report(c->w->pools, conn_upstream_idx(c), c->replica,
+		    kind == SL_UERR_CONNECT ? SL_CODE_CONNECT : SL_CODE_RESET, 0);
+		c->reported = 1;
+	}
+	if (kind == SL_UERR_CONNECT) {
+		if (!(up->retry_on & SL_RETRY_CONNECT))
+			return -1;
+		why = SL_RETRY_R_CONNECT;
+	} else if (kind == SL_UERR_RESET && c->uh.status == 0 &&
+	    (c->resend_refused || result == CURLE_GOT_NOTHING ||
+	    result == CURLE_RECV_ERROR || result == CURLE_SEND_ERROR)) {
+		/*
+		 * Closed after the request was written, before any response
+		 * byte: the runner may have started on it. Only an explicit
+		 * `empty` sends it to another replica.
+		 */
+		if (!(up->retry_on & SL_RETRY_EMPTY))
+			return -1;
+		why = SL_RETRY_R_EMPTY;
+	} else
+		return -1;
+	if (c->tries > up->retries)
+		return -1;
+	if ((r2 = sl_pool_pick(c->w->pools, conn_upstream_idx(c), c->tried,
+	    &wait)) < 0)
+		return -1;
+	sl_shm_count_retry(c->w->shm, c->w->row,
+	    c->w->upstream_slot[conn_upstream_idx(c)], why);
+	sl_info("conn %d: replica %s failed (%s); trying %s", c->fd,
+	    sl_pool_url(c->w->pools, conn_upstream_idx(c), c->replica),
+	    sl_shm_retry_label(why),
+	    sl_pool_url(c->w->pools, conn_upstream_idx(c), r2));
+	conn_stop_transfer(c);
+	if (conn_try(c, r2) == -1) {
+		conn_abort_upstream(c);
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
+	}
+	return 0;
 }
 
 void
@@ -1310,11 +1465,28 @@ sl_conn_upstream_done(struct sl_shard *sh, CURL *easy, CURLcode result)
 		curl_easy_cleanup(easy);
 		return;
 	}
+	c->depth++;
+	if (c->retry_next >= 0 && !c->client_gone) {
+		/* A busy head: on to the replica chosen in the header callback. */
+		int r2 = c->retry_next;
+
+		c->retry_next = -1;
+		sl_shm_count_retry(c->w->shm, c->w->row,
+		    c->w->upstream_slot[conn_upstream_idx(c)], SL_RETRY_R_BUSY);
+		sl_info("conn %d: replica %s answered %d; trying %s", c->fd,
+		    sl_pool_url(c->w->pools, conn_upstream_idx(c), c->replica),
+		    c->busy_code,
+		    sl_pool_url(c->w->pools, conn_upstream_idx(c), r2));
+		conn_stop_transfer(c);
+		if (conn_try(c, r2) == -1)
+			conn_error(c, 502, "upstream_error", "upstream_unreachable",
+			    "cannot start the upstream request", 0, 0);
+		goto out;
+	}
 	if (!c->client_gone && c->no_fds) {
 		/* Our descriptors ran out, not the upstream: not its error. */
 		sl_warn("upstream %.*s: out of file descriptors",
 		    (int)strcspn(c->url, "?#"), c->url);
-		c->depth++;
 		conn_abort_upstream(c);
 		conn_error(c, 503, "server_error", "overloaded",
 		    "the gateway is out of file descriptors; retry later", 1, 1);
@@ -1338,9 +1510,20 @@ sl_conn_upstream_done(struct sl_shard *sh, CURL *easy, CURLcode result)
 		    result == CURLE_SSL_CONNECT_ERROR)
 			kind = SL_UERR_CONNECT;
 		conn_count_uerr(c, kind);
+		if (c->head_sent) {
+			/* Cut mid-stream: the replica failed all the same. */
+			sl_pool_failed(c->w->pools, conn_upstream_idx(c),
+			    c->replica);
+		} else if (conn_retry(c, kind, result) == 0) {
+			goto out;
+		}
 		c->end = "upstream_error";
+	} else if (!c->client_gone && !c->head_sent && !c->reported) {
+		/* Done without a final head: only 1xx, or nothing usable. */
+		sl_pool_report(c->w->pools, conn_upstream_idx(c), c->replica,
+		    SL_CODE_RESET, 0);
+		c->reported = 1;
 	}
-	c->depth++;
 	conn_abort_upstream(c);    /* removes and frees the handle */
 	if (c->client_gone) {
 		conn_close(c, "client_gone");

@@ -457,6 +457,11 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.shm = a->shm;
 	w.tenant_slot = a->tenant_slot;
 	w.upstream_slot = a->upstream_slot;
+	if ((w.pools = sl_pools_new(a->cfg, a->shm, a->row,
+	    a->replica_slot)) == NULL) {
+		sl_err("cannot set up the upstream pools");
+		return 1;
+	}
 	w.access_fd = -1;
 	access_log_open(&w);
 	if ((w.keys = sl_keyidx_build(a->cfg)) == NULL) {
@@ -562,6 +567,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	if (w.access_fd > STDERR_FILENO)
 		close(w.access_fd);
 	sl_keyidx_free(w.keys);
+	sl_pools_free(w.pools);
 	if (w.spare_fd >= 0)
 		close(w.spare_fd);
 	if (w.hup_fd >= 0) {
