@@ -37,8 +37,9 @@ struct sl_replica_conf {
 
 /*
  * An upstream is a pool of replicas. `url:` alone is a pool of one: then
- * url is set and replicas[0].url equals it; with `replicas:`, url is NULL.
- * nreplicas >= 1 in a valid config.
+ * url is set and replicas[0].url equals it (its own copy: each string is
+ * freed on its own); with `replicas:`, url is NULL. nreplicas >= 1 in a
+ * valid config, and no two replicas of an upstream share a URL.
  */
 struct sl_upstream_conf {
 	char *name;
@@ -171,7 +172,8 @@ int sl_parse_duration_ms(const char *s, uint64_t *out_ms);
  */
 enum sl_key_type {
 	SL_KEY_STRING, SL_KEY_ADDR, SL_KEY_SIZE, SL_KEY_DURATION, SL_KEY_INT,
-	SL_KEY_WORKERS, SL_KEY_LOGLEVEL, SL_KEY_LOGDEST, SL_KEY_MAP, SL_KEY_LIST
+	SL_KEY_WORKERS, SL_KEY_LOGLEVEL, SL_KEY_LOGDEST, SL_KEY_MAP, SL_KEY_LIST,
+	SL_KEY_LIST_OF_MAPS    /* upstreams.*.replicas */
 };
 
 struct sl_key_info {

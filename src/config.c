@@ -119,12 +119,70 @@ static const struct key_row keys[] = {
 	{ { "upstreams", SL_KEY_MAP, NULL, "at least one", 1,
 	    "Model runners, by name." },
 	    0, 0, 1, NOOFF },
+	/* An upstream has url or replicas, exactly one: checked by name. */
 	{ { "upstreams.*.url", SL_KEY_STRING, NULL, "http:// or https:// URL", 1,
-	    "Base URL; the client's path and query are appended." },
+	    "Base URL of a pool of one replica; the client's path and query "
+	    "are appended." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.replicas", SL_KEY_LIST_OF_MAPS, NULL, "1-64 entries", 1,
+	    "The pool: replicas of one model runner, each a mapping." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.replicas[].url", SL_KEY_STRING, NULL,
+	    "http:// or https:// URL", 1,
+	    "Base URL of the replica; unique within the upstream." },
 	    0, 0, 1, NOOFF },
+	{ { "upstreams.*.replicas[].weight", SL_KEY_INT, "1", "1-100", 1,
+	    "Share of new streams, relative to the other replicas." },
+	    1, 100, 0, NOOFF },
+	{ { "upstreams.*.replicas[].max_streams", SL_KEY_INT, "0", "0-1000000", 1,
+	    "Streams in flight to the replica across all workers; 0: no cap." },
+	    0, 1000000, 0, NOOFF },
 	{ { "upstreams.*.api_key", SL_KEY_STRING, NULL, NULL, 1,
 	    "Sent upstream as Authorization: Bearer; unset: no Authorization." },
 	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.balance", SL_KEY_STRING, "least_loaded",
+	    "least_loaded, round_robin or random", 1,
+	    "How a replica is chosen for a new stream." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.retries", SL_KEY_INT, "2", "0-10", 1,
+	    "Other replicas tried after a failure, only before the client got "
+	    "any byte." },
+	    0, 10, 0, NOOFF },
+	{ { "upstreams.*.retry_on", SL_KEY_LIST, "[connect, busy]",
+	    "connect, busy, empty", 1,
+	    "Failures that move a request to another replica; [] never retries." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.health", SL_KEY_MAP, NULL, NULL, 1,
+	    "Active health probe of every replica; absent: no probe." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.health.path", SL_KEY_STRING, "/health",
+	    "a path starting with /", 1,
+	    "Path probed with GET on each replica." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.health.interval", SL_KEY_DURATION, "2s", "100ms-1h", 1,
+	    "Time between two probes of a replica." },
+	    100, HOUR, 0, NOOFF },
+	{ { "upstreams.*.health.timeout", SL_KEY_DURATION, "1s", "1ms-1h", 1,
+	    "Time a probe may take, less than the interval; past it, it failed." },
+	    1, HOUR, 0, NOOFF },
+	{ { "upstreams.*.health.fall", SL_KEY_INT, "3", "1-100", 1,
+	    "Consecutive failed probes that take a replica down." },
+	    1, 100, 0, NOOFF },
+	{ { "upstreams.*.health.rise", SL_KEY_INT, "2", "1-100", 1,
+	    "Consecutive good probes that bring a replica back up." },
+	    1, 100, 0, NOOFF },
+	{ { "upstreams.*.eject", SL_KEY_MAP, NULL, NULL, 1,
+	    "Passive ejection on failures of real traffic; on by default." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.eject.failures", SL_KEY_INT, "5", "0-1000", 1,
+	    "Consecutive failures that eject a replica; 0: no passive ejection." },
+	    0, 1000, 0, NOOFF },
+	{ { "upstreams.*.eject.duration", SL_KEY_DURATION, "30s", "1s-5m", 1,
+	    "First ejection; doubled on each repeat, capped at 5 minutes." },
+	    SEC, 5 * MIN, 0, NOOFF },
+	{ { "upstreams.*.eject.max_percent", SL_KEY_INT, "50", "0-100", 1,
+	    "Most of the pool, in percent, that may be ejected at once." },
+	    0, 100, 0, NOOFF },
 	{ { "tenants", SL_KEY_MAP, NULL, "at least one", 1,
 	    "Tenants, by name." },
 	    0, 0, 1, NOOFF },
@@ -768,46 +826,415 @@ struct named_arg {
 	yaml_node_t *upstream_node;
 };
 
+/*
+ * Check a base URL in place: http:// or https://, a host, no query,
+ * fragment or space; strip its trailing slashes. 0 if valid, else the
+ * problem is reported at v and -1 returned.
+ */
+static int
+check_url(struct ctx *c, yaml_node_t *v, const char *path, char *url)
+{
+	const char *host;
+	size_t l;
+
+	if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
+		err_at(c, &v->start_mark,
+		    "%s: '%s' must start with http:// or https://", path, url);
+		return -1;
+	}
+	host = strstr(url, "://") + 3;
+	if (*host == '\0' || *host == '/' || *host == ':' || *host == '@') {
+		err_at(c, &v->start_mark, "%s: '%s' names no host", path, url);
+		return -1;
+	}
+	if (strpbrk(url, "?# \t\r\n") != NULL) {
+		err_at(c, &v->start_mark,
+		    "%s: must not contain a query, fragment or spaces", path);
+		return -1;
+	}
+	l = strlen(url);
+	while (l > 0 && url[l - 1] == '/')
+		url[--l] = '\0';
+	return 0;
+}
+
+/* Parse a URL value into *dst (the old value freed); NULL if invalid. */
+static void
+set_url(struct ctx *c, const struct key_row *row, const char *path,
+    yaml_node_t *v, char **dst)
+{
+	set_value(c, row, path, v, dst);
+	if (*dst != NULL && check_url(c, v, path, *dst) == -1) {
+		free(*dst);
+		*dst = NULL;
+	}
+}
+
+/*
+ * Where the scalar keys of an upstream (and of its health and eject
+ * mappings) and of a replica entry go; their rows in keys[] say the type,
+ * range and default. balance and retry_on have words of their own.
+ */
+struct field {
+	const char *path;       /* a row of keys[] */
+	size_t off;             /* in struct sl_upstream_conf or sl_replica_conf */
+};
+
+#define UOFF(f) offsetof(struct sl_upstream_conf, f)
+#define ROFF(f) offsetof(struct sl_replica_conf, f)
+
+static const struct field upstream_fields[] = {
+	{ "upstreams.*.retries", UOFF(retries) },
+	{ "upstreams.*.health.path", UOFF(health.path) },
+	{ "upstreams.*.health.interval", UOFF(health.interval_ms) },
+	{ "upstreams.*.health.timeout", UOFF(health.timeout_ms) },
+	{ "upstreams.*.health.fall", UOFF(health.fall) },
+	{ "upstreams.*.health.rise", UOFF(health.rise) },
+	{ "upstreams.*.eject.failures", UOFF(eject.failures) },
+	{ "upstreams.*.eject.duration", UOFF(eject.duration_ms) },
+	{ "upstreams.*.eject.max_percent", UOFF(eject.max_percent) },
+	{ NULL, 0 }
+};
+
+static const struct field replica_fields[] = {
+	{ "upstreams.*.replicas[].weight", ROFF(weight) },
+	{ "upstreams.*.replicas[].max_streams", ROFF(max_streams) },
+	{ NULL, 0 }
+};
+
+/* Indexed by enum sl_balance. */
+static const char *const balance_words[] = {
+	"least_loaded", "round_robin", "random", NULL
+};
+
+static const struct {
+	const char *word;
+	unsigned bit;
+} retry_words[] = {
+	{ "connect", SL_RETRY_CONNECT }, { "busy", SL_RETRY_BUSY },
+	{ "empty", SL_RETRY_EMPTY }, { NULL, 0 }
+};
+
+/* The field of pattern ("upstreams.*.health" and key "fall"), or NULL. */
+static const struct field *
+find_field(const struct field *tab, const char *pattern, const char *key)
+{
+	size_t pl = strlen(pattern);
+
+	if (strchr(key, '.') != NULL)
+		return NULL;   /* "health.path" is not a key of an upstream */
+	for (; tab->path != NULL; tab++)
+		if (strncmp(tab->path, pattern, pl) == 0 &&
+		    tab->path[pl] == '.' && strcmp(tab->path + pl + 1, key) == 0)
+			return tab;
+	return NULL;
+}
+
+/* Give every field of tab its default from keys[]; base is the struct. */
+static void
+fields_default(struct ctx *c, const struct field *tab, void *base)
+{
+	for (; tab->path != NULL; tab++) {
+		const struct key_row *row = find_key(tab->path);
+		void *dst = (char *)base + tab->off;
+		uint64_t u;
+
+		switch (row->info.type) {
+		case SL_KEY_INT:
+			*(int32_t *)dst = (int32_t)strtol(row->info.def, NULL, 10);
+			break;
+		case SL_KEY_DURATION:
+			if (sl_parse_duration_ms(row->info.def, &u) == 0)
+				*(uint64_t *)dst = u;
+			break;
+		case SL_KEY_STRING:
+			*(char **)dst = xstrdup(c, row->info.def);
+			break;
+		default:
+			break;
+		}
+	}
+}
+
+/* The defaults of an upstream, whichever of its keys are written. */
+static void
+upstream_defaults(struct ctx *c, struct sl_upstream_conf *u)
+{
+	const char *def = find_key("upstreams.*.retry_on")->info.def, *p;
+	size_t i, l;
+
+	fields_default(c, upstream_fields, u);
+	for (i = 0; balance_words[i] != NULL; i++)
+		if (strcmp(balance_words[i],
+		    find_key("upstreams.*.balance")->info.def) == 0)
+			u->balance = (enum sl_balance)i;
+	/* "[connect, busy]" */
+	u->retry_on = 0;
+	for (p = def; *p != '\0'; p += l) {
+		p += strspn(p, "[], ");
+		l = strcspn(p, "[], ");
+		for (i = 0; retry_words[i].word != NULL; i++)
+			if (l > 0 && strlen(retry_words[i].word) == l &&
+			    strncmp(retry_words[i].word, p, l) == 0)
+				u->retry_on |= retry_words[i].bit;
+	}
+	u->health.enabled = 0;
+}
+
+/* A node reached twice is an alias (prescan() reported it). */
+static int
+seen_before(const struct ctx *c, int id)
+{
+	return id >= 1 && (size_t)id <= c->nnodes && c->seen[id - 1];
+}
+
+/* A probe path goes on a request line: '/' first, no space or control. */
+static int
+valid_probe_path(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	if (*p != '/')
+		return 0;
+	for (; *p != '\0'; p++)
+		if (*p < 0x21 || *p == 0x7f)
+			return 0;
+	return 1;
+}
+
+/* health: and eject: keys. */
+struct section_arg {
+	struct sl_upstream_conf *u;
+	const char *section;            /* "health" or "eject" */
+	yaml_node_t *interval, *timeout;   /* value nodes, when written */
+};
+
+static void
+section_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	struct section_arg *a = arg;
+	const char *key = scalar(k);
+	const struct field *f;
+	char pattern[64], path[320];
+
+	snprintf(pattern, sizeof(pattern), "upstreams.*.%s", a->section);
+	snprintf(path, sizeof(path), "upstreams.%s.%s.%s", a->u->name, a->section,
+	    key);
+	if ((f = find_field(upstream_fields, pattern, key)) == NULL) {
+		err_at(c, &k->start_mark, "unknown key '%s' in upstreams.%s.%s",
+		    key, a->u->name, a->section);
+		return;
+	}
+	set_value(c, find_key(f->path), path, v, (char *)a->u + f->off);
+	if (f->off == UOFF(health.path) && a->u->health.path != NULL &&
+	    !valid_probe_path(a->u->health.path))
+		err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
+		    "no spaces or control characters", path, a->u->health.path);
+	else if (f->off == UOFF(health.interval_ms))
+		a->interval = v;
+	else if (f->off == UOFF(health.timeout_ms))
+		a->timeout = v;
+}
+
+/*
+ * A probe that may outlast its interval would overlap the next one: report
+ * it at the timeout if written, else at the interval that is too short.
+ */
+static void
+check_probe_times(struct ctx *c, struct section_arg *a)
+{
+	const struct sl_upstream_conf *u = a->u;
+	const char *tv, *iv;
+
+	if (u->health.timeout_ms < u->health.interval_ms)
+		return;
+	tv = a->timeout && a->timeout->type == YAML_SCALAR_NODE ?
+	    scalar(a->timeout) : find_key("upstreams.*.health.timeout")->info.def;
+	iv = a->interval && a->interval->type == YAML_SCALAR_NODE ?
+	    scalar(a->interval) : find_key("upstreams.*.health.interval")->info.def;
+	if (a->timeout != NULL)
+		err_at(c, &a->timeout->start_mark, "upstreams.%s.health.timeout: "
+		    "%s must be less than health.interval (%s)", u->name, tv, iv);
+	else if (a->interval != NULL)
+		err_at(c, &a->interval->start_mark, "upstreams.%s.health.interval: "
+		    "%s must be more than health.timeout (%s)", u->name, iv, tv);
+}
+
+static void
+parse_section(struct ctx *c, struct sl_upstream_conf *u, const char *section,
+    yaml_node_t *v, const char *path)
+{
+	struct section_arg a = { u, section, NULL, NULL };
+	int ok;
+
+	require_mapping(c, v, path, &ok);
+	if (!ok)
+		return;
+	each_pair(c, v, section_pair, &a);
+	if (strcmp(section, "health") == 0) {
+		u->health.enabled = 1;
+		check_probe_times(c, &a);
+	}
+}
+
+/* One entry of replicas:. */
+struct replica_arg {
+	struct sl_upstream_conf *u;
+	size_t idx;
+	char prefix[288];               /* "upstreams.NAME.replicas[I]" */
+	yaml_node_t *url;               /* value node; NULL: no url key */
+};
+
+static void
+replica_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	struct replica_arg *a = arg;
+	struct sl_replica_conf *r = &a->u->replicas[a->idx];
+	const char *key = scalar(k);
+	const struct field *f;
+	char path[320];
+
+	snprintf(path, sizeof(path), "%s.%s", a->prefix, key);
+	if (strcmp(key, "url") == 0) {
+		a->url = v;
+		set_url(c, find_key("upstreams.*.replicas[].url"), path, v, &r->url);
+	} else if ((f = find_field(replica_fields, "upstreams.*.replicas[]",
+	    key)) != NULL)
+		set_value(c, find_key(f->path), path, v, (char *)r + f->off);
+	else
+		err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
+}
+
+/*
+ * replicas: a list of 1..SL_MAX_REPLICAS mappings with distinct URLs
+ * (compared after their trailing slashes are stripped).
+ */
+static void
+parse_replicas(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
+    const char *path)
+{
+	yaml_node_item_t *items;
+	struct strset urls;
+	size_t n, i;
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
+		    path, type_name(v));
+		return;
+	}
+	items = v->data.sequence.items.start;
+	n = (size_t)(v->data.sequence.items.top - items);
+	if (n == 0) {
+		err_at(c, &v->start_mark, "%s: must hold at least one replica", path);
+		return;
+	}
+	if (n > SL_MAX_REPLICAS) {
+		yaml_node_t *extra = yaml_document_get_node(c->doc,
+		    items[SL_MAX_REPLICAS]);
+
+		err_at(c, extra ? &extra->start_mark : &v->start_mark,
+		    "%s: more than %d replicas", path, SL_MAX_REPLICAS);
+		n = SL_MAX_REPLICAS;
+	}
+	u->replicas = calloc(n, sizeof(*u->replicas));
+	if (u->replicas == NULL || strset_init(&urls, n) == -1) {
+		err_at(c, &v->start_mark, "out of memory");
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		struct replica_arg a;
+		const struct strset_slot *first;
+		yaml_node_t *e;
+		int alias = seen_before(c, items[i]), ok;
+
+		if ((e = node(c, items[i])) == NULL)
+			continue;
+		memset(&a, 0, sizeof(a));
+		a.u = u;
+		a.idx = i;
+		snprintf(a.prefix, sizeof(a.prefix), "%s[%zu]", path, i);
+		fields_default(c, replica_fields, &u->replicas[i]);
+		u->nreplicas = i + 1;
+		c->quiet += alias;
+		require_mapping(c, e, a.prefix, &ok);
+		if (ok) {
+			each_pair(c, e, replica_pair, &a);
+			if (a.url == NULL)
+				err_at(c, &e->start_mark,
+				    "%s: missing required key 'url'", a.prefix);
+			else if (u->replicas[i].url != NULL && !c->quiet &&
+			    (first = strset_add(&urls, u->replicas[i].url,
+			    a.url->start_mark.line + 1, i)) != NULL)
+				err_at(c, &a.url->start_mark,
+				    "%s.url: duplicate URL '%s' (first at line %zu)",
+				    a.prefix, u->replicas[i].url, first->a);
+		}
+		c->quiet -= alias;
+	}
+	strset_free(&urls);
+}
+
+/* retry_on: a list of words, maybe empty (never retry). */
+static void
+parse_retry_on(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
+    const char *path)
+{
+	yaml_node_item_t *it;
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
+		    type_name(v));
+		return;
+	}
+	u->retry_on = 0;
+	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+	    it++) {
+		yaml_node_t *w = node(c, *it);
+		const char *s;
+		size_t i;
+
+		if (w == NULL || (s = want_scalar(c, w, path)) == NULL)
+			continue;
+		for (i = 0; retry_words[i].word != NULL; i++)
+			if (strcmp(s, retry_words[i].word) == 0)
+				break;
+		if (retry_words[i].word == NULL) {
+			err_at(c, &w->start_mark,
+			    "%s: '%s' must be one of connect, busy, empty", path, s);
+			continue;
+		}
+		u->retry_on |= retry_words[i].bit;
+	}
+}
+
+/* present[] of an upstream's named_arg. */
+#define UP_URL 0
+#define UP_REPLICAS 1
+
 static void
 upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
 	struct named_arg *a = arg;
 	struct sl_upstream_conf *u = &c->cfg->upstreams[a->idx];
 	const char *key = scalar(k);
+	const struct field *f;
 	char path[256];
 
 	snprintf(path, sizeof(path), "upstreams.%s.%s", u->name, key);
-	if (strcmp(key, "url") == 0) {
-		a->present[0] = 1;
-		set_value(c, find_key("upstreams.*.url"), path, v, &u->url);
-		if (u->url != NULL) {
-			size_t l;
-
-			const char *host;
-
-			if (strncmp(u->url, "http://", 7) != 0 &&
-			    strncmp(u->url, "https://", 8) != 0) {
-				err_at(c, &v->start_mark,
-				    "%s: '%s' must start with http:// or https://",
-				    path, u->url);
-				return;
-			}
-			host = strstr(u->url, "://") + 3;
-			if (*host == '\0' || *host == '/' || *host == ':' ||
-			    *host == '@') {
-				err_at(c, &v->start_mark, "%s: '%s' names no host",
-				    path, u->url);
-				return;
-			}
-			if (strpbrk(u->url, "?# \t\r\n") != NULL) {
-				err_at(c, &v->start_mark,
-				    "%s: must not contain a query, fragment or spaces",
-				    path);
-				return;
-			}
-			l = strlen(u->url);
-			while (l > 0 && u->url[l - 1] == '/')
-				u->url[--l] = '\0';
+	if (strcmp(key, "url") == 0 || strcmp(key, "replicas") == 0) {
+		/* One form or the other: a url beside a pool is a typo waiting. */
+		if (a->present[UP_URL] || a->present[UP_REPLICAS]) {
+			err_at(c, &k->start_mark,
+			    "upstream '%s': give 'url' or 'replicas', not both",
+			    u->name);
+			return;
+		}
+		if (strcmp(key, "url") == 0) {
+			a->present[UP_URL] = 1;
+			set_url(c, find_key("upstreams.*.url"), path, v, &u->url);
+		} else {
+			a->present[UP_REPLICAS] = 1;
+			parse_replicas(c, u, v, path);
 		}
 	} else if (strcmp(key, "api_key") == 0) {
 		if (is_null(v))
@@ -816,6 +1243,25 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		if (u->api_key != NULL && strpbrk(u->api_key, "\r\n") != NULL)
 			err_at(c, &v->start_mark, "%s: must not contain CR or LF",
 			    path);
+	} else if (strcmp(key, "balance") == 0) {
+		const char *s = want_scalar(c, v, path);
+		size_t i;
+
+		if (s == NULL)
+			return;
+		for (i = 0; balance_words[i] != NULL; i++)
+			if (strcmp(s, balance_words[i]) == 0) {
+				u->balance = (enum sl_balance)i;
+				return;
+			}
+		err_at(c, &v->start_mark, "%s: '%s' must be one of least_loaded, "
+		    "round_robin, random", path, s);
+	} else if (strcmp(key, "retry_on") == 0) {
+		parse_retry_on(c, u, v, path);
+	} else if (strcmp(key, "health") == 0 || strcmp(key, "eject") == 0) {
+		parse_section(c, u, key, v, path);
+	} else if ((f = find_field(upstream_fields, "upstreams.*", key)) != NULL) {
+		set_value(c, find_key(f->path), path, v, (char *)u + f->off);
 	} else
 		err_at(c, &k->start_mark, "unknown key '%s' in upstream '%s'",
 		    key, u->name);
@@ -826,20 +1272,35 @@ upstreams_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
 	size_t *i = arg;
 	struct named_arg a;
+	struct sl_upstream_conf *u;
 	char path[256];
 	int ok;
 
 	memset(&a, 0, sizeof(a));
 	a.idx = (*i)++;
-	c->cfg->upstreams[a.idx].name = xstrdup(c, scalar(k));
+	u = &c->cfg->upstreams[a.idx];
+	u->name = xstrdup(c, scalar(k));
+	upstream_defaults(c, u);
 	snprintf(path, sizeof(path), "upstreams.%s", scalar(k));
 	require_mapping(c, v, path, &ok);
 	if (!ok)
 		return;
 	each_pair(c, v, upstream_pair, &a);
-	if (!a.present[0])
-		err_at(c, &v->start_mark, "upstream '%s': missing required key 'url'",
+	if (!a.present[UP_URL] && !a.present[UP_REPLICAS])
+		err_at(c, &v->start_mark,
+		    "upstream '%s': missing required key 'url' or 'replicas'",
 		    scalar(k));
+	/* url: alone is a pool of one, so the runtime sees one shape. */
+	if (u->url != NULL) {
+		u->replicas = calloc(1, sizeof(*u->replicas));
+		if (u->replicas == NULL) {
+			err_at(c, NULL, "out of memory");
+			return;
+		}
+		fields_default(c, replica_fields, &u->replicas[0]);
+		u->replicas[0].url = xstrdup(c, u->url);
+		u->nreplicas = 1;
+	}
 }
 
 /*

@@ -885,21 +885,6 @@ test_missing_tenant_keys_only(void **state)
 }
 
 static void
-test_missing_upstream_url(void **state)
-{
-	expect_error(*state,
-	    "listen: \"127.0.0.1:8080\"\n"      /* 1 */
-	    "upstreams:\n"                      /* 2 */
-	    "  main:\n"                         /* 3 */
-	    "    api_key: \"x\"\n"              /* 4: mapping at col 5 */
-	    "tenants:\n"
-	    "  acme:\n"
-	    "    keys: [\"k1\"]\n"
-	    "    max_streams: 2\n",
-	    NAME ":4:5: ", "upstream 'main': missing required key 'url'");
-}
-
-static void
 test_empty_upstreams_and_tenants_rejected(void **state)
 {
 	static const char *const want[] = {
@@ -1118,6 +1103,435 @@ test_upstream_url_with_query_rejected(void **state)
 	    "    keys: [\"k1\"]\n"
 	    "    max_streams: 2\n",
 	    NAME ":4:10: ", "must not contain a query");
+}
+
+/* ---- upstream pools (issue 10) ----------------------------------------- */
+
+/*
+ * Lines 1-5 of every pool test; the upstream "llama" continues at line 6,
+ * its keys at column 5.
+ */
+#define POOL_HEAD                                                       \
+    "listen: \"127.0.0.1:8080\"\n"          /* 1 */                     \
+    "tenants:\n"                            /* 2 */                     \
+    "  acme: {keys: [k1], max_streams: 2, upstream: llama}\n" /* 3 */   \
+    "upstreams:\n"                          /* 4 */                     \
+    "  llama:\n"                            /* 5 */
+
+/* Two plain replicas at lines 6-8, for tests that add one key after them. */
+#define POOL_TWO_REPLICAS                                               \
+    POOL_HEAD                                                           \
+    "    replicas:\n"                       /* 6 */                     \
+    "      - url: \"http://10.0.0.1:8000\"\n" /* 7 */                   \
+    "      - url: \"http://10.0.0.2:8000\"\n" /* 8 */
+
+/* What every upstream gets when it writes none of the pool keys. */
+static void
+assert_pool_defaults(const struct sl_upstream_conf *u)
+{
+	assert_int_equal(u->balance, SL_BALANCE_LEAST_LOADED);
+	assert_int_equal(u->retries, 2);
+	assert_int_equal(u->retry_on, SL_RETRY_CONNECT | SL_RETRY_BUSY);
+	assert_non_null(u->health.path);
+	assert_string_equal(u->health.path, "/health");
+	assert_int_equal(u->health.interval_ms, 2000);
+	assert_int_equal(u->health.timeout_ms, 1000);
+	assert_int_equal(u->health.fall, 3);
+	assert_int_equal(u->health.rise, 2);
+	assert_int_equal(u->eject.failures, 5);
+	assert_int_equal(u->eject.duration_ms, 30000);
+	assert_int_equal(u->eject.max_percent, 50);
+}
+
+static void
+test_url_alone_is_a_pool_of_one_with_defaults(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_upstream_conf *u;
+
+	expect_ok(f, POOL_HEAD "    url: \"http://10.0.0.1:8000/\"\n");
+	u = &f->cfg->upstreams[0];
+	assert_string_equal(u->url, "http://10.0.0.1:8000");
+	assert_int_equal(u->nreplicas, 1);
+	assert_non_null(u->replicas);
+	assert_string_equal(u->replicas[0].url, "http://10.0.0.1:8000");
+	/* Its own copy: sl_config_free frees both. */
+	assert_ptr_not_equal(u->replicas[0].url, u->url);
+	assert_int_equal(u->replicas[0].weight, 1);
+	assert_int_equal(u->replicas[0].max_streams, 0);
+	assert_int_equal(u->health.enabled, 0);
+	assert_pool_defaults(u);
+}
+
+static void
+test_pool_parses_every_field(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_upstream_conf *u;
+
+	expect_ok(f, POOL_HEAD
+	    "    replicas:\n"
+	    "      - url: \"http://10.0.0.1:8000\"\n"
+	    "        weight: 2\n"
+	    "        max_streams: 64\n"
+	    "      - url: \"https://10.0.0.2:8443/v//\"\n"
+	    "      - {url: \"http://10.0.0.3:8000\", weight: 100, max_streams: 0}\n"
+	    "    api_key: \"secret\"\n"
+	    "    balance: round_robin\n"
+	    "    retries: 10\n"
+	    "    retry_on: [connect, busy, empty]\n"
+	    "    health:\n"
+	    "      path: /ready?deep=1\n"
+	    "      interval: 5s\n"
+	    "      timeout: 1500ms\n"
+	    "      fall: 100\n"
+	    "      rise: 1\n"
+	    "    eject:\n"
+	    "      failures: 0\n"
+	    "      duration: 5m\n"
+	    "      max_percent: 100\n");
+	u = &f->cfg->upstreams[0];
+	assert_string_equal(u->name, "llama");
+	assert_null(u->url);
+	assert_int_equal(u->nreplicas, 3);
+	assert_string_equal(u->replicas[0].url, "http://10.0.0.1:8000");
+	assert_int_equal(u->replicas[0].weight, 2);
+	assert_int_equal(u->replicas[0].max_streams, 64);
+	assert_string_equal(u->replicas[1].url, "https://10.0.0.2:8443/v");
+	assert_int_equal(u->replicas[1].weight, 1);
+	assert_int_equal(u->replicas[1].max_streams, 0);
+	assert_string_equal(u->replicas[2].url, "http://10.0.0.3:8000");
+	assert_int_equal(u->replicas[2].weight, 100);
+	assert_int_equal(u->replicas[2].max_streams, 0);
+	assert_string_equal(u->api_key, "secret");
+	assert_int_equal(u->balance, SL_BALANCE_ROUND_ROBIN);
+	assert_int_equal(u->retries, 10);
+	assert_int_equal(u->retry_on,
+	    SL_RETRY_CONNECT | SL_RETRY_BUSY | SL_RETRY_EMPTY);
+	assert_int_equal(u->health.enabled, 1);
+	assert_string_equal(u->health.path, "/ready?deep=1");
+	assert_int_equal(u->health.interval_ms, 5000);
+	assert_int_equal(u->health.timeout_ms, 1500);
+	assert_int_equal(u->health.fall, 100);
+	assert_int_equal(u->health.rise, 1);
+	assert_int_equal(u->eject.failures, 0);
+	assert_int_equal(u->eject.duration_ms, 5 * 60000);
+	assert_int_equal(u->eject.max_percent, 100);
+	assert_int_equal(f->cfg->tenants[0].upstream_idx, 0);
+}
+
+static void
+test_pool_without_health_or_eject_takes_defaults(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_upstream_conf *u;
+
+	expect_ok(f, POOL_TWO_REPLICAS);
+	u = &f->cfg->upstreams[0];
+	assert_null(u->url);
+	assert_int_equal(u->nreplicas, 2);
+	assert_int_equal(u->replicas[1].weight, 1);
+	assert_int_equal(u->replicas[1].max_streams, 0);
+	assert_null(u->api_key);
+	assert_int_equal(u->health.enabled, 0);
+	assert_pool_defaults(u);
+}
+
+static void
+test_empty_health_mapping_enables_the_probe_with_defaults(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_upstream_conf *u;
+
+	expect_ok(f, POOL_TWO_REPLICAS "    health: {}\n    eject: {}\n");
+	u = &f->cfg->upstreams[0];
+	assert_int_equal(u->health.enabled, 1);
+	assert_pool_defaults(u);
+}
+
+static void
+test_balance_and_retry_on_words(void **state)
+{
+	struct fx *f = *state;
+
+	expect_ok(f, POOL_TWO_REPLICAS "    balance: random\n    retry_on: []\n");
+	assert_int_equal(f->cfg->upstreams[0].balance, SL_BALANCE_RANDOM);
+	assert_int_equal(f->cfg->upstreams[0].retry_on, 0);
+	expect_ok(f, POOL_TWO_REPLICAS
+	    "    balance: least_loaded\n    retry_on: [empty]\n");
+	assert_int_equal(f->cfg->upstreams[0].balance, SL_BALANCE_LEAST_LOADED);
+	assert_int_equal(f->cfg->upstreams[0].retry_on, SL_RETRY_EMPTY);
+}
+
+static void
+test_upstream_without_url_or_replicas_rejected(void **state)
+{
+	expect_error(*state,
+	    POOL_HEAD
+	    "    api_key: \"x\"\n",             /* 6: mapping at col 5 */
+	    NAME ":6:5: upstream 'llama': missing required key 'url' or "
+	    "'replicas'", NULL);
+}
+
+static void
+test_pool_empty_replicas_list_rejected(void **state)
+{
+	expect_error(*state,
+	    POOL_HEAD
+	    "    replicas: []\n",               /* 6: '[' at col 15 */
+	    NAME ":6:15: upstreams.llama.replicas: must hold at least one "
+	    "replica", NULL);
+}
+
+static void
+test_pool_url_and_replicas_both_rejected_at_the_second(void **state)
+{
+	expect_error(*state,
+	    POOL_TWO_REPLICAS
+	    "    url: \"http://10.0.0.3:8000\"\n", /* 9: key at col 5 */
+	    NAME ":9:5: upstream 'llama': give 'url' or 'replicas', not both",
+	    NULL);
+	expect_error(*state,
+	    POOL_HEAD
+	    "    url: \"http://10.0.0.3:8000\"\n" /* 6 */
+	    "    replicas:\n"                   /* 7: key at col 5 */
+	    "      - url: \"http://10.0.0.1:8000\"\n",
+	    NAME ":7:5: upstream 'llama': give 'url' or 'replicas', not both",
+	    NULL);
+}
+
+static void
+test_pool_more_than_64_replicas_rejected_at_the_65th(void **state)
+{
+	char yaml[8192];
+	size_t o;
+	int i;
+
+	o = (size_t)snprintf(yaml, sizeof(yaml), "%s", POOL_HEAD
+	    "    replicas:\n");                 /* 6 */
+	for (i = 1; i <= SL_MAX_REPLICAS + 2; i++)   /* lines 7.. */
+		o += (size_t)snprintf(yaml + o, sizeof(yaml) - o,
+		    "      - url: \"http://10.0.0.%d:8000\"\n", i);
+	assert_true(o < sizeof(yaml));
+	/* The 65th entry is on line 6 + 65; its mapping starts at col 9. */
+	expect_error(*state, yaml,
+	    NAME ":71:9: upstreams.llama.replicas: more than 64 replicas", NULL);
+}
+
+static void
+test_pool_duplicate_url_after_slash_stripping_reported_at_the_second(
+    void **state)
+{
+	expect_error(*state,
+	    POOL_TWO_REPLICAS               /* 7: the first */
+	    "      - url: \"http://10.0.0.1:8000//\"\n", /* 9: value at col 14 */
+	    NAME ":9:14: upstreams.llama.replicas[2].url: duplicate URL "
+	    "'http://10.0.0.1:8000' (first at line 7)", NULL);
+}
+
+static void
+test_pool_same_url_in_two_upstreams_is_allowed(void **state)
+{
+	expect_ok(*state, POOL_TWO_REPLICAS
+	    "  qwen:\n"
+	    "    replicas: [{url: \"http://10.0.0.1:8000\"}]\n");
+}
+
+static void
+test_pool_values_out_of_range_rejected(void **state)
+{
+	static const char *const want[] = {
+		NAME ":7:18: upstreams.llama.replicas[0].weight: 0 is out of "
+		    "range 1-100", NULL,
+		NAME ":7:51: upstreams.llama.replicas[0].max_streams: -1 is out "
+		    "of range 0-1000000", NULL,
+		NAME ":8:18: upstreams.llama.replicas[1].weight: 101 is out of "
+		    "range 1-100", NULL,
+		NAME ":9:14: upstreams.llama.retries: 11 is out of range 0-10",
+		    NULL,
+		NAME ":11:17: upstreams.llama.health.interval: 50ms is out of "
+		    "range 100ms-1h", NULL,
+		NAME ":12:13: upstreams.llama.health.fall: 0 is out of range "
+		    "1-100", NULL,
+		NAME ":13:13: upstreams.llama.health.rise: 101 is out of range "
+		    "1-100", NULL,
+		NAME ":15:17: upstreams.llama.eject.failures: 1001 is out of "
+		    "range 0-1000", NULL,
+		NAME ":16:17: upstreams.llama.eject.duration: 500ms is out of "
+		    "range 1s-5m", NULL,
+		NAME ":17:20: upstreams.llama.eject.max_percent: 101 is out of "
+		    "range 0-100", NULL,
+	};
+
+	expect_errors(*state,
+	    POOL_HEAD
+	    "    replicas:\n"                   /* 6 */
+	    /* 7: weight's value at col 18, max_streams' at col 51 */
+	    "      - {weight: 0, url: \"http://a\", max_streams: -1}\n"
+	    "      - {weight: 101, url: \"http://b\"}\n" /* 8: value at 18 */
+	    "    retries: 11\n"                 /* 9: value at col 14 */
+	    "    health:\n"                     /* 10 */
+	    "      interval: 50ms\n"            /* 11: value at col 17 */
+	    "      fall: 0\n"                   /* 12: value at col 13 */
+	    "      rise: 101\n"                 /* 13: value at col 13 */
+	    "    eject:\n"                      /* 14 */
+	    "      failures: 1001\n"            /* 15: value at col 17 */
+	    "      duration: 500ms\n"           /* 16: value at col 17 */
+	    "      max_percent: 101\n",         /* 17: value at col 20 */
+	    sizeof(want) / sizeof(want[0]) / 2, want);
+}
+
+static void
+test_pool_max_streams_and_duration_upper_bounds(void **state)
+{
+	static const char *const want[] = {
+		NAME ":7:22: upstreams.llama.replicas[0].max_streams: 1000001 is "
+		    "out of range 0-1000000", NULL,
+		NAME ":10:23: upstreams.llama.eject.duration: 6m is out of range "
+		    "1s-5m", NULL,
+	};
+
+	expect_errors(*state,
+	    POOL_HEAD
+	    "    replicas:\n"                   /* 6 */
+	    "      - max_streams: 1000001\n"    /* 7: value at col 22 */
+	    "        url: \"http://a\"\n"       /* 8 */
+	    "    eject: {failures: 5,\n"        /* 9 */
+	    "            duration: 6m}\n",      /* 10: value at col 23 */
+	    sizeof(want) / sizeof(want[0]) / 2, want);
+}
+
+static void
+test_pool_unknown_balance_and_retry_on_words_rejected(void **state)
+{
+	static const char *const want[] = {
+		NAME ":9:14: upstreams.llama.balance: 'fastest' must be one of "
+		    "least_loaded, round_robin, random", NULL,
+		NAME ":10:22: upstreams.llama.retry_on: 'timeout' must be one of "
+		    "connect, busy, empty", NULL,
+		NAME ":13:15: upstreams.qwen.retry_on: expected a list, got a "
+		    "scalar", NULL,
+	};
+
+	expect_errors(*state,
+	    POOL_TWO_REPLICAS
+	    "    balance: fastest\n"            /* 9: value at col 14 */
+	    "    retry_on: [busy, timeout]\n"   /* 10: 'timeout' at col 22 */
+	    "  qwen:\n"                         /* 11 */
+	    "    url: \"http://10.0.0.9:8000\"\n" /* 12 */
+	    "    retry_on: connect\n",          /* 13: value at col 15 */
+	    sizeof(want) / sizeof(want[0]) / 2, want);
+}
+
+static void
+test_pool_unknown_keys_rejected_everywhere(void **state)
+{
+	static const char *const want[] = {
+		NAME ":8:9: unknown key 'wieght' in upstreams.llama.replicas[0]",
+		    NULL,
+		NAME ":10:7: unknown key 'intreval' in upstreams.llama.health",
+		    NULL,
+		NAME ":12:7: unknown key 'percent' in upstreams.llama.eject",
+		    NULL,
+		NAME ":13:5: unknown key 'health.path' in upstream 'llama'",
+		    NULL,
+	};
+
+	expect_errors(*state,
+	    POOL_HEAD
+	    "    replicas:\n"                   /* 6 */
+	    "      - url: \"http://10.0.0.1:8000\"\n" /* 7 */
+	    "        wieght: 2\n"               /* 8: key at col 9 */
+	    "    health:\n"                     /* 9 */
+	    "      intreval: 2s\n"              /* 10: key at col 7 */
+	    "    eject:\n"                      /* 11 */
+	    "      percent: 10\n"               /* 12: key at col 7 */
+	    "    health.path: /x\n",            /* 13: key at col 5 */
+	    sizeof(want) / sizeof(want[0]) / 2, want);
+}
+
+static void
+test_pool_replica_entry_must_be_a_mapping_with_a_url(void **state)
+{
+	static const char *const want[] = {
+		NAME ":7:9: upstreams.llama.replicas[0]: expected a mapping, got "
+		    "a scalar", NULL,
+		NAME ":8:9: upstreams.llama.replicas[1]: missing required key "
+		    "'url'", NULL,
+		NAME ":9:9: upstreams.llama.replicas[2]: expected a mapping, got "
+		    "a list", NULL,
+		NAME ":10:15: upstreams.llama.replicas[3].url: 'ftp://a' must "
+		    "start with http:// or https://", NULL,
+	};
+
+	expect_errors(*state,
+	    POOL_HEAD
+	    "    replicas:\n"                   /* 6 */
+	    "      - \"http://10.0.0.1:8000\"\n" /* 7: scalar at col 9 */
+	    "      - weight: 2\n"               /* 8: mapping at col 9 */
+	    "      - [url]\n"                   /* 9: list at col 9 */
+	    "      - {url: \"ftp://a\"}\n",     /* 10: value at col 15 */
+	    sizeof(want) / sizeof(want[0]) / 2, want);
+}
+
+static void
+test_pool_replicas_must_be_a_list(void **state)
+{
+	expect_error(*state,
+	    POOL_HEAD
+	    "    replicas: {url: \"http://a\"}\n", /* 6: '{' at col 15 */
+	    NAME ":6:15: upstreams.llama.replicas: expected a list of "
+	    "mappings, got a mapping", NULL);
+}
+
+static void
+test_health_timeout_not_below_interval_rejected(void **state)
+{
+	/* Both written: at the timeout. */
+	expect_error(*state,
+	    POOL_TWO_REPLICAS
+	    "    health:\n"                     /* 9 */
+	    "      interval: 2s\n"              /* 10 */
+	    "      timeout: 2000ms\n",          /* 11: value at col 16 */
+	    NAME ":11:16: upstreams.llama.health.timeout: 2000ms must be less "
+	    "than health.interval (2s)", NULL);
+	/* Only the interval written, below the default timeout: at it. */
+	expect_error(*state,
+	    POOL_TWO_REPLICAS
+	    "    health: {interval: 500ms}\n",  /* 9: value at col 24 */
+	    NAME ":9:24: upstreams.llama.health.interval: 500ms must be more "
+	    "than health.timeout (1s)", NULL);
+}
+
+static void
+test_health_path_must_be_a_clean_absolute_path(void **state)
+{
+	static const char *const want[] = {
+		NAME ":10:13: upstreams.llama.health.path: 'health' must start "
+		    "with '/' and hold no spaces or control characters", NULL,
+		NAME ":13:20: upstreams.qwen.health.path: '/he alth' must start "
+		    "with '/' and hold no spaces or control characters", NULL,
+	};
+
+	expect_errors(*state,
+	    POOL_TWO_REPLICAS
+	    "    health:\n"                     /* 9 */
+	    "      path: health\n"              /* 10: value at col 13 */
+	    "  qwen:\n"                         /* 11 */
+	    "    url: \"http://10.0.0.9:8000\"\n" /* 12 */
+	    "    health: {path: \"/he alth\"}\n", /* 13: value at col 20 */
+	    sizeof(want) / sizeof(want[0]) / 2, want);
+}
+
+static void
+test_aliased_replica_is_one_error_not_a_duplicate(void **state)
+{
+	expect_error(*state,
+	    POOL_HEAD
+	    "    replicas:\n"                   /* 6 */
+	    "      - &r {url: \"http://10.0.0.1:8000\"}\n" /* 7 */
+	    "      - *r\n",                     /* 8: alias at col 9 */
+	    NAME ":8:9: aliases are not allowed (*r)", NULL);
 }
 
 /* ---- YAML level problems ----------------------------------------------- */
@@ -1659,7 +2073,15 @@ test_key_table_lists_every_sample_key(void **state)
 		"limits.max_body_bytes", "limits.max_connections", "upstreams",
 		"upstreams.*.url", "upstreams.*.api_key", "tenants",
 		"tenants.*.keys", "tenants.*.max_streams", "tenants.*.retry_after",
-		"tenants.*.upstream",
+		"tenants.*.upstream", "upstreams.*.replicas",
+		"upstreams.*.replicas[].url", "upstreams.*.replicas[].weight",
+		"upstreams.*.replicas[].max_streams", "upstreams.*.balance",
+		"upstreams.*.retries", "upstreams.*.retry_on",
+		"upstreams.*.health", "upstreams.*.health.path",
+		"upstreams.*.health.interval", "upstreams.*.health.timeout",
+		"upstreams.*.health.fall", "upstreams.*.health.rise",
+		"upstreams.*.eject", "upstreams.*.eject.failures",
+		"upstreams.*.eject.duration", "upstreams.*.eject.max_percent",
 	};
 	size_t i;
 
@@ -1748,7 +2170,6 @@ main(void)
 		T(test_missing_listen_reported),
 		T(test_missing_tenant_keys_and_max_streams),
 		T(test_missing_tenant_keys_only),
-		T(test_missing_upstream_url),
 		T(test_empty_upstreams_and_tenants_rejected),
 		T(test_empty_tenant_key_list_rejected),
 		T(test_tenant_key_with_space_rejected),
@@ -1762,6 +2183,26 @@ main(void)
 		T(test_invalid_admin_listen_reports_value),
 		T(test_upstream_url_scheme_checked),
 		T(test_upstream_url_with_query_rejected),
+		T(test_url_alone_is_a_pool_of_one_with_defaults),
+		T(test_pool_parses_every_field),
+		T(test_pool_without_health_or_eject_takes_defaults),
+		T(test_empty_health_mapping_enables_the_probe_with_defaults),
+		T(test_balance_and_retry_on_words),
+		T(test_upstream_without_url_or_replicas_rejected),
+		T(test_pool_empty_replicas_list_rejected),
+		T(test_pool_url_and_replicas_both_rejected_at_the_second),
+		T(test_pool_more_than_64_replicas_rejected_at_the_65th),
+		T(test_pool_duplicate_url_after_slash_stripping_reported_at_the_second),
+		T(test_pool_same_url_in_two_upstreams_is_allowed),
+		T(test_pool_values_out_of_range_rejected),
+		T(test_pool_max_streams_and_duration_upper_bounds),
+		T(test_pool_unknown_balance_and_retry_on_words_rejected),
+		T(test_pool_unknown_keys_rejected_everywhere),
+		T(test_pool_replica_entry_must_be_a_mapping_with_a_url),
+		T(test_pool_replicas_must_be_a_list),
+		T(test_health_timeout_not_below_interval_rejected),
+		T(test_health_path_must_be_a_clean_absolute_path),
+		T(test_aliased_replica_is_one_error_not_a_duplicate),
 		T(test_syntax_error_reports_problem_position),
 		T(test_bad_indentation_reports_problem_position),
 		T(test_unclosed_flow_sequence_reports_problem_position),

@@ -211,6 +211,8 @@ type_word(enum sl_key_type t)
 		return "mapping";
 	case SL_KEY_LIST:
 		return "list of strings";
+	case SL_KEY_LIST_OF_MAPS:
+		return "list of mappings";
 	}
 	return "?";
 }
