@@ -789,37 +789,6 @@ require_mapping(struct ctx *c, yaml_node_t *v, const char *path, int *ok)
 
 /* ---- upstreams and tenants ------------------------------------------- */
 
-/*
- * TEMPORARY (replaced by the pool parser): `url:` is a pool of one, with
- * the pool defaults.
- */
-static void
-pools_from_urls(struct sl_config *cfg)
-{
-	size_t i;
-
-	for (i = 0; i < cfg->nupstreams; i++) {
-		struct sl_upstream_conf *u = &cfg->upstreams[i];
-
-		u->retries = 2;
-		u->retry_on = SL_RETRY_CONNECT | SL_RETRY_BUSY;
-		u->health.interval_ms = 2000;
-		u->health.timeout_ms = 1000;
-		u->health.fall = 3;
-		u->health.rise = 2;
-		u->eject.failures = 5;
-		u->eject.duration_ms = 30000;
-		u->eject.max_percent = 50;
-		if (u->url == NULL || u->nreplicas > 0)
-			continue;
-		if ((u->replicas = calloc(1, sizeof(*u->replicas))) == NULL ||
-		    (u->replicas[0].url = strdup(u->url)) == NULL)
-			continue;
-		u->replicas[0].weight = 1;
-		u->nreplicas = 1;
-	}
-}
-
 struct named_arg {
 	size_t idx;
 	unsigned char present[8];
@@ -1726,7 +1695,6 @@ load(struct ctx *c, yaml_parser_t *parser)
 		if (c->cfg->upstreams != NULL) {
 			each_pair(c, n, upstreams_pair, &idx);
 			c->cfg->nupstreams = idx;
-			pools_from_urls(c->cfg);
 		}
 	}
 	if ((n = find_child(c, root, "tenants")) != NULL &&
