@@ -312,3 +312,59 @@ def test_check_accepts_200k_keys_and_rejects_deep_nesting_quickly():
     assert err.splitlines() == [
         "%s:1:40: nesting deeper than 32 levels (lists and mappings inside "
         "each other)" % path], err[:2000]
+
+
+POOL = """\
+listen: "127.0.0.1:{port}"
+upstreams:
+  llama:
+    replicas:
+      - url: "http://127.0.0.1:9001"
+        weight: 2
+        max_streams: 64
+      - url: "http://127.0.0.1:9002"
+    api_key: "secret"
+    balance: least_loaded
+    retries: 2
+    retry_on: [connect, busy]
+    health:
+      path: /health
+      interval: 2s
+      timeout: 1s
+      fall: 3
+      rise: 2
+    eject:
+      failures: 5
+      duration: 30s
+      max_percent: 50
+  single:
+    url: "http://127.0.0.1:9000"
+tenants:
+  acme:
+    keys: ["sk-acme-1"]
+    max_streams: 10
+    upstream: llama
+"""
+
+
+def test_check_accepts_an_upstream_pool():
+    path = h.write_config(POOL.format(port=h.free_port()))
+    rc, out, err = h.run_sluice(["-t", "-c", path])
+    assert rc == 0, "exit %d, output %r" % (rc, out + err)
+    assert out.splitlines() == ["%s: ok" % path], out
+    assert err == "", err
+
+
+def test_check_rejects_a_duplicate_replica_url_at_the_second():
+    # The same replica twice once its trailing slash is stripped.
+    text = POOL.format(port=h.free_port()).replace(
+        'url: "http://127.0.0.1:9002"', 'url: "http://127.0.0.1:9001/"')
+    path = h.write_config(text)
+    line, col = _line_col(text, '9001/"', '"')
+    first, _ = _line_col(text, '9001"')
+    rc, out, err = h.run_sluice(["-t", "-c", path])
+    assert rc == 1, "exit %d (want 1), output %r" % (rc, out + err)
+    assert "%s: ok" % path not in out
+    assert err.splitlines() == [
+        "%s:%d:%d: upstreams.llama.replicas[1].url: duplicate URL "
+        "'http://127.0.0.1:9001' (first at line %d)" % (path, line, col, first)], err
