@@ -23,6 +23,7 @@
 #include "sl_admin.h"
 #include "sl_log.h"
 #include "sl_master.h"
+#include "sl_probe.h"
 #include "sl_net.h"
 #include "sl_shm.h"
 #include "sl_upstream.h"
@@ -76,6 +77,7 @@ struct master {
 	char *up_names[SL_SHM_MAX_UPSTREAMS];
 	size_t up_n;
 	struct sl_admin *admin;
+	struct sl_prober *prober;    /* health probes of the current pools */
 	size_t rows_hwm;
 	int *listen_fds;
 	int nlisten;
@@ -431,6 +433,7 @@ spawn(struct master *m, int slot)
 		 */
 		if (m->admin != NULL)
 			sl_admin_close(m->admin);
+		sl_probe_close_in_child(m->prober);
 		memset(&sa, 0, sizeof(sa));
 		sa.sa_handler = SIG_DFL;
 		sigaction(SIGHUP, &sa, NULL);
@@ -761,6 +764,17 @@ reload(struct master *m)
 		close(m->listen_fds[s]);
 	if (nw < m->nlisten)
 		m->nlisten = nw;
+	/* The probes follow the pools of the new generation. */
+	{
+		struct sl_prober *np = sl_probe_new(ncfg, m->shm, rmap);
+
+		if (np != NULL) {
+			sl_probe_free(m->prober);
+			m->prober = np;
+		} else
+			sl_err("reload: cannot set up health probes; keeping "
+			    "the old ones");
+	}
 	/* Children hold their own copies of the old generation. */
 	free_replica_map(old.replica_slot, old.cfg->nupstreams);
 	sl_config_free(old.cfg);
@@ -1094,6 +1108,10 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL ||
 	    m.cur.replica_slot == NULL)
 		return 1;
+	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
+		sl_err("cannot set up health probes");
+		return 1;
+	}
 	m.nworkers = resolve_workers(cfg);
 	if (open_listeners(&m, cfg->listen, 0, m.nworkers) == -1)
 		return 1;
@@ -1140,8 +1158,9 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (;;) {
 		double timeout = -1;
 		struct timespec ts;
-		struct pollfd pfd[SL_ADMIN_POLLFDS];
-		int npfd = 0;
+		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS];
+		int npfd = 0, nadmin = 0;
+		double pt;
 
 		if (got_chld) {
 			got_chld = 0;
@@ -1200,6 +1219,14 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			if (at >= 0 && (timeout < 0 || at < timeout))
 				timeout = at;
 		}
+		nadmin = npfd;
+		if (!m.stopping) {
+			npfd += sl_probe_pollfds(m.prober, pfd + npfd,
+			    SL_PROBE_POLLFDS);
+			pt = sl_probe_timeout(m.prober, now_s());
+			if (pt >= 0 && (timeout < 0 || pt < timeout))
+				timeout = pt;
+		}
 		if (timeout >= 0) {
 			if (timeout < 0.001)
 				timeout = 0.001;
@@ -1216,7 +1243,10 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			break;
 		}
 		if (m.admin != NULL)
-			sl_admin_service(m.admin, pfd, npfd, now_s(), admin_handle, &m);
+			sl_admin_service(m.admin, pfd, nadmin, now_s(), admin_handle,
+			    &m);
+		if (!m.stopping)
+			sl_probe_service(m.prober, now_s());
 	}
 	sl_info("stopped");
 	for (s = 0; s < m.nlisten; s++)
@@ -1228,6 +1258,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	free(m.name_ht);
 	free(m.cur.tenant_slot);
 	free(m.cur.upstream_slot);
+	sl_probe_free(m.prober);
 	free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
 	free(m.shm_replica);
 	for (cap = 0; cap < m.up_n; cap++)

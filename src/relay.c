@@ -1013,8 +1013,30 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 	switch (sl_resp_head_line(&c->uh, p, n)) {
 	case SL_RH_MORE:
 		return n;
-	case SL_RH_DONE:
+	case SL_RH_DONE: {
+		const struct sl_upstream_conf *up =
+		    &c->w->cfg->upstreams[conn_upstream_idx(c)];
+		int ra = sl_resp_head_retry_after(&c->uh), r2, wait;
+
 		c->status = c->uh.status;
+		sl_pool_report(c->w->pools, conn_upstream_idx(c), c->replica,
+		    c->status, ra);
+		c->reported = 1;
+		/*
+		 * The replica refused the work (429, 502, 503) and nothing has
+		 * reached the client: another replica may take it. The next
+		 * one is chosen (its slot taken) now, so the head is relayed
+		 * after all when none can; the transfer is stopped, and
+		 * sl_conn_upstream_done starts the next try.
+		 */
+		if ((c->status == 429 || c->status == 502 || c->status == 503) &&
+		    (up->retry_on & SL_RETRY_BUSY) && c->tries <= up->retries &&
+		    (r2 = sl_pool_pick(c->w->pools, conn_upstream_idx(c),
+		    c->tried, &wait)) >= 0) {
+			c->retry_next = r2;
+			c->busy_code = c->status;
+			return 0;
+		}
 		/*
 		 * 204 and 304 have no body, whatever the upstream sends after
 		 * the head: like HEAD's, their connection is not reused, so no
@@ -1029,6 +1051,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 			conn_set_state(c, CS_STREAM);
 		conn_mark_dirty(c);
 		return n;
+	}
 	case SL_RH_BAD:
 		break;
 	}
