@@ -1442,7 +1442,8 @@ def wait_metric(gw, name, want, timeout=3.0, **labels):
 # ---------------------------------------------------------------- access log
 
 ACCESS_LOG_FIELDS = ("time", "worker", "peer", "tenant", "method", "path", "status",
-                     "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end")
+                     "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", "replica",
+                     "tries")
 
 
 def access_lines(path):

@@ -480,7 +480,10 @@ test_metrics_documented(void **state)
 		"sluice_upstream_errors_total", "sluice_workers",
 		"sluice_reloads_total", "sluice_ttfb_seconds",
 		"sluice_stream_duration_seconds",
-		"sluice_idle_connections_closed_total", NULL
+		"sluice_idle_connections_closed_total",
+		"sluice_replica_streams", "sluice_replica_up",
+		"sluice_replica_ejected", "sluice_replica_requests_total",
+		"sluice_upstream_retries_total", NULL
 	};
 	static const char *const kinds[] = {
 		"connect", "timeout", "reset", "bad_response", "idle", NULL
@@ -519,6 +522,7 @@ test_errors_documented(void **state)
 		"429 Ta Li concurrency_limit_exceeded",
 		"431 Ta Li headers_too_large",
 		"502 Ta Li upstream_unreachable", "503 Ta Li overloaded",
+		"503 Ta Li upstream_unavailable",
 		"504 Ta Li upstream_timeout", NULL
 	};
 	char *page = read_page(MAIN_PAGE);
@@ -533,7 +537,8 @@ test_access_log_documented(void **state)
 {
 	static const char *const fields[] = {
 		"time", "worker", "peer", "tenant", "method", "path", "status",
-		"bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", NULL
+		"bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", "replica",
+		"tries", NULL
 	};
 	static const char *const ends[] = {
 		"done", "client_gone", "upstream_error", "timeout", "stall",
