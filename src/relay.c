@@ -768,10 +768,22 @@ static int
 conn_flush(struct sl_conn *c)
 {
 	struct iovec iov[3];
-	int cnt;
+	int cnt, regain = 0;
 	ssize_t n;
 	size_t total, k;
 
+	/*
+	 * The whole response is here and this write may finish it: free the
+	 * slot before the bytes go, not after. A client that reads its last
+	 * byte and sends its next request at once must find its slot free,
+	 * even on another worker and even if this one is preempted right
+	 * after the write. If the client does not take it all, the slot is
+	 * taken back below (the bytes left still count).
+	 */
+	if (c->resp_done && c->slot_held) {
+		conn_release(c);
+		regain = 1;
+	}
 	for (;;) {
 		cnt = 0;
 		total = 0;
@@ -808,9 +820,17 @@ conn_flush(struct sl_conn *c)
 		if ((size_t)n < total)
 			break;
 	}
-	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0)
+	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0) {
 		ev_io_start(c->w->loop, &c->wio);
-	else
+		/*
+		 * Retaken unless another worker took the slot in the
+		 * meantime; then these bytes wait without one (at most a
+		 * stream buffer, for as long as timeouts.client_stall).
+		 */
+		if (regain && sl_shm_try_acquire(c->w->shm, c->w->row,
+		    c->w->tenant_slot[c->tenant]) == SL_ADMIT_OK)
+			c->slot_held = 1;
+	} else
 		ev_io_stop(c->w->loop, &c->wio);
 	return 0;
 }
