@@ -6,10 +6,14 @@ real traffic: least_loaded and round_robin choice, replica caps, retries
 before the first byte (connect, busy, empty), passive ejection, the 503
 `upstream_unavailable` answer, crash reclaim of replica slots, reloads that
 add or remove replicas, the replica metrics and the access log fields.
-Active health probes (`health:`) are not built yet and not tested here.
+Active health probes (`health:`) are pinned at the end, against a replica
+whose health answer a test switches (ToggleReplica).
 """
 
+import http.server
+import json
 import math
+import threading
 import time
 
 import harness as h
@@ -656,3 +660,124 @@ def test_pool_reload_adding_a_replica_sends_it_new_streams():
             assert (a.stats()["requests"], b.stats()["requests"]) == (6, 3)
             m = h.scrape(gw)
             assert m.get("sluice_replica_streams", upstream="main", replica=b.url) == 0
+
+
+# ------------------------------------------------------------ active probes
+
+class ToggleReplica:
+    """A replica on 127.0.0.1 whose GET /health answers `health` (settable
+    while it runs) and which answers every POST with a small JSON 200,
+    counting them. Threaded, loopback, stopped by the test."""
+
+    def __init__(self, health=200):
+        self.health = health
+        self.posts = 0
+        self.probes = 0
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _send(self, status, body):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                with outer._lock:
+                    outer.probes += 1
+                    st = outer.health
+                self._send(st, b'{"status":"%d"}' % st)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                with outer._lock:
+                    outer.posts += 1
+                self._send(200, json.dumps({"replica": "toggle"}).encode())
+
+        self.server = http.server.ThreadingHTTPServer((h.HOST, 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = "http://%s:%d" % (h.HOST, self.port)
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def set(self, status):
+        with self._lock:
+            self.health = status
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+HEALTH = {"path": "/health", "interval": "100ms", "timeout": "80ms", "fall": 2, "rise": 2}
+
+
+def up_of(gw, url):
+    return h.scrape(gw).get("sluice_replica_up", upstream="main", replica=url)
+
+
+@h.timeout(60)
+def test_pool_health_probe_takes_a_failing_replica_out_and_brings_it_back():
+    with ToggleReplica() as a, ToggleReplica() as b, \
+            Gateway(pool_config([a.url, b.url], balance="round_robin",
+                                health=HEALTH)) as gw:
+        h.wait_until(lambda: a.probes >= 2 and b.probes >= 2, 10, msg="probes to run")
+        assert up_of(gw, a.url) == 1 and up_of(gw, b.url) == 1
+        b.set(500)
+        h.wait_until(lambda: up_of(gw, b.url) == 0, 10, msg="b to be marked down")
+        before = b.posts
+        for _ in range(6):
+            r = gw.request("POST", "/v1/chat/completions", CT, b"{}", timeout=10)
+            assert r.status == 200, r.status
+        assert b.posts == before, "a replica down by probe was sent %d request(s)" % (
+            b.posts - before)
+        assert a.posts >= 6
+        assert "replica %s is down: health answered 500" % b.url in gw.stderr_tail(20000)
+        b.set(200)
+        h.wait_until(lambda: up_of(gw, b.url) == 1, 10, msg="b to come back after rise probes")
+        for _ in range(4):
+            assert gw.request("POST", "/v1/chat/completions", CT, b"{}",
+                              timeout=10).status == 200
+        assert b.posts == before + 2, "round robin over two up replicas: %d" % (
+            b.posts - before)
+        assert "replica %s is up" % b.url in gw.stderr_tail(20000)
+
+
+@h.timeout(60)
+def test_pool_replica_answering_503_on_health_is_loading_not_an_error():
+    with ToggleReplica() as a, ToggleReplica(health=503) as b, \
+            Gateway(pool_config([a.url, b.url], health=HEALTH)) as gw:
+        h.wait_until(lambda: up_of(gw, b.url) == 0, 10, msg="b to be out while loading")
+        log = gw.stderr_tail(20000)
+        assert "info: upstream main: replica %s is loading" % b.url in log, log
+        assert "replica %s is down" % b.url not in log, log
+        for _ in range(4):
+            assert gw.request("POST", "/v1/chat/completions", CT, b"{}",
+                              timeout=10).status == 200
+        assert b.posts == 0
+
+
+@h.timeout(60)
+def test_pool_every_replica_down_by_probe_answers_503_with_interval_times_rise():
+    with ToggleReplica(health=500) as a, \
+            Gateway(pool_config([a.url], health=dict(HEALTH, interval="1s", timeout="500ms",
+                                                      fall=1, rise=3))) as gw:
+        h.wait_until(lambda: up_of(gw, a.url) == 0, 10, msg="a to be marked down")
+        r = gw.request("POST", "/v1/chat/completions", CT, b"{}", timeout=10)
+        assert_error(r, 503, "upstream_unavailable", read=False)
+        assert r.header("Retry-After") == "3", r.header("Retry-After")
+        assert a.posts == 0
+        assert h.scrape(gw).get("sluice_tenant_streams", tenant="acme") == 0
