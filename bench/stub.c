@@ -6,10 +6,20 @@
  * prove what the gateway let through (concurrency per tenant, backpressure, cuts).
  *
  * Command line
- *   sluice-stub [-l HOST:PORT] [-q]
+ *   sluice-stub [-l HOST:PORT] [-q] [--health-status CODE] [--slow-start SECONDS]
+ *               [--busy] [--busy-status 429|503] [--busy-retry-after SECONDS]
  *     -l  listen address, default 127.0.0.1:9000; "[::1]:PORT" for IPv6; port 0
  *         picks a free port.
  *     -q  quiet: no per-request log lines on stderr (startup errors still print).
+ *   The rest let one stub play one replica of a pool (health, loading, busy):
+ *     --health-status CODE  GET /health answers CODE, 200..599 but 204/304,
+ *         default 200. Only /health changes: completions are still served.
+ *     --slow-start SECONDS  0..86400, fraction allowed: "loading" for SECONDS
+ *         after the listening line, like llama.cpp server loading a model.
+ *     --busy                completions are refused (status below, Retry-After).
+ *     --busy-status 429|503 the status of a busy refusal, default 503.
+ *     --busy-retry-after N  0..86400, its Retry-After, default 2.
+ *   Bad values print why and the usage, exit 2.
  *   After binding, exactly one line goes to stdout, flushed:
  *     sluice-stub listening on HOST:PORT        (numeric host, actual port)
  *   SIGTERM / SIGINT: free every connection and exit 0.
@@ -23,7 +33,25 @@
  *   GET /v1/models      one model, "stub".
  *   GET /stub/stats     counters, below.
  *   POST /stub/reset    zero the counters, drop idle tags; {"ok":true}.
+ *   GET /health         loading: 503 LOADING (below); else the health status:
+ *                       2xx {"status":"ok"}, 503 LOADING, other {"error":{"message":
+ *                       "stub health CODE","type":"stub","code":CODE}}.
+ *   POST /stub/health?status=CODE      set the health status (as --health-status)
+ *   POST /stub/busy?on=0|1[&status=429|503][&retry_after=N]   busy on/off; status
+ *                       and retry_after stay as they are when not given
+ *   POST /stub/slow-start?seconds=S    loading from now for S seconds; 0 ends it
+ *       Control answers: 200 {"ok":true,MODE} with the modes after the change; an
+ *       unknown, missing or bad parameter is 400 and changes nothing. MODE is
+ *       "health_status":N,"busy":0|1,"busy_status":N,"busy_retry_after":N,
+ *       "loading":0|1,"loading_left_ms":N. POST /stub/reset keeps the modes.
  *   anything else       404 {"error":{...}}.
+ *   Loading and busy apply to POST /v1/chat/completions and /v1/completions only,
+ *   after the steering headers are checked (a bad one is still 400) and before any
+ *   other knob (status, delay, hang are not applied). Loading wins over busy:
+ *     loading: 503 LOADING = {"error":{"code":503,"message":"Loading model",
+ *              "type":"unavailable_error"}} (llama.cpp's words, no Retry-After)
+ *     busy:    STATUS, "Retry-After: N" after Content-Length, and
+ *              {"error":{"message":"stub busy","type":"stub","code":STATUS}}
  *   Malformed HTTP gets 400 (413 body > 4 MiB, 414 URL > 8 KiB, 431 headers too
  *   large or > 100 of them) and the connection is closed. Upgrade/CONNECT: 400.
  *   HTTP/1.1 keep-alive with pipelining (answered in order); bodies (Content-Length
@@ -74,7 +102,8 @@
  * Stats (GET /stub/stats)
  *   {"requests","streams_started","streams_completed","aborted_by_client","inflight",
  *    "max_inflight","blocked_writes","bytes_sent","connections_open",
- *    "connections_total","tags":{"TAG":{"requests","inflight","max_inflight",
+ *    "connections_total","health_requests","busy_rejected","loading_rejected",
+ *    MODE,"tags":{"TAG":{"requests","inflight","max_inflight",
  *    "completed","aborted_by_client","bytes_sent"}}}
  *   requests/inflight count /v1/ requests only (not /stub/ paths, not other 404s, not
  *   malformed HTTP): in flight from the moment the request is fully read until its
@@ -86,6 +115,10 @@
  *   close and a new request seen in one iteration are never counted as overlapping
  *   (libev runs them last-ready first); a request that starts and ends within one
  *   iteration is not seen by it.
+ *   health_requests counts GET /health (never in requests). busy_rejected and
+ *   loading_rejected count refused completions; those are /v1/ requests, so they
+ *   are in requests (and their tag) too: requests - busy_rejected -
+ *   loading_rejected is what the stub accepted to serve.
  *   Reset keeps the gauges (inflight, connections_open), sets max_inflight to
  *   inflight, and keeps tags that still have requests in flight (counters zeroed).
  *
@@ -103,6 +136,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netdb.h>
@@ -311,6 +345,7 @@ struct stats {
 	uint64_t requests, streams_started, streams_completed, aborted_by_client;
 	uint64_t inflight, max_inflight, blocked_writes, bytes_sent;
 	uint64_t connections_open, connections_total;
+	uint64_t health_requests, busy_rejected, loading_rejected;
 };
 
 struct conn;
@@ -330,6 +365,12 @@ struct stub {
 	struct stats	 st;
 	ev_prepare	 peak_w;	/* max_inflight, once the iteration's events are in */
 	int		 peak_dirty;
+	/* Replica modes: set on the command line, flipped by POST /stub/... */
+	int		 health_status;	/* what GET /health answers once loaded */
+	int		 busy;		/* refuse completions with busy_status */
+	int		 busy_status;	/* 503 or 429 */
+	long long	 busy_retry_after;	/* Retry-After seconds on a busy refusal */
+	double		 loading_until;	/* CLOCK_MONOTONIC s; loading (503) before it */
 	char		 scratch[IN_CAP];	/* socket reads land here, then the parser */
 };
 
@@ -431,6 +472,12 @@ enum route {
 	ROUTE_MODELS,
 	ROUTE_STATS,
 	ROUTE_RESET,
+	ROUTE_HEALTH,		/* GET /health */
+	ROUTE_CTL_HEALTH,	/* POST /stub/health?status=CODE */
+	ROUTE_CTL_BUSY,		/* POST /stub/busy?on=0|1[&status=..][&retry_after=..] */
+	ROUTE_CTL_SLOW_START,	/* POST /stub/slow-start?seconds=S */
+	ROUTE_BUSY,		/* a completion refused: the stub is busy */
+	ROUTE_LOADING,		/* a completion refused: the stub is loading */
 	ROUTE_NOT_FOUND
 };
 
@@ -459,6 +506,7 @@ struct req {
 	int		 stream;
 	int		 status;	/* what we answer, for the log */
 	char		 errmsg[96];	/* ROUTE_BAD / ROUTE_KNOB_ERROR */
+	char		 extra_head[48];	/* one more header line for a JSON head */
 	unsigned	 dispatched:1;	/* finish it exactly once */
 	unsigned	 counted:1;	/* holds one unit of inflight */
 	struct tag	*tag;
@@ -560,6 +608,7 @@ req_reset(struct req *r)
 	r->stream = 0;
 	r->status = 0;
 	r->errmsg[0] = '\0';
+	r->extra_head[0] = '\0';
 	r->dispatched = r->counted = 0;
 	r->tag = NULL;
 }
@@ -889,6 +938,7 @@ stats_reset(struct stub *ctx)
 	st->requests = st->streams_started = st->streams_completed = 0;
 	st->aborted_by_client = st->blocked_writes = st->bytes_sent = 0;
 	st->connections_total = 0;
+	st->health_requests = st->busy_rejected = st->loading_rejected = 0;
 	st->max_inflight = st->inflight;
 	for (t = TAILQ_FIRST(&ctx->tags); t != NULL; t = tnext) {
 		tnext = TAILQ_NEXT(t, entry);
@@ -901,6 +951,80 @@ stats_reset(struct stub *ctx)
 		t->requests = t->completed = t->aborted_by_client = t->bytes_sent = 0;
 		t->max_inflight = t->inflight;
 	}
+}
+
+/* ------------------------------------------------------------------ replica modes */
+
+#define SECS_MAX 86400LL	/* cap of --slow-start and --busy-retry-after */
+
+static double
+mono_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Inside the --slow-start (or POST /stub/slow-start) window. */
+static int
+stub_loading(const struct stub *ctx)
+{
+	return ctx->loading_until > 0 && mono_now() < ctx->loading_until;
+}
+
+/* 200..599, not 204/304: the answer carries a JSON body. */
+static int
+health_status_ok(long long v)
+{
+	return v >= 200 && v <= 599 && v != 204 && v != 304;
+}
+
+/* "S" or "S.F", 0..SECS_MAX seconds; -1 on anything else. */
+static int
+parse_secs(const char *s, size_t n, double *out)
+{
+	const char *dot = memchr(s, '.', n);
+	size_t il = dot ? (size_t)(dot - s) : n, i;
+	long long ip;
+	double frac = 0, scale = 0.1;
+
+	if (parse_ll(s, il, &ip) < 0 || ip > SECS_MAX)
+		return -1;
+	if (dot != NULL) {
+		if (n - il - 1 == 0 || n - il - 1 > 9)
+			return -1;
+		for (i = il + 1; i < n; i++, scale /= 10) {
+			if (s[i] < '0' || s[i] > '9')
+				return -1;
+			frac += (s[i] - '0') * scale;
+		}
+	}
+	if (ip == SECS_MAX && frac > 0)
+		return -1;
+	*out = (double)ip + frac;
+	return 0;
+}
+
+/* Start (secs > 0) or end (0) the loading window, counted from now. */
+static void
+stub_set_loading(struct stub *ctx, double secs)
+{
+	ctx->loading_until = secs > 0 ? mono_now() + secs : 0;
+}
+
+/* The modes, as fields of an object already opened (leading comma). */
+static void
+buf_mode(struct buf *b, const struct stub *ctx)
+{
+	double left = ctx->loading_until - mono_now();
+
+	if (ctx->loading_until <= 0 || left < 0)
+		left = 0;
+	buf_printf(b, ",\"health_status\":%d,\"busy\":%d,\"busy_status\":%d"
+	    ",\"busy_retry_after\":%lld,\"loading\":%d,\"loading_left_ms\":%lld",
+	    ctx->health_status, ctx->busy, ctx->busy_status, ctx->busy_retry_after,
+	    left > 0, (long long)(left * 1000.0 + 0.999));
 }
 
 /* ------------------------------------------------------------------ response builders */
@@ -928,8 +1052,8 @@ resp_json_end(struct conn *c, int status)
 	body_len = c->out.len - HEAD_ROOM;
 	hl = snprintf(head, sizeof head,
 	    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-	    "Content-Length: %zu\r\n%s\r\n",
-	    status, status_reason(status), body_len,
+	    "Content-Length: %zu\r\n%s%s\r\n",
+	    status, status_reason(status), body_len, c->req.extra_head,
 	    c->req.keep_alive ? "" : "Connection: close\r\n");
 	memcpy(c->out.data + HEAD_ROOM - hl, head, (size_t)hl);
 	c->out_pos = HEAD_ROOM - (size_t)hl;
@@ -1011,6 +1135,175 @@ resp_models(struct conn *c)
 	resp_json_end(c, 200);
 }
 
+/* llama.cpp server's answer while it loads a model, on /health and everything else. */
+static void
+resp_loading(struct conn *c)
+{
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"error\":{\"code\":503,\"message\":\"Loading model\","
+	    "\"type\":\"unavailable_error\"}}");
+	resp_json_end(c, 503);
+}
+
+static void
+resp_health(struct conn *c)
+{
+	const struct stub *ctx = c->ctx;
+	char msg[64];
+
+	if (stub_loading(ctx) || ctx->health_status == 503)
+		resp_loading(c);
+	else if (ctx->health_status < 300) {
+		resp_json_begin(c);
+		buf_puts(&c->out, "{\"status\":\"ok\"}");
+		resp_json_end(c, ctx->health_status);
+	} else {
+		snprintf(msg, sizeof msg, "stub health %d", ctx->health_status);
+		resp_error(c, ctx->health_status, msg);
+	}
+}
+
+static void
+resp_busy(struct conn *c)
+{
+	const struct stub *ctx = c->ctx;
+
+	snprintf(c->req.extra_head, sizeof c->req.extra_head, "Retry-After: %lld\r\n",
+	    ctx->busy_retry_after);
+	resp_error(c, ctx->busy_status, "stub busy");
+}
+
+/*
+ * The next "key=value" of a query string: key and value point into q. Returns 0
+ * when there are no more, advancing *pos past the '&'.
+ */
+static int
+query_next(const char *q, size_t qlen, size_t *pos, const char **key, size_t *klen,
+    const char **val, size_t *vlen)
+{
+	const char *p, *amp, *eq;
+	size_t n;
+
+	while (*pos < qlen && q[*pos] == '&')
+		(*pos)++;
+	if (*pos >= qlen)
+		return 0;
+	p = q + *pos;
+	amp = memchr(p, '&', qlen - *pos);
+	n = amp ? (size_t)(amp - p) : qlen - *pos;
+	*pos += n;
+	eq = memchr(p, '=', n);
+	*key = p;
+	*klen = eq ? (size_t)(eq - p) : n;
+	*val = eq ? eq + 1 : p + n;
+	*vlen = eq ? n - *klen - 1 : 0;
+	return 1;
+}
+
+#define KEY_IS(s) (klen == sizeof(s) - 1 && memcmp(key, s, klen) == 0)
+
+/*
+ * POST /stub/health, /stub/busy, /stub/slow-start: parse the whole query, then
+ * apply it (all or nothing). -1 with errmsg set on an unknown, missing or bad
+ * parameter.
+ */
+static int
+ctl_apply(struct conn *c)
+{
+	struct req *r = &c->req;
+	struct stub *ctx = c->ctx;
+	const char *url = r->arena.data ? r->arena.data : "";
+	const char *q = memchr(url, '?', r->url_len), *key, *val;
+	size_t qlen = q ? r->url_len - (size_t)(q + 1 - url) : 0, pos = 0, klen, vlen;
+	long long status = -1, on = -1, retry_after = -1, v;
+	double secs = -1;
+
+	if (q != NULL)
+		q++;
+	while (q != NULL && query_next(q, qlen, &pos, &key, &klen, &val, &vlen)) {
+		if (r->route == ROUTE_CTL_HEALTH && KEY_IS("status")) {
+			if (parse_ll(val, vlen, &v) < 0 || !health_status_ok(v)) {
+				snprintf(r->errmsg, sizeof r->errmsg,
+				    "bad status: want 200..599, not 204/304");
+				return -1;
+			}
+			status = v;
+		} else if (r->route == ROUTE_CTL_BUSY && KEY_IS("on")) {
+			if (parse_ll(val, vlen, &v) < 0 || v > 1) {
+				snprintf(r->errmsg, sizeof r->errmsg, "bad on: want 0 or 1");
+				return -1;
+			}
+			on = v;
+		} else if (r->route == ROUTE_CTL_BUSY && KEY_IS("status")) {
+			if (parse_ll(val, vlen, &v) < 0 || (v != 429 && v != 503)) {
+				snprintf(r->errmsg, sizeof r->errmsg, "bad status: want 429 or 503");
+				return -1;
+			}
+			status = v;
+		} else if (r->route == ROUTE_CTL_BUSY && KEY_IS("retry_after")) {
+			if (parse_ll(val, vlen, &v) < 0 || v > SECS_MAX) {
+				snprintf(r->errmsg, sizeof r->errmsg,
+				    "bad retry_after: want 0..%lld", SECS_MAX);
+				return -1;
+			}
+			retry_after = v;
+		} else if (r->route == ROUTE_CTL_SLOW_START && KEY_IS("seconds")) {
+			if (parse_secs(val, vlen, &secs) < 0) {
+				snprintf(r->errmsg, sizeof r->errmsg,
+				    "bad seconds: want 0..%lld (fraction allowed)", SECS_MAX);
+				return -1;
+			}
+		} else {
+			snprintf(r->errmsg, sizeof r->errmsg, "unknown parameter '%.*s'",
+			    klen > 32 ? 32 : (int)klen, key);
+			return -1;
+		}
+	}
+	switch (r->route) {
+	case ROUTE_CTL_HEALTH:
+		if (status < 0) {
+			snprintf(r->errmsg, sizeof r->errmsg, "want ?status=CODE");
+			return -1;
+		}
+		ctx->health_status = (int)status;
+		break;
+	case ROUTE_CTL_BUSY:
+		if (on < 0) {
+			snprintf(r->errmsg, sizeof r->errmsg, "want ?on=0 or ?on=1");
+			return -1;
+		}
+		ctx->busy = (int)on;
+		if (status >= 0)
+			ctx->busy_status = (int)status;
+		if (retry_after >= 0)
+			ctx->busy_retry_after = retry_after;
+		break;
+	case ROUTE_CTL_SLOW_START:
+		if (secs < 0) {
+			snprintf(r->errmsg, sizeof r->errmsg, "want ?seconds=S");
+			return -1;
+		}
+		stub_set_loading(ctx, secs);
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+#undef KEY_IS
+
+/* The answer to a control request that took effect: the modes now. */
+static void
+resp_mode(struct conn *c)
+{
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"ok\":true");
+	buf_mode(&c->out, c->ctx);
+	buf_puts(&c->out, "}");
+	resp_json_end(c, 200);
+}
+
 static void
 resp_stats(struct conn *c)
 {
@@ -1025,8 +1318,13 @@ resp_stats(struct conn *c)
 	buf_printf(b, ",\"inflight\":%" PRIu64 ",\"max_inflight\":%" PRIu64
 	    ",\"blocked_writes\":%" PRIu64 ",\"bytes_sent\":%" PRIu64,
 	    st->inflight, st->max_inflight, st->blocked_writes, st->bytes_sent);
-	buf_printf(b, ",\"connections_open\":%" PRIu64 ",\"connections_total\":%" PRIu64
-	    ",\"tags\":{", st->connections_open, st->connections_total);
+	buf_printf(b, ",\"connections_open\":%" PRIu64 ",\"connections_total\":%" PRIu64,
+	    st->connections_open, st->connections_total);
+	buf_printf(b, ",\"health_requests\":%" PRIu64 ",\"busy_rejected\":%" PRIu64
+	    ",\"loading_rejected\":%" PRIu64,
+	    st->health_requests, st->busy_rejected, st->loading_rejected);
+	buf_mode(b, c->ctx);
+	buf_puts(b, ",\"tags\":{");
 	TAILQ_FOREACH(t, &c->ctx->tags, entry) {
 		if (t != TAILQ_FIRST(&c->ctx->tags))
 			buf_puts(b, ",");
@@ -1303,6 +1601,14 @@ route_of(const struct req *r, const char *path, size_t plen)
 		return m == HTTP_GET ? ROUTE_STATS : ROUTE_NOT_FOUND;
 	if (PATH_IS("/stub/reset"))
 		return m == HTTP_POST ? ROUTE_RESET : ROUTE_NOT_FOUND;
+	if (PATH_IS("/health"))
+		return m == HTTP_GET ? ROUTE_HEALTH : ROUTE_NOT_FOUND;
+	if (PATH_IS("/stub/health"))
+		return m == HTTP_POST ? ROUTE_CTL_HEALTH : ROUTE_NOT_FOUND;
+	if (PATH_IS("/stub/busy"))
+		return m == HTTP_POST ? ROUTE_CTL_BUSY : ROUTE_NOT_FOUND;
+	if (PATH_IS("/stub/slow-start"))
+		return m == HTTP_POST ? ROUTE_CTL_SLOW_START : ROUTE_NOT_FOUND;
 #undef PATH_IS
 	return ROUTE_NOT_FOUND;
 }
@@ -1321,7 +1627,9 @@ conn_dispatch(struct conn *c)
 	r->dispatched = 1;
 	r->route = route_of(r, url, plen);
 	if (plen < 4 || memcmp(url, "/v1/", 4) != 0) {
-		/* Control and unknown paths: not counted, not steered. */
+		/* Control, health and unknown paths: not counted, not steered. */
+		if (r->route == ROUTE_HEALTH)
+			c->ctx->st.health_requests++;
 		conn_set_state(c, CONN_RESPOND);
 		return;
 	}
@@ -1355,6 +1663,20 @@ conn_dispatch(struct conn *c)
 			    "bad X-Stub-Events: want 0..%lld for a non-stream response",
 			    NONSTREAM_MAX_EVENTS);
 			r->route = ROUTE_KNOB_ERROR;
+			conn_set_state(c, CONN_RESPOND);
+			return;
+		}
+	}
+	if (r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) {
+		/* A loading or busy replica refuses the work at once; other knobs wait. */
+		if (stub_loading(c->ctx)) {
+			c->ctx->st.loading_rejected++;
+			r->route = ROUTE_LOADING;
+		} else if (c->ctx->busy) {
+			c->ctx->st.busy_rejected++;
+			r->route = ROUTE_BUSY;
+		}
+		if (r->route == ROUTE_LOADING || r->route == ROUTE_BUSY) {
 			conn_set_state(c, CONN_RESPOND);
 			return;
 		}
@@ -1411,6 +1733,23 @@ conn_respond(struct conn *c)
 		resp_json_begin(c);
 		buf_puts(&c->out, "{\"ok\":true}");
 		resp_json_end(c, 200);
+		break;
+	case ROUTE_HEALTH:
+		resp_health(c);
+		break;
+	case ROUTE_CTL_HEALTH:
+	case ROUTE_CTL_BUSY:
+	case ROUTE_CTL_SLOW_START:
+		if (ctl_apply(c) < 0)
+			resp_error(c, 400, r->errmsg);
+		else
+			resp_mode(c);
+		break;
+	case ROUTE_BUSY:
+		resp_busy(c);
+		break;
+	case ROUTE_LOADING:
+		resp_loading(c);
 		break;
 	case ROUTE_NOT_FOUND:
 		resp_error(c, 404, "not found");
@@ -1805,27 +2144,94 @@ raise_nofile(void)
 static void
 usage(void)
 {
-	fprintf(stderr, "usage: sluice-stub [-l HOST:PORT] [-q]\n"
+	fprintf(stderr, "usage: sluice-stub [-l HOST:PORT] [-q] [--health-status CODE]\n"
+	    "           [--slow-start SECONDS] [--busy] [--busy-status 429|503]\n"
+	    "           [--busy-retry-after SECONDS]\n"
 	    "  -l  listen address (default " STUB_DEFAULT_LISTEN "; [::1]:PORT for IPv6)\n"
-	    "  -q  no per-request logging\n");
+	    "  -q  no per-request logging\n"
+	    "  --health-status CODE       GET /health answers CODE (200..599, not 204/304;"
+	    " default 200)\n"
+	    "  --slow-start SECONDS       loading for SECONDS after start: /health and"
+	    " completions 503\n"
+	    "  --busy                     completions answer 503 with Retry-After\n"
+	    "  --busy-status 429|503      the status of a busy refusal (default 503)\n"
+	    "  --busy-retry-after SECONDS Retry-After of a busy refusal (0..86400,"
+	    " default 2)\n");
 	exit(2);
+}
+
+/* A whole decimal option value in [min, max], or usage. */
+static long long
+opt_ll(const char *name, const char *arg, long long min, long long max)
+{
+	long long v;
+
+	if (parse_ll(arg, strlen(arg), &v) < 0 || v < min || v > max) {
+		fprintf(stderr, "sluice-stub: bad %s '%s': want %lld..%lld\n", name, arg,
+		    min, max);
+		usage();
+	}
+	return v;
 }
 
 int
 main(int argc, char **argv)
 {
 	static struct stub ctx;	/* large (scratch buffer): not on the stack */
+	enum { OPT_HEALTH_STATUS = 256, OPT_SLOW_START, OPT_BUSY, OPT_BUSY_STATUS,
+	    OPT_BUSY_RETRY_AFTER };
+	static const struct option longopts[] = {
+		{ "health-status",	required_argument, NULL, OPT_HEALTH_STATUS },
+		{ "slow-start",		required_argument, NULL, OPT_SLOW_START },
+		{ "busy",		no_argument,	   NULL, OPT_BUSY },
+		{ "busy-status",	required_argument, NULL, OPT_BUSY_STATUS },
+		{ "busy-retry-after",	required_argument, NULL, OPT_BUSY_RETRY_AFTER },
+		{ NULL, 0, NULL, 0 }
+	};
 	const char *listen_arg = STUB_DEFAULT_LISTEN;
+	double slow_start = 0;
 	struct conn *c;
 	int ch;
 
-	while ((ch = getopt(argc, argv, "l:qh")) != -1) {
+	ctx.health_status = 200;
+	ctx.busy_status = 503;
+	ctx.busy_retry_after = 2;
+	while ((ch = getopt_long(argc, argv, "l:qh", longopts, NULL)) != -1) {
 		switch (ch) {
 		case 'l':
 			listen_arg = optarg;
 			break;
 		case 'q':
 			ctx.quiet = 1;
+			break;
+		case OPT_HEALTH_STATUS:
+			ctx.health_status = (int)opt_ll("--health-status", optarg, 200, 599);
+			if (!health_status_ok(ctx.health_status)) {
+				fprintf(stderr, "sluice-stub: bad --health-status '%s': "
+				    "204 and 304 carry no body\n", optarg);
+				usage();
+			}
+			break;
+		case OPT_SLOW_START:
+			if (parse_secs(optarg, strlen(optarg), &slow_start) < 0) {
+				fprintf(stderr, "sluice-stub: bad --slow-start '%s': want "
+				    "0..%lld seconds (fraction allowed)\n", optarg, SECS_MAX);
+				usage();
+			}
+			break;
+		case OPT_BUSY:
+			ctx.busy = 1;
+			break;
+		case OPT_BUSY_STATUS:
+			ctx.busy_status = (int)opt_ll("--busy-status", optarg, 429, 503);
+			if (ctx.busy_status != 429 && ctx.busy_status != 503) {
+				fprintf(stderr, "sluice-stub: bad --busy-status '%s': "
+				    "want 429 or 503\n", optarg);
+				usage();
+			}
+			break;
+		case OPT_BUSY_RETRY_AFTER:
+			ctx.busy_retry_after = opt_ll("--busy-retry-after", optarg, 0, SECS_MAX);
 			break;
 		default:
 			usage();
@@ -1842,6 +2248,8 @@ main(int argc, char **argv)
 	if ((ctx.loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		die("cannot initialise libev");
 	ctx.lfd = listen_on(listen_arg);
+	/* The window starts when the listening line is out: a test times it from there. */
+	stub_set_loading(&ctx, slow_start);
 
 	ev_io_init(&ctx.accept_w, accept_cb, ctx.lfd, EV_READ);
 	ctx.accept_w.data = &ctx;

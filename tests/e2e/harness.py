@@ -605,10 +605,12 @@ def assert_error(resp, status, code, read=True):
 # ---------------------------------------------------------------- stub
 
 class Stub:
-    """The model-runner stub on an ephemeral port of 127.0.0.1."""
+    """The model-runner stub on an ephemeral port of 127.0.0.1. args: extra
+    command-line options, appended (e.g. ("--busy",) or ("--slow-start", "2"))."""
 
-    def __init__(self, name="stub"):
+    def __init__(self, name="stub", args=()):
         self.name = name
+        self.args = [str(a) for a in args]
         self.proc = None
         self.port = None
 
@@ -618,7 +620,7 @@ class Stub:
         out = open(self.stdout_path, "wb")
         err = open(self.stderr_path, "wb")
         try:
-            self.proc = subprocess.Popen([stub_bin(), "-l", "%s:0" % HOST, "-q"],
+            self.proc = subprocess.Popen([stub_bin(), "-l", "%s:0" % HOST, "-q"] + self.args,
                                          stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=err, close_fds=True)
         finally:
