@@ -781,3 +781,69 @@ def test_pool_every_replica_down_by_probe_answers_503_with_interval_times_rise()
         assert r.header("Retry-After") == "3", r.header("Retry-After")
         assert a.posts == 0
         assert h.scrape(gw).get("sluice_tenant_streams", tenant="acme") == 0
+
+
+@h.timeout(90)
+def test_pool_killed_replica_fails_no_unstarted_request_and_returns_after_rise():
+    health = {"path": "/health", "interval": "200ms", "timeout": "150ms", "fall": 2,
+              "rise": 2}
+    with Stub("a") as a, Stub("b") as b, Stub("c") as c, \
+            Gateway(pool_config([a.url, b.url, c.url], workers=2, health=health)) as gw:
+        h.wait_until(lambda: all(up_of(gw, s.url) == 1 for s in (a, b, c)), 10,
+                     msg="every replica up")
+        # Six long streams: least_loaded puts two on each replica.
+        streams = []
+        for i in range(6):
+            cl, r = gw.open_stream(events=40, interval=100, tag="long%d" % i, timeout=20)
+            assert r.status == 200
+            r.read_events(1, timeout=10)
+            streams.append((i, cl, r))
+        on_c = [i for i in range(6) if c.tag("long%d" % i)["inflight"] == 1]
+        assert len(on_c) == 2, "least_loaded put %d of 6 streams on c" % len(on_c)
+        port = c.port
+        c.kill()
+        # Streams that were streaming from c are cut visibly; the rest finish.
+        for i, cl, r in streams:
+            body = r.read_all(timeout=20)
+            if i in on_c:
+                assert r.cut and not r.complete, "stream %d from the killed replica " \
+                    "did not look cut" % i
+            else:
+                assert r.complete and body == expected_events(40), "stream %d" % i
+            cl.close()
+        # Requests that had not started: served by the others, none fails.
+        for _ in range(20):
+            post_ok(gw)
+        h.wait_until(lambda: up_of(gw, c.url) == 0, 10, msg="c marked down by its probes")
+        # Restarted on its port: back after `rise` good probes, and used.
+        c2 = Stub("c2", args=("-l", "%s:%d" % (h.HOST, port))).start()
+        try:
+            assert c2.url == c.url
+            h.wait_until(lambda: up_of(gw, c.url) == 1, 10, msg="c back after rise probes")
+            before = c2.stats()["requests"]
+            for _ in range(9):
+                post_ok(gw)
+            assert c2.stats()["requests"] - before >= 2, "the returned replica got no traffic"
+        finally:
+            c2.kill()
+        h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
+
+
+@h.timeout(60)
+def test_pool_busy_stub_moves_requests_and_loading_stub_gets_none():
+    with Stub("ok") as ok, Stub("busy", args=("--busy", "--busy-retry-after", "30")) as busy, \
+            Stub("loading", args=("--slow-start", "60")) as loading, \
+            Gateway(pool_config([busy.url, loading.url, ok.url], balance="round_robin",
+                                health={"path": "/health", "interval": "100ms",
+                                        "timeout": "80ms", "fall": 1, "rise": 1})) as gw:
+        h.wait_until(lambda: up_of(gw, loading.url) == 0, 10, msg="loading replica out")
+        for _ in range(6):
+            post_ok(gw)
+        st = busy.stats()
+        assert st["busy_rejected"] == 1, "busy replica asked %d times (marked busy for 30 s " \
+            "after the first 503)" % st["busy_rejected"]
+        assert loading.stats()["requests"] == 0
+        assert ok.stats()["requests"] == 6
+        m = h.scrape(gw)
+        assert retries(m, "busy") == 1
+        assert rreq(m, busy.url, "503") == 1
