@@ -854,6 +854,49 @@ replica_labels(struct sl_str *o, const char *metric, const char *up,
 	sl_str_printf(o, "\"");
 }
 
+static long
+value_streams(struct sl_shm *shm, size_t slot, int64_t now)
+{
+	(void)now;
+	return sl_shm_inflight(shm, slot);
+}
+
+static long
+value_up(struct sl_shm *shm, size_t slot, int64_t now)
+{
+	struct sl_shm_replica *h = sl_shm_replica(shm, slot);
+
+	(void)now;
+	return h != NULL && h->down == 0;
+}
+
+static long
+value_ejected(struct sl_shm *shm, size_t slot, int64_t now)
+{
+	struct sl_shm_replica *h = sl_shm_replica(shm, slot);
+
+	return h != NULL && h->ejected_until_ms > now;
+}
+
+/* One gauge per replica of the current pools. */
+static void
+replica_gauge(struct master *m, struct sl_str *o, const char *name,
+    const char *help, long (*value)(struct sl_shm *, size_t, int64_t),
+    int64_t now)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	size_t u, r;
+
+	sl_str_printf(o, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+	for (u = 0; u < cfg->nupstreams; u++)
+		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
+			replica_labels(o, name, cfg->upstreams[u].name,
+			    cfg->upstreams[u].replicas[r].url);
+			sl_str_printf(o, "} %ld\n", value(m->shm,
+			    m->cur.replica_slot[u][r], now));
+		}
+}
+
 /* The pools of the current generation, replica by replica. */
 static void
 render_replicas(struct master *m, struct sl_str *o)
@@ -863,41 +906,12 @@ render_replicas(struct master *m, struct sl_str *o)
 	size_t u, r, k;
 	int c;
 
-	sl_str_printf(o, "# HELP sluice_replica_streams Streams in flight to "
-	    "the replica, across all workers.\n"
-	    "# TYPE sluice_replica_streams gauge\n");
-	for (u = 0; u < cfg->nupstreams; u++)
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
-			replica_labels(o, "sluice_replica_streams",
-			    cfg->upstreams[u].name, cfg->upstreams[u].replicas[r].url);
-			sl_str_printf(o, "} %d\n", (int)sl_shm_inflight(m->shm,
-			    m->cur.replica_slot[u][r]));
-		}
-	sl_str_printf(o, "# HELP sluice_replica_up 1 when the replica takes "
-	    "traffic by its health probes, 0 down or loading.\n"
-	    "# TYPE sluice_replica_up gauge\n");
-	for (u = 0; u < cfg->nupstreams; u++)
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
-			struct sl_shm_replica *h = sl_shm_replica(m->shm,
-			    m->cur.replica_slot[u][r]);
-
-			replica_labels(o, "sluice_replica_up",
-			    cfg->upstreams[u].name, cfg->upstreams[u].replicas[r].url);
-			sl_str_printf(o, "} %d\n", h != NULL && h->down == 0);
-		}
-	sl_str_printf(o, "# HELP sluice_replica_ejected 1 while the replica is "
-	    "ejected after failures on traffic.\n"
-	    "# TYPE sluice_replica_ejected gauge\n");
-	for (u = 0; u < cfg->nupstreams; u++)
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
-			struct sl_shm_replica *h = sl_shm_replica(m->shm,
-			    m->cur.replica_slot[u][r]);
-
-			replica_labels(o, "sluice_replica_ejected",
-			    cfg->upstreams[u].name, cfg->upstreams[u].replicas[r].url);
-			sl_str_printf(o, "} %d\n",
-			    h != NULL && h->ejected_until_ms > now);
-		}
+	replica_gauge(m, o, "sluice_replica_streams", "Streams in flight to "
+	    "the replica, across all workers.", value_streams, now);
+	replica_gauge(m, o, "sluice_replica_up", "1 when the replica takes "
+	    "traffic by its health probes, 0 down or loading.", value_up, now);
+	replica_gauge(m, o, "sluice_replica_ejected", "1 while the replica is "
+	    "ejected after failures on traffic.", value_ejected, now);
 	sl_str_printf(o, "# HELP sluice_replica_requests_total Tries sent to "
 	    "the replica, by response status (connect, timeout, reset: none).\n"
 	    "# TYPE sluice_replica_requests_total counter\n");
