@@ -368,7 +368,8 @@ req_force(struct sl_req *r, int status, const char *reason)
  * SIZE_MAX.
  */
 enum {
-	LX_REQLINE = 0, LX_LINE_START, LX_NAME, LX_VALUE,
+	LX_START = 0,   /* before the request line: empty lines are skipped */
+	LX_REQLINE, LX_LINE_START, LX_NAME, LX_VALUE,
 	LX_CR,          /* after a CR ending a line: LF must follow */
 	LX_CR_END,      /* after the CR of the empty line ending the head */
 	LX_END
@@ -389,6 +390,17 @@ head_lex(struct sl_req *r, const char *data, size_t n, const char **why,
 			return r->head_bytes + i;
 		}
 		switch (r->lex) {
+		case LX_START:
+			/*
+			 * RFC 9112 2.2: CRLFs before the request line are
+			 * ignored (http-parser skips them too); they end no
+			 * head. Without this state a leading CRLF looked
+			 * like the empty line ending the head, and nothing
+			 * after it was checked.
+			 */
+			if (ch != '\r' && ch != '\n')
+				r->lex = LX_REQLINE;
+			break;
 		case LX_REQLINE:
 		case LX_VALUE:
 			if (ch == '\n')

@@ -299,6 +299,31 @@ test_header_lookup_is_case_insensitive(void **state)
 	assert_int_equal(sl_req_header_at(&f->r, 5, &name, &nl, &value, &vl), -1);
 }
 
+/*
+ * CRLFs before the request line are skipped, and the head after them is
+ * checked byte by byte all the same: found by fuzzing, a leading CRLF used
+ * to look like the end of the head to the lexer, and whitespace in a
+ * header name then gave 431 or 400 depending on how the bytes were split.
+ */
+static void
+test_leading_crlf_does_not_hide_the_head_from_its_checks(void **state)
+{
+	static const char req[] =
+	    "\r\n\r\nGET /v1/x HTTP/1.1\r\nHost: gw\r\nBad Name: v\r\n\r\n";
+	struct fx *f = *state;
+	size_t i, n;
+
+	expect_error_status(f, req, sizeof(req) - 1, 400);
+	assert_string_equal(f->r.reason, "whitespace in a header name");
+	sl_req_free(&f->r);
+	sl_req_init(&f->r, 128, MAX_BODY);
+	for (i = 0; i < sizeof(req) - 1 && f->r.state != SL_REQ_ERROR; i += n)
+		if ((n = sl_req_feed(&f->r, req + i, 1)) == 0)
+			break;
+	assert_int_equal(f->r.state, SL_REQ_ERROR);
+	assert_string_equal(f->r.reason, "whitespace in a header name");
+}
+
 /* ---- limits ------------------------------------------------------------ */
 
 static void
@@ -880,6 +905,7 @@ main(void)
 		T(test_headers_split_across_feeds_are_reassembled),
 		T(test_header_lookup_is_case_insensitive),
 		T(test_content_length_over_limit_is_flagged_at_head),
+		T(test_leading_crlf_does_not_hide_the_head_from_its_checks),
 		T(test_content_length_at_limit_accepted),
 		T(test_chunked_body_over_limit_is_413),
 		T(test_chunked_body_over_limit_in_one_byte_feeds_is_413),
