@@ -15,8 +15,12 @@ struct sl_conn;
 /* Take over an accepted, non-blocking client fd. */
 void sl_conn_new(struct sl_worker *, int fd);
 
-/* libcurl reported the transfer of an easy handle finished (CURLMSG_DONE). */
-void sl_conn_upstream_done(struct sl_shard *, CURL *easy, CURLcode result);
+/*
+ * The upstream transfer of an easy handle finished (CURLMSG_DONE); arg is
+ * the worker. The sl_transfer_hooks `done` of the worker's transfers.
+ */
+void sl_conn_upstream_done(void *arg, struct sl_shard *, CURL *easy,
+    CURLcode result);
 
 /* Worker shutdown began: close idle connections, close others when done. */
 void sl_conn_drain_all(struct sl_worker *);
@@ -26,6 +30,9 @@ void sl_conn_close_all(struct sl_worker *);
 
 /* Write out what the callbacks of this loop iteration queued. */
 void sl_conn_flush_dirty(struct sl_worker *);
+
+/* The same, as the sl_transfer_hooks `flush` (arg is the worker). */
+void sl_conn_flush_dirty_hook(void *arg);
 
 /* Publish this worker's gauges (paused streams, buffered bytes...). */
 void sl_conn_gauges(struct sl_worker *);

@@ -1,7 +1,16 @@
 /*
- * sl_upstream: upstream pools as a worker sees them. Which replica a try
- * goes to (least_loaded, round_robin, random), its cap, and what a try's
- * outcome means for the replica (passive ejection, busy marks).
+ * sl_upstream: the upstream side of a worker. Two parts:
+ *
+ * Pools: which replica a try goes to (least_loaded, round_robin, random),
+ * its cap, and what a try's outcome means for the replica (passive
+ * ejection, busy marks).
+ *
+ * Transfers: the libcurl multi handles ("shards") on the worker's libev
+ * loop, and the pool of reusable easy handles. The relay sets up an easy
+ * handle, starts it here and hears back through the hooks it was given:
+ * a transfer finished, or libcurl handed data over (flush it now). The
+ * worker owns the loop, not libcurl; nothing here calls up into the relay
+ * except through those hooks.
  *
  * Everything shared lives in the shared region (sl_shm.h): a replica's
  * in-flight count and cap are a slot in the tenants' index space, exact
@@ -15,6 +24,8 @@
 #ifndef SL_UPSTREAM_H
 #define SL_UPSTREAM_H
 
+#include <curl/curl.h>
+#include <ev.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,5 +81,49 @@ void sl_pool_failed(struct sl_pools *, size_t u, int r);
 
 /* Milliseconds on CLOCK_MONOTONIC: the clock of every time in the region. */
 int64_t sl_mono_ms(void);
+
+/* ---- transfers ---------------------------------------------------------- */
+
+struct sl_shard;             /* one libcurl multi handle (opaque) */
+struct sl_transfers;         /* a worker's shards and easy-handle pool */
+
+struct sl_transfer_hooks {
+	/*
+	 * A transfer of shard sh finished (CURLMSG_DONE). The owner ends it
+	 * with sl_transfers_stop(), or sl_transfers_discard() for a handle it
+	 * no longer knows. Called from inside the shard's socket action.
+	 */
+	void (*done)(void *arg, struct sl_shard *sh, CURL *easy,
+	    CURLcode result);
+	/* After each socket action: what libcurl handed over may go out. */
+	void (*flush)(void *arg);
+	void *arg;
+};
+
+/* Shards for cfg on loop; NULL when out of memory. */
+struct sl_transfers *sl_transfers_new(struct ev_loop *,
+    const struct sl_config *, const struct sl_transfer_hooks *);
+void sl_transfers_free(struct sl_transfers *);
+
+/*
+ * An easy handle with nothing of a past request on it (reset), and the
+ * worker-wide options set: receive buffer size, upstream SO_RCVBUF.
+ */
+CURL *sl_transfers_easy(struct sl_transfers *);
+
+/* Start a transfer; its shard, or NULL when it could not be started. */
+struct sl_shard *sl_transfers_start(struct sl_transfers *, CURL *);
+
+/*
+ * End a transfer: out of its shard (sh may be NULL: never started), the
+ * handle reset and kept for the next. Never from a libcurl callback.
+ */
+void sl_transfers_stop(struct sl_transfers *, struct sl_shard *, CURL *);
+
+/* End a transfer nobody owns any more: out of its shard, handle freed. */
+void sl_transfers_discard(struct sl_transfers *, struct sl_shard *, CURL *);
+
+/* Close shards (not the first) idle for a while; call once a second. */
+void sl_transfers_reap(struct sl_transfers *);
 
 #endif

@@ -240,12 +240,8 @@ static void
 conn_stop_transfer(struct sl_conn *c)
 {
 	if (c->easy != NULL) {
-		if (c->shard != NULL) {
-			curl_multi_remove_handle(c->shard->multi, c->easy);
-			sl_worker_shard_done(c->shard);
-			c->shard = NULL;
-		}
-		sl_worker_easy_put(c->w, c->easy);
+		sl_transfers_stop(c->w->xfers, c->shard, c->easy);
+		c->shard = NULL;
 		c->easy = NULL;
 	}
 	if (c->replica >= 0) {
@@ -1345,7 +1341,7 @@ conn_try(struct sl_conn *c, int r)
 	memcpy(c->url, base, ulen);
 	memcpy(c->url + ulen, target, tlen);
 	c->url[ulen + tlen] = '\0';
-	if ((e = sl_worker_easy_get(w)) == NULL)
+	if ((e = sl_transfers_easy(w->xfers)) == NULL)
 		goto fail;
 	c->easy = e;
 	curl_easy_setopt(e, CURLOPT_URL, c->url);
@@ -1358,7 +1354,6 @@ conn_try(struct sl_conn *c, int r)
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
 	    (long)cfg->timeouts.upstream_connect_ms);
-	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)w->curl_bufsize);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, upstream_header_cb);
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
@@ -1368,7 +1363,6 @@ conn_try(struct sl_conn *c, int r)
 	curl_easy_setopt(e, CURLOPT_PREREQDATA, c);
 	curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, upstream_socket_cb);
 	curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, c);
-	sl_worker_easy_setopts(w, e);
 	if (c->req.method == HTTP_GET && c->req.body_len == 0) {
 		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
 	} else if (c->req.method == HTTP_HEAD) {
@@ -1394,13 +1388,8 @@ conn_try(struct sl_conn *c, int r)
 	c->sends = c->resend_refused = c->no_fds = 0;
 	sl_resp_head_reset(&c->uh);
 	conn_set_state(c, CS_UPSTREAM);
-	if ((c->shard = sl_worker_shard(w)) == NULL)
+	if ((c->shard = sl_transfers_start(w->xfers, e)) == NULL)
 		goto fail;
-	if (curl_multi_add_handle(c->shard->multi, e) != CURLM_OK) {
-		c->shard = NULL;
-		goto fail;
-	}
-	c->shard->active++;
 	return 0;
 fail:
 	sl_err("conn %d: cannot start the upstream request", c->fd);
@@ -1497,15 +1486,15 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 }
 
 void
-sl_conn_upstream_done(struct sl_shard *sh, CURL *easy, CURLcode result)
+sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
+    CURLcode result)
 {
+	struct sl_worker *w = arg;
 	struct sl_conn *c = NULL;
 
 	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&c);
 	if (c == NULL || c->easy != easy) {
-		curl_multi_remove_handle(sh->multi, easy);
-		sl_worker_shard_done(sh);
-		curl_easy_cleanup(easy);
+		sl_transfers_discard(w->xfers, sh, easy);
 		return;
 	}
 	c->depth++;
@@ -1970,6 +1959,12 @@ sl_conn_hup_event(struct sl_worker *w)
 		conn_close(c, "client_gone");
 		conn_unref(c);
 	}
+}
+
+void
+sl_conn_flush_dirty_hook(void *arg)
+{
+	sl_conn_flush_dirty(arg);
 }
 
 void

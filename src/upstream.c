@@ -4,9 +4,11 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -358,4 +360,369 @@ pool_outcome(struct sl_pools *ps, size_t u, int r, int code,
 	    "consecutive failures", p->conf->name, p->conf->replicas[r].url,
 	    (long long)(dur / 1000), (int)fails);
 	return 1;
+}
+
+/* ---- transfers: libcurl multi shards on the worker's loop ------------- */
+
+/*
+ * One libcurl multi handle and its connection cache. libcurl 7.88 walks
+ * every connection of a cache when a transfer starts (to find one to
+ * reuse) and when one is removed (close_connect_only): O(connections) per
+ * request. Streams fill shard 0 first, then the next, SL_SHARD_STREAMS at
+ * a time, so a walk is short whatever the concurrency and a light load
+ * still reuses a handful of connections.
+ */
+#define SL_SHARD_STREAMS 32
+
+/* Finished easy handles kept (reset) for the next transfers. */
+#define SL_EASY_POOL 128
+
+/*
+ * A shard other than the first, idle this long, is closed (its cached
+ * upstream connections with it): libcurl only prunes a cache when a
+ * transfer starts in it, so after a burst the shards it spilled into would
+ * otherwise hold their idle connections, half-closed by the upstream, for
+ * good.
+ */
+#define SL_SHARD_IDLE_SECONDS 10.0
+
+struct sl_shard {
+	CURLM *multi;                /* NULL: dormant (its connections closed) */
+	ev_timer timer;
+	struct sl_transfers *xf;
+	unsigned active;             /* transfers in this multi */
+	ev_tstamp idle_since;        /* when active last dropped to 0 */
+};
+
+struct sl_transfers {
+	struct ev_loop *loop;
+	const struct sl_config *cfg;
+	struct sl_transfer_hooks hooks;
+	struct sl_shard *shards;     /* created on demand, never moved */
+	size_t nshards, maxshards;
+	size_t bufsize;              /* CURLOPT_BUFFERSIZE for every stream */
+	CURL *easy_pool[SL_EASY_POOL];   /* reset handles, ready for reuse */
+	size_t neasy;
+};
+
+/* One watcher per socket libcurl asks us to poll. */
+struct curl_sock {
+	ev_io io;
+	struct sl_shard *sh;
+	curl_socket_t fd;
+};
+
+static void
+check_multi_info(struct sl_shard *sh)
+{
+	CURLMsg *msg;
+	int left;
+
+	while ((msg = curl_multi_info_read(sh->multi, &left)) != NULL) {
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		/* The message dies with remove_handle: copy what we need. */
+		sh->xf->hooks.done(sh->xf->hooks.arg, sh, msg->easy_handle,
+		    msg->data.result);
+	}
+}
+
+static void
+curl_action(struct sl_shard *sh, curl_socket_t fd, int ev_bitmask)
+{
+	int running;
+	CURLMcode rc;
+
+	rc = curl_multi_socket_action(sh->multi, fd, ev_bitmask, &running);
+	if (rc != CURLM_OK)
+		sl_err("curl_multi_socket_action: %s", curl_multi_strerror(rc));
+	check_multi_info(sh);
+}
+
+/*
+ * What one upstream read produced (often a head, some events and the last
+ * chunk) goes out in one writev right away: waiting for the end of the loop
+ * iteration would hold every stream's event until all the others ready in
+ * the same epoll batch are read (milliseconds at thousands of streams).
+ */
+static void
+curl_sock_cb(struct ev_loop *loop, ev_io *io, int revents)
+{
+	struct curl_sock *cs = io->data;
+	struct sl_transfers *xf = cs->sh->xf;   /* cs may be freed by the action */
+	int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
+	    (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
+
+	curl_action(cs->sh, cs->fd, action);
+	xf->hooks.flush(xf->hooks.arg);
+}
+
+static void
+curl_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_shard *sh = t->data;
+
+	curl_action(sh, CURL_SOCKET_TIMEOUT, 0);
+	sh->xf->hooks.flush(sh->xf->hooks.arg);
+}
+
+/* CURLMOPT_SOCKETFUNCTION: start, change or stop polling one socket. */
+static int
+multi_sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *sockp)
+{
+	struct sl_shard *sh = userp;
+	struct ev_loop *loop = sh->xf->loop;
+	struct curl_sock *cs = sockp;
+	int kind;
+
+	if (what == CURL_POLL_REMOVE) {
+		if (cs != NULL) {
+			ev_io_stop(loop, &cs->io);
+			curl_multi_assign(sh->multi, fd, NULL);
+			free(cs);
+		}
+		return 0;
+	}
+	kind = (what & CURL_POLL_IN ? EV_READ : 0) |
+	    (what & CURL_POLL_OUT ? EV_WRITE : 0);
+	if (cs == NULL) {
+		/*
+		 * A new socket: a fresh watcher (the fd number may be a reused
+		 * one; its old watcher was freed on CURL_POLL_REMOVE).
+		 */
+		cs = calloc(1, sizeof(*cs));
+		if (cs == NULL)
+			return -1;
+		cs->sh = sh;
+		cs->fd = fd;
+		curl_multi_assign(sh->multi, fd, cs);
+		ev_io_init(&cs->io, curl_sock_cb, fd, kind);
+		cs->io.data = cs;
+		ev_io_start(loop, &cs->io);
+		return 0;
+	}
+	if ((cs->io.events & (EV_READ | EV_WRITE)) == kind)
+		return 0;
+	/*
+	 * Same socket, other events: ev_io_modify keeps libev from re-adding
+	 * an fd epoll already has (a failing epoll_ctl per request).
+	 */
+	ev_io_stop(loop, &cs->io);
+	ev_io_modify(&cs->io, kind);
+	ev_io_start(loop, &cs->io);
+	return 0;
+}
+
+/* CURLMOPT_TIMERFUNCTION: never call libcurl from here. */
+static int
+multi_timer_cb(CURLM *m, long timeout_ms, void *userp)
+{
+	struct sl_shard *sh = userp;
+
+	ev_timer_stop(sh->xf->loop, &sh->timer);
+	if (timeout_ms >= 0) {
+		ev_timer_set(&sh->timer, (double)timeout_ms / 1000.0, 0.0);
+		ev_timer_start(sh->xf->loop, &sh->timer);
+	}
+	return 0;
+}
+
+/*
+ * SO_RCVBUF on every upstream socket before it connects, when configured:
+ * a fixed receive buffer stops the kernel from autotuning it to tens of
+ * megabytes, so a paused stream pushes back on the model runner after
+ * stream_buffer + upstream_rcvbuf bytes, not after whatever tcp_rmem allows.
+ */
+static int
+upstream_sockopt_cb(void *arg, curl_socket_t fd, curlsocktype purpose)
+{
+	struct sl_transfers *xf = arg;
+	int v = (int)xf->cfg->limits.upstream_rcvbuf;
+
+	if (purpose == CURLSOCKTYPE_IPCXN && v > 0 &&
+	    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v)) == -1)
+		sl_warn("upstream SO_RCVBUF %d: %s", v, strerror(errno));
+	return CURL_SOCKOPT_OK;
+}
+
+static int
+shard_init(struct sl_transfers *xf, struct sl_shard *sh)
+{
+	memset(sh, 0, sizeof(*sh));
+	if ((sh->multi = curl_multi_init()) == NULL)
+		return -1;
+	sh->xf = xf;
+	curl_multi_setopt(sh->multi, CURLMOPT_SOCKETFUNCTION, multi_sock_cb);
+	curl_multi_setopt(sh->multi, CURLMOPT_SOCKETDATA, sh);
+	curl_multi_setopt(sh->multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
+	curl_multi_setopt(sh->multi, CURLMOPT_TIMERDATA, sh);
+	/*
+	 * Keep an idle connection for every stream the shard may carry (and
+	 * as many again for a burst that spills over): a smaller cache closes
+	 * a connection per finished transfer at full load, and the next
+	 * request connects again.
+	 */
+	curl_multi_setopt(sh->multi, CURLMOPT_MAXCONNECTS,
+	    (long)(2 * SL_SHARD_STREAMS));
+	ev_init(&sh->timer, curl_timer_cb);
+	sh->timer.data = sh;
+	sh->idle_since = ev_now(xf->loop);
+	return 0;
+}
+
+struct sl_transfers *
+sl_transfers_new(struct ev_loop *loop, const struct sl_config *cfg,
+    const struct sl_transfer_hooks *hooks)
+{
+	struct sl_transfers *xf;
+
+	if ((xf = calloc(1, sizeof(*xf))) == NULL)
+		return NULL;
+	xf->loop = loop;
+	xf->cfg = cfg;
+	xf->hooks = *hooks;
+	/* libcurl keeps one read of a paused stream: half the stream buffer. */
+	xf->bufsize = cfg->stream_buffer / 2;
+	if (xf->bufsize > CURL_MAX_WRITE_SIZE)
+		xf->bufsize = CURL_MAX_WRITE_SIZE;
+	if (xf->bufsize < 1024)
+		xf->bufsize = 1024;
+	/*
+	 * Every stream the worker may carry, SL_SHARD_STREAMS per shard; the
+	 * array never moves (watchers point into it), shards start on demand.
+	 */
+	xf->maxshards = (cfg->limits.max_connections + SL_SHARD_STREAMS - 1) /
+	    SL_SHARD_STREAMS;
+	if ((xf->shards = calloc(xf->maxshards, sizeof(*xf->shards))) == NULL ||
+	    shard_init(xf, &xf->shards[0]) == -1) {
+		free(xf->shards);
+		free(xf);
+		return NULL;
+	}
+	xf->nshards = 1;
+	return xf;
+}
+
+void
+sl_transfers_free(struct sl_transfers *xf)
+{
+	size_t i;
+
+	if (xf == NULL)
+		return;
+	while (xf->neasy > 0)
+		curl_easy_cleanup(xf->easy_pool[--xf->neasy]);
+	for (i = 0; i < xf->nshards; i++) {
+		if (xf->shards[i].multi == NULL)
+			continue;
+		ev_timer_stop(xf->loop, &xf->shards[i].timer);
+		curl_multi_cleanup(xf->shards[i].multi);
+	}
+	free(xf->shards);
+	free(xf);
+}
+
+/* The shard a new transfer goes to; NULL if none can be created. */
+static struct sl_shard *
+shard_pick(struct sl_transfers *xf)
+{
+	struct sl_shard *best = NULL, *dormant = NULL, *sh;
+	size_t i;
+
+	/* The first live shard with room: a light load stays on shard 0. */
+	for (i = 0; i < xf->nshards; i++) {
+		sh = &xf->shards[i];
+		if (sh->multi == NULL) {
+			if (dormant == NULL)
+				dormant = sh;
+			continue;
+		}
+		if (sh->active < SL_SHARD_STREAMS)
+			return sh;
+		if (best == NULL || sh->active < best->active)
+			best = sh;
+	}
+	if (dormant != NULL && shard_init(xf, dormant) == 0)
+		return dormant;
+	if (xf->nshards < xf->maxshards &&
+	    shard_init(xf, &xf->shards[xf->nshards]) == 0)
+		return &xf->shards[xf->nshards++];
+	return best;
+}
+
+/* A transfer left the shard (its handle was removed from the multi). */
+static void
+shard_done(struct sl_shard *sh)
+{
+	if (sh->active > 0 && --sh->active == 0)
+		sh->idle_since = ev_now(sh->xf->loop);
+}
+
+void
+sl_transfers_reap(struct sl_transfers *xf)
+{
+	ev_tstamp now = ev_now(xf->loop);
+	size_t i;
+
+	for (i = 1; i < xf->nshards; i++) {
+		struct sl_shard *sh = &xf->shards[i];
+
+		if (sh->multi == NULL || sh->active > 0 ||
+		    now - sh->idle_since < SL_SHARD_IDLE_SECONDS)
+			continue;
+		curl_multi_cleanup(sh->multi);
+		/* After: cleanup may still have set the timer through its callback. */
+		ev_timer_stop(xf->loop, &sh->timer);
+		sh->multi = NULL;
+	}
+}
+
+CURL *
+sl_transfers_easy(struct sl_transfers *xf)
+{
+	CURL *e = xf->neasy > 0 ? xf->easy_pool[--xf->neasy] : curl_easy_init();
+
+	if (e == NULL)
+		return NULL;
+	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)xf->bufsize);
+	if (xf->cfg->limits.upstream_rcvbuf > 0) {
+		curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, upstream_sockopt_cb);
+		curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, xf);
+	}
+	return e;
+}
+
+struct sl_shard *
+sl_transfers_start(struct sl_transfers *xf, CURL *e)
+{
+	struct sl_shard *sh = shard_pick(xf);
+
+	if (sh == NULL || curl_multi_add_handle(sh->multi, e) != CURLM_OK)
+		return NULL;
+	sh->active++;
+	return sh;
+}
+
+void
+sl_transfers_stop(struct sl_transfers *xf, struct sl_shard *sh, CURL *e)
+{
+	if (sh != NULL) {
+		curl_multi_remove_handle(sh->multi, e);
+		shard_done(sh);
+	}
+	/* Reset, every option a request set is gone before the next. */
+	if (xf->neasy < SL_EASY_POOL) {
+		curl_easy_reset(e);
+		xf->easy_pool[xf->neasy++] = e;
+	} else
+		curl_easy_cleanup(e);
+}
+
+void
+sl_transfers_discard(struct sl_transfers *xf, struct sl_shard *sh, CURL *e)
+{
+	(void)xf;
+	curl_multi_remove_handle(sh->multi, e);
+	shard_done(sh);
+	curl_easy_cleanup(e);
 }

@@ -23,252 +23,6 @@
 
 #define ACCEPTS_PER_EVENT 64
 
-/* One watcher per socket libcurl asks us to poll. */
-struct curl_sock {
-	ev_io io;
-	struct sl_shard *sh;
-	curl_socket_t fd;
-};
-
-static void
-check_multi_info(struct sl_shard *sh)
-{
-	CURLMsg *msg;
-	int left;
-
-	while ((msg = curl_multi_info_read(sh->multi, &left)) != NULL) {
-		if (msg->msg != CURLMSG_DONE)
-			continue;
-		/* The message dies with remove_handle: copy what we need. */
-		sl_conn_upstream_done(sh, msg->easy_handle, msg->data.result);
-	}
-}
-
-static void
-curl_action(struct sl_shard *sh, curl_socket_t fd, int ev_bitmask)
-{
-	int running;
-	CURLMcode rc;
-
-	rc = curl_multi_socket_action(sh->multi, fd, ev_bitmask, &running);
-	if (rc != CURLM_OK)
-		sl_err("curl_multi_socket_action: %s", curl_multi_strerror(rc));
-	check_multi_info(sh);
-}
-
-/*
- * What one upstream read produced (often a head, some events and the last
- * chunk) goes out in one writev right away: waiting for the end of the loop
- * iteration would hold every stream's event until all the others ready in
- * the same epoll batch are read (milliseconds at thousands of streams).
- */
-static void
-curl_sock_cb(struct ev_loop *loop, ev_io *io, int revents)
-{
-	struct curl_sock *cs = io->data;
-	struct sl_worker *w = cs->sh->w;   /* cs may be freed by the action */
-	int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
-	    (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
-
-	curl_action(cs->sh, cs->fd, action);
-	sl_conn_flush_dirty(w);
-}
-
-static void
-curl_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
-{
-	struct sl_shard *sh = t->data;
-
-	curl_action(sh, CURL_SOCKET_TIMEOUT, 0);
-	sl_conn_flush_dirty(sh->w);
-}
-
-/* CURLMOPT_SOCKETFUNCTION: start, change or stop polling one socket. */
-static int
-multi_sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *sockp)
-{
-	struct sl_shard *sh = userp;
-	struct ev_loop *loop = sh->w->loop;
-	struct curl_sock *cs = sockp;
-	int kind;
-
-	if (what == CURL_POLL_REMOVE) {
-		if (cs != NULL) {
-			ev_io_stop(loop, &cs->io);
-			curl_multi_assign(sh->multi, fd, NULL);
-			free(cs);
-		}
-		return 0;
-	}
-	kind = (what & CURL_POLL_IN ? EV_READ : 0) |
-	    (what & CURL_POLL_OUT ? EV_WRITE : 0);
-	if (cs == NULL) {
-		/*
-		 * A new socket: a fresh watcher (the fd number may be a reused
-		 * one; its old watcher was freed on CURL_POLL_REMOVE).
-		 */
-		cs = calloc(1, sizeof(*cs));
-		if (cs == NULL)
-			return -1;
-		cs->sh = sh;
-		cs->fd = fd;
-		curl_multi_assign(sh->multi, fd, cs);
-		ev_io_init(&cs->io, curl_sock_cb, fd, kind);
-		cs->io.data = cs;
-		ev_io_start(loop, &cs->io);
-		return 0;
-	}
-	if ((cs->io.events & (EV_READ | EV_WRITE)) == kind)
-		return 0;
-	/*
-	 * Same socket, other events: ev_io_modify keeps libev from re-adding
-	 * an fd epoll already has (a failing epoll_ctl per request).
-	 */
-	ev_io_stop(loop, &cs->io);
-	ev_io_modify(&cs->io, kind);
-	ev_io_start(loop, &cs->io);
-	return 0;
-}
-
-/* CURLMOPT_TIMERFUNCTION: never call libcurl from here. */
-static int
-multi_timer_cb(CURLM *m, long timeout_ms, void *userp)
-{
-	struct sl_shard *sh = userp;
-
-	ev_timer_stop(sh->w->loop, &sh->timer);
-	if (timeout_ms >= 0) {
-		ev_timer_set(&sh->timer, (double)timeout_ms / 1000.0, 0.0);
-		ev_timer_start(sh->w->loop, &sh->timer);
-	}
-	return 0;
-}
-
-/*
- * SO_RCVBUF on every upstream socket before it connects, when configured:
- * a fixed receive buffer stops the kernel from autotuning it to tens of
- * megabytes, so a paused stream pushes back on the model runner after
- * stream_buffer + upstream_rcvbuf bytes, not after whatever tcp_rmem allows.
- */
-static int
-upstream_sockopt_cb(void *arg, curl_socket_t fd, curlsocktype purpose)
-{
-	struct sl_worker *w = arg;
-	int v = (int)w->cfg->limits.upstream_rcvbuf;
-
-	if (purpose == CURLSOCKTYPE_IPCXN && v > 0 &&
-	    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v)) == -1)
-		sl_warn("upstream SO_RCVBUF %d: %s", v, strerror(errno));
-	return CURL_SOCKOPT_OK;
-}
-
-static int
-shard_init(struct sl_worker *w, struct sl_shard *sh)
-{
-	memset(sh, 0, sizeof(*sh));
-	if ((sh->multi = curl_multi_init()) == NULL)
-		return -1;
-	sh->w = w;
-	curl_multi_setopt(sh->multi, CURLMOPT_SOCKETFUNCTION, multi_sock_cb);
-	curl_multi_setopt(sh->multi, CURLMOPT_SOCKETDATA, sh);
-	curl_multi_setopt(sh->multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
-	curl_multi_setopt(sh->multi, CURLMOPT_TIMERDATA, sh);
-	/*
-	 * Keep an idle connection for every stream the shard may carry (and
-	 * as many again for a burst that spills over): a smaller cache closes
-	 * a connection per finished transfer at full load, and the next
-	 * request connects again.
-	 */
-	curl_multi_setopt(sh->multi, CURLMOPT_MAXCONNECTS,
-	    (long)(2 * SL_SHARD_STREAMS));
-	ev_init(&sh->timer, curl_timer_cb);
-	sh->timer.data = sh;
-	sh->idle_since = ev_now(w->loop);
-	return 0;
-}
-
-struct sl_shard *
-sl_worker_shard(struct sl_worker *w)
-{
-	struct sl_shard *best = NULL, *dormant = NULL, *sh;
-	size_t i;
-
-	/* The first live shard with room: a light load stays on shard 0. */
-	for (i = 0; i < w->nshards; i++) {
-		sh = &w->shards[i];
-		if (sh->multi == NULL) {
-			if (dormant == NULL)
-				dormant = sh;
-			continue;
-		}
-		if (sh->active < SL_SHARD_STREAMS)
-			return sh;
-		if (best == NULL || sh->active < best->active)
-			best = sh;
-	}
-	if (dormant != NULL && shard_init(w, dormant) == 0)
-		return dormant;
-	if (w->nshards < w->maxshards &&
-	    shard_init(w, &w->shards[w->nshards]) == 0)
-		return &w->shards[w->nshards++];
-	return best;
-}
-
-void
-sl_worker_shard_done(struct sl_shard *sh)
-{
-	if (sh->active > 0 && --sh->active == 0)
-		sh->idle_since = ev_now(sh->w->loop);
-}
-
-/* Close shards (not the first) idle for SL_SHARD_IDLE_SECONDS. */
-static void
-shards_reap(struct sl_worker *w)
-{
-	ev_tstamp now = ev_now(w->loop);
-	size_t i;
-
-	for (i = 1; i < w->nshards; i++) {
-		struct sl_shard *sh = &w->shards[i];
-
-		if (sh->multi == NULL || sh->active > 0 ||
-		    now - sh->idle_since < SL_SHARD_IDLE_SECONDS)
-			continue;
-		curl_multi_cleanup(sh->multi);
-		/* After: cleanup may still have set the timer through its callback. */
-		ev_timer_stop(w->loop, &sh->timer);
-		sh->multi = NULL;
-	}
-}
-
-CURL *
-sl_worker_easy_get(struct sl_worker *w)
-{
-	if (w->neasy > 0)
-		return w->easy_pool[--w->neasy];
-	return curl_easy_init();
-}
-
-void
-sl_worker_easy_put(struct sl_worker *w, CURL *e)
-{
-	if (w->neasy < SL_EASY_POOL) {
-		curl_easy_reset(e);
-		w->easy_pool[w->neasy++] = e;
-	} else {
-		curl_easy_cleanup(e);
-	}
-}
-
-void
-sl_worker_easy_setopts(struct sl_worker *w, CURL *e)
-{
-	if (w->cfg->limits.upstream_rcvbuf > 0) {
-		curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, upstream_sockopt_cb);
-		curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, w);
-	}
-}
-
 static void
 accept_cb(struct ev_loop *loop, ev_io *io, int revents)
 {
@@ -420,8 +174,10 @@ flush_cb(struct ev_loop *loop, ev_prepare *p, int revents)
 static void
 gauge_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
-	sl_conn_gauges(t->data);
-	shards_reap(t->data);
+	struct sl_worker *w = t->data;
+
+	sl_conn_gauges(w);
+	sl_transfers_reap(w->xfers);
 }
 
 static void
@@ -480,24 +236,18 @@ sl_worker_main(const struct sl_worker_args *a)
 		sl_warn("epoll_create1: %s (a client leaving behind unread "
 		    "pipelined bytes is noticed at the next write)",
 		    strerror(errno));
-	w.curl_bufsize = a->cfg->stream_buffer / 2;
-	if (w.curl_bufsize > CURL_MAX_WRITE_SIZE)
-		w.curl_bufsize = CURL_MAX_WRITE_SIZE;
-	if (w.curl_bufsize < 1024)
-		w.curl_bufsize = 1024;
 	http_parser_set_max_header_size(
 	    (uint32_t)a->cfg->limits.max_header_bytes + 1024);
 
-	/*
-	 * Every stream the worker may carry, SL_SHARD_STREAMS per shard; the
-	 * array never moves (watchers point into it), shards start on demand.
-	 */
-	w.maxshards = (a->cfg->limits.max_connections + SL_SHARD_STREAMS - 1) /
-	    SL_SHARD_STREAMS;
-	if ((w.shards = calloc(w.maxshards, sizeof(*w.shards))) == NULL ||
-	    (w.nshards = 1, shard_init(&w, &w.shards[0])) == -1) {
-		sl_err("cannot create the libcurl multi handle");
-		return 1;
+	{
+		const struct sl_transfer_hooks hooks = {
+			sl_conn_upstream_done, sl_conn_flush_dirty_hook, &w
+		};
+
+		if ((w.xfers = sl_transfers_new(w.loop, a->cfg, &hooks)) == NULL) {
+			sl_err("cannot create the libcurl multi handle");
+			return 1;
+		}
 	}
 
 	ev_io_init(&w.accept_io, accept_cb, w.listen_fd, EV_READ);
@@ -555,15 +305,7 @@ sl_worker_main(const struct sl_worker_args *a)
 
 	sl_conn_close_all(&w);
 	sl_conn_gauges(&w);
-	while (w.neasy > 0)
-		curl_easy_cleanup(w.easy_pool[--w.neasy]);
-	for (size_t i = 0; i < w.nshards; i++) {
-		if (w.shards[i].multi == NULL)
-			continue;
-		ev_timer_stop(w.loop, &w.shards[i].timer);
-		curl_multi_cleanup(w.shards[i].multi);
-	}
-	free(w.shards);
+	sl_transfers_free(w.xfers);
 	if (w.access_fd > STDERR_FILENO)
 		close(w.access_fd);
 	sl_keyidx_free(w.keys);
