@@ -9,8 +9,29 @@
 #include <stddef.h>
 #include <sys/uio.h>
 
+/*
+ * A free list of SL_BLOCK_SIZE blocks, one per worker: what a stream keeps
+ * in memory while it has nothing buffered is nothing, and taking a block
+ * back when the next event comes is a pointer pop, not a malloc.
+ */
+#define SL_BLOCK_SIZE 4096
+
+struct sl_blocks {
+	void **free;     /* [max] */
+	size_t n, max;
+};
+
+/* A pool keeping at most max free blocks; -1 when out of memory. */
+int sl_blocks_init(struct sl_blocks *, size_t max);
+void sl_blocks_free(struct sl_blocks *);
+/* A block of SL_BLOCK_SIZE bytes, or NULL. pool may be NULL (malloc). */
+void *sl_block_get(struct sl_blocks *);
+/* Give a block back (pool may be NULL: free). */
+void sl_block_put(struct sl_blocks *, void *);
+
 struct sl_buf {
 	char *data;      /* NULL until the first append */
+	struct sl_blocks *pool;   /* where a first block comes from; may be NULL */
 	size_t alloc;    /* bytes allocated (<= cap) */
 	size_t cap;      /* hard bound */
 	size_t head;     /* offset of the first byte */
@@ -21,6 +42,9 @@ struct sl_buf {
 void sl_buf_init(struct sl_buf *, size_t cap);
 /* Free the memory; the buffer is empty and reusable afterwards. */
 void sl_buf_free(struct sl_buf *);
+
+/* If the buffer is empty, give its memory back (a block to its pool). */
+void sl_buf_release(struct sl_buf *);
 
 static inline size_t sl_buf_len(const struct sl_buf *b) { return b->len; }
 static inline size_t sl_buf_space(const struct sl_buf *b) { return b->cap - b->len; }

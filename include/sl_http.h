@@ -43,8 +43,8 @@ struct sl_req {
 	char *arena;             /* target + header names and values */
 	size_t arena_len, arena_cap;
 	uint32_t url_off, url_len;
-	struct sl_req_header headers[SL_REQ_MAX_HEADERS];
-	size_t nheaders;
+	struct sl_req_header *headers;   /* grows with the head, up to the max */
+	size_t nheaders, headers_cap;
 	int last_was_value;      /* http-parser callback bookkeeping */
 	size_t head_bytes;       /* bytes of head seen (request line + headers) */
 	int lex;                 /* head_lex() state across feeds */
@@ -71,6 +71,14 @@ void sl_req_reset(struct sl_req *);
 
 /* Free everything. */
 void sl_req_free(struct sl_req *);
+
+/*
+ * The head was used (the upstream request is built): keep only the target
+ * and method, give back the header table and the rest of the arena. A
+ * stream then holds no copy of a head it no longer needs. Header lookups
+ * find nothing afterwards.
+ */
+void sl_req_shed_head(struct sl_req *);
 
 /*
  * Parse up to len bytes. Returns the number consumed; stops early when the

@@ -12,6 +12,7 @@
 #include <sys/queue.h>
 
 #include "sl_auth.h"
+#include "sl_buf.h"
 #include "sl_config.h"
 #include "sl_shm.h"
 #include "sl_upstream.h"
@@ -60,6 +61,7 @@ struct sl_worker {
 	ev_timer accept_retry;
 
 	struct sl_transfers *xfers;  /* libcurl multi shards, easy handles */
+	struct sl_blocks blocks;     /* 4 KiB blocks: input and stream buffers */
 
 	ev_signal sig_term, sig_int, sig_quit, sig_usr2;
 	ev_timer drain_timer;

@@ -10,7 +10,44 @@
 
 #include "sl_buf.h"
 
-#define SL_BUF_MIN_ALLOC 4096
+#define SL_BUF_MIN_ALLOC SL_BLOCK_SIZE
+
+int
+sl_blocks_init(struct sl_blocks *p, size_t max)
+{
+	p->n = 0;
+	p->max = max;
+	p->free = calloc(max ? max : 1, sizeof(*p->free));
+	return p->free == NULL ? -1 : 0;
+}
+
+void
+sl_blocks_free(struct sl_blocks *p)
+{
+	while (p->n > 0)
+		free(p->free[--p->n]);
+	free(p->free);
+	p->free = NULL;
+}
+
+void *
+sl_block_get(struct sl_blocks *p)
+{
+	if (p != NULL && p->n > 0)
+		return p->free[--p->n];
+	return malloc(SL_BLOCK_SIZE);
+}
+
+void
+sl_block_put(struct sl_blocks *p, void *blk)
+{
+	if (blk == NULL)
+		return;
+	if (p != NULL && p->n < p->max)
+		p->free[p->n++] = blk;
+	else
+		free(blk);
+}
 
 void
 sl_buf_init(struct sl_buf *b, size_t cap)
@@ -19,10 +56,27 @@ sl_buf_init(struct sl_buf *b, size_t cap)
 	b->cap = cap;
 }
 
+/* Free memory of b->alloc bytes: a block goes back to the pool. */
+static void
+buf_drop(struct sl_buf *b, char *data, size_t alloc)
+{
+	if (alloc == SL_BLOCK_SIZE)
+		sl_block_put(b->pool, data);
+	else
+		free(data);
+}
+
+void
+sl_buf_release(struct sl_buf *b)
+{
+	if (b->len == 0 && b->data != NULL)
+		sl_buf_free(b);
+}
+
 void
 sl_buf_free(struct sl_buf *b)
 {
-	free(b->data);
+	buf_drop(b, b->data, b->alloc);
 	b->data = NULL;
 	b->alloc = 0;
 	b->head = 0;
@@ -49,12 +103,12 @@ buf_grow(struct sl_buf *b, size_t need)
 		na = b->cap;
 	if (na < need)
 		return -1;
-	nd = malloc(na);
+	nd = na == SL_BLOCK_SIZE ? sl_block_get(b->pool) : malloc(na);
 	if (nd == NULL)
 		return -1;
 	if (b->len > 0)
 		sl_buf_peek(b, nd, b->len);
-	free(b->data);
+	buf_drop(b, b->data, b->alloc);
 	b->data = nd;
 	b->alloc = na;
 	b->head = 0;

@@ -53,7 +53,8 @@ void
 sl_req_reset(struct sl_req *r)
 {
 	char *arena = r->arena, *body = r->body;
-	size_t acap = r->arena_cap, bcap = r->body_cap;
+	size_t acap = r->arena_cap, bcap = r->body_cap, hcap = r->headers_cap;
+	struct sl_req_header *hd = r->headers;
 	size_t mh = r->max_header_bytes, mb = r->max_body_bytes;
 
 	/* Keep a small arena across requests; drop a large body buffer. */
@@ -67,6 +68,8 @@ sl_req_reset(struct sl_req *r)
 	r->arena_cap = acap;
 	r->body = body;
 	r->body_cap = bcap;
+	r->headers = hd;
+	r->headers_cap = hcap;
 }
 
 void
@@ -74,9 +77,34 @@ sl_req_free(struct sl_req *r)
 {
 	free(r->arena);
 	free(r->body);
+	free(r->headers);
 	r->arena = NULL;
 	r->body = NULL;
-	r->arena_cap = r->body_cap = 0;
+	r->headers = NULL;
+	r->arena_cap = r->body_cap = r->headers_cap = 0;
+}
+
+void
+sl_req_shed_head(struct sl_req *r)
+{
+	char *na;
+
+	free(r->headers);
+	r->headers = NULL;
+	r->headers_cap = r->nheaders = 0;
+	if (r->arena == NULL)
+		return;
+	memmove(r->arena, r->arena + r->url_off, r->url_len);
+	r->url_off = 0;
+	r->arena_len = r->url_len;
+	if (r->url_len == 0) {
+		free(r->arena);
+		r->arena = NULL;
+		r->arena_cap = 0;
+	} else if ((na = realloc(r->arena, r->url_len)) != NULL) {
+		r->arena = na;
+		r->arena_cap = r->url_len;
+	}
 }
 
 /* Append to the arena; the arena is bounded by the head size limit. */
@@ -149,6 +177,19 @@ on_header_field(http_parser *p, const char *at, size_t n)
 		if (r->nheaders == SL_REQ_MAX_HEADERS) {
 			req_fail(r, 431, "too many request headers");
 			return -1;
+		}
+		if (r->nheaders == r->headers_cap) {
+			size_t nc = r->headers_cap ? 2 * r->headers_cap : 16;
+			struct sl_req_header *nh;
+
+			if (nc > SL_REQ_MAX_HEADERS)
+				nc = SL_REQ_MAX_HEADERS;
+			if ((nh = realloc(r->headers, nc * sizeof(*nh))) == NULL) {
+				req_fail(r, 503, "out of memory");
+				return -1;
+			}
+			r->headers = nh;
+			r->headers_cap = nc;
 		}
 		h = &r->headers[r->nheaders++];
 		memset(h, 0, sizeof(*h));

@@ -38,7 +38,7 @@
 #include "sl_upstream.h"
 #include "sl_worker.h"
 
-#define CONN_IN_SIZE 4096           /* client input buffer (heads stream through) */
+#define CONN_IN_SIZE SL_BLOCK_SIZE  /* client input buffer (heads stream through) */
 #define CHUNK_FRAMING 32            /* "%zx\r\n" + "\r\n", generously */
 #define LINGER_SECONDS 2.0
 
@@ -426,7 +426,7 @@ sl_conn_new(struct sl_worker *w, int fd)
 	struct sl_conn *c;
 
 	c = calloc(1, sizeof(*c));
-	if (c == NULL || (c->in = malloc(CONN_IN_SIZE)) == NULL) {
+	if (c == NULL) {
 		free(c);
 		sl_conn_refuse(w, fd);
 		return;
@@ -448,6 +448,7 @@ sl_conn_new(struct sl_worker *w, int fd)
 	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
 	    w->cfg->limits.max_body_bytes);
 	sl_buf_init(&c->out, w->cfg->stream_buffer + CHUNK_FRAMING);
+	c->out.pool = &w->blocks;
 	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
 	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
 	ev_init(&c->timer, conn_on_timer);
@@ -684,7 +685,7 @@ conn_unref(struct sl_conn *c)
 		return;
 	sl_req_free(&c->req);
 	sl_buf_free(&c->out);
-	free(c->in);
+	sl_block_put(&c->w->blocks, c->in);
 	free(c->rh);
 	sl_resp_head_free(&c->uh);
 	free(c);
@@ -734,9 +735,7 @@ conn_response_done(struct sl_conn *c)
 	c->t_req = ev_now(w->loop);
 	/* A pipelined request already waiting begins now. */
 	c->t_rx = c->in_len > 0 ? c->t_req : 0;
-	if (sl_buf_len(&c->out) == 0 && c->out.data != NULL &&
-	    c->out.alloc > 16384)
-		sl_buf_free(&c->out);   /* a past burst need not pin memory */
+	sl_buf_release(&c->out);   /* a past burst need not pin memory */
 	conn_set_state(c, CS_HEAD);
 	conn_read_start(c);
 	conn_process(c);
@@ -828,6 +827,17 @@ conn_flush(struct sl_conn *c)
 			c->slot_held = 1;
 	} else
 		ev_io_stop(c->w->loop, &c->wio);
+	/*
+	 * Nothing kept that waits for nothing: a slow stream holds no
+	 * buffer between its events (the block goes back to the pool), and
+	 * a head once written is not kept either.
+	 */
+	sl_buf_release(&c->out);
+	if (c->rh != NULL && c->rh_off == c->rh_len) {
+		free(c->rh);
+		c->rh = NULL;
+		c->rh_len = c->rh_off = c->rh_cap = 0;
+	}
 	return 0;
 }
 
@@ -1015,6 +1025,27 @@ conn_build_head(struct sl_conn *c)
 	return 0;
 }
 
+/*
+ * The response head is in the client's head: no try follows, so what only
+ * a try needed goes. The upstream head's copy, and the request body once
+ * libcurl has sent all of it (an upstream may answer before reading the
+ * body; libcurl would still be sending from it).
+ */
+static void
+conn_shed_request(struct sl_conn *c)
+{
+	curl_off_t up = 0;
+
+	sl_resp_head_free(&c->uh);
+	if (c->req.body != NULL && c->easy != NULL &&
+	    curl_easy_getinfo(c->easy, CURLINFO_SIZE_UPLOAD_T, &up) == CURLE_OK &&
+	    (size_t)up == c->req.body_len) {
+		free(c->req.body);
+		c->req.body = NULL;
+		c->req.body_cap = 0;
+	}
+}
+
 static size_t
 upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 {
@@ -1063,6 +1094,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 			curl_easy_setopt(c->easy, CURLOPT_FORBID_REUSE, 1L);
 		if (conn_build_head(c) == -1)
 			break;
+		conn_shed_request(c);
 		if (c->state == CS_UPSTREAM)
 			conn_set_state(c, CS_STREAM);
 		conn_mark_dirty(c);
@@ -1410,6 +1442,8 @@ conn_start_upstream(struct sl_conn *c)
 		    "cannot start the upstream request", 0, 0);
 		return;
 	}
+	/* The upstream head is built: the client's is not needed any more. */
+	sl_req_shed_head(&c->req);
 	c->tried = 0;
 	c->tries = 0;
 	r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0, &retry_after);
@@ -1763,9 +1797,28 @@ conn_req_error(struct sl_conn *c)
 	    c->req.reason ? c->req.reason : "bad request", 0, 1);
 }
 
+/* No input waits: the input block goes back to the worker's pool. */
+static void
+conn_in_release(struct sl_conn *c)
+{
+	if (c->in != NULL && c->in_len == 0 && !c->dead) {
+		sl_block_put(&c->w->blocks, c->in);
+		c->in = NULL;
+	}
+}
+
+static void conn_process_input(struct sl_conn *);
+
 /* Feed buffered input to the parser and act on what it finds. */
 static void
 conn_process(struct sl_conn *c)
+{
+	conn_process_input(c);
+	conn_in_release(c);
+}
+
+static void
+conn_process_input(struct sl_conn *c)
 {
 	size_t n;
 
@@ -1824,6 +1877,7 @@ conn_on_read(struct ev_loop *loop, ev_io *io, int revents)
 
 	c->depth++;
 	conn_read_event(c);
+	conn_in_release(c);
 	conn_unref(c);
 }
 
@@ -1852,6 +1906,11 @@ conn_read_event(struct sl_conn *c)
 		 */
 		conn_read_stop(c);
 		conn_hup_watch(c);
+		return;
+	}
+	if (c->in == NULL && (c->in = sl_block_get(&c->w->blocks)) == NULL) {
+		sl_err("conn %d: out of memory for its input", c->fd);
+		conn_close(c, "client_gone");
 		return;
 	}
 	n = read(c->fd, c->in + c->in_len, CONN_IN_SIZE - c->in_len);

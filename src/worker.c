@@ -232,6 +232,11 @@ sl_worker_main(const struct sl_worker_args *a)
 	ev_prepare_init(&w.flush_prep, flush_cb);
 	w.flush_prep.data = &w;
 	w.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	/* Idle blocks kept for reuse: at most 4 MiB per worker. */
+	if (sl_blocks_init(&w.blocks, 1024) == -1) {
+		sl_err("out of memory");
+		return 1;
+	}
 	if ((w.hup_fd = epoll_create1(EPOLL_CLOEXEC)) == -1)
 		sl_warn("epoll_create1: %s (a client leaving behind unread "
 		    "pipelined bytes is noticed at the next write)",
@@ -306,6 +311,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	sl_conn_close_all(&w);
 	sl_conn_gauges(&w);
 	sl_transfers_free(w.xfers);
+	sl_blocks_free(&w.blocks);
 	if (w.access_fd > STDERR_FILENO)
 		close(w.access_fd);
 	sl_keyidx_free(w.keys);
