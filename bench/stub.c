@@ -8,6 +8,7 @@
  * Command line
  *   sluice-stub [-l HOST:PORT] [-q] [--health-status CODE] [--slow-start SECONDS]
  *               [--busy] [--busy-status 429|503] [--busy-retry-after SECONDS]
+ *               [--interval-scale F]
  *     -l  listen address, default 127.0.0.1:9000; "[::1]:PORT" for IPv6; port 0
  *         picks a free port.
  *     -q  quiet: no per-request log lines on stderr (startup errors still print).
@@ -19,6 +20,8 @@
  *     --busy                completions are refused (status below, Retry-After).
  *     --busy-status 429|503 the status of a busy refusal, default 503.
  *     --busy-retry-after N  0..86400, its Retry-After, default 2.
+ *     --interval-scale F    multiply every X-Stub-Interval-Ms by F (decimal,
+ *         0 < F <= 1000, default 1): a replica with F = 3 streams 3x slower.
  *   Bad values print why and the usage, exit 2.
  *   After binding, exactly one line goes to stdout, flushed:
  *     sluice-stub listening on HOST:PORT        (numeric host, actual port)
@@ -371,6 +374,7 @@ struct stub {
 	int		 busy_status;	/* 503 or 429 */
 	long long	 busy_retry_after;	/* Retry-After seconds on a busy refusal */
 	double		 loading_until;	/* CLOCK_MONOTONIC s; loading (503) before it */
+	double		 interval_scale;	/* --interval-scale: pause = interval x this */
 	char		 scratch[IN_CAP];	/* socket reads land here, then the parser */
 };
 
@@ -1798,7 +1802,7 @@ conn_after_write(struct conn *c)
 	else if (c->events_sent == 0 || c->events_sent >= k->events || k->interval_ms == 0)
 		conn_set_state(c, CONN_EMIT);
 	else {
-		conn_arm_timer(c, (double)k->interval_ms / 1000.0);
+		conn_arm_timer(c, (double)k->interval_ms * c->ctx->interval_scale / 1000.0);
 		conn_set_state(c, CONN_PACE);
 	}
 }
@@ -2146,7 +2150,7 @@ usage(void)
 {
 	fprintf(stderr, "usage: sluice-stub [-l HOST:PORT] [-q] [--health-status CODE]\n"
 	    "           [--slow-start SECONDS] [--busy] [--busy-status 429|503]\n"
-	    "           [--busy-retry-after SECONDS]\n"
+	    "           [--busy-retry-after SECONDS] [--interval-scale F]\n"
 	    "  -l  listen address (default " STUB_DEFAULT_LISTEN "; [::1]:PORT for IPv6)\n"
 	    "  -q  no per-request logging\n"
 	    "  --health-status CODE       GET /health answers CODE (200..599, not 204/304;"
@@ -2156,7 +2160,9 @@ usage(void)
 	    "  --busy                     completions answer 503 with Retry-After\n"
 	    "  --busy-status 429|503      the status of a busy refusal (default 503)\n"
 	    "  --busy-retry-after SECONDS Retry-After of a busy refusal (0..86400,"
-	    " default 2)\n");
+	    " default 2)\n"
+	    "  --interval-scale F         pause between events = X-Stub-Interval-Ms x F\n"
+	    "                             (0 < F <= 1000, default 1)\n");
 	exit(2);
 }
 
@@ -2179,13 +2185,14 @@ main(int argc, char **argv)
 {
 	static struct stub ctx;	/* large (scratch buffer): not on the stack */
 	enum { OPT_HEALTH_STATUS = 256, OPT_SLOW_START, OPT_BUSY, OPT_BUSY_STATUS,
-	    OPT_BUSY_RETRY_AFTER };
+	    OPT_BUSY_RETRY_AFTER, OPT_INTERVAL_SCALE };
 	static const struct option longopts[] = {
 		{ "health-status",	required_argument, NULL, OPT_HEALTH_STATUS },
 		{ "slow-start",		required_argument, NULL, OPT_SLOW_START },
 		{ "busy",		no_argument,	   NULL, OPT_BUSY },
 		{ "busy-status",	required_argument, NULL, OPT_BUSY_STATUS },
 		{ "busy-retry-after",	required_argument, NULL, OPT_BUSY_RETRY_AFTER },
+		{ "interval-scale",	required_argument, NULL, OPT_INTERVAL_SCALE },
 		{ NULL, 0, NULL, 0 }
 	};
 	const char *listen_arg = STUB_DEFAULT_LISTEN;
@@ -2196,6 +2203,7 @@ main(int argc, char **argv)
 	ctx.health_status = 200;
 	ctx.busy_status = 503;
 	ctx.busy_retry_after = 2;
+	ctx.interval_scale = 1.0;
 	while ((ch = getopt_long(argc, argv, "l:qh", longopts, NULL)) != -1) {
 		switch (ch) {
 		case 'l':
@@ -2232,6 +2240,14 @@ main(int argc, char **argv)
 			break;
 		case OPT_BUSY_RETRY_AFTER:
 			ctx.busy_retry_after = opt_ll("--busy-retry-after", optarg, 0, SECS_MAX);
+			break;
+		case OPT_INTERVAL_SCALE:
+			if (parse_secs(optarg, strlen(optarg), &ctx.interval_scale) < 0 ||
+			    ctx.interval_scale <= 0 || ctx.interval_scale > 1000) {
+				fprintf(stderr, "sluice-stub: bad --interval-scale '%s': want "
+				    "a decimal in (0, 1000]\n", optarg);
+				usage();
+			}
 			break;
 		default:
 			usage();
