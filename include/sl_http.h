@@ -49,6 +49,7 @@ struct sl_req {
 	size_t head_bytes;       /* bytes of head seen (request line + headers) */
 	int lex;                 /* head_lex() state across feeds */
 	size_t lex_headers;      /* header lines head_lex() has seen */
+	size_t lex_end_at;       /* head offset of the LF that ended the head */
 
 	char *body;              /* NULL when empty or discarded */
 	size_t body_len, body_cap;

@@ -454,9 +454,10 @@ head_lex(struct sl_req *r, const char *data, size_t n, const char **why,
 				*why = "obsolete line folding";
 				return r->head_bytes + i;
 			}
-			if (ch == '\n')
+			if (ch == '\n') {
 				r->lex = LX_END;
-			else if (ch == '\r')
+				r->lex_end_at = r->head_bytes + i;
+			} else if (ch == '\r')
 				r->lex = LX_CR_END;
 			else {
 				r->lex = LX_NAME;
@@ -487,6 +488,8 @@ head_lex(struct sl_req *r, const char *data, size_t n, const char **why,
 				return r->head_bytes + i;
 			}
 			r->lex = r->lex == LX_CR ? LX_LINE_START : LX_END;
+			if (r->lex == LX_END)
+				r->lex_end_at = r->head_bytes + i;
 			break;
 		}
 	}
@@ -515,6 +518,20 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 		 * should: peers may read them differently (smuggling).
 		 */
 		bad_at = head_lex(r, data, n, &why, &bad_status);
+		/*
+		 * The byte lexer saw the empty line that ends a head. It is
+		 * never fed the final LF of a head http-parser completed (the
+		 * parser pauses before it), so the parser did not end the head
+		 * there: it read on (e.g. "GET / H\r\n\r\n1.1", taken for
+		 * "HTTP/1.1" by its lax version check). The two disagree on
+		 * where the head ends: that is the first problem, at that
+		 * byte, however the bytes came.
+		 */
+		if (bad_at == SIZE_MAX && r->lex == LX_END) {
+			bad_at = r->lex_end_at;
+			why = "malformed request head";
+			bad_status = 400;
+		}
 		/*
 		 * Every byte of the head counts: request line, CRLFs, spaces,
 		 * and the final LF that http-parser has not consumed yet when
