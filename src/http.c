@@ -351,7 +351,8 @@ on_body(http_parser *p, const char *at, size_t n)
 		 * promises: a client announcing 16 MiB and sending nothing
 		 * must not pin 16 MiB.
 		 */
-		ncap = r->body_cap ? r->body_cap * 2 : 16384;
+		/* A first block the size of what came (a short prompt is not 16 KiB). */
+		ncap = r->body_cap ? r->body_cap * 2 : (n + 1023) / 1024 * 1024;
 		while (ncap < r->body_len + n)
 			ncap *= 2;
 		if (ncap > r->max_body_bytes)
