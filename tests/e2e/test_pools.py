@@ -820,10 +820,15 @@ def test_pool_killed_replica_fails_no_unstarted_request_and_returns_after_rise()
         try:
             assert c2.url == c.url
             h.wait_until(lambda: up_of(gw, c.url) == 1, 10, msg="c back after rise probes")
+            # Idle replicas tie and least_loaded draws among equals at
+            # random: a returned replica gets its first request within a
+            # few, and never is a bug (60 misses in a row: (2/3)^60).
             before = c2.stats()["requests"]
-            for _ in range(9):
+            for _ in range(60):
                 post_ok(gw)
-            assert c2.stats()["requests"] - before >= 2, "the returned replica got no traffic"
+                if c2.stats()["requests"] > before:
+                    break
+            assert c2.stats()["requests"] > before, "the returned replica got no traffic"
         finally:
             c2.kill()
         h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
