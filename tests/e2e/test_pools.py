@@ -852,3 +852,23 @@ def test_pool_busy_stub_moves_requests_and_loading_stub_gets_none():
         m = h.scrape(gw)
         assert retries(m, "busy") == 1
         assert rreq(m, busy.url, "503") == 1
+
+
+@h.timeout(60)
+def test_pool_stub_health_status_500_keeps_it_out_and_switching_it_brings_it_back():
+    health = {"path": "/health", "interval": "100ms", "timeout": "80ms", "fall": 2, "rise": 2}
+    with Stub("ok") as ok, Stub("sick", args=("--health-status", "500")) as sick, \
+            Gateway(pool_config([ok.url, sick.url], health=health)) as gw:
+        h.wait_until(lambda: up_of(gw, sick.url) == 0, 10, msg="sick replica out")
+        assert up_of(gw, ok.url) == 1
+        for _ in range(6):
+            post_ok(gw)
+        assert sick.stats()["requests"] == 0
+        assert sick.stats()["health_requests"] >= 2
+        sick._http("POST", "/stub/health?status=200")
+        h.wait_until(lambda: up_of(gw, sick.url) == 1, 10, msg="replica back after rise")
+        for _ in range(60):
+            post_ok(gw)
+            if sick.stats()["requests"] > 0:
+                break
+        assert sick.stats()["requests"] > 0, "the replica back up got no traffic"
