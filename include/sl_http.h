@@ -135,6 +135,7 @@ struct sl_resp_head {
 	size_t len, cap;
 	int is_sse;               /* Content-Type: text/event-stream */
 	int has_cache_control;
+	int retry_after;          /* first Retry-After in seconds; -1: none */
 };
 
 enum sl_rh_result {
@@ -146,9 +147,6 @@ enum sl_rh_result {
 /* Forget the head, keep the memory (a 1xx head is followed by another). */
 void sl_resp_head_reset(struct sl_resp_head *);
 void sl_resp_head_free(struct sl_resp_head *);
-
-/* Retry-After of the head in seconds (delta-seconds form only), or 0. */
-int sl_resp_head_retry_after(const struct sl_resp_head *);
 
 /* One header line as libcurl delivers it, CRLF included. */
 enum sl_rh_result sl_resp_head_line(struct sl_resp_head *, const char *line,

@@ -259,20 +259,18 @@ on_headers_complete(http_parser *p)
 
 		for (k = 0; k < r->nheaders; k++) {
 			const struct sl_req_header *h = &r->headers[k];
+			const char *name = r->arena + h->name_off;
 			const char *v = r->arena + h->value_off;
 
-			if (h->name_len == 4 &&
-			    strncasecmp(r->arena + h->name_off, "host", 4) == 0)
+			if (sl_http_name_is(name, h->name_len, "host"))
 				hosts++;
-			if (h->name_len == 13 && strncasecmp(r->arena + h->name_off,
-			    "authorization", 13) == 0)
+			if (sl_http_name_is(name, h->name_len, "authorization"))
 				auths++;
 			/*
 			 * We de-chunk and forward with a length: any other
 			 * transfer coding would be silently dropped.
 			 */
-			if (h->name_len == 17 && strncasecmp(r->arena + h->name_off,
-			    "transfer-encoding", 17) == 0 &&
+			if (sl_http_name_is(name, h->name_len, "transfer-encoding") &&
 			    !(h->value_len == 7 && strncasecmp(v, "chunked", 7) == 0)) {
 				req_fail(r, 400, "unsupported transfer coding");
 				return -1;
@@ -699,6 +697,7 @@ sl_resp_head_reset(struct sl_resp_head *h)
 	h->reason[0] = '\0';
 	h->len = 0;
 	h->is_sse = h->has_cache_control = 0;
+	h->retry_after = -1;
 }
 
 void
@@ -811,6 +810,15 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 		h->is_sse = 1;
 	if (sl_http_name_is(p, nl, "cache-control"))
 		h->has_cache_control = 1;
+	if (sl_http_name_is(p, nl, "retry-after") && h->retry_after < 0) {
+		/* The first one, delta-seconds only (an HTTP-date reads as 0). */
+		const char *d = v;
+		long secs = 0;
+
+		while (d < p + len && *d >= '0' && *d <= '9' && secs <= 86400)
+			secs = secs * 10 + (*d++ - '0');
+		h->retry_after = secs > 86400 ? 86400 : (int)secs;
+	}
 	if (h->len + len + 2 > SL_RESP_HEAD_MAX)
 		return SL_RH_BAD;
 	if (h->len + len + 2 > h->cap) {
@@ -829,30 +837,6 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 	memcpy(h->block + h->len, "\r\n", 2);
 	h->len += 2;
 	return SL_RH_MORE;
-}
-
-int
-sl_resp_head_retry_after(const struct sl_resp_head *h)
-{
-	const char *p = h->block, *end = h->block + h->len, *eol, *v;
-	long secs;
-
-	while (p != NULL && p < end) {
-		eol = memchr(p, '\n', (size_t)(end - p));
-		if (eol == NULL)
-			break;
-		if ((size_t)(eol - p) > 12 && strncasecmp(p, "retry-after:", 12) == 0) {
-			v = p + 12;
-			while (v < eol && (*v == ' ' || *v == '\t'))
-				v++;
-			secs = 0;
-			while (v < eol && *v >= '0' && *v <= '9' && secs < 86400)
-				secs = secs * 10 + (*v++ - '0');
-			return secs > 86400 ? 86400 : (int)secs;
-		}
-		p = eol + 1;
-	}
-	return 0;
 }
 
 size_t

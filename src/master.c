@@ -198,6 +198,20 @@ shm_index(struct master *m, const char *name, int replica)
 	return j;
 }
 
+/*
+ * Indices of one kind (tenants, or replicas) that the new mapping did not
+ * keep get limit 0: nothing new is admitted, what is in flight finishes.
+ */
+static void
+retire_unkept(struct master *m, const unsigned char *keep, int replica)
+{
+	size_t j;
+
+	for (j = 0; j < m->shm_ntenants; j++)
+		if (!keep[j] && m->shm_replica[j] == replica)
+			sl_shm_set_limit(m->shm, j, 0);
+}
+
 static char *
 replica_key(const char *upstream, const char *url)
 {
@@ -265,9 +279,7 @@ map_replicas(struct master *m, const struct sl_config *cfg)
 
 			sl_shm_set_limit(m->shm, map[u][r], cap > 0 ? cap : INT32_MAX);
 		}
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (m->shm_replica[j] && !keep[j])
-			sl_shm_set_limit(m->shm, j, 0);
+	retire_unkept(m, keep, 1);
 	free(keep);
 	return map;
 fail:
@@ -301,9 +313,7 @@ map_tenants(struct master *m, const struct sl_config *cfg)
 	/* Publish only once the whole mapping exists. */
 	for (i = 0; i < cfg->ntenants; i++)
 		sl_shm_set_limit(m->shm, map[i], cfg->tenants[i].max_streams);
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (!keep[j] && !m->shm_replica[j])
-			sl_shm_set_limit(m->shm, j, 0);
+	retire_unkept(m, keep, 0);
 	free(keep);
 	return map;
 fail:

@@ -122,19 +122,27 @@ sl_probe_free(struct sl_prober *pr)
 	free(pr);
 }
 
+/* The probes' sockets as libcurl reports them: the highest fd, or -1. */
+static int
+probe_fdset(struct sl_prober *pr, fd_set *rd, fd_set *wr, fd_set *ex)
+{
+	int maxfd = -1;
+
+	FD_ZERO(rd);
+	FD_ZERO(wr);
+	FD_ZERO(ex);
+	if (pr == NULL || pr->multi == NULL ||
+	    curl_multi_fdset(pr->multi, rd, wr, ex, &maxfd) != CURLM_OK)
+		return -1;
+	return maxfd;
+}
+
 void
 sl_probe_close_in_child(struct sl_prober *pr)
 {
 	fd_set rd, wr, ex;
-	int maxfd = -1, fd;
+	int maxfd = probe_fdset(pr, &rd, &wr, &ex), fd;
 
-	if (pr == NULL || pr->multi == NULL)
-		return;
-	FD_ZERO(&rd);
-	FD_ZERO(&wr);
-	FD_ZERO(&ex);
-	if (curl_multi_fdset(pr->multi, &rd, &wr, &ex, &maxfd) != CURLM_OK)
-		return;
 	for (fd = 0; fd <= maxfd; fd++)
 		if (FD_ISSET(fd, &rd) || FD_ISSET(fd, &wr) || FD_ISSET(fd, &ex))
 			close(fd);
@@ -144,15 +152,8 @@ int
 sl_probe_pollfds(struct sl_prober *pr, struct pollfd *pfd, int max)
 {
 	fd_set rd, wr, ex;
-	int maxfd = -1, fd, n = 0;
+	int maxfd = probe_fdset(pr, &rd, &wr, &ex), fd, n = 0;
 
-	if (pr == NULL || pr->multi == NULL)
-		return 0;
-	FD_ZERO(&rd);
-	FD_ZERO(&wr);
-	FD_ZERO(&ex);
-	if (curl_multi_fdset(pr->multi, &rd, &wr, &ex, &maxfd) != CURLM_OK)
-		return 0;
 	for (fd = 0; fd <= maxfd && n < max; fd++) {
 		short ev = (short)((FD_ISSET(fd, &rd) ? POLLIN : 0) |
 		    (FD_ISSET(fd, &wr) ? POLLOUT : 0) |

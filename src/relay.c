@@ -112,7 +112,7 @@ struct sl_conn {
 	int reported;              /* the current try's outcome was reported */
 	int retry_next;            /* busy head: the replica picked for the
 	                            * next try (slot held); -1: none */
-	int busy_code, busy_after; /* that head's status and Retry-After */
+	int busy_code;             /* that head's status */
 	ev_tstamp t_upstream;      /* last upstream activity */
 	ev_tstamp t_client;        /* last client progress while bytes wait */
 
@@ -229,6 +229,20 @@ static size_t
 conn_upstream_idx(const struct sl_conn *c)
 {
 	return c->w->cfg->tenants[c->tenant].upstream_idx;
+}
+
+/*
+ * The current try ended without a response status of its own (code is
+ * SL_CODE_CONNECT, _TIMEOUT or _RESET): count it for its replica, once.
+ */
+static void
+conn_report_try(struct sl_conn *c, int code)
+{
+	if (c->replica >= 0 && !c->reported) {
+		sl_pool_report(c->w->pools, conn_upstream_idx(c), c->replica,
+		    code, 0);
+		c->reported = 1;
+	}
 }
 
 /*
@@ -552,8 +566,8 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	else
 		strcpy(tenant, "-");
 	if (c->tenant >= 0 && c->last_replica >= 0) {
-		const char *ru = sl_pool_url(w->pools,
-		    w->cfg->tenants[c->tenant].upstream_idx, c->last_replica);
+		const char *ru = sl_pool_url(w->pools, conn_upstream_idx(c),
+		    c->last_replica);
 
 		json_escape(replica, sizeof(replica), ru, strlen(ru));
 	} else
@@ -961,11 +975,7 @@ conn_timer_event(struct sl_conn *c)
 		return;
 	case CS_UPSTREAM:
 		conn_count_uerr(c, SL_UERR_TIMEOUT);
-		if (c->replica >= 0 && !c->reported) {
-			sl_pool_report(c->w->pools, conn_upstream_idx(c),
-			    c->replica, SL_CODE_TIMEOUT, 0);
-			c->reported = 1;
-		}
+		conn_report_try(c, SL_CODE_TIMEOUT);
 		conn_error(c, 504, "upstream_error", "upstream_timeout",
 		    "upstream sent no response in time", 0, 0);
 		return;
@@ -1063,7 +1073,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 	case SL_RH_DONE: {
 		const struct sl_upstream_conf *up =
 		    &c->w->cfg->upstreams[conn_upstream_idx(c)];
-		int ra = sl_resp_head_retry_after(&c->uh), r2, wait;
+		int ra = c->uh.retry_after > 0 ? c->uh.retry_after : 0, r2, wait;
 
 		c->status = c->uh.status;
 		sl_pool_report(c->w->pools, conn_upstream_idx(c), c->replica,
@@ -1464,6 +1474,31 @@ conn_start_upstream(struct sl_conn *c)
 }
 
 /*
+ * Move the request to replica r2 (its slot taken by sl_pool_pick): count
+ * why, end the current try, start the next. Answers 502 itself when the
+ * next try cannot start.
+ */
+static void
+conn_next_try(struct sl_conn *c, int r2, enum sl_retry_reason why)
+{
+	size_t u = conn_upstream_idx(c);
+
+	sl_shm_count_retry(c->w->shm, c->w->row, c->w->upstream_slot[u], why);
+	if (why == SL_RETRY_R_BUSY)
+		sl_info("conn %d: replica %s answered %d; trying %s", c->fd,
+		    sl_pool_url(c->w->pools, u, c->replica), c->busy_code,
+		    sl_pool_url(c->w->pools, u, r2));
+	else
+		sl_info("conn %d: replica %s failed (%s); trying %s", c->fd,
+		    sl_pool_url(c->w->pools, u, c->replica),
+		    sl_shm_retry_label(why), sl_pool_url(c->w->pools, u, r2));
+	conn_stop_transfer(c);
+	if (conn_try(c, r2) == -1)
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
+}
+
+/*
  * A try failed before any response byte reached the client: report it, and
  * move the request to another replica when the pool's policy allows it
  * (retry_on, retries). Returns 0 when a next try started, -1 when the
@@ -1477,11 +1512,8 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 	enum sl_retry_reason why;
 	int r2, wait;
 
-	if (!c->reported) {
-		sl_pool_report(c->w->pools, conn_upstream_idx(c), c->replica,
-		    kind == SL_UERR_CONNECT ? SL_CODE_CONNECT : SL_CODE_RESET, 0);
-		c->reported = 1;
-	}
+	conn_report_try(c, kind == SL_UERR_CONNECT ? SL_CODE_CONNECT :
+	    SL_CODE_RESET);
 	if (kind == SL_UERR_CONNECT) {
 		if (!(up->retry_on & SL_RETRY_CONNECT))
 			return -1;
@@ -1504,18 +1536,7 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 	if ((r2 = sl_pool_pick(c->w->pools, conn_upstream_idx(c), c->tried,
 	    &wait)) < 0)
 		return -1;
-	sl_shm_count_retry(c->w->shm, c->w->row,
-	    c->w->upstream_slot[conn_upstream_idx(c)], why);
-	sl_info("conn %d: replica %s failed (%s); trying %s", c->fd,
-	    sl_pool_url(c->w->pools, conn_upstream_idx(c), c->replica),
-	    sl_shm_retry_label(why),
-	    sl_pool_url(c->w->pools, conn_upstream_idx(c), r2));
-	conn_stop_transfer(c);
-	if (conn_try(c, r2) == -1) {
-		conn_abort_upstream(c);
-		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "cannot start the upstream request", 0, 0);
-	}
+	conn_next_try(c, r2, why);
 	return 0;
 }
 
@@ -1537,16 +1558,7 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		int r2 = c->retry_next;
 
 		c->retry_next = -1;
-		sl_shm_count_retry(c->w->shm, c->w->row,
-		    c->w->upstream_slot[conn_upstream_idx(c)], SL_RETRY_R_BUSY);
-		sl_info("conn %d: replica %s answered %d; trying %s", c->fd,
-		    sl_pool_url(c->w->pools, conn_upstream_idx(c), c->replica),
-		    c->busy_code,
-		    sl_pool_url(c->w->pools, conn_upstream_idx(c), r2));
-		conn_stop_transfer(c);
-		if (conn_try(c, r2) == -1)
-			conn_error(c, 502, "upstream_error", "upstream_unreachable",
-			    "cannot start the upstream request", 0, 0);
+		conn_next_try(c, r2, SL_RETRY_R_BUSY);
 		goto out;
 	}
 	if (!c->client_gone && c->no_fds) {
@@ -1584,11 +1596,9 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 			goto out;
 		}
 		c->end = "upstream_error";
-	} else if (!c->client_gone && !c->head_sent && !c->reported) {
+	} else if (!c->client_gone && !c->head_sent) {
 		/* Done without a final head: only 1xx, or nothing usable. */
-		sl_pool_report(c->w->pools, conn_upstream_idx(c), c->replica,
-		    SL_CODE_RESET, 0);
-		c->reported = 1;
+		conn_report_try(c, SL_CODE_RESET);
 	}
 	conn_abort_upstream(c);    /* removes and frees the handle */
 	if (c->client_gone) {
@@ -1902,7 +1912,7 @@ conn_read_event(struct sl_conn *c)
 		 * progress: leave the rest in the kernel (TCP pushes back on
 		 * the client) until this response is done and the buffer
 		 * drains. Nothing is dropped. A client that leaves meanwhile
-		 * is noticed when we write to it.
+		 * is noticed through EPOLLRDHUP (conn_hup_watch).
 		 */
 		conn_read_stop(c);
 		conn_hup_watch(c);
