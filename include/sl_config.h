@@ -65,6 +65,25 @@ struct sl_upstream_conf {
 	} eject;
 };
 
+/* cluster.on_redis_down */
+enum sl_redis_down {
+	SL_DOWN_LOCAL_SHARE = 0,   /* default: ceil(max_streams / live nodes) */
+	SL_DOWN_CLOSED,            /* 503 cluster_unavailable */
+	SL_DOWN_LOCAL_FULL         /* max_streams on this node alone */
+};
+
+/* `cluster:`: one per-tenant limit across nodes, through Redis leases. */
+struct sl_cluster_conf {
+	int enabled;               /* the mapping is present */
+	char *redis;               /* "IP:port", "[v6]:port" or "unix:/path" */
+	char *password;            /* NULL or "": no AUTH */
+	char *node;                /* default: the host name */
+	uint64_t lease_ttl_ms;     /* default 10s */
+	uint64_t heartbeat_ms;     /* default 2s; <= lease_ttl / 3 */
+	uint64_t timeout_ms;       /* default 100ms */
+	int32_t on_redis_down;     /* enum sl_redis_down */
+};
+
 struct sl_tenant_conf {
 	char *name;
 	char **keys;
@@ -102,6 +121,8 @@ struct sl_config {
 		uint64_t upstream_rcvbuf;   /* SO_RCVBUF upstream; 0: kernel's */
 		uint64_t client_sndbuf;     /* SO_SNDBUF to clients; 0: kernel's */
 	} limits;
+
+	struct sl_cluster_conf cluster;
 
 	struct sl_upstream_conf *upstreams;
 	size_t nupstreams;
@@ -156,6 +177,9 @@ void sl_config_free(struct sl_config *);
 /* Find a tenant index by name; -1 if absent. */
 int sl_config_tenant_index(const struct sl_config *, const char *name);
 
+/* Name of an on_redis_down mode ("local_share", ...). */
+const char *sl_redis_down_name(int mode);
+
 /*
  * Value parsers, exposed for tests and for the command line.
  * Sizes: a non-negative integer with an optional suffix B, KiB, MiB, GiB
@@ -173,7 +197,8 @@ int sl_parse_duration_ms(const char *s, uint64_t *out_ms);
 enum sl_key_type {
 	SL_KEY_STRING, SL_KEY_ADDR, SL_KEY_SIZE, SL_KEY_DURATION, SL_KEY_INT,
 	SL_KEY_WORKERS, SL_KEY_LOGLEVEL, SL_KEY_LOGDEST, SL_KEY_MAP, SL_KEY_LIST,
-	SL_KEY_LIST_OF_MAPS    /* upstreams.*.replicas */
+	SL_KEY_LIST_OF_MAPS,   /* upstreams.*.replicas */
+	SL_KEY_REDIS_DOWN      /* cluster.on_redis_down */
 };
 
 struct sl_key_info {

@@ -13,6 +13,7 @@
 
 #include "sl_auth.h"
 #include "sl_buf.h"
+#include "sl_cluster.h"
 #include "sl_config.h"
 #include "sl_shm.h"
 #include "sl_upstream.h"
@@ -29,6 +30,7 @@ struct sl_worker_args {
 	/* [upstream][replica] -> shared index of the replica (sl_upstream.h) */
 	const size_t *const *replica_slot;
 	size_t row;                  /* this worker's shm row */
+	struct sl_cluster_shm *cluster_shm;   /* NULL: no `cluster:` */
 	int listen_fd;               /* this worker's SO_REUSEPORT socket */
 	int index;                   /* worker number, for logs */
 	unsigned generation;
@@ -41,6 +43,7 @@ struct sl_worker {
 	const size_t *tenant_slot;
 	const size_t *upstream_slot;
 	struct sl_pools *pools;      /* replica choice, per upstream */
+	struct sl_cluster_w *cluster; /* Redis leases; NULL: one node */
 	size_t row;
 	int index;
 	int access_fd;               /* -1: access log off */

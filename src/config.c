@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yaml.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
 
 #include "sl_config.h"
 
@@ -116,6 +118,38 @@ static const struct key_row keys[] = {
 	    "fall behind in kernel buffers before its upstream is paused; 0: "
 	    "the kernel autotunes it." },
 	    0, 64 * MIB, 0, OFF(limits.client_sndbuf) },
+	{ { "cluster", SL_KEY_MAP, NULL, NULL, 0,
+	    "One per-tenant limit across several sluice nodes, through Redis "
+	    "leases; absent: this node alone." },
+	    0, 0, 0, NOOFF },
+	{ { "cluster.redis", SL_KEY_STRING, NULL,
+	    "IP:port, [v6]:port or unix:/path", 0,
+	    "The Redis server holding the leases (an address: host names are "
+	    "not resolved)." },
+	    0, 0, 0, OFF(cluster.redis) },
+	{ { "cluster.password", SL_KEY_STRING, "\"\"", NULL, 0,
+	    "Sent with AUTH on every connection; empty: no AUTH." },
+	    0, 0, 0, OFF(cluster.password) },
+	{ { "cluster.node", SL_KEY_STRING, "the host name",
+	    "1-64 of A-Z a-z 0-9 . _ -", 0,
+	    "This node's name in Redis; unique per node." },
+	    0, 0, 0, OFF(cluster.node) },
+	{ { "cluster.lease_ttl", SL_KEY_DURATION, "10s", "1s-1h", 1,
+	    "A lease not renewed for this long expires: a dead node's slots "
+	    "come back within it." },
+	    SEC, HOUR, 0, OFF(cluster.lease_ttl_ms) },
+	{ { "cluster.heartbeat", SL_KEY_DURATION, "2s", "100ms-20m", 1,
+	    "How often the master renews this node's leases and registration; "
+	    "at most lease_ttl / 3." },
+	    100, 20 * MIN, 0, OFF(cluster.heartbeat_ms) },
+	{ { "cluster.timeout", SL_KEY_DURATION, "100ms", "1ms-10s", 1,
+	    "Longest an admission waits for Redis before on_redis_down decides." },
+	    1, 10 * SEC, 0, OFF(cluster.timeout_ms) },
+	{ { "cluster.on_redis_down", SL_KEY_REDIS_DOWN, "local_share",
+	    "local_share, closed or local_full", 1,
+	    "Admission while Redis cannot be trusted: a share of max_streams "
+	    "by live nodes, 503, or max_streams on this node." },
+	    0, 0, 0, OFF(cluster.on_redis_down) },
 	{ { "upstreams", SL_KEY_MAP, NULL, "at least one", 1,
 	    "Model runners, by name." },
 	    0, 0, 1, NOOFF },
@@ -759,6 +793,19 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		    "%s: '%s' must be one of error, warn, info, debug", path, s);
 		return;
 	}
+	case SL_KEY_REDIS_DOWN: {
+		int k;
+
+		for (k = 0; k <= SL_DOWN_LOCAL_FULL; k++)
+			if (strcmp(s, sl_redis_down_name(k)) == 0) {
+				*(int32_t *)dst = k;
+				return;
+			}
+		err_at(c, &v->start_mark,
+		    "%s: '%s' must be one of local_share, closed, local_full",
+		    path, s);
+		return;
+	}
 	case SL_KEY_LOGDEST:
 		if (c->check_files && strcmp(s, "off") != 0 &&
 		    strcmp(s, "stderr") != 0 && !log_dest_opens(c, v, path, s))
@@ -1353,6 +1400,15 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		    t->name);
 }
 
+static int
+has_control(const char *s)
+{
+	for (; *s != '\0'; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return 1;
+	return 0;
+}
+
 static void
 tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
@@ -1369,6 +1425,10 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	t->name = xstrdup(c, scalar(k));
 	if (scalar(k)[0] == '\0')
 		err_at(c, &k->start_mark, "tenants: a tenant name must not be empty");
+	else if (has_control(scalar(k)))
+		/* Names go into metric labels, logs and Redis keys. */
+		err_at(c, &k->start_mark,
+		    "tenants: a tenant name must not contain control characters");
 	t->retry_after = 1;
 	t->max_streams = -1;
 	snprintf(path, sizeof(path), "tenants.%s", scalar(k));
@@ -1409,6 +1469,111 @@ map_len(yaml_node_t *m)
 	return (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
 }
 
+/* ---- cluster ---------------------------------------------------------- */
+
+static yaml_node_t *find_child(struct ctx *, yaml_node_t *, const char *);
+
+const char *
+sl_redis_down_name(int mode)
+{
+	static const char *const names[] = { "local_share", "closed", "local_full" };
+
+	return mode >= 0 && mode <= SL_DOWN_LOCAL_FULL ? names[mode] : "?";
+}
+
+/*
+ * "unix:/path", "IP:port" or "[v6]:port" with a numeric address: hiredis
+ * 0.14 resolves a host name with a blocking getaddrinfo() inside the loop.
+ */
+static int
+valid_redis_addr(const char *s)
+{
+	char host[64];
+	const char *colon;
+	unsigned char bin[16];
+	size_t n;
+
+	if (strncmp(s, "unix:", 5) == 0)
+		return s[5] == '/' && strlen(s + 5) < 100;
+	if (!valid_addr(s))
+		return 0;
+	colon = strrchr(s, ':');
+	if (s[0] == '[') {
+		n = (size_t)(colon - s) - 2;
+		if (n >= sizeof(host))
+			return 0;
+		memcpy(host, s + 1, n);
+		host[n] = '\0';
+		return inet_pton(AF_INET6, host, bin) == 1;
+	}
+	n = (size_t)(colon - s);
+	if (n >= sizeof(host))
+		return 0;
+	memcpy(host, s, n);
+	host[n] = '\0';
+	return inet_pton(AF_INET, host, bin) == 1;
+}
+
+/* A node name goes into lease members "NODE:EPOCH:ID": no ':' in it. */
+static int
+valid_node_name(const char *s)
+{
+	size_t n = strlen(s), i;
+
+	if (n == 0 || n > 64)
+		return 0;
+	for (i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' &&
+		    s[i] != '-')
+			return 0;
+	return 1;
+}
+
+/* After the top level is read: what only the whole `cluster:` tells. */
+static void
+check_cluster(struct ctx *c, yaml_node_t *root)
+{
+	struct sl_cluster_conf *cl = &c->cfg->cluster;
+	yaml_node_t *map, *hb;
+	char host[256];
+
+	map = find_child(c, root, "cluster");
+	if (map == NULL || map->type != YAML_MAPPING_NODE)
+		return;
+	cl->enabled = 1;
+	if (cl->redis == NULL)
+		err_at(c, &map->start_mark, "cluster: missing required key 'redis'");
+	if (cl->heartbeat_ms * 3 > cl->lease_ttl_ms) {
+		hb = find_child(c, map, "heartbeat");
+		if (hb == NULL)
+			hb = map;
+		err_at(c, &hb->start_mark,
+		    "cluster.heartbeat: %" PRIu64 "ms must be at most lease_ttl / 3 "
+		    "(%" PRIu64 "ms)", cl->heartbeat_ms, cl->lease_ttl_ms / 3);
+	}
+	if (cl->node == NULL) {
+		size_t i;
+
+		if (gethostname(host, sizeof(host) - 1) == -1)
+			strcpy(host, "sluice");
+		host[sizeof(host) - 1] = '\0';
+		/* The short host name, in the characters a node name allows. */
+		host[strcspn(host, ".")] = '\0';
+		for (i = 0; host[i] != '\0'; i++)
+			if (!isalnum((unsigned char)host[i]) && host[i] != '_' &&
+			    host[i] != '-')
+				host[i] = '-';
+		if (i == 0)
+			strcpy(host, "sluice");
+		host[64] = '\0';
+		cl->node = xstrdup(c, host);
+	}
+	if (cl->password != NULL && cl->password[0] == '\0') {
+		free(cl->password);
+		cl->password = NULL;
+	}
+}
+
 /* ---- top level ------------------------------------------------------- */
 
 static void
@@ -1431,6 +1596,17 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	a->present[row - keys] = 1;
 	if (row->info.type != SL_KEY_MAP) {
 		set_value(c, row, path, v, (char *)c->cfg + row->off);
+		if (row->off == OFF(cluster.redis) && c->cfg->cluster.redis != NULL &&
+		    !valid_redis_addr(c->cfg->cluster.redis))
+			err_at(c, &v->start_mark,
+			    "%s: '%s' is not IP:port, [v6]:port or unix:/path (host "
+			    "names are not resolved: hiredis 0.14 would block on it)",
+			    path, c->cfg->cluster.redis);
+		if (row->off == OFF(cluster.node) && c->cfg->cluster.node != NULL &&
+		    !valid_node_name(c->cfg->cluster.node))
+			err_at(c, &v->start_mark,
+			    "%s: '%s' must be 1-64 of A-Z a-z 0-9 . _ -", path,
+			    c->cfg->cluster.node);
 		return;
 	}
 	require_mapping(c, v, path, &ok);
@@ -1718,6 +1894,8 @@ load(struct ctx *c, yaml_parser_t *parser)
 		}
 	}
 
+	check_cluster(c, root);
+
 	for (k = keys; k->info.path != NULL; k++)
 		if (k->required && strchr(k->info.path, '*') == NULL &&
 		    !present[k - keys])
@@ -1968,6 +2146,9 @@ sl_config_free(struct sl_config *cfg)
 	free(cfg->listen);
 	free(cfg->admin_listen);
 	free(cfg->access_log);
+	free(cfg->cluster.redis);
+	free(cfg->cluster.password);
+	free(cfg->cluster.node);
 	for (i = 0; i < cfg->nupstreams; i++) {
 		free(cfg->upstreams[i].name);
 		free(cfg->upstreams[i].url);

@@ -21,6 +21,7 @@
 #include <curl/curl.h>
 
 #include "sl_admin.h"
+#include "sl_cluster.h"
 #include "sl_log.h"
 #include "sl_master.h"
 #include "sl_probe.h"
@@ -78,6 +79,8 @@ struct master {
 	size_t up_n;
 	struct sl_admin *admin;
 	struct sl_prober *prober;    /* health probes of the current pools */
+	struct sl_cluster_shm *cshm; /* `cluster:` leases; NULL: one node */
+	struct sl_cluster_m *cluster;
 	size_t rows_hwm;
 	int *listen_fds;
 	int nlisten;
@@ -444,6 +447,7 @@ spawn(struct master *m, int slot)
 		if (m->admin != NULL)
 			sl_admin_close(m->admin);
 		sl_probe_close_in_child(m->prober);
+		sl_cluster_master_close_in_child(m->cluster);
 		memset(&sa, 0, sizeof(sa));
 		sa.sa_handler = SIG_DFL;
 		sigaction(SIGHUP, &sa, NULL);
@@ -463,6 +467,7 @@ spawn(struct master *m, int slot)
 		a.upstream_slot = m->cur.upstream_slot;
 		a.replica_slot = (const size_t *const *)m->cur.replica_slot;
 		a.row = (size_t)row;
+		a.cluster_shm = m->cshm;
 		a.listen_fd = m->listen_fds[slot];
 		a.index = slot;
 		a.generation = m->cur.id;
@@ -537,6 +542,7 @@ reap(struct master *m)
 		status = dead[i].status;
 		pid = dead[i].pid;
 		sl_shm_retire_stats(m->shm, ch->row);
+		sl_cluster_master_reclaim_row(m->cluster, ch->row);
 		if (WIFSIGNALED(status))
 			sl_warn("worker %d (pid %d) killed by signal %d",
 			    ch->slot, (int)pid, WTERMSIG(status));
@@ -645,6 +651,39 @@ slot_live(const struct master *m, unsigned gen, int s)
  * rows, listen sockets, room in the shared region, fork): the serving
  * generation is retired only once every worker of its replacement runs.
  */
+/*
+ * Which Redis, as whom, and whether at all, are fixed for the master's
+ * life (members name the node; the region is sized at start); a reload
+ * takes the rest of `cluster:` (timing, on_redis_down).
+ */
+static void
+keep_cluster(struct master *m, struct sl_config *ncfg)
+{
+	struct sl_cluster_conf *n = &ncfg->cluster;
+	const struct sl_cluster_conf *o = &m->cur.cfg->cluster;
+
+	if (n->enabled != o->enabled ||
+	    (o->enabled && (strcmp(n->redis, o->redis) != 0 ||
+	    strcmp(n->node, o->node) != 0 ||
+	    (n->password == NULL) != (o->password == NULL) ||
+	    (n->password != NULL && strcmp(n->password, o->password) != 0))))
+		sl_warn("reload: 'cluster' redis, password, node (or adding or "
+		    "removing the section) need a restart; keeping %s",
+		    o->enabled ? o->redis : "no cluster");
+	free(n->redis);
+	free(n->node);
+	free(n->password);
+	n->enabled = o->enabled;
+	n->redis = o->redis ? strdup(o->redis) : NULL;
+	n->node = o->node ? strdup(o->node) : NULL;
+	n->password = o->password ? strdup(o->password) : NULL;
+	if (!n->enabled)
+		return;
+	/* Timing knobs of a section that was absent: the defaults stand. */
+	if (n->heartbeat_ms * 3 > n->lease_ttl_ms)
+		n->heartbeat_ms = n->lease_ttl_ms / 3;
+}
+
 static void
 reload(struct master *m)
 {
@@ -673,6 +712,7 @@ reload(struct master *m)
 		free(ncfg->listen);
 		ncfg->listen = strdup(m->cur.cfg->listen);
 	}
+	keep_cluster(m, ncfg);
 	nw = resolve_workers(ncfg);
 	/*
 	 * Rows first, for every worker of the new generation: when draining
@@ -751,6 +791,7 @@ reload(struct master *m)
 	}
 	config_warn_permissions(m->path);
 	sl_log_set_level(ncfg->log_level);
+	sl_cluster_master_reconf(m->cluster, ncfg);
 	/* Rows kept for a respawn that will not happen now go back. */
 	for (s = 0; s < old_nw; s++)
 		if (!slot_live(m, old.id, s))
@@ -1063,6 +1104,19 @@ render_metrics(struct master *m, struct sl_str *o)
 	    "Time from request head to the upstream's response head.");
 	render_hist(o, shm, SL_HIST_DURATION, "sluice_stream_duration_seconds",
 	    "Time from request head to the end of the relayed response.");
+	if (m->cluster != NULL)
+		sl_cluster_render(m->cluster, o);
+}
+
+/* A lease's tenant, by shared index (the cluster renews by name). */
+static const char *
+shm_tenant_name(void *arg, size_t tslot)
+{
+	struct master *m = arg;
+
+	if (tslot >= m->shm_ntenants || m->shm_replica[tslot])
+		return NULL;
+	return m->shm_names[tslot];
 }
 
 static void
@@ -1081,6 +1135,10 @@ admin_handle(void *arg, const char *method, const char *path,
 	if (strcmp(path, "/healthz") == 0) {
 		r->status = m->stopping ? 503 : 200;
 		sl_str_printf(&r->body, m->stopping ? "draining\n" : "ok\n");
+		/* A fail mode is not unhealthy: say which, stay 200. */
+		if (m->cluster != NULL)
+			sl_str_printf(&r->body, "cluster: %s\n",
+			    sl_cluster_mode(m->cluster));
 		return;
 	}
 	r->status = 200;
@@ -1136,6 +1194,22 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		sl_err("cannot set up health probes");
 		return 1;
 	}
+	if (cfg->cluster.enabled) {
+		size_t cells = cfg->limits.max_connections;
+
+		if (cells < 1024)
+			cells = 1024;
+		if (cells > SL_CLUSTER_MAX_CELLS)
+			cells = SL_CLUSTER_MAX_CELLS;
+		m.cshm = sl_cluster_shm_create(MAX_ROWS, cells);
+		if (m.cshm == NULL || (m.cluster = sl_cluster_master_new(cfg,
+		    m.cshm, shm_tenant_name, &m)) == NULL) {
+			sl_err("cannot set up the cluster: %s", strerror(errno));
+			return 1;
+		}
+		/* Registered (or in on_redis_down mode) before it listens. */
+		sl_cluster_master_start(m.cluster);
+	}
 	m.nworkers = resolve_workers(cfg);
 	if (open_listeners(&m, cfg->listen, 0, m.nworkers) == -1)
 		return 1;
@@ -1182,8 +1256,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (;;) {
 		double timeout = -1;
 		struct timespec ts;
-		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS];
-		int npfd = 0, nadmin = 0;
+		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 1];
+		int npfd = 0, nadmin = 0, ncl = 0;
 		double pt;
 
 		if (got_chld) {
@@ -1251,6 +1325,14 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			if (pt >= 0 && (timeout < 0 || pt < timeout))
 				timeout = pt;
 		}
+		if (m.cluster != NULL) {
+			/* Also while draining: leases of running streams live on. */
+			ncl = sl_cluster_master_pollfds(m.cluster, pfd + npfd, 1);
+			npfd += ncl;
+			pt = sl_cluster_master_timeout(m.cluster, now_s());
+			if (pt >= 0 && (timeout < 0 || pt < timeout))
+				timeout = pt;
+		}
 		if (timeout >= 0) {
 			if (timeout < 0.001)
 				timeout = 0.001;
@@ -1271,6 +1353,9 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			    &m);
 		if (!m.stopping)
 			sl_probe_service(m.prober, now_s());
+		if (m.cluster != NULL)
+			sl_cluster_master_service(m.cluster, pfd + npfd - ncl, ncl,
+			    now_s());
 	}
 	sl_info("stopped");
 	for (s = 0; s < m.nlisten; s++)
@@ -1288,6 +1373,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (cap = 0; cap < m.up_n; cap++)
 		free(m.up_names[cap]);
 	sl_admin_close(m.admin);
+	sl_cluster_master_free(m.cluster);
+	sl_cluster_shm_destroy(m.cshm);
 	sl_config_free(m.cur.cfg);
 	sl_shm_destroy(m.shm);
 	curl_global_cleanup();

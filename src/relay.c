@@ -44,6 +44,7 @@
 
 enum conn_state {
 	CS_HEAD,       /* waiting for or reading a request head */
+	CS_ADMIT,      /* head read, node slot held, waiting for a cluster lease */
 	CS_BODY,       /* admitted, reading the request body */
 	CS_UPSTREAM,   /* request sent upstream, waiting for its response head */
 	CS_STREAM,     /* relaying the upstream response */
@@ -52,7 +53,7 @@ enum conn_state {
 };
 
 static const char *const state_names[] = {
-	"head", "body", "upstream", "stream", "local", "linger"
+	"head", "admit", "body", "upstream", "stream", "local", "linger"
 };
 
 struct sl_conn {
@@ -78,6 +79,8 @@ struct sl_conn {
 	/* Admission. */
 	int tenant;                /* config index, -1 before auth */
 	int slot_held;
+	int32_t lease;             /* cluster lease; -1: none */
+	struct sl_cl_wait *admit_wait;   /* CS_ADMIT: the lease asked for */
 
 	/* Response side. */
 	char *rh;                  /* response head being written */
@@ -222,6 +225,19 @@ conn_release(struct sl_conn *c)
 		sl_shm_release(c->w->shm, c->w->row,
 		    c->w->tenant_slot[c->tenant]);
 		c->slot_held = 0;
+	}
+	/*
+	 * The cluster lease goes with the slot, not with a retaken slot
+	 * (conn_flush): a stream whose response is complete holds none.
+	 */
+	if (c->admit_wait != NULL) {
+		sl_cluster_cancel(c->w->cluster, c->admit_wait);
+		c->admit_wait = NULL;
+		c->lease = -1;
+	}
+	if (c->lease >= 0) {
+		sl_cluster_release(c->w->cluster, c->lease);
+		c->lease = -1;
 	}
 }
 
@@ -448,6 +464,7 @@ sl_conn_new(struct sl_worker *w, int fd)
 	c->w = w;
 	c->fd = fd;
 	c->tenant = -1;
+	c->lease = -1;
 	c->replica = c->last_replica = c->retry_next = -1;
 	/*
 	 * Every write is a flush of what the upstream just sent: Nagle would
@@ -733,6 +750,7 @@ conn_response_done(struct sl_conn *c)
 	c->nreq++;
 	sl_req_reset(&c->req);
 	c->tenant = -1;
+	c->lease = -1;
 	c->rh_len = c->rh_off = 0;
 	sl_resp_head_reset(&c->uh);
 	c->head_sent = c->resp_done = c->close_after = 0;
@@ -896,6 +914,8 @@ conn_deadline(struct sl_conn *c)
 
 		return idle < total ? idle : total;
 	}
+	case CS_ADMIT:
+		return 0;   /* the cluster decides within cluster.timeout */
 	case CS_UPSTREAM:
 		return c->t_upstream + ms(cfg->timeouts.upstream_first_byte_ms);
 	case CS_STREAM:
@@ -992,6 +1012,7 @@ conn_timer_event(struct sl_conn *c)
 			conn_close(c, "upstream_idle");
 		}
 		return;
+	case CS_ADMIT:
 	case CS_LOCAL:
 	case CS_LINGER:
 		conn_close(c, "timeout");
@@ -1712,6 +1733,61 @@ path_has_dot_segment(const char *p, size_t len)
 	}
 }
 
+/* 429: the tenant is at max_streams (on this node, or in the cluster). */
+static void
+conn_refuse_full(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+	const struct sl_tenant_conf *t = &w->cfg->tenants[c->tenant];
+	char msg[160];
+
+	sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
+	sl_shm_count_rejected(w->shm, w->row, w->tenant_slot[c->tenant]);
+	snprintf(msg, sizeof(msg),
+	    "tenant concurrency limit reached (%d streams); retry later",
+	    (int)t->max_streams);
+	conn_error(c, 429, "rate_limit_error", "concurrency_limit_exceeded", msg,
+	    t->retry_after, 0);
+}
+
+static void conn_admitted(struct sl_conn *);
+
+/* The cluster refused, or cannot be asked and on_redis_down is closed. */
+static void
+conn_on_verdict(struct sl_conn *c, enum sl_cl_verdict v)
+{
+	c->lease = -1;
+	if (v == SL_CL_FULL) {
+		conn_refuse_full(c);
+		return;
+	}
+	conn_error(c, 503, "server_error", "cluster_unavailable",
+	    "the cluster's lease store (Redis) is unreachable; retry later",
+	    c->w->cfg->tenants[c->tenant].retry_after, 0);
+}
+
+/* The cluster's answer to a request in CS_ADMIT. */
+static void
+conn_on_lease(void *arg, enum sl_cl_verdict v)
+{
+	struct sl_conn *c = arg;
+
+	c->admit_wait = NULL;
+	if (c->dead || c->state != CS_ADMIT)
+		return;   /* cannot happen: closing cancels the wait */
+	c->depth++;
+	conn_set_state(c, CS_HEAD);   /* the head path continues from here */
+	if (v == SL_CL_ADMIT)
+		conn_admitted(c);
+	else
+		conn_on_verdict(c, v);
+	conn_process(c);   /* bytes read while it waited */
+	/* Reading stopped if they filled the input buffer meanwhile. */
+	if (!c->dead && c->in_len < CONN_IN_SIZE && c->state != CS_LINGER)
+		conn_read_start(c);
+	conn_unref(c);
+}
+
 /* The head is parsed: route, authenticate, admit. */
 static void
 conn_on_head(struct sl_conn *c)
@@ -1750,18 +1826,33 @@ conn_on_head(struct sl_conn *c)
 	}
 	if (sl_shm_try_acquire(w->shm, w->row, w->tenant_slot[tenant]) !=
 	    SL_ADMIT_OK) {
-		char msg[160];
-
-		sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
-		sl_shm_count_rejected(w->shm, w->row, w->tenant_slot[tenant]);
-		snprintf(msg, sizeof(msg),
-		    "tenant concurrency limit reached (%d streams); retry later",
-		    (int)t->max_streams);
-		conn_error(c, 429, "rate_limit_error",
-		    "concurrency_limit_exceeded", msg, t->retry_after, 0);
+		conn_refuse_full(c);
 		return;
 	}
 	c->slot_held = 1;
+	if (w->cluster != NULL) {
+		/* The node's slot is the local cap; the lease the cluster's. */
+		enum sl_cl_verdict v = sl_cluster_acquire(w->cluster, tenant,
+		    conn_on_lease, c, &c->lease, &c->admit_wait);
+
+		if (v == SL_CL_PENDING) {
+			conn_set_state(c, CS_ADMIT);
+			return;
+		}
+		if (v != SL_CL_ADMIT) {
+			conn_on_verdict(c, v);
+			return;
+		}
+	}
+	conn_admitted(c);
+}
+
+/* Admitted (node slot, and the cluster lease if there is a cluster). */
+static void
+conn_admitted(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+
 	sl_shm_stat_add(w->shm, w->row, SL_STAT_ADMITTED, 1);
 	if (c->req.too_large) {
 		/*

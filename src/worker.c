@@ -255,6 +255,13 @@ sl_worker_main(const struct sl_worker_args *a)
 		}
 	}
 
+	if (a->cfg->cluster.enabled && a->cluster_shm != NULL &&
+	    (w.cluster = sl_cluster_worker_new(w.loop, a->cfg, a->shm,
+	    a->cluster_shm, a->row, a->tenant_slot)) == NULL) {
+		sl_err("cannot set up the cluster connection");
+		return 1;
+	}
+
 	ev_io_init(&w.accept_io, accept_cb, w.listen_fd, EV_READ);
 	w.accept_io.data = &w;
 	ev_timer_init(&w.accept_retry, accept_retry_cb, 0.1, 0.0);
@@ -310,6 +317,7 @@ sl_worker_main(const struct sl_worker_args *a)
 
 	sl_conn_close_all(&w);
 	sl_conn_gauges(&w);
+	sl_cluster_worker_free(w.cluster);   /* after the last release */
 	sl_transfers_free(w.xfers);
 	sl_blocks_free(&w.blocks);
 	if (w.access_fd > STDERR_FILENO)

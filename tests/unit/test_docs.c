@@ -213,6 +213,8 @@ type_word(enum sl_key_type t)
 		return "list of strings";
 	case SL_KEY_LIST_OF_MAPS:
 		return "list of mappings";
+	case SL_KEY_REDIS_DOWN:
+		return "string";
 	}
 	return "?";
 }
@@ -483,7 +485,10 @@ test_metrics_documented(void **state)
 		"sluice_idle_connections_closed_total",
 		"sluice_replica_streams", "sluice_replica_up",
 		"sluice_replica_ejected", "sluice_replica_requests_total",
-		"sluice_upstream_retries_total", NULL
+		"sluice_upstream_retries_total",
+		"sluice_cluster_up", "sluice_cluster_mode", "sluice_cluster_nodes",
+		"sluice_cluster_leases", "sluice_cluster_rtt_seconds",
+		"sluice_cluster_errors_total", NULL
 	};
 	static const char *const kinds[] = {
 		"connect", "timeout", "reset", "bad_response", "idle", NULL
@@ -523,6 +528,7 @@ test_errors_documented(void **state)
 		"431 Ta Li headers_too_large",
 		"502 Ta Li upstream_unreachable", "503 Ta Li overloaded",
 		"503 Ta Li upstream_unavailable",
+		"503 Ta Li cluster_unavailable",
 		"504 Ta Li upstream_timeout", NULL
 	};
 	char *page = read_page(MAIN_PAGE);

@@ -1,0 +1,1648 @@
+/*
+ * Cluster admission through Redis leases. See sl_cluster.h for the model;
+ * sluice.8 (CLUSTER) for what an operator sees and the overshoot bounds.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+#include <hiredis/adapters/libev.h>
+
+#include "sl_cluster.h"
+#include "sl_log.h"
+
+/* ---- the scripts ------------------------------------------------------ */
+
+/*
+ * KEYS[1] the tenant's lease set; ARGV max_streams, member, lease ttl (ms).
+ * Prune, refuse at max (unless the member is already in: idempotent), add.
+ * The key expires with its last lease, so abandoned tenants leave nothing.
+ */
+static const char acquire_lua[] =
+    "local t=redis.call('TIME') "
+    "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000) "
+    "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now) "
+    "if not redis.call('ZSCORE',KEYS[1],ARGV[2]) and "
+    "redis.call('ZCARD',KEYS[1])>=tonumber(ARGV[1]) then return 0 end "
+    "redis.call('ZADD',KEYS[1],now+tonumber(ARGV[3]),ARGV[2]) "
+    "local top=redis.call('ZRANGE',KEYS[1],-1,-1,'WITHSCORES') "
+    "redis.call('PEXPIREAT',KEYS[1],top[2]) "
+    "return 1";
+
+/*
+ * KEYS[1] the tenant's lease set; ARGV "XX" (renew only members still
+ * there) or "ADD" (re-add after Redis was lost), ttl (ms), members...
+ */
+static const char renew_lua[] =
+    "local t=redis.call('TIME') "
+    "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000) "
+    "local exp=now+tonumber(ARGV[2]) "
+    "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now) "
+    "for i=3,#ARGV do "
+    "if ARGV[1]=='XX' then redis.call('ZADD',KEYS[1],'XX',exp,ARGV[i]) "
+    "else redis.call('ZADD',KEYS[1],exp,ARGV[i]) end end "
+    "local top=redis.call('ZRANGE',KEYS[1],-1,-1,'WITHSCORES') "
+    "if top[2] then redis.call('PEXPIREAT',KEYS[1],top[2]) end "
+    "return 1";
+
+/* KEYS[1] sluice:nodes; ARGV node, ttl (ms). Returns the live nodes. */
+static const char register_lua[] =
+    "local t=redis.call('TIME') "
+    "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000) "
+    "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now) "
+    "redis.call('ZADD',KEYS[1],now+tonumber(ARGV[2]),ARGV[1]) "
+    "local top=redis.call('ZRANGE',KEYS[1],-1,-1,'WITHSCORES') "
+    "redis.call('PEXPIREAT',KEYS[1],top[2]) "
+    "return redis.call('ZCARD',KEYS[1])";
+
+#define NODES_KEY "sluice:nodes"
+
+/* ---- the shared region ----------------------------------------------- */
+
+/* A cell's word: generation << 8 | state. */
+enum cell_state {
+	CELL_FREE = 0,
+	CELL_PENDING,      /* acquire sent, no answer yet */
+	CELL_HELD,         /* Redis holds the lease */
+	CELL_LOCAL         /* admitted without Redis (on_redis_down) */
+};
+#define CELL_STATE(w) ((unsigned)((w) & 0xffu))
+#define CELL_GEN(w) ((uint32_t)((w) >> 8))
+#define CELL_WORD(gen, st) (((uint64_t)(gen) << 8) | (uint64_t)(st))
+
+struct cell {
+	_Atomic uint64_t word;
+	_Atomic uint32_t tslot;     /* shared tenant index */
+	uint32_t pad;
+};
+
+enum cl_err { ERR_CONNECT = 0, ERR_TIMEOUT, ERR_REPLY, ERR_FENCED, ERR_MAX };
+static const char *const err_names[ERR_MAX] = {
+	"connect", "timeout", "reply", "fenced"
+};
+
+#define RTT_BUCKETS 13
+static const double rtt_bounds[RTT_BUCKETS] = {
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1.0
+};
+
+/* Per worker row; written only by its worker (row 0: the master). */
+struct row {
+	_Atomic uint32_t hwm;        /* cells below it may be in use */
+	uint32_t pad;
+	_Atomic uint64_t errors[ERR_MAX];
+	_Atomic uint64_t rtt[RTT_BUCKETS + 1];
+	_Atomic uint64_t rtt_sum_ns;
+	char pad2[64];
+};
+
+#define MODE_DOWN 0    /* on_redis_down */
+#define MODE_REDIS 1
+
+struct sl_cluster_shm {
+	uint64_t epoch;              /* this master's boot, in every member */
+	size_t rows, cells;
+	size_t size;
+	_Atomic int32_t mode;
+	_Atomic int32_t live_nodes;  /* last seen; 0: never */
+	char pad[40];
+	struct row row[];            /* then rows * cells struct cell */
+};
+
+static struct cell *
+cell_at(struct sl_cluster_shm *cs, size_t row, size_t i)
+{
+	struct cell *base = (struct cell *)(void *)&cs->row[cs->rows];
+
+	return &base[row * cs->cells + i];
+}
+
+struct sl_cluster_shm *
+sl_cluster_shm_create(size_t rows, size_t cells)
+{
+	struct sl_cluster_shm *cs;
+	struct timespec ts;
+	size_t size;
+	void *p;
+
+	size = sizeof(*cs) + rows * sizeof(struct row) +
+	    rows * cells * sizeof(struct cell);
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+	    MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	cs = p;
+	cs->rows = rows;
+	cs->cells = cells;
+	cs->size = size;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	cs->epoch = ((uint64_t)ts.tv_sec << 24) ^ (uint64_t)ts.tv_nsec ^
+	    ((uint64_t)getpid() << 44);
+	atomic_store(&cs->mode, MODE_DOWN);
+	return cs;
+}
+
+void
+sl_cluster_shm_destroy(struct sl_cluster_shm *cs)
+{
+	if (cs != NULL)
+		munmap(cs, cs->size);
+}
+
+/* "NODE:EPOCH:ROW.CELL.GEN" */
+static int
+member_fmt(char *dst, size_t len, const char *node, uint64_t epoch, size_t row,
+    size_t i, uint32_t gen)
+{
+	return snprintf(dst, len, "%s:%016" PRIx64 ":%zu.%zu.%" PRIu32, node,
+	    epoch, row, i, gen);
+}
+
+#define MEMBER_MAX 128
+
+static void
+row_err(struct sl_cluster_shm *cs, size_t row, enum cl_err e)
+{
+	atomic_store_explicit(&cs->row[row].errors[e],
+	    atomic_load_explicit(&cs->row[row].errors[e], memory_order_relaxed) + 1,
+	    memory_order_relaxed);
+}
+
+static void
+row_rtt(struct sl_cluster_shm *cs, size_t row, double s)
+{
+	struct row *r = &cs->row[row];
+	int b;
+
+	for (b = 0; b < RTT_BUCKETS && s > rtt_bounds[b]; b++)
+		;
+	atomic_store_explicit(&r->rtt[b],
+	    atomic_load_explicit(&r->rtt[b], memory_order_relaxed) + 1,
+	    memory_order_relaxed);
+	atomic_store_explicit(&r->rtt_sum_ns,
+	    atomic_load_explicit(&r->rtt_sum_ns, memory_order_relaxed) +
+	    (uint64_t)(s * 1e9), memory_order_relaxed);
+}
+
+/* "IP:port", "[v6]:port" or "unix:/path" (checked by the config). */
+struct addr {
+	char host[64];
+	int port;
+	const char *path;   /* unix socket, or NULL */
+};
+
+static void
+addr_parse(const char *s, struct addr *a)
+{
+	const char *colon = strrchr(s, ':');
+	size_t n;
+
+	memset(a, 0, sizeof(*a));
+	if (strncmp(s, "unix:", 5) == 0) {
+		a->path = s + 5;
+		return;
+	}
+	if (colon == NULL)
+		return;
+	a->port = atoi(colon + 1);
+	if (s[0] == '[') {
+		s++;
+		n = (size_t)(colon - s) - 1;
+	} else
+		n = (size_t)(colon - s);
+	if (n >= sizeof(a->host))
+		n = sizeof(a->host) - 1;
+	memcpy(a->host, s, n);
+	a->host[n] = '\0';
+}
+
+static int
+reply_is_error(const redisReply *r)
+{
+	return r == NULL || r->type == REDIS_REPLY_ERROR;
+}
+
+/* ---- worker ---------------------------------------------------------- */
+
+#define MAX_PENDING 4096         /* acquires waiting for Redis at once */
+#define TIMEOUTS_TO_RECONNECT 8  /* in a row, with no reply between */
+#define BACKOFF_MIN 0.1
+#define BACKOFF_MAX 5.0
+
+struct sl_cl_wait {
+	struct sl_cluster_w *cw;
+	sl_cl_cb *cb;           /* NULL: cancelled */
+	void *arg;
+	int32_t cell;
+	uint32_t gen;
+	int tenant;
+	int decided;            /* the verdict was given */
+	int replied;            /* hiredis is done with this record */
+	int retried;            /* NOSCRIPT: sent again with EVAL */
+	ev_tstamp t0;
+	ev_timer timer;
+};
+
+struct sl_cluster_w {
+	struct ev_loop *loop;
+	const struct sl_config *cfg;
+	struct sl_shm *shm;
+	struct sl_cluster_shm *cs;
+	size_t row;
+	const size_t *tenant_slot;
+	char **keys;             /* per config tenant: sluice:{NAME}:leases */
+	struct addr addr;
+
+	redisAsyncContext *ac;
+	int connected;
+	int in_cb;               /* inside a hiredis callback */
+	char sha[41];            /* the acquire script, once loaded */
+	ev_timer retry;          /* reconnect, or the connect deadline */
+	double backoff;
+	int timeouts_in_row;
+	size_t npending;
+
+	int32_t *cell_tenant;    /* config tenant per cell */
+	uint32_t *free;          /* free cells below hwm */
+	size_t nfree;
+	uint32_t hwm, cap;
+};
+
+static void cw_connect(struct sl_cluster_w *);
+
+static void
+cw_schedule(struct sl_cluster_w *cw)
+{
+	double d = cw->backoff;
+
+	cw->backoff = cw->backoff * 2 > BACKOFF_MAX ? BACKOFF_MAX : cw->backoff * 2;
+	/* Jitter, so the workers of every node do not come back at once. */
+	d *= 0.75 + 0.5 * ((double)(rand() % 1000) / 1000.0);
+	ev_timer_stop(cw->loop, &cw->retry);
+	ev_timer_set(&cw->retry, d, 0.0);
+	ev_timer_start(cw->loop, &cw->retry);
+}
+
+/* Drop the connection (pending acquires get their NULL reply) and retry. */
+static void
+cw_drop(struct sl_cluster_w *cw, const char *why)
+{
+	redisAsyncContext *ac = cw->ac;
+
+	if (ac == NULL)
+		return;
+	sl_warn("cluster: dropping the Redis connection: %s", why);
+	cw->ac = NULL;
+	cw->connected = 0;
+	cw->sha[0] = '\0';
+	redisAsyncFree(ac);
+	cw_schedule(cw);
+}
+
+static void
+cw_on_connect(const redisAsyncContext *ac, int status)
+{
+	struct sl_cluster_w *cw = ac->data;
+
+	if (cw == NULL || ac != cw->ac)
+		return;
+	if (status != REDIS_OK) {
+		sl_debug("cluster: connect failed: %s", ac->errstr);
+		row_err(cw->cs, cw->row, ERR_CONNECT);
+		cw->ac = NULL;   /* hiredis frees it */
+		cw->connected = 0;
+		cw_schedule(cw);
+		return;
+	}
+	cw->connected = 1;
+	cw->backoff = BACKOFF_MIN;
+	ev_timer_stop(cw->loop, &cw->retry);
+}
+
+static void
+cw_on_disconnect(const redisAsyncContext *ac, int status)
+{
+	struct sl_cluster_w *cw = ac->data;
+
+	if (cw == NULL || ac != cw->ac)
+		return;
+	cw->ac = NULL;
+	cw->connected = 0;
+	cw->sha[0] = '\0';
+	if (status != REDIS_OK) {
+		row_err(cw->cs, cw->row, ERR_CONNECT);
+		sl_warn("cluster: Redis connection lost: %s", ac->errstr);
+	}
+	cw_schedule(cw);
+}
+
+static void
+cw_auth_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_w *cw = priv;
+	redisReply *reply = r;
+
+	if (reply == NULL || ac != cw->ac)
+		return;
+	if (reply->type == REDIS_REPLY_ERROR) {
+		row_err(cw->cs, cw->row, ERR_REPLY);
+		sl_err("cluster: AUTH refused: %s", reply->str);
+		cw_drop(cw, "AUTH refused");
+	}
+}
+
+static void
+cw_sha_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_w *cw = priv;
+	redisReply *reply = r;
+
+	if (reply == NULL || ac != cw->ac)
+		return;
+	if (reply->type == REDIS_REPLY_STRING && reply->len == 40)
+		memcpy(cw->sha, reply->str, 41);
+}
+
+static void
+cw_retry_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_cluster_w *cw = t->data;
+
+	(void)loop;
+	(void)revents;
+	if (cw->ac != NULL && !cw->connected) {
+		/* The connect deadline passed. */
+		row_err(cw->cs, cw->row, ERR_CONNECT);
+		cw_drop(cw, "connect timed out");
+		return;
+	}
+	if (cw->ac == NULL)
+		cw_connect(cw);
+}
+
+static void
+cw_connect(struct sl_cluster_w *cw)
+{
+	const struct sl_cluster_conf *cc = &cw->cfg->cluster;
+	redisAsyncContext *ac;
+	const char *argv[3];
+	size_t argl[3];
+	double deadline;
+
+	if (cw->addr.path != NULL)
+		ac = redisAsyncConnectUnix(cw->addr.path);
+	else
+		ac = redisAsyncConnect(cw->addr.host, cw->addr.port);
+	if (ac == NULL || ac->err) {
+		row_err(cw->cs, cw->row, ERR_CONNECT);
+		if (ac != NULL)
+			redisAsyncFree(ac);
+		cw_schedule(cw);
+		return;
+	}
+	ac->data = cw;
+	if (redisLibevAttach(cw->loop, ac) != REDIS_OK) {
+		redisAsyncFree(ac);
+		cw_schedule(cw);
+		return;
+	}
+	redisAsyncSetConnectCallback(ac, cw_on_connect);
+	redisAsyncSetDisconnectCallback(ac, cw_on_disconnect);
+	cw->ac = ac;
+	cw->connected = 0;
+	/* Queued before the connect completes; hiredis sends them in order. */
+	if (cc->password != NULL)
+		redisAsyncCommand(ac, cw_auth_cb, cw, "AUTH %s", cc->password);
+	argv[0] = "SCRIPT";
+	argv[1] = "LOAD";
+	argv[2] = acquire_lua;
+	argl[0] = 6;
+	argl[1] = 4;
+	argl[2] = sizeof(acquire_lua) - 1;
+	redisAsyncCommandArgv(ac, cw_sha_cb, cw, 3, argv, argl);
+	deadline = (double)cc->timeout_ms / 1000.0 * 10;
+	if (deadline < 1.0)
+		deadline = 1.0;
+	ev_timer_stop(cw->loop, &cw->retry);
+	ev_timer_set(&cw->retry, deadline, 0.0);
+	ev_timer_start(cw->loop, &cw->retry);
+}
+
+struct sl_cluster_w *
+sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
+    struct sl_shm *shm, struct sl_cluster_shm *cs, size_t row,
+    const size_t *tenant_slot)
+{
+	struct sl_cluster_w *cw;
+	size_t i, n;
+
+	if ((cw = calloc(1, sizeof(*cw))) == NULL)
+		return NULL;
+	cw->loop = loop;
+	cw->cfg = cfg;
+	cw->shm = shm;
+	cw->cs = cs;
+	cw->row = row;
+	cw->tenant_slot = tenant_slot;
+	cw->backoff = BACKOFF_MIN;
+	addr_parse(cfg->cluster.redis, &cw->addr);
+	if ((cw->keys = calloc(cfg->ntenants ? cfg->ntenants : 1,
+	    sizeof(char *))) == NULL)
+		goto fail;
+	for (i = 0; i < cfg->ntenants; i++) {
+		n = strlen(cfg->tenants[i].name) + 32;
+		if ((cw->keys[i] = malloc(n)) == NULL)
+			goto fail;
+		snprintf(cw->keys[i], n, "sluice:{%s}:leases", cfg->tenants[i].name);
+	}
+	/* The master reclaimed this row before handing it out. */
+	atomic_store(&cs->row[row].hwm, 0);
+	ev_timer_init(&cw->retry, cw_retry_cb, 0.0, 0.0);
+	cw->retry.data = cw;
+	srand((unsigned)getpid() ^ (unsigned)time(NULL));
+	cw_connect(cw);
+	return cw;
+fail:
+	sl_cluster_worker_free(cw);
+	return NULL;
+}
+
+void
+sl_cluster_worker_free(struct sl_cluster_w *cw)
+{
+	size_t i;
+
+	if (cw == NULL)
+		return;
+	ev_timer_stop(cw->loop, &cw->retry);
+	if (cw->ac != NULL) {
+		redisAsyncContext *ac = cw->ac;
+
+		/* Release commands still queued go out first, if they can. */
+		if (cw->connected)
+			redisAsyncHandleWrite(ac);
+		cw->ac = NULL;
+		redisAsyncFree(ac);
+	}
+	if (cw->keys != NULL)
+		for (i = 0; i < cw->cfg->ntenants; i++)
+			free(cw->keys[i]);
+	free(cw->keys);
+	free(cw->cell_tenant);
+	free(cw->free);
+	free(cw);
+}
+
+static int32_t
+cell_alloc(struct sl_cluster_w *cw, int tenant)
+{
+	struct cell *c;
+	uint32_t i;
+	uint64_t w;
+
+	if (cw->nfree > 0) {
+		i = cw->free[--cw->nfree];
+	} else {
+		if (cw->hwm >= cw->cs->cells)
+			return -1;
+		if (cw->hwm == cw->cap) {
+			uint32_t ncap = cw->cap ? cw->cap * 2 : 256;
+			int32_t *t;
+			uint32_t *f;
+
+			if (ncap > cw->cs->cells)
+				ncap = (uint32_t)cw->cs->cells;
+			if ((t = realloc(cw->cell_tenant, ncap * sizeof(*t))) == NULL)
+				return -1;
+			cw->cell_tenant = t;
+			if ((f = realloc(cw->free, ncap * sizeof(*f))) == NULL)
+				return -1;
+			cw->free = f;
+			cw->cap = ncap;
+		}
+		i = cw->hwm++;
+		atomic_store_explicit(&cw->cs->row[cw->row].hwm, cw->hwm,
+		    memory_order_release);
+	}
+	c = cell_at(cw->cs, cw->row, i);
+	w = atomic_load_explicit(&c->word, memory_order_relaxed);
+	cw->cell_tenant[i] = tenant;
+	atomic_store_explicit(&c->tslot, (uint32_t)cw->tenant_slot[tenant],
+	    memory_order_relaxed);
+	atomic_store_explicit(&c->word, CELL_WORD(CELL_GEN(w) + 1, CELL_PENDING),
+	    memory_order_release);
+	return (int32_t)i;
+}
+
+static void
+cell_set(struct sl_cluster_w *cw, int32_t i, unsigned st)
+{
+	struct cell *c = cell_at(cw->cs, cw->row, (size_t)i);
+	uint64_t w = atomic_load_explicit(&c->word, memory_order_relaxed);
+
+	atomic_store_explicit(&c->word, CELL_WORD(CELL_GEN(w), st),
+	    memory_order_release);
+}
+
+static uint32_t
+cell_gen(struct sl_cluster_w *cw, int32_t i)
+{
+	return CELL_GEN(atomic_load_explicit(&cell_at(cw->cs, cw->row,
+	    (size_t)i)->word, memory_order_relaxed));
+}
+
+static void
+cw_member(struct sl_cluster_w *cw, int32_t i, char *dst)
+{
+	member_fmt(dst, MEMBER_MAX, cw->cfg->cluster.node, cw->cs->epoch, cw->row,
+	    (size_t)i, cell_gen(cw, i));
+}
+
+static void
+cw_count_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_w *cw = priv;
+
+	(void)ac;
+	if (r != NULL && reply_is_error(r))
+		row_err(cw->cs, cw->row, ERR_REPLY);
+}
+
+/*
+ * Free a cell; if Redis may hold (or be about to add) its lease, remove it.
+ * Sent behind any acquire of the same cell on this connection, so it wins.
+ */
+static void
+cell_free(struct sl_cluster_w *cw, int32_t i, int zrem)
+{
+	char member[MEMBER_MAX];
+	const char *argv[3];
+	size_t argl[3];
+
+	if (zrem && cw->ac != NULL && cw->connected) {
+		cw_member(cw, i, member);
+		argv[0] = "ZREM";
+		argv[1] = cw->keys[cw->cell_tenant[i]];
+		argv[2] = member;
+		argl[0] = 4;
+		argl[1] = strlen(argv[1]);
+		argl[2] = strlen(member);
+		redisAsyncCommandArgv(cw->ac, cw_count_cb, cw, 3, argv, argl);
+		/* Out now: a client told "done" may be admitted elsewhere next. */
+		if (!cw->in_cb && cw->ac != NULL)
+			redisAsyncHandleWrite(cw->ac);
+	}
+	cell_set(cw, i, CELL_FREE);
+	cw->free[cw->nfree++] = (uint32_t)i;
+}
+
+/* What on_redis_down says for a request whose node slot is held. */
+static enum sl_cl_verdict
+fail_verdict(struct sl_cluster_w *cw, int tenant)
+{
+	const struct sl_tenant_conf *t = &cw->cfg->tenants[tenant];
+	int32_t live, share, inflight;
+
+	switch (cw->cfg->cluster.on_redis_down) {
+	case SL_DOWN_CLOSED:
+		return SL_CL_CLOSED;
+	case SL_DOWN_LOCAL_FULL:
+		return SL_CL_ADMIT;
+	default:
+		live = atomic_load_explicit(&cw->cs->live_nodes,
+		    memory_order_relaxed);
+		if (live < 1)
+			live = 1;
+		share = (t->max_streams + live - 1) / live;
+		/* The node's streams of the tenant, this one included. */
+		inflight = sl_shm_inflight(cw->shm, cw->tenant_slot[tenant]);
+		return inflight <= share ? SL_CL_ADMIT : SL_CL_FULL;
+	}
+}
+
+static void
+wait_free(struct sl_cl_wait *w)
+{
+	ev_timer_stop(w->cw->loop, &w->timer);
+	free(w);
+}
+
+/* Give the verdict of a request that waited (reply, deadline or loss). */
+static void
+wait_decide(struct sl_cl_wait *w, enum sl_cl_verdict v)
+{
+	struct sl_cluster_w *cw = w->cw;
+
+	w->decided = 1;
+	ev_timer_stop(cw->loop, &w->timer);
+	if (w->cb == NULL)
+		return;
+	if (v == SL_CL_ADMIT) {
+		if (cell_gen(cw, w->cell) == w->gen &&
+		    CELL_STATE(atomic_load(&cell_at(cw->cs, cw->row,
+		    (size_t)w->cell)->word)) == CELL_PENDING)
+			cell_set(cw, w->cell, CELL_LOCAL);
+	} else
+		cell_free(cw, w->cell, 1);
+	w->cb(w->arg, v);
+}
+
+static void
+wait_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_cl_wait *w = t->data;
+	struct sl_cluster_w *cw = w->cw;
+
+	(void)loop;
+	(void)revents;
+	if (!w->decided) {
+		if (!w->replied) {
+			row_err(cw->cs, cw->row, ERR_TIMEOUT);
+			cw->timeouts_in_row++;
+		}
+		wait_decide(w, fail_verdict(cw, w->tenant));
+	}
+	if (w->replied)
+		wait_free(w);
+	else if (cw->timeouts_in_row >= TIMEOUTS_TO_RECONNECT) {
+		cw->timeouts_in_row = 0;
+		cw_drop(cw, "Redis stopped answering");
+	}
+}
+
+static int send_acquire(struct sl_cluster_w *, struct sl_cl_wait *, int eval);
+
+static void
+acquire_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cl_wait *w = priv;
+	struct sl_cluster_w *cw = w->cw;
+	redisReply *reply = r;
+
+	(void)ac;
+	cw->npending--;
+	if (reply == NULL) {
+		/* Connection gone: decide from the loop, not inside hiredis. */
+		w->replied = 1;
+		if (w->decided || w->cb == NULL) {
+			wait_free(w);
+			return;
+		}
+		ev_timer_stop(cw->loop, &w->timer);
+		ev_timer_set(&w->timer, 0.0, 0.0);
+		ev_timer_start(cw->loop, &w->timer);
+		return;
+	}
+	cw->timeouts_in_row = 0;
+	row_rtt(cw->cs, cw->row, ev_time() - w->t0);
+	cw->in_cb++;
+	if (reply->type == REDIS_REPLY_ERROR && !w->retried &&
+	    strncmp(reply->str, "NOSCRIPT", 8) == 0) {
+		/* The script cache was flushed (restart, SCRIPT FLUSH). */
+		cw->sha[0] = '\0';
+		w->retried = 1;
+		if (send_acquire(cw, w, 1) == 0) {
+			cw->in_cb--;
+			return;
+		}
+	}
+	if (reply->type != REDIS_REPLY_INTEGER) {
+		row_err(cw->cs, cw->row, ERR_REPLY);
+		sl_warn("cluster: acquire: unexpected reply: %s",
+		    reply->type == REDIS_REPLY_ERROR ? reply->str : "not an integer");
+		if (!w->decided)
+			wait_decide(w, fail_verdict(cw, w->tenant));
+	} else if (reply->integer == 1) {
+		if (!w->decided) {
+			cell_set(cw, w->cell, CELL_HELD);
+			wait_decide(w, SL_CL_ADMIT);
+		} else if (w->cb != NULL && cell_gen(cw, w->cell) == w->gen &&
+		    CELL_STATE(atomic_load(&cell_at(cw->cs, cw->row,
+		    (size_t)w->cell)->word)) == CELL_LOCAL) {
+			/* Admitted by on_redis_down after the deadline: now held. */
+			cell_set(cw, w->cell, CELL_HELD);
+		}
+	} else if (!w->decided) {
+		wait_decide(w, SL_CL_FULL);
+	}
+	cw->in_cb--;
+	wait_free(w);
+}
+
+static int
+send_acquire(struct sl_cluster_w *cw, struct sl_cl_wait *w, int eval)
+{
+	const struct sl_tenant_conf *t = &cw->cfg->tenants[w->tenant];
+	char member[MEMBER_MAX], max[16], ttl[24];
+	const char *argv[7];
+	size_t argl[7];
+	int i;
+
+	cw_member(cw, w->cell, member);
+	snprintf(max, sizeof(max), "%" PRId32, t->max_streams);
+	snprintf(ttl, sizeof(ttl), "%" PRIu64, cw->cfg->cluster.lease_ttl_ms);
+	if (!eval && cw->sha[0] != '\0') {
+		argv[0] = "EVALSHA";
+		argv[1] = cw->sha;
+	} else {
+		argv[0] = "EVAL";
+		argv[1] = acquire_lua;
+	}
+	argv[2] = "1";
+	argv[3] = cw->keys[w->tenant];
+	argv[4] = max;
+	argv[5] = member;
+	argv[6] = ttl;
+	for (i = 0; i < 7; i++)
+		argl[i] = strlen(argv[i]);
+	if (redisAsyncCommandArgv(cw->ac, acquire_cb, w, 7, argv, argl) !=
+	    REDIS_OK)
+		return -1;
+	cw->npending++;
+	return 0;
+}
+
+enum sl_cl_verdict
+sl_cluster_acquire(struct sl_cluster_w *cw, int tenant, sl_cl_cb *cb,
+    void *arg, int32_t *lease, struct sl_cl_wait **wait)
+{
+	struct sl_cl_wait *w;
+	enum sl_cl_verdict v;
+	int32_t i;
+
+	*lease = -1;
+	*wait = NULL;
+	if ((i = cell_alloc(cw, tenant)) < 0)
+		/* Out of cells (or memory): decided here, without a lease. */
+		return fail_verdict(cw, tenant);
+	if (atomic_load_explicit(&cw->cs->mode, memory_order_relaxed) !=
+	    MODE_REDIS || cw->ac == NULL || !cw->connected ||
+	    cw->npending >= MAX_PENDING || (w = calloc(1, sizeof(*w))) == NULL) {
+		v = fail_verdict(cw, tenant);
+		if (v == SL_CL_ADMIT) {
+			cell_set(cw, i, CELL_LOCAL);
+			*lease = i;
+		} else
+			cell_free(cw, i, 0);
+		return v;
+	}
+	w->cw = cw;
+	w->cb = cb;
+	w->arg = arg;
+	w->cell = i;
+	w->gen = cell_gen(cw, i);
+	w->tenant = tenant;
+	w->t0 = ev_time();
+	ev_timer_init(&w->timer, wait_timer_cb,
+	    (double)cw->cfg->cluster.timeout_ms / 1000.0, 0.0);
+	w->timer.data = w;
+	if (send_acquire(cw, w, 0) == -1) {
+		free(w);
+		v = fail_verdict(cw, tenant);
+		if (v == SL_CL_ADMIT) {
+			cell_set(cw, i, CELL_LOCAL);
+			*lease = i;
+		} else
+			cell_free(cw, i, 0);
+		return v;
+	}
+	ev_timer_start(cw->loop, &w->timer);
+	*lease = i;
+	*wait = w;
+	return SL_CL_PENDING;
+}
+
+void
+sl_cluster_cancel(struct sl_cluster_w *cw, struct sl_cl_wait *w)
+{
+	if (w == NULL)
+		return;
+	if (!w->decided)
+		cell_free(cw, w->cell, 1);
+	w->cb = NULL;
+	w->decided = 1;
+	ev_timer_stop(cw->loop, &w->timer);
+	if (w->replied)
+		wait_free(w);
+}
+
+void
+sl_cluster_release(struct sl_cluster_w *cw, int32_t lease)
+{
+	struct cell *c;
+
+	if (lease < 0 || (uint32_t)lease >= cw->hwm)
+		return;
+	c = cell_at(cw->cs, cw->row, (size_t)lease);
+	if (CELL_STATE(atomic_load(&c->word)) == CELL_FREE)
+		return;
+	cell_free(cw, lease, 1);
+}
+
+/* ---- master ---------------------------------------------------------- */
+
+#define RENEW_CHUNK 256          /* members per renew call */
+
+struct rcell {
+	uint32_t tslot;
+	uint32_t row, i;
+	uint64_t word;
+};
+
+struct sl_cluster_m {
+	struct sl_cluster_shm *cs;
+	sl_cl_name_fn *name_of;
+	void *name_arg;
+	char *node;
+	char *password;
+	struct addr addr;
+	char *redis;
+	uint64_t ttl_ms, hb_ms, timeout_ms;
+	int down_mode;
+
+	redisAsyncContext *ac;
+	int connected;
+	int want_read, want_write;
+	int ever_acked;
+	double connect_at;           /* next connect attempt */
+	double connect_deadline;
+	double backoff;
+
+	double next_hb;
+	double last_ack;
+	int round_out;               /* replies the round still waits for */
+	int round_failed;
+	int round_readd;
+	double round_t0;
+	struct rcell *rc;            /* cells of a re-add round */
+	size_t nrc;
+	int32_t live_seen;
+};
+
+static double
+mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void
+cm_set_mode(struct sl_cluster_m *cm, int mode, const char *why)
+{
+	if (atomic_load(&cm->cs->mode) == mode)
+		return;
+	atomic_store(&cm->cs->mode, mode);
+	if (mode == MODE_REDIS)
+		sl_info("cluster: admitting through Redis at %s (%d live node(s))",
+		    cm->redis, (int)cm->live_seen);
+	else
+		sl_warn("cluster: %s; admitting by on_redis_down: %s", why,
+		    sl_redis_down_name(cm->down_mode));
+}
+
+static void cm_add_read(void *p) { ((struct sl_cluster_m *)p)->want_read = 1; }
+static void cm_del_read(void *p) { ((struct sl_cluster_m *)p)->want_read = 0; }
+static void cm_add_write(void *p) { ((struct sl_cluster_m *)p)->want_write = 1; }
+static void cm_del_write(void *p) { ((struct sl_cluster_m *)p)->want_write = 0; }
+static void
+cm_cleanup(void *p)
+{
+	struct sl_cluster_m *cm = p;
+
+	cm->want_read = cm->want_write = 0;
+}
+
+static void
+cm_lost(struct sl_cluster_m *cm, const char *why)
+{
+	double now = mono();
+
+	cm->connected = 0;
+	cm->round_out = 0;
+	free(cm->rc);
+	cm->rc = NULL;
+	cm->nrc = 0;
+	cm->connect_at = now + cm->backoff;
+	cm->backoff = cm->backoff * 2 > BACKOFF_MAX ? BACKOFF_MAX : cm->backoff * 2;
+	/*
+	 * Redis may come back empty (a restart, a failover): the leases of
+	 * the streams this node carries must be re-added before it trusts
+	 * Redis again.
+	 */
+	cm_set_mode(cm, MODE_DOWN, why);
+}
+
+static void
+cm_on_connect(const redisAsyncContext *ac, int status)
+{
+	struct sl_cluster_m *cm = ac->data;
+
+	if (cm == NULL || ac != cm->ac)
+		return;
+	if (status != REDIS_OK) {
+		row_err(cm->cs, 0, ERR_CONNECT);
+		sl_debug("cluster: master connect failed: %s", ac->errstr);
+		cm->ac = NULL;
+		cm_lost(cm, "cannot connect to Redis");
+		return;
+	}
+	cm->connected = 1;
+	cm->backoff = BACKOFF_MIN;
+	cm->next_hb = 0;   /* a round now: re-add, register */
+}
+
+static void
+cm_on_disconnect(const redisAsyncContext *ac, int status)
+{
+	struct sl_cluster_m *cm = ac->data;
+
+	if (cm == NULL || ac != cm->ac)
+		return;
+	cm->ac = NULL;
+	if (status != REDIS_OK)
+		row_err(cm->cs, 0, ERR_CONNECT);
+	cm_lost(cm, "lost the Redis connection");
+}
+
+static void
+cm_drop(struct sl_cluster_m *cm, const char *why)
+{
+	redisAsyncContext *ac = cm->ac;
+
+	if (ac == NULL)
+		return;
+	cm->ac = NULL;
+	redisAsyncFree(ac);
+	cm_lost(cm, why);
+}
+
+static void
+cm_auth_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_m *cm = priv;
+	redisReply *reply = r;
+
+	if (reply == NULL || ac != cm->ac)
+		return;
+	if (reply->type == REDIS_REPLY_ERROR) {
+		row_err(cm->cs, 0, ERR_REPLY);
+		sl_err("cluster: AUTH refused: %s", reply->str);
+		cm_drop(cm, "AUTH refused");
+	}
+}
+
+static void
+cm_connect(struct sl_cluster_m *cm)
+{
+	redisAsyncContext *ac;
+
+	if (cm->addr.path != NULL)
+		ac = redisAsyncConnectUnix(cm->addr.path);
+	else
+		ac = redisAsyncConnect(cm->addr.host, cm->addr.port);
+	if (ac == NULL || ac->err) {
+		row_err(cm->cs, 0, ERR_CONNECT);
+		if (ac != NULL)
+			redisAsyncFree(ac);
+		cm_lost(cm, "cannot connect to Redis");
+		return;
+	}
+	ac->data = cm;
+	ac->ev.data = cm;
+	ac->ev.addRead = cm_add_read;
+	ac->ev.delRead = cm_del_read;
+	ac->ev.addWrite = cm_add_write;
+	ac->ev.delWrite = cm_del_write;
+	ac->ev.cleanup = cm_cleanup;
+	redisAsyncSetConnectCallback(ac, cm_on_connect);
+	redisAsyncSetDisconnectCallback(ac, cm_on_disconnect);
+	cm->ac = ac;
+	cm->connected = 0;
+	cm->want_read = cm->want_write = 0;
+	if (cm->password != NULL)
+		redisAsyncCommand(ac, cm_auth_cb, cm, "AUTH %s", cm->password);
+	else
+		redisAsyncCommand(ac, NULL, NULL, "PING");
+	cm->connect_deadline = mono() + ((double)cm->timeout_ms / 1000.0 * 10 < 1.0 ?
+	    1.0 : (double)cm->timeout_ms / 1000.0 * 10);
+}
+
+static void
+cm_conf(struct sl_cluster_m *cm, const struct sl_config *cfg)
+{
+	cm->ttl_ms = cfg->cluster.lease_ttl_ms;
+	cm->hb_ms = cfg->cluster.heartbeat_ms;
+	cm->timeout_ms = cfg->cluster.timeout_ms;
+	cm->down_mode = cfg->cluster.on_redis_down;
+}
+
+struct sl_cluster_m *
+sl_cluster_master_new(const struct sl_config *cfg, struct sl_cluster_shm *cs,
+    sl_cl_name_fn *name_of, void *arg)
+{
+	struct sl_cluster_m *cm;
+
+	if ((cm = calloc(1, sizeof(*cm))) == NULL)
+		return NULL;
+	cm->cs = cs;
+	cm->name_of = name_of;
+	cm->name_arg = arg;
+	cm->node = strdup(cfg->cluster.node);
+	cm->redis = strdup(cfg->cluster.redis);
+	cm->password = cfg->cluster.password ? strdup(cfg->cluster.password) : NULL;
+	if (cm->node == NULL || cm->redis == NULL ||
+	    (cfg->cluster.password != NULL && cm->password == NULL)) {
+		sl_cluster_master_free(cm);
+		return NULL;
+	}
+	addr_parse(cm->redis, &cm->addr);
+	cm_conf(cm, cfg);
+	cm->backoff = BACKOFF_MIN;
+	return cm;
+}
+
+void
+sl_cluster_master_reconf(struct sl_cluster_m *cm, const struct sl_config *cfg)
+{
+	if (cm != NULL)
+		cm_conf(cm, cfg);
+}
+
+void
+sl_cluster_master_free(struct sl_cluster_m *cm)
+{
+	if (cm == NULL)
+		return;
+	if (cm->ac != NULL) {
+		redisAsyncContext *ac = cm->ac;
+
+		if (cm->connected) {
+			/* Leaving cleanly: other nodes' shares grow at once. */
+			redisAsyncCommand(ac, NULL, NULL, "ZREM %s %s", NODES_KEY,
+			    cm->node);
+			redisAsyncHandleWrite(ac);
+		}
+		cm->ac = NULL;
+		redisAsyncFree(ac);
+	}
+	free(cm->rc);
+	free(cm->node);
+	free(cm->redis);
+	free(cm->password);
+	free(cm);
+}
+
+void
+sl_cluster_master_close_in_child(struct sl_cluster_m *cm)
+{
+	if (cm != NULL && cm->ac != NULL && cm->ac->c.fd >= 0)
+		close(cm->ac->c.fd);
+}
+
+void
+sl_cluster_master_start(struct sl_cluster_m *cm)
+{
+	struct timeval tv;
+	redisContext *c;
+	redisReply *r;
+	char ttl[24];
+	double t = (double)cm->timeout_ms / 1000.0;
+
+	if (t < 0.5)
+		t = 0.5;   /* a cold connection, once, at start */
+	tv.tv_sec = (time_t)t;
+	tv.tv_usec = (suseconds_t)((t - (double)tv.tv_sec) * 1e6);
+	if (cm->addr.path != NULL)
+		c = redisConnectUnixWithTimeout(cm->addr.path, tv);
+	else
+		c = redisConnectWithTimeout(cm->addr.host, cm->addr.port, tv);
+	if (c == NULL || c->err) {
+		row_err(cm->cs, 0, ERR_CONNECT);
+		sl_warn("cluster: Redis at %s: %s; starting with on_redis_down: %s",
+		    cm->redis, c ? c->errstr : "out of memory",
+		    sl_redis_down_name(cm->down_mode));
+		goto out;
+	}
+	redisSetTimeout(c, tv);
+	if (cm->password != NULL) {
+		r = redisCommand(c, "AUTH %s", cm->password);
+		if (reply_is_error(r)) {
+			row_err(cm->cs, 0, ERR_REPLY);
+			sl_err("cluster: AUTH refused: %s", r ? r->str : c->errstr);
+			freeReplyObject(r);
+			goto out;
+		}
+		freeReplyObject(r);
+	}
+	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
+	r = redisCommand(c, "EVAL %s 1 %s %s %s", register_lua, NODES_KEY,
+	    cm->node, ttl);
+	if (r == NULL || r->type != REDIS_REPLY_INTEGER) {
+		row_err(cm->cs, 0, r == NULL ? ERR_TIMEOUT : ERR_REPLY);
+		sl_warn("cluster: registering node %s at %s failed: %s; starting "
+		    "with on_redis_down: %s", cm->node, cm->redis,
+		    r ? (r->type == REDIS_REPLY_ERROR ? r->str : "bad reply") :
+		    c->errstr, sl_redis_down_name(cm->down_mode));
+		freeReplyObject(r);
+		goto out;
+	}
+	cm->live_seen = (int32_t)r->integer;
+	atomic_store(&cm->cs->live_nodes, cm->live_seen);
+	freeReplyObject(r);
+	cm->last_ack = mono();
+	cm->ever_acked = 1;
+	cm->next_hb = cm->last_ack + (double)cm->hb_ms / 1000.0;
+	sl_info("cluster: node %s registered at %s; %d live node(s)", cm->node,
+	    cm->redis, (int)cm->live_seen);
+	atomic_store(&cm->cs->mode, MODE_REDIS);
+out:
+	if (c != NULL)
+		redisFree(c);
+	cm->connect_at = 0;   /* the async connection, at the first turn */
+}
+
+static void
+cm_register_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_m *cm = priv;
+	redisReply *reply = r;
+
+	(void)ac;
+	if (reply != NULL && reply->type == REDIS_REPLY_INTEGER) {
+		cm->live_seen = (int32_t)reply->integer;
+		atomic_store(&cm->cs->live_nodes, cm->live_seen);
+	}
+}
+
+static int
+rcell_cmp(const void *a, const void *b)
+{
+	const struct rcell *x = a, *y = b;
+
+	if (x->tslot != y->tslot)
+		return x->tslot < y->tslot ? -1 : 1;
+	return 0;
+}
+
+static void cm_round_cb(redisAsyncContext *, void *, void *);
+
+/* The cells whose leases this round renews (or re-adds). */
+static size_t
+collect(struct sl_cluster_m *cm, int readd, struct rcell **out)
+{
+	struct sl_cluster_shm *cs = cm->cs;
+	struct rcell *v = NULL, *nv;
+	size_t n = 0, cap = 0, r, i, hwm;
+	uint64_t w;
+	unsigned st;
+
+	for (r = 1; r < cs->rows; r++) {
+		hwm = atomic_load_explicit(&cs->row[r].hwm, memory_order_acquire);
+		for (i = 0; i < hwm && i < cs->cells; i++) {
+			struct cell *c = cell_at(cs, r, i);
+
+			w = atomic_load_explicit(&c->word, memory_order_acquire);
+			st = CELL_STATE(w);
+			if (st == CELL_FREE || (st == CELL_LOCAL && !readd))
+				continue;
+			if (n == cap) {
+				cap = cap ? cap * 2 : 64;
+				if ((nv = realloc(v, cap * sizeof(*v))) == NULL)
+					goto done;
+				v = nv;
+			}
+			v[n].tslot = atomic_load_explicit(&c->tslot,
+			    memory_order_relaxed);
+			v[n].row = (uint32_t)r;
+			v[n].i = (uint32_t)i;
+			v[n].word = w;
+			n++;
+		}
+	}
+done:
+	if (n > 1)
+		qsort(v, n, sizeof(*v), rcell_cmp);
+	*out = v;
+	return n;
+}
+
+/*
+ * One call per tenant and chunk of members: mode NULL sends ZREM (leases
+ * given back), else the renew script with "XX" or "ADD". Returns the
+ * number of calls sent.
+ */
+static int
+send_grouped(struct sl_cluster_m *cm, const struct rcell *v, size_t n,
+    const char *mode, redisCallbackFn *cb)
+{
+	const char **argv;
+	size_t *argl, a, j, k, m;
+	char *members;
+	char key[320], ttl[24];
+	const char *name;
+	int sent = 0;
+
+	argv = malloc((RENEW_CHUNK + 6) * sizeof(*argv));
+	argl = malloc((RENEW_CHUNK + 6) * sizeof(*argl));
+	members = malloc((size_t)RENEW_CHUNK * MEMBER_MAX);
+	if (argv == NULL || argl == NULL || members == NULL)
+		goto out;
+	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
+	for (j = 0; j < n; j = k) {
+		for (k = j; k < n && v[k].tslot == v[j].tslot &&
+		    k - j < RENEW_CHUNK; k++)
+			;
+		if ((name = cm->name_of(cm->name_arg, v[j].tslot)) == NULL)
+			continue;
+		snprintf(key, sizeof(key), "sluice:{%s}:leases", name);
+		a = 0;
+		if (mode == NULL) {
+			argv[a++] = "ZREM";
+			argv[a++] = key;
+		} else {
+			argv[a++] = "EVAL";
+			argv[a++] = renew_lua;
+			argv[a++] = "1";
+			argv[a++] = key;
+			argv[a++] = mode;
+			argv[a++] = ttl;
+		}
+		for (m = j; m < k; m++) {
+			char *dst = members + (m - j) * MEMBER_MAX;
+
+			member_fmt(dst, MEMBER_MAX, cm->node, cm->cs->epoch, v[m].row,
+			    v[m].i, CELL_GEN(v[m].word));
+			argv[a++] = dst;
+		}
+		for (m = 0; m < a; m++)
+			argl[m] = strlen(argv[m]);
+		if (redisAsyncCommandArgv(cm->ac, cb, cm, (int)a, argv, argl) ==
+		    REDIS_OK)
+			sent++;
+	}
+out:
+	free(argv);
+	free(argl);
+	free(members);
+	return sent;
+}
+
+static void
+cm_round_done(struct sl_cluster_m *cm)
+{
+	size_t j;
+
+	if (cm->round_failed) {
+		free(cm->rc);
+		cm->rc = NULL;
+		cm->nrc = 0;
+		return;
+	}
+	cm->last_ack = cm->round_t0;
+	cm->ever_acked = 1;
+	if (cm->round_readd) {
+		/* Re-added: those admitted by on_redis_down are held now. */
+		for (j = 0; j < cm->nrc; j++) {
+			struct cell *c = cell_at(cm->cs, cm->rc[j].row, cm->rc[j].i);
+			uint64_t w = cm->rc[j].word;
+
+			if (CELL_STATE(w) == CELL_LOCAL)
+				atomic_compare_exchange_strong(&c->word, &w,
+				    CELL_WORD(CELL_GEN(w), CELL_HELD));
+		}
+		if (cm->nrc > 0)
+			sl_info("cluster: re-added %zu lease(s) of streams in flight",
+			    cm->nrc);
+		cm_set_mode(cm, MODE_REDIS, NULL);
+	}
+	free(cm->rc);
+	cm->rc = NULL;
+	cm->nrc = 0;
+}
+
+static void
+cm_round_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_m *cm = priv;
+	redisReply *reply = r;
+
+	(void)ac;
+	if (cm->round_out <= 0)
+		return;   /* a round abandoned with its connection */
+	if (reply_is_error(reply)) {
+		cm->round_failed = 1;
+		if (reply != NULL) {
+			row_err(cm->cs, 0, ERR_REPLY);
+			sl_warn("cluster: heartbeat: %s", reply->str);
+		}
+	}
+	if (--cm->round_out == 0)
+		cm_round_done(cm);
+}
+
+static void
+cm_round_register_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	cm_register_cb(ac, r, priv);
+	cm_round_cb(ac, r, priv);
+}
+
+/* Register the node and renew (or re-add) every lease it holds. */
+static void
+cm_round(struct sl_cluster_m *cm, double now)
+{
+	const char *argv[6];
+	size_t argl[6], n, i;
+	char ttl[24];
+	struct rcell *v = NULL;
+	int readd = atomic_load(&cm->cs->mode) != MODE_REDIS;
+
+	cm->round_t0 = now;
+	cm->round_failed = 0;
+	cm->round_readd = readd;
+	cm->round_out = 0;
+	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
+	argv[0] = "EVAL";
+	argv[1] = register_lua;
+	argv[2] = "1";
+	argv[3] = NODES_KEY;
+	argv[4] = cm->node;
+	argv[5] = ttl;
+	for (i = 0; i < 6; i++)
+		argl[i] = strlen(argv[i]);
+	if (redisAsyncCommandArgv(cm->ac, cm_round_register_cb, cm, 6, argv,
+	    argl) != REDIS_OK)
+		return;
+	cm->round_out = 1;
+	n = collect(cm, readd, &v);
+	cm->round_out += send_grouped(cm, v, n, readd ? "ADD" : "XX", cm_round_cb);
+	free(cm->rc);
+	cm->rc = v;
+	cm->nrc = n;
+}
+
+int
+sl_cluster_master_pollfds(struct sl_cluster_m *cm, struct pollfd *pfd, int max)
+{
+	if (cm == NULL || cm->ac == NULL || max < 1 || cm->ac->c.fd < 0)
+		return 0;
+	pfd[0].fd = cm->ac->c.fd;
+	pfd[0].events = (short)((cm->want_read ? POLLIN : 0) |
+	    (cm->want_write ? POLLOUT : 0));
+	pfd[0].revents = 0;
+	return 1;
+}
+
+/*
+ * When to stop trusting the leases: lease_ttl - 2 x heartbeat after the
+ * last acknowledged renew was sent (Redis expires it no earlier than
+ * lease_ttl after that), plus the round trip of the next renew, at most
+ * min(timeout, heartbeat / 2): at lease_ttl = 3 x heartbeat the next
+ * renew is only sent at the deadline itself. Still a heartbeat before
+ * the leases expire.
+ */
+static double
+fence_at(const struct sl_cluster_m *cm)
+{
+	double grace = (double)cm->timeout_ms / 1000.0;
+
+	if (grace > (double)cm->hb_ms / 2000.0)
+		grace = (double)cm->hb_ms / 2000.0;
+	return cm->last_ack + (double)(cm->ttl_ms - 2 * cm->hb_ms) / 1000.0 +
+	    grace;
+}
+
+double
+sl_cluster_master_timeout(struct sl_cluster_m *cm, double now)
+{
+	double t = -1, d;
+
+	if (cm == NULL)
+		return -1;
+	now = mono();
+#define EARLIER(x) do { d = (x) - now; if (d < 0) d = 0; \
+	if (t < 0 || d < t) t = d; } while (0)
+	if (cm->ac == NULL)
+		EARLIER(cm->connect_at);
+	else if (!cm->connected)
+		EARLIER(cm->connect_deadline);
+	else if (cm->round_out == 0)
+		EARLIER(cm->next_hb);
+	else
+		EARLIER(cm->round_t0 + (double)cm->ttl_ms / 1000.0);
+	if (atomic_load(&cm->cs->mode) == MODE_REDIS)
+		EARLIER(fence_at(cm));
+#undef EARLIER
+	return t;
+}
+
+void
+sl_cluster_master_service(struct sl_cluster_m *cm, const struct pollfd *pfd,
+    int n, double now)
+{
+	if (cm == NULL)
+		return;
+	(void)now;
+	now = mono();
+	if (n > 0 && cm->ac != NULL && pfd[0].fd == cm->ac->c.fd) {
+		if (pfd[0].revents & (POLLIN | POLLERR | POLLHUP))
+			redisAsyncHandleRead(cm->ac);
+		if (cm->ac != NULL && (pfd[0].revents & (POLLOUT | POLLERR)))
+			redisAsyncHandleWrite(cm->ac);
+	}
+	if (cm->ac == NULL && now >= cm->connect_at)
+		cm_connect(cm);
+	if (cm->ac != NULL && !cm->connected && now >= cm->connect_deadline) {
+		row_err(cm->cs, 0, ERR_CONNECT);
+		cm_drop(cm, "connecting to Redis timed out");
+	}
+	if (cm->ac != NULL && cm->connected) {
+		if (cm->round_out > 0 &&
+		    now - cm->round_t0 > (double)cm->ttl_ms / 1000.0) {
+			row_err(cm->cs, 0, ERR_TIMEOUT);
+			cm_drop(cm, "Redis stopped answering the heartbeat");
+		} else if (cm->round_out == 0 && now >= cm->next_hb) {
+			cm->next_hb = now + (double)cm->hb_ms / 1000.0;
+			cm_round(cm, now);
+		}
+	}
+	/* Self-fencing: stop trusting leases before Redis expires them. */
+	if (atomic_load(&cm->cs->mode) == MODE_REDIS && now >= fence_at(cm)) {
+		row_err(cm->cs, 0, ERR_FENCED);
+		cm_set_mode(cm, MODE_DOWN,
+		    "no acknowledged heartbeat within lease_ttl - 2 x heartbeat");
+	}
+}
+
+/* Fold a dead worker's counters into row 0, like sl_shm_retire_stats. */
+static void
+fold_row(struct sl_cluster_shm *cs, size_t row)
+{
+	struct row *from = &cs->row[row], *to = &cs->row[0];
+	int k;
+
+	for (k = 0; k < ERR_MAX; k++) {
+		atomic_fetch_add(&to->errors[k], atomic_load(&from->errors[k]));
+		atomic_store(&from->errors[k], 0);
+	}
+	for (k = 0; k <= RTT_BUCKETS; k++) {
+		atomic_fetch_add(&to->rtt[k], atomic_load(&from->rtt[k]));
+		atomic_store(&from->rtt[k], 0);
+	}
+	atomic_fetch_add(&to->rtt_sum_ns, atomic_load(&from->rtt_sum_ns));
+	atomic_store(&from->rtt_sum_ns, 0);
+}
+
+static void
+cm_count_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_m *cm = priv;
+
+	(void)ac;
+	if (r != NULL && reply_is_error(r))
+		row_err(cm->cs, 0, ERR_REPLY);
+}
+
+void
+sl_cluster_master_reclaim_row(struct sl_cluster_m *cm, size_t row)
+{
+	struct sl_cluster_shm *cs;
+	struct rcell *v = NULL, *nv;
+	size_t n = 0, cap = 0, i, hwm;
+	uint64_t w;
+
+	if (cm == NULL || row == 0 || row >= cm->cs->rows)
+		return;
+	cs = cm->cs;
+	hwm = atomic_load(&cs->row[row].hwm);
+	for (i = 0; i < hwm && i < cs->cells; i++) {
+		struct cell *c = cell_at(cs, row, i);
+
+		w = atomic_load(&c->word);
+		if (CELL_STATE(w) == CELL_FREE)
+			continue;
+		atomic_store(&c->word, CELL_WORD(CELL_GEN(w), CELL_FREE));
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			if ((nv = realloc(v, cap * sizeof(*v))) == NULL)
+				continue;   /* that lease expires by itself */
+			v = nv;
+		}
+		v[n].tslot = atomic_load(&c->tslot);
+		v[n].row = (uint32_t)row;
+		v[n].i = (uint32_t)i;
+		v[n].word = w;
+		n++;
+	}
+	atomic_store(&cs->row[row].hwm, 0);
+	fold_row(cs, row);
+	if (n > 0) {
+		if (n > 1)
+			qsort(v, n, sizeof(*v), rcell_cmp);
+		if (cm->ac != NULL && cm->connected) {
+			send_grouped(cm, v, n, NULL, cm_count_cb);
+			sl_info("cluster: removed %zu lease(s) of a dead worker", n);
+		} else
+			sl_warn("cluster: %zu lease(s) of a dead worker expire "
+			    "within lease_ttl (Redis unreachable)", n);
+	}
+	free(v);
+}
+
+const char *
+sl_cluster_mode(const struct sl_cluster_m *cm)
+{
+	if (atomic_load(&cm->cs->mode) == MODE_REDIS)
+		return "redis";
+	return sl_redis_down_name(cm->down_mode);
+}
+
+static uint64_t
+leases_held(const struct sl_cluster_shm *cs)
+{
+	uint64_t n = 0;
+	size_t r, i, hwm;
+
+	for (r = 1; r < cs->rows; r++) {
+		hwm = atomic_load(&cs->row[r].hwm);
+		for (i = 0; i < hwm && i < cs->cells; i++)
+			if (CELL_STATE(atomic_load(&cell_at((struct sl_cluster_shm *)cs,
+			    r, i)->word)) != CELL_FREE)
+				n++;
+	}
+	return n;
+}
+
+void
+sl_cluster_render(struct sl_cluster_m *cm, struct sl_str *o)
+{
+	static const char *const modes[] = {
+		"redis", "local_share", "closed", "local_full"
+	};
+	struct sl_cluster_shm *cs = cm->cs;
+	const char *cur = sl_cluster_mode(cm);
+	uint64_t b[RTT_BUCKETS + 1], sum = 0, cum = 0, e;
+	size_t r;
+	int k;
+
+	sl_str_printf(o, "# HELP sluice_cluster_up 1 while this node admits "
+	    "through Redis leases, 0 in its on_redis_down mode.\n"
+	    "# TYPE sluice_cluster_up gauge\nsluice_cluster_up %d\n",
+	    strcmp(cur, "redis") == 0);
+	sl_str_printf(o, "# HELP sluice_cluster_mode How this node admits: 1 "
+	    "for the current mode.\n# TYPE sluice_cluster_mode gauge\n");
+	for (k = 0; k < 4; k++)
+		sl_str_printf(o, "sluice_cluster_mode{mode=\"%s\"} %d\n", modes[k],
+		    strcmp(cur, modes[k]) == 0);
+	sl_str_printf(o, "# HELP sluice_cluster_nodes Live nodes last seen in "
+	    "Redis.\n# TYPE sluice_cluster_nodes gauge\nsluice_cluster_nodes %d\n",
+	    (int)atomic_load(&cs->live_nodes));
+	sl_str_printf(o, "# HELP sluice_cluster_leases Leases this node holds "
+	    "for its streams in flight.\n# TYPE sluice_cluster_leases gauge\n"
+	    "sluice_cluster_leases %" PRIu64 "\n", leases_held(cs));
+	memset(b, 0, sizeof(b));
+	for (r = 0; r < cs->rows; r++) {
+		for (k = 0; k <= RTT_BUCKETS; k++)
+			b[k] += atomic_load_explicit(&cs->row[r].rtt[k],
+			    memory_order_relaxed);
+		sum += atomic_load_explicit(&cs->row[r].rtt_sum_ns,
+		    memory_order_relaxed);
+	}
+	sl_str_printf(o, "# HELP sluice_cluster_rtt_seconds Round trip of an "
+	    "admission to Redis.\n# TYPE sluice_cluster_rtt_seconds histogram\n");
+	for (k = 0; k < RTT_BUCKETS; k++) {
+		cum += b[k];
+		sl_str_printf(o, "sluice_cluster_rtt_seconds_bucket{le=\"%g\"} %"
+		    PRIu64 "\n", rtt_bounds[k], cum);
+	}
+	cum += b[RTT_BUCKETS];
+	sl_str_printf(o, "sluice_cluster_rtt_seconds_bucket{le=\"+Inf\"} %" PRIu64
+	    "\nsluice_cluster_rtt_seconds_sum %.6f\n"
+	    "sluice_cluster_rtt_seconds_count %" PRIu64 "\n", cum,
+	    (double)sum / 1e9, cum);
+	sl_str_printf(o, "# HELP sluice_cluster_errors_total Failures talking "
+	    "to Redis, by kind.\n# TYPE sluice_cluster_errors_total counter\n");
+	for (k = 0; k < ERR_MAX; k++) {
+		e = 0;
+		for (r = 0; r < cs->rows; r++)
+			e += atomic_load_explicit(&cs->row[r].errors[k],
+			    memory_order_relaxed);
+		sl_str_printf(o, "sluice_cluster_errors_total{kind=\"%s\"} %" PRIu64
+		    "\n", err_names[k], e);
+	}
+}
