@@ -70,10 +70,11 @@ struct hist {
 	uint64_t max;
 };
 
-enum { H_DELAY_ALL, H_DELAY_FAST, H_DELAY_SLOW, H_TTFB, H_LAT, H_COUNT };
+enum { H_DELAY_ALL, H_DELAY_FAST, H_DELAY_SLOW, H_TTFB, H_LAT, H_REFUSED,
+	H_COUNT };
 static const char *const hist_names[H_COUNT] = {
 	"added_delay_all", "added_delay_fast", "added_delay_throttled",
-	"ttfb", "latency"
+	"ttfb", "latency", "refused"   /* refused: request sent -> whole 429 */
 };
 
 static size_t
@@ -666,8 +667,10 @@ conn_response_end(struct conn *c)
 		if (c->status == 200) {
 			x->completed++;
 			hist_add(&x->h[H_LAT], (x->t_now - c->t_start) / 1000);
-		} else if (c->status == 429)
+		} else if (c->status == 429) {
 			x->n429++;
+			hist_add(&x->h[H_REFUSED], (x->t_now - c->t_start) / 1000);
+		}
 		else if (c->status >= 500)
 			x->errors[E_5XX]++;
 		else if (c->status >= 400)

@@ -252,6 +252,7 @@ struct sl_cl_wait {
 	int decided;            /* the verdict was given */
 	int replied;            /* hiredis is done with this record */
 	int retried;            /* NOSCRIPT: sent again with EVAL */
+	int replied_full;       /* Redis answered 0: the tenant is full */
 	ev_tstamp t0;
 	ev_timer timer;
 };
@@ -656,7 +657,9 @@ wait_decide(struct sl_cl_wait *w, enum sl_cl_verdict v)
 		    (size_t)w->cell)->word)) == CELL_PENDING)
 			cell_set(cw, w->cell, CELL_LOCAL);
 	} else
-		cell_free(cw, w->cell, 1);
+		/* Refused by Redis: nothing to remove; else the acquire may
+		 * still run behind us, and the ZREM behind it undoes it. */
+		cell_free(cw, w->cell, !w->replied_full);
 	w->cb(w->arg, v);
 }
 
@@ -736,6 +739,7 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 			cell_set(cw, w->cell, CELL_HELD);
 		}
 	} else if (!w->decided) {
+		w->replied_full = 1;
 		wait_decide(w, SL_CL_FULL);
 	}
 	cw->in_cb--;
