@@ -272,6 +272,7 @@ struct sl_cluster_w {
 	int in_cb;               /* inside a hiredis callback */
 	char sha[41];            /* the acquire script, once loaded */
 	ev_timer retry;          /* reconnect, or the connect deadline */
+	ev_prepare flush;        /* commands queued this turn go out at its end */
 	double backoff;
 	int timeouts_in_row;
 	size_t npending;
@@ -283,6 +284,29 @@ struct sl_cluster_w {
 };
 
 static void cw_connect(struct sl_cluster_w *);
+
+/*
+ * Commands queued during a loop turn are written once, at its end (one
+ * write for all of them, before libev applies watcher changes, so the
+ * adapter's write watcher costs no epoll_ctl), not a turn later.
+ */
+static void
+cw_flush_cb(struct ev_loop *loop, ev_prepare *p, int revents)
+{
+	struct sl_cluster_w *cw = p->data;
+
+	(void)revents;
+	ev_prepare_stop(loop, p);
+	if (cw->ac != NULL && cw->connected)
+		redisAsyncHandleWrite(cw->ac);
+}
+
+static void
+cw_queued(struct sl_cluster_w *cw)
+{
+	if (!ev_is_active(&cw->flush))
+		ev_prepare_start(cw->loop, &cw->flush);
+}
 
 static void
 cw_schedule(struct sl_cluster_w *cw)
@@ -473,6 +497,8 @@ sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
 	atomic_store(&cs->row[row].hwm, 0);
 	ev_timer_init(&cw->retry, cw_retry_cb, 0.0, 0.0);
 	cw->retry.data = cw;
+	ev_prepare_init(&cw->flush, cw_flush_cb);
+	cw->flush.data = cw;
 	srand((unsigned)getpid() ^ (unsigned)time(NULL));
 	cw_connect(cw);
 	return cw;
@@ -489,6 +515,7 @@ sl_cluster_worker_free(struct sl_cluster_w *cw)
 	if (cw == NULL)
 		return;
 	ev_timer_stop(cw->loop, &cw->retry);
+	ev_prepare_stop(cw->loop, &cw->flush);
 	if (cw->ac != NULL) {
 		redisAsyncContext *ac = cw->ac;
 
@@ -605,6 +632,8 @@ cell_free(struct sl_cluster_w *cw, int32_t i, int zrem)
 		/* Out now: a client told "done" may be admitted elsewhere next. */
 		if (!cw->in_cb && cw->ac != NULL)
 			redisAsyncHandleWrite(cw->ac);
+		else
+			cw_queued(cw);
 	}
 	cell_set(cw, i, CELL_FREE);
 	cw->free[cw->nfree++] = (uint32_t)i;
@@ -776,6 +805,7 @@ send_acquire(struct sl_cluster_w *cw, struct sl_cl_wait *w, int eval)
 	    REDIS_OK)
 		return -1;
 	cw->npending++;
+	cw_queued(cw);
 	return 0;
 }
 
