@@ -1234,14 +1234,46 @@ rcell_cmp(const void *a, const void *b)
 }
 
 static void cm_round_cb(redisAsyncContext *, void *, void *);
+static void cm_count_cb(redisAsyncContext *, void *, void *);
 
-/* The cells whose leases this round renews (or re-adds). */
-static size_t
-collect(struct sl_cluster_m *cm, int readd, struct rcell **out)
+struct rvec {
+	struct rcell *v;
+	size_t n, cap;
+};
+
+static void
+rvec_push(struct rvec *a, uint32_t tslot, size_t row, size_t i, uint64_t w)
+{
+	struct rcell *nv;
+
+	if (a->n == a->cap) {
+		size_t cap = a->cap ? a->cap * 2 : 64;
+
+		if ((nv = realloc(a->v, cap * sizeof(*nv))) == NULL)
+			return;   /* renewed next round, or expires */
+		a->v = nv;
+		a->cap = cap;
+	}
+	a->v[a->n].tslot = tslot;
+	a->v[a->n].row = (uint32_t)row;
+	a->v[a->n].i = (uint32_t)i;
+	a->v[a->n].word = w;
+	a->n++;
+}
+
+/*
+ * The cells whose leases this round renews (xx: ZADD XX, never bringing
+ * back a lease released a moment ago) or adds (add: ZADD). Normally every
+ * lease Redis holds or is about to hold is renewed, and streams admitted
+ * without Redis (a worker whose connection was down, a late answer) are
+ * added, so other nodes count them too. After Redis was lost (readd),
+ * every lease that Redis held is added again as well.
+ */
+static void
+collect(struct sl_cluster_m *cm, int readd, struct rvec *xx, struct rvec *add)
 {
 	struct sl_cluster_shm *cs = cm->cs;
-	struct rcell *v = NULL, *nv;
-	size_t n = 0, cap = 0, r, i, hwm;
+	size_t r, i, hwm;
 	uint64_t w;
 	unsigned st;
 
@@ -1249,30 +1281,23 @@ collect(struct sl_cluster_m *cm, int readd, struct rcell **out)
 		hwm = atomic_load_explicit(&cs->row[r].hwm, memory_order_acquire);
 		for (i = 0; i < hwm && i < cs->cells; i++) {
 			struct cell *c = cell_at(cs, r, i);
+			uint32_t t;
 
 			w = atomic_load_explicit(&c->word, memory_order_acquire);
 			st = CELL_STATE(w);
-			if (st == CELL_FREE || (st == CELL_LOCAL && !readd))
+			if (st == CELL_FREE)
 				continue;
-			if (n == cap) {
-				cap = cap ? cap * 2 : 64;
-				if ((nv = realloc(v, cap * sizeof(*v))) == NULL)
-					goto done;
-				v = nv;
-			}
-			v[n].tslot = atomic_load_explicit(&c->tslot,
-			    memory_order_relaxed);
-			v[n].row = (uint32_t)r;
-			v[n].i = (uint32_t)i;
-			v[n].word = w;
-			n++;
+			t = atomic_load_explicit(&c->tslot, memory_order_relaxed);
+			if (st == CELL_LOCAL || (st == CELL_HELD && readd))
+				rvec_push(add, t, r, i, w);
+			else
+				rvec_push(xx, t, r, i, w);
 		}
 	}
-done:
-	if (n > 1)
-		qsort(v, n, sizeof(*v), rcell_cmp);
-	*out = v;
-	return n;
+	if (xx->n > 1)
+		qsort(xx->v, xx->n, sizeof(*xx->v), rcell_cmp);
+	if (add->n > 1)
+		qsort(add->v, add->n, sizeof(*add->v), rcell_cmp);
 }
 
 /*
@@ -1349,16 +1374,38 @@ cm_round_done(struct sl_cluster_m *cm)
 	}
 	cm->last_ack = cm->round_t0;
 	cm->ever_acked = 1;
-	if (cm->round_readd) {
-		/* Re-added: those admitted by on_redis_down are held now. */
+	/*
+	 * Added: a stream admitted without Redis is held now. A stream that
+	 * ended while its lease was being added released it before the add
+	 * ran (its worker's ZREM, on another connection): remove it again,
+	 * or it would hold a slot until it expires.
+	 */
+	{
+		struct rcell *gone = NULL, *ng;
+		size_t ngone = 0;
+
 		for (j = 0; j < cm->nrc; j++) {
 			struct cell *c = cell_at(cm->cs, cm->rc[j].row, cm->rc[j].i);
-			uint64_t w = cm->rc[j].word;
+			uint64_t w = cm->rc[j].word, cur;
 
-			if (CELL_STATE(w) == CELL_LOCAL)
-				atomic_compare_exchange_strong(&c->word, &w,
-				    CELL_WORD(CELL_GEN(w), CELL_HELD));
+			if (CELL_STATE(w) == CELL_LOCAL &&
+			    atomic_compare_exchange_strong(&c->word, &w,
+			    CELL_WORD(CELL_GEN(w), CELL_HELD)))
+				continue;
+			cur = atomic_load(&c->word);
+			if (CELL_GEN(cur) == CELL_GEN(cm->rc[j].word) &&
+			    CELL_STATE(cur) != CELL_FREE)
+				continue;   /* still the same stream */
+			if ((ng = realloc(gone, (ngone + 1) * sizeof(*ng))) == NULL)
+				continue;
+			gone = ng;
+			gone[ngone++] = cm->rc[j];
 		}
+		if (ngone > 0 && cm->ac != NULL)
+			send_grouped(cm, gone, ngone, NULL, cm_count_cb);
+		free(gone);
+	}
+	if (cm->round_readd) {
 		if (cm->nrc > 0)
 			sl_info("cluster: re-added %zu lease(s) of streams in flight",
 			    cm->nrc);
@@ -1401,9 +1448,9 @@ static void
 cm_round(struct sl_cluster_m *cm, double now)
 {
 	const char *argv[6];
-	size_t argl[6], n, i;
+	size_t argl[6], i;
 	char ttl[24];
-	struct rcell *v = NULL;
+	struct rvec xx = { NULL, 0, 0 }, add = { NULL, 0, 0 };
 	int readd = atomic_load(&cm->cs->mode) != MODE_REDIS;
 
 	cm->round_t0 = now;
@@ -1423,11 +1470,13 @@ cm_round(struct sl_cluster_m *cm, double now)
 	    argl) != REDIS_OK)
 		return;
 	cm->round_out = 1;
-	n = collect(cm, readd, &v);
-	cm->round_out += send_grouped(cm, v, n, readd ? "ADD" : "XX", cm_round_cb);
+	collect(cm, readd, &xx, &add);
+	cm->round_out += send_grouped(cm, xx.v, xx.n, "XX", cm_round_cb);
+	cm->round_out += send_grouped(cm, add.v, add.n, "ADD", cm_round_cb);
+	free(xx.v);
 	free(cm->rc);
-	cm->rc = v;
-	cm->nrc = n;
+	cm->rc = add.v;
+	cm->nrc = add.n;
 }
 
 int
@@ -1445,18 +1494,15 @@ sl_cluster_master_pollfds(struct sl_cluster_m *cm, struct pollfd *pfd, int max)
 /*
  * When to stop trusting the leases: lease_ttl - 2 x heartbeat after the
  * last acknowledged renew was sent (Redis expires it no earlier than
- * lease_ttl after that), plus the round trip of the next renew, at most
- * min(timeout, heartbeat / 2): at lease_ttl = 3 x heartbeat the next
- * renew is only sent at the deadline itself. Still a heartbeat before
- * the leases expire.
+ * lease_ttl after that), plus half a heartbeat for the round trip of the
+ * next renew: at lease_ttl = 3 x heartbeat the next renew is only sent at
+ * the deadline itself. Still 1.5 heartbeats before the leases expire.
  */
 static double
 fence_at(const struct sl_cluster_m *cm)
 {
-	double grace = (double)cm->timeout_ms / 1000.0;
+	double grace = (double)cm->hb_ms / 2000.0;
 
-	if (grace > (double)cm->hb_ms / 2000.0)
-		grace = (double)cm->hb_ms / 2000.0;
 	return cm->last_ack + (double)(cm->ttl_ms - 2 * cm->hb_ms) / 1000.0 +
 	    grace;
 }
