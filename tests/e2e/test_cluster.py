@@ -2,6 +2,7 @@
 (issue 12; sluice.8 CLUSTER). Real redis-server, real gateways, real stub,
 all on 127.0.0.1."""
 
+import os
 import re
 import signal
 import threading
@@ -551,7 +552,6 @@ def test_node_fences_itself_before_its_leases_expire():
 
 @h.timeout(180)
 def test_churn_of_vanishing_clients_leaves_no_lease():
-    import os
     target = 150 if "valgrind" in os.environ.get("SLUICE_UNDER", "") else 1000
     with Redis() as redis, Stub() as stub:
         # closed: a lease Redis cannot give shows as a 503; the timeout
