@@ -223,8 +223,15 @@ def test_three_nodes_hold_one_limit_of_50_against_300_clients():
             wait_leases(redis, 0)
             assert not redis.exists(LEASES)
             h.wait_until(lambda: stub.tag("burst")["inflight"] == 0, 5, msg="stub idle")
+            rtts = 0
             for gw in gws:
-                h.wait_metric(gw, "sluice_cluster_leases", 0)
+                m = h.wait_metric(gw, "sluice_cluster_leases", 0)
+                rtts += m.value("sluice_cluster_rtt_seconds_count")
+                for kind in ("connect", "timeout", "reply", "fenced"):
+                    assert m.value("sluice_cluster_errors_total", kind=kind) == 0, \
+                        (gw.name, m.series("sluice_cluster_errors_total"))
+            # Every request asked Redis once (no node slot refused any).
+            assert rtts == CLIENTS, rtts
 
 
 # ---------------------------------------------------------------- a dead node
@@ -400,6 +407,46 @@ def test_redis_down_local_full_admits_max_streams_per_node():
             assert (len(more_a), len(more_b)) == (7, 6), (len(more_a), len(more_b))
             assert stub.tag("acme")["inflight"] == 20
             close_all(held + more_a + more_b)
+
+
+@h.timeout(60)
+def test_redis_down_local_share_rounds_up_by_at_most_nodes_minus_one():
+    with Redis() as redis, Stub() as stub:
+        gws = [cluster_gw(stub, redis.addr, "gw-" + x, max_streams=10) for x in "abc"]
+        with gws[0], gws[1], gws[2]:
+            wait_nodes(gws, 3)
+            _stop_redis(redis, gws, "local_share")
+            counts = []
+            held = []
+            for gw in gws:
+                more, r = fill(gw)
+                assert_error(r, 429, "concurrency_limit_exceeded")
+                counts.append(len(more))
+                held += more
+            # ceil(10 / 3) = 4 each: 12 in all, max_streams + (nodes - 1).
+            assert counts == [4, 4, 4], counts
+            assert stub.tag("acme")["inflight"] == 12
+            close_all(held)
+
+
+@h.timeout(60)
+def test_redis_password_is_sent_and_a_wrong_one_keeps_the_node_in_its_fail_mode():
+    with Redis(password="s3cret pass") as redis, Stub() as stub:
+        good = cluster_gw(stub, redis.addr, "gw-a", cluster={"password": "s3cret pass"})
+        bad = cluster_gw(stub, redis.addr, "gw-b", on_redis_down="closed",
+                         cluster={"password": "wrong"})
+        with good, bad:
+            wait_mode(good, "redis")
+            held = hold(good, 2)
+            assert redis.leases("acme") == 2
+            assert redis.nodes() == ["gw-a"]
+            m = wait_mode(bad, "closed")
+            assert m.value("sluice_cluster_errors_total", kind="reply") >= 1
+            _, r = try_stream(bad, tag="refused")
+            assert_error(r, 503, "cluster_unavailable")
+            assert "AUTH refused" in h.stderr_text(bad), bad.stderr_tail()
+            close_all(held)
+            wait_leases(redis, 0)
 
 
 @h.timeout(90)
