@@ -360,6 +360,8 @@ def test_redis_down_local_share_admits_the_share_per_node():
             assert_error(r, 429, "concurrency_limit_exceeded")
             assert (len(more_a), len(more_b)) == (2, 4), (len(more_a), len(more_b))
             assert stub.tag("acme")["inflight"] == 10
+            # The gauge counts the node's streams whose leases it renews or
+            # will re-add, whatever admitted them.
             h.wait_metric(a, "sluice_cluster_leases", 5)
             h.wait_metric(b, "sluice_cluster_leases", 5)
             # Another tenant has its own share.
