@@ -597,6 +597,33 @@ def test_node_fences_itself_before_its_leases_expire():
         wait_leases(redis, 0)
 
 
+@h.timeout(60)
+def test_node_started_before_redis_admits_by_fail_mode_then_joins():
+    redis = Redis()                 # its port, nothing listening yet
+    with Stub() as stub, cluster_gw(stub, redis.addr, "gw-a", max_streams=10) as a:
+        m = wait_mode(a, "local_share", timeout=2)
+        assert m.value("sluice_cluster_errors_total", kind="connect") >= 1
+        assert m.value("sluice_cluster_nodes") == 0
+        # No live node seen yet: the share is max_streams itself.
+        held, r = fill(a)
+        assert_error(r, 429, "concurrency_limit_exceeded")
+        assert len(held) == 10, len(held)
+        close_all(held[2:])
+        held = held[:2]
+        h.wait_metric(a, "sluice_cluster_leases", 2)
+        redis.start()
+        try:
+            wait_mode(a, "redis", timeout=10)
+            # The streams admitted without Redis hold leases now.
+            wait_leases(redis, 2)
+            assert redis.nodes() == ["gw-a"]
+            h.wait_metric(a, "sluice_cluster_nodes", 1)
+            close_all(held)
+            wait_leases(redis, 0)
+        finally:
+            redis.kill()
+
+
 # ---------------------------------------------------------------- churn
 
 @h.timeout(180)
