@@ -1716,3 +1716,302 @@ def listening_addrs(pids):
         return set()
     return {loc for loc, _, st, ino in _proc_net_tcp(pids[0])
             if st == "0A" and ino in inodes}
+
+
+# ---------------------------------------------------------------- redis
+
+class RedisError(Exception):
+    """An error reply (-ERR ...) from Redis."""
+
+
+def _resp_encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if not isinstance(a, bytes):
+            a = str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class _RespReader:
+    """Reads RESP2 replies from a socket; every read is bounded by the
+    socket's timeout."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = bytearray()
+
+    def _fill(self):
+        d = self.sock.recv(65536)
+        if not d:
+            raise ConnectionError("redis closed the connection")
+        self.buf += d
+
+    def _line(self):
+        while True:
+            i = self.buf.find(b"\r\n")
+            if i >= 0:
+                line = bytes(self.buf[:i])
+                del self.buf[:i + 2]
+                return line
+            self._fill()
+
+    def _exact(self, n):
+        while len(self.buf) < n + 2:
+            self._fill()
+        d = bytes(self.buf[:n])
+        del self.buf[:n + 2]
+        return d
+
+    def reply(self):
+        line = self._line()
+        t, rest = line[:1], line[1:]
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            return RedisError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n).decode("utf-8", "replace")
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.reply() for _ in range(n)]
+        raise AssertionError("bad RESP line from redis: %r" % line[:100])
+
+
+def redis_server_bin():
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(":") + ["/usr/bin", "/usr/sbin"]:
+        p = os.path.join(d, "redis-server")
+        if os.access(p, os.X_OK):
+            return p
+    raise HarnessError("redis-server is not installed (Debian package redis-server)")
+
+
+class Redis:
+    """A real redis-server on a free port of 127.0.0.1, empty (no RDB, no
+    AOF), in the test's temp dir. `addr` is what a `cluster.redis` takes.
+
+    command(*args) speaks RESP over a fresh connection (so a frozen or
+    stopped server only fails that call, within `timeout`). stop() ends it
+    with SIGTERM, kill() with SIGKILL, start() again uses the same port
+    (it comes back empty). freeze()/thaw() stop and continue the process:
+    the kernel still accepts connections, nothing answers."""
+
+    def __init__(self, port=None, password=None, name="redis", args=()):
+        self.port = port or free_port()
+        self.password = password
+        self.args = [str(a) for a in args]
+        self.name = name
+        self.proc = None
+        self.starts = 0
+
+    @property
+    def addr(self):
+        return "%s:%d" % (HOST, self.port)
+
+    def start(self, timeout=10.0):
+        self.starts += 1
+        d = os.path.join(tmpdir(), "%s-%d" % (self.name, self.port))
+        os.makedirs(d, exist_ok=True)
+        self.stdout_path = tmpfile(self.name, ".stdout")
+        argv = [redis_server_bin(), "--port", str(self.port), "--bind", HOST,
+                "--save", "", "--appendonly", "no", "--daemonize", "no",
+                "--dir", d, "--logfile", "", "--protected-mode", "no"]
+        if self.password:
+            argv += ["--requirepass", self.password]
+        argv += self.args
+        with open(self.stdout_path, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, close_fds=True)
+        _register(self.proc.pid)
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise HarnessError("redis-server exited with status %s at start: %s"
+                                   % (self.proc.returncode, file_tail(self.stdout_path, 1500)))
+            try:
+                if self.command("PING", timeout=1.0) == "PONG":
+                    return self
+            except (OSError, RedisError):
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise HarnessError("redis-server did not answer PING in %.0fs" % timeout)
+            time.sleep(0.02)
+
+    def restart(self, timeout=10.0):
+        """Start again on the same port (after stop() or kill()): empty."""
+        assert self.proc is None or self.proc.poll() is not None, "redis still running"
+        return self.start(timeout)
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def command(self, *args, timeout=3.0):
+        """One command on a new connection; the reply (a RedisError reply
+        raises)."""
+        s = socket.create_connection((HOST, self.port), timeout=timeout)
+        try:
+            s.settimeout(timeout)
+            r = _RespReader(s)
+            if self.password:
+                s.sendall(_resp_encode(["AUTH", self.password]))
+                a = r.reply()
+                if isinstance(a, RedisError):
+                    raise a
+            s.sendall(_resp_encode(args))
+            rep = r.reply()
+        finally:
+            s.close()
+        if isinstance(rep, RedisError):
+            raise rep
+        return rep
+
+    # the keys sluice uses
+    @staticmethod
+    def lease_key(tenant):
+        return "sluice:{%s}:leases" % tenant
+
+    def zcard(self, key):
+        return self.command("ZCARD", key)
+
+    def zrange(self, key, withscores=False):
+        """Members (lowest score first); with scores: [(member, float)]."""
+        if not withscores:
+            return self.command("ZRANGE", key, 0, -1)
+        flat = self.command("ZRANGE", key, 0, -1, "WITHSCORES")
+        return [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    def leases(self, tenant):
+        return self.zcard(self.lease_key(tenant))
+
+    def lease_members(self, tenant):
+        return self.zrange(self.lease_key(tenant))
+
+    def exists(self, key):
+        return self.command("EXISTS", key) == 1
+
+    def nodes(self):
+        """Members of sluice:nodes (registered node names)."""
+        return self.zrange("sluice:nodes")
+
+    def time_ms(self):
+        t = self.command("TIME")
+        return int(t[0]) * 1000 + int(t[1]) // 1000
+
+    def clients(self):
+        """Number of client connections (this one included)."""
+        return int(re.search(r"connected_clients:(\d+)",
+                             self.command("INFO", "clients")).group(1))
+
+    def pause(self, ms):
+        """CLIENT PAUSE ms ALL: nothing is answered for ms (queued meanwhile)."""
+        assert self.command("CLIENT", "PAUSE", int(ms), "ALL") == "OK"
+
+    def freeze(self):
+        kill_pid(self.pid, signal.SIGSTOP)
+
+    def thaw(self):
+        kill_pid(self.pid, signal.SIGCONT)
+
+    def stop(self, timeout=10.0):
+        """SIGTERM, wait for the exit (SIGKILL after timeout)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            kill_pid(self.pid, signal.SIGCONT)
+            kill_pid(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_pid(self.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        _unregister(self.pid)
+
+    def kill(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            kill_pid(self.pid, signal.SIGKILL)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        _unregister(self.pid)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.kill()
+        return False
+
+
+class BlackHole:
+    """A TCP listener on 127.0.0.1 that accepts connections, reads what
+    it is sent and never answers (a Redis that hangs). `addr` for
+    cluster.redis; `accepted` counts connections."""
+
+    def __init__(self):
+        self.accepted = 0
+        self._stop = False
+        self._conns = []
+
+    @property
+    def addr(self):
+        return "%s:%d" % (HOST, self.port)
+
+    def start(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((HOST, 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+        return self
+
+    def _loop(self):
+        socks = [self.sock]
+        while not self._stop:
+            try:
+                r, _, _ = select.select(socks, [], [], 0.1)
+            except (OSError, ValueError):
+                return
+            for s in r:
+                if s is self.sock:
+                    try:
+                        c, _ = self.sock.accept()
+                    except OSError:
+                        continue
+                    self.accepted += 1
+                    socks.append(c)
+                    self._conns.append(c)
+                else:
+                    try:
+                        d = s.recv(65536)
+                    except OSError:
+                        d = b""
+                    if not d:
+                        socks.remove(s)
+                        s.close()
+
+    def stop(self):
+        self._stop = True
+        self._t.join(timeout=2)
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.sock.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False

@@ -2120,6 +2120,115 @@ test_key_table_defaults_parse_as_their_type(void **state)
 	}
 }
 
+/* ---- cluster ---------------------------------------------------------- */
+
+/* MINIMAL_UPSTREAMS_TENANTS is lines 2-8; `cluster:` is line 9. */
+#define CLUSTER_HEAD "listen: \"127.0.0.1:8080\"\n" MINIMAL_UPSTREAMS_TENANTS "cluster:\n"
+
+static void
+test_cluster_section_loads_every_field(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_cluster_conf *cl;
+
+	expect_ok(f, CLUSTER_HEAD
+	    "  redis: \"127.0.0.1:6380\"\n"
+	    "  password: \"s3cret\"\n"
+	    "  node: \"gw-a.eu_1\"\n"
+	    "  lease_ttl: 30s\n"
+	    "  heartbeat: 10s\n"
+	    "  timeout: 250ms\n"
+	    "  on_redis_down: closed\n");
+	cl = &f->cfg->cluster;
+	assert_int_equal(cl->enabled, 1);
+	assert_string_equal(cl->redis, "127.0.0.1:6380");
+	assert_string_equal(cl->password, "s3cret");
+	assert_string_equal(cl->node, "gw-a.eu_1");
+	assert_int_equal(cl->lease_ttl_ms, 30000);
+	assert_int_equal(cl->heartbeat_ms, 10000);
+	assert_int_equal(cl->timeout_ms, 250);
+	assert_int_equal(cl->on_redis_down, SL_DOWN_CLOSED);
+}
+
+static void
+test_cluster_defaults_and_absence(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_cluster_conf *cl;
+	size_t i;
+
+	expect_ok(f, "listen: \"127.0.0.1:8080\"\n" MINIMAL_UPSTREAMS_TENANTS);
+	assert_int_equal(f->cfg->cluster.enabled, 0);
+	expect_ok(f, CLUSTER_HEAD "  redis: \"unix:/run/redis/redis.sock\"\n"
+	    "  password: \"\"\n");
+	cl = &f->cfg->cluster;
+	assert_int_equal(cl->enabled, 1);
+	assert_string_equal(cl->redis, "unix:/run/redis/redis.sock");
+	assert_null(cl->password);              /* "": no AUTH */
+	assert_int_equal(cl->lease_ttl_ms, 10000);
+	assert_int_equal(cl->heartbeat_ms, 2000);
+	assert_int_equal(cl->timeout_ms, 100);
+	assert_int_equal(cl->on_redis_down, SL_DOWN_LOCAL_SHARE);
+	/* The node defaults to the short host name, in the allowed characters. */
+	assert_non_null(cl->node);
+	assert_true(strlen(cl->node) >= 1 && strlen(cl->node) <= 64);
+	for (i = 0; cl->node[i] != '\0'; i++)
+		assert_non_null(strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+		    "0123456789._-", cl->node[i]));
+	expect_ok(f, CLUSTER_HEAD "  redis: \"[::1]:6379\"\n"
+	    "  lease_ttl: 3s\n"
+	    "  heartbeat: 1s\n"
+	    "  on_redis_down: local_full\n");
+	assert_int_equal(f->cfg->cluster.on_redis_down, SL_DOWN_LOCAL_FULL);
+}
+
+static void
+test_cluster_heartbeat_over_a_third_of_lease_ttl_reports_value(void **state)
+{
+	expect_error(*state, CLUSTER_HEAD
+	    "  redis: \"127.0.0.1:6379\"\n"     /* 10 */
+	    "  lease_ttl: 3s\n"                 /* 11 */
+	    "  heartbeat: 1001ms\n",            /* 12: value at col 14 */
+	    NAME ":12:14: cluster.heartbeat: 1001ms must be at most lease_ttl / 3 "
+	    "(1000ms)", NULL);
+	/* The default heartbeat (2s) against a short lease_ttl: at the mapping. */
+	expect_error(*state, CLUSTER_HEAD
+	    "  redis: \"127.0.0.1:6379\"\n"
+	    "  lease_ttl: 5s\n",
+	    NAME ":10:3: cluster.heartbeat: 2000ms must be at most lease_ttl / 3",
+	    "(1666ms)");
+}
+
+static void
+test_cluster_redis_host_name_is_refused(void **state)
+{
+	expect_error(*state, CLUSTER_HEAD
+	    "  redis: \"redis.internal:6379\"\n", /* 10: value at col 10 */
+	    NAME ":10:10: cluster.redis: 'redis.internal:6379' is not IP:port, "
+	    "[v6]:port or unix:/path", "host names are not resolved");
+	expect_error(*state, CLUSTER_HEAD
+	    "  redis: \"unix:relative.sock\"\n",
+	    NAME ":10:10: cluster.redis: 'unix:relative.sock' is not", "unix:/path");
+	expect_error(*state, CLUSTER_HEAD "  node: \"gw-a\"\n",
+	    NAME ":10:3: cluster: missing required key 'redis'", NULL);
+}
+
+static void
+test_cluster_bad_on_redis_down_and_node_report_value(void **state)
+{
+	static const char *const want[] = {
+		NAME ":11:18: cluster.on_redis_down: 'open' must be one of "
+		"local_share, closed, local_full", NULL,
+		NAME ":12:9: cluster.node: 'gw:a' must be 1-64 of", "A-Z a-z 0-9 . _ -",
+	};
+
+	expect_errors(*state, CLUSTER_HEAD
+	    "  redis: \"127.0.0.1:6379\"\n"     /* 10 */
+	    "  on_redis_down: open\n"           /* 11: value at col 18 */
+	    "  node: \"gw:a\"\n",               /* 12: value at col 9 */
+	    2, want);
+}
+
 int
 main(void)
 {
@@ -2227,6 +2336,11 @@ main(void)
 		T(test_load_file_refuses_what_is_not_a_regular_file),
 		T(test_load_file_reports_an_access_log_it_cannot_open),
 		T(test_permission_warning_names_a_file_readable_by_others),
+		T(test_cluster_section_loads_every_field),
+		T(test_cluster_defaults_and_absence),
+		T(test_cluster_heartbeat_over_a_third_of_lease_ttl_reports_value),
+		T(test_cluster_redis_host_name_is_refused),
+		T(test_cluster_bad_on_redis_down_and_node_report_value),
 	};
 #undef T
 

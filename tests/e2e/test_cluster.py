@@ -1,0 +1,833 @@
+"""cluster: one per-tenant limit across sluice nodes through Redis leases
+(issue 12; sluice.8 CLUSTER). Real redis-server, real gateways, real stub,
+all on 127.0.0.1."""
+
+import os
+import re
+import signal
+import threading
+import time
+
+import harness as h
+from harness import ACME_KEY, BETA_KEY, Gateway, Redis, Stub, assert_error
+
+LEASES = "sluice:{acme}:leases"
+BETA_LEASES = "sluice:{beta}:leases"
+LONG = dict(events=100000, interval=200)    # a stream that lasts until cut
+
+
+def cluster_gw(stub, redis_addr, node, max_streams=10, on_redis_down="local_share",
+               lease_ttl="4s", heartbeat="1s", timeout="200ms", workers=2,
+               beta_max=10, allow_worker_changes=False, **over):
+    """A node of the cluster: admin listener, tenants acme and beta.
+    lease_ttl 4 x heartbeat by default: at 3 x (the most -t allows) a
+    node fences itself when one heartbeat is acknowledged later than
+    min(timeout, heartbeat / 2) after it was due, which a slow machine
+    (valgrind) does; the tests of fencing set it themselves."""
+    cfg = h.gateway_config(
+        stub, workers=workers, log_level="info",
+        admin_listen="%s:%d" % (h.HOST, h.free_port()),
+        tenants={"acme": {"max_streams": max_streams, "retry_after": 2},
+                 "beta": {"max_streams": beta_max, "retry_after": 3}},
+        cluster={"redis": redis_addr, "node": node, "lease_ttl": lease_ttl,
+                 "heartbeat": heartbeat, "timeout": timeout,
+                 "on_redis_down": on_redis_down})
+    cfg = h.deep_merge(cfg, over)
+    return Gateway(cfg, name=node, allow_worker_changes=allow_worker_changes)
+
+
+def healthz(gw):
+    r = h.admin_request(h.admin_port(gw), "GET", "/healthz")
+    return r.status, r.text
+
+
+def mode(gw):
+    st, text = healthz(gw)
+    assert st == 200, (st, text)
+    m = re.fullmatch(r"ok\ncluster: (\S+)\n", text)
+    assert m, "healthz body %r" % text
+    return m.group(1)
+
+
+def wait_mode(gw, want, timeout=10.0):
+    """Wait until /healthz names `want`; then /metrics must agree."""
+    h.wait_until(lambda: mode(gw) == want, timeout, interval=0.05,
+                 msg="%s to be in cluster mode %s (now %s)" % (gw.name, want, mode(gw)))
+    m = h.scrape(gw)
+    for k in ("redis", "local_share", "closed", "local_full"):
+        assert m.get("sluice_cluster_mode", mode=k) == (1 if k == want else 0), \
+            (k, m.series("sluice_cluster_mode"))
+    assert m.get("sluice_cluster_up") == (1 if want == "redis" else 0)
+    return m
+
+
+def try_stream(gw, key=ACME_KEY, tag="acme", **kw):
+    """Open a long stream; (client, response with its head). A refused
+    one's body is read and its client closed."""
+    stub_kw = dict(LONG)
+    stub_kw.update(kw)
+    c, r = gw.open_stream(key=key, tag=tag, **stub_kw)
+    if r.status != 200:
+        r.read_all(timeout=5)
+        c.close()
+    return c, r
+
+
+def hold(gw, n, key=ACME_KEY, tag="acme"):
+    """Open n long streams that must each be admitted at once."""
+    held = []
+    for i in range(n):
+        c, r = try_stream(gw, key, tag)
+        assert r.status == 200, "stream %d of %d on %s: %d %r" % (
+            i + 1, n, gw.name, r.status, bytes(r.data[:200]))
+        held.append(c)
+    return held
+
+
+def fill(gw, key=ACME_KEY, tag="acme", limit=100):
+    """Open long streams until one is refused; (held clients, refusal)."""
+    held = []
+    for _ in range(limit):
+        c, r = try_stream(gw, key, tag)
+        if r.status != 200:
+            return held, r
+        held.append(c)
+    raise AssertionError("%s admitted %d streams, none refused" % (gw.name, limit))
+
+
+def close_all(clients):
+    for c in clients:
+        c.close()
+
+
+def wait_leases(redis, n, key=LEASES, timeout=5.0):
+    try:
+        h.wait_until(lambda: redis.zcard(key) == n, timeout, interval=0.02,
+                     msg="ZCARD %s == %d" % (key, n))
+    except AssertionError as e:
+        raise AssertionError("%s; members now (expiry - TIME in ms): %r" % (
+            e, [(m, int(sc) - redis.time_ms()) for m, sc in redis.zrange(key, True)]))
+
+
+def nodes_seen(gw):
+    return h.scrape(gw).value("sluice_cluster_nodes")
+
+
+def wait_nodes(gws, n, timeout=5.0):
+    """Every node saw n live nodes (after its next heartbeat)."""
+    for gw in gws:
+        h.wait_metric(gw, "sluice_cluster_nodes", n, timeout=timeout)
+
+
+def member_node(m):
+    return m.split(":", 1)[0]
+
+
+def member_row(m):
+    """Worker row of a lease member NODE:EPOCH:ROW.CELL.GEN."""
+    return int(m.split(":")[2].split(".")[0])
+
+
+def worker_of(gw, client):
+    """Pid of the worker of gw that holds the server side of client."""
+    lport = client.sock.getsockname()[1]
+    rows = h._proc_net_tcp(gw.pid)
+    for w in gw.worker_pids():
+        inodes = h._socket_inodes(w)
+        for loc, rem, _st, ino in rows:
+            if loc[1] == gw.port and rem[1] == lport and ino in inodes:
+                return w
+    return None
+
+
+def kill_node(gw):
+    """kill -9 a whole node at one instant: stop the master and its
+    workers first (a worker whose master dies gets SIGTERM and would
+    release its leases cleanly), then SIGKILL each, by pid."""
+    pids = [gw.pid] + gw.worker_pids()
+    for p in pids:
+        h.kill_pid(p, signal.SIGSTOP)
+    for p in pids:
+        h.kill_pid(p, signal.SIGKILL)
+    gw.proc.wait(timeout=5)
+    gw._stopped = True          # its exit is the test's doing
+    h.wait_until(lambda: not any(h.pid_alive(p) for p in pids), 5,
+                 msg="the node's processes to be gone")
+    return pids
+
+
+# ---------------------------------------------------------------- exact when healthy
+
+@h.skip_under("valgrind")
+@h.timeout(150)
+def test_three_nodes_hold_one_limit_of_50_against_300_clients():
+    N, CLIENTS, EVENTS, INTERVAL = 50, 300, 25, 200     # each stream ~5 s
+    want_body = h.expected_events(EVENTS)
+    with Redis() as redis, Stub() as stub:
+        gws = [cluster_gw(stub, redis.addr, "gw-" + x, max_streams=N) for x in "abc"]
+        with gws[0], gws[1], gws[2]:
+            wait_nodes(gws, 3)
+            assert sorted(redis.nodes()) == ["gw-a", "gw-b", "gw-c"], redis.nodes()
+            barrier = threading.Barrier(CLIENTS)
+            lock = threading.Lock()
+            results = []          # (node, status, retry-after, code, t_head, t_end, body ok)
+
+            def one(i):
+                gw = gws[i % 3]
+                with h.Client(gw.port, timeout=30) as c:
+                    hd = dict(h.bearer(ACME_KEY), **{"Content-Type": "application/json"})
+                    hd.update(h.stub_headers(events=EVENTS, interval=INTERVAL, tag="burst"))
+                    barrier.wait(timeout=30)
+                    c.send("POST", "/v1/chat/completions", hd, h.stream_body())
+                    r = c.read_response(timeout=30)
+                    t_head = time.monotonic()
+                    data = r.read_all(timeout=60)
+                    code = None
+                    if r.status != 200:
+                        try:
+                            code = r.json()["error"]["code"]
+                        except (ValueError, KeyError, TypeError):
+                            code = repr(data[:100])
+                    with lock:
+                        results.append((gw.name, r.status, r.header("retry-after"), code,
+                                        t_head, time.monotonic(),
+                                        r.complete and data == want_body))
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(CLIENTS)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=90)
+            assert len(results) == CLIENTS, "%d of %d clients finished" % (len(results), CLIENTS)
+            ok = [r for r in results if r[1] == 200]
+            refused = [r for r in results if r[1] == 429]
+            other = [r for r in results if r[1] not in (200, 429)]
+            # The test means something only if every answer came while the
+            # first streams were still running.
+            last_head = max(r[4] for r in results)
+            first_end = min(r[5] for r in ok) if ok else last_head + 1
+            assert last_head < first_end, \
+                "precondition: the last head came %.2fs after the first stream ended" \
+                % (last_head - first_end)
+            assert not other, "unexpected answers: %r" % other[:5]
+            assert len(ok) == N, "%d admitted across 3 nodes, expected %d (per node %r)" % (
+                len(ok), N, {g.name: sum(1 for r in ok if r[0] == g.name) for g in gws})
+            assert len(refused) == CLIENTS - N
+            assert all(r[6] for r in ok), "an admitted stream was not relayed whole"
+            assert all(r[2] == "2" and r[3] == "concurrency_limit_exceeded"
+                       for r in refused), [r[:4] for r in refused if r[2] != "2"][:5]
+            st = stub.tag("burst")
+            assert st["max_inflight"] == N, st
+            assert st["requests"] == N, st
+            # Nothing is left behind.
+            wait_leases(redis, 0)
+            assert not redis.exists(LEASES)
+            h.wait_until(lambda: stub.tag("burst")["inflight"] == 0, 5, msg="stub idle")
+            rtts = 0
+            for gw in gws:
+                m = h.wait_metric(gw, "sluice_cluster_leases", 0)
+                rtts += m.value("sluice_cluster_rtt_seconds_count")
+                for kind in ("connect", "timeout", "reply", "fenced"):
+                    assert m.value("sluice_cluster_errors_total", kind=kind) == 0, \
+                        (gw.name, m.series("sluice_cluster_errors_total"))
+            # Every request asked Redis once (no node slot refused any).
+            assert rtts == CLIENTS, rtts
+
+
+# ---------------------------------------------------------------- a dead node
+
+@h.skip_under("valgrind")
+@h.timeout(90)
+def test_killed_node_leases_come_back_within_lease_ttl_plus_heartbeat():
+    N, TTL, HB = 50, 4.0, 1.0
+    with Redis() as redis, Stub() as stub:
+        a = cluster_gw(stub, redis.addr, "gw-a", max_streams=N)
+        b = cluster_gw(stub, redis.addr, "gw-b", max_streams=N)
+        c = cluster_gw(stub, redis.addr, "gw-c", max_streams=N)
+        with a, b, c:
+            wait_nodes([a, b, c], 3)
+            held_c = hold(c, 20)
+            held = hold(a, 15) + hold(b, 15)
+            assert redis.leases("acme") == N
+            for gw in (a, b):
+                _, r = try_stream(gw)
+                assert_error(r, 429, "concurrency_limit_exceeded")
+            t_kill = time.monotonic()
+            kill_node(c)
+            # The dead node's 20 leases still count: 30 is the most the others get.
+            for gw in (a, b):
+                _, r = try_stream(gw)
+                assert_error(r, 429, "concurrency_limit_exceeded")
+            assert time.monotonic() - t_kill < TTL - HB - 0.5, "checks too slow to mean anything"
+            assert redis.leases("acme") == N
+
+            def admitted():
+                cl, r = try_stream(a)
+                return cl if r.status == 200 else None
+            first = h.wait_until(admitted, TTL + HB + 1.5, interval=0.1,
+                                 msg="gw-a to admit past 30 after gw-c died")
+            dt = time.monotonic() - t_kill
+            # Not before the leases could have expired (renewed at most
+            # one heartbeat before the kill), not after ttl + heartbeat.
+            assert dt >= TTL - HB - 0.3, "admitted %.2fs after the kill" % dt
+            held.append(first)
+            more_a, r = fill(a)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            more_b, r = fill(b)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            held += more_a + more_b
+            assert len(held) == N, "after gw-c died the others hold %d, expected %d" % (
+                len(held), N)
+            assert stub.tag("acme")["inflight"] == N, stub.tag("acme")
+            members = redis.lease_members("acme")
+            assert len(members) == N, len(members)
+            assert {member_node(m) for m in members} == {"gw-a", "gw-b"}, members
+            close_all(held)
+            close_all(held_c)
+            wait_leases(redis, 0)
+
+
+@h.timeout(60)
+def test_killed_worker_leases_are_removed_at_once():
+    with Redis() as redis, Stub() as stub, \
+            cluster_gw(stub, redis.addr, "gw-a", max_streams=20, lease_ttl="30s",
+                       heartbeat="2s", allow_worker_changes=True) as a:
+        held = hold(a, 12)
+        by_worker = {}
+        for cl in held:
+            w = worker_of(a, cl)
+            assert w is not None, "no worker holds the connection"
+            by_worker.setdefault(w, []).append(cl)
+        victim = max(by_worker, key=lambda w: len(by_worker[w]))
+        k = len(by_worker[victim])
+        members = redis.lease_members("acme")
+        assert len(members) == 12, members
+        rows = {}
+        for m in members:
+            rows.setdefault(member_row(m), set()).add(m)
+        # One row per worker; the victim's row holds exactly its k leases.
+        assert sorted(len(v) for v in rows.values()) == \
+            sorted(len(v) for v in by_worker.values()), (rows, by_worker)
+        t0 = time.monotonic()
+        h.kill_pid(victim, signal.SIGKILL)
+        wait_leases(redis, 12 - k, timeout=3.0)
+        dt = time.monotonic() - t0
+        assert dt < 3.0, "leases of the dead worker removed after %.2fs (lease_ttl 30s)" % dt
+        left = set(redis.lease_members("acme"))
+        assert any(left == v for v in rows.values()), \
+            "what is left is not exactly the other worker's leases: %r" % left
+        for cl in by_worker[victim]:
+            assert cl.wait_closed(5), "a stream of the killed worker is still open"
+        h.wait_metric(a, "sluice_cluster_leases", 12 - k)
+        a.wait_workers(2, exclude=(victim,))
+        # The slots are usable again, through Redis.
+        held2 = hold(a, k)
+        assert redis.leases("acme") == 12
+        extra, r = try_stream(a)
+        assert r.status == 200, r.status
+        close_all(held + held2 + [extra])
+        wait_leases(redis, 0)
+
+
+# ---------------------------------------------------------------- Redis stopped
+
+def _two_nodes(redis, stub, mode, **kw):
+    return (cluster_gw(stub, redis.addr, "gw-a", on_redis_down=mode, **kw),
+            cluster_gw(stub, redis.addr, "gw-b", on_redis_down=mode, **kw))
+
+
+def _stop_redis(redis, gws, mode):
+    redis.stop()
+    for gw in gws:
+        m = wait_mode(gw, mode, timeout=5)
+        assert m.value("sluice_cluster_errors_total", kind="connect") >= 1
+
+
+@h.timeout(60)
+def test_redis_down_local_share_admits_the_share_per_node():
+    with Redis() as redis, Stub() as stub:
+        a, b = _two_nodes(redis, stub, "local_share", max_streams=10)
+        with a, b:
+            wait_nodes([a, b], 2)
+            held_a, held_b = hold(a, 3), hold(b, 1)
+            assert redis.leases("acme") == 4
+            _stop_redis(redis, (a, b), "local_share")
+            # ceil(10 / 2) = 5 per node, the streams admitted before included.
+            more_a, r = fill(a)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            assert r.header("retry-after") == "2"
+            more_b, r = fill(b)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            assert (len(more_a), len(more_b)) == (2, 4), (len(more_a), len(more_b))
+            assert stub.tag("acme")["inflight"] == 10
+            # The gauge counts the node's streams whose leases it renews or
+            # will re-add, whatever admitted them.
+            h.wait_metric(a, "sluice_cluster_leases", 5)
+            h.wait_metric(b, "sluice_cluster_leases", 5)
+            # Another tenant has its own share.
+            beta, r = fill(a, key=BETA_KEY, tag="beta")
+            assert len(beta) == 5, len(beta)
+            close_all(held_a + held_b + more_a + more_b + beta)
+
+
+@h.timeout(60)
+def test_redis_down_closed_answers_503_cluster_unavailable():
+    with Redis() as redis, Stub() as stub:
+        a, b = _two_nodes(redis, stub, "closed", max_streams=10)
+        with a, b:
+            wait_nodes([a, b], 2)
+            held = hold(a, 2)
+            _stop_redis(redis, (a, b), "closed")
+            for gw, key, ra in ((a, ACME_KEY, "2"), (b, ACME_KEY, "2"), (a, BETA_KEY, "3")):
+                _, r = try_stream(gw, key=key, tag="refused")
+                assert_error(r, 503, "cluster_unavailable")
+                assert r.header("retry-after") == ra, r.headers
+            assert stub.tag("refused")["requests"] == 0
+            # Streams admitted before keep running.
+            for cl in held:
+                n = len(cl.buf)
+                assert not cl.wait_closed(0.5), "a stream admitted before Redis went was cut"
+                assert len(cl.buf) > n, "a stream admitted before Redis went stalled"
+            assert stub.tag("acme")["inflight"] == 2
+            h.wait_metric(a, "sluice_cluster_leases", 2)
+            h.wait_metric(b, "sluice_cluster_leases", 0)
+            close_all(held)
+
+
+@h.timeout(60)
+def test_redis_down_local_full_admits_max_streams_per_node():
+    with Redis() as redis, Stub() as stub:
+        a, b = _two_nodes(redis, stub, "local_full", max_streams=10)
+        with a, b:
+            wait_nodes([a, b], 2)
+            held = hold(a, 3) + hold(b, 4)
+            _stop_redis(redis, (a, b), "local_full")
+            more_a, r = fill(a)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            more_b, r = fill(b)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            assert (len(more_a), len(more_b)) == (7, 6), (len(more_a), len(more_b))
+            assert stub.tag("acme")["inflight"] == 20
+            close_all(held + more_a + more_b)
+
+
+@h.timeout(60)
+def test_redis_down_local_share_rounds_up_by_at_most_nodes_minus_one():
+    with Redis() as redis, Stub() as stub:
+        gws = [cluster_gw(stub, redis.addr, "gw-" + x, max_streams=10) for x in "abc"]
+        with gws[0], gws[1], gws[2]:
+            wait_nodes(gws, 3)
+            _stop_redis(redis, gws, "local_share")
+            counts = []
+            held = []
+            for gw in gws:
+                more, r = fill(gw)
+                assert_error(r, 429, "concurrency_limit_exceeded")
+                counts.append(len(more))
+                held += more
+            # ceil(10 / 3) = 4 each: 12 in all, max_streams + (nodes - 1).
+            assert counts == [4, 4, 4], counts
+            assert stub.tag("acme")["inflight"] == 12
+            close_all(held)
+
+
+@h.timeout(60)
+def test_redis_password_is_sent_and_a_wrong_one_keeps_the_node_in_its_fail_mode():
+    with Redis(password="s3cret pass") as redis, Stub() as stub:
+        good = cluster_gw(stub, redis.addr, "gw-a", cluster={"password": "s3cret pass"})
+        bad = cluster_gw(stub, redis.addr, "gw-b", on_redis_down="closed",
+                         cluster={"password": "wrong"})
+        with good, bad:
+            wait_mode(good, "redis")
+            held = hold(good, 2)
+            assert redis.leases("acme") == 2
+            assert redis.nodes() == ["gw-a"]
+            m = wait_mode(bad, "closed")
+            assert m.value("sluice_cluster_errors_total", kind="reply") >= 1
+            _, r = try_stream(bad, tag="refused")
+            assert_error(r, 503, "cluster_unavailable")
+            assert "AUTH refused" in h.stderr_text(bad), bad.stderr_tail()
+            close_all(held)
+            wait_leases(redis, 0)
+
+
+@h.timeout(90)
+def test_redis_restarted_empty_gets_the_leases_in_flight_back_and_the_exact_limit():
+    with Redis() as redis, Stub() as stub:
+        a, b = _two_nodes(redis, stub, "local_share", max_streams=10)
+        with a, b:
+            wait_nodes([a, b], 2)
+            held = hold(a, 1) + hold(b, 1)
+            _stop_redis(redis, (a, b), "local_share")
+            held += hold(a, 2)                 # admitted without Redis
+            redis.restart()
+            # Every stream in flight is re-added (4: 3 on gw-a, 1 on gw-b)
+            # within the reconnect backoff and a heartbeat.
+            wait_leases(redis, 4, timeout=10)
+            members = redis.lease_members("acme")
+            assert sorted(member_node(m) for m in members) == ["gw-a"] * 3 + ["gw-b"], members
+            for gw in (a, b):
+                wait_mode(gw, "redis", timeout=10)
+            assert sorted(redis.nodes()) == ["gw-a", "gw-b"]
+            # Every worker reconnected too (2 masters, 4 workers, and us).
+            h.wait_until(lambda: redis.clients() == 7, 15, interval=0.1,
+                         msg="the workers to reconnect (clients %d)" % redis.clients())
+            # Exact again: 6 more on gw-a (local_share would stop at 5 on it).
+            more, r = fill(a)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            assert len(more) == 6, len(more)
+            _, r = try_stream(b)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            assert redis.leases("acme") == 10
+            assert stub.tag("acme")["inflight"] == 10
+            close_all(held + more)
+            wait_leases(redis, 0)
+            for gw in (a, b):
+                h.wait_metric(gw, "sluice_cluster_leases", 0)
+
+
+# ---------------------------------------------------------------- Redis silent
+
+@h.skip_under("valgrind")
+@h.timeout(60)
+def test_silent_redis_admission_waits_timeout_then_fail_mode_and_loop_keeps_pace():
+    TIMEOUT = 0.3
+    with Redis() as redis, Stub() as stub, \
+            cluster_gw(stub, redis.addr, "gw-a", on_redis_down="local_full",
+                       lease_ttl="60s", heartbeat="2s", timeout="300ms") as a:
+        # A stream of another tenant, admitted while Redis answers: 50 ms apart.
+        bc, br = a.open_stream(key=BETA_KEY, tag="beta", events=400, interval=50)
+        assert br.status == 200
+        br.read_events(3, timeout=5)
+        redis.freeze()            # accepts connections, answers nothing
+        try:
+            t_freeze = time.monotonic()
+            heads, held = [], []
+            stop = threading.Event()
+
+            def pump():
+                while not stop.is_set() and not br.done:
+                    br.read_some(time.monotonic() + 5)
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
+            for _ in range(4):    # fewer than the 8 timeouts that drop a connection
+                t0 = time.monotonic()
+                c, r = try_stream(a)
+                heads.append(time.monotonic() - t0)
+                assert r.status == 200, "local_full refused: %d" % r.status
+                held.append(c)
+                t0 = time.monotonic()
+                st, text = healthz(a)
+                assert time.monotonic() - t0 < 0.5, "the master took %.2fs for /healthz" % (
+                    time.monotonic() - t0)
+                assert (st, text) == (200, "ok\ncluster: redis\n"), (st, text)
+            time.sleep(0.5)
+            stop.set()
+            reader.join(timeout=10)
+            for dt in heads:
+                assert TIMEOUT - 0.02 <= dt <= TIMEOUT + 0.4, \
+                    "admission took %.3fs with cluster.timeout %.1fs: %r" % (dt, TIMEOUT, heads)
+            times = [t for t, _ in br.events if t >= t_freeze]
+            assert len(times) >= 20, "only %d beta events while Redis was silent" % len(times)
+            gaps = [b - a_ for a_, b in zip(times, times[1:])]
+            assert max(gaps) < 0.2, "a beta event came %.3fs after the one before (every 50 ms " \
+                "expected): the loop stalled" % max(gaps)
+            m = h.scrape(a)
+            assert m.value("sluice_cluster_errors_total", kind="timeout") == 4, \
+                m.series("sluice_cluster_errors_total")
+        finally:
+            redis.thaw()
+        # The late answers are leases held now, and their releases win.
+        wait_leases(redis, 4)
+        close_all(held)
+        bc.close()
+        wait_leases(redis, 0)
+        wait_leases(redis, 0, key=BETA_LEASES)
+
+
+@h.timeout(30)
+def test_node_starts_in_its_fail_mode_when_redis_never_answers():
+    with h.BlackHole() as hole, Stub() as stub:
+        t0 = time.monotonic()
+        with cluster_gw(stub, hole.addr, "gw-a", on_redis_down="closed",
+                        timeout="100ms") as a:
+            # Registration is bounded (timeout, at least 0.5 s) before it listens.
+            assert time.monotonic() - t0 < 5
+            assert hole.accepted >= 1
+            m = wait_mode(a, "closed", timeout=1)
+            assert m.value("sluice_cluster_nodes") == 0
+            t0 = time.monotonic()
+            _, r = try_stream(a, tag="refused")
+            assert_error(r, 503, "cluster_unavailable")
+            assert r.header("retry-after") == "2"
+            assert time.monotonic() - t0 < 0.5, "a node in its fail mode waited for Redis"
+            assert stub.tag("refused")["requests"] == 0
+
+
+@h.skip_under("valgrind")
+@h.timeout(60)
+def test_node_fences_itself_before_its_leases_expire():
+    TTL, HB, TMO = 6.0, 1.0, 0.2
+    with Redis() as redis, Stub() as stub, \
+            cluster_gw(stub, redis.addr, "gw-a", on_redis_down="closed", lease_ttl="6s",
+                       heartbeat="1s", timeout="200ms") as a:
+        held = hold(a, 2)
+        redis.freeze()            # the connection stays up; nothing is acknowledged
+        try:
+            t0 = time.monotonic()
+            wait_mode(a, "closed", timeout=TTL)
+            dt = time.monotonic() - t0
+            # lease_ttl - 2 x heartbeat (+ min(timeout, heartbeat / 2)) after
+            # the last acknowledged heartbeat (at most one heartbeat before
+            # the freeze): before Redis could expire a lease.
+            assert TTL - 3 * HB - 0.1 <= dt <= TTL - 2 * HB + TMO + 0.3, \
+                "fenced %.2fs after Redis went silent" % dt
+            assert h.scrape(a).value("sluice_cluster_errors_total", kind="fenced") == 1
+            t0 = time.monotonic()
+            _, r = try_stream(a, tag="refused")
+            assert_error(r, 503, "cluster_unavailable")
+            assert time.monotonic() - t0 < TMO, "a fenced node still asks Redis"
+        finally:
+            redis.thaw()
+        # Redis answers again: the leases are there (re-added or never gone),
+        # and the node admits through Redis.
+        wait_mode(a, "redis", timeout=10)
+        wait_leases(redis, 2)
+        close_all(held)
+        wait_leases(redis, 0)
+
+
+@h.timeout(60)
+def test_node_started_before_redis_admits_by_fail_mode_then_joins():
+    redis = Redis()                 # its port, nothing listening yet
+    with Stub() as stub, cluster_gw(stub, redis.addr, "gw-a", max_streams=10) as a:
+        m = wait_mode(a, "local_share", timeout=2)
+        assert m.value("sluice_cluster_errors_total", kind="connect") >= 1
+        assert m.value("sluice_cluster_nodes") == 0
+        # No live node seen yet: the share is max_streams itself.
+        held, r = fill(a)
+        assert_error(r, 429, "concurrency_limit_exceeded")
+        assert len(held) == 10, len(held)
+        close_all(held[2:])
+        held = held[:2]
+        h.wait_metric(a, "sluice_cluster_leases", 2)
+        redis.start()
+        try:
+            wait_mode(a, "redis", timeout=10)
+            # The streams admitted without Redis hold leases now.
+            wait_leases(redis, 2)
+            assert redis.nodes() == ["gw-a"]
+            h.wait_metric(a, "sluice_cluster_nodes", 1)
+            close_all(held)
+            wait_leases(redis, 0)
+        finally:
+            redis.kill()
+
+
+# ---------------------------------------------------------------- churn
+
+@h.timeout(180)
+def test_churn_of_vanishing_clients_leaves_no_lease():
+    target = 150 if "valgrind" in os.environ.get("SLUICE_UNDER", "") else 1000
+    with Redis() as redis, Stub() as stub:
+        # closed: a lease Redis cannot give shows as a 503; the timeout
+        # leaves room for valgrind.
+        a, b = _two_nodes(redis, stub, "closed", max_streams=12, timeout="1s")
+        with a, b:
+            wait_nodes([a, b], 2)
+            lock = threading.Lock()
+            counts = {"ok": 0, "429": 0, "other": []}
+
+            def worker(k):
+                i = 0
+                while True:
+                    with lock:
+                        if counts["ok"] >= target or counts["other"]:
+                            return
+                    gw = (a, b)[(k + i) % 2]
+                    i += 1
+                    c = h.Client(gw.port, timeout=20)
+                    try:
+                        hd = dict(h.bearer(ACME_KEY), **{"Content-Type": "application/json"})
+                        hd.update(h.stub_headers(events=50, interval=20, tag="churn"))
+                        c.send("POST", "/v1/chat/completions", hd, h.stream_body())
+                        r = c.read_response(timeout=20)
+                        if r.status == 200:
+                            with lock:
+                                counts["ok"] += 1
+                            if i % 3 == 1:
+                                r.read_events(1, timeout=20)
+                            c.close(rst=(i % 2 == 0))
+                        else:
+                            r.read_all(timeout=20)
+                            with lock:
+                                if r.status == 429:
+                                    counts["429"] += 1
+                                else:
+                                    counts["other"].append(r.status)
+                            c.close()
+                            time.sleep(0.005)
+                    except Exception as e:   # noqa: B902 - report it below
+                        with lock:
+                            counts["other"].append(repr(e))
+                        c.close()
+                        return
+
+            threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=150)
+            assert not counts["other"], counts["other"][:5]
+            assert counts["ok"] >= target, counts
+            h.wait_until(lambda: stub.tag("churn")["inflight"] == 0, 10,
+                         msg="the stub to see every stream gone")
+            wait_leases(redis, 0, timeout=10)
+            assert not redis.exists(LEASES)
+            for gw in (a, b):
+                h.wait_metric(gw, "sluice_cluster_leases", 0)
+                assert mode(gw) == "redis"
+            st = stub.tag("churn")
+            assert st["requests"] == counts["ok"], (st, counts)
+
+
+# ---------------------------------------------------------------- config
+
+CLUSTER_BASE = """\
+listen: "127.0.0.1:{port}"
+upstreams:
+  main:
+    url: "http://127.0.0.1:9000"
+tenants:
+  acme:
+    keys: ["sk-1"]
+    max_streams: 5
+cluster:
+{cluster}"""
+
+
+def _check(cluster):
+    path = h.write_config(CLUSTER_BASE.format(port=h.free_port(), cluster=cluster), "check")
+    rc, out, err = h.run_sluice(["-t", "-c", path])
+    return path, rc, out, err
+
+
+def test_check_refuses_bad_cluster_settings_with_line_and_column():
+    # cluster: starts on line 9; its keys are at column 3, values after them
+    # (a value's problem is reported at the value).
+    path, rc, out, err = _check('  redis: "127.0.0.1:6379"\n'
+                                "  lease_ttl: 3s\n"
+                                "  heartbeat: 2s\n")
+    assert rc != 0, (rc, out, err)
+    assert "%s:12:14: cluster.heartbeat: 2000ms must be at most lease_ttl / 3 (1000ms)" \
+        % path in err, err
+    path, rc, out, err = _check('  redis: "localhost:6379"\n')
+    assert rc != 0
+    assert re.search(r"^%s:10:10: cluster\.redis: 'localhost:6379' is not IP:port, "
+                     r"\[v6\]:port or unix:/path" % re.escape(path), err, re.M), err
+    path, rc, out, err = _check('  redis: "127.0.0.1:6379"\n'
+                                "  on_redis_down: open\n")
+    assert rc != 0
+    assert "%s:11:18: cluster.on_redis_down: 'open' must be one of local_share, closed, " \
+        "local_full" % path in err, err
+    path, rc, out, err = _check('  redis: "127.0.0.1:6379"\n'
+                                '  node: "gw:a"\n')
+    assert rc != 0
+    assert "%s:11:9: cluster.node: 'gw:a' must be 1-64 of" % path in err, err
+    path, rc, out, err = _check('  node: "gw-a"\n')
+    assert rc != 0
+    assert "%s:10:3: cluster: missing required key 'redis'" % path in err, err
+    # Several problems at once: each is reported.
+    path, rc, out, err = _check('  redis: "redis.example:6379"\n'
+                                "  heartbeat: 5s\n"
+                                "  on_redis_down: maybe\n"
+                                "  colour: blue\n")
+    assert rc != 0
+    for where in (":10:10: cluster.redis", ":11:14: cluster.heartbeat", ":12:18: cluster.on_redis_down",
+                  ":13:3: unknown key 'cluster.colour'"):
+        assert path + where in err, (where, err)
+
+
+def test_check_accepts_unix_socket_and_v6_redis_addresses():
+    for addr in ("unix:/run/redis/redis.sock", "[::1]:6379", "127.0.0.1:6379"):
+        path, rc, out, err = _check('  redis: "%s"\n'
+                                    "  lease_ttl: 3s\n"
+                                    "  heartbeat: 1s\n"
+                                    "  timeout: 50ms\n"
+                                    "  on_redis_down: closed\n" % addr)
+        assert rc == 0, (addr, rc, err)
+        assert out == "%s: ok\n" % path, (addr, out)
+
+
+def test_node_on_a_unix_socket_admits_through_redis():
+    sock = h.tmpfile("redis", ".sock")
+    with Redis(args=("--unixsocket", sock, "--unixsocketperm", "700")) as redis, \
+            Stub() as stub, cluster_gw(stub, "unix:" + sock, "gw-u") as a:
+        wait_mode(a, "redis")
+        held = hold(a, 2)
+        assert redis.leases("acme") == 2
+        assert redis.nodes() == ["gw-u"]
+        close_all(held)
+        wait_leases(redis, 0)
+
+
+# ---------------------------------------------------------------- reload
+
+@h.timeout(60)
+def test_reload_keeps_redis_and_node_but_applies_timing_and_fail_mode():
+    with Redis() as r1, Redis(name="redis2") as r2, Stub() as stub, \
+            cluster_gw(stub, r1.addr, "gw-a", on_redis_down="local_full",
+                       lease_ttl="4s", heartbeat="1s", allow_worker_changes=True) as a:
+        held = hold(a, 1)
+        assert r1.leases("acme") == 1
+        cfg = h.deep_merge(a.config, {"cluster": {"redis": r2.addr, "node": "gw-z",
+                                                  "lease_ttl": "30s",
+                                                  "on_redis_down": "closed"}})
+        h.reload(a, cfg)
+        text = h.stderr_text(a)
+        assert "reload: 'cluster' redis, password, node (or adding or removing the " \
+            "section) need a restart; keeping %s" % r1.addr in text, a.stderr_tail()
+        # Still on the first Redis, under the first name.
+        held += hold(a, 1)
+        assert r1.leases("acme") == 2
+        assert not r2.exists(LEASES) and r2.nodes() == [], r2.command("KEYS", "*")
+        assert r1.nodes() == ["gw-a"]
+        assert {member_node(m) for m in r1.lease_members("acme")} == {"gw-a"}
+        # lease_ttl 30s now: the next heartbeat renews to ~30 s ahead.
+        def renewed():
+            now = r1.time_ms()
+            return all(sc - now > 20000 for _, sc in r1.zrange(LEASES, True))
+        h.wait_until(renewed, 5, interval=0.1, msg="leases renewed with the new lease_ttl")
+        # on_redis_down: closed now.
+        r1.stop()
+        wait_mode(a, "closed", timeout=5)
+        _, r = try_stream(a, tag="refused")
+        assert_error(r, 503, "cluster_unavailable")
+        close_all(held)
+
+
+# ---------------------------------------------------------------- leaving
+
+@h.timeout(60)
+def test_sigterm_removes_the_node_and_others_see_it_after_a_heartbeat():
+    with Redis() as redis, Stub() as stub:
+        a, b = _two_nodes(redis, stub, "local_share", max_streams=10)
+        with a, b:
+            wait_nodes([a, b], 2)
+            assert sorted(redis.nodes()) == ["gw-a", "gw-b"]
+            held = hold(b, 2)
+            assert redis.leases("acme") == 2
+            close_all(held)
+            assert b.stop() == 0
+            # Gone at once (not after lease_ttl), and its leases with it.
+            h.wait_until(lambda: redis.nodes() == ["gw-a"], 1, interval=0.02,
+                         msg="gw-b to leave sluice:nodes (now %r)" % redis.nodes())
+            wait_leases(redis, 0, timeout=1)
+            h.wait_metric(a, "sluice_cluster_nodes", 1, timeout=2.5)
+            # With one node left, local_share is all of max_streams.
+            redis.stop()
+            wait_mode(a, "local_share")
+            more, r = fill(a)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            assert len(more) == 10, len(more)
+            close_all(more)
