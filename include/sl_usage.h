@@ -1,0 +1,191 @@
+/*
+ * sl_usage: token usage from OpenAI-compatible requests and responses.
+ *
+ * Three pure pieces, no I/O, no logging, no globals; the relay calls them
+ * from above and owns every buffer it passes in:
+ *
+ *  1. sl_usage_request(): reads a request body (parsed with jansson) and, for
+ *     a streamed request whose client did not ask for usage, builds the body
+ *     to send upstream: the original bytes with exactly one member inserted
+ *     (or one `false`/`null` value replaced), so the runner sends its usage
+ *     chunk. Anything else is forwarded untouched.
+ *  2. sl_usage_from_json(): the `usage` object of a non-streamed response.
+ *  3. struct sl_usage_scan: a byte-at-a-time scanner over an SSE response
+ *     body. It builds no JSON tree for ordinary events and allocates nothing
+ *     for them; only the `usage` object of the usage event is copied and
+ *     parsed with jansson. It counts the bytes of `"content"` / `"text"`
+ *     string values (for the bytes/4 estimate when no usage arrives), and,
+ *     when sluice injected the option, cuts the usage event out of what the
+ *     client receives, forwarding every other byte unchanged.
+ *
+ * JSON dialect. Request bodies and the usage object are parsed by jansson
+ * (RFC 8259, UTF-8 checked, depth bounded by jansson at 2048). Duplicate
+ * keys: the last one wins, as in jansson, Python's json (vLLM, TGI's
+ * router is Rust/serde: last wins too) and nlohmann::json (llama.cpp); the
+ * request editor therefore edits the last `stream_options` / `include_usage`
+ * member, which is the one the runner will see.
+ */
+#ifndef SL_USAGE_H
+#define SL_USAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Larger non-streamed response bodies are not parsed (no usage; estimate). */
+#define SL_USAGE_MAX_JSON (1024 * 1024)
+/*
+ * Bound on the bytes the scanner keeps for one event: the held bytes of an
+ * event that may be the usage event, and the copy of a `usage` object. An
+ * event that grows past it is not the usage chunk and is flushed through.
+ */
+#define SL_USAGE_MAX_EVENT (64 * 1024)
+
+/* Token counts as the runner reported them. */
+struct sl_usage {
+	int have;                    /* 1: the fields below were reported */
+	uint64_t prompt_tokens;
+	uint64_t completion_tokens;
+	uint64_t total_tokens;       /* as reported; prompt + completion if absent */
+};
+
+/* ---- 1. request body ---- */
+
+/* What sl_usage_request found; body is owned, free with sl_usage_req_free(). */
+struct sl_usage_req {
+	int counted;         /* the body is a JSON object: count this request */
+	int stream;          /* "stream": true */
+	int client_asked;    /* "stream_options": {"include_usage": true} */
+	int injected;        /* body/body_len hold the bytes to send upstream */
+	char *body;          /* malloc'd, NUL-terminated (not counted in body_len) */
+	size_t body_len;
+	size_t edit_off;     /* the edit: at edit_off, edit_del original bytes */
+	size_t edit_del;     /* were replaced by the inserted text */
+};
+
+/*
+ * Call once per chat/completions or completions request body, before it goes
+ * upstream. len is already bounded by max_body_bytes. With inject set, a
+ * streamed request whose client did not ask for usage gets
+ *   no stream_options            -> ,"stream_options":{"include_usage":true}
+ *                                   before the top-level closing brace
+ *   "stream_options": null       -> that null replaced by {"include_usage":true}
+ *   stream_options without it    -> ,"include_usage":true before its closing brace
+ *   "include_usage": false|null  -> that value replaced by true
+ * (the comma only when the object has members). A stream_options or
+ * include_usage of any other type is left alone: the runner answers that
+ * request as it sees fit. The new body is re-parsed with jansson and must
+ * equal the original plus the member, else nothing is injected.
+ * A body that is not a JSON object (array, scalar, garbage, empty, invalid
+ * UTF-8) gives counted = 0 and is forwarded untouched.
+ * Returns 0, or -1 when out of memory (out then says "not injected"; the
+ * request can still be forwarded untouched). Always initialises *out.
+ */
+int sl_usage_request(const char *body, size_t len, int inject, struct sl_usage_req *out);
+
+/* Free the new body (if any) and reset *r. Safe on a zeroed struct. */
+void sl_usage_req_free(struct sl_usage_req *r);
+
+/* ---- 2. non-streamed response body ---- */
+
+/*
+ * Call once with the whole body of a non-streamed 2xx JSON response. Fills u
+ * (have = 1) from a top-level "usage" object whose "prompt_tokens" and
+ * "completion_tokens" are non-negative integers ("total_tokens" optional, a
+ * non-negative integer when present). Returns 0 when found, -1 otherwise
+ * (u->have = 0), including for bodies over SL_USAGE_MAX_JSON, which are not
+ * parsed.
+ */
+int sl_usage_from_json(const char *body, size_t len, struct sl_usage *u);
+
+/* Completion tokens estimated from content bytes: ceil(bytes / 4). */
+static inline uint64_t
+sl_usage_estimate(uint64_t content_bytes)
+{
+	return content_bytes / 4 + (content_bytes % 4 != 0);
+}
+
+/* ---- 3. SSE scanner ---- */
+
+#define SL_USAGE_MAX_RANGES 2
+
+/*
+ * What to send to the client for one sl_usage_scan_feed() call, in order:
+ * first held[0..held_len) (bytes of earlier calls that were held back), then
+ * the n ranges of that call's input. Pointers are valid until the next call
+ * on the scanner (feed, finish or free): copy them out before.
+ */
+struct sl_usage_out {
+	const char *held;
+	size_t held_len;
+	size_t n;
+	struct {
+		size_t off, len;     /* in the input of this call */
+	} range[SL_USAGE_MAX_RANGES];
+};
+
+/*
+ * Per-stream state, embeddable (under 128 bytes); fields are private. The
+ * only memory it allocates, on demand, kept until sl_usage_scan_free(): the
+ * hold buffer (drop mode only: the head of an event starting `data: {` that
+ * spans two feeds before its fate is known; a few hundred bytes in
+ * practice) and the copy of a `usage` object; each capped at
+ * SL_USAGE_MAX_EVENT.
+ */
+struct sl_usage_scan {
+	uint64_t content_bytes;
+	uint64_t prompt, completion, total;
+	char *hold;                  /* held event bytes (drop mode) */
+	char *cap;                   /* copy of the current usage object */
+	uint32_t hold_len, hold_alloc;
+	uint32_t cap_len, cap_alloc;
+	uint16_t depth;              /* JSON nesting in the current event's data */
+	uint16_t cap_depth;          /* depth at which the usage object closes */
+	uint8_t drop, dropped, have, cr;
+	uint8_t line, field, hs, lx;
+	uint8_t kmask, kpos, key, cnt;
+	uint8_t ev;                  /* per-event flags (private) */
+	uint8_t top, after_drop, pending_ok, pfx, ux;
+	uint64_t p_prompt, p_completion, p_total;   /* parsed, not yet committed */
+};
+
+/*
+ * Set up a scanner for one response body. drop_usage_event: the request was
+ * injected (the client did not ask for usage), so the usage event is removed
+ * from what the client receives. Allocates nothing.
+ */
+void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
+
+/*
+ * Feed upstream body bytes as they arrive (any split). Returns how many of
+ * in[0..len) were consumed (never 0 when len > 0); call again with the rest,
+ * after sending what out describes. The consumed bytes are either in out,
+ * held inside the scanner (drop mode only: an event starting `data: {` whose
+ * fate is not yet known) or dropped (the usage event). Without drop, out is
+ * always exactly one range covering the consumed bytes and nothing is held.
+ * Held bytes come back through a later out, or through finish.
+ */
+size_t sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
+    struct sl_usage_out *out);
+
+/*
+ * The upstream body ended (cleanly or not): out gets any held bytes (an
+ * unfinished event is never dropped). An event not ended by a blank line
+ * does not count, like an SSE client would discard it.
+ */
+void sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out);
+
+/*
+ * After finish (or any time): the last complete event's usage (u->have = 0 if
+ * none), and the bytes of "content" / "text" string values seen (escapes
+ * count one). Returns u->have.
+ */
+int sl_usage_scan_result(const struct sl_usage_scan *s, struct sl_usage *u,
+    uint64_t *content_bytes);
+
+/* 1 if the usage event was removed from the client's stream. */
+int sl_usage_scan_dropped(const struct sl_usage_scan *s);
+
+/* Release the buffers. The scanner may be initialised again afterwards. */
+void sl_usage_scan_free(struct sl_usage_scan *s);
+
+#endif
