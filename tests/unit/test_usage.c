@@ -1,0 +1,706 @@
+/*
+ * Unit tests for src/usage.c: the request editor (exact bytes out), the
+ * non-streamed usage reader, and the SSE scanner fed at every split point
+ * and one byte at a time, with the usage event dropped and kept.
+ */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sl_usage.h"
+
+/* ------------------------------------------------------------------ helpers */
+
+/* What the client received, and what the scanner concluded. */
+struct run {
+	char *out;
+	size_t len, cap;
+	struct sl_usage u;
+	uint64_t content;
+	int dropped;
+	size_t max_hold;        /* largest hold_len seen between calls */
+};
+
+static void
+add(struct run *r, const char *p, size_t n)
+{
+	if (r->len + n + 1 > r->cap) {
+		r->cap = (r->len + n + 1) * 2;
+		r->out = realloc(r->out, r->cap);
+		assert_non_null(r->out);
+	}
+	memcpy(r->out + r->len, p, n);
+	r->len += n;
+	r->out[r->len] = '\0';
+}
+
+static void
+take(struct run *r, const struct sl_usage_out *o, const char *in)
+{
+	size_t k;
+
+	if (o->held_len > 0)
+		add(r, o->held, o->held_len);
+	for (k = 0; k < o->n; k++)
+		add(r, in + o->range[k].off, o->range[k].len);
+}
+
+/* Feed one piece the way the relay would: until the scanner has taken it all. */
+static void
+feed(struct sl_usage_scan *s, struct run *r, const char *p, size_t n, int drop)
+{
+	struct sl_usage_out o;
+	size_t used;
+
+	while (n > 0) {
+		used = sl_usage_scan_feed(s, p, n, &o);
+		assert_true(used > 0 && used <= n);
+		if (!drop) {
+			/* nothing is ever held: one range, everything taken */
+			assert_int_equal(used, n);
+			assert_int_equal(o.held_len, 0);
+			assert_int_equal(o.n, 1);
+			assert_int_equal(o.range[0].off, 0);
+			assert_int_equal(o.range[0].len, n);
+		}
+		take(r, &o, p);
+		if (s->hold_len > r->max_hold)
+			r->max_hold = s->hold_len;
+		p += used;
+		n -= used;
+	}
+}
+
+static void
+finish(struct sl_usage_scan *s, struct run *r)
+{
+	struct sl_usage_out o;
+
+	sl_usage_scan_finish(s, &o);
+	take(r, &o, NULL);
+	sl_usage_scan_result(s, &r->u, &r->content);
+	r->dropped = sl_usage_scan_dropped(s);
+	sl_usage_scan_free(s);
+}
+
+/* in in two reads split at k (k == len: one read). */
+static void
+run_split(struct run *r, const char *in, size_t len, size_t k, int drop)
+{
+	struct sl_usage_scan s;
+
+	memset(r, 0, sizeof(*r));
+	add(r, "", 0);
+	sl_usage_scan_init(&s, drop);
+	feed(&s, r, in, k, drop);
+	feed(&s, r, in + k, len - k, drop);
+	finish(&s, r);
+}
+
+/* in one byte per read. */
+static void
+run_bytes(struct run *r, const char *in, size_t len, int drop)
+{
+	struct sl_usage_scan s;
+	size_t i;
+
+	memset(r, 0, sizeof(*r));
+	add(r, "", 0);
+	sl_usage_scan_init(&s, drop);
+	for (i = 0; i < len; i++)
+		feed(&s, r, in + i, 1, drop);
+	finish(&s, r);
+}
+
+/* in without the bytes of cut (a substring of in, found once). */
+static char *
+without(const char *in, const char *cut)
+{
+	const char *at = strstr(in, cut);
+	char *o;
+
+	assert_non_null(at);
+	assert_null(strstr(at + 1, cut));
+	o = malloc(strlen(in) + 1);
+	assert_non_null(o);
+	memcpy(o, in, (size_t)(at - in));
+	strcpy(o + (at - in), at + strlen(cut));
+	return o;
+}
+
+/*
+ * Every split point and one byte at a time: the client gets exactly want,
+ * the scanner reports usage (p, c, t) or none (p < 0) and content bytes.
+ */
+static void
+check_stream(const char *in, int drop, const char *want, long p, long c, long t,
+    uint64_t content)
+{
+	size_t len = strlen(in), k;
+	struct run r;
+
+	for (k = 0; k <= len + 1; k++) {
+		if (k <= len)
+			run_split(&r, in, len, k, drop);
+		else
+			run_bytes(&r, in, len, drop);
+		if (r.len != strlen(want) || memcmp(r.out, want, r.len) != 0)
+			fail_msg("split %zu (drop %d): got\n%s\nwant\n%s", k, drop, r.out, want);
+		assert_int_equal(r.u.have, p >= 0);
+		if (p >= 0) {
+			assert_int_equal(r.u.prompt_tokens, p);
+			assert_int_equal(r.u.completion_tokens, c);
+			assert_int_equal(r.u.total_tokens, t);
+		}
+		assert_int_equal(r.content, content);
+		assert_int_equal(r.dropped, strcmp(in, want) != 0);
+		free(r.out);
+	}
+}
+
+/* ------------------------------------------------------------------ streams */
+
+#define CHUNK(content) \
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":" \
+	"[{\"index\":0,\"delta\":{\"content\":\"" content "\"},\"finish_reason\":null}]," \
+	"\"usage\":null}\n\n"
+#define USAGE_EV \
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[]," \
+	"\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7,\"total_tokens\":19}}\n\n"
+#define DONE "data: [DONE]\n\n"
+
+static const char stream_lf[] =
+	"data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"," \
+	"\"content\":\"\"}}],\"usage\":null}\n\n"
+	CHUNK("Hello") CHUNK(", world") USAGE_EV DONE;
+
+static void
+test_scan_usage_found_at_every_split_kept_byte_identical(void **state)
+{
+	(void)state;
+	check_stream(stream_lf, 0, stream_lf, 12, 7, 19, 12);
+}
+
+static void
+test_scan_drop_removes_exactly_the_usage_event_at_every_split(void **state)
+{
+	char *want = without(stream_lf, USAGE_EV);
+
+	(void)state;
+	check_stream(stream_lf, 1, want, 12, 7, 19, 12);
+	free(want);
+}
+
+/* The same stream with CRLF line ends, and with bare CR (both SSE). */
+static char *
+relined(const char *in, const char *eol)
+{
+	size_t n = 0, el = strlen(eol);
+	char *o = malloc(strlen(in) * el + 1);
+	const char *p;
+
+	assert_non_null(o);
+	for (p = in; *p; p++) {
+		if (*p == '\n') {
+			memcpy(o + n, eol, el);
+			n += el;
+		} else
+			o[n++] = *p;
+	}
+	o[n] = '\0';
+	return o;
+}
+
+static void
+test_scan_crlf_and_cr_line_ends(void **state)
+{
+	const char *eols[] = { "\r\n", "\r" };
+	char *in, *ev, *want;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < 2; i++) {
+		in = relined(stream_lf, eols[i]);
+		ev = relined(USAGE_EV, eols[i]);
+		want = without(in, ev);
+		check_stream(in, 0, in, 12, 7, 19, 12);
+		check_stream(in, 1, want, 12, 7, 19, 12);
+		free(in);
+		free(ev);
+		free(want);
+	}
+}
+
+static void
+test_scan_usage_null_events_ignored_estimate_from_content(void **state)
+{
+	static const char in[] = CHUNK("abcd") CHUNK("efghi") DONE;
+	struct run r;
+
+	(void)state;
+	check_stream(in, 0, in, -1, 0, 0, 9);
+	check_stream(in, 1, in, -1, 0, 0, 9);
+	run_split(&r, in, strlen(in), 3, 1);
+	assert_int_equal(sl_usage_estimate(r.content), 3);   /* ceil(9 / 4) */
+	free(r.out);
+	assert_int_equal(sl_usage_estimate(0), 0);
+	assert_int_equal(sl_usage_estimate(8), 2);
+}
+
+static void
+test_scan_malformed_usage_event_gives_no_usage(void **state)
+{
+	static const char *bad[] = {
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,,\"completion_tokens\":7}}\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":\"12\",\"completion_tokens\":7}}\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":-1,\"completion_tokens\":7}}\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12}}\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7}\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7}}}\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7}} x\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1e3,\"completion_tokens\":7}}\n\n",
+	};
+	char in[512];
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		snprintf(in, sizeof(in), "%s%s%s", CHUNK("ab"), bad[i], DONE);
+		check_stream(in, 0, in, -1, 0, 0, 2);
+	}
+	/* well-formed, but the stream is cut inside it: no usage, held bytes released */
+	snprintf(in, sizeof(in), "%s%s", CHUNK("ab"),
+	    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7}}\n");
+	check_stream(in, 0, in, -1, 0, 0, 2);
+	check_stream(in, 1, in, -1, 0, 0, 2);
+}
+
+static void
+test_scan_data_without_space_comments_and_other_fields(void **state)
+{
+	static const char in[] =
+		": keep-alive\n\n"
+		"data:{\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n"
+		": a comment inside an event\n\n"
+		"id: 7\nevent: message\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"
+		"data:{\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n"
+		"id: 8\n\n"
+		DONE;
+	char *want = without(in, "data:{\"choices\":[],\"usage\":{\"prompt_tokens\":3,"
+	    "\"completion_tokens\":2}}\nid: 8\n\n");
+
+	(void)state;
+	check_stream(in, 0, in, 3, 2, 5, 3);
+	check_stream(in, 1, want, 3, 2, 5, 3);
+	free(want);
+}
+
+static void
+test_scan_escapes_count_one_byte_and_quotes_do_not_confuse(void **state)
+{
+	/*
+	 * Decoded: a " b \u00e9 \\ \n = 6 (an escape is one); "usage":{"prompt_tokens":1}
+	 * inside a string is 27 bytes of text, not a key; "h\xc3\xa9" is 3 bytes.
+	 */
+	static const char in[] =
+		"data: {\"choices\":[{\"delta\":{\"content\":\"a\\\"b\\u00e9\\\\\\n\"}}]}\n\n"
+		"data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":1}\"}}]}\n\n"
+		"data: {\"choices\":[{\"delta\":{\"content\":\"h\xc3\xa9\"}}]}\n\n"
+		DONE;
+
+	(void)state;
+	check_stream(in, 1, in, -1, 0, 0, 6 + 27 + 3);
+}
+
+static void
+test_scan_completions_text_counted(void **state)
+{
+	static const char in[] =
+		"data: {\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"text\":\"four\","
+		"\"index\":0,\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n"
+		"data: {\"choices\":[{\"text\":\" more\",\"index\":0}]}\n\n"
+		USAGE_EV DONE;
+	char *want = without(in, USAGE_EV);
+
+	(void)state;
+	check_stream(in, 1, want, 12, 7, 19, 9);
+	free(want);
+}
+
+/* llama.cpp (older): usage rides on the last content chunk: counted, never cut. */
+static void
+test_scan_usage_with_nonempty_choices_counted_not_dropped(void **state)
+{
+	static const char in[] =
+		CHUNK("ab")
+		"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],"
+		"\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1,\"total_tokens\":5}}\n\n"
+		DONE;
+	static const char after[] =
+		"data: {\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1},"
+		"\"choices\":[{\"delta\":{\"content\":\"z\"}}]}\n\n";
+
+	(void)state;
+	check_stream(in, 1, in, 4, 1, 5, 2);
+	/* choices after usage: still known before the event ends */
+	check_stream(after, 1, after, 4, 1, 5, 1);
+}
+
+static void
+test_scan_usage_split_over_two_data_lines(void **state)
+{
+	static const char ev[] =
+		"data: {\"choices\":[],\n"
+		"data: \"usage\":{\"prompt_tokens\":1,\n"
+		"data: \"completion_tokens\":2,\"total_tokens\":3}}\n\n";
+	char in[512], *want;
+
+	(void)state;
+	snprintf(in, sizeof(in), "%s%s%s", CHUNK("abc"), ev, DONE);
+	want = without(in, ev);
+	check_stream(in, 0, in, 1, 2, 3, 3);
+	check_stream(in, 1, want, 1, 2, 3, 3);
+	free(want);
+}
+
+static void
+test_scan_only_the_first_usage_event_is_dropped_last_usage_counts(void **state)
+{
+	static const char second[] =
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":9,"
+		"\"total_tokens\":29}}\n\n";
+	char in[1024], *want;
+
+	(void)state;
+	snprintf(in, sizeof(in), "%s%s%s%s", CHUNK("ab"), USAGE_EV, second, DONE);
+	want = without(in, USAGE_EV);
+	check_stream(in, 1, want, 20, 9, 29, 2);
+	free(want);
+}
+
+/* An event over SL_USAGE_MAX_EVENT is flushed through; the hold never passes the cap. */
+static void
+test_scan_big_event_is_flushed_hold_bounded(void **state)
+{
+	size_t n = SL_USAGE_MAX_EVENT + 1000, len, k;
+	const size_t splits[] = { 1, 7, 4096, 65536 };
+	struct sl_usage_scan s;
+	struct run r;
+	char *in;
+
+	(void)state;
+	in = malloc(n + 256);
+	assert_non_null(in);
+	strcpy(in, "data: {\"choices\":[],\"pad\":\"");
+	len = strlen(in);
+	memset(in + len, 'x', n);
+	len += n;
+	strcpy(in + len, "\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n" DONE);
+	len = strlen(in);
+	for (k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+		size_t off;
+
+		memset(&r, 0, sizeof(r));
+		add(&r, "", 0);
+		sl_usage_scan_init(&s, 1);
+		for (off = 0; off < len; off += splits[k])
+			feed(&s, &r, in + off, len - off < splits[k] ? len - off : splits[k], 1);
+		finish(&s, &r);
+		assert_int_equal(r.len, len);
+		assert_memory_equal(r.out, in, len);
+		assert_true(r.max_hold <= SL_USAGE_MAX_EVENT);
+		/* not dropped, but its usage still counts */
+		assert_int_equal(r.dropped, 0);
+		assert_int_equal(r.u.have, 1);
+		free(r.out);
+	}
+	free(in);
+}
+
+/* A slow consumer: the relay sends held bytes before the next feed; no growth. */
+static void
+test_scan_hold_is_released_before_next_event_is_held(void **state)
+{
+	/* One feed holding a partial event, then the rest plus a new partial event. */
+	static const char a[] = "data: {\"id\":\"c1\",\"cho";
+	static const char b[] = "ices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: {\"choices\":[],\"usa";
+	static const char b1[] = "ices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+	static const char c[] = "ge\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n" DONE;
+	struct sl_usage_scan s;
+	struct sl_usage_out o;
+	size_t used;
+
+	(void)state;
+	sl_usage_scan_init(&s, 1);
+	used = sl_usage_scan_feed(&s, a, strlen(a), &o);
+	assert_int_equal(used, strlen(a));
+	assert_int_equal(o.held_len + o.n, 0);           /* all held */
+	used = sl_usage_scan_feed(&s, b, strlen(b), &o);
+	assert_int_equal(used, strlen(b1));              /* stops before the next event */
+	assert_int_equal(o.held_len, strlen(a));
+	assert_memory_equal(o.held, a, strlen(a));
+	assert_int_equal(o.n, 1);
+	assert_int_equal(o.range[0].off, 0);
+	assert_int_equal(o.range[0].len, strlen(b1));
+	used = sl_usage_scan_feed(&s, b + strlen(b1), strlen(b) - strlen(b1), &o);
+	assert_int_equal(used, strlen(b) - strlen(b1));
+	assert_int_equal(o.held_len + o.n, 0);
+	used = sl_usage_scan_feed(&s, c, strlen(c), &o);
+	assert_int_equal(used, strlen(c));
+	assert_int_equal(o.held_len, 0);
+	assert_int_equal(o.n, 1);
+	assert_int_equal(o.range[0].len, strlen(DONE));
+	assert_memory_equal(c + o.range[0].off, DONE, strlen(DONE));
+	assert_int_equal(sl_usage_scan_dropped(&s), 1);
+	sl_usage_scan_free(&s);
+}
+
+static void
+test_scan_struct_is_small(void **state)
+{
+	(void)state;
+	assert_true(sizeof(struct sl_usage_scan) <= 128);
+}
+
+/* ------------------------------------------------------------------ requests */
+
+/* The body sent upstream for in (inject on), and the flags. */
+static void
+check_req(const char *in, const char *want, int counted, int stream, int asked)
+{
+	struct sl_usage_req r;
+
+	assert_int_equal(sl_usage_request(in, strlen(in), 1, &r), 0);
+	assert_int_equal(r.counted, counted);
+	assert_int_equal(r.stream, stream);
+	assert_int_equal(r.client_asked, asked);
+	if (want == NULL) {
+		assert_int_equal(r.injected, 0);
+		assert_null(r.body);
+	} else {
+		assert_int_equal(r.injected, 1);
+		if (r.body_len != strlen(want) || memcmp(r.body, want, r.body_len) != 0)
+			fail_msg("in\n%s\ngot\n%s\nwant\n%s", in, r.body, want);
+		assert_int_equal(r.body[r.body_len], '\0');
+	}
+	sl_usage_req_free(&r);
+	/* inject off: never a new body, same facts */
+	assert_int_equal(sl_usage_request(in, strlen(in), 0, &r), 0);
+	assert_int_equal(r.injected, 0);
+	assert_int_equal(r.counted, counted);
+	assert_int_equal(r.stream, stream);
+	sl_usage_req_free(&r);
+}
+
+static void
+test_req_inject_without_stream_options(void **state)
+{
+	(void)state;
+	check_req("{\"model\":\"m\",\"stream\":true}",
+	    "{\"model\":\"m\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+	    1, 1, 0);
+	check_req(" {\n\t\"stream\" : true \n}\r\n",
+	    " {\n\t\"stream\" : true \n,\"stream_options\":{\"include_usage\":true}}\r\n",
+	    1, 1, 0);
+}
+
+static void
+test_req_inject_inside_stream_options(void **state)
+{
+	(void)state;
+	check_req("{\"stream\":true,\"stream_options\":{}}",
+	    "{\"stream\":true,\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
+	check_req("{\"stream_options\": { } ,\"stream\":true}",
+	    "{\"stream_options\": { \"include_usage\":true} ,\"stream\":true}", 1, 1, 0);
+	check_req("{\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":false},\"n\":1}",
+	    "{\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":false,"
+	    "\"include_usage\":true},\"n\":1}", 1, 1, 0);
+}
+
+static void
+test_req_include_usage_false_or_null_replaced(void **state)
+{
+	(void)state;
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":false}}",
+	    "{\"stream\":true,\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\" :  null ,\"x\":[]}}",
+	    "{\"stream\":true,\"stream_options\":{\"include_usage\" :  true ,\"x\":[]}}", 1, 1, 0);
+	check_req("{\"stream_options\":null,\"stream\":true}",
+	    "{\"stream_options\":{\"include_usage\":true},\"stream\":true}", 1, 1, 0);
+}
+
+static void
+test_req_untouched_when_asked_not_streamed_or_odd_types(void **state)
+{
+	(void)state;
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":true}}", NULL, 1, 1, 1);
+	check_req("{\"stream\":false}", NULL, 1, 0, 0);
+	check_req("{\"model\":\"m\"}", NULL, 1, 0, 0);
+	check_req("{\"stream\":1}", NULL, 1, 0, 0);
+	check_req("{\"stream\":\"true\"}", NULL, 1, 0, 0);
+	check_req("{}", NULL, 1, 0, 0);
+	/* types the runner must judge */
+	check_req("{\"stream\":true,\"stream_options\":\"x\"}", NULL, 1, 1, 0);
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":1}}", NULL, 1, 1, 0);
+}
+
+static void
+test_req_non_objects_not_counted(void **state)
+{
+	static const char *bodies[] = {
+		"[{\"stream\":true}]", "\"stream\"", "garbage", "", " ", "{\"stream\":true",
+		"{\"stream\":true} x", "{\"stream\":true}{}", "null", "42",
+		"{\"stream\":true,\"s\":\"\xff\"}",     /* not UTF-8 */
+		"{\"stream\":true,}",
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+		check_req(bodies[i], NULL, 0, 0, 0);
+}
+
+static void
+test_req_strings_mentioning_stream_options_do_not_confuse(void **state)
+{
+	(void)state;
+	/* the text "stream_options" inside values, with escapes, braces and unicode */
+	check_req("{\"messages\":[{\"role\":\"user\",\"content\":\"\\\"stream_options\\\":"
+	    "{\\\"include_usage\\\":false} }\\\\\"}],\"stream\":true,\"x\":\"\\u00e9 \xc3\xa9 {\"}",
+	    "{\"messages\":[{\"role\":\"user\",\"content\":\"\\\"stream_options\\\":"
+	    "{\\\"include_usage\\\":false} }\\\\\"}],\"stream\":true,\"x\":\"\\u00e9 \xc3\xa9 {\""
+	    ",\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
+	/* a key spelled with an escape is the same key to jansson and to the runner */
+	check_req("{\"stream\":true,\"stream\\u005foptions\":{\"a\":{\"include_usage\":false}}}",
+	    "{\"stream\":true,\"stream\\u005foptions\":{\"a\":{\"include_usage\":false},"
+	    "\"include_usage\":true}}", 1, 1, 0);
+	/* a nested stream_options is not the top-level one */
+	check_req("{\"stream\":true,\"tools\":[{\"stream_options\":{}}]}",
+	    "{\"stream\":true,\"tools\":[{\"stream_options\":{}}],"
+	    "\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
+	/* NUL inside a string value */
+	check_req("{\"stream\":true,\"s\":\"a\\u0000b\"}",
+	    "{\"stream\":true,\"s\":\"a\\u0000b\",\"stream_options\":{\"include_usage\":true}}",
+	    1, 1, 0);
+}
+
+/* Duplicate keys: the last wins (jansson, Python, serde, nlohmann); we edit that one. */
+static void
+test_req_duplicate_keys_last_wins(void **state)
+{
+	(void)state;
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+	    "\"stream_options\":{}}",
+	    "{\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+	    "\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
+	check_req("{\"stream\":true,\"stream_options\":{},\"stream_options\":{\"include_usage\":true}}",
+	    NULL, 1, 1, 1);
+	check_req("{\"stream\":true,\"stream\":false}", NULL, 1, 0, 0);
+	check_req("{\"stream\":false,\"stream\":true}",
+	    "{\"stream\":false,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+	    1, 1, 0);
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":false,"
+	    "\"include_usage\":null}}",
+	    "{\"stream\":true,\"stream_options\":{\"include_usage\":false,"
+	    "\"include_usage\":true}}", 1, 1, 0);
+}
+
+static void
+test_req_deep_nesting_refused_without_crash(void **state)
+{
+	size_t n = 100000, i;
+	char *b = malloc(2 * n + 32);
+
+	(void)state;
+	assert_non_null(b);
+	strcpy(b, "{\"stream\":true,\"a\":");
+	i = strlen(b);
+	memset(b + i, '[', n);
+	memset(b + i + n, ']', n);
+	strcpy(b + i + 2 * n, "}");
+	check_req(b, NULL, 0, 0, 0);
+	free(b);
+}
+
+/* ------------------------------------------------------------------ non-streamed */
+
+static void
+test_from_json_reads_usage(void **state)
+{
+	static const char ok[] =
+		"{\"id\":\"x\",\"choices\":[{\"message\":{\"content\":\"hi\"}}],"
+		"\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2,\"total_tokens\":12,"
+		"\"prompt_tokens_details\":{\"cached_tokens\":0}}}";
+	static const char no_total[] = "{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}";
+	static const char *bad[] = {
+		"{\"usage\":null}", "{\"usage\":{\"prompt_tokens\":3}}", "[]", "",
+		"{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":-4}}",
+		"{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,\"total_tokens\":\"7\"}}",
+		"{\"usage\":{\"prompt_tokens\":3.0,\"completion_tokens\":4}}",
+		"{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}", "{\"x\":1}",
+	};
+	struct sl_usage u;
+	size_t i;
+	char *big;
+
+	(void)state;
+	assert_int_equal(sl_usage_from_json(ok, strlen(ok), &u), 0);
+	assert_int_equal(u.have, 1);
+	assert_int_equal(u.prompt_tokens, 10);
+	assert_int_equal(u.completion_tokens, 2);
+	assert_int_equal(u.total_tokens, 12);
+	assert_int_equal(sl_usage_from_json(no_total, strlen(no_total), &u), 0);
+	assert_int_equal(u.total_tokens, 7);
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		assert_int_equal(sl_usage_from_json(bad[i], strlen(bad[i]), &u), -1);
+		assert_int_equal(u.have, 0);
+	}
+	/* over the cap: not parsed even though it is valid */
+	big = malloc(SL_USAGE_MAX_JSON + 64);
+	assert_non_null(big);
+	memset(big, ' ', SL_USAGE_MAX_JSON + 64);
+	memcpy(big, no_total, strlen(no_total));
+	assert_int_equal(sl_usage_from_json(big, SL_USAGE_MAX_JSON, &u), 0);
+	assert_int_equal(sl_usage_from_json(big, SL_USAGE_MAX_JSON + 1, &u), -1);
+	free(big);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_scan_usage_found_at_every_split_kept_byte_identical),
+		cmocka_unit_test(test_scan_drop_removes_exactly_the_usage_event_at_every_split),
+		cmocka_unit_test(test_scan_crlf_and_cr_line_ends),
+		cmocka_unit_test(test_scan_usage_null_events_ignored_estimate_from_content),
+		cmocka_unit_test(test_scan_malformed_usage_event_gives_no_usage),
+		cmocka_unit_test(test_scan_data_without_space_comments_and_other_fields),
+		cmocka_unit_test(test_scan_escapes_count_one_byte_and_quotes_do_not_confuse),
+		cmocka_unit_test(test_scan_completions_text_counted),
+		cmocka_unit_test(test_scan_usage_with_nonempty_choices_counted_not_dropped),
+		cmocka_unit_test(test_scan_usage_split_over_two_data_lines),
+		cmocka_unit_test(test_scan_only_the_first_usage_event_is_dropped_last_usage_counts),
+		cmocka_unit_test(test_scan_big_event_is_flushed_hold_bounded),
+		cmocka_unit_test(test_scan_hold_is_released_before_next_event_is_held),
+		cmocka_unit_test(test_scan_struct_is_small),
+		cmocka_unit_test(test_req_inject_without_stream_options),
+		cmocka_unit_test(test_req_inject_inside_stream_options),
+		cmocka_unit_test(test_req_include_usage_false_or_null_replaced),
+		cmocka_unit_test(test_req_untouched_when_asked_not_streamed_or_odd_types),
+		cmocka_unit_test(test_req_non_objects_not_counted),
+		cmocka_unit_test(test_req_strings_mentioning_stream_options_do_not_confuse),
+		cmocka_unit_test(test_req_duplicate_keys_last_wins),
+		cmocka_unit_test(test_req_deep_nesting_refused_without_crash),
+		cmocka_unit_test(test_from_json_reads_usage),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
