@@ -1,0 +1,251 @@
+/*
+ * libFuzzer target for src/usage.c.
+ *
+ * Input: bytes 0-1 seed the read sizes; the rest is both an upstream SSE
+ * body (fed to the scanner) and a request body (fed to the editor).
+ *
+ * Scanner: fed as the relay would (until each read is consumed), in random
+ * reads and one byte per read, with drop off and on.
+ *   - drop off: the client gets the input exactly, always as one range;
+ *   - drop on: the client gets the input, or the input minus one whole SSE
+ *     event (per an independent splitter below) that holds "usage", and the
+ *     same bytes whatever the reads;
+ *   - usage and content bytes do not depend on the reads or on drop;
+ *   - the hold buffer never passes SL_USAGE_MAX_EVENT.
+ * Editor: an injected body is the input with exactly one of the documented
+ * edits at edit_off, parses, and equals the input plus the member; a body
+ * that needs the member always gets it (the offset scanner never loses
+ * track where jansson did not).
+ */
+#include "config.h"
+
+#include <jansson.h>
+
+#include "fuzz.h"
+#include "sl_usage.h"
+
+struct result {
+	struct fz_buf out;
+	struct sl_usage u;
+	uint64_t content;
+	int dropped;
+};
+
+/* memcmp that accepts NULL for zero bytes (an empty fz_buf has p NULL). */
+static int
+eq(const void *a, const void *b, size_t n)
+{
+	return n == 0 || memcmp(a, b, n) == 0;
+}
+
+static void
+take(struct result *r, const struct sl_usage_out *o, const char *in)
+{
+	size_t k;
+
+	if (o->held_len > 0)
+		fz_add(&r->out, o->held, o->held_len);
+	for (k = 0; k < o->n; k++) {
+		fz_check(k == 0 || o->range[k].off >= o->range[k - 1].off + o->range[k - 1].len,
+		    "ranges", "ranges out of order");
+		fz_add(&r->out, in + o->range[k].off, o->range[k].len);
+	}
+}
+
+/* Scan in, read sizes from seed (0: one byte per read). */
+static void
+scan(struct result *r, const char *in, size_t len, int drop, uint32_t seed)
+{
+	struct sl_usage_scan s;
+	struct sl_usage_out o;
+	size_t off = 0, want, used, k;
+
+	memset(r, 0, sizeof(*r));
+	sl_usage_scan_init(&s, drop);
+	while (off < len) {
+		want = 1;
+		if (seed != 0)
+			want = (fz_rand(&seed) & 7) == 0 ? 1 + fz_rand(&seed) % 4096 :
+			    1 + fz_rand(&seed) % 48;
+		if (want > len - off)
+			want = len - off;
+		while (want > 0) {
+			used = sl_usage_scan_feed(&s, in + off, want, &o);
+			fz_check(used > 0 && used <= want, "consumed", "%zu of %zu", used, want);
+			for (k = 0; k < o.n; k++)
+				fz_check(o.range[k].off + o.range[k].len <= used, "ranges",
+				    "range past the consumed bytes");
+			if (!drop)
+				fz_check(used == want && o.held_len == 0 && o.n == 1 &&
+				    o.range[0].off == 0 && o.range[0].len == want,
+				    "no-drop-passthrough", "drop off: not one range of everything");
+			fz_check(s.hold_len <= SL_USAGE_MAX_EVENT, "hold-bound", "%u held",
+			    (unsigned)s.hold_len);
+			take(r, &o, in + off);
+			off += used;
+			want -= used;
+		}
+	}
+	sl_usage_scan_finish(&s, &o);
+	take(r, &o, NULL);
+	sl_usage_scan_result(&s, &r->u, &r->content);
+	r->dropped = sl_usage_scan_dropped(&s);
+	sl_usage_scan_free(&s);
+}
+
+static int
+same_result(const struct result *a, const struct result *b)
+{
+	return a->u.have == b->u.have && a->u.prompt_tokens == b->u.prompt_tokens &&
+	    a->u.completion_tokens == b->u.completion_tokens &&
+	    a->u.total_tokens == b->u.total_tokens && a->content == b->content;
+}
+
+/*
+ * 1 if out is in minus one whole event holding "usage". Events, per the SSE
+ * spec: lines end in CRLF, LF or CR; a blank line ends an event, and the
+ * event's bytes run to the end of that blank line's terminator.
+ */
+static int
+minus_one_event(const char *in, size_t len, const unsigned char *out, size_t olen)
+{
+	size_t i = 0, start = 0, line = 0, end, d = len - olen;
+
+	if (olen >= len)
+		return 0;
+	if (out == NULL)
+		out = (const unsigned char *)"";
+	while (i < len) {
+		if (in[i] != '\r' && in[i] != '\n') {
+			i++;
+			continue;
+		}
+		end = i + 1;
+		if (in[i] == '\r' && end < len && in[end] == '\n')
+			end++;
+		if (i == line) {
+			/* blank line: the event is [start, end) */
+			if (end - start == d && eq(out, in, start) &&
+			    eq(out + start, in + end, len - end) &&
+			    memmem(in + start, d, "\"usage\"", 7) != NULL)
+				return 1;
+			start = end;
+		}
+		i = line = end;
+	}
+	return 0;
+}
+
+static void
+check_scanner(const char *in, size_t len, uint32_t seed)
+{
+	struct result off, off1, on, on1;
+
+	scan(&off, in, len, 0, seed | 1);
+	fz_check(off.out.len == len && eq(off.out.p, in, len), "passthrough",
+	    "drop off: the client did not get the input");
+	fz_check(off.content <= len, "content-bound", "%llu content bytes of %zu",
+	    (unsigned long long)off.content, len);
+	fz_check(!off.dropped, "passthrough", "dropped with drop off");
+
+	scan(&on, in, len, 1, (seed * 2654435761u) | 1);
+	fz_check(same_result(&off, &on), "drop-independent", "usage/content differ with drop");
+	if (on.dropped)
+		fz_check(minus_one_event(in, len, on.out.p, on.out.len), "drop-one-event",
+		    "drop on: output is not the input minus one usage event");
+	else
+		fz_check(on.out.len == len && eq(on.out.p, in, len), "drop-one-event",
+		    "drop on, nothing dropped, yet the output differs");
+
+	if (len <= 4096) {
+		scan(&off1, in, len, 0, 0);
+		scan(&on1, in, len, 1, 0);
+		fz_check(same_result(&off, &off1) && same_result(&off, &on1),
+		    "split-independent", "usage/content depend on the reads");
+		fz_check(on1.dropped == on.dropped && on1.out.len == on.out.len &&
+		    eq(on1.out.p, on.out.p, on.out.len), "split-independent",
+		    "drop on: output depends on the reads");
+		fz_free(&off1.out);
+		fz_free(&on1.out);
+	}
+	fz_free(&off.out);
+	fz_free(&on.out);
+}
+
+#define REQ_FLAGS (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)
+
+static void
+check_request(const char *in, size_t len)
+{
+	static const char *const edits[] = {
+		",\"stream_options\":{\"include_usage\":true}",
+		"\"stream_options\":{\"include_usage\":true}",
+		"{\"include_usage\":true}",
+		",\"include_usage\":true",
+		"\"include_usage\":true",
+		"true",
+	};
+	struct sl_usage_req r;
+	json_t *root, *so, *iu, *nroot;
+	json_error_t err;
+	int need = 0, ok = 0;
+	size_t k, el;
+	struct sl_usage u;
+
+	(void)sl_usage_from_json(in, len, &u);
+	if (sl_usage_request(in, len, 1, &r) < 0)
+		return;   /* out of memory */
+	root = json_loadb(in, len, REQ_FLAGS, &err);
+	fz_check(r.counted == (root != NULL && json_is_object(root)), "counted",
+	    "counted %d", r.counted);
+	if (r.counted) {
+		so = json_object_get(root, "stream_options");
+		iu = json_is_object(so) ? json_object_get(so, "include_usage") : NULL;
+		need = json_is_true(json_object_get(root, "stream")) && !json_is_true(iu) &&
+		    (so == NULL || json_is_null(so) ||
+		    (json_is_object(so) && (iu == NULL || json_is_false(iu) || json_is_null(iu))));
+	}
+	fz_check(r.injected == need, "inject", "injected %d, needed %d", r.injected, need);
+	if (r.injected) {
+		for (k = 0; k < sizeof(edits) / sizeof(edits[0]) && !ok; k++) {
+			el = strlen(edits[k]);
+			ok = r.edit_off + r.edit_del <= len &&
+			    r.body_len == len - r.edit_del + el &&
+			    memcmp(r.body, in, r.edit_off) == 0 &&
+			    memcmp(r.body + r.edit_off, edits[k], el) == 0 &&
+			    memcmp(r.body + r.edit_off + el, in + r.edit_off + r.edit_del,
+			    len - r.edit_off - r.edit_del) == 0;
+		}
+		fz_check(ok, "edit-bytes", "the new body is not the input with one edit");
+		nroot = json_loadb(r.body, r.body_len, REQ_FLAGS, &err);
+		fz_check(nroot != NULL, "edit-parses", "injected body does not parse");
+		so = json_object_get(root, "stream_options");
+		if (json_is_object(so))
+			json_object_set_new(so, "include_usage", json_true());
+		else
+			json_object_set_new(root, "stream_options",
+			    json_pack("{s:b}", "include_usage", 1));
+		fz_check(json_equal(root, nroot), "edit-equal",
+		    "injected body is not the input plus the member");
+		json_decref(nroot);
+	}
+	json_decref(root);
+	sl_usage_req_free(&r);
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	const char *in;
+	size_t len;
+	uint32_t seed;
+
+	if (size < 2)
+		return 0;
+	seed = ((uint32_t)data[0] << 8 | data[1]) + 1;
+	in = (const char *)data + 2;
+	len = size - 2;
+	check_scanner(in, len, seed);
+	check_request(in, len);
+	return 0;
+}
