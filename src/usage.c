@@ -734,6 +734,27 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 		s->cr = 0;
 		s->after_drop = 0;
 
+		/*
+		 * Fast path, most bytes of a stream: inside a data string that is
+		 * not a key candidate and not copied, only its end matters.
+		 */
+		if (s->line == LS_DATA && s->lx == LX_STR && s->kmask == 0 &&
+		    s->cap_depth == 0 && s->hs != H_PREFIX) {
+			size_t j = i;
+
+			while (j < len && in[j] != '"' && in[j] != '\\' && in[j] != '\r' &&
+			    in[j] != '\n')
+				j++;
+			if (j > i) {
+				if (s->cnt)
+					s->content_bytes += j - i;
+				i = j - 1;
+				if (held(s) && s->hold_len + (j - f.tent_s) > SL_USAGE_MAX_EVENT)
+					flush(s, &f);
+				continue;
+			}
+		}
+
 		if (s->hs == H_PREFIX) {
 			if (s->pfx < 5 ? c == "data:"[s->pfx] : (s->pfx == 5 && c == ' '))
 				s->pfx++;
