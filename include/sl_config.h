@@ -90,6 +90,7 @@ struct sl_tenant_conf {
 	size_t nkeys;
 	int32_t max_streams;
 	int32_t retry_after;   /* seconds */
+	int32_t tokens_per_minute;   /* budget over the last 60 s; 0: none */
 	char *upstream;        /* upstream name, as written */
 	size_t upstream_idx;   /* index into sl_config.upstreams */
 };
@@ -123,6 +124,9 @@ struct sl_config {
 	} limits;
 
 	struct sl_cluster_conf cluster;
+	struct {
+		int inject;    /* ask streamed requests for the usage chunk */
+	} usage;
 
 	struct sl_upstream_conf *upstreams;
 	size_t nupstreams;
@@ -198,7 +202,8 @@ enum sl_key_type {
 	SL_KEY_STRING, SL_KEY_ADDR, SL_KEY_SIZE, SL_KEY_DURATION, SL_KEY_INT,
 	SL_KEY_WORKERS, SL_KEY_LOGLEVEL, SL_KEY_LOGDEST, SL_KEY_MAP, SL_KEY_LIST,
 	SL_KEY_LIST_OF_MAPS,   /* upstreams.*.replicas */
-	SL_KEY_REDIS_DOWN      /* cluster.on_redis_down */
+	SL_KEY_REDIS_DOWN,     /* cluster.on_redis_down */
+	SL_KEY_BOOL            /* true or false */
 };
 
 struct sl_key_info {

@@ -166,6 +166,26 @@ void sl_shm_observe(struct sl_shm *, size_t row, enum sl_hist, double seconds);
 uint64_t sl_shm_hist_bucket(const struct sl_shm *, enum sl_hist, int b);
 double sl_shm_hist_sum(const struct sl_shm *, enum sl_hist);
 
+/*
+ * Tokens per tenant (usage read from responses): totals by kind, and a
+ * sliding window of the last 60 seconds (now_sec: CLOCK_MONOTONIC seconds)
+ * for tokens_per_minute. Charged once per response, exact across workers.
+ */
+enum sl_tokens_kind {
+	SL_TOKENS_PROMPT = 0, SL_TOKENS_COMPLETION, SL_TOKENS_ESTIMATED,
+	SL_TOKENS_KINDS
+};
+void sl_shm_tokens_charge(struct sl_shm *, size_t tenant, uint64_t now_sec,
+    const uint64_t n[SL_TOKENS_KINDS]);
+/*
+ * Tokens charged in the last 60 s. With budget > 0 and the window at or
+ * over it, *retry_after (if not NULL) gets the seconds until it is under
+ * (1..60); else 0.
+ */
+uint64_t sl_shm_tokens_window(const struct sl_shm *, size_t tenant,
+    uint64_t now_sec, uint64_t budget, int *retry_after);
+uint64_t sl_shm_tokens_total(const struct sl_shm *, size_t tenant, int kind);
+
 /* Master: fold a dead worker's counters into row 0 and zero its row. */
 void sl_shm_retire_stats(struct sl_shm *, size_t row);
 

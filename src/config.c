@@ -150,6 +150,13 @@ static const struct key_row keys[] = {
 	    "Admission while Redis cannot be trusted: a share of max_streams "
 	    "by live nodes, 503, or max_streams on this node." },
 	    0, 0, 0, OFF(cluster.on_redis_down) },
+	{ { "usage", SL_KEY_MAP, NULL, NULL, 1,
+	    "Token accounting read from responses." },
+	    0, 0, 0, NOOFF },
+	{ { "usage.inject", SL_KEY_BOOL, "true", "true or false", 1,
+	    "Ask streamed requests' runners for the usage chunk (and hide it "
+	    "from clients that did not ask), so their tokens are exact." },
+	    0, 0, 0, OFF(usage.inject) },
 	{ { "upstreams", SL_KEY_MAP, NULL, "at least one", 1,
 	    "Model runners, by name." },
 	    0, 0, 1, NOOFF },
@@ -230,6 +237,10 @@ static const struct key_row keys[] = {
 	{ { "tenants.*.retry_after", SL_KEY_INT, "1", "1-86400", 1,
 	    "Seconds sent in Retry-After with a 429." },
 	    1, 86400, 0, NOOFF },
+	{ { "tenants.*.tokens_per_minute", SL_KEY_INT, "0", "0-1000000000", 1,
+	    "Budget of prompt plus completion tokens over the last 60 s, "
+	    "across all workers; at or over it 429; 0: none." },
+	    0, 1000000000, 0, NOOFF },
 	{ { "tenants.*.upstream", SL_KEY_STRING, NULL, "an upstream name", 1,
 	    "Upstream serving the tenant; may be omitted when there is one." },
 	    0, 0, 0, NOOFF },
@@ -806,6 +817,13 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		    path, s);
 		return;
 	}
+	case SL_KEY_BOOL:
+		if (strcmp(s, "true") == 0 || strcmp(s, "false") == 0) {
+			*(int *)dst = s[0] == 't';
+			return;
+		}
+		err_at(c, &v->start_mark, "%s: '%s' must be true or false", path, s);
+		return;
 	case SL_KEY_LOGDEST:
 		if (c->check_files && strcmp(s, "off") != 0 &&
 		    strcmp(s, "stderr") != 0 && !log_dest_opens(c, v, path, s))
@@ -1392,6 +1410,9 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	} else if (strcmp(key, "retry_after") == 0) {
 		set_value(c, find_key("tenants.*.retry_after"), path, v,
 		    &t->retry_after);
+	} else if (strcmp(key, "tokens_per_minute") == 0) {
+		set_value(c, find_key("tenants.*.tokens_per_minute"), path, v,
+		    &t->tokens_per_minute);
 	} else if (strcmp(key, "upstream") == 0) {
 		set_value(c, find_key("tenants.*.upstream"), path, v, &t->upstream);
 		a->upstream_node = v;
@@ -1650,6 +1671,9 @@ set_defaults(struct sl_config *cfg)
 			break;
 		case SL_KEY_LOGLEVEL:
 			cfg->log_level = SL_LOG_INFO;
+			break;
+		case SL_KEY_BOOL:
+			*(int *)dst = strcmp(k->info.def, "true") == 0;
 			break;
 		default:
 			break;

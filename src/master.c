@@ -994,6 +994,45 @@ render_replicas(struct master *m, struct sl_str *o)
 		}
 }
 
+/* Tokens per tenant, read from responses (usage). */
+static void
+render_tokens(struct master *m, struct sl_str *o)
+{
+	static const char *const kinds[SL_TOKENS_KINDS] = {
+		"prompt", "completion", "estimated"
+	};
+	struct timespec ts;
+	size_t t;
+	int k;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	sl_str_printf(o, "# HELP sluice_tenant_tokens_total Tokens used per "
+	    "tenant: prompt and completion as reported by the runner, "
+	    "estimated where no usage arrived.\n"
+	    "# TYPE sluice_tenant_tokens_total counter\n");
+	for (t = 0; t < m->shm_ntenants; t++) {
+		if (m->shm_replica[t])
+			continue;
+		for (k = 0; k < SL_TOKENS_KINDS; k++) {
+			sl_str_printf(o, "sluice_tenant_tokens_total{tenant=\"");
+			label(o, m->shm_names[t]);
+			sl_str_printf(o, "\",kind=\"%s\"} %llu\n", kinds[k],
+			    (unsigned long long)sl_shm_tokens_total(m->shm, t, k));
+		}
+	}
+	sl_str_printf(o, "# HELP sluice_tenant_tokens_window Tokens charged to "
+	    "the tenant in the last 60 s (what tokens_per_minute bounds).\n"
+	    "# TYPE sluice_tenant_tokens_window gauge\n");
+	for (t = 0; t < m->shm_ntenants; t++) {
+		if (m->shm_replica[t])
+			continue;
+		sl_str_printf(o, "sluice_tenant_tokens_window{tenant=\"");
+		label(o, m->shm_names[t]);
+		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
+		    sl_shm_tokens_window(m->shm, t, (uint64_t)ts.tv_sec, 0, NULL));
+	}
+}
+
 static void
 render_metrics(struct master *m, struct sl_str *o)
 {
@@ -1099,6 +1138,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_IDLE_CLOSED),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BYTES_OUT),
 	    current_workers(m), m->reloads_ok, m->reloads_failed);
+	render_tokens(m, o);
 	render_replicas(m, o);
 	render_hist(o, shm, SL_HIST_TTFB, "sluice_ttfb_seconds",
 	    "Time from request head to the upstream's response head.");

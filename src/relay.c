@@ -36,6 +36,7 @@
 #include "sl_net.h"
 #include "sl_relay.h"
 #include "sl_upstream.h"
+#include "sl_usage.h"
 #include "sl_worker.h"
 
 #define CONN_IN_SIZE SL_BLOCK_SIZE  /* client input buffer (heads stream through) */
@@ -119,6 +120,16 @@ struct sl_conn {
 	ev_tstamp t_upstream;      /* last upstream activity */
 	ev_tstamp t_client;        /* last client progress while bytes wait */
 
+	/* Tokens: usage read from the response (issue 13). */
+	int usage_on;              /* a counted request: chat/completions or
+	                            * completions with a JSON object body */
+	int usage_done;            /* charged (or decided: nothing to charge) */
+	const char *usage_kind;    /* "exact", "estimated" or "none" */
+	uint64_t tok_prompt, tok_completion;
+	struct sl_usage_scan *scan;  /* streamed: the SSE scanner */
+	char *ubody;               /* not streamed: the body, for its usage */
+	size_t ubody_len, ubody_cap;
+
 	/* Accounting for the current request (metrics, access log). */
 	int req_active;            /* a request is being answered */
 	const char *end;           /* how it ended, when decided early */
@@ -143,6 +154,10 @@ static void conn_close(struct sl_conn *, const char *why);
 static int conn_flush(struct sl_conn *);
 static void conn_after_write(struct sl_conn *);
 static void conn_timer_update(struct sl_conn *);
+static void conn_usage_charge(struct sl_conn *);
+static uint64_t mono_sec(void);
+static void conn_usage_free(struct sl_conn *);
+static void conn_usage_reset(struct sl_conn *);
 static void conn_unref(struct sl_conn *);
 
 /* ---- small helpers --------------------------------------------------- */
@@ -599,12 +614,14 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "\"tenant\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
 	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.3f,"
 	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\","
-	    "\"replica\":\"%s\",\"tries\":%d}\n",
+	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
+	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
 	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0, end,
-	    replica, c->tries);
+	    replica, c->tries, c->tok_prompt, c->tok_completion,
+	    c->usage_kind != NULL ? c->usage_kind : "none");
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line))
@@ -645,6 +662,7 @@ conn_request_end(struct sl_conn *c, const char *end)
 		c->status = 499;   /* nginx's "client closed request" */
 	tslot = c->tenant >= 0 ? w->tenant_slot[c->tenant] :
 	    SL_TENANT_NONE(w->shm);
+	conn_usage_charge(c);   /* a client that left: what was relayed */
 	sl_shm_count_request(w->shm, w->row, tslot, c->status);
 	if (c->t_first > 0) {
 		/* Relayed responses feed the latency histograms. */
@@ -652,6 +670,7 @@ conn_request_end(struct sl_conn *c, const char *end)
 		sl_shm_observe(w->shm, w->row, SL_HIST_DURATION, now - c->t_start);
 	}
 	conn_access_log(c, end, now);
+	conn_usage_free(c);
 }
 
 /* Map a close reason to the access log's vocabulary. */
@@ -717,6 +736,7 @@ conn_unref(struct sl_conn *c)
 	sl_req_free(&c->req);
 	sl_buf_free(&c->out);
 	sl_block_put(&c->w->blocks, c->in);
+	conn_usage_free(c);
 	free(c->rh);
 	sl_resp_head_free(&c->uh);
 	free(c);
@@ -751,6 +771,7 @@ conn_response_done(struct sl_conn *c)
 	sl_req_reset(&c->req);
 	c->tenant = -1;
 	c->lease = -1;
+	conn_usage_reset(c);
 	c->rh_len = c->rh_off = 0;
 	sl_resp_head_reset(&c->uh);
 	c->head_sent = c->resp_done = c->close_after = 0;
@@ -1138,6 +1159,214 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 	return 0;
 }
 
+/* ---- tokens: usage read from the response ----------------------------- */
+
+static uint64_t
+mono_sec(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec;
+}
+
+/* POST /v1/chat/completions or /v1/completions (any query). */
+static int
+usage_path(const char *url, size_t len)
+{
+	const char *q = memchr(url, '?', len);
+
+	if (q != NULL)
+		len = (size_t)(q - url);
+	return (len == 20 && memcmp(url, "/v1/chat/completions", 20) == 0) ||
+	    (len == 15 && memcmp(url, "/v1/completions", 15) == 0);
+}
+
+/*
+ * Before the first try: is the request counted, is it streamed, and does
+ * the runner have to be asked for the usage chunk (which is then removed
+ * from what the client receives)?
+ */
+static void
+conn_usage_request(struct sl_conn *c)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	struct sl_usage_req r;
+	const char *url;
+	size_t ulen;
+
+	c->usage_kind = "none";
+	url = sl_req_url(&c->req, &ulen);
+	if (c->req.method != HTTP_POST || !usage_path(url, ulen))
+		return;
+	if (sl_usage_request(c->req.body != NULL ? c->req.body : "",
+	    c->req.body_len, cfg->usage.inject, &r) == -1 || !r.counted) {
+		sl_usage_req_free(&r);
+		return;
+	}
+	if (r.stream) {
+		if ((c->scan = malloc(sizeof(*c->scan))) == NULL) {
+			sl_usage_req_free(&r);
+			return;   /* not counted rather than wrong */
+		}
+		sl_usage_scan_init(c->scan, r.injected);
+		/*
+		 * The usage event is held back until it is known to be the
+		 * one to drop: room for it beside a full stream buffer.
+		 */
+		if (r.injected)
+			c->out.cap = cfg->stream_buffer + SL_USAGE_MAX_EVENT +
+			    4 * CHUNK_FRAMING;
+	}
+	if (r.injected) {
+		free(c->req.body);
+		c->req.body = r.body;
+		c->req.body_len = c->req.body_cap = r.body_len;
+		r.body = NULL;
+	}
+	c->usage_on = 1;
+	sl_usage_req_free(&r);
+}
+
+/*
+ * Charge the response's tokens to its tenant, once: exact when the usage
+ * arrived, else completion tokens estimated from the content relayed.
+ * Called when the response ends, before its last byte is written.
+ */
+static void
+conn_usage_charge(struct sl_conn *c)
+{
+	uint64_t n[SL_TOKENS_KINDS] = { 0, 0, 0 }, bytes = 0;
+	struct sl_usage u;
+
+	if (!c->usage_on || c->usage_done)
+		return;
+	c->usage_done = 1;
+	if (c->status / 100 != 2) {
+		c->usage_kind = "none";
+		return;
+	}
+	memset(&u, 0, sizeof(u));
+	if (c->scan != NULL)
+		sl_usage_scan_result(c->scan, &u, &bytes);
+	else if (c->ubody != NULL && c->ubody_len <= SL_USAGE_MAX_JSON)
+		sl_usage_from_json(c->ubody, c->ubody_len, &u);
+	if (u.have) {
+		c->usage_kind = "exact";
+		c->tok_prompt = n[SL_TOKENS_PROMPT] = u.prompt_tokens;
+		c->tok_completion = n[SL_TOKENS_COMPLETION] = u.completion_tokens;
+	} else {
+		c->usage_kind = "estimated";
+		c->tok_completion = n[SL_TOKENS_ESTIMATED] =
+		    sl_usage_estimate(bytes);
+	}
+	sl_shm_tokens_charge(c->w->shm, c->w->tenant_slot[c->tenant], mono_sec(),
+	    n);
+}
+
+/* The request is over: what only its accounting needed goes. */
+static void
+conn_usage_free(struct sl_conn *c)
+{
+	if (c->scan != NULL) {
+		sl_usage_scan_free(c->scan);
+		free(c->scan);
+		c->scan = NULL;
+	}
+	free(c->ubody);
+	c->ubody = NULL;
+	c->ubody_len = c->ubody_cap = 0;
+}
+
+/* Keep-alive: the next request starts with no accounting (buffer empty). */
+static void
+conn_usage_reset(struct sl_conn *c)
+{
+	conn_usage_free(c);
+	c->usage_on = c->usage_done = 0;
+	c->usage_kind = NULL;
+	c->tok_prompt = c->tok_completion = 0;
+	c->out.cap = c->w->cfg->stream_buffer + CHUNK_FRAMING;
+}
+
+/* Append n bytes to the client as one chunk (framed if chunked). */
+static int
+conn_out_chunk(struct sl_conn *c, const char *p, size_t n)
+{
+	char hdr[24];
+	size_t hl = 0;
+
+	if (n == 0)
+		return 0;
+	if (c->chunked)
+		hl = sl_http_chunk_header(hdr, sizeof(hdr), n);
+	if (sl_buf_append(&c->out, hdr, hl) == -1 ||
+	    sl_buf_append(&c->out, p, n) == -1 ||
+	    (c->chunked && sl_buf_append(&c->out, "\r\n", 2) == -1))
+		return -1;
+	return 0;
+}
+
+/*
+ * The body ended (or was cut): the scanner gives back what it held, and
+ * the tokens are charged before the last bytes go out.
+ */
+static void
+conn_usage_finish(struct sl_conn *c)
+{
+	struct sl_usage_out o;
+
+	if (c->scan != NULL && c->body_allowed) {
+		sl_usage_scan_finish(c->scan, &o);
+		if (o.held_len > 0 && conn_out_chunk(c, o.held, o.held_len) == -1)
+			sl_err("conn %d: no room for the stream's last event", c->fd);
+	}
+	conn_usage_charge(c);
+}
+
+/* A streamed response through the scanner; see upstream_write_cb. */
+static size_t
+conn_write_scanned(struct sl_conn *c, char *p, size_t n)
+{
+	static char *scratch;
+	static size_t scratch_cap;
+	struct sl_usage_scan *sc = c->scan;
+	struct sl_usage_out o;
+	size_t off = 0, k, i, len = 0, need;
+
+	if (!sc->drop)
+		return 0;   /* scanned once the bytes are taken (below) */
+	/* What may come out: these bytes and the event held so far. */
+	need = n + sc->hold_len;
+	if (sl_buf_space(&c->out) < need + 2 * CHUNK_FRAMING)
+		return need + 2 * CHUNK_FRAMING;
+	if (need > scratch_cap) {
+		char *ns = realloc(scratch, need);
+
+		if (ns == NULL)
+			return SIZE_MAX;
+		scratch = ns;
+		scratch_cap = need;
+	}
+	while (off < n) {
+		k = sl_usage_scan_feed(sc, p + off, n - off, &o);
+		memcpy(scratch + len, o.held, o.held_len);
+		len += o.held_len;
+		for (i = 0; i < o.n; i++) {
+			memcpy(scratch + len, p + off + o.range[i].off, o.range[i].len);
+			len += o.range[i].len;
+		}
+		off += k;
+	}
+	if (len > 0 && sl_buf_len(&c->out) == 0)
+		c->t_client = ev_now(c->w->loop);
+	if (conn_out_chunk(c, scratch, len) == -1)
+		return SIZE_MAX;
+	if (len > 0)
+		conn_mark_dirty(c);
+	return 1;
+}
+
 static size_t
 upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 {
@@ -1155,6 +1384,53 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 	}
 	if (!c->body_allowed || n == 0)
 		return n;
+	if (c->usage_on && c->status / 100 == 2) {
+		if (c->scan != NULL) {
+			size_t r = conn_write_scanned(c, p, n);
+
+			if (r == SIZE_MAX) {
+				sl_err("conn %d: cannot buffer the response", c->fd);
+				c->client_gone = 1;
+				return CURL_WRITEFUNC_ERROR;
+			}
+			if (r == 1)
+				return n;           /* relayed through the scanner */
+			if (r > 1) {
+				/* Full: as below, for what the scanner may emit. */
+				c->paused = 1;
+				c->pending = r;
+				c->t_pause = ev_now(c->w->loop);
+				sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
+				conn_timer_update(c);
+				return CURL_WRITEFUNC_PAUSE;
+			}
+			/* 0: scanned only; relayed as given below. */
+		} else if (c->ubody_len <= SL_USAGE_MAX_JSON) {
+			/* Not streamed: keep a copy for its usage (bounded). */
+			size_t want = c->ubody_len + n;
+
+			if (want > SL_USAGE_MAX_JSON) {
+				c->ubody_len = SL_USAGE_MAX_JSON + 1;   /* too big */
+			} else {
+				if (want > c->ubody_cap) {
+					size_t nc = c->ubody_cap ? c->ubody_cap : 4096;
+					char *nb;
+
+					while (nc < want)
+						nc *= 2;
+					if ((nb = realloc(c->ubody, nc)) != NULL) {
+						c->ubody = nb;
+						c->ubody_cap = nc;
+					}
+				}
+				if (want <= c->ubody_cap) {
+					memcpy(c->ubody + c->ubody_len, p, n);
+					c->ubody_len = want;
+				} else
+					c->ubody_len = SL_USAGE_MAX_JSON + 1;
+			}
+		}
+	}
 	if (c->chunked)
 		hl = sl_http_chunk_header(hdr, sizeof(hdr), n);
 	total = hl + n + (c->chunked ? 2 : 0);
@@ -1172,6 +1448,15 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
 		conn_timer_update(c);
 		return CURL_WRITEFUNC_PAUSE;
+	}
+	if (c->scan != NULL && !c->scan->drop && c->usage_on &&
+	    c->status / 100 == 2) {
+		/* Nothing is held or removed: scan what is taken, as given. */
+		struct sl_usage_out o;
+		size_t off = 0;
+
+		while (off < n)
+			off += sl_usage_scan_feed(c->scan, p + off, n - off, &o);
 	}
 	if (sl_buf_len(&c->out) == 0)
 		c->t_client = ev_now(c->w->loop);   /* bytes start waiting now */
@@ -1468,6 +1753,7 @@ conn_start_upstream(struct sl_conn *c)
 	const struct sl_upstream_conf *up = &cfg->upstreams[conn_upstream_idx(c)];
 	int r, retry_after;
 
+	conn_usage_request(c);
 	if (conn_build_upstream_headers(c, up) == -1) {
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
 		    "cannot start the upstream request", 0, 0);
@@ -1636,6 +1922,7 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		/* Mid-stream: deliver what arrived, then close, no last chunk. */
 		sl_info("conn %d: upstream cut the stream: %s", c->fd,
 		    curl_easy_strerror(result));
+		conn_usage_finish(c);
 		c->close_after = 1;
 		c->resp_done = 1;
 		c->chunked = 0;
@@ -1659,6 +1946,7 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 	}
 	if (c->state == CS_UPSTREAM)
 		conn_set_state(c, CS_STREAM);
+	conn_usage_finish(c);   /* tokens charged before the last byte goes */
 	if (c->chunked && sl_buf_append(&c->out, "0\r\n\r\n", 5) == -1) {
 		/* CHUNK_FRAMING slack guarantees room; this is a bug. */
 		sl_err("conn %d: no room for the last chunk", c->fd);
@@ -1823,6 +2111,23 @@ conn_on_head(struct sl_conn *c)
 		conn_error(c, 403, "permission_error", "tenant_disabled",
 		    "this tenant is disabled (max_streams: 0)", 0, 0);
 		return;
+	}
+	if (t->tokens_per_minute > 0) {
+		int ra;
+		uint64_t used = sl_shm_tokens_window(w->shm, w->tenant_slot[tenant],
+		    mono_sec(), (uint64_t)t->tokens_per_minute, &ra);
+
+		if (used >= (uint64_t)t->tokens_per_minute) {
+			char msg[200];
+
+			sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
+			snprintf(msg, sizeof(msg), "tenant token budget reached (%"
+			    PRIu64 " of %d tokens in the last 60 s); retry later",
+			    used, (int)t->tokens_per_minute);
+			conn_error(c, 429, "rate_limit_error", "token_budget_exceeded",
+			    msg, ra > 0 ? ra : 1, 0);
+			return;
+		}
 	}
 	if (sl_shm_try_acquire(w->shm, w->row, w->tenant_slot[tenant]) !=
 	    SL_ADMIT_OK) {

@@ -74,6 +74,22 @@ struct sl_shm {
 	struct shm_tstats *tstats;    /* [max_rows * (max_tenants + 1)] */
 	struct shm_ustats *ustats;    /* [max_rows * SL_SHM_MAX_UPSTREAMS] */
 	struct shm_replica *replicas; /* [max_tenants] */
+	struct shm_tokens *tokens;    /* [max_tenants] */
+};
+
+/*
+ * A tenant's tokens: a sliding window of 60 one-second buckets, each one
+ * word: (second & SEC_MASK) << 44 | tokens, taken over by the first charge
+ * of a new second (compare-exchange), so charges from every worker add up
+ * exactly. Seconds are CLOCK_MONOTONIC, the same clock in every process.
+ */
+#define TOK_BUCKETS 60
+#define TOK_SHIFT 44
+#define TOK_MASK ((UINT64_C(1) << TOK_SHIFT) - 1)
+#define SEC_MASK ((UINT64_C(1) << (64 - TOK_SHIFT)) - 1)
+struct shm_tokens {
+	_Atomic uint64_t bucket[TOK_BUCKETS];
+	_Atomic uint64_t total[SL_TOKENS_KINDS];
 };
 
 static size_t
@@ -86,7 +102,7 @@ struct sl_shm *
 sl_shm_create(size_t max_tenants, size_t max_rows)
 {
 	size_t off_tenants, off_held, off_stats, off_tstats, off_ustats, off_sync;
-	size_t off_replicas;
+	size_t off_replicas, off_tokens;
 	size_t len;
 	char *base;
 	struct sl_shm *s;
@@ -108,7 +124,9 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	    sizeof(struct shm_ustats), SL_CACHELINE);
 	off_replicas = round_up(off_sync + max_rows * sizeof(struct shm_sync),
 	    SL_CACHELINE);
-	len = off_replicas + max_tenants * sizeof(struct shm_replica);
+	off_tokens = round_up(off_replicas + max_tenants * sizeof(struct shm_replica),
+	    SL_CACHELINE);
+	len = off_tokens + max_tenants * sizeof(struct shm_tokens);
 
 	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 	    -1, 0);
@@ -126,6 +144,7 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	s->ustats = (struct shm_ustats *)(void *)(base + off_ustats);
 	s->sync = (struct shm_sync *)(void *)(base + off_sync);
 	s->replicas = (struct shm_replica *)(void *)(base + off_replicas);
+	s->tokens = (struct shm_tokens *)(void *)(base + off_tokens);
 	return s;
 }
 
@@ -691,4 +710,92 @@ sl_shm_retire_stats(struct sl_shm *s, size_t row)
 			atomic_store_explicit(a, 0, memory_order_relaxed);
 		}
 	}
+}
+
+/* ---- tokens ------------------------------------------------------------ */
+
+static uint64_t
+tok_age(uint64_t w, uint64_t now)
+{
+	return (now - (w >> TOK_SHIFT)) & SEC_MASK;
+}
+
+void
+sl_shm_tokens_charge(struct sl_shm *s, size_t tenant, uint64_t now_sec,
+    const uint64_t n[SL_TOKENS_KINDS])
+{
+	struct shm_tokens *t;
+	_Atomic uint64_t *b;
+	uint64_t add = 0, w, nw, sec = now_sec & SEC_MASK;
+	int k;
+
+	if (tenant >= s->max_tenants)
+		return;
+	t = &s->tokens[tenant];
+	for (k = 0; k < SL_TOKENS_KINDS; k++) {
+		if (n[k] > 0)
+			atomic_fetch_add_explicit(&t->total[k], n[k],
+			    memory_order_relaxed);
+		add += n[k];
+	}
+	if (add == 0)
+		return;
+	if (add > TOK_MASK)
+		add = TOK_MASK;
+	b = &t->bucket[now_sec % TOK_BUCKETS];
+	w = atomic_load_explicit(b, memory_order_relaxed);
+	do {
+		if ((w >> TOK_SHIFT) == sec) {
+			nw = (w & TOK_MASK) + add;
+			nw = (sec << TOK_SHIFT) | (nw > TOK_MASK ? TOK_MASK : nw);
+		} else
+			nw = (sec << TOK_SHIFT) | add;
+	} while (!atomic_compare_exchange_weak_explicit(b, &w, nw,
+	    memory_order_relaxed, memory_order_relaxed));
+}
+
+uint64_t
+sl_shm_tokens_window(const struct sl_shm *s, size_t tenant, uint64_t now_sec,
+    uint64_t budget, int *retry_after)
+{
+	uint64_t per_age[TOK_BUCKETS], sum = 0, w, a, now = now_sec & SEC_MASK;
+	const struct shm_tokens *t;
+	int i;
+
+	if (retry_after != NULL)
+		*retry_after = 0;
+	if (tenant >= s->max_tenants)
+		return 0;
+	t = &s->tokens[tenant];
+	memset(per_age, 0, sizeof(per_age));
+	for (i = 0; i < TOK_BUCKETS; i++) {
+		w = atomic_load_explicit(&((struct shm_tokens *)t)->bucket[i],
+		    memory_order_relaxed);
+		if (w == 0 || (a = tok_age(w, now)) >= TOK_BUCKETS)
+			continue;
+		per_age[a] += w & TOK_MASK;
+		sum += w & TOK_MASK;
+	}
+	if (retry_after != NULL && budget > 0 && sum >= budget) {
+		/* After k more seconds the buckets aged 60 - k and over are out. */
+		uint64_t left = sum;
+
+		for (i = TOK_BUCKETS - 1; i >= 0; i--) {
+			left -= per_age[i];
+			if (left < budget) {
+				*retry_after = TOK_BUCKETS - i;
+				break;
+			}
+		}
+	}
+	return sum;
+}
+
+uint64_t
+sl_shm_tokens_total(const struct sl_shm *s, size_t tenant, int kind)
+{
+	if (tenant >= s->max_tenants || kind < 0 || kind >= SL_TOKENS_KINDS)
+		return 0;
+	return atomic_load_explicit(&((struct shm_tokens *)&s->tokens[tenant])->total[kind],
+	    memory_order_relaxed);
 }

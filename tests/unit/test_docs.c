@@ -215,6 +215,8 @@ type_word(enum sl_key_type t)
 		return "list of mappings";
 	case SL_KEY_REDIS_DOWN:
 		return "string";
+	case SL_KEY_BOOL:
+		return "boolean";
 	}
 	return "?";
 }
@@ -488,7 +490,8 @@ test_metrics_documented(void **state)
 		"sluice_upstream_retries_total",
 		"sluice_cluster_up", "sluice_cluster_mode", "sluice_cluster_nodes",
 		"sluice_cluster_leases", "sluice_cluster_rtt_seconds",
-		"sluice_cluster_errors_total", NULL
+		"sluice_cluster_errors_total", "sluice_tenant_tokens_total",
+		"sluice_tenant_tokens_window", NULL
 	};
 	static const char *const kinds[] = {
 		"connect", "timeout", "reset", "bad_response", "idle", NULL
@@ -529,6 +532,7 @@ test_errors_documented(void **state)
 		"502 Ta Li upstream_unreachable", "503 Ta Li overloaded",
 		"503 Ta Li upstream_unavailable",
 		"503 Ta Li cluster_unavailable",
+		"429 Ta Li token_budget_exceeded",
 		"504 Ta Li upstream_timeout", NULL
 	};
 	char *page = read_page(MAIN_PAGE);
@@ -544,7 +548,7 @@ test_access_log_documented(void **state)
 	static const char *const fields[] = {
 		"time", "worker", "peer", "tenant", "method", "path", "status",
 		"bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", "replica",
-		"tries", NULL
+		"tries", "prompt_tokens", "completion_tokens", "usage", NULL
 	};
 	static const char *const ends[] = {
 		"done", "client_gone", "upstream_error", "timeout", "stall",
