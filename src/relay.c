@@ -886,6 +886,8 @@ conn_flush(struct sl_conn *c)
 	 * a head once written is not kept either.
 	 */
 	sl_buf_release(&c->out);
+	if (sl_buf_len(&c->out) == 0)
+		c->out.cap = c->w->cfg->stream_buffer + CHUNK_FRAMING;
 	if (c->rh != NULL && c->rh_off == c->rh_len) {
 		free(c->rh);
 		c->rh = NULL;
@@ -1210,13 +1212,6 @@ conn_usage_request(struct sl_conn *c)
 			return;   /* not counted rather than wrong */
 		}
 		sl_usage_scan_init(c->scan, r.injected);
-		/*
-		 * The usage event is held back until it is known to be the
-		 * one to drop: room for it beside a full stream buffer.
-		 */
-		if (r.injected)
-			c->out.cap = cfg->stream_buffer + SL_USAGE_MAX_EVENT +
-			    4 * CHUNK_FRAMING;
 	}
 	if (r.injected) {
 		free(c->req.body);
@@ -1318,6 +1313,11 @@ conn_usage_finish(struct sl_conn *c)
 
 	if (c->scan != NULL && c->body_allowed) {
 		sl_usage_scan_finish(c->scan, &o);
+		if (o.held_len > 0 && sl_buf_space(&c->out) <
+		    o.held_len + 2 * CHUNK_FRAMING)
+			/* An event held whole, larger than what is left. */
+			c->out.cap = sl_buf_len(&c->out) + o.held_len +
+			    2 * CHUNK_FRAMING;
 		if (o.held_len > 0 && conn_out_chunk(c, o.held, o.held_len) == -1)
 			sl_err("conn %d: no room for the stream's last event", c->fd);
 	}
@@ -1336,10 +1336,20 @@ conn_write_scanned(struct sl_conn *c, char *p, size_t n)
 
 	if (!sc->drop)
 		return 0;   /* scanned once the bytes are taken (below) */
-	/* What may come out: these bytes and the event held so far. */
+	/*
+	 * What may come out: these bytes and the event held so far. An
+	 * event is held only until it is known not to be the usage chunk, so
+	 * the stream buffer bounds the rest as always; one event larger than
+	 * the whole buffer (at most SL_USAGE_MAX_EVENT) goes through an empty
+	 * buffer, stretched for it until it drains.
+	 */
 	need = n + sc->hold_len;
-	if (sl_buf_space(&c->out) < need + 2 * CHUNK_FRAMING)
-		return need + 2 * CHUNK_FRAMING;
+	if (sl_buf_space(&c->out) < need + 2 * CHUNK_FRAMING) {
+		if (sl_buf_len(&c->out) > 0 ||
+		    need + 2 * CHUNK_FRAMING <= c->out.cap)
+			return need + 2 * CHUNK_FRAMING;
+		c->out.cap = need + 2 * CHUNK_FRAMING;
+	}
 	if (need > scratch_cap) {
 		char *ns = realloc(scratch, need);
 
@@ -1398,7 +1408,8 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 			if (r > 1) {
 				/* Full: as below, for what the scanner may emit. */
 				c->paused = 1;
-				c->pending = r;
+				/* An empty buffer always takes it (stretched). */
+				c->pending = r > c->out.cap ? c->out.cap : r;
 				c->t_pause = ev_now(c->w->loop);
 				sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
 				conn_timer_update(c);

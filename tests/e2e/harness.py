@@ -1445,7 +1445,7 @@ def wait_metric(gw, name, want, timeout=3.0, **labels):
 
 ACCESS_LOG_FIELDS = ("time", "worker", "peer", "tenant", "method", "path", "status",
                      "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", "replica",
-                     "tries")
+                     "tries", "prompt_tokens", "completion_tokens", "usage")
 
 
 def access_lines(path):
