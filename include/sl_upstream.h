@@ -111,6 +111,17 @@ void sl_transfers_free(struct sl_transfers *);
  */
 CURL *sl_transfers_easy(struct sl_transfers *);
 
+/*
+ * The fixed end of every request's header list to upstream u, formatted
+ * once per config: the upstream's Authorization (api_key), and the empty
+ * lines that stop libcurl adding Expect, and Content-Type / Accept unless
+ * the request has its own (have_ct, have_accept). The caller links its
+ * own nodes in front of it; it belongs to xf, never freed or changed by
+ * the caller, valid until sl_transfers_free. NULL for an unknown u.
+ */
+struct curl_slist *sl_transfers_header_tail(struct sl_transfers *, size_t u,
+    int have_ct, int have_accept);
+
 /* Start a transfer; its shard, or NULL when it could not be started. */
 struct sl_shard *sl_transfers_start(struct sl_transfers *, CURL *);
 

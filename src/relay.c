@@ -92,7 +92,8 @@ struct sl_conn {
 	/* Upstream. */
 	CURL *easy;
 	struct sl_shard *shard;    /* the multi handle easy is in */
-	struct curl_slist *hdrs;
+	struct curl_slist *hdrs;   /* upstream request headers: nodes in */
+	void *hdr_block;           /* hdr_block, then the upstream's tail */
 	char *url;
 	int status;                /* upstream status */
 	struct sl_resp_head uh;    /* upstream response head, filtered */
@@ -273,7 +274,8 @@ conn_abort_upstream(struct sl_conn *c)
 		sl_pool_release(c->w->pools, conn_upstream_idx(c), c->retry_next);
 		c->retry_next = -1;
 	}
-	curl_slist_free_all(c->hdrs);
+	free(c->hdr_block);
+	c->hdr_block = NULL;
 	c->hdrs = NULL;
 	free(c->url);
 	c->url = NULL;
@@ -1197,39 +1199,38 @@ listed_in_connection(const struct sl_req *r, const char *name, size_t nlen)
 }
 
 /*
- * Append the pieces as one header line. curl_slist_append copies the line,
- * so it is joined on the stack (or the heap, for a long one) without printf.
+ * The upstream request's header list: the client's lines that are passed
+ * on, and X-Forwarded-For, as list nodes and text in one block
+ * (c->hdr_block, one malloc and one free per request, no printf), linked
+ * in front of the upstream's fixed tail (sl_transfers_header_tail), which
+ * is formatted once per config. libcurl only reads the list.
  */
-static int
-conn_add_line(struct sl_conn *c, const struct iovec *v, int nv)
-{
-	char stack[1024], *line = stack;
-	size_t n = 0, off = 0;
-	struct curl_slist *sl;
-	int i;
-
-	for (i = 0; i < nv; i++)
-		n += v[i].iov_len;
-	if (n >= sizeof(stack) && (line = malloc(n + 1)) == NULL)
-		return -1;
-	for (i = 0; i < nv; i++) {
-		memcpy(line + off, v[i].iov_base, v[i].iov_len);
-		off += v[i].iov_len;
-	}
-	line[n] = '\0';
-	sl = curl_slist_append(c->hdrs, line);
-	if (line != stack)
-		free(line);
-	if (sl == NULL)
-		return -1;
-	c->hdrs = sl;
-	return 0;
-}
+struct hdr_build {
+	struct curl_slist *node;   /* next free node of the block */
+	char *p;                   /* next free byte of its text */
+	struct curl_slist **link;  /* where the next node is linked */
+};
 
 #define IOV(p, n) { (void *)(uintptr_t)(p), (n) }
 
-static int
-conn_add_header(struct sl_conn *c, const char *name, size_t nlen,
+static void
+hdr_line(struct hdr_build *b, const struct iovec *v, int nv)
+{
+	struct curl_slist *n = b->node++;
+	int i;
+
+	n->data = b->p;
+	for (i = 0; i < nv; i++) {
+		memcpy(b->p, v[i].iov_base, v[i].iov_len);
+		b->p += v[i].iov_len;
+	}
+	*b->p++ = '\0';
+	*b->link = n;
+	b->link = &n->next;
+}
+
+static void
+hdr_header(struct hdr_build *b, const char *name, size_t nlen,
     const char *value, size_t vlen)
 {
 	const struct iovec v[] = { IOV(name, nlen), IOV(": ", 2),
@@ -1238,20 +1239,40 @@ conn_add_header(struct sl_conn *c, const char *name, size_t nlen,
 	const struct iovec empty[] = { IOV(name, nlen), IOV(";", 1) };
 
 	if (vlen == 0)
-		return conn_add_line(c, empty, 2);
-	return conn_add_line(c, v, 3);
+		hdr_line(b, empty, 2);
+	else
+		hdr_line(b, v, 3);
 }
 
 static int
-conn_build_upstream_headers(struct sl_conn *c,
-    const struct sl_upstream_conf *up)
+conn_build_upstream_headers(struct sl_conn *c)
 {
 	const struct sl_req *r = &c->req;
 	const char *name, *value;
-	size_t nlen, vlen, i;
+	size_t nlen, vlen, i, nodes = 1, text, plen = strlen(c->peer);
 	int have_ct = 0, have_accept = 0, nxff = 0;
-	struct curl_slist *n;
 	struct iovec xff[2 * SL_REQ_MAX_HEADERS + 2];
+	struct hdr_build b;
+	struct curl_slist *head = NULL;
+
+	/*
+	 * At most one node per client line and one for X-Forwarded-For;
+	 * a line takes at most name + ": " + value + NUL, and ours
+	 * "X-Forwarded-For: " + ", " + peer + NUL on top.
+	 */
+	text = 17 + 2 + plen + 1;
+	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
+	    i++) {
+		nodes++;
+		text += nlen + vlen + 3;
+	}
+	free(c->hdr_block);
+	if ((c->hdr_block = malloc(nodes * sizeof(struct curl_slist) +
+	    text)) == NULL)
+		return -1;
+	b.node = c->hdr_block;
+	b.p = (char *)(b.node + nodes);
+	b.link = &head;
 
 	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
 	    i++) {
@@ -1283,37 +1304,19 @@ conn_build_upstream_headers(struct sl_conn *c,
 			have_ct = 1;
 		if (sl_http_name_is(name, nlen, "accept"))
 			have_accept = 1;
-		if (conn_add_header(c, name, nlen, value, vlen) == -1)
-			return -1;
+		hdr_header(&b, name, nlen, value, vlen);
 	}
 	if (nxff > 0) {
 		xff[2 * nxff].iov_base = (void *)(uintptr_t)", ";
 		xff[2 * nxff].iov_len = 2;
 		xff[2 * nxff + 1].iov_base = c->peer;
-		xff[2 * nxff + 1].iov_len = strlen(c->peer);
-		if (conn_add_line(c, xff, 2 * nxff + 2) == -1)
-			return -1;
-	} else if (c->peer[0] != '\0' &&
-	    conn_add_header(c, "X-Forwarded-For", 15, c->peer,
-	    strlen(c->peer)) == -1)
-		return -1;
-	if (up->api_key != NULL) {
-		const struct iovec v[] = { IOV("Authorization: Bearer ", 22),
-		    IOV(up->api_key, strlen(up->api_key)) };
-
-		if (conn_add_line(c, v, 2) == -1)
-			return -1;
-	}
-	/* Suppress what libcurl would add on its own. */
-	if ((n = curl_slist_append(c->hdrs, "Expect:")) == NULL)
-		return -1;
-	c->hdrs = n;
-	if (!have_ct && (n = curl_slist_append(c->hdrs, "Content-Type:")) == NULL)
-		return -1;
-	c->hdrs = n;
-	if (!have_accept && (n = curl_slist_append(c->hdrs, "Accept:")) == NULL)
-		return -1;
-	c->hdrs = n;
+		xff[2 * nxff + 1].iov_len = plen;
+		hdr_line(&b, xff, 2 * nxff + 2);
+	} else if (c->peer[0] != '\0')
+		hdr_header(&b, "X-Forwarded-For", 15, c->peer, plen);
+	*b.link = sl_transfers_header_tail(c->w->xfers, conn_upstream_idx(c),
+	    have_ct, have_accept);
+	c->hdrs = head;
 	return 0;
 }
 
@@ -1447,7 +1450,7 @@ conn_start_upstream(struct sl_conn *c)
 	const struct sl_upstream_conf *up = &cfg->upstreams[conn_upstream_idx(c)];
 	int r, retry_after;
 
-	if (conn_build_upstream_headers(c, up) == -1) {
+	if (conn_build_upstream_headers(c) == -1) {
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
 		    "cannot start the upstream request", 0, 0);
 		return;

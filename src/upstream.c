@@ -396,10 +396,22 @@ struct sl_shard {
 	ev_tstamp idle_since;        /* when active last dropped to 0 */
 };
 
+/*
+ * Per upstream, the four possible ends of a request's header list (with or
+ * without Content-Type: and Accept:), sharing nothing, never changed once
+ * built.
+ */
+#define TAIL_LINES 4
+struct header_tail {
+	char *auth;                              /* "Authorization: Bearer ..." */
+	struct curl_slist n[4][TAIL_LINES];      /* [have_ct << 1 | have_accept] */
+};
+
 struct sl_transfers {
 	struct ev_loop *loop;
 	const struct sl_config *cfg;
 	struct sl_transfer_hooks hooks;
+	struct header_tail *tails;   /* [cfg->nupstreams] */
 	struct sl_shard *shards;     /* created on demand, never moved */
 	size_t nshards, maxshards;
 	size_t bufsize;              /* CURLOPT_BUFFERSIZE for every stream */
@@ -572,10 +584,65 @@ shard_init(struct sl_transfers *xf, struct sl_shard *sh)
 	return 0;
 }
 
+/* Build upstream u's four header tails; -1 when out of memory. */
+static int
+header_tail_init(struct header_tail *t, const struct sl_upstream_conf *up)
+{
+	static char expect[] = "Expect:", ct[] = "Content-Type:",
+	    accept[] = "Accept:";
+	static const char bearer[] = "Authorization: Bearer ";
+	int k;
+
+	if (up->api_key != NULL) {
+		size_t n = strlen(up->api_key);
+
+		if ((t->auth = malloc(sizeof(bearer) + n)) == NULL)
+			return -1;
+		memcpy(t->auth, bearer, sizeof(bearer) - 1);
+		memcpy(t->auth + sizeof(bearer) - 1, up->api_key, n + 1);
+	}
+	for (k = 0; k < 4; k++) {
+		struct curl_slist *n = t->n[k];
+		int i = 0;
+
+		if (t->auth != NULL)
+			n[i++].data = t->auth;
+		n[i++].data = expect;
+		if (!(k & 2))
+			n[i++].data = ct;
+		if (!(k & 1))
+			n[i++].data = accept;
+		while (--i > 0)
+			n[i - 1].next = &n[i];
+	}
+	return 0;
+}
+
+struct curl_slist *
+sl_transfers_header_tail(struct sl_transfers *xf, size_t u, int have_ct,
+    int have_accept)
+{
+	if (u >= xf->cfg->nupstreams)
+		return NULL;
+	return xf->tails[u].n[(have_ct ? 2 : 0) | (have_accept ? 1 : 0)];
+}
+
+static void
+header_tails_free(struct sl_transfers *xf)
+{
+	size_t u;
+
+	for (u = 0; xf->tails != NULL && u < xf->cfg->nupstreams; u++)
+		free(xf->tails[u].auth);
+	free(xf->tails);
+}
+
 struct sl_transfers *
 sl_transfers_new(struct ev_loop *loop, const struct sl_config *cfg,
     const struct sl_transfer_hooks *hooks)
 {
+	size_t u;
+
 	struct sl_transfers *xf;
 
 	if ((xf = calloc(1, sizeof(*xf))) == NULL)
@@ -583,6 +650,17 @@ sl_transfers_new(struct ev_loop *loop, const struct sl_config *cfg,
 	xf->loop = loop;
 	xf->cfg = cfg;
 	xf->hooks = *hooks;
+	if ((xf->tails = calloc(cfg->nupstreams ? cfg->nupstreams : 1,
+	    sizeof(*xf->tails))) == NULL) {
+		free(xf);
+		return NULL;
+	}
+	for (u = 0; u < cfg->nupstreams; u++)
+		if (header_tail_init(&xf->tails[u], &cfg->upstreams[u]) == -1) {
+			header_tails_free(xf);
+			free(xf);
+			return NULL;
+		}
 	/*
 	 * libcurl's receive buffer, allocated per transfer, and the one read
 	 * it keeps for a paused stream: half the stream buffer, at most
@@ -604,6 +682,7 @@ sl_transfers_new(struct ev_loop *loop, const struct sl_config *cfg,
 	if ((xf->shards = calloc(xf->maxshards, sizeof(*xf->shards))) == NULL ||
 	    shard_init(xf, &xf->shards[0]) == -1) {
 		free(xf->shards);
+		header_tails_free(xf);
 		free(xf);
 		return NULL;
 	}
@@ -627,6 +706,7 @@ sl_transfers_free(struct sl_transfers *xf)
 		curl_multi_cleanup(xf->shards[i].multi);
 	}
 	free(xf->shards);
+	header_tails_free(xf);
 	free(xf);
 }
 
