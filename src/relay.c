@@ -254,7 +254,17 @@ conn_report_try(struct sl_conn *c, int code)
 static void
 conn_stop_transfer(struct sl_conn *c)
 {
-	if (c->easy != NULL) {
+	if (c->easy != NULL && (c->sends > 1 || c->resend_refused)) {
+		/*
+		 * libcurl sent again on a fresh connection: it counted that
+		 * retry in the handle (at 5, it fails the next one instead),
+		 * and only curl_easy_reset clears the count. Rare: a new
+		 * handle for the next transfer.
+		 */
+		sl_transfers_discard(c->w->xfers, c->shard, c->easy);
+		c->shard = NULL;
+		c->easy = NULL;
+	} else if (c->easy != NULL) {
 		sl_transfers_stop(c->w->xfers, c->shard, c->easy);
 		c->shard = NULL;
 		c->easy = NULL;
@@ -1372,6 +1382,7 @@ conn_try(struct sl_conn *c, int r)
 	const char *target, *method = sl_req_method(&c->req), *base;
 	size_t tlen, ulen;
 	CURL *e;
+	int fresh;
 
 	c->replica = c->last_replica = r;
 	c->tried |= 1ULL << r;
@@ -1386,30 +1397,47 @@ conn_try(struct sl_conn *c, int r)
 	memcpy(c->url, base, ulen);
 	memcpy(c->url + ulen, target, tlen);
 	c->url[ulen + tlen] = '\0';
-	if ((e = sl_transfers_easy(w->xfers)) == NULL)
+	if ((e = sl_transfers_easy(w->xfers, &fresh)) == NULL)
 		goto fail;
 	c->easy = e;
+	if (fresh) {
+		/* What every transfer shares, set once per easy handle. */
+		curl_easy_setopt(e, CURLOPT_HTTP_VERSION,
+		    (long)CURL_HTTP_VERSION_1_1);
+		curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+		curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+		curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+		curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+		curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+		curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+		    (long)cfg->timeouts.upstream_connect_ms);
+		curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, upstream_header_cb);
+		curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, upstream_write_cb);
+		curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, upstream_prereq_cb);
+		curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION,
+		    upstream_socket_cb);
+	}
+	/*
+	 * What may differ from the handle's last transfer: every one of
+	 * these is set on every try (a reused handle is not reset).
+	 */
 	curl_easy_setopt(e, CURLOPT_URL, c->url);
 	curl_easy_setopt(e, CURLOPT_PRIVATE, c);
-	curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-	curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-	curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
-	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
-	    (long)cfg->timeouts.upstream_connect_ms);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
-	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, upstream_header_cb);
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
-	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, upstream_write_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
-	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, upstream_prereq_cb);
 	curl_easy_setopt(e, CURLOPT_PREREQDATA, c);
-	curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, upstream_socket_cb);
 	curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, c);
+	curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 0L);
+	curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, NULL);
+	if ((c->req.method == HTTP_GET && c->req.body_len == 0) ||
+	    c->req.method == HTTP_HEAD) {
+		/* No body: no pointer left to an earlier request's. */
+		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+		curl_easy_setopt(e, CURLOPT_POSTFIELDS, NULL);
+	}
 	if (c->req.method == HTTP_GET && c->req.body_len == 0) {
-		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);   /* also NOBODY 0 */
 	} else if (c->req.method == HTTP_HEAD) {
 		curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
 		/*
@@ -1420,6 +1448,7 @@ conn_try(struct sl_conn *c, int r)
 		 */
 		curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
 	} else {
+		curl_easy_setopt(e, CURLOPT_NOBODY, 0L);  /* before POSTFIELDS */
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
 		    (curl_off_t)c->req.body_len);
 		curl_easy_setopt(e, CURLOPT_POSTFIELDS,

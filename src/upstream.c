@@ -766,12 +766,16 @@ sl_transfers_reap(struct sl_transfers *xf)
 }
 
 CURL *
-sl_transfers_easy(struct sl_transfers *xf)
+sl_transfers_easy(struct sl_transfers *xf, int *fresh)
 {
-	CURL *e = xf->neasy > 0 ? xf->easy_pool[--xf->neasy] : curl_easy_init();
+	CURL *e;
 
-	if (e == NULL)
+	*fresh = 0;
+	if (xf->neasy > 0)
+		return xf->easy_pool[--xf->neasy];
+	if ((e = curl_easy_init()) == NULL)
 		return NULL;
+	*fresh = 1;
 	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)xf->bufsize);
 	if (xf->cfg->limits.upstream_rcvbuf > 0) {
 		curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, upstream_sockopt_cb);
@@ -798,9 +802,11 @@ sl_transfers_stop(struct sl_transfers *xf, struct sl_shard *sh, CURL *e)
 		curl_multi_remove_handle(sh->multi, e);
 		shard_done(sh);
 	}
-	/* Reset, every option a request set is gone before the next. */
+	/*
+	 * Kept as it is: curl_easy_reset would free every option only for
+	 * the next transfer to set the same again (sl_transfers_easy).
+	 */
 	if (xf->neasy < SL_EASY_POOL) {
-		curl_easy_reset(e);
 		xf->easy_pool[xf->neasy++] = e;
 	} else
 		curl_easy_cleanup(e);
@@ -810,7 +816,9 @@ void
 sl_transfers_discard(struct sl_transfers *xf, struct sl_shard *sh, CURL *e)
 {
 	(void)xf;
-	curl_multi_remove_handle(sh->multi, e);
-	shard_done(sh);
+	if (sh != NULL) {
+		curl_multi_remove_handle(sh->multi, e);
+		shard_done(sh);
+	}
 	curl_easy_cleanup(e);
 }
