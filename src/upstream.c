@@ -374,7 +374,7 @@ pool_outcome(struct sl_pools *ps, size_t u, int r, int code,
  */
 #define SL_SHARD_STREAMS 32
 
-/* Finished easy handles kept (reset) for the next transfers. */
+/* Finished easy handles kept, options and all, for the next transfers. */
 #define SL_EASY_POOL 128
 
 /*
@@ -414,8 +414,14 @@ struct sl_transfers {
 	struct header_tail *tails;   /* [cfg->nupstreams] */
 	struct sl_shard *shards;     /* created on demand, never moved */
 	size_t nshards, maxshards;
+	/*
+	 * Every shard below this index is live and full: a pick starts here,
+	 * so under a steady load it looks at the shard a transfer just left,
+	 * not at every shard (O(connections / SL_SHARD_STREAMS) per request).
+	 */
+	size_t room_from;
 	size_t bufsize;              /* CURLOPT_BUFFERSIZE for every stream */
-	CURL *easy_pool[SL_EASY_POOL];   /* reset handles, ready for reuse */
+	CURL *easy_pool[SL_EASY_POOL];   /* finished handles, ready for reuse */
 	size_t neasy;
 };
 
@@ -721,24 +727,44 @@ shard_pick(struct sl_transfers *xf)
 	size_t i;
 
 	/* The first live shard with room: a light load stays on shard 0. */
-	for (i = 0; i < xf->nshards; i++) {
+	for (i = xf->room_from; i < xf->nshards; i++) {
 		sh = &xf->shards[i];
 		if (sh->multi == NULL) {
 			if (dormant == NULL)
 				dormant = sh;
 			continue;
 		}
-		if (sh->active < SL_SHARD_STREAMS)
+		if (sh->active < SL_SHARD_STREAMS) {
+			if (dormant == NULL)
+				xf->room_from = i;
 			return sh;
-		if (best == NULL || sh->active < best->active)
-			best = sh;
+		}
 	}
+	if (dormant == NULL)
+		xf->room_from = xf->nshards;
 	if (dormant != NULL && shard_init(xf, dormant) == 0)
 		return dormant;
 	if (xf->nshards < xf->maxshards &&
 	    shard_init(xf, &xf->shards[xf->nshards]) == 0)
 		return &xf->shards[xf->nshards++];
+	/* Every shard full (max_connections reached): the least loaded. */
+	for (i = 0; i < xf->nshards; i++) {
+		sh = &xf->shards[i];
+		if (sh->multi != NULL &&
+		    (best == NULL || sh->active < best->active))
+			best = sh;
+	}
 	return best;
+}
+
+/* Shard sh may take a transfer again: picks look from it on. */
+static void
+shard_has_room(struct sl_shard *sh)
+{
+	size_t i = (size_t)(sh - sh->xf->shards);
+
+	if (i < sh->xf->room_from)
+		sh->xf->room_from = i;
 }
 
 /* A transfer left the shard (its handle was removed from the multi). */
@@ -747,6 +773,7 @@ shard_done(struct sl_shard *sh)
 {
 	if (sh->active > 0 && --sh->active == 0)
 		sh->idle_since = ev_now(sh->xf->loop);
+	shard_has_room(sh);
 }
 
 void
@@ -765,6 +792,7 @@ sl_transfers_reap(struct sl_transfers *xf)
 		/* After: cleanup may still have set the timer through its callback. */
 		ev_timer_stop(xf->loop, &sh->timer);
 		sh->multi = NULL;
+		shard_has_room(sh);
 	}
 }
 
