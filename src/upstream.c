@@ -421,6 +421,7 @@ struct sl_transfers {
 	 */
 	size_t room_from;
 	size_t bufsize;              /* CURLOPT_BUFFERSIZE for every stream */
+	CURLSH *share;               /* the TLS session cache of every handle */
 	CURL *easy_pool[SL_EASY_POOL];   /* finished handles, ready for reuse */
 	size_t neasy;
 };
@@ -688,9 +689,20 @@ sl_transfers_new(struct ev_loop *loop, const struct sl_config *cfg,
 	 */
 	xf->maxshards = (cfg->limits.max_connections + SL_SHARD_STREAMS - 1) /
 	    SL_SHARD_STREAMS;
-	if ((xf->shards = calloc(xf->maxshards, sizeof(*xf->shards))) == NULL ||
+	/*
+	 * Without a share, libcurl 7.88 gives every easy handle its own TLS
+	 * session cache (5 zeroed entries, even for http://): with one per
+	 * worker, a stream does not carry it, and a session resumes on any
+	 * handle. Single-threaded: no lock callbacks.
+	 */
+	if ((xf->share = curl_share_init()) == NULL ||
+	    curl_share_setopt(xf->share, CURLSHOPT_SHARE,
+	    CURL_LOCK_DATA_SSL_SESSION) != CURLSHE_OK ||
+	    (xf->shards = calloc(xf->maxshards, sizeof(*xf->shards))) == NULL ||
 	    shard_init(xf, &xf->shards[0]) == -1) {
 		free(xf->shards);
+		if (xf->share != NULL)
+			curl_share_cleanup(xf->share);
 		header_tails_free(xf);
 		free(xf);
 		return NULL;
@@ -715,6 +727,8 @@ sl_transfers_free(struct sl_transfers *xf)
 		curl_multi_cleanup(xf->shards[i].multi);
 	}
 	free(xf->shards);
+	/* Last: libcurl refuses while a handle still uses it (then it leaks). */
+	curl_share_cleanup(xf->share);
 	header_tails_free(xf);
 	free(xf);
 }
@@ -807,6 +821,7 @@ sl_transfers_easy(struct sl_transfers *xf, int *fresh)
 	if ((e = curl_easy_init()) == NULL)
 		return NULL;
 	*fresh = 1;
+	curl_easy_setopt(e, CURLOPT_SHARE, xf->share);
 	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)xf->bufsize);
 	if (xf->cfg->limits.upstream_rcvbuf > 0) {
 		curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, upstream_sockopt_cb);
