@@ -106,21 +106,40 @@ struct sl_transfers *sl_transfers_new(struct ev_loop *,
 void sl_transfers_free(struct sl_transfers *);
 
 /*
- * An easy handle with nothing of a past request on it (reset), and the
- * worker-wide options set: receive buffer size, upstream SO_RCVBUF.
+ * An easy handle for a transfer. A new one (*fresh set to 1) has the
+ * worker-wide options set (receive buffer size, upstream SO_RCVBUF) and
+ * nothing else: the caller sets the options every transfer shares, once.
+ * A reused one (*fresh 0) keeps every option of its last transfer (it is
+ * not reset, so that nothing is freed and set again per request): the
+ * caller sets again each option that may differ between transfers.
  */
-CURL *sl_transfers_easy(struct sl_transfers *);
+CURL *sl_transfers_easy(struct sl_transfers *, int *fresh);
+
+/*
+ * The fixed end of every request's header list to upstream u, formatted
+ * once per config: the upstream's Authorization (api_key), and the empty
+ * lines that stop libcurl adding Expect, and Content-Type / Accept unless
+ * the request has its own (have_ct, have_accept). The caller links its
+ * own nodes in front of it; it belongs to xf, never freed or changed by
+ * the caller, valid until sl_transfers_free. NULL for an unknown u.
+ */
+struct curl_slist *sl_transfers_header_tail(struct sl_transfers *, size_t u,
+    int have_ct, int have_accept);
 
 /* Start a transfer; its shard, or NULL when it could not be started. */
 struct sl_shard *sl_transfers_start(struct sl_transfers *, CURL *);
 
 /*
  * End a transfer: out of its shard (sh may be NULL: never started), the
- * handle reset and kept for the next. Never from a libcurl callback.
+ * handle kept, options and all, for the next. Never from a libcurl
+ * callback.
  */
 void sl_transfers_stop(struct sl_transfers *, struct sl_shard *, CURL *);
 
-/* End a transfer nobody owns any more: out of its shard, handle freed. */
+/*
+ * End a transfer for good: out of its shard (sh may be NULL), the handle
+ * freed. For a handle nobody owns any more, or one not to be reused.
+ */
 void sl_transfers_discard(struct sl_transfers *, struct sl_shard *, CURL *);
 
 /* Close shards (not the first) idle for a while; call once a second. */

@@ -96,7 +96,8 @@ struct sl_conn {
 	/* Upstream. */
 	CURL *easy;
 	struct sl_shard *shard;    /* the multi handle easy is in */
-	struct curl_slist *hdrs;
+	struct curl_slist *hdrs;   /* upstream request headers: nodes in */
+	void *hdr_block;           /* hdr_block, then the upstream's tail */
 	char *url;
 	int status;                /* upstream status */
 	struct sl_resp_head uh;    /* upstream response head, filtered */
@@ -284,7 +285,17 @@ conn_report_try(struct sl_conn *c, int code)
 static void
 conn_stop_transfer(struct sl_conn *c)
 {
-	if (c->easy != NULL) {
+	if (c->easy != NULL && (c->sends > 1 || c->resend_refused)) {
+		/*
+		 * libcurl sent again on a fresh connection: it counted that
+		 * retry in the handle (at 5, it fails the next one instead),
+		 * and only curl_easy_reset clears the count. Rare: a new
+		 * handle for the next transfer.
+		 */
+		sl_transfers_discard(c->w->xfers, c->shard, c->easy);
+		c->shard = NULL;
+		c->easy = NULL;
+	} else if (c->easy != NULL) {
 		sl_transfers_stop(c->w->xfers, c->shard, c->easy);
 		c->shard = NULL;
 		c->easy = NULL;
@@ -304,7 +315,8 @@ conn_abort_upstream(struct sl_conn *c)
 		sl_pool_release(c->w->pools, conn_upstream_idx(c), c->retry_next);
 		c->retry_next = -1;
 	}
-	curl_slist_free_all(c->hdrs);
+	free(c->hdr_block);
+	c->hdr_block = NULL;
 	c->hdrs = NULL;
 	free(c->url);
 	c->url = NULL;
@@ -1514,39 +1526,38 @@ listed_in_connection(const struct sl_req *r, const char *name, size_t nlen)
 }
 
 /*
- * Append the pieces as one header line. curl_slist_append copies the line,
- * so it is joined on the stack (or the heap, for a long one) without printf.
+ * The upstream request's header list: the client's lines that are passed
+ * on, and X-Forwarded-For, as list nodes and text in one block
+ * (c->hdr_block, one malloc and one free per request, no printf), linked
+ * in front of the upstream's fixed tail (sl_transfers_header_tail), which
+ * is formatted once per config. libcurl only reads the list.
  */
-static int
-conn_add_line(struct sl_conn *c, const struct iovec *v, int nv)
-{
-	char stack[1024], *line = stack;
-	size_t n = 0, off = 0;
-	struct curl_slist *sl;
-	int i;
-
-	for (i = 0; i < nv; i++)
-		n += v[i].iov_len;
-	if (n >= sizeof(stack) && (line = malloc(n + 1)) == NULL)
-		return -1;
-	for (i = 0; i < nv; i++) {
-		memcpy(line + off, v[i].iov_base, v[i].iov_len);
-		off += v[i].iov_len;
-	}
-	line[n] = '\0';
-	sl = curl_slist_append(c->hdrs, line);
-	if (line != stack)
-		free(line);
-	if (sl == NULL)
-		return -1;
-	c->hdrs = sl;
-	return 0;
-}
+struct hdr_build {
+	struct curl_slist *node;   /* next free node of the block */
+	char *p;                   /* next free byte of its text */
+	struct curl_slist **link;  /* where the next node is linked */
+};
 
 #define IOV(p, n) { (void *)(uintptr_t)(p), (n) }
 
-static int
-conn_add_header(struct sl_conn *c, const char *name, size_t nlen,
+static void
+hdr_line(struct hdr_build *b, const struct iovec *v, int nv)
+{
+	struct curl_slist *n = b->node++;
+	int i;
+
+	n->data = b->p;
+	for (i = 0; i < nv; i++) {
+		memcpy(b->p, v[i].iov_base, v[i].iov_len);
+		b->p += v[i].iov_len;
+	}
+	*b->p++ = '\0';
+	*b->link = n;
+	b->link = &n->next;
+}
+
+static void
+hdr_header(struct hdr_build *b, const char *name, size_t nlen,
     const char *value, size_t vlen)
 {
 	const struct iovec v[] = { IOV(name, nlen), IOV(": ", 2),
@@ -1555,20 +1566,40 @@ conn_add_header(struct sl_conn *c, const char *name, size_t nlen,
 	const struct iovec empty[] = { IOV(name, nlen), IOV(";", 1) };
 
 	if (vlen == 0)
-		return conn_add_line(c, empty, 2);
-	return conn_add_line(c, v, 3);
+		hdr_line(b, empty, 2);
+	else
+		hdr_line(b, v, 3);
 }
 
 static int
-conn_build_upstream_headers(struct sl_conn *c,
-    const struct sl_upstream_conf *up)
+conn_build_upstream_headers(struct sl_conn *c)
 {
 	const struct sl_req *r = &c->req;
 	const char *name, *value;
-	size_t nlen, vlen, i;
+	size_t nlen, vlen, i, nodes = 1, text, plen = strlen(c->peer);
 	int have_ct = 0, have_accept = 0, nxff = 0;
-	struct curl_slist *n;
 	struct iovec xff[2 * SL_REQ_MAX_HEADERS + 2];
+	struct hdr_build b;
+	struct curl_slist *head = NULL;
+
+	/*
+	 * At most one node per client line and one for X-Forwarded-For;
+	 * a line takes at most name + ": " + value + NUL, and ours
+	 * "X-Forwarded-For: " + ", " + peer + NUL on top.
+	 */
+	text = 17 + 2 + plen + 1;
+	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
+	    i++) {
+		nodes++;
+		text += nlen + vlen + 3;
+	}
+	free(c->hdr_block);
+	if ((c->hdr_block = malloc(nodes * sizeof(struct curl_slist) +
+	    text)) == NULL)
+		return -1;
+	b.node = c->hdr_block;
+	b.p = (char *)(b.node + nodes);
+	b.link = &head;
 
 	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
 	    i++) {
@@ -1600,37 +1631,19 @@ conn_build_upstream_headers(struct sl_conn *c,
 			have_ct = 1;
 		if (sl_http_name_is(name, nlen, "accept"))
 			have_accept = 1;
-		if (conn_add_header(c, name, nlen, value, vlen) == -1)
-			return -1;
+		hdr_header(&b, name, nlen, value, vlen);
 	}
 	if (nxff > 0) {
 		xff[2 * nxff].iov_base = (void *)(uintptr_t)", ";
 		xff[2 * nxff].iov_len = 2;
 		xff[2 * nxff + 1].iov_base = c->peer;
-		xff[2 * nxff + 1].iov_len = strlen(c->peer);
-		if (conn_add_line(c, xff, 2 * nxff + 2) == -1)
-			return -1;
-	} else if (c->peer[0] != '\0' &&
-	    conn_add_header(c, "X-Forwarded-For", 15, c->peer,
-	    strlen(c->peer)) == -1)
-		return -1;
-	if (up->api_key != NULL) {
-		const struct iovec v[] = { IOV("Authorization: Bearer ", 22),
-		    IOV(up->api_key, strlen(up->api_key)) };
-
-		if (conn_add_line(c, v, 2) == -1)
-			return -1;
-	}
-	/* Suppress what libcurl would add on its own. */
-	if ((n = curl_slist_append(c->hdrs, "Expect:")) == NULL)
-		return -1;
-	c->hdrs = n;
-	if (!have_ct && (n = curl_slist_append(c->hdrs, "Content-Type:")) == NULL)
-		return -1;
-	c->hdrs = n;
-	if (!have_accept && (n = curl_slist_append(c->hdrs, "Accept:")) == NULL)
-		return -1;
-	c->hdrs = n;
+		xff[2 * nxff + 1].iov_len = plen;
+		hdr_line(&b, xff, 2 * nxff + 2);
+	} else if (c->peer[0] != '\0')
+		hdr_header(&b, "X-Forwarded-For", 15, c->peer, plen);
+	*b.link = sl_transfers_header_tail(c->w->xfers, conn_upstream_idx(c),
+	    have_ct, have_accept);
+	c->hdrs = head;
 	return 0;
 }
 
@@ -1686,6 +1699,7 @@ conn_try(struct sl_conn *c, int r)
 	const char *target, *method = sl_req_method(&c->req), *base;
 	size_t tlen, ulen;
 	CURL *e;
+	int fresh;
 
 	c->replica = c->last_replica = r;
 	c->tried |= 1ULL << r;
@@ -1700,30 +1714,47 @@ conn_try(struct sl_conn *c, int r)
 	memcpy(c->url, base, ulen);
 	memcpy(c->url + ulen, target, tlen);
 	c->url[ulen + tlen] = '\0';
-	if ((e = sl_transfers_easy(w->xfers)) == NULL)
+	if ((e = sl_transfers_easy(w->xfers, &fresh)) == NULL)
 		goto fail;
 	c->easy = e;
+	if (fresh) {
+		/* What every transfer shares, set once per easy handle. */
+		curl_easy_setopt(e, CURLOPT_HTTP_VERSION,
+		    (long)CURL_HTTP_VERSION_1_1);
+		curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+		curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+		curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+		curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+		curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+		curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+		    (long)cfg->timeouts.upstream_connect_ms);
+		curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, upstream_header_cb);
+		curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, upstream_write_cb);
+		curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, upstream_prereq_cb);
+		curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION,
+		    upstream_socket_cb);
+	}
+	/*
+	 * What may differ from the handle's last transfer: every one of
+	 * these is set on every try (a reused handle is not reset).
+	 */
 	curl_easy_setopt(e, CURLOPT_URL, c->url);
 	curl_easy_setopt(e, CURLOPT_PRIVATE, c);
-	curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-	curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-	curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
-	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
-	    (long)cfg->timeouts.upstream_connect_ms);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
-	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, upstream_header_cb);
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
-	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, upstream_write_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
-	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, upstream_prereq_cb);
 	curl_easy_setopt(e, CURLOPT_PREREQDATA, c);
-	curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, upstream_socket_cb);
 	curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, c);
+	curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 0L);
+	curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, NULL);
+	if ((c->req.method == HTTP_GET && c->req.body_len == 0) ||
+	    c->req.method == HTTP_HEAD) {
+		/* No body: no pointer left to an earlier request's. */
+		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+		curl_easy_setopt(e, CURLOPT_POSTFIELDS, NULL);
+	}
 	if (c->req.method == HTTP_GET && c->req.body_len == 0) {
-		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);   /* also NOBODY 0 */
 	} else if (c->req.method == HTTP_HEAD) {
 		curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
 		/*
@@ -1734,6 +1765,7 @@ conn_try(struct sl_conn *c, int r)
 		 */
 		curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
 	} else {
+		curl_easy_setopt(e, CURLOPT_NOBODY, 0L);  /* before POSTFIELDS */
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
 		    (curl_off_t)c->req.body_len);
 		curl_easy_setopt(e, CURLOPT_POSTFIELDS,
@@ -1765,7 +1797,7 @@ conn_start_upstream(struct sl_conn *c)
 	int r, retry_after;
 
 	conn_usage_request(c);
-	if (conn_build_upstream_headers(c, up) == -1) {
+	if (conn_build_upstream_headers(c) == -1) {
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
 		    "cannot start the upstream request", 0, 0);
 		return;

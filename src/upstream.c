@@ -374,7 +374,7 @@ pool_outcome(struct sl_pools *ps, size_t u, int r, int code,
  */
 #define SL_SHARD_STREAMS 32
 
-/* Finished easy handles kept (reset) for the next transfers. */
+/* Finished easy handles kept, options and all, for the next transfers. */
 #define SL_EASY_POOL 128
 
 /*
@@ -386,7 +386,7 @@ pool_outcome(struct sl_pools *ps, size_t u, int r, int code,
  */
 #define SL_SHARD_IDLE_SECONDS 10.0
 
-#define SL_READ_MAX 8192             /* CURLOPT_BUFFERSIZE at most */
+#define SL_READ_MAX 16384            /* CURLOPT_BUFFERSIZE at most */
 
 struct sl_shard {
 	CURLM *multi;                /* NULL: dormant (its connections closed) */
@@ -396,14 +396,33 @@ struct sl_shard {
 	ev_tstamp idle_since;        /* when active last dropped to 0 */
 };
 
+/*
+ * Per upstream, the four possible ends of a request's header list (with or
+ * without Content-Type: and Accept:), sharing nothing, never changed once
+ * built.
+ */
+#define TAIL_LINES 4
+struct header_tail {
+	char *auth;                              /* "Authorization: Bearer ..." */
+	struct curl_slist n[4][TAIL_LINES];      /* [have_ct << 1 | have_accept] */
+};
+
 struct sl_transfers {
 	struct ev_loop *loop;
 	const struct sl_config *cfg;
 	struct sl_transfer_hooks hooks;
+	struct header_tail *tails;   /* [cfg->nupstreams] */
 	struct sl_shard *shards;     /* created on demand, never moved */
 	size_t nshards, maxshards;
+	/*
+	 * Every shard below this index is live and full: a pick starts here,
+	 * so under a steady load it looks at the shard a transfer just left,
+	 * not at every shard (O(connections / SL_SHARD_STREAMS) per request).
+	 */
+	size_t room_from;
 	size_t bufsize;              /* CURLOPT_BUFFERSIZE for every stream */
-	CURL *easy_pool[SL_EASY_POOL];   /* reset handles, ready for reuse */
+	CURLSH *share;               /* the TLS session cache of every handle */
+	CURL *easy_pool[SL_EASY_POOL];   /* finished handles, ready for reuse */
 	size_t neasy;
 };
 
@@ -572,10 +591,65 @@ shard_init(struct sl_transfers *xf, struct sl_shard *sh)
 	return 0;
 }
 
+/* Build upstream u's four header tails; -1 when out of memory. */
+static int
+header_tail_init(struct header_tail *t, const struct sl_upstream_conf *up)
+{
+	static char expect[] = "Expect:", ct[] = "Content-Type:",
+	    accept[] = "Accept:";
+	static const char bearer[] = "Authorization: Bearer ";
+	int k;
+
+	if (up->api_key != NULL) {
+		size_t n = strlen(up->api_key);
+
+		if ((t->auth = malloc(sizeof(bearer) + n)) == NULL)
+			return -1;
+		memcpy(t->auth, bearer, sizeof(bearer) - 1);
+		memcpy(t->auth + sizeof(bearer) - 1, up->api_key, n + 1);
+	}
+	for (k = 0; k < 4; k++) {
+		struct curl_slist *n = t->n[k];
+		int i = 0;
+
+		if (t->auth != NULL)
+			n[i++].data = t->auth;
+		n[i++].data = expect;
+		if (!(k & 2))
+			n[i++].data = ct;
+		if (!(k & 1))
+			n[i++].data = accept;
+		while (--i > 0)
+			n[i - 1].next = &n[i];
+	}
+	return 0;
+}
+
+struct curl_slist *
+sl_transfers_header_tail(struct sl_transfers *xf, size_t u, int have_ct,
+    int have_accept)
+{
+	if (u >= xf->cfg->nupstreams)
+		return NULL;
+	return xf->tails[u].n[(have_ct ? 2 : 0) | (have_accept ? 1 : 0)];
+}
+
+static void
+header_tails_free(struct sl_transfers *xf)
+{
+	size_t u;
+
+	for (u = 0; xf->tails != NULL && u < xf->cfg->nupstreams; u++)
+		free(xf->tails[u].auth);
+	free(xf->tails);
+}
+
 struct sl_transfers *
 sl_transfers_new(struct ev_loop *loop, const struct sl_config *cfg,
     const struct sl_transfer_hooks *hooks)
 {
+	size_t u;
+
 	struct sl_transfers *xf;
 
 	if ((xf = calloc(1, sizeof(*xf))) == NULL)
@@ -583,12 +657,26 @@ sl_transfers_new(struct ev_loop *loop, const struct sl_config *cfg,
 	xf->loop = loop;
 	xf->cfg = cfg;
 	xf->hooks = *hooks;
+	if ((xf->tails = calloc(cfg->nupstreams ? cfg->nupstreams : 1,
+	    sizeof(*xf->tails))) == NULL) {
+		free(xf);
+		return NULL;
+	}
+	for (u = 0; u < cfg->nupstreams; u++)
+		if (header_tail_init(&xf->tails[u], &cfg->upstreams[u]) == -1) {
+			header_tails_free(xf);
+			free(xf);
+			return NULL;
+		}
 	/*
 	 * libcurl's receive buffer, allocated per transfer, and the one read
 	 * it keeps for a paused stream: half the stream buffer, at most
-	 * SL_READ_MAX. Measured (bench/throughput, 512 connections): 4, 8 and
-	 * 16 KiB give the same req/s; 8 KiB halves 16's heap per stream and
-	 * still takes a burst of tokens in one read.
+	 * SL_READ_MAX. At 512 connections 4, 8 and 16 KiB gave the same
+	 * req/s; at 4,096 (bench/throughput), where a whole response waits
+	 * by the time it is read, 16 KiB takes it in one read where 8 needs
+	 * two, each followed by libcurl's poll() for more: 0.87 -> 1.05x
+	 * nginx's req/s. Only the pages a read touches count: a slow stream
+	 * touches one whatever the size.
 	 */
 	xf->bufsize = cfg->stream_buffer / 2;
 	if (xf->bufsize > SL_READ_MAX)
@@ -601,9 +689,21 @@ sl_transfers_new(struct ev_loop *loop, const struct sl_config *cfg,
 	 */
 	xf->maxshards = (cfg->limits.max_connections + SL_SHARD_STREAMS - 1) /
 	    SL_SHARD_STREAMS;
-	if ((xf->shards = calloc(xf->maxshards, sizeof(*xf->shards))) == NULL ||
+	/*
+	 * Without a share, libcurl 7.88 gives every easy handle its own TLS
+	 * session cache (5 zeroed entries, even for http://): with one per
+	 * worker, a stream does not carry it, and a session resumes on any
+	 * handle. Single-threaded: no lock callbacks.
+	 */
+	if ((xf->share = curl_share_init()) == NULL ||
+	    curl_share_setopt(xf->share, CURLSHOPT_SHARE,
+	    CURL_LOCK_DATA_SSL_SESSION) != CURLSHE_OK ||
+	    (xf->shards = calloc(xf->maxshards, sizeof(*xf->shards))) == NULL ||
 	    shard_init(xf, &xf->shards[0]) == -1) {
 		free(xf->shards);
+		if (xf->share != NULL)
+			curl_share_cleanup(xf->share);
+		header_tails_free(xf);
 		free(xf);
 		return NULL;
 	}
@@ -627,6 +727,9 @@ sl_transfers_free(struct sl_transfers *xf)
 		curl_multi_cleanup(xf->shards[i].multi);
 	}
 	free(xf->shards);
+	/* Last: libcurl refuses while a handle still uses it (then it leaks). */
+	curl_share_cleanup(xf->share);
+	header_tails_free(xf);
 	free(xf);
 }
 
@@ -638,24 +741,44 @@ shard_pick(struct sl_transfers *xf)
 	size_t i;
 
 	/* The first live shard with room: a light load stays on shard 0. */
-	for (i = 0; i < xf->nshards; i++) {
+	for (i = xf->room_from; i < xf->nshards; i++) {
 		sh = &xf->shards[i];
 		if (sh->multi == NULL) {
 			if (dormant == NULL)
 				dormant = sh;
 			continue;
 		}
-		if (sh->active < SL_SHARD_STREAMS)
+		if (sh->active < SL_SHARD_STREAMS) {
+			if (dormant == NULL)
+				xf->room_from = i;
 			return sh;
-		if (best == NULL || sh->active < best->active)
-			best = sh;
+		}
 	}
+	if (dormant == NULL)
+		xf->room_from = xf->nshards;
 	if (dormant != NULL && shard_init(xf, dormant) == 0)
 		return dormant;
 	if (xf->nshards < xf->maxshards &&
 	    shard_init(xf, &xf->shards[xf->nshards]) == 0)
 		return &xf->shards[xf->nshards++];
+	/* Every shard full (max_connections reached): the least loaded. */
+	for (i = 0; i < xf->nshards; i++) {
+		sh = &xf->shards[i];
+		if (sh->multi != NULL &&
+		    (best == NULL || sh->active < best->active))
+			best = sh;
+	}
 	return best;
+}
+
+/* Shard sh may take a transfer again: picks look from it on. */
+static void
+shard_has_room(struct sl_shard *sh)
+{
+	size_t i = (size_t)(sh - sh->xf->shards);
+
+	if (i < sh->xf->room_from)
+		sh->xf->room_from = i;
 }
 
 /* A transfer left the shard (its handle was removed from the multi). */
@@ -664,6 +787,7 @@ shard_done(struct sl_shard *sh)
 {
 	if (sh->active > 0 && --sh->active == 0)
 		sh->idle_since = ev_now(sh->xf->loop);
+	shard_has_room(sh);
 }
 
 void
@@ -682,16 +806,22 @@ sl_transfers_reap(struct sl_transfers *xf)
 		/* After: cleanup may still have set the timer through its callback. */
 		ev_timer_stop(xf->loop, &sh->timer);
 		sh->multi = NULL;
+		shard_has_room(sh);
 	}
 }
 
 CURL *
-sl_transfers_easy(struct sl_transfers *xf)
+sl_transfers_easy(struct sl_transfers *xf, int *fresh)
 {
-	CURL *e = xf->neasy > 0 ? xf->easy_pool[--xf->neasy] : curl_easy_init();
+	CURL *e;
 
-	if (e == NULL)
+	*fresh = 0;
+	if (xf->neasy > 0)
+		return xf->easy_pool[--xf->neasy];
+	if ((e = curl_easy_init()) == NULL)
 		return NULL;
+	*fresh = 1;
+	curl_easy_setopt(e, CURLOPT_SHARE, xf->share);
 	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)xf->bufsize);
 	if (xf->cfg->limits.upstream_rcvbuf > 0) {
 		curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, upstream_sockopt_cb);
@@ -718,9 +848,11 @@ sl_transfers_stop(struct sl_transfers *xf, struct sl_shard *sh, CURL *e)
 		curl_multi_remove_handle(sh->multi, e);
 		shard_done(sh);
 	}
-	/* Reset, every option a request set is gone before the next. */
+	/*
+	 * Kept as it is: curl_easy_reset would free every option only for
+	 * the next transfer to set the same again (sl_transfers_easy).
+	 */
 	if (xf->neasy < SL_EASY_POOL) {
-		curl_easy_reset(e);
 		xf->easy_pool[xf->neasy++] = e;
 	} else
 		curl_easy_cleanup(e);
@@ -730,7 +862,9 @@ void
 sl_transfers_discard(struct sl_transfers *xf, struct sl_shard *sh, CURL *e)
 {
 	(void)xf;
-	curl_multi_remove_handle(sh->multi, e);
-	shard_done(sh);
+	if (sh != NULL) {
+		curl_multi_remove_handle(sh->multi, e);
+		shard_done(sh);
+	}
 	curl_easy_cleanup(e);
 }

@@ -175,6 +175,50 @@ def test_headers_named_in_connection_not_forwarded():
         assert ("x-end-to-end", "kept") in got, got
 
 
+def test_one_workers_reused_easy_handle_sends_each_request_as_its_own():
+    # One worker, requests one after another: every one runs on the same
+    # reused (not reset) libcurl handle. Each must reach the upstream with
+    # its own method, body and headers, nothing of the one before: the
+    # fixed header tail in its four forms (with and without the client's
+    # Content-Type and Accept), empty headers, X-Forwarded-For lists.
+    with Stub() as stub, Gateway(stub=stub, workers=1) as gw:
+        seq = [
+            ("POST", {"Content-Type": "application/json", "Accept": "text/event-stream"},
+             b'{"a":1}'),
+            ("POST", {}, b'{"b":2}'),
+            ("GET", {"Accept": "application/json"}, b""),
+            ("PUT", {"Content-Type": "text/plain", "X-Empty": ""}, b"put"),
+            ("GET", {"X-Forwarded-For": "10.0.0.1"}, b""),
+            ("DELETE", {}, b""),
+            ("POST", {"Content-Type": "application/json"}, b'{"c":3}'),
+        ]
+        for rnd in range(2):
+            for i, (method, hd, body) in enumerate(seq):
+                e = _echo(gw, method, "/v1/echo?i=%d" % i, headers=hd, body=body)
+                where = (rnd, i, method)
+                assert e["method"] == method, (where, e)
+                assert e["query"] == "i=%d" % i, (where, e)
+                assert e["body"] == body.decode(), (where, e)
+                got = _hdrs(e)
+                names = [k for k, _ in got]
+                assert [v for k, v in got if k == "authorization"] == \
+                    ["Bearer %s" % UPSTREAM_KEY], (where, got)
+                for name in ("content-type", "accept"):
+                    want = [v for k, v in hd.items() if k.lower() == name]
+                    assert [v for k, v in got if k == name] == want, (where, name, got)
+                assert "expect" not in names, (where, got)
+                if "X-Empty" in hd:
+                    assert ("x-empty", "") in got, (where, got)
+                else:
+                    assert "x-empty" not in names, (where, got)
+                xff = [v for k, v in got if k == "x-forwarded-for"]
+                assert len(xff) == 1, (where, got)
+                if "X-Forwarded-For" in hd:
+                    assert xff[0].startswith("10.0.0.1, "), (where, got)
+                else:
+                    assert "," not in xff[0], (where, got)
+
+
 def test_keepalive_serves_several_requests_on_one_connection():
     with Stub() as stub, Gateway(stub=stub) as gw:
         c = gw.client()

@@ -715,6 +715,27 @@ test_bad_chunk_size_is_400(void **state)
 }
 
 static void
+test_chunk_header_is_hex_size_and_crlf_like_printf(void **state)
+{
+	static const size_t sizes[] = { 0, 1, 9, 10, 15, 16, 255, 256, 4095,
+	    16384, 0xabcdef, (size_t)-1 };
+	char got[32], want[32];
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		size_t n = sl_http_chunk_header(got, sizeof(got), sizes[i]);
+		int k = snprintf(want, sizeof(want), "%zx\r\n", sizes[i]);
+
+		assert_int_equal(n, (size_t)k);
+		assert_memory_equal(got, want, n);
+	}
+	/* "100\r\n" and a NUL need 6 bytes: in 5 nothing is written. */
+	assert_int_equal(sl_http_chunk_header(got, 5, 256), 0);
+	assert_int_equal(sl_http_chunk_header(got, 6, 256), 5);
+}
+
+static void
 test_error_is_sticky(void **state)
 {
 	struct fx *f = *state;
@@ -957,6 +978,7 @@ main(void)
 		T(test_duplicate_content_length_is_400),
 		T(test_content_length_with_chunked_is_400),
 		T(test_bad_chunk_size_is_400),
+		T(test_chunk_header_is_hex_size_and_crlf_like_printf),
 		T(test_error_is_sticky),
 		T(test_keep_alive_flag_by_version_and_connection),
 		T(test_pipelined_second_request_parsed_after_reset),
