@@ -94,13 +94,18 @@
  *                       (decimal, 0..10^18-1 each). Without it P = ceil(request
  *                       body bytes / 4), C = X-Stub-Events (one token per event).
  *   X-Stub-Ignore-Usage 0..1: a runner that does not honour include_usage: the
- *                       stream carries neither "usage":null nor the usage chunk.
+ *                       stream carries no usage chunk.
+ *   X-Stub-Usage-Null   0..1: when the usage chunk is sent, every event also ends
+ *                       in ,"usage":null (as vLLM and OpenAI do). Off by default,
+ *                       so that a gateway that injects include_usage and drops
+ *                       the chunk relays the very bytes of a stream not asked.
  *
  * Usage. A completion body that is a JSON object with "stream_options":
  * {"include_usage":true} (parsed with jansson) asks for usage: counted in
  * include_usage_requests (global and per tag) whatever else happens to it.
- * A stream that asked (and no X-Stub-Ignore-Usage) has ,"usage":null after "pad"
- * in every event and, after the last event and before [DONE], one usage chunk:
+ * A stream that asked (and no X-Stub-Ignore-Usage) has, after the last event and
+ * before [DONE], one usage chunk (and with X-Stub-Usage-Null: 1 ,"usage":null
+ * after "pad" in every event):
  *   data: {"id":"chatcmpl-stub","object":"chat.completion.chunk","created":0,
  *   "model":"stub","choices":[],"usage":{"prompt_tokens":P,"completion_tokens":C,
  *   "total_tokens":P+C}}\n\n
@@ -123,7 +128,8 @@
  *   toward the size. On /v1/completions:
  *   data: {"id":"cmpl-stub","object":"text_completion","seq":I,
  *   "choices":[{"index":0,"text":"tokI "}],"pad":"PAD"}\n\n
- *   With usage asked for, "pad":"PAD","usage":null} ends each (see Usage).
+ *   With usage asked for and X-Stub-Usage-Null: 1, "pad":"PAD","usage":null}
+ *   ends each (see Usage).
  *   Non-stream: {"id":"chatcmpl-stub","object":"chat.completion","choices":[{"index":0,
  *   "message":{"role":"assistant","content":"tok0 tok1 ... "},"finish_reason":"stop"}],
  *   "usage":{"prompt_tokens":P,"completion_tokens":C,"total_tokens":P+C}}
@@ -483,7 +489,7 @@ tags_free(struct stub *ctx)
 /* The knobs a request sets through X-Stub-* headers; table-driven below. */
 struct knobs {
 	long long events, event_size, interval_ms, abort_after, status, delay_ms, hang, stamp;
-	long long ignore_usage;
+	long long ignore_usage, usage_null;
 	long long prompt_tokens, completion_tokens;	/* X-Stub-Usage; -1: not given */
 };
 
@@ -501,6 +507,7 @@ static const struct knob_def {
 	{ "X-Stub-Hang",	0, 1, 0, offsetof(struct knobs, hang) },
 	{ "X-Stub-Stamp",	0, 1, 0, offsetof(struct knobs, stamp) },
 	{ "X-Stub-Ignore-Usage", 0, 1, 0, offsetof(struct knobs, ignore_usage) },
+	{ "X-Stub-Usage-Null",	0, 1, 0, offsetof(struct knobs, usage_null) },
 };
 #define NKNOBS (sizeof knob_defs / sizeof knob_defs[0])
 
@@ -1482,7 +1489,8 @@ resp_stream_event(struct conn *c)
 	int text = c->req.route == ROUTE_COMPLETIONS;
 	const char *id = text ? "cmpl-stub" : "chatcmpl-stub";
 	const char *obj = text ? "text_completion" : "chat.completion.chunk";
-	const char *tail = c->req.send_usage ? "\",\"usage\":null}\n\n" : "\"}\n\n";
+	const char *tail = c->req.send_usage && c->req.k.usage_null ?
+	    "\",\"usage\":null}\n\n" : "\"}\n\n";
 	char head[256], stamp[48], choice[96];
 	size_t natural, pad, tail_len = strlen(tail);
 	int hl;

@@ -5,9 +5,10 @@ ask, per-tenant tokens_per_minute budgets over a 60 s window shared by the
 workers, metrics and access log fields.
 
 The stub reports usage as X-Stub-Usage: P,C says (bench/README.md, Usage).
-A stream that asked for usage carries "usage":null in its ordinary chunks
-(as vLLM and OpenAI do); the gateway removes only the usage chunk, so a
-client that did not ask sees those chunks as the runner sent them."""
+With X-Stub-Usage-Null: 1 a stream that asked for usage also carries
+"usage":null in its ordinary chunks (as vLLM and OpenAI do); the gateway
+removes only the usage chunk, so a client that did not ask then sees those
+chunks as the runner sent them."""
 
 import json
 import time
@@ -104,7 +105,7 @@ def _gw(stub, tpm=None, inject=None, **kw):
     return gw
 
 
-def _hdrs(key=ACME_KEY, usage=None, ignore=False, **stub_kw):
+def _hdrs(key=ACME_KEY, usage=None, ignore=False, null=False, **stub_kw):
     d = dict(h.bearer(key))
     d.update(JSON_CT)
     d.update(h.stub_headers(**stub_kw))
@@ -112,6 +113,8 @@ def _hdrs(key=ACME_KEY, usage=None, ignore=False, **stub_kw):
         d["X-Stub-Usage"] = "%d,%d" % usage
     if ignore:
         d["X-Stub-Ignore-Usage"] = "1"
+    if null:
+        d["X-Stub-Usage-Null"] = "1"
     return d
 
 
@@ -211,22 +214,25 @@ def _retry_after(r):
 def test_streamed_usage_is_counted_exactly_and_the_injected_chunk_never_reaches_the_client():
     with Stub() as stub, _gw(stub) as gw:
         n_log = 0
-        for path, usage, tag in ((CHAT, (11, 5), "chat"), (COMPL, (23, 7), "compl")):
+        for path, usage, tag, null in ((CHAT, (11, 5), "chat", False),
+                                       (COMPL, (23, 7), "compl", False),
+                                       (CHAT, (2, 5), "null", True)):
             body = _body(path)
-            r = _post(gw, body, path, events=5, usage=usage, tag=tag)
+            r = _post(gw, body, path, events=5, usage=usage, tag=tag, null=null)
             n_log += 1
             assert r.status == 200 and r.complete, (r.status, bytes(r.data[-200:]))
-            # The runner's events as sent (with "usage":null, since it was
-            # asked), without the usage chunk, then [DONE].
-            assert bytes(r.data) == _stream(path, 5, usage_null=True), \
+            # The runner's events as sent, without the usage chunk, then
+            # [DONE]: the bytes of a stream never asked for usage (with
+            # "usage":null in each event if the runner puts it there).
+            assert bytes(r.data) == _stream(path, 5, usage_null=null), \
                 "%s: client got %r" % (path, bytes(r.data))
             assert b'"choices":[]' not in r.data and b"prompt_tokens" not in r.data
             # The runner was asked: one member added to the body, nothing else.
             assert _tag(stub, tag)["include_usage_requests"] == 1, stub.tag(tag)
             assert _last(stub) == (path, body[:-1] + INJECTED + b"}"), _last(stub)
             _check_log(_log_line(gw, n_log), "exact", *usage)
-        assert stub.stats()["usage_chunks"] == 2, "the stub sent no usage chunk"
-        _expect_tokens(gw, prompt=34, completion=12, estimated=0, window=46)
+        assert stub.stats()["usage_chunks"] == 3, "the stub sent no usage chunk"
+        _expect_tokens(gw, prompt=36, completion=17, estimated=0, window=53)
         # beta has used nothing
         m = h.scrape(gw)
         assert m.value(TOKENS, tenant="beta", kind="prompt") == 0
@@ -257,11 +263,12 @@ def test_client_that_asked_for_usage_gets_the_chunk_byte_identical():
     with Stub() as stub, _gw(stub) as gw:
         for i, (path, usage) in enumerate(((CHAT, (9, 3)), (COMPL, (4, 12))), 1):
             body = _body(path, asked=True)
-            r = _post(gw, body, path, events=3, usage=usage, tag="asked")
+            r = _post(gw, body, path, events=3, usage=usage, tag="asked", null=True)
             want = _stream(path, 3, usage_null=True, usage=usage)
             assert r.status == 200 and r.complete, r.status
             assert bytes(r.data) == want, "%s: client got %r" % (path, bytes(r.data))
-            direct = stub.direct("POST", path, _hdrs(events=3, interval=0, usage=usage), body)
+            direct = stub.direct("POST", path, _hdrs(events=3, interval=0, usage=usage,
+                                                     null=True), body)
             assert bytes(direct.data) == bytes(r.data), "gateway and stub bytes differ"
             # the stub saw the body as the client sent it
             assert _last(stub) == (path, body), _last(stub)
@@ -289,7 +296,7 @@ def test_stream_options_without_include_usage_gets_only_the_member_added():
         for i, (body, upstream) in enumerate(cases, 1):
             r = _post(gw, body, events=2, usage=(i, 1), tag="opt")
             assert r.status == 200 and r.complete, r.status
-            assert bytes(r.data) == _stream(CHAT, 2, usage_null=True), \
+            assert bytes(r.data) == _stream(CHAT, 2), \
                 "case %d: client got %r" % (i, bytes(r.data))
             assert _last(stub) == (CHAT, upstream), "case %d: upstream body %r" % (
                 i, _last(stub)[1])
@@ -328,7 +335,7 @@ def test_stream_without_usage_is_estimated_when_cut_or_ignored():
         # Cut by the upstream after 3 of 5 events: no usage arrived.
         r = _post(gw, _body(CHAT), events=5, abort_after=3, usage=(40, 5), tag="est")
         assert r.status == 200 and r.cut and not r.complete, (r.status, r.cut, r.complete)
-        assert bytes(r.data) == _stream(CHAT, 3, usage_null=True, done=False), bytes(r.data)
+        assert bytes(r.data) == _stream(CHAT, 3, done=False), bytes(r.data)
         _check_log(_log_line(gw, 1), "estimated", completion=_estimate(_content_bytes(3)))
 
         # A runner that ignores the option: the client's bytes are exactly
@@ -348,7 +355,7 @@ def test_stream_without_usage_is_estimated_when_cut_or_ignored():
         # and the client that did not ask still never sees it.
         r = _post(gw, _body(CHAT), events=3, abort_after=4, usage=(8, 2), tag="est")
         assert r.status == 200 and r.cut, (r.status, r.cut)
-        assert bytes(r.data) == _stream(CHAT, 3, usage_null=True, done=False), bytes(r.data)
+        assert bytes(r.data) == _stream(CHAT, 3, done=False), bytes(r.data)
         _check_log(_log_line(gw, 4), "exact", 8, 2)
 
         assert _tag(stub, "est")["include_usage_requests"] == 4
@@ -396,7 +403,7 @@ def test_budget_refuses_at_the_limit_across_workers_with_retry_after():
         assert r.status == 200, r.status
         # 1 token on worker 1 (a stream): now exactly at the budget.
         r = _post(gw, _body(CHAT), client=b, events=1, usage=(1, 0), tag="acme")
-        assert r.status == 200 and bytes(r.data) == _stream(CHAT, 1, usage_null=True)
+        assert r.status == 200 and bytes(r.data) == _stream(CHAT, 1)
         # At the budget: refused on both workers, for both keys of acme.
         ras = []
         for c in (a, b):
@@ -438,7 +445,7 @@ def test_admitted_stream_is_never_cut_and_is_charged_when_it_ends():
         assert r2.status == 200, r2.status
         h.wait_metric(gw, WINDOW, 2, timeout=4.0, tenant="acme")
         # The stream is over budget once it ends, and still ends whole.
-        assert r.read_all(timeout=10) == _stream(CHAT, 6, usage_null=True) and r.complete
+        assert r.read_all(timeout=10) == _stream(CHAT, 6) and r.complete
         for c in (b, a):
             r3 = _post(gw, _body(CHAT), client=c, events=1, tag="acme")
             assert_error(r3, 429, "token_budget_exceeded", read=False)
@@ -465,7 +472,7 @@ def test_budget_recovers_when_the_window_slides_past_retry_after():
         h.wait_metric(gw, WINDOW, 0, timeout=2.0, tenant="acme")
         r = _post(gw, _body(CHAT), events=2, usage=(3, 3), tag="acme")
         assert r.status == 200 and r.complete, r.status
-        assert bytes(r.data) == _stream(CHAT, 2, usage_null=True)
+        assert bytes(r.data) == _stream(CHAT, 2)
         _expect_tokens(gw, prompt=18, completion=8, window=6)
 
 
