@@ -35,7 +35,10 @@
  *       {"method":..,"path":..,"query":..,"headers":[[name,value],..],"body":..}
  *   GET /v1/models      one model, "stub".
  *   GET /stub/stats     counters, below.
- *   POST /stub/reset    zero the counters, drop idle tags; {"ok":true}.
+ *   GET /stub/last      the body of the last completion request (chat or not), byte
+ *                       for byte, with "X-Stub-Path: PATH"; 404 if none since reset.
+ *   POST /stub/reset    zero the counters, drop idle tags, forget the last body;
+ *                       {"ok":true}.
  *   GET /health         loading: 503 LOADING (below); else the health status:
  *                       2xx {"status":"ok"}, 503 LOADING, other {"error":{"message":
  *                       "stub health CODE","type":"stub","code":CODE}}.
@@ -74,8 +77,9 @@
  *   X-Stub-Interval-Ms  0..3600000, default 20; 0 = as fast as the socket takes them
  *   X-Stub-Abort-After  0..100000000: after K events are written, close the socket
  *                       (FIN, no [DONE], no last chunk); 0 closes right after the
- *                       head; K == events cuts just before [DONE]; K > events
- *                       never fires. Non-stream: the head (with the full
+ *                       head; K == events cuts just before [DONE] (or the usage
+ *                       chunk); K > events never fires (but K == events + 1 with
+ *                       a usage chunk: after it). Non-stream: the head (with the full
  *                       Content-Length) is sent, then the close.
  *   X-Stub-Status       200..599 except 204 and 304 (they cannot carry the body):
  *                       completions answer {"error":{"message":"stub status CODE",
@@ -86,6 +90,29 @@
  *                       until the peer closes it (wins over everything but a 400)
  *   X-Stub-Tag          1..64 bytes, per-tag stats label, default "-"
  *   X-Stub-Stamp        0..1: add "t":<CLOCK_MONOTONIC ns> to each event
+ *   X-Stub-Usage        P,C: the prompt and completion tokens usage reports
+ *                       (decimal, 0..10^18-1 each). Without it P = ceil(request
+ *                       body bytes / 4), C = X-Stub-Events (one token per event).
+ *   X-Stub-Ignore-Usage 0..1: a runner that does not honour include_usage: the
+ *                       stream carries no usage chunk.
+ *   X-Stub-Usage-Null   0..1: when the usage chunk is sent, every event also ends
+ *                       in ,"usage":null (as vLLM and OpenAI do). Off by default,
+ *                       so that a gateway that injects include_usage and drops
+ *                       the chunk relays the very bytes of a stream not asked.
+ *
+ * Usage. A completion body that is a JSON object with "stream_options":
+ * {"include_usage":true} (parsed with jansson) asks for usage: counted in
+ * include_usage_requests (global and per tag) whatever else happens to it.
+ * A stream that asked (and no X-Stub-Ignore-Usage) has, after the last event and
+ * before [DONE], one usage chunk (and with X-Stub-Usage-Null: 1 ,"usage":null
+ * after "pad" in every event):
+ *   data: {"id":"chatcmpl-stub","object":"chat.completion.chunk","created":0,
+ *   "model":"stub","choices":[],"usage":{"prompt_tokens":P,"completion_tokens":C,
+ *   "total_tokens":P+C}}\n\n
+ * (on /v1/completions "id":"cmpl-stub","object":"text_completion"). For
+ * X-Stub-Abort-After it is unit number events: K == events cuts before it,
+ * K == events + 1 after it (before [DONE]). A non-stream answer always ends
+ * with ,"usage":{...} (same numbers) after "choices".
  *
  * Stream framing (byte exact)
  *   HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n
@@ -98,16 +125,23 @@
  *   "choices":[{"index":0,"delta":{"content":"tokI "}}],"pad":"PAD"}\n\n
  *   (one line), where PAD is max(0, EVENT_SIZE - length of the event with PAD
  *   empty) 'x's. With X-Stub-Stamp: 1, ,"t":NANOS follows "seq":I and counts
- *   toward the size.
+ *   toward the size. On /v1/completions:
+ *   data: {"id":"cmpl-stub","object":"text_completion","seq":I,
+ *   "choices":[{"index":0,"text":"tokI "}],"pad":"PAD"}\n\n
+ *   With usage asked for and X-Stub-Usage-Null: 1, "pad":"PAD","usage":null}
+ *   ends each (see Usage).
  *   Non-stream: {"id":"chatcmpl-stub","object":"chat.completion","choices":[{"index":0,
- *   "message":{"role":"assistant","content":"tok0 tok1 ... "},"finish_reason":"stop"}]}
+ *   "message":{"role":"assistant","content":"tok0 tok1 ... "},"finish_reason":"stop"}],
+ *   "usage":{"prompt_tokens":P,"completion_tokens":C,"total_tokens":P+C}}
  *
  * Stats (GET /stub/stats)
  *   {"requests","streams_started","streams_completed","aborted_by_client","inflight",
  *    "max_inflight","blocked_writes","bytes_sent","connections_open",
  *    "connections_total","health_requests","busy_rejected","loading_rejected",
+ *    "include_usage_requests","usage_chunks",
  *    MODE,"tags":{"TAG":{"requests","inflight","max_inflight",
- *    "completed","aborted_by_client","bytes_sent"}}}
+ *    "completed","aborted_by_client","bytes_sent","include_usage_requests"}}}
+ *   usage_chunks counts usage chunks built (a cut may lose one written).
  *   requests/inflight count /v1/ requests only (not /stub/ paths, not other 404s, not
  *   malformed HTTP): in flight from the moment the request is fully read until its
  *   response is fully written or its connection closes. completed (per tag) = whole
@@ -162,6 +196,7 @@
 
 #include <ev.h>
 #include <http_parser.h>
+#include <jansson.h>
 
 #define STUB_DEFAULT_LISTEN "127.0.0.1:9000"
 #define LISTEN_BACKLOG      4096
@@ -341,6 +376,7 @@ struct tag {
 	TAILQ_ENTRY(tag) entry;
 	char	 name[TAG_MAX_LEN + 1];
 	uint64_t requests, inflight, max_inflight, completed, aborted_by_client, bytes_sent;
+	uint64_t include_usage_requests;
 };
 TAILQ_HEAD(tag_list, tag);
 
@@ -349,6 +385,7 @@ struct stats {
 	uint64_t inflight, max_inflight, blocked_writes, bytes_sent;
 	uint64_t connections_open, connections_total;
 	uint64_t health_requests, busy_rejected, loading_rejected;
+	uint64_t include_usage_requests, usage_chunks;
 };
 
 struct conn;
@@ -375,6 +412,9 @@ struct stub {
 	long long	 busy_retry_after;	/* Retry-After seconds on a busy refusal */
 	double		 loading_until;	/* CLOCK_MONOTONIC s; loading (503) before it */
 	double		 interval_scale;	/* --interval-scale: pause = interval x this */
+	/* GET /stub/last: the body of the last completion request, as received. */
+	struct buf	 last_body;
+	char		 last_path[32];	/* its path; "" when there is none */
 	char		 scratch[IN_CAP];	/* socket reads land here, then the parser */
 };
 
@@ -449,6 +489,8 @@ tags_free(struct stub *ctx)
 /* The knobs a request sets through X-Stub-* headers; table-driven below. */
 struct knobs {
 	long long events, event_size, interval_ms, abort_after, status, delay_ms, hang, stamp;
+	long long ignore_usage, usage_null;
+	long long prompt_tokens, completion_tokens;	/* X-Stub-Usage; -1: not given */
 };
 
 static const struct knob_def {
@@ -464,6 +506,8 @@ static const struct knob_def {
 	{ "X-Stub-Delay-Ms",	0, 3600000, 0, offsetof(struct knobs, delay_ms) },
 	{ "X-Stub-Hang",	0, 1, 0, offsetof(struct knobs, hang) },
 	{ "X-Stub-Stamp",	0, 1, 0, offsetof(struct knobs, stamp) },
+	{ "X-Stub-Ignore-Usage", 0, 1, 0, offsetof(struct knobs, ignore_usage) },
+	{ "X-Stub-Usage-Null",	0, 1, 0, offsetof(struct knobs, usage_null) },
 };
 #define NKNOBS (sizeof knob_defs / sizeof knob_defs[0])
 
@@ -476,6 +520,7 @@ enum route {
 	ROUTE_MODELS,
 	ROUTE_STATS,
 	ROUTE_RESET,
+	ROUTE_LAST,		/* GET /stub/last */
 	ROUTE_HEALTH,		/* GET /health */
 	ROUTE_CTL_HEALTH,	/* POST /stub/health?status=CODE */
 	ROUTE_CTL_BUSY,		/* POST /stub/busy?on=0|1[&status=..][&retry_after=..] */
@@ -508,6 +553,9 @@ struct req {
 	enum route	 route;
 	struct knobs	 k;
 	int		 stream;
+	int		 include_usage;	/* body: "stream_options":{"include_usage":true} */
+	int		 send_usage;	/* stream ends with a usage chunk */
+	long long	 prompt_tokens, completion_tokens;	/* what usage reports */
 	int		 status;	/* what we answer, for the log */
 	char		 errmsg[96];	/* ROUTE_BAD / ROUTE_KNOB_ERROR */
 	char		 extra_head[48];	/* one more header line for a JSON head */
@@ -555,6 +603,7 @@ struct conn {
 	struct req	 req;
 	enum resp_kind	 kind;
 	long long	 events_sent;
+	int		 usage_sent;	/* the usage chunk is written (counts as a unit) */
 	int		 trailer_sent;
 };
 
@@ -610,6 +659,8 @@ req_reset(struct req *r)
 	r->expect_continue = r->continue_sent = 0;
 	r->route = ROUTE_NOT_FOUND;
 	r->stream = 0;
+	r->include_usage = r->send_usage = 0;
+	r->prompt_tokens = r->completion_tokens = 0;
 	r->status = 0;
 	r->errmsg[0] = '\0';
 	r->extra_head[0] = '\0';
@@ -680,13 +731,14 @@ static int
 req_parse_knobs(struct req *r)
 {
 	size_t i, len;
+	const char *v;
 
 	for (i = 0; i < NKNOBS; i++) {
 		const struct knob_def *d = &knob_defs[i];
 		long long *dst = (long long *)(void *)((char *)&r->k + d->off);
-		const char *v = req_header(r, d->name, &len);
 		long long x;
 
+		v = req_header(r, d->name, &len);
 		*dst = d->def;
 		if (v == NULL)
 			continue;
@@ -700,6 +752,19 @@ req_parse_knobs(struct req *r)
 	if (r->k.status == 204 || r->k.status == 304) {
 		snprintf(r->errmsg, sizeof r->errmsg, "bad X-Stub-Status: 204 and 304 carry no body");
 		return -1;
+	}
+	r->k.prompt_tokens = r->k.completion_tokens = -1;
+	if ((v = req_header(r, "X-Stub-Usage", &len)) != NULL) {
+		const char *comma = memchr(v, ',', len);
+		size_t pl = comma ? (size_t)(comma - v) : 0;
+
+		if (comma == NULL || parse_ll(v, pl, &r->k.prompt_tokens) < 0 ||
+		    parse_ll(comma + 1, len - pl - 1, &r->k.completion_tokens) < 0) {
+			r->k.prompt_tokens = r->k.completion_tokens = -1;
+			snprintf(r->errmsg, sizeof r->errmsg,
+			    "bad X-Stub-Usage: want P,C (decimal token counts)");
+			return -1;
+		}
 	}
 	return 0;
 }
@@ -943,7 +1008,10 @@ stats_reset(struct stub *ctx)
 	st->aborted_by_client = st->blocked_writes = st->bytes_sent = 0;
 	st->connections_total = 0;
 	st->health_requests = st->busy_rejected = st->loading_rejected = 0;
+	st->include_usage_requests = st->usage_chunks = 0;
 	st->max_inflight = st->inflight;
+	ctx->last_body.len = 0;
+	ctx->last_path[0] = '\0';
 	for (t = TAILQ_FIRST(&ctx->tags); t != NULL; t = tnext) {
 		tnext = TAILQ_NEXT(t, entry);
 		if (t->inflight == 0) {
@@ -953,6 +1021,7 @@ stats_reset(struct stub *ctx)
 			continue;
 		}
 		t->requests = t->completed = t->aborted_by_client = t->bytes_sent = 0;
+		t->include_usage_requests = 0;
 		t->max_inflight = t->inflight;
 	}
 }
@@ -1073,6 +1142,15 @@ resp_error(struct conn *c, int status, const char *msg)
 	resp_json_end(c, status);
 }
 
+/* The "usage" member (no comma before it), with the request's token counts. */
+static void
+buf_usage(struct buf *b, const struct req *r)
+{
+	buf_printf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld"
+	    ",\"total_tokens\":%lld}", r->prompt_tokens, r->completion_tokens,
+	    r->prompt_tokens + r->completion_tokens);
+}
+
 static void
 resp_completion(struct conn *c)
 {
@@ -1083,7 +1161,9 @@ resp_completion(struct conn *c)
 	    "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"");
 	for (i = 0; i < c->req.k.events; i++)
 		buf_printf(&c->out, "tok%lld ", i);
-	buf_puts(&c->out, "\"},\"finish_reason\":\"stop\"}]}");
+	buf_puts(&c->out, "\"},\"finish_reason\":\"stop\"}],");
+	buf_usage(&c->out, &c->req);
+	buf_puts(&c->out, "}");
 	resp_json_end(c, 200);
 	if (c->req.k.abort_after >= 0 && !c->out.err) {
 		/* The head promises the whole body; the cut shows as a short read. */
@@ -1308,6 +1388,23 @@ resp_mode(struct conn *c)
 	resp_json_end(c, 200);
 }
 
+/* GET /stub/last: the last completion body, byte for byte; 404 when none since reset. */
+static void
+resp_last(struct conn *c)
+{
+	const struct stub *ctx = c->ctx;
+
+	if (ctx->last_path[0] == '\0') {
+		resp_error(c, 404, "no completion request since start or reset");
+		return;
+	}
+	snprintf(c->req.extra_head, sizeof c->req.extra_head, "X-Stub-Path: %s\r\n",
+	    ctx->last_path);
+	resp_json_begin(c);
+	buf_append(&c->out, ctx->last_body.data, ctx->last_body.len);
+	resp_json_end(c, 200);
+}
+
 static void
 resp_stats(struct conn *c)
 {
@@ -1327,6 +1424,8 @@ resp_stats(struct conn *c)
 	buf_printf(b, ",\"health_requests\":%" PRIu64 ",\"busy_rejected\":%" PRIu64
 	    ",\"loading_rejected\":%" PRIu64,
 	    st->health_requests, st->busy_rejected, st->loading_rejected);
+	buf_printf(b, ",\"include_usage_requests\":%" PRIu64 ",\"usage_chunks\":%" PRIu64,
+	    st->include_usage_requests, st->usage_chunks);
 	buf_mode(b, c->ctx);
 	buf_puts(b, ",\"tags\":{");
 	TAILQ_FOREACH(t, &c->ctx->tags, entry) {
@@ -1336,8 +1435,8 @@ resp_stats(struct conn *c)
 		buf_printf(b, ":{\"requests\":%" PRIu64 ",\"inflight\":%" PRIu64
 		    ",\"max_inflight\":%" PRIu64, t->requests, t->inflight, t->max_inflight);
 		buf_printf(b, ",\"completed\":%" PRIu64 ",\"aborted_by_client\":%" PRIu64
-		    ",\"bytes_sent\":%" PRIu64 "}",
-		    t->completed, t->aborted_by_client, t->bytes_sent);
+		    ",\"bytes_sent\":%" PRIu64 ",\"include_usage_requests\":%" PRIu64 "}",
+		    t->completed, t->aborted_by_client, t->bytes_sent, t->include_usage_requests);
 	}
 	buf_puts(b, "}}");
 	resp_json_end(c, 200);
@@ -1357,35 +1456,61 @@ resp_stream_head(struct conn *c)
 	c->kind = RESP_STREAM;
 	c->req.status = 200;
 	c->events_sent = 0;
+	c->usage_sent = 0;
 	c->trailer_sent = 0;
 	c->ctx->st.streams_started++;
 }
 
 /* Event number events_sent as one chunk; the layout is pinned in the header comment. */
+/* out holds CHUNK_ROOM bytes, then one event and "\r\n": put the chunk size in front. */
+static void
+resp_chunk_frame(struct conn *c)
+{
+	struct buf *b = &c->out;
+	char pre[CHUNK_ROOM];
+	size_t ev_len;
+	int pl;
+
+	ev_len = b->len - CHUNK_ROOM - 2;
+	pl = snprintf(pre, sizeof pre, "%zx\r\n", ev_len);
+	memcpy(b->data + CHUNK_ROOM - pl, pre, (size_t)pl);
+	c->out_pos = CHUNK_ROOM - (size_t)pl;
+}
+
+/*
+ * Event number events_sent as one chunk; the layout is pinned in the header comment.
+ * /v1/completions events carry choices[0].text, chat events choices[0].delta.content.
+ */
 static void
 resp_stream_event(struct conn *c)
 {
-	static const char tail[] = "\"}\n\n";
 	struct buf *b = &c->out;
 	long long i = c->events_sent;
-	char head[256], pre[CHUNK_ROOM];
-	size_t natural, pad, ev_len;
-	int hl, pl;
+	int text = c->req.route == ROUTE_COMPLETIONS;
+	const char *id = text ? "cmpl-stub" : "chatcmpl-stub";
+	const char *obj = text ? "text_completion" : "chat.completion.chunk";
+	const char *tail = c->req.send_usage && c->req.k.usage_null ?
+	    "\",\"usage\":null}\n\n" : "\"}\n\n";
+	char head[256], stamp[48], choice[96];
+	size_t natural, pad, tail_len = strlen(tail);
+	int hl;
 
+	stamp[0] = '\0';
 	if (c->req.k.stamp) {
 		struct timespec ts;
 
 		clock_gettime(CLOCK_MONOTONIC, &ts);
-		hl = snprintf(head, sizeof head, "data: {\"id\":\"chatcmpl-stub\","
-		    "\"object\":\"chat.completion.chunk\",\"seq\":%lld,\"t\":%lld,"
-		    "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%lld \"}}],"
-		    "\"pad\":\"", i, (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, i);
-	} else
-		hl = snprintf(head, sizeof head, "data: {\"id\":\"chatcmpl-stub\","
-		    "\"object\":\"chat.completion.chunk\",\"seq\":%lld,"
-		    "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%lld \"}}],"
-		    "\"pad\":\"", i, i);
-	natural = (size_t)hl + sizeof tail - 1;
+		snprintf(stamp, sizeof stamp, ",\"t\":%lld",
+		    (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+	}
+	if (text)
+		snprintf(choice, sizeof choice, "{\"index\":0,\"text\":\"tok%lld \"}", i);
+	else
+		snprintf(choice, sizeof choice, "{\"index\":0,\"delta\":{\"content\":\"tok%lld \"}}",
+		    i);
+	hl = snprintf(head, sizeof head, "data: {\"id\":\"%s\",\"object\":\"%s\","
+	    "\"seq\":%lld%s,\"choices\":[%s],\"pad\":\"", id, obj, i, stamp, choice);
+	natural = (size_t)hl + tail_len;
 	pad = (size_t)c->req.k.event_size > natural ? (size_t)c->req.k.event_size - natural : 0;
 
 	b->len = 0;
@@ -1393,15 +1518,34 @@ resp_stream_event(struct conn *c)
 	buf_fill(b, ' ', CHUNK_ROOM);
 	buf_append(b, head, (size_t)hl);
 	buf_fill(b, 'x', pad);
-	buf_append(b, tail, sizeof tail - 1);
+	buf_append(b, tail, tail_len);
 	buf_append(b, "\r\n", 2);
 	if (b->err)
 		return;
-	ev_len = b->len - CHUNK_ROOM - 2;
-	pl = snprintf(pre, sizeof pre, "%zx\r\n", ev_len);
-	memcpy(b->data + CHUNK_ROOM - pl, pre, (size_t)pl);
-	c->out_pos = CHUNK_ROOM - (size_t)pl;
+	resp_chunk_frame(c);
 	c->events_sent++;
+}
+
+/* The usage chunk, after the last event and before [DONE], as vLLM sends it. */
+static void
+resp_stream_usage(struct conn *c)
+{
+	struct buf *b = &c->out;
+	int text = c->req.route == ROUTE_COMPLETIONS;
+
+	b->len = 0;
+	b->err = 0;
+	buf_fill(b, ' ', CHUNK_ROOM);
+	buf_printf(b, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":0,"
+	    "\"model\":\"stub\",\"choices\":[],", text ? "cmpl-stub" : "chatcmpl-stub",
+	    text ? "text_completion" : "chat.completion.chunk");
+	buf_usage(b, &c->req);
+	buf_puts(b, "}\n\n\r\n");
+	if (b->err)
+		return;
+	resp_chunk_frame(c);
+	c->usage_sent = 1;
+	c->ctx->st.usage_chunks++;
 }
 
 static void
@@ -1605,6 +1749,8 @@ route_of(const struct req *r, const char *path, size_t plen)
 		return m == HTTP_GET ? ROUTE_STATS : ROUTE_NOT_FOUND;
 	if (PATH_IS("/stub/reset"))
 		return m == HTTP_POST ? ROUTE_RESET : ROUTE_NOT_FOUND;
+	if (PATH_IS("/stub/last"))
+		return m == HTTP_GET ? ROUTE_LAST : ROUTE_NOT_FOUND;
 	if (PATH_IS("/health"))
 		return m == HTTP_GET ? ROUTE_HEALTH : ROUTE_NOT_FOUND;
 	if (PATH_IS("/stub/health"))
@@ -1615,6 +1761,39 @@ route_of(const struct req *r, const char *path, size_t plen)
 		return m == HTTP_POST ? ROUTE_CTL_SLOW_START : ROUTE_NOT_FOUND;
 #undef PATH_IS
 	return ROUTE_NOT_FOUND;
+}
+
+/*
+ * A completion request's body, before anything is answered: keep it for GET
+ * /stub/last and note (and count) whether it asks for the usage chunk, which
+ * takes a JSON object body with "stream_options":{"include_usage":true}.
+ */
+static void
+req_inspect_body(struct conn *c, const char *path, size_t plen)
+{
+	struct stub *ctx = c->ctx;
+	struct req *r = &c->req;
+	json_t *root, *so;
+
+	ctx->last_body.len = 0;
+	ctx->last_body.err = 0;
+	buf_append(&ctx->last_body, r->body.data, r->body.len);
+	if (plen >= sizeof ctx->last_path)
+		plen = sizeof ctx->last_path - 1;
+	memcpy(ctx->last_path, path, plen);
+	ctx->last_path[plen] = '\0';
+
+	if (r->body.len == 0 || (root = json_loadb(r->body.data, r->body.len, 0, NULL)) == NULL)
+		return;
+	so = json_is_object(root) ? json_object_get(root, "stream_options") : NULL;
+	r->include_usage = json_is_object(so) &&
+	    json_is_true(json_object_get(so, "include_usage"));
+	json_decref(root);
+	if (r->include_usage) {
+		ctx->st.include_usage_requests++;
+		if (r->tag != NULL)
+			r->tag->include_usage_requests++;
+	}
 }
 
 /* A complete request: decide what to answer and whether to wait first. */
@@ -1653,6 +1832,8 @@ conn_dispatch(struct conn *c)
 		r->route = ROUTE_KNOB_ERROR;
 	}
 	req_count(c);
+	if (r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS)
+		req_inspect_body(c, url, plen);
 	if (r->route == ROUTE_KNOB_ERROR || req_parse_knobs(r) < 0) {
 		r->route = ROUTE_KNOB_ERROR;
 		conn_set_state(c, CONN_RESPOND);
@@ -1670,6 +1851,11 @@ conn_dispatch(struct conn *c)
 			conn_set_state(c, CONN_RESPOND);
 			return;
 		}
+		r->prompt_tokens = r->k.prompt_tokens >= 0 ? r->k.prompt_tokens :
+		    (long long)((r->body.len + 3) / 4);
+		r->completion_tokens = r->k.completion_tokens >= 0 ? r->k.completion_tokens :
+		    r->k.events;
+		r->send_usage = r->stream && r->include_usage && !r->k.ignore_usage;
 	}
 	if (r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) {
 		/* A loading or busy replica refuses the work at once; other knobs wait. */
@@ -1705,6 +1891,7 @@ conn_respond(struct conn *c)
 	char msg[64];
 
 	c->events_sent = 0;
+	c->usage_sent = 0;
 	c->trailer_sent = 0;
 	switch (r->route) {
 	case ROUTE_BAD:
@@ -1737,6 +1924,9 @@ conn_respond(struct conn *c)
 		resp_json_begin(c);
 		buf_puts(&c->out, "{\"ok\":true}");
 		resp_json_end(c, 200);
+		break;
+	case ROUTE_LAST:
+		resp_last(c);
 		break;
 	case ROUTE_HEALTH:
 		resp_health(c);
@@ -1797,7 +1987,7 @@ conn_after_write(struct conn *c)
 		c->ctx->st.streams_completed++;
 		req_finish(c, OUT_COMPLETED);
 		conn_set_state(c, CONN_DONE);
-	} else if (k->abort_after >= 0 && c->events_sent == k->abort_after)
+	} else if (k->abort_after >= 0 && c->events_sent + c->usage_sent == k->abort_after)
 		conn_set_closing(c, OUT_CUT);
 	else if (c->events_sent == 0 || c->events_sent >= k->events || k->interval_ms == 0)
 		conn_set_state(c, CONN_EMIT);
@@ -1920,6 +2110,8 @@ conn_drive(struct conn *c)
 		case CONN_EMIT:
 			if (c->events_sent < c->req.k.events)
 				resp_stream_event(c);
+			else if (c->req.send_usage && !c->usage_sent)
+				resp_stream_usage(c);
 			else
 				resp_stream_trailer(c);
 			if (c->out.err)
@@ -2261,6 +2453,7 @@ main(int argc, char **argv)
 	raise_nofile();
 	LIST_INIT(&ctx.conns);
 	TAILQ_INIT(&ctx.tags);
+	buf_init(&ctx.last_body, BODY_CAP);
 	if ((ctx.loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		die("cannot initialise libev");
 	ctx.lfd = listen_on(listen_arg);
@@ -2287,6 +2480,7 @@ main(int argc, char **argv)
 		conn_free(c);
 	}
 	tags_free(&ctx);
+	buf_free(&ctx.last_body);
 	ev_io_stop(ctx.loop, &ctx.accept_w);
 	ev_timer_stop(ctx.loop, &ctx.accept_retry);
 	ev_signal_stop(ctx.loop, &ctx.sigterm_w);

@@ -1,0 +1,511 @@
+"""Issue 13, tokens: usage read from the response (exact when the runner
+reports it, estimated as ceil(content bytes / 4) when it does not), the
+usage option injected upstream and its chunk kept from clients that did not
+ask, per-tenant tokens_per_minute budgets over a 60 s window shared by the
+workers, metrics and access log fields.
+
+The stub reports usage as X-Stub-Usage: P,C says (bench/README.md, Usage).
+With X-Stub-Usage-Null: 1 a stream that asked for usage also carries
+"usage":null in its ordinary chunks (as vLLM and OpenAI do); the gateway
+removes only the usage chunk, so a client that did not ask then sees those
+chunks as the runner sent them."""
+
+import json
+import time
+
+import harness as h
+from harness import ACME_KEY, ACME_KEY2, BETA_KEY, Gateway, Stub, assert_error
+
+JSON_CT = {"Content-Type": "application/json"}
+CHAT = "/v1/chat/completions"
+COMPL = "/v1/completions"
+TOKENS = "sluice_tenant_tokens_total"
+WINDOW = "sluice_tenant_tokens_window"
+INJECTED = b',"stream_options":{"include_usage":true}'
+
+
+# ---------------------------------------------------------------- stub bytes
+
+def _body(path=CHAT, stream=True, asked=None):
+    """A compact JSON request body; asked: stream_options.include_usage."""
+    d = {"model": "stub"}
+    if path == CHAT:
+        d["messages"] = [{"role": "user", "content": "hello"}]
+    else:
+        d["prompt"] = "hello"
+    d["stream"] = stream
+    if asked is not None:
+        d["stream_options"] = {"include_usage": asked}
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def _event(path, i, usage_null=False, size=0):
+    """Event i of a stub stream on path, byte-exact (bench/README.md)."""
+    if path == CHAT:
+        fmt = ('data: {"id":"chatcmpl-stub","object":"chat.completion.chunk","seq":%d,'
+               '"choices":[{"index":0,"delta":{"content":"tok%d "}}],"pad":"%s"')
+    else:
+        fmt = ('data: {"id":"cmpl-stub","object":"text_completion","seq":%d,'
+               '"choices":[{"index":0,"text":"tok%d "}],"pad":"%s"')
+    tail = ',"usage":null}\n\n' if usage_null else '}\n\n'
+    base = len(fmt % (i, i, "") + tail)
+    return (fmt % (i, i, "x" * max(0, size - base)) + tail).encode()
+
+
+def _usage_chunk(path, p, c):
+    ident, obj = (("chatcmpl-stub", "chat.completion.chunk") if path == CHAT
+                  else ("cmpl-stub", "text_completion"))
+    return ('data: {"id":"%s","object":"%s","created":0,"model":"stub","choices":[],'
+            '"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+            % (ident, obj, p, c, p + c)).encode()
+
+
+def _stream(path, n, usage_null=False, usage=None, size=0, done=True):
+    """The SSE body: n events, then the usage chunk (if given), then [DONE]."""
+    b = b"".join(_event(path, i, usage_null, size) for i in range(n))
+    if usage is not None:
+        b += _usage_chunk(path, *usage)
+    return b + (h.DONE_EVENT if done else b"")
+
+
+def _nonstream(n, p, c):
+    """The stub's non-stream answer with n tokens (both paths)."""
+    content = "".join("tok%d " % i for i in range(n))
+    return ('{"id":"chatcmpl-stub","object":"chat.completion","choices":[{"index":0,'
+            '"message":{"role":"assistant","content":"%s"},"finish_reason":"stop"}],'
+            '"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}'
+            % (content, p, c, p + c)).encode()
+
+
+def _estimate(nbytes):
+    return (nbytes + 3) // 4
+
+
+def _content_bytes(n):
+    return sum(len("tok%d " % i) for i in range(n))
+
+
+# ---------------------------------------------------------------- gateway side
+
+def _config(stub, tpm=None, inject=None, **kw):
+    over = {"admin_listen": "%s:%d" % (h.HOST, h.free_port()),
+            "access_log": h.tmpfile("access", ".log")}
+    if tpm is not None:
+        over["tenants"] = {"acme": {"tokens_per_minute": tpm}}
+    if inject is not None:
+        over["usage"] = {"inject": inject}
+    over.update(kw)
+    return h.gateway_config(stub, **over)
+
+
+def _gw(stub, tpm=None, inject=None, **kw):
+    cfg = _config(stub, tpm, inject, **kw)
+    gw = Gateway(cfg)
+    gw.access_path = cfg["access_log"]
+    return gw
+
+
+def _hdrs(key=ACME_KEY, usage=None, ignore=False, null=False, **stub_kw):
+    d = dict(h.bearer(key))
+    d.update(JSON_CT)
+    d.update(h.stub_headers(**stub_kw))
+    if usage is not None:
+        d["X-Stub-Usage"] = "%d,%d" % usage
+    if ignore:
+        d["X-Stub-Ignore-Usage"] = "1"
+    if null:
+        d["X-Stub-Usage-Null"] = "1"
+    return d
+
+
+def _post(gw, body, path=CHAT, client=None, **kw):
+    """POST body on client (or a new connection); the whole response."""
+    kw.setdefault("interval", 0)
+    if client is not None:
+        return client.request("POST", path, _hdrs(**kw), body, timeout=30)
+    with h.Client(gw.port) as c:
+        return c.request("POST", path, _hdrs(**kw), body, timeout=30)
+
+
+def _last(stub):
+    """(path, body bytes) of the last completion request the stub received."""
+    st, hd, body = stub._http("GET", "/stub/last")
+    assert st == 200, "GET /stub/last: %d %r" % (st, body[:200])
+    return hd.get("X-Stub-Path"), body
+
+
+def _tag(stub, name):
+    t = stub.tag(name)
+    t.setdefault("include_usage_requests", 0)
+    return t
+
+
+def _log_line(gw, n):
+    """The n-th access log line (1-based), waiting for it."""
+    return h.wait_access_lines(gw.access_path, n)[n - 1]
+
+
+def _check_log(line, usage, prompt=0, completion=0):
+    """Access log usage fields. The contract does not say what prompt_tokens
+    is without exact usage (and completion_tokens for usage "none"): 0 or
+    null are both accepted there."""
+    assert line.get("usage") == usage, "access log usage %r, expected %r: %r" % (
+        line.get("usage"), usage, line)
+    if usage == "exact":
+        assert (line.get("prompt_tokens"), line.get("completion_tokens")) == (prompt, completion), \
+            "access log tokens %r/%r, expected %d/%d: %r" % (
+                line.get("prompt_tokens"), line.get("completion_tokens"), prompt, completion, line)
+    elif usage == "estimated":
+        assert line.get("completion_tokens") == completion, \
+            "estimated completion_tokens %r, expected %d: %r" % (
+                line.get("completion_tokens"), completion, line)
+        assert line.get("prompt_tokens") in (0, None), line
+    else:
+        assert line.get("prompt_tokens") in (0, None), line
+        assert line.get("completion_tokens") in (0, None), line
+
+
+def _expect_tokens(gw, prompt=0, completion=0, estimated=0, window=None, tenant="acme"):
+    """Wait for the counters that should have moved, then check all three
+    kinds (and the window gauge) exactly."""
+    want = {"prompt": prompt, "completion": completion, "estimated": estimated}
+    for kind, v in want.items():
+        if v:
+            h.wait_metric(gw, TOKENS, v, tenant=tenant, kind=kind)
+    if window is not None:
+        h.wait_metric(gw, WINDOW, window, timeout=4.0, tenant=tenant)
+    m = h.scrape(gw)
+    got = {k: m.value(TOKENS, tenant=tenant, kind=k) for k in want}
+    assert got == want, "%s{tenant=%s}: %r, expected %r" % (TOKENS, tenant, got, want)
+    assert m.types.get(TOKENS) == "counter", m.types.get(TOKENS)
+    assert m.types.get(WINDOW) == "gauge", m.types.get(WINDOW)
+    return m
+
+
+def _conn_per_worker(gw, nworkers=2, tries=64):
+    """Keep-alive connections, one served by each worker (the access log's
+    worker field says which); GET /v1/models counts no tokens."""
+    got = {}
+    for _ in range(tries):
+        c = gw.client()
+        before = len(h.access_lines(gw.access_path))
+        r = c.request("GET", "/v1/models", h.bearer(ACME_KEY))
+        assert r.status == 200, r.status
+        w = h.wait_access_lines(gw.access_path, before + 1)[before]["worker"]
+        if w in got:
+            c.close()
+        else:
+            got[w] = c
+        if len(got) == nworkers:
+            return [got[k] for k in sorted(got)]
+    raise AssertionError("no connection reached every worker in %d tries: %r"
+                         % (tries, sorted(got)))
+
+
+def _retry_after(r):
+    ra = r.header("retry-after")
+    assert ra is not None and ra.isdigit() and int(ra) >= 1, \
+        "Retry-After %r, want an integer >= 1" % ra
+    return int(ra)
+
+
+# ---------------------------------------------------------------- counting
+
+def test_streamed_usage_is_counted_exactly_and_the_injected_chunk_never_reaches_the_client():
+    with Stub() as stub, _gw(stub) as gw:
+        n_log = 0
+        for path, usage, tag, null in ((CHAT, (11, 5), "chat", False),
+                                       (COMPL, (23, 7), "compl", False),
+                                       (CHAT, (2, 5), "null", True)):
+            body = _body(path)
+            r = _post(gw, body, path, events=5, usage=usage, tag=tag, null=null)
+            n_log += 1
+            assert r.status == 200 and r.complete, (r.status, bytes(r.data[-200:]))
+            # The runner's events as sent, without the usage chunk, then
+            # [DONE]: the bytes of a stream never asked for usage (with
+            # "usage":null in each event if the runner puts it there).
+            assert bytes(r.data) == _stream(path, 5, usage_null=null), \
+                "%s: client got %r" % (path, bytes(r.data))
+            assert b'"choices":[]' not in r.data and b"prompt_tokens" not in r.data
+            # The runner was asked: one member added to the body, nothing else.
+            assert _tag(stub, tag)["include_usage_requests"] == 1, stub.tag(tag)
+            assert _last(stub) == (path, body[:-1] + INJECTED + b"}"), _last(stub)
+            _check_log(_log_line(gw, n_log), "exact", *usage)
+        assert stub.stats()["usage_chunks"] == 3, "the stub sent no usage chunk"
+        _expect_tokens(gw, prompt=36, completion=17, estimated=0, window=53)
+        # beta has used nothing
+        m = h.scrape(gw)
+        assert m.value(TOKENS, tenant="beta", kind="prompt") == 0
+
+
+def test_non_streamed_usage_is_counted_exactly_and_the_body_is_untouched():
+    with Stub() as stub, _gw(stub) as gw:
+        cases = ((CHAT, (13, 4), 3), (COMPL, (17, 6), 2), (CHAT, None, 3))
+        prompt = completion = 0
+        for i, (path, usage, n) in enumerate(cases, 1):
+            body = _body(path, stream=False)
+            r = _post(gw, body, path, events=n, usage=usage, tag="ns")
+            # Without X-Stub-Usage the stub reports ceil(body bytes / 4), n.
+            p, c = usage if usage is not None else (_estimate(len(body)), n)
+            assert r.status == 200 and r.complete, r.status
+            assert bytes(r.data) == _nonstream(n, p, c), bytes(r.data)
+            assert _last(stub) == (path, body), "a non-streamed body was edited: %r" % (
+                _last(stub),)
+            _check_log(_log_line(gw, i), "exact", p, c)
+            prompt += p
+            completion += c
+        assert _tag(stub, "ns")["include_usage_requests"] == 0
+        _expect_tokens(gw, prompt=prompt, completion=completion, estimated=0,
+                       window=prompt + completion)
+
+
+def test_client_that_asked_for_usage_gets_the_chunk_byte_identical():
+    with Stub() as stub, _gw(stub) as gw:
+        for i, (path, usage) in enumerate(((CHAT, (9, 3)), (COMPL, (4, 12))), 1):
+            body = _body(path, asked=True)
+            r = _post(gw, body, path, events=3, usage=usage, tag="asked", null=True)
+            want = _stream(path, 3, usage_null=True, usage=usage)
+            assert r.status == 200 and r.complete, r.status
+            assert bytes(r.data) == want, "%s: client got %r" % (path, bytes(r.data))
+            direct = stub.direct("POST", path, _hdrs(events=3, interval=0, usage=usage,
+                                                     null=True), body)
+            assert bytes(direct.data) == bytes(r.data), "gateway and stub bytes differ"
+            # the stub saw the body as the client sent it
+            assert _last(stub) == (path, body), _last(stub)
+            _check_log(_log_line(gw, i), "exact", *usage)
+        assert _tag(stub, "asked")["include_usage_requests"] == 2
+        _expect_tokens(gw, prompt=13, completion=15, estimated=0, window=28)
+
+
+def test_stream_options_without_include_usage_gets_only_the_member_added():
+    # (client body, body the runner must see)
+    cases = (
+        (b'{"model":"stub","stream":true,"stream_options":{},"n":1}',
+         b'{"model":"stub","stream":true,"stream_options":{"include_usage":true},"n":1}'),
+        (b'{"stream":true,"stream_options":{"continuous_usage_stats":false}}',
+         b'{"stream":true,"stream_options":{"continuous_usage_stats":false,'
+         b'"include_usage":true}}'),
+        (b'{"stream":true,"stream_options":{"include_usage":false}}',
+         b'{"stream":true,"stream_options":{"include_usage":true}}'),
+        (b'{"stream":true,"stream_options":null}',
+         b'{"stream":true,"stream_options":{"include_usage":true}}'),
+        (b'{ "stream": true , "model" : "stub" }',
+         b'{ "stream": true , "model" : "stub" ' + INJECTED + b'}'),
+    )
+    with Stub() as stub, _gw(stub) as gw:
+        for i, (body, upstream) in enumerate(cases, 1):
+            r = _post(gw, body, events=2, usage=(i, 1), tag="opt")
+            assert r.status == 200 and r.complete, r.status
+            assert bytes(r.data) == _stream(CHAT, 2), \
+                "case %d: client got %r" % (i, bytes(r.data))
+            assert _last(stub) == (CHAT, upstream), "case %d: upstream body %r" % (
+                i, _last(stub)[1])
+            _check_log(_log_line(gw, i), "exact", i, 1)
+        assert _tag(stub, "opt")["include_usage_requests"] == len(cases)
+        _expect_tokens(gw, prompt=15, completion=5, estimated=0, window=20)
+
+
+def test_inject_false_forwards_the_body_untouched_and_estimates_streams():
+    with Stub() as stub, _gw(stub, inject=False) as gw:
+        body = _body(CHAT)
+        r = _post(gw, body, events=10, size=200, usage=(50, 50), tag="noinj")
+        assert r.status == 200 and r.complete
+        assert bytes(r.data) == h.expected_events(10, 200), bytes(r.data[:300])
+        assert _last(stub) == (CHAT, body)
+        # 50 bytes of content ("tok0 ".."tok9 "); the padding is not content.
+        _check_log(_log_line(gw, 1), "estimated", completion=13)
+
+        body = _body(COMPL)
+        r = _post(gw, body, COMPL, events=3, usage=(50, 50), tag="noinj")
+        assert bytes(r.data) == _stream(COMPL, 3), bytes(r.data)
+        assert _last(stub) == (COMPL, body)
+        _check_log(_log_line(gw, 2), "estimated", completion=4)
+
+        # A non-streamed answer carries usage whatever inject says.
+        r = _post(gw, _body(CHAT, stream=False), events=2, usage=(5, 2), tag="noinj")
+        assert bytes(r.data) == _nonstream(2, 5, 2)
+        _check_log(_log_line(gw, 3), "exact", 5, 2)
+
+        assert _tag(stub, "noinj")["include_usage_requests"] == 0, stub.tag("noinj")
+        _expect_tokens(gw, prompt=5, completion=2, estimated=17, window=24)
+
+
+def test_stream_without_usage_is_estimated_when_cut_or_ignored():
+    with Stub() as stub, _gw(stub) as gw:
+        # Cut by the upstream after 3 of 5 events: no usage arrived.
+        r = _post(gw, _body(CHAT), events=5, abort_after=3, usage=(40, 5), tag="est")
+        assert r.status == 200 and r.cut and not r.complete, (r.status, r.cut, r.complete)
+        assert bytes(r.data) == _stream(CHAT, 3, done=False), bytes(r.data)
+        _check_log(_log_line(gw, 1), "estimated", completion=_estimate(_content_bytes(3)))
+
+        # A runner that ignores the option: the client's bytes are exactly
+        # those of a runner never asked.
+        r = _post(gw, _body(CHAT), events=10, ignore=True, usage=(40, 10), tag="est")
+        assert r.status == 200 and r.complete
+        assert bytes(r.data) == h.expected_events(10), bytes(r.data[:300])
+        _check_log(_log_line(gw, 2), "estimated", completion=13)
+
+        # A client that asked, a runner that ignores it (completions: "text").
+        r = _post(gw, _body(COMPL, asked=True), COMPL, events=4, ignore=True,
+                  usage=(40, 4), tag="est")
+        assert bytes(r.data) == _stream(COMPL, 4), bytes(r.data)
+        _check_log(_log_line(gw, 3), "estimated", completion=5)
+
+        # Cut after the usage chunk, before [DONE]: usage did arrive (exact),
+        # and the client that did not ask still never sees it.
+        r = _post(gw, _body(CHAT), events=3, abort_after=4, usage=(8, 2), tag="est")
+        assert r.status == 200 and r.cut, (r.status, r.cut)
+        assert bytes(r.data) == _stream(CHAT, 3, done=False), bytes(r.data)
+        _check_log(_log_line(gw, 4), "exact", 8, 2)
+
+        assert _tag(stub, "est")["include_usage_requests"] == 4
+        est = _estimate(_content_bytes(3)) + 13 + 5
+        _expect_tokens(gw, prompt=8, completion=2, estimated=est, window=10 + est)
+
+
+def test_malformed_or_non_object_bodies_are_relayed_untouched_and_not_counted():
+    bodies = (
+        b'{"model":"stub","stream":true,',             # truncated
+        b'[{"stream":true}]',                          # an array
+        b'"stream":true',                              # not JSON
+        b'{"stream":true,"x":"\xff\xfe"}',              # invalid UTF-8
+        b'{"stream":true} {"n":1}',                    # trailing garbage
+        b'{"stream":true,"stream_options":{"include_usage":false}',   # unclosed
+    )
+    with Stub() as stub, _gw(stub) as gw:
+        for i, body in enumerate(bodies, 1):
+            r = _post(gw, body, events=3, usage=(100, 100), tag="bad")
+            assert r.status == 200 and r.complete, (i, r.status, bytes(r.data[:200]))
+            assert bytes(r.data) == h.expected_events(3), (i, bytes(r.data[:300]))
+            assert _last(stub) == (CHAT, body), "body %d edited: %r" % (i, _last(stub)[1])
+            _check_log(_log_line(gw, i), "none")
+        # not JSON, not streamed: the runner's usage is not counted either
+        body = b"not json at all"
+        r = _post(gw, body, COMPL, events=2, usage=(100, 100), tag="bad")
+        assert bytes(r.data) == _nonstream(2, 100, 100)
+        assert _last(stub) == (COMPL, body)
+        _check_log(_log_line(gw, len(bodies) + 1), "none")
+        assert _tag(stub, "bad")["include_usage_requests"] == 0
+        # One counted request last: once it shows, nothing else was counted.
+        _post(gw, _body(CHAT, stream=False), events=1, usage=(3, 1), tag="bad")
+        _check_log(_log_line(gw, len(bodies) + 2), "exact", 3, 1)
+        _expect_tokens(gw, prompt=3, completion=1, estimated=0, window=4)
+
+
+# ---------------------------------------------------------------- budgets
+
+def test_budget_refuses_at_the_limit_across_workers_with_retry_after():
+    with Stub() as stub, _gw(stub, tpm=100) as gw:
+        a, b = _conn_per_worker(gw)
+        t0 = time.monotonic()
+        # 99 tokens on worker 0: under the budget, so the next is admitted.
+        r = _post(gw, _body(CHAT, stream=False), client=a, events=2, usage=(90, 9), tag="acme")
+        assert r.status == 200, r.status
+        # 1 token on worker 1 (a stream): now exactly at the budget.
+        r = _post(gw, _body(CHAT), client=b, events=1, usage=(1, 0), tag="acme")
+        assert r.status == 200 and bytes(r.data) == _stream(CHAT, 1)
+        # At the budget: refused on both workers, for both keys of acme.
+        ras = []
+        for c in (a, b):
+            r = _post(gw, _body(CHAT), client=c, events=1, usage=(1, 1), tag="acme")
+            assert_error(r, 429, "token_budget_exceeded", read=False)
+            ras.append(_retry_after(r))
+        r = _post(gw, _body(CHAT, stream=False), key=ACME_KEY2, events=1, tag="acme")
+        assert_error(r, 429, "token_budget_exceeded", read=False)
+        ras.append(_retry_after(r))
+        el = time.monotonic() - t0
+        # Room comes when the second of the first request leaves the window.
+        for ra in ras:
+            assert max(1, 58 - el) <= ra <= 61, \
+                "Retry-After %d, %.1fs after the first tokens of a 60 s window" % (ra, el)
+        assert stub.tag("acme")["requests"] == 2, "a refused request reached the runner"
+        # Another tenant is unaffected.
+        r = _post(gw, _body(CHAT), key=BETA_KEY, events=2, usage=(500, 500), tag="beta")
+        assert r.status == 200 and r.complete
+        _expect_tokens(gw, prompt=91, completion=9, window=100)
+        _expect_tokens(gw, prompt=500, completion=500, window=1000, tenant="beta")
+        # The refusals are in the access log, counted as nothing.
+        lines = h.access_lines(gw.access_path)
+        refused = [ln for ln in lines if ln["status"] == 429]
+        assert len(refused) == 3, refused
+        for ln in refused:
+            _check_log(ln, "none")
+
+
+def test_admitted_stream_is_never_cut_and_is_charged_when_it_ends():
+    with Stub() as stub, _gw(stub, tpm=100) as gw:
+        a, b = _conn_per_worker(gw)
+        a.send("POST", CHAT, _hdrs(events=6, interval=150, usage=(150, 50), tag="long"),
+               _body(CHAT))
+        r = a.read_response(timeout=10)
+        assert r.status == 200, r.status
+        r.read_events(1, timeout=10)
+        # In flight, its 200 tokens are not charged yet: another is admitted.
+        r2 = _post(gw, _body(CHAT, stream=False), client=b, events=1, usage=(1, 1), tag="acme")
+        assert r2.status == 200, r2.status
+        h.wait_metric(gw, WINDOW, 2, timeout=4.0, tenant="acme")
+        # The stream is over budget once it ends, and still ends whole.
+        assert r.read_all(timeout=10) == _stream(CHAT, 6) and r.complete
+        for c in (b, a):
+            r3 = _post(gw, _body(CHAT), client=c, events=1, tag="acme")
+            assert_error(r3, 429, "token_budget_exceeded", read=False)
+            _retry_after(r3)
+        _expect_tokens(gw, prompt=151, completion=51, window=202)
+
+
+@h.timeout(120)
+@h.skip_under("valgrind")
+def test_budget_recovers_when_the_window_slides_past_retry_after():
+    with Stub() as stub, _gw(stub, tpm=20) as gw:
+        r = _post(gw, _body(CHAT, stream=False), events=1, usage=(15, 5), tag="acme")
+        assert r.status == 200
+        r = _post(gw, _body(CHAT), events=1, tag="acme")
+        assert_error(r, 429, "token_budget_exceeded", read=False)
+        ra = _retry_after(r)
+        assert 58 <= ra <= 61, ra
+        time.sleep(ra - 2.5)
+        r = _post(gw, _body(CHAT), events=1, tag="acme")
+        assert_error(r, 429, "token_budget_exceeded", read=False)
+        ra2 = _retry_after(r)
+        assert 1 <= ra2 <= 4, "Retry-After %d, %.1fs before the window frees" % (ra2, 2.5)
+        time.sleep(ra2 + 0.3)
+        h.wait_metric(gw, WINDOW, 0, timeout=2.0, tenant="acme")
+        r = _post(gw, _body(CHAT), events=2, usage=(3, 3), tag="acme")
+        assert r.status == 200 and r.complete, r.status
+        assert bytes(r.data) == _stream(CHAT, 2)
+        _expect_tokens(gw, prompt=18, completion=8, window=6)
+
+
+def test_reload_changes_tokens_per_minute_at_once():
+    with Stub() as stub:
+        cfg = _config(stub, tpm=100, log_level="info")
+        # A reload replaces the workers: that is no crash here.
+        with Gateway(cfg, allow_worker_changes=True) as gw:
+            gw.access_path = cfg["access_log"]
+
+            def ask(want, usage=(30, 10)):
+                r = _post(gw, _body(CHAT, stream=False), events=1, usage=usage, tag="acme")
+                if want == 200:
+                    assert r.status == 200, (r.status, bytes(r.data[:200]))
+                else:
+                    assert_error(r, 429, "token_budget_exceeded", read=False)
+                    _retry_after(r)
+
+            def budget(tpm):
+                t = {"tokens_per_minute": tpm}
+                h.reload(gw, h.deep_merge(cfg, {"tenants": {"acme": t}}))
+
+            ask(200)
+            ask(200)                 # 80 of 100
+            h.wait_metric(gw, WINDOW, 80, timeout=4.0, tenant="acme")
+            budget(50)               # the window survives the reload: 80 >= 50
+            ask(429)
+            budget(0)                # 0 = no budget
+            ask(200)                 # 120
+            budget(200)
+            ask(200)                 # 160
+            ask(200)                 # 200
+            ask(429)
+            budget(None)             # key removed = no budget
+            ask(200)                 # 240
+            _expect_tokens(gw, prompt=180, completion=60, window=240)
