@@ -125,6 +125,7 @@ struct sl_config {
 
 	struct sl_cluster_conf cluster;
 	struct {
+		int enabled;   /* read usage at all */
 		int inject;    /* ask streamed requests for the usage chunk */
 	} usage;
 

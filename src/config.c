@@ -153,6 +153,10 @@ static const struct key_row keys[] = {
 	{ { "usage", SL_KEY_MAP, NULL, NULL, 1,
 	    "Token accounting read from responses." },
 	    0, 0, 0, NOOFF },
+	{ { "usage.enabled", SL_KEY_BOOL, "true", "true or false", 1,
+	    "Read the token usage of responses; false: no body is parsed and "
+	    "no token counted (tokens_per_minute must then be 0)." },
+	    0, 0, 0, OFF(usage.enabled) },
 	{ { "usage.inject", SL_KEY_BOOL, "true", "true or false", 1,
 	    "Ask streamed requests' runners for the usage chunk (and hide it "
 	    "from clients that did not ask), so their tokens are exact." },
@@ -1919,6 +1923,22 @@ load(struct ctx *c, yaml_parser_t *parser)
 	}
 
 	check_cluster(c, root);
+	if (!c->cfg->usage.enabled) {
+		/* A budget nobody counts for would silently never refuse. */
+		for (i = 0; i < c->cfg->ntenants; i++)
+			if (c->cfg->tenants[i].tokens_per_minute > 0) {
+				yaml_node_t *u = find_child(c, root, "usage"), *e;
+
+				e = u != NULL && u->type == YAML_MAPPING_NODE ?
+				    find_child(c, u, "enabled") : NULL;
+				err_at(c, e != NULL ? &e->start_mark : &root->start_mark,
+				    "usage.enabled: false, but tenant '%s' has "
+				    "tokens_per_minute %d: budgets need usage",
+				    c->cfg->tenants[i].name,
+				    (int)c->cfg->tenants[i].tokens_per_minute);
+				break;
+			}
+	}
 
 	for (k = keys; k->info.path != NULL; k++)
 		if (k->required && strchr(k->info.path, '*') == NULL &&

@@ -1210,6 +1210,8 @@ conn_usage_request(struct sl_conn *c)
 	size_t ulen;
 
 	c->usage_kind = "none";
+	if (!cfg->usage.enabled)
+		return;
 	url = sl_req_url(&c->req, &ulen);
 	if (c->req.method != HTTP_POST || !usage_path(url, ulen))
 		return;
