@@ -2229,6 +2229,54 @@ test_cluster_bad_on_redis_down_and_node_report_value(void **state)
 	    2, want);
 }
 
+/* ---- tokens (issue 13) ---- */
+
+#define TOKENS_HEAD "listen: \"127.0.0.1:8080\"\n" MINIMAL_UPSTREAMS_TENANTS
+
+static void
+test_tokens_budget_and_usage_keys(void **state)
+{
+	struct fx *f = *state;
+
+	expect_ok(f, TOKENS_HEAD "    tokens_per_minute: 200000\n");
+	assert_int_equal(f->cfg->tenants[0].tokens_per_minute, 200000);
+	assert_int_equal(f->cfg->usage.enabled, 1);
+	assert_int_equal(f->cfg->usage.inject, 1);
+	sl_config_free(f->cfg);
+	f->cfg = NULL;
+	expect_ok(f, TOKENS_HEAD "usage:\n  inject: false\n");
+	assert_int_equal(f->cfg->tenants[0].tokens_per_minute, 0);
+	assert_int_equal(f->cfg->usage.enabled, 1);
+	assert_int_equal(f->cfg->usage.inject, 0);
+}
+
+static void
+test_tokens_bad_values_report_position(void **state)
+{
+	static const char *const want[] = {
+		NAME ":9:24: tenants.acme.tokens_per_minute: -1 is out of range "
+		"0-1000000000", NULL,
+		NAME ":11:11: usage.inject: 'yes' must be true or false", NULL,
+	};
+
+	expect_errors(*state, TOKENS_HEAD
+	    "    tokens_per_minute: -1\n"        /* 9: value at col 24 */
+	    "usage:\n"                           /* 10 */
+	    "  inject: yes\n",                   /* 11: value at col 11 */
+	    2, want);
+}
+
+static void
+test_tokens_budget_without_usage_is_refused(void **state)
+{
+	expect_error(*state, TOKENS_HEAD
+	    "    tokens_per_minute: 1000\n"      /* 9 */
+	    "usage:\n"                           /* 10 */
+	    "  enabled: false\n",                /* 11: value at col 12 */
+	    NAME ":11:12: usage.enabled: false, but tenant 'acme' has "
+	    "tokens_per_minute 1000", "budgets need usage");
+}
+
 int
 main(void)
 {
@@ -2341,6 +2389,9 @@ main(void)
 		T(test_cluster_heartbeat_over_a_third_of_lease_ttl_reports_value),
 		T(test_cluster_redis_host_name_is_refused),
 		T(test_cluster_bad_on_redis_down_and_node_report_value),
+		T(test_tokens_budget_and_usage_keys),
+		T(test_tokens_bad_values_report_position),
+		T(test_tokens_budget_without_usage_is_refused),
 	};
 #undef T
 
