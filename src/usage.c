@@ -699,6 +699,16 @@ held(const struct sl_usage_scan *s)
 	return s->hs == H_PREFIX || s->hs == H_HOLD;
 }
 
+/* Non-zero when some byte of w equals b (the classic SWAR zero-byte test). */
+static inline uint64_t
+swar_has(uint64_t w, unsigned char b)
+{
+	uint64_t x = w ^ (UINT64_C(0x0101010101010101) * b);
+
+	return (x - UINT64_C(0x0101010101010101)) & ~x &
+	    UINT64_C(0x8080808080808080);
+}
+
 size_t
 sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
     struct sl_usage_out *out)
@@ -742,6 +752,16 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 		    s->cap_depth == 0 && s->hs != H_PREFIX) {
 			size_t j = i;
 
+			/* Eight bytes at a time while none of them matters. */
+			while (j + 8 <= len) {
+				uint64_t w;
+
+				memcpy(&w, in + j, 8);
+				if (swar_has(w, '"') | swar_has(w, '\\') |
+				    swar_has(w, '\r') | swar_has(w, '\n'))
+					break;
+				j += 8;
+			}
 			while (j < len && in[j] != '"' && in[j] != '\\' && in[j] != '\r' &&
 			    in[j] != '\n')
 				j++;
