@@ -1374,8 +1374,10 @@ conn_write_scanned(struct sl_conn *c, char *p, size_t n)
 	}
 	while (off < n) {
 		k = sl_usage_scan_feed(sc, p + off, n - off, &o);
-		memcpy(scratch + len, o.held, o.held_len);
-		len += o.held_len;
+		if (o.held_len > 0) {
+			memcpy(scratch + len, o.held, o.held_len);
+			len += o.held_len;
+		}
 		for (i = 0; i < o.n; i++) {
 			memcpy(scratch + len, p + off + o.range[i].off, o.range[i].len);
 			len += o.range[i].len;
