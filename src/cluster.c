@@ -229,6 +229,26 @@ addr_parse(const char *s, struct addr *a)
 	a->host[n] = '\0';
 }
 
+/*
+ * A new async connection to a, or NULL (a failed context is freed here, so
+ * no callback of it ever runs). The connect itself completes later.
+ */
+static redisAsyncContext *
+redis_open(const struct addr *a)
+{
+	redisAsyncContext *ac;
+
+	if (a->path != NULL)
+		ac = redisAsyncConnectUnix(a->path);
+	else
+		ac = redisAsyncConnect(a->host, a->port);
+	if (ac != NULL && ac->err) {
+		redisAsyncFree(ac);
+		ac = NULL;
+	}
+	return ac;
+}
+
 static int
 reply_is_error(const redisReply *r)
 {
@@ -427,14 +447,8 @@ cw_connect(struct sl_cluster_w *cw)
 	size_t argl[3];
 	double deadline;
 
-	if (cw->addr.path != NULL)
-		ac = redisAsyncConnectUnix(cw->addr.path);
-	else
-		ac = redisAsyncConnect(cw->addr.host, cw->addr.port);
-	if (ac == NULL || ac->err) {
+	if ((ac = redis_open(&cw->addr)) == NULL) {
 		row_err(cw->cs, cw->row, ERR_CONNECT);
-		if (ac != NULL)
-			redisAsyncFree(ac);
 		cw_schedule(cw);
 		return;
 	}
@@ -1045,14 +1059,8 @@ cm_connect(struct sl_cluster_m *cm)
 {
 	redisAsyncContext *ac;
 
-	if (cm->addr.path != NULL)
-		ac = redisAsyncConnectUnix(cm->addr.path);
-	else
-		ac = redisAsyncConnect(cm->addr.host, cm->addr.port);
-	if (ac == NULL || ac->err) {
+	if ((ac = redis_open(&cm->addr)) == NULL) {
 		row_err(cm->cs, 0, ERR_CONNECT);
-		if (ac != NULL)
-			redisAsyncFree(ac);
 		cm_lost(cm, "cannot connect to Redis");
 		return;
 	}
