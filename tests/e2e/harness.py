@@ -95,14 +95,26 @@ def tmpfile(prefix, suffix=""):
     return os.path.join(tmpdir(), "%s-%d%s" % (prefix, _seq[0], suffix))
 
 
+_ports_given = set()
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
+    """A TCP port on 127.0.0.1 that was free a moment ago and that this run
+    has not handed out before. The kernel may return the same port to two
+    bind(0) calls in a row once the first socket is closed: two gateways
+    configured before either starts then share a listen port, the second
+    exits on EADDRINUSE and the first answers for it."""
+    for _ in range(64):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        finally:
+            s.close()
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
+    raise HarnessError("no fresh free port after 64 tries")
 
 
 def closed_port():
@@ -875,6 +887,10 @@ class Gateway:
             try:
                 s = socket.create_connection((HOST, self.port), timeout=1)
                 s.close()
+                if self.proc.poll() is not None:
+                    raise HarnessError("sluice exited with status %s; something "
+                                       "else answers on its port %d (stderr below)"
+                                       % (self.proc.returncode, self.port))
                 break
             except OSError:
                 pass
