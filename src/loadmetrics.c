@@ -11,6 +11,7 @@
  */
 #include "config.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -76,7 +77,8 @@ sl_loadmetrics_number(const char *s, size_t len, double *v)
 	int neg = 0, ndig = 0, any = 0, eneg = 0;
 	uint64_t mant = 0;
 	long exp10 = 0, e = 0;
-	double r;
+	long double r;
+	double d;
 
 	if (len > 0 && (s[0] == '+' || s[0] == '-')) {
 		neg = s[0] == '-';
@@ -134,26 +136,31 @@ sl_loadmetrics_number(const char *s, size_t len, double *v)
 	}
 	if (i != len)
 		return -1;
-	r = (double)mant;
+	/*
+	 * Scale in long double (64-bit mantissa on x86, 113 on others), so the
+	 * few roundings of a large exponent stay below the final one to double.
+	 */
+	r = (long double)mant;
 	if (r != 0) {
 		while (exp10 > 0) {
 			long k = exp10 > 22 ? 22 : exp10;
 
-			r *= pow10_exact[k];
+			r *= (long double)pow10_exact[k];
 			exp10 -= k;
-			if (isinf(r))
+			if (r > (long double)DBL_MAX)
 				break;
 		}
 		while (exp10 < 0) {
 			long k = -exp10 > 22 ? 22 : -exp10;
 
-			r /= pow10_exact[k];
+			r /= (long double)pow10_exact[k];
 			exp10 += k;
 			if (r == 0)
 				break;
 		}
 	}
-	*v = neg ? -r : r;
+	d = r > (long double)DBL_MAX ? INFINITY : (double)r;
+	*v = neg ? -d : d;
 	return 0;
 }
 
