@@ -53,10 +53,12 @@ enum sl_cl_verdict {
 	SL_CL_ADMIT = 0,     /* admitted (Redis, or on_redis_down allowed it) */
 	SL_CL_FULL,          /* the tenant is at max_streams: 429 */
 	SL_CL_CLOSED,        /* Redis unusable, on_redis_down: closed: 503 */
-	SL_CL_PENDING        /* asked Redis; the callback will tell */
+	SL_CL_PENDING,       /* asked Redis; the callback will tell */
+	SL_CL_TOKENS         /* the tenant's token window is at its budget */
 };
 
-typedef void sl_cl_cb(void *arg, enum sl_cl_verdict);
+/* retry_after: seconds, for SL_CL_TOKENS (0 otherwise). */
+typedef void sl_cl_cb(void *arg, enum sl_cl_verdict, int retry_after);
 
 /*
  * After fork: connect to cfg->cluster.redis. tenant_slot maps config
@@ -84,6 +86,19 @@ void sl_cluster_cancel(struct sl_cluster_w *, struct sl_cl_wait *);
 
 /* The stream ended: remove its lease in Redis (sent at once) and its cell. */
 void sl_cluster_release(struct sl_cluster_w *, int32_t lease);
+
+/*
+ * The tokens_per_minute budget the worker checks against its own
+ * (node-wide) window for config tenant `tenant`: -1 when Redis decides
+ * (the node admits through Redis: the acquire script checks the cluster's
+ * window, sluice:{TENANT}:tokens); else the budget on_redis_down leaves
+ * this node (local_share: ceil(budget / live nodes); local_full and
+ * closed: the whole budget); 0 for a tenant without one.
+ */
+int64_t sl_cluster_token_budget(struct sl_cluster_w *, int tenant);
+
+/* Charge tokens to the tenant's window in Redis (tenants with a budget). */
+void sl_cluster_charge(struct sl_cluster_w *, int tenant, uint64_t tokens);
 
 /* ---- master ---------------------------------------------------------- */
 

@@ -19,7 +19,8 @@ enum sl_log_level { SL_LOG_ERROR = 0, SL_LOG_WARN, SL_LOG_INFO, SL_LOG_DEBUG };
 enum sl_balance {
 	SL_BALANCE_LEAST_LOADED = 0,   /* default */
 	SL_BALANCE_ROUND_ROBIN,
-	SL_BALANCE_RANDOM
+	SL_BALANCE_RANDOM,
+	SL_BALANCE_PREFIX_AFFINITY     /* longest cached prompt prefix */
 };
 
 /* upstreams.*.retry_on, a bit set. */
@@ -58,6 +59,15 @@ struct sl_upstream_conf {
 		int32_t fall;           /* consecutive failures -> down, default 3 */
 		int32_t rise;           /* consecutive successes -> up, default 2 */
 	} health;
+	struct {
+		int32_t block;          /* prompt bytes per hashed block, default 64 */
+		int32_t max_imbalance;  /* in hundredths: 150 = 1.5 (default) */
+	} affinity;
+	struct {
+		int enabled;            /* a `load_metrics:` mapping is present */
+		char *path;             /* default "/metrics" */
+		uint64_t interval_ms;   /* default 250ms, >= 50ms */
+	} load_metrics;
 	struct {
 		int32_t failures;       /* consecutive failures -> ejected; 0: off */
 		uint64_t duration_ms;   /* first ejection; doubled, capped at 5 min */
@@ -204,7 +214,8 @@ enum sl_key_type {
 	SL_KEY_WORKERS, SL_KEY_LOGLEVEL, SL_KEY_LOGDEST, SL_KEY_MAP, SL_KEY_LIST,
 	SL_KEY_LIST_OF_MAPS,   /* upstreams.*.replicas */
 	SL_KEY_REDIS_DOWN,     /* cluster.on_redis_down */
-	SL_KEY_BOOL            /* true or false */
+	SL_KEY_BOOL,           /* true or false */
+	SL_KEY_DECIMAL         /* 1.5: int32 hundredths; min/max in hundredths */
 };
 
 struct sl_key_info {

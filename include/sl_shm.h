@@ -110,9 +110,15 @@ const char *sl_shm_code_label(int slot);
 #define SL_TENANT_NONE(shm) sl_shm_max_tenants(shm)
 
 void sl_shm_count_request(struct sl_shm *, size_t row, size_t tenant, int status);
-void sl_shm_count_rejected(struct sl_shm *, size_t row, size_t tenant);
+/* Why admission refused a request (sluice_rejected_total's reason). */
+enum sl_reject_reason {
+	SL_REJECT_MAX_STREAMS = 0, SL_REJECT_TOKEN_BUDGET, SL_REJECT_MAX
+};
+void sl_shm_count_rejected(struct sl_shm *, size_t row, size_t tenant,
+    enum sl_reject_reason);
 uint64_t sl_shm_requests_sum(const struct sl_shm *, size_t tenant, int slot);
-uint64_t sl_shm_rejected_sum(const struct sl_shm *, size_t tenant);
+uint64_t sl_shm_rejected_sum(const struct sl_shm *, size_t tenant,
+    enum sl_reject_reason);
 
 #define SL_SHM_MAX_UPSTREAMS 64
 enum sl_uerr {
@@ -122,6 +128,15 @@ enum sl_uerr {
 const char *sl_shm_uerr_label(enum sl_uerr);
 
 /* Why a request moved to another replica (sluice_upstream_retries_total). */
+/* What prefix affinity did for a request (sluice_affinity_*_total). */
+enum sl_aff_outcome {
+	SL_AFF_HIT = 0, SL_AFF_MISS, SL_AFF_SPILL, SL_AFF_MAX
+};
+void sl_shm_count_affinity(struct sl_shm *, size_t row, size_t upstream,
+    enum sl_aff_outcome);
+uint64_t sl_shm_affinity_sum(const struct sl_shm *, size_t upstream,
+    enum sl_aff_outcome);
+
 enum sl_retry_reason {
 	SL_RETRY_R_CONNECT = 0, SL_RETRY_R_BUSY, SL_RETRY_R_EMPTY, SL_RETRY_R_MAX
 };
@@ -148,6 +163,16 @@ struct sl_shm_replica {
 	_Atomic int32_t ejections;         /* consecutive ejections (backoff) */
 	_Atomic int64_t ejected_until_ms;  /* 0: not ejected */
 	_Atomic int64_t busy_until_ms;     /* a 429/503 with Retry-After */
+	/*
+	 * The runner's own load, scraped by the master (load_metrics); each
+	 * field -1 when its page lacks the metric. lm_at_ms is stored last
+	 * (release) and read first (acquire): a reader that sees a fresh
+	 * time sees that sample's values or a newer one's.
+	 */
+	_Atomic int32_t lm_waiting;        /* requests queued in the runner */
+	_Atomic int32_t lm_running;        /* requests it is decoding */
+	_Atomic int32_t lm_kv;             /* KV-cache use, per mille */
+	_Atomic int64_t lm_at_ms;          /* when sampled; 0: never */
 };
 #define SL_REPLICA_DOWN 1
 #define SL_REPLICA_LOADING 2

@@ -52,6 +52,20 @@ void sl_pools_free(struct sl_pools *);
  */
 int sl_pool_pick(struct sl_pools *, size_t u, uint64_t tried, int *retry_after);
 
+/*
+ * The first try of a request: as sl_pool_pick, and for an upstream with
+ * balance prefix_affinity, by the prompt of the request body (JSON of a
+ * chat/completions or completions request; anything else is chosen as
+ * least_loaded). *outcome: -1 when affinity played no part, else an
+ * enum sl_aff_outcome (hit, miss, spill); the caller counts it.
+ */
+int sl_pool_pick_prompt(struct sl_pools *, size_t u, const char *body,
+    size_t len, int *retry_after, int *outcome);
+
+/* A worker's affinity memory, entries (LRU), and the blocks hashed per prompt. */
+#define SL_POOL_AFFINITY_ENTRIES 65536
+#define SL_POOL_MAX_BLOCKS 4096
+
 /* Give back the slot taken by sl_pool_pick. */
 void sl_pool_release(struct sl_pools *, size_t u, int r);
 

@@ -26,19 +26,48 @@
 /* ---- the scripts ------------------------------------------------------ */
 
 /*
- * KEYS[1] the tenant's lease set; ARGV max_streams, member, lease ttl (ms).
- * Prune, refuse at max (unless the member is already in: idempotent), add.
- * The key expires with its last lease, so abandoned tenants leave nothing.
+ * KEYS[1] the tenant's lease set, KEYS[2] its token window; ARGV
+ * max_streams, member, lease ttl (ms), tokens_per_minute (0: none).
+ * The window first: a hash of Redis-clock seconds to the tokens charged
+ * in them; fields 60 s old are dropped; at or over the budget the answer
+ * is {tokens, seconds until the window has room}. Then the lease: prune,
+ * refuse at max (unless the member is already in: idempotent), add. The
+ * key expires with its last lease, so abandoned tenants leave nothing.
  */
 static const char acquire_lua[] =
     "local t=redis.call('TIME') "
     "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000) "
+    "local b=tonumber(ARGV[4]) "
+    "if b>0 then "
+    "local s=tonumber(t[1]) local h=redis.call('HGETALL',KEYS[2]) "
+    "local sum=0 local old={} local bk={} "
+    "for i=1,#h,2 do local k=tonumber(h[i]) local v=tonumber(h[i+1]) "
+    "if k==nil or v==nil or k<=s-60 then old[#old+1]=h[i] "
+    "else sum=sum+v bk[#bk+1]={k,v} end end "
+    "if #old>0 then redis.call('HDEL',KEYS[2],unpack(old)) end "
+    "if sum>=b then "
+    "table.sort(bk,function(x,y) return x[1]<y[1] end) "
+    "local left=sum local ra=60 "
+    "for i=1,#bk do left=left-bk[i][2] "
+    "if left<b then ra=bk[i][1]+60-s break end end "
+    "if ra<1 then ra=1 end return {sum,ra} end end "
     "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now) "
     "if not redis.call('ZSCORE',KEYS[1],ARGV[2]) and "
     "redis.call('ZCARD',KEYS[1])>=tonumber(ARGV[1]) then return 0 end "
     "redis.call('ZADD',KEYS[1],now+tonumber(ARGV[3]),ARGV[2]) "
     "local top=redis.call('ZRANGE',KEYS[1],-1,-1,'WITHSCORES') "
     "redis.call('PEXPIREAT',KEYS[1],top[2]) "
+    "return 1";
+
+/*
+ * KEYS[1] the tenant's token window; ARGV tokens. Charged to the current
+ * second of the Redis clock (the one the acquire script reads); the key
+ * outlives the window by a minute when nothing more is charged.
+ */
+static const char charge_lua[] =
+    "local s=redis.call('TIME')[1] "
+    "redis.call('HINCRBY',KEYS[1],s,ARGV[1]) "
+    "redis.call('EXPIRE',KEYS[1],120) "
     "return 1";
 
 /*
@@ -272,7 +301,8 @@ struct sl_cl_wait {
 	int decided;            /* the verdict was given */
 	int replied;            /* hiredis is done with this record */
 	int retried;            /* NOSCRIPT: sent again with EVAL */
-	int replied_full;       /* Redis answered 0: the tenant is full */
+	int replied_full;       /* Redis refused: full, or out of tokens */
+	int retry_after;        /* a token refusal's Retry-After */
 	ev_tstamp t0;
 	ev_timer timer;
 };
@@ -285,12 +315,14 @@ struct sl_cluster_w {
 	size_t row;
 	const size_t *tenant_slot;
 	char **keys;             /* per config tenant: sluice:{NAME}:leases */
+	char **tkeys;            /* and sluice:{NAME}:tokens */
 	struct addr addr;
 
 	redisAsyncContext *ac;
 	int connected;
 	int in_cb;               /* inside a hiredis callback */
 	char sha[41];            /* the acquire script, once loaded */
+	char csha[41];           /* the charge script, once loaded */
 	ev_timer retry;          /* reconnect, or the connect deadline */
 	ev_prepare flush;        /* commands queued this turn go out at its end */
 	double backoff;
@@ -352,7 +384,7 @@ cw_drop(struct sl_cluster_w *cw, const char *why)
 	sl_warn("cluster: dropping the Redis connection: %s", why);
 	cw->ac = NULL;
 	cw->connected = 0;
-	cw->sha[0] = '\0';
+	cw->sha[0] = cw->csha[0] = '\0';
 	redisAsyncFree(ac);
 	cw_schedule(cw);
 }
@@ -386,7 +418,7 @@ cw_on_disconnect(const redisAsyncContext *ac, int status)
 		return;
 	cw->ac = NULL;
 	cw->connected = 0;
-	cw->sha[0] = '\0';
+	cw->sha[0] = cw->csha[0] = '\0';
 	if (status != REDIS_OK) {
 		row_err(cw->cs, cw->row, ERR_CONNECT);
 		sl_warn("cluster: Redis connection lost: %s", ac->errstr);
@@ -419,6 +451,18 @@ cw_sha_cb(redisAsyncContext *ac, void *r, void *priv)
 		return;
 	if (reply->type == REDIS_REPLY_STRING && reply->len == 40)
 		memcpy(cw->sha, reply->str, 41);
+}
+
+static void
+cw_csha_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_w *cw = priv;
+	redisReply *reply = r;
+
+	if (reply == NULL || ac != cw->ac)
+		return;
+	if (reply->type == REDIS_REPLY_STRING && reply->len == 40)
+		memcpy(cw->csha, reply->str, 41);
 }
 
 static void
@@ -472,6 +516,9 @@ cw_connect(struct sl_cluster_w *cw)
 	argl[1] = 4;
 	argl[2] = sizeof(acquire_lua) - 1;
 	redisAsyncCommandArgv(ac, cw_sha_cb, cw, 3, argv, argl);
+	argv[2] = charge_lua;
+	argl[2] = sizeof(charge_lua) - 1;
+	redisAsyncCommandArgv(ac, cw_csha_cb, cw, 3, argv, argl);
 	deadline = (double)cc->timeout_ms / 1000.0 * 10;
 	if (deadline < 1.0)
 		deadline = 1.0;
@@ -499,13 +546,16 @@ sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
 	cw->backoff = BACKOFF_MIN;
 	addr_parse(cfg->cluster.redis, &cw->addr);
 	if ((cw->keys = calloc(cfg->ntenants ? cfg->ntenants : 1,
-	    sizeof(char *))) == NULL)
+	    sizeof(char *))) == NULL || (cw->tkeys = calloc(cfg->ntenants ?
+	    cfg->ntenants : 1, sizeof(char *))) == NULL)
 		goto fail;
 	for (i = 0; i < cfg->ntenants; i++) {
 		n = strlen(cfg->tenants[i].name) + 32;
-		if ((cw->keys[i] = malloc(n)) == NULL)
+		if ((cw->keys[i] = malloc(n)) == NULL ||
+		    (cw->tkeys[i] = malloc(n)) == NULL)
 			goto fail;
 		snprintf(cw->keys[i], n, "sluice:{%s}:leases", cfg->tenants[i].name);
+		snprintf(cw->tkeys[i], n, "sluice:{%s}:tokens", cfg->tenants[i].name);
 	}
 	/* The master reclaimed this row before handing it out. */
 	atomic_store(&cs->row[row].hwm, 0);
@@ -543,6 +593,10 @@ sl_cluster_worker_free(struct sl_cluster_w *cw)
 		for (i = 0; i < cw->cfg->ntenants; i++)
 			free(cw->keys[i]);
 	free(cw->keys);
+	if (cw->tkeys != NULL)
+		for (i = 0; i < cw->cfg->ntenants; i++)
+			free(cw->tkeys[i]);
+	free(cw->tkeys);
 	free(cw->cell_tenant);
 	free(cw->free);
 	free(cw);
@@ -621,6 +675,20 @@ cw_count_cb(redisAsyncContext *ac, void *r, void *priv)
 	(void)ac;
 	if (r != NULL && reply_is_error(r))
 		row_err(cw->cs, cw->row, ERR_REPLY);
+}
+
+/* A charge's answer: a NOSCRIPT (the cache was flushed) loads it again. */
+static void
+cw_charge_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct sl_cluster_w *cw = priv;
+	redisReply *reply = r;
+
+	if (reply == NULL || ac != cw->ac || !reply_is_error(reply))
+		return;
+	row_err(cw->cs, cw->row, ERR_REPLY);
+	if (strncmp(reply->str, "NOSCRIPT", 8) == 0)
+		cw->csha[0] = '\0';   /* the next charge is an EVAL */
 }
 
 /*
@@ -703,7 +771,7 @@ wait_decide(struct sl_cl_wait *w, enum sl_cl_verdict v)
 		/* Refused by Redis: nothing to remove; else the acquire may
 		 * still run behind us, and the ZREM behind it undoes it. */
 		cell_free(cw, w->cell, !w->replied_full);
-	w->cb(w->arg, v);
+	w->cb(w->arg, v, w->retry_after);
 }
 
 static void
@@ -765,7 +833,18 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 			return;
 		}
 	}
-	if (reply->type != REDIS_REPLY_INTEGER) {
+	if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
+	    reply->element[0]->type == REDIS_REPLY_INTEGER &&
+	    reply->element[1]->type == REDIS_REPLY_INTEGER) {
+		/* {tokens in the window, seconds until it has room} */
+		if (!w->decided) {
+			w->replied_full = 1;
+			w->retry_after = reply->element[1]->integer < 1 ? 1 :
+			    reply->element[1]->integer > 60 ? 60 :
+			    (int)reply->element[1]->integer;
+			wait_decide(w, SL_CL_TOKENS);
+		}
+	} else if (reply->type != REDIS_REPLY_INTEGER) {
 		row_err(cw->cs, cw->row, ERR_REPLY);
 		sl_warn("cluster: acquire: unexpected reply: %s",
 		    reply->type == REDIS_REPLY_ERROR ? reply->str : "not an integer");
@@ -793,14 +872,15 @@ static int
 send_acquire(struct sl_cluster_w *cw, struct sl_cl_wait *w, int eval)
 {
 	const struct sl_tenant_conf *t = &cw->cfg->tenants[w->tenant];
-	char member[MEMBER_MAX], max[16], ttl[24];
-	const char *argv[7];
-	size_t argl[7];
+	char member[MEMBER_MAX], max[16], ttl[24], tpm[16];
+	const char *argv[9];
+	size_t argl[9];
 	int i;
 
 	cw_member(cw, w->cell, member);
 	snprintf(max, sizeof(max), "%" PRId32, t->max_streams);
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cw->cfg->cluster.lease_ttl_ms);
+	snprintf(tpm, sizeof(tpm), "%" PRId32, t->tokens_per_minute);
 	if (!eval && cw->sha[0] != '\0') {
 		argv[0] = "EVALSHA";
 		argv[1] = cw->sha;
@@ -808,14 +888,16 @@ send_acquire(struct sl_cluster_w *cw, struct sl_cl_wait *w, int eval)
 		argv[0] = "EVAL";
 		argv[1] = acquire_lua;
 	}
-	argv[2] = "1";
+	argv[2] = "2";
 	argv[3] = cw->keys[w->tenant];
-	argv[4] = max;
-	argv[5] = member;
-	argv[6] = ttl;
-	for (i = 0; i < 7; i++)
+	argv[4] = cw->tkeys[w->tenant];
+	argv[5] = max;
+	argv[6] = member;
+	argv[7] = ttl;
+	argv[8] = tpm;
+	for (i = 0; i < 9; i++)
 		argl[i] = strlen(argv[i]);
-	if (redisAsyncCommandArgv(cw->ac, acquire_cb, w, 7, argv, argl) !=
+	if (redisAsyncCommandArgv(cw->ac, acquire_cb, w, 9, argv, argl) !=
 	    REDIS_OK)
 		return -1;
 	cw->npending++;
@@ -898,6 +980,55 @@ sl_cluster_release(struct sl_cluster_w *cw, int32_t lease)
 	if (CELL_STATE(atomic_load(&c->word)) == CELL_FREE)
 		return;
 	cell_free(cw, lease, 1);
+}
+
+int64_t
+sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
+{
+	const struct sl_tenant_conf *t = &cw->cfg->tenants[tenant];
+	int32_t live;
+
+	if (t->tokens_per_minute <= 0)
+		return 0;
+	if (atomic_load_explicit(&cw->cs->mode, memory_order_relaxed) ==
+	    MODE_REDIS && cw->ac != NULL && cw->connected)
+		return -1;   /* the acquire script decides */
+	if (cw->cfg->cluster.on_redis_down != SL_DOWN_LOCAL_SHARE)
+		return t->tokens_per_minute;   /* closed refuses anyway */
+	live = atomic_load_explicit(&cw->cs->live_nodes, memory_order_relaxed);
+	if (live < 1)
+		live = 1;
+	return (t->tokens_per_minute + live - 1) / live;
+}
+
+void
+sl_cluster_charge(struct sl_cluster_w *cw, int tenant, uint64_t tokens)
+{
+	char n[24];
+	const char *argv[5];
+	size_t argl[5];
+	int i;
+
+	if (tokens == 0 || tenant < 0 || (size_t)tenant >= cw->cfg->ntenants ||
+	    cw->cfg->tenants[tenant].tokens_per_minute <= 0 ||
+	    cw->ac == NULL || !cw->connected)
+		return;
+	snprintf(n, sizeof(n), "%" PRIu64, tokens);
+	if (cw->csha[0] != '\0') {
+		argv[0] = "EVALSHA";
+		argv[1] = cw->csha;
+	} else {
+		argv[0] = "EVAL";
+		argv[1] = charge_lua;
+	}
+	argv[2] = "1";
+	argv[3] = cw->tkeys[tenant];
+	argv[4] = n;
+	for (i = 0; i < 5; i++)
+		argl[i] = strlen(argv[i]);
+	if (redisAsyncCommandArgv(cw->ac, cw_charge_cb, cw, 5, argv, argl) ==
+	    REDIS_OK)
+		cw_queued(cw);
 }
 
 /* ---- master ---------------------------------------------------------- */

@@ -186,9 +186,34 @@ static const struct key_row keys[] = {
 	    "Sent upstream as Authorization: Bearer; unset: no Authorization." },
 	    0, 0, 0, NOOFF },
 	{ { "upstreams.*.balance", SL_KEY_STRING, "least_loaded",
-	    "least_loaded, round_robin or random", 1,
+	    "least_loaded, round_robin, random or prefix_affinity", 1,
 	    "How a replica is chosen for a new stream." },
 	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.affinity", SL_KEY_MAP, NULL, NULL, 1,
+	    "Tuning of balance: prefix_affinity." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.affinity.block", SL_KEY_INT, "64", "16-65536", 1,
+	    "Prompt bytes per block; a prompt's blocks are hashed in a chain "
+	    "and remembered per replica." },
+	    16, 65536, 0, NOOFF },
+	{ { "upstreams.*.affinity.max_imbalance", SL_KEY_DECIMAL, "1.5",
+	    "1.0-100", 1,
+	    "Leave the replica holding the prefix when its load is over this "
+	    "times the least loaded's and over it by 2 streams or more." },
+	    100, 10000, 0, NOOFF },
+	{ { "upstreams.*.load_metrics", SL_KEY_MAP, NULL, NULL, 1,
+	    "Scrape each replica's Prometheus page for its queue and KV-cache "
+	    "use; absent: in-flight counts only." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.load_metrics.path", SL_KEY_STRING, "/metrics",
+	    "a path starting with /", 1,
+	    "Path scraped with GET on each replica." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.load_metrics.interval", SL_KEY_DURATION, "250ms",
+	    "50ms-1h", 1,
+	    "Time between two scrapes of a replica; a sample older than 4 "
+	    "intervals is ignored." },
+	    50, HOUR, 0, NOOFF },
 	{ { "upstreams.*.retries", SL_KEY_INT, "2", "0-10", 1,
 	    "Other replicas tried after a failure, only before the client got "
 	    "any byte." },
@@ -707,6 +732,38 @@ log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
 	return 1;
 }
 
+/*
+ * "1.5" -> 150: digits, optionally '.' and one or two more digits; no
+ * sign, no exponent, no locale. Returns 0, or -1 if s is not that or is
+ * over 10^9 hundredths.
+ */
+static int
+parse_hundredths(const char *s, int64_t *out)
+{
+	int64_t v = 0;
+	int nd = 0, nf = 0;
+
+	for (; *s >= '0' && *s <= '9'; s++, nd++) {
+		v = v * 10 + (*s - '0');
+		if (v > 10000000)
+			return -1;
+	}
+	v *= 100;
+	if (*s == '.') {
+		for (s++; *s >= '0' && *s <= '9'; s++, nf++) {
+			if (nf == 2)
+				return -1;
+			v += (*s - '0') * (nf == 0 ? 10 : 1);
+		}
+		if (nf == 0)
+			return -1;
+	}
+	if (*s != '\0' || nd == 0)
+		return -1;
+	*out = v;
+	return 0;
+}
+
 /* Parse a scalar value of a typed key into dst; dst's type depends on row. */
 static void
 set_value(struct ctx *c, const struct key_row *row, const char *path,
@@ -821,6 +878,19 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		    path, s);
 		return;
 	}
+	case SL_KEY_DECIMAL:
+		if (parse_hundredths(s, &i) == -1) {
+			err_at(c, &v->start_mark, "%s: '%s' is not a decimal number "
+			    "(e.g. 1.5, at most 2 decimals)", path, s);
+			return;
+		}
+		if (i < (int64_t)row->min || i > (int64_t)row->max) {
+			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			    path, s, row->info.range);
+			return;
+		}
+		*(int32_t *)dst = (int32_t)i;
+		return;
 	case SL_KEY_BOOL:
 		if (strcmp(s, "true") == 0 || strcmp(s, "false") == 0) {
 			*(int *)dst = s[0] == 't';
@@ -928,6 +998,10 @@ static const struct field upstream_fields[] = {
 	{ "upstreams.*.health.timeout", UOFF(health.timeout_ms) },
 	{ "upstreams.*.health.fall", UOFF(health.fall) },
 	{ "upstreams.*.health.rise", UOFF(health.rise) },
+	{ "upstreams.*.affinity.block", UOFF(affinity.block) },
+	{ "upstreams.*.affinity.max_imbalance", UOFF(affinity.max_imbalance) },
+	{ "upstreams.*.load_metrics.path", UOFF(load_metrics.path) },
+	{ "upstreams.*.load_metrics.interval", UOFF(load_metrics.interval_ms) },
 	{ "upstreams.*.eject.failures", UOFF(eject.failures) },
 	{ "upstreams.*.eject.duration", UOFF(eject.duration_ms) },
 	{ "upstreams.*.eject.max_percent", UOFF(eject.max_percent) },
@@ -942,7 +1016,7 @@ static const struct field replica_fields[] = {
 
 /* Indexed by enum sl_balance. */
 static const char *const balance_words[] = {
-	"least_loaded", "round_robin", "random", NULL
+	"least_loaded", "round_robin", "random", "prefix_affinity", NULL
 };
 
 static const struct {
@@ -976,6 +1050,7 @@ fields_default(struct ctx *c, const struct field *tab, void *base)
 		const struct key_row *row = find_key(tab->path);
 		void *dst = (char *)base + tab->off;
 		uint64_t u;
+		int64_t i;
 
 		switch (row->info.type) {
 		case SL_KEY_INT:
@@ -987,6 +1062,10 @@ fields_default(struct ctx *c, const struct field *tab, void *base)
 			break;
 		case SL_KEY_STRING:
 			*(char **)dst = xstrdup(c, row->info.def);
+			break;
+		case SL_KEY_DECIMAL:
+			if (parse_hundredths(row->info.def, &i) == 0)
+				*(int32_t *)dst = (int32_t)i;
 			break;
 		default:
 			break;
@@ -1017,6 +1096,7 @@ upstream_defaults(struct ctx *c, struct sl_upstream_conf *u)
 				u->retry_on |= retry_words[i].bit;
 	}
 	u->health.enabled = 0;
+	u->load_metrics.enabled = 0;
 }
 
 /* A node reached twice is an alias (prescan() reported it). */
@@ -1068,6 +1148,12 @@ section_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	    !valid_probe_path(a->u->health.path))
 		err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
 		    "no spaces or control characters", path, a->u->health.path);
+	else if (f->off == UOFF(load_metrics.path) &&
+	    a->u->load_metrics.path != NULL &&
+	    !valid_probe_path(a->u->load_metrics.path))
+		err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
+		    "no spaces or control characters", path,
+		    a->u->load_metrics.path);
 	else if (f->off == UOFF(health.interval_ms))
 		a->interval = v;
 	else if (f->off == UOFF(health.timeout_ms))
@@ -1112,7 +1198,8 @@ parse_section(struct ctx *c, struct sl_upstream_conf *u, const char *section,
 	if (strcmp(section, "health") == 0) {
 		u->health.enabled = 1;
 		check_probe_times(c, &a);
-	}
+	} else if (strcmp(section, "load_metrics") == 0)
+		u->load_metrics.enabled = 1;
 }
 
 /* One entry of replicas:. */
@@ -1293,10 +1380,11 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 				return;
 			}
 		err_at(c, &v->start_mark, "%s: '%s' must be one of least_loaded, "
-		    "round_robin, random", path, s);
+		    "round_robin, random, prefix_affinity", path, s);
 	} else if (strcmp(key, "retry_on") == 0) {
 		parse_retry_on(c, u, v, path);
-	} else if (strcmp(key, "health") == 0 || strcmp(key, "eject") == 0) {
+	} else if (strcmp(key, "health") == 0 || strcmp(key, "eject") == 0 ||
+	    strcmp(key, "affinity") == 0 || strcmp(key, "load_metrics") == 0) {
 		parse_section(c, u, key, v, path);
 	} else if ((f = find_field(upstream_fields, "upstreams.*", key)) != NULL) {
 		set_value(c, find_key(f->path), path, v, (char *)u + f->off);
@@ -2201,6 +2289,7 @@ sl_config_free(struct sl_config *cfg)
 			free(cfg->upstreams[i].replicas[j].url);
 		free(cfg->upstreams[i].replicas);
 		free(cfg->upstreams[i].health.path);
+		free(cfg->upstreams[i].load_metrics.path);
 	}
 	free(cfg->upstreams);
 	for (i = 0; i < cfg->ntenants; i++) {

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -929,6 +930,59 @@ value_ejected(struct sl_shm *shm, size_t slot, int64_t now)
 	return h != NULL && h->ejected_until_ms > now;
 }
 
+/*
+ * The runner's own load as load_metrics last scraped it, for replicas of
+ * upstreams that scrape and whose sample is fresh (4 intervals).
+ */
+static void
+replica_load_gauges(struct master *m, struct sl_str *o, int64_t now)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	size_t u, r;
+	int g;
+
+	for (g = 0; g < 2; g++) {
+		const char *name = g == 0 ? "sluice_replica_queue" :
+		    "sluice_replica_kv_cache";
+
+		sl_str_printf(o, "# HELP %s %s\n# TYPE %s gauge\n", name,
+		    g == 0 ? "Requests waiting in the replica's own queue, as "
+		    "its metrics page said (load_metrics)." :
+		    "KV-cache use of the replica, 0 to 1, as its metrics page "
+		    "said (load_metrics).", name);
+		for (u = 0; u < cfg->nupstreams; u++) {
+			const struct sl_upstream_conf *up = &cfg->upstreams[u];
+
+			if (!up->load_metrics.enabled)
+				continue;
+			for (r = 0; r < up->nreplicas; r++) {
+				struct sl_shm_replica *h = sl_shm_replica(m->shm,
+				    m->cur.replica_slot[u][r]);
+				int64_t at;
+				int32_t v;
+
+				if (h == NULL)
+					continue;
+				at = atomic_load(&h->lm_at_ms);
+				if (at == 0 || now - at >
+				    4 * (int64_t)up->load_metrics.interval_ms)
+					continue;
+				v = atomic_load(g == 0 ? &h->lm_waiting :
+				    &h->lm_kv);
+				if (v < 0)
+					continue;
+				replica_labels(o, name, up->name,
+				    up->replicas[r].url);
+				if (g == 0)
+					sl_str_printf(o, "} %d\n", (int)v);
+				else
+					sl_str_printf(o, "} %d.%03d\n",
+					    (int)v / 1000, (int)v % 1000);
+			}
+		}
+	}
+}
+
 /* One gauge per replica of the current pools. */
 static void
 replica_gauge(struct master *m, struct sl_str *o, const char *name,
@@ -963,6 +1017,7 @@ render_replicas(struct master *m, struct sl_str *o)
 	    "traffic by its health probes, 0 down or loading.", value_up, now);
 	replica_gauge(m, o, "sluice_replica_ejected", "1 while the replica is "
 	    "ejected after failures on traffic.", value_ejected, now);
+	replica_load_gauges(m, o, now);
 	sl_str_printf(o, "# HELP sluice_replica_requests_total Tries sent to "
 	    "the replica, by response status (connect, timeout, reset: none).\n"
 	    "# TYPE sluice_replica_requests_total counter\n");
@@ -992,6 +1047,36 @@ render_replicas(struct master *m, struct sl_str *o)
 			    (unsigned long long)sl_shm_retry_sum(m->shm, k,
 			    (enum sl_retry_reason)c));
 		}
+	for (c = 0; c < SL_AFF_MAX; c++) {
+		static const char *const an[SL_AFF_MAX] = {
+			"sluice_affinity_hits_total", "sluice_affinity_misses_total",
+			"sluice_affinity_spills_total"
+		};
+		static const char *const ah[SL_AFF_MAX] = {
+			"sent to the replica holding their longest known prompt "
+			"prefix",
+			"whose prompt prefix no replica was known to hold",
+			"not sent to the replica holding their prefix: it was "
+			"overloaded (max_imbalance), down or full"
+		};
+		size_t j;
+
+		sl_str_printf(o, "# HELP %s Requests of prefix_affinity "
+		    "upstreams %s.\n# TYPE %s counter\n", an[c], ah[c], an[c]);
+		for (j = 0; j < cfg->nupstreams; j++) {
+			if (cfg->upstreams[j].balance != SL_BALANCE_PREFIX_AFFINITY)
+				continue;
+			for (k = 0; k < m->up_n; k++)
+				if (strcmp(m->up_names[k], cfg->upstreams[j].name) == 0)
+					break;
+			if (k == m->up_n)
+				continue;
+			sl_str_printf(o, "%s{upstream=\"", an[c]);
+			label(o, m->up_names[k]);
+			sl_str_printf(o, "\"} %llu\n", (unsigned long long)
+			    sl_shm_affinity_sum(m->shm, k, (enum sl_aff_outcome)c));
+		}
+	}
 }
 
 /* Tokens per tenant, read from responses (usage). */
@@ -1085,7 +1170,13 @@ render_metrics(struct master *m, struct sl_str *o)
 		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
 		label(o, m->shm_names[t]);
 		sl_str_printf(o, "\",reason=\"max_streams\"} %llu\n",
-		    (unsigned long long)sl_shm_rejected_sum(shm, t));
+		    (unsigned long long)sl_shm_rejected_sum(shm, t,
+		    SL_REJECT_MAX_STREAMS));
+		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
+		label(o, m->shm_names[t]);
+		sl_str_printf(o, "\",reason=\"token_budget\"} %llu\n",
+		    (unsigned long long)sl_shm_rejected_sum(shm, t,
+		    SL_REJECT_TOKEN_BUDGET));
 	}
 	sl_str_printf(o, "# HELP sluice_upstream_errors_total Upstream failures "
 	    "by kind.\n# TYPE sluice_upstream_errors_total counter\n");

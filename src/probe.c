@@ -12,10 +12,16 @@
 
 #include <curl/curl.h>
 
+#include "sl_loadmetrics.h"
 #include "sl_log.h"
 #include "sl_probe.h"
+#include "sl_upstream.h"
 
 #define PROBE_BODY_MAX 4096          /* what a health answer may carry */
+#define SCRAPE_BODY_MAX (4 << 20)    /* a metrics page; vLLM's is ~100 KiB */
+#define SCRAPE_TIMEOUT_MAX_MS 10000
+
+enum probe_kind { PROBE_HEALTH = 0, PROBE_LOAD };
 
 struct probe {
 	const struct sl_upstream_conf *up;
@@ -26,6 +32,10 @@ struct probe {
 	double next_at;              /* when the next probe starts */
 	int oks, fails;              /* in a row */
 	size_t body;                 /* bytes of the current answer */
+	enum probe_kind kind;
+	char *buf;                   /* load: the page, kept between scrapes */
+	size_t cap;
+	int failing;                 /* load: last scrape failed (logged once) */
 };
 
 struct sl_prober {
@@ -44,6 +54,47 @@ discard_cb(char *ptr, size_t size, size_t nmemb, void *arg)
 	(void)ptr;
 	p->body += n;
 	return p->body > PROBE_BODY_MAX ? 0 : n;   /* an endless answer fails */
+}
+
+/* A metrics page, kept whole (up to SCRAPE_BODY_MAX) for the parser. */
+static size_t
+keep_cb(char *ptr, size_t size, size_t nmemb, void *arg)
+{
+	struct probe *p = arg;
+	size_t n = size * nmemb;
+
+	if (p->body + n > SCRAPE_BODY_MAX)
+		return 0;
+	if (p->body + n > p->cap) {
+		size_t cap = p->cap ? p->cap : 16384;
+		char *b;
+
+		while (cap < p->body + n)
+			cap *= 2;
+		if (cap > SCRAPE_BODY_MAX)
+			cap = SCRAPE_BODY_MAX;
+		if ((b = realloc(p->buf, cap)) == NULL)
+			return 0;
+		p->buf = b;
+		p->cap = cap;
+	}
+	memcpy(p->buf + p->body, ptr, n);
+	p->body += n;
+	return n;
+}
+
+/* "BASE" + "PATH", malloc'd. */
+static char *
+join_url(const char *base, const char *path)
+{
+	size_t a = strlen(base), b = strlen(path);
+	char *u;
+
+	if ((u = malloc(a + b + 1)) == NULL)
+		return NULL;
+	memcpy(u, base, a);
+	memcpy(u + a, path, b + 1);
+	return u;
 }
 
 struct sl_prober *
@@ -67,6 +118,10 @@ sl_probe_new(const struct sl_config *cfg, struct sl_shm *shm,
 				n++;
 			else if (h != NULL)
 				atomic_store(&h->down, 0);   /* nobody probes it */
+			if (up->load_metrics.enabled)
+				n++;
+			else if (h != NULL)
+				atomic_store(&h->lm_at_ms, 0);   /* no sample */
 		}
 	}
 	if (n == 0)
@@ -76,22 +131,33 @@ sl_probe_new(const struct sl_config *cfg, struct sl_shm *shm,
 		goto fail;
 	for (u = 0; u < cfg->nupstreams; u++) {
 		const struct sl_upstream_conf *up = &cfg->upstreams[u];
-		const char *path = up->health.path ? up->health.path : "/health";
+		int kind;
 
-		if (!up->health.enabled)
-			continue;
-		for (r = 0; r < up->nreplicas; r++) {
-			struct probe *p = &pr->p[k++];
-			size_t a = strlen(up->replicas[r].url), b = strlen(path);
+		for (kind = PROBE_HEALTH; kind <= PROBE_LOAD; kind++) {
+			const char *path;
 
-			p->up = up;
-			p->rep = &up->replicas[r];
-			p->slot = replica_slot[u][r];
-			if ((p->url = malloc(a + b + 1)) == NULL)
-				goto fail;
-			memcpy(p->url, up->replicas[r].url, a);
-			memcpy(p->url + a, path, b + 1);
-			p->next_at = 0;   /* at once */
+			if (kind == PROBE_HEALTH && !up->health.enabled)
+				continue;
+			if (kind == PROBE_LOAD && !up->load_metrics.enabled)
+				continue;
+			if (kind == PROBE_HEALTH)
+				path = up->health.path ? up->health.path :
+				    "/health";
+			else
+				path = up->load_metrics.path ?
+				    up->load_metrics.path : "/metrics";
+			for (r = 0; r < up->nreplicas; r++) {
+				struct probe *p = &pr->p[k++];
+
+				p->up = up;
+				p->rep = &up->replicas[r];
+				p->slot = replica_slot[u][r];
+				p->kind = (enum probe_kind)kind;
+				if ((p->url = join_url(up->replicas[r].url,
+				    path)) == NULL)
+					goto fail;
+				p->next_at = 0;   /* at once */
+			}
 		}
 	}
 	pr->n = n;
@@ -115,6 +181,7 @@ sl_probe_free(struct sl_prober *pr)
 			curl_easy_cleanup(pr->p[i].easy);
 		}
 		free(pr->p[i].url);
+		free(pr->p[i].buf);
 	}
 	if (pr->multi != NULL)
 		curl_multi_cleanup(pr->multi);
@@ -198,6 +265,51 @@ sl_probe_timeout(struct sl_prober *pr, double now)
 	return t < 0.0 ? 0.0 : t;
 }
 
+/*
+ * A scrape's result: publish the runner's queue, running count and KV-cache
+ * use for the workers. A failed scrape publishes nothing: the last sample
+ * ages out after 4 intervals and the workers go by their own counts.
+ */
+static void
+scrape_done(struct sl_prober *pr, struct probe *p, CURLcode rc)
+{
+	struct sl_shm_replica *h = sl_shm_replica(pr->shm, p->slot);
+	struct sl_load_sample ls;
+	long status = 0;
+	int found = 0;
+
+	if (h == NULL)
+		return;
+	curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &status);
+	memset(&ls, 0, sizeof(ls));
+	if (rc == CURLE_OK && status == 200)
+		found = sl_loadmetrics_parse(p->buf != NULL ? p->buf : "",
+		    p->body, &ls);
+	if (found == 0) {
+		if (!p->failing)
+			sl_warn("upstream %s: replica %s: no load sample from %s: "
+			    "%s", p->up->name, p->rep->url, p->url,
+			    rc != CURLE_OK ? curl_easy_strerror(rc) :
+			    status != 200 ? "not a 200 answer" :
+			    "none of the known metrics on the page");
+		p->failing = 1;
+		return;
+	}
+	if (p->failing)
+		sl_info("upstream %s: replica %s: load samples again from %s",
+		    p->up->name, p->rep->url, p->url);
+	p->failing = 0;
+	atomic_store_explicit(&h->lm_waiting, ls.have_waiting ?
+	    (int32_t)(ls.waiting > 1e6 ? 1e6 : ls.waiting) : -1,
+	    memory_order_relaxed);
+	atomic_store_explicit(&h->lm_running, ls.have_running ?
+	    (int32_t)(ls.running > 1e6 ? 1e6 : ls.running) : -1,
+	    memory_order_relaxed);
+	atomic_store_explicit(&h->lm_kv, ls.have_kv ?
+	    (int32_t)(ls.kv_cache * 1000.0 + 0.5) : -1, memory_order_relaxed);
+	atomic_store_explicit(&h->lm_at_ms, sl_mono_ms(), memory_order_release);
+}
+
 /* One probe's result: count it, and move the replica up or down. */
 static void
 probe_done(struct sl_prober *pr, struct probe *p, CURLcode rc)
@@ -245,8 +357,10 @@ static void
 probe_start(struct sl_prober *pr, struct probe *p, double now)
 {
 	CURL *e = curl_easy_init();
+	uint64_t iv = p->kind == PROBE_LOAD ? p->up->load_metrics.interval_ms :
+	    p->up->health.interval_ms;
 
-	p->next_at = now + (double)p->up->health.interval_ms / 1000.0;
+	p->next_at = now + (double)iv / 1000.0;
 	if (e == NULL)
 		return;
 	p->body = 0;
@@ -255,12 +369,30 @@ probe_start(struct sl_prober *pr, struct probe *p, double now)
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)p->up->health.timeout_ms);
-	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, p);
-	curl_easy_setopt(e, CURLOPT_USERAGENT, "sluice-health/" PACKAGE_VERSION);
-	/* A fresh connection each time: what a new stream would need. */
-	curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
+	if (p->kind == PROBE_LOAD) {
+		/*
+		 * A sample older than 4 intervals is ignored anyway; the
+		 * connection is kept for the next scrape (4 a second by
+		 * default: a new one each time would cost the runner more).
+		 */
+		uint64_t to = 4 * iv;
+
+		if (to > SCRAPE_TIMEOUT_MAX_MS)
+			to = SCRAPE_TIMEOUT_MAX_MS;
+		curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)to);
+		curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, keep_cb);
+		curl_easy_setopt(e, CURLOPT_USERAGENT,
+		    "sluice-load/" PACKAGE_VERSION);
+	} else {
+		curl_easy_setopt(e, CURLOPT_TIMEOUT_MS,
+		    (long)p->up->health.timeout_ms);
+		curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard_cb);
+		curl_easy_setopt(e, CURLOPT_USERAGENT,
+		    "sluice-health/" PACKAGE_VERSION);
+		/* A fresh connection each time: what a new stream would need. */
+		curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
+	}
 	if (p->up->api_key != NULL) {
 		/* Some runners guard every path with their key. */
 		curl_easy_setopt(e, CURLOPT_XOAUTH2_BEARER, p->up->api_key);
@@ -294,7 +426,9 @@ sl_probe_service(struct sl_prober *pr, double now)
 		if (msg->msg != CURLMSG_DONE)
 			continue;
 		curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&p);
-		if (p != NULL)
+		if (p != NULL && p->kind == PROBE_LOAD)
+			scrape_done(pr, p, rc);
+		else if (p != NULL)
 			probe_done(pr, p, rc);
 		curl_multi_remove_handle(pr->multi, e);
 		curl_easy_cleanup(e);

@@ -118,6 +118,7 @@ struct sl_conn {
 	int retry_next;            /* busy head: the replica picked for the
 	                            * next try (slot held); -1: none */
 	int busy_code;             /* that head's status */
+	int affinity;              /* 0: none; 1 + enum sl_aff_outcome */
 	ev_tstamp t_upstream;      /* last upstream activity */
 	ev_tstamp t_client;        /* last client progress while bytes wait */
 
@@ -584,6 +585,11 @@ json_escape(char *dst, size_t dlen, const char *src, size_t slen)
 	dst[o] = '\0';
 }
 
+/* The access log's affinity, by sl_conn.affinity. */
+static const char *const aff_words[SL_AFF_MAX + 1] = {
+	"-", "hit", "miss", "spill"
+};
+
 static void
 conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 {
@@ -627,13 +633,16 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.3f,"
 	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\","
 	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
-	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\"}\n",
+	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\","
+	    "\"affinity\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
 	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0, end,
 	    replica, c->tries, c->tok_prompt, c->tok_completion,
-	    c->usage_kind != NULL ? c->usage_kind : "none");
+	    c->usage_kind != NULL ? c->usage_kind : "none",
+	    aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
+	    c->affinity : 0]);
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line))
@@ -1271,6 +1280,9 @@ conn_usage_charge(struct sl_conn *c)
 	}
 	sl_shm_tokens_charge(c->w->shm, c->w->tenant_slot[c->tenant], mono_sec(),
 	    n);
+	if (c->w->cluster != NULL)
+		sl_cluster_charge(c->w->cluster, c->tenant, n[SL_TOKENS_PROMPT] +
+		    n[SL_TOKENS_COMPLETION] + n[SL_TOKENS_ESTIMATED]);
 }
 
 /* The request is over: what only its accounting needed goes. */
@@ -1295,6 +1307,7 @@ conn_usage_reset(struct sl_conn *c)
 	c->usage_on = c->usage_done = 0;
 	c->usage_kind = NULL;
 	c->tok_prompt = c->tok_completion = 0;
+	c->affinity = 0;
 	c->out.cap = c->w->cfg->stream_buffer + CHUNK_FRAMING;
 }
 
@@ -1810,7 +1823,20 @@ conn_start_upstream(struct sl_conn *c)
 	sl_req_shed_head(&c->req);
 	c->tried = 0;
 	c->tries = 0;
-	r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0, &retry_after);
+	if (c->req.method == HTTP_POST && up->balance ==
+	    SL_BALANCE_PREFIX_AFFINITY && c->req.body_len > 0) {
+		int outcome;
+
+		r = sl_pool_pick_prompt(c->w->pools, conn_upstream_idx(c),
+		    c->req.body, c->req.body_len, &retry_after, &outcome);
+		c->affinity = outcome + 1;
+		if (outcome >= 0)
+			sl_shm_count_affinity(c->w->shm, c->w->row,
+			    c->w->upstream_slot[conn_upstream_idx(c)],
+			    (enum sl_aff_outcome)outcome);
+	} else
+		r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0,
+		    &retry_after);
 	if (r < 0) {
 		char msg[160];
 
@@ -2077,7 +2103,8 @@ conn_refuse_full(struct sl_conn *c)
 	char msg[160];
 
 	sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
-	sl_shm_count_rejected(w->shm, w->row, w->tenant_slot[c->tenant]);
+	sl_shm_count_rejected(w->shm, w->row, w->tenant_slot[c->tenant],
+	    SL_REJECT_MAX_STREAMS);
 	snprintf(msg, sizeof(msg),
 	    "tenant concurrency limit reached (%d streams); retry later",
 	    (int)t->max_streams);
@@ -2085,15 +2112,46 @@ conn_refuse_full(struct sl_conn *c)
 	    t->retry_after, 0);
 }
 
+/*
+ * 429: the tenant's tokens in the last 60 s reached its budget (used of
+ * budget; used 0: counted by the cluster, in Redis).
+ */
+static void
+conn_refuse_tokens(struct sl_conn *c, uint64_t used, uint64_t budget, int ra)
+{
+	struct sl_worker *w = c->w;
+	char msg[200];
+
+	sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
+	sl_shm_count_rejected(w->shm, w->row, w->tenant_slot[c->tenant],
+	    SL_REJECT_TOKEN_BUDGET);
+	if (used > 0)
+		snprintf(msg, sizeof(msg), "tenant token budget reached (%"
+		    PRIu64 " of %" PRIu64 " tokens in the last 60 s); retry later",
+		    used, budget);
+	else
+		snprintf(msg, sizeof(msg), "tenant token budget reached (%"
+		    PRIu64 " tokens in the last 60 s, across the cluster); retry "
+		    "later", budget);
+	conn_error(c, 429, "rate_limit_error", "token_budget_exceeded", msg,
+	    ra > 0 ? ra : 1, 0);
+}
+
 static void conn_admitted(struct sl_conn *);
 
 /* The cluster refused, or cannot be asked and on_redis_down is closed. */
 static void
-conn_on_verdict(struct sl_conn *c, enum sl_cl_verdict v)
+conn_on_verdict(struct sl_conn *c, enum sl_cl_verdict v, int ra)
 {
 	c->lease = -1;
 	if (v == SL_CL_FULL) {
 		conn_refuse_full(c);
+		return;
+	}
+	if (v == SL_CL_TOKENS) {
+		/* The node slot taken for it goes back (conn_error frees it). */
+		conn_refuse_tokens(c, 0, (uint64_t)c->w->cfg->tenants[c->tenant].
+		    tokens_per_minute, ra);
 		return;
 	}
 	conn_error(c, 503, "server_error", "cluster_unavailable",
@@ -2103,7 +2161,7 @@ conn_on_verdict(struct sl_conn *c, enum sl_cl_verdict v)
 
 /* The cluster's answer to a request in CS_ADMIT. */
 static void
-conn_on_lease(void *arg, enum sl_cl_verdict v)
+conn_on_lease(void *arg, enum sl_cl_verdict v, int ra)
 {
 	struct sl_conn *c = arg;
 
@@ -2115,7 +2173,7 @@ conn_on_lease(void *arg, enum sl_cl_verdict v)
 	if (v == SL_CL_ADMIT)
 		conn_admitted(c);
 	else
-		conn_on_verdict(c, v);
+		conn_on_verdict(c, v, ra);
 	conn_process(c);   /* bytes read while it waited */
 	/* Reading stopped if they filled the input buffer meanwhile. */
 	if (!c->dead && c->in_len < CONN_IN_SIZE && c->state != CS_LINGER)
@@ -2161,18 +2219,15 @@ conn_on_head(struct sl_conn *c)
 	}
 	if (t->tokens_per_minute > 0) {
 		int ra;
-		uint64_t used = sl_shm_tokens_window(w->shm, w->tenant_slot[tenant],
-		    mono_sec(), (uint64_t)t->tokens_per_minute, &ra);
+		int64_t budget = w->cluster != NULL ?
+		    sl_cluster_token_budget(w->cluster, tenant) :
+		    t->tokens_per_minute;
+		uint64_t used = budget <= 0 ? 0 : sl_shm_tokens_window(w->shm,
+		    w->tenant_slot[tenant], mono_sec(), (uint64_t)budget, &ra);
 
-		if (used >= (uint64_t)t->tokens_per_minute) {
-			char msg[200];
-
-			sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
-			snprintf(msg, sizeof(msg), "tenant token budget reached (%"
-			    PRIu64 " of %d tokens in the last 60 s); retry later",
-			    used, (int)t->tokens_per_minute);
-			conn_error(c, 429, "rate_limit_error", "token_budget_exceeded",
-			    msg, ra > 0 ? ra : 1, 0);
+		/* budget -1: the cluster's window, checked with the lease. */
+		if (budget > 0 && used >= (uint64_t)budget) {
+			conn_refuse_tokens(c, used, (uint64_t)budget, ra);
 			return;
 		}
 	}
@@ -2192,7 +2247,7 @@ conn_on_head(struct sl_conn *c)
 			return;
 		}
 		if (v != SL_CL_ADMIT) {
-			conn_on_verdict(c, v);
+			conn_on_verdict(c, v, 0);
 			return;
 		}
 	}

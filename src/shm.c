@@ -50,12 +50,13 @@ struct shm_stats {
 /* Per row and tenant (one extra tenant: "none"). */
 struct shm_tstats {
 	_Atomic uint64_t req[SL_NCODES];
-	_Atomic uint64_t rejected;
+	_Atomic uint64_t rejected[SL_REJECT_MAX];
 };
 
 struct shm_ustats {
 	_Atomic uint64_t err[SL_UERR_MAX];
 	_Atomic uint64_t retry[SL_RETRY_R_MAX];
+	_Atomic uint64_t aff[SL_AFF_MAX];
 };
 
 struct shm_replica {
@@ -493,11 +494,12 @@ sl_shm_count_request(struct sl_shm *s, size_t row, size_t tenant, int status)
 }
 
 void
-sl_shm_count_rejected(struct sl_shm *s, size_t row, size_t tenant)
+sl_shm_count_rejected(struct sl_shm *s, size_t row, size_t tenant,
+    enum sl_reject_reason why)
 {
-	if (row >= s->max_rows || tenant > s->max_tenants)
+	if (row >= s->max_rows || tenant > s->max_tenants || why >= SL_REJECT_MAX)
 		return;
-	cell_add(&tcell(s, row, tenant)->rejected, 1);
+	cell_add(&tcell(s, row, tenant)->rejected[why], 1);
 }
 
 uint64_t
@@ -514,15 +516,16 @@ sl_shm_requests_sum(const struct sl_shm *s, size_t tenant, int slot)
 }
 
 uint64_t
-sl_shm_rejected_sum(const struct sl_shm *s, size_t tenant)
+sl_shm_rejected_sum(const struct sl_shm *s, size_t tenant,
+    enum sl_reject_reason why)
 {
 	size_t r;
 	uint64_t sum = 0;
 
-	if (tenant > s->max_tenants)
+	if (tenant > s->max_tenants || why >= SL_REJECT_MAX)
 		return 0;
 	for (r = 0; r < rows_used(s); r++)
-		sum += cell_get(&tcell(s, r, tenant)->rejected);
+		sum += cell_get(&tcell(s, r, tenant)->rejected[why]);
 	return sum;
 }
 
@@ -578,6 +581,31 @@ sl_shm_retry_sum(const struct sl_shm *s, size_t upstream,
 	for (r = 0; r < rows_used(s); r++)
 		sum += cell_get(&s->ustats[r * SL_SHM_MAX_UPSTREAMS +
 		    upstream].retry[k]);
+	return sum;
+}
+
+void
+sl_shm_count_affinity(struct sl_shm *s, size_t row, size_t upstream,
+    enum sl_aff_outcome k)
+{
+	if (row >= s->max_rows || upstream >= SL_SHM_MAX_UPSTREAMS ||
+	    k >= SL_AFF_MAX)
+		return;
+	cell_add(&s->ustats[row * SL_SHM_MAX_UPSTREAMS + upstream].aff[k], 1);
+}
+
+uint64_t
+sl_shm_affinity_sum(const struct sl_shm *s, size_t upstream,
+    enum sl_aff_outcome k)
+{
+	size_t r;
+	uint64_t sum = 0;
+
+	if (upstream >= SL_SHM_MAX_UPSTREAMS || k >= SL_AFF_MAX)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&s->ustats[r * SL_SHM_MAX_UPSTREAMS +
+		    upstream].aff[k]);
 	return sum;
 }
 
@@ -691,10 +719,12 @@ sl_shm_retire_stats(struct sl_shm *s, size_t row)
 				atomic_store_explicit(&a->req[i], 0, memory_order_relaxed);
 			}
 		}
-		if (cell_get(&a->rejected)) {
-			cell_add(&b->rejected, cell_get(&a->rejected));
-			atomic_store_explicit(&a->rejected, 0, memory_order_relaxed);
-		}
+		for (i = 0; i < SL_REJECT_MAX; i++)
+			if (cell_get(&a->rejected[i])) {
+				cell_add(&b->rejected[i], cell_get(&a->rejected[i]));
+				atomic_store_explicit(&a->rejected[i], 0,
+				    memory_order_relaxed);
+			}
 	}
 	for (u = 0; u < SL_SHM_MAX_UPSTREAMS; u++) {
 		for (i = 0; i < SL_UERR_MAX; i++) {
@@ -707,6 +737,12 @@ sl_shm_retire_stats(struct sl_shm *s, size_t row)
 			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].retry[i];
 
 			cell_add(&s->ustats[u].retry[i], cell_get(a));
+			atomic_store_explicit(a, 0, memory_order_relaxed);
+		}
+		for (i = 0; i < SL_AFF_MAX; i++) {
+			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].aff[i];
+
+			cell_add(&s->ustats[u].aff[i], cell_get(a));
 			atomic_store_explicit(a, 0, memory_order_relaxed);
 		}
 	}

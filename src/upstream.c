@@ -12,15 +12,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sl_affinity.h"
 #include "sl_log.h"
 #include "sl_upstream.h"
 
 #define EJECT_MAX_MS (5 * 60 * 1000)   /* ejection backoff cap: 5 min */
+#define KV_FULL 950                     /* per mille: a KV cache this full is
+					 * chosen only when all are */
 
 struct pool {
 	const struct sl_upstream_conf *conf;
 	size_t *slot;                /* [nreplicas] shared index */
 	int64_t *rr_current;         /* smooth weighted round robin state */
+	uint64_t *rid;               /* [nreplicas] rendezvous identity (URL) */
+	uint64_t was_down;           /* replicas seen down: affinity dropped */
 };
 
 struct sl_pools {
@@ -29,6 +34,8 @@ struct sl_pools {
 	struct pool *p;
 	size_t n;
 	uint64_t rng;
+	struct sl_affinity *aff;     /* NULL: no upstream uses prefix_affinity */
+	uint64_t *hashes;            /* [SL_POOL_MAX_BLOCKS] one request's */
 };
 
 int64_t
@@ -76,10 +83,21 @@ sl_pools_new(const struct sl_config *cfg, struct sl_shm *shm, size_t row,
 		p->conf = &cfg->upstreams[u];
 		p->slot = calloc(nr ? nr : 1, sizeof(*p->slot));
 		p->rr_current = calloc(nr ? nr : 1, sizeof(*p->rr_current));
-		if (p->slot == NULL || p->rr_current == NULL)
+		p->rid = calloc(nr ? nr : 1, sizeof(*p->rid));
+		if (p->slot == NULL || p->rr_current == NULL || p->rid == NULL)
 			goto fail;
-		for (r = 0; r < nr; r++)
+		for (r = 0; r < nr; r++) {
 			p->slot[r] = replica_slot[u][r];
+			p->rid[r] = sl_affinity_id(p->conf->replicas[r].url);
+		}
+		if (p->conf->balance == SL_BALANCE_PREFIX_AFFINITY &&
+		    ps->aff == NULL) {
+			ps->aff = sl_affinity_new(SL_POOL_AFFINITY_ENTRIES);
+			ps->hashes = calloc(SL_POOL_MAX_BLOCKS,
+			    sizeof(*ps->hashes));
+			if (ps->aff == NULL || ps->hashes == NULL)
+				goto fail;
+		}
 	}
 	return ps;
 fail:
@@ -97,8 +115,11 @@ sl_pools_free(struct sl_pools *ps)
 	for (u = 0; ps->p != NULL && u < ps->n; u++) {
 		free(ps->p[u].slot);
 		free(ps->p[u].rr_current);
+		free(ps->p[u].rid);
 	}
 	free(ps->p);
+	sl_affinity_free(ps->aff);
+	free(ps->hashes);
 	free(ps);
 }
 
@@ -126,6 +147,63 @@ unavailable_ms(const struct pool *p, struct sl_shm *shm, size_t r, int64_t now)
 	    sl_shm_limit(shm, p->slot[r]))
 		wait = 1000;   /* at its cap: a stream ends any moment */
 	return wait;
+}
+
+/*
+ * The runner's own figures for replica r, when load_metrics scraped them
+ * less than 4 intervals ago; 0 (and nothing set) otherwise.
+ */
+static int
+fresh_sample(const struct pool *p, struct sl_shm *shm, size_t r, int64_t now,
+    int32_t *waiting, int32_t *kv)
+{
+	struct sl_shm_replica *h;
+	int64_t at;
+
+	if (!p->conf->load_metrics.enabled ||
+	    (h = sl_shm_replica(shm, p->slot[r])) == NULL)
+		return 0;
+	at = atomic_load_explicit(&h->lm_at_ms, memory_order_acquire);
+	if (at == 0 || now - at > 4 * (int64_t)p->conf->load_metrics.interval_ms)
+		return 0;
+	*waiting = atomic_load_explicit(&h->lm_waiting, memory_order_relaxed);
+	*kv = atomic_load_explicit(&h->lm_kv, memory_order_relaxed);
+	return 1;
+}
+
+/*
+ * A replica's load: the streams this node has in flight to it (exact,
+ * all workers), plus the requests waiting in its queue when a fresh
+ * sample says so.
+ */
+static int64_t
+replica_load(const struct pool *p, struct sl_shm *shm, size_t r, int64_t now)
+{
+	int32_t waiting, kv;
+	int64_t l = sl_shm_inflight(shm, p->slot[r]);
+
+	if (fresh_sample(p, shm, r, now, &waiting, &kv) && waiting > 0)
+		l += waiting;
+	return l;
+}
+
+/* Candidates whose KV cache is over KV_FULL go only if all are. */
+static uint64_t
+kv_filter(const struct pool *p, struct sl_shm *shm, uint64_t cand, int64_t now)
+{
+	uint64_t full = 0;
+	size_t r;
+
+	if (!p->conf->load_metrics.enabled)
+		return cand;
+	for (r = 0; r < p->conf->nreplicas && r < 64; r++) {
+		int32_t waiting, kv;
+
+		if ((cand >> r & 1) && fresh_sample(p, shm, r, now, &waiting,
+		    &kv) && kv > KV_FULL)
+			full |= 1ULL << r;
+	}
+	return (cand & ~full) != 0 ? cand & ~full : cand;
 }
 
 /* Among the candidates (bits of `cand`), the policy's choice. */
@@ -171,21 +249,23 @@ choose(struct sl_pools *ps, struct pool *p, uint64_t cand)
 		return -1;
 	}
 	case SL_BALANCE_LEAST_LOADED:
+	case SL_BALANCE_PREFIX_AFFINITY:   /* a request without a prompt */
 	default: {
 		/*
-		 * Lowest in-flight / weight, compared by cross-multiplying;
+		 * Lowest load / weight, compared by cross-multiplying;
 		 * equals are drawn at random (reservoir), so workers that see
 		 * the same counts do not all herd onto the same replica.
 		 */
-		int64_t bl = 0, bw = 1;
+		int64_t bl = 0, bw = 1, now = sl_mono_ms();
 		unsigned ties = 0;
 
+		cand = kv_filter(p, ps->shm, cand, now);
 		for (r = 0; r < nr; r++) {
 			int64_t l, wt;
 
 			if (!(cand >> r & 1))
 				continue;
-			l = sl_shm_inflight(ps->shm, p->slot[r]);
+			l = replica_load(p, ps->shm, r, now);
 			wt = p->conf->replicas[r].weight;
 			if (best < 0 || l * bw < bl * wt) {
 				best = (int)r;
@@ -201,22 +281,77 @@ choose(struct sl_pools *ps, struct pool *p, uint64_t cand)
 	}
 }
 
-int
-sl_pool_pick(struct sl_pools *ps, size_t u, uint64_t tried, int *retry_after)
+/*
+ * Prefix affinity's choice among cand for a prompt with hashes h[0..n):
+ * the replica holding its longest known prefix, unless that one is over
+ * max_imbalance x the least loaded's load and over it by 2 or more;
+ * otherwise (no known prefix, or the holder cannot take it) the
+ * rendezvous choice of the first block among the replicas not so
+ * overloaded, so that every worker and node agrees on a new prompt.
+ */
+static int
+choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
+    const uint64_t *h, size_t n, int held, enum sl_aff_outcome *out)
+{
+	size_t nr = p->conf->nreplicas, r, k = 0;
+	int64_t load[64], least = -1, now = sl_mono_ms();
+	int64_t mi = p->conf->affinity.max_imbalance;
+	uint64_t ids[64];
+	int idx[64], pick;
+
+	cand = kv_filter(p, ps->shm, cand, now);
+	for (r = 0; r < nr && r < 64; r++) {
+		if (!(cand >> r & 1))
+			continue;
+		load[r] = replica_load(p, ps->shm, r, now);
+		if (least < 0 || load[r] < least)
+			least = load[r];
+	}
+	if (least < 0)
+		return -1;
+#define OVER(l) ((l) * 100 > mi * least && (l) >= least + 2)
+	if (held >= 0 && (size_t)held < nr && (cand >> held & 1) &&
+	    !OVER(load[held])) {
+		*out = SL_AFF_HIT;
+		return held;
+	}
+	*out = held >= 0 ? SL_AFF_SPILL : SL_AFF_MISS;
+	for (r = 0; r < nr && r < 64; r++)
+		if ((cand >> r & 1) && !OVER(load[r])) {
+			ids[k] = p->rid[r];
+			idx[k++] = (int)r;
+		}
+#undef OVER
+	(void)n;
+	pick = sl_affinity_rendezvous(h[0], ids, k);
+	return pick >= 0 ? idx[pick] : -1;
+}
+
+static int
+pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
+    size_t nh, int *retry_after, int *outcome)
 {
 	struct pool *p;
 	int64_t now, wait, min_wait = -1;
-	uint64_t cand = 0;
-	size_t r, nr;
-	int pick;
+	uint64_t cand = 0, down = 0;
+	size_t r, nr, matched = 0;
+	int pick, held = -1;
+	enum sl_aff_outcome aff = SL_AFF_MISS;
 
 	*retry_after = 1;
+	if (outcome != NULL)
+		*outcome = -1;
 	if (u >= ps->n)
 		return -1;
 	p = &ps->p[u];
 	nr = p->conf->nreplicas;
 	now = sl_mono_ms();
 	for (r = 0; r < nr && r < 64; r++) {
+		struct sl_shm_replica *hr = sl_shm_replica(ps->shm, p->slot[r]);
+
+		if (hr != NULL && atomic_load_explicit(&hr->down,
+		    memory_order_relaxed) != 0)
+			down |= 1ULL << r;
 		if (tried >> r & 1)
 			continue;
 		wait = unavailable_ms(p, ps->shm, r, now);
@@ -225,17 +360,37 @@ sl_pool_pick(struct sl_pools *ps, size_t u, uint64_t tried, int *retry_after)
 		else if (min_wait < 0 || wait < min_wait)
 			min_wait = wait;
 	}
+	if (ps->aff != NULL && (down & ~p->was_down) != 0)
+		/* A replica went down: what it had cached is gone or moves. */
+		for (r = 0; r < nr && r < 64; r++)
+			if ((down & ~p->was_down) >> r & 1)
+				sl_affinity_drop_replica(ps->aff, (uint32_t)u,
+				    (int)r);
+	p->was_down = down;
+	if (nh > 0 && (ps->aff == NULL ||
+	    p->conf->balance != SL_BALANCE_PREFIX_AFFINITY))
+		nh = 0;
+	if (nh > 0)
+		held = sl_affinity_lookup(ps->aff, (uint32_t)u, h, nh, &matched);
 	/*
 	 * A candidate's cap may fill between the look and the take (another
 	 * worker): then drop it and choose again among the rest.
 	 */
 	while (cand != 0) {
-		pick = choose(ps, p, cand);
+		pick = nh > 0 ? choose_affine(ps, p, cand, h, nh, held, &aff) :
+		    choose(ps, p, cand);
 		if (pick < 0)
 			break;
 		if (sl_shm_try_acquire(ps->shm, ps->row, p->slot[pick]) ==
-		    SL_ADMIT_OK)
+		    SL_ADMIT_OK) {
+			if (nh > 0) {
+				sl_affinity_record(ps->aff, (uint32_t)u, h, nh,
+				    pick);
+				if (outcome != NULL)
+					*outcome = (int)aff;
+			}
 			return pick;
+		}
 		cand &= ~(1ULL << pick);
 		if (min_wait < 0 || min_wait > 1000)
 			min_wait = 1000;
@@ -245,6 +400,27 @@ sl_pool_pick(struct sl_pools *ps, size_t u, uint64_t tried, int *retry_after)
 	if (*retry_after < 1)
 		*retry_after = 1;
 	return -1;
+}
+
+int
+sl_pool_pick(struct sl_pools *ps, size_t u, uint64_t tried, int *retry_after)
+{
+	return pick(ps, u, tried, NULL, 0, retry_after, NULL);
+}
+
+int
+sl_pool_pick_prompt(struct sl_pools *ps, size_t u, const char *body,
+    size_t len, int *retry_after, int *outcome)
+{
+	size_t nh = 0;
+
+	if (u < ps->n && ps->aff != NULL &&
+	    ps->p[u].conf->balance == SL_BALANCE_PREFIX_AFFINITY &&
+	    body != NULL && len > 0)
+		nh = sl_affinity_hashes(body, len,
+		    (size_t)ps->p[u].conf->affinity.block, ps->hashes,
+		    SL_POOL_MAX_BLOCKS);
+	return pick(ps, u, 0, ps->hashes, nh, retry_after, outcome);
 }
 
 void

@@ -1461,7 +1461,7 @@ def wait_metric(gw, name, want, timeout=3.0, **labels):
 
 ACCESS_LOG_FIELDS = ("time", "worker", "peer", "tenant", "method", "path", "status",
                      "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", "replica",
-                     "tries", "prompt_tokens", "completion_tokens", "usage")
+                     "tries", "prompt_tokens", "completion_tokens", "usage", "affinity")
 
 
 def access_lines(path):

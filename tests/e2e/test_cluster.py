@@ -871,3 +871,78 @@ def test_sigterm_removes_the_node_and_others_see_it_after_a_heartbeat():
             assert_error(r, 429, "concurrency_limit_exceeded")
             assert len(more) == 10, len(more)
             close_all(more)
+
+
+# ---------------------------------------------------------------- token budgets
+
+TOKENS_KEY = "sluice:{acme}:tokens"
+
+
+def _chat(gw, usage, key=ACME_KEY, stream=False):
+    """One chat completion that reports `usage` (prompt, completion)."""
+    hd = dict(h.bearer(key))
+    hd["Content-Type"] = "application/json"
+    hd.update(h.stub_headers(events=1, interval=0))
+    hd["X-Stub-Usage"] = "%d,%d" % usage
+    body = b'{"model":"stub","messages":[{"role":"user","content":"hi"}],"stream":%s}' % (
+        b"true" if stream else b"false")
+    with h.Client(gw.port) as c:
+        return c.request("POST", "/v1/chat/completions", hd, body, timeout=30)
+
+
+def _window(redis):
+    flat = redis.command("HGETALL", TOKENS_KEY) or []
+    return sum(int(flat[i + 1]) for i in range(0, len(flat), 2))
+
+
+@h.timeout(60)
+def test_token_budget_is_one_window_in_redis_for_every_node():
+    with Redis() as redis, Stub() as stub:
+        over = {"tenants": {"acme": {"tokens_per_minute": 100}}}
+        a = cluster_gw(stub, redis.addr, "gw-a", **over)
+        b = cluster_gw(stub, redis.addr, "gw-b", **over)
+        with a, b:
+            wait_nodes([a, b], 2)
+            t0 = time.monotonic()
+            r = _chat(a, (60, 9))
+            assert r.status == 200, r.status
+            h.wait_until(lambda: _window(redis) == 69, 5, msg="69 tokens in Redis")
+            # gw-b alone has seen nothing, yet it counts gw-a's tokens.
+            r = _chat(b, (30, 1), stream=True)
+            assert r.status == 200 and r.complete
+            h.wait_until(lambda: _window(redis) == 100, 5, msg="100 tokens in Redis")
+            for gw in (a, b):
+                r = _chat(gw, (1, 1))
+                assert_error(r, 429, "token_budget_exceeded")
+                ra = int(r.header("retry-after"))
+                el = time.monotonic() - t0
+                assert max(1, 58 - el) <= ra <= 61, (ra, el)
+                m = h.scrape(gw)
+                assert m.value("sluice_rejected_total", tenant="acme",
+                               reason="token_budget") == 1
+            # Beta has no budget: untouched, and nothing of it in Redis.
+            r = _chat(a, (5000, 5000), key=BETA_KEY)
+            assert r.status == 200
+            assert not redis.exists("sluice:{beta}:tokens")
+            # Refusals took no lease and left none behind.
+            wait_leases(redis, 0)
+            assert 0 < redis.command("TTL", TOKENS_KEY) <= 120
+
+
+@h.timeout(60)
+def test_token_budget_with_redis_down_local_share_is_the_nodes_share():
+    with Redis() as redis, Stub() as stub:
+        over = {"tenants": {"acme": {"tokens_per_minute": 100}}}
+        a, b = _two_nodes(redis, stub, "local_share", **over)
+        with a, b:
+            wait_nodes([a, b], 2)
+            _stop_redis(redis, (a, b), "local_share")
+            # ceil(100 / 2 live nodes) = 50 on each node, by its own window.
+            assert _chat(a, (40, 9)).status == 200
+            assert _chat(a, (1, 0)).status == 200       # 50: at the share
+            r = _chat(a, (1, 0))
+            assert_error(r, 429, "token_budget_exceeded")
+            assert "(50 of 50 tokens" in bytes(r.data).decode(), bytes(r.data)
+            assert _chat(b, (49, 0)).status == 200
+            assert _chat(b, (1, 0)).status == 200
+            assert_error(_chat(b, (1, 0)), 429, "token_budget_exceeded")

@@ -424,6 +424,11 @@ def test_budget_refuses_at_the_limit_across_workers_with_retry_after():
         assert r.status == 200 and r.complete
         _expect_tokens(gw, prompt=91, completion=9, window=100)
         _expect_tokens(gw, prompt=500, completion=500, window=1000, tenant="beta")
+        # Counted under their own reason, not as concurrency refusals.
+        m = h.scrape(gw)
+        assert m.value("sluice_rejected_total", tenant="acme", reason="token_budget") == 3
+        assert m.value("sluice_rejected_total", tenant="acme", reason="max_streams") == 0
+        assert m.value("sluice_rejected_total", tenant="beta", reason="token_budget") == 0
         # The refusals are in the access log, counted as nothing.
         lines = h.access_lines(gw.access_path)
         refused = [ln for ln in lines if ln["status"] == 429]

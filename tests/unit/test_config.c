@@ -1406,7 +1406,7 @@ test_pool_unknown_balance_and_retry_on_words_rejected(void **state)
 {
 	static const char *const want[] = {
 		NAME ":9:14: upstreams.llama.balance: 'fastest' must be one of "
-		    "least_loaded, round_robin, random", NULL,
+		    "least_loaded, round_robin, random, prefix_affinity", NULL,
 		NAME ":10:22: upstreams.llama.retry_on: 'timeout' must be one of "
 		    "connect, busy, empty", NULL,
 		NAME ":13:15: upstreams.qwen.retry_on: expected a list, got a "

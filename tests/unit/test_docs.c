@@ -217,6 +217,8 @@ type_word(enum sl_key_type t)
 		return "string";
 	case SL_KEY_BOOL:
 		return "boolean";
+	case SL_KEY_DECIMAL:
+		return "decimal";
 	}
 	return "?";
 }

@@ -1,0 +1,478 @@
+"""Inference-aware routing (issue 14): runner load signals and prompt-prefix
+affinity.
+
+Real processes on 127.0.0.1: sluice, and replicas that are small threaded
+HTTP servers (LoadReplica) serving a Prometheus page the test sets, a
+/health answer the test sets, and completions that answer with their own
+name (or wait until released). What is pinned: the master scrapes each
+replica's page and the workers rank by in-flight plus the runner's queue;
+a stale sample is ignored; a KV cache over 0.95 is avoided while another
+replica can take the request; the gauges; prefix affinity keeps a
+conversation on one replica across workers, spills under imbalance, and
+forgets a replica that goes down; the config keys and their errors.
+"""
+
+import http.server
+import json
+import threading
+import time
+
+import harness as h
+from harness import ACME_KEY, UPSTREAM_KEY
+from test_pools import pool_config
+
+CT = {"Content-Type": "application/json"}
+
+VLLM_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="m"}} {running}
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{model_name="m"}} {waiting}
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{model_name="m"}} {kv}
+"""
+
+
+def vllm_page(waiting=0, running=0, kv=0.0):
+    return VLLM_PAGE.format(waiting=waiting, running=running, kv=kv)
+
+
+class LoadReplica:
+    """A replica whose GET /metrics answers `page` (settable; None: 404),
+    GET /health answers `health`, and whose POSTs answer 200 with
+    {"replica": name}, counting them; a POST with "X-Hold: 1" waits until
+    release() (a stream held open). Threaded, loopback, stopped by the test."""
+
+    def __init__(self, name, page=None):
+        self.name = name
+        self.page = page
+        self.health = 200
+        self.posts = 0
+        self.scrapes = 0
+        self.prompts = []
+        self._lock = threading.Lock()
+        self._release = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _send(self, status, body, ctype="application/json"):
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/metrics":
+                    with outer._lock:
+                        outer.scrapes += 1
+                        page = outer.page
+                    if page is None:
+                        self._send(404, b'{"error":"no metrics"}')
+                    else:
+                        self._send(200, page.encode(), "text/plain; version=0.0.4")
+                    return
+                with outer._lock:
+                    st = outer.health
+                self._send(st, b'{"status":"%d"}' % st)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n)
+                with outer._lock:
+                    outer.posts += 1
+                    outer.prompts.append(body)
+                if self.headers.get("X-Hold") == "1":
+                    outer._release.wait(30)
+                self._send(200, json.dumps({"replica": outer.name}).encode())
+
+        self.server = http.server.ThreadingHTTPServer((h.HOST, 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = "http://%s:%d" % (h.HOST, self.port)
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def set_page(self, page):
+        with self._lock:
+            self.page = page
+
+    def set_health(self, status):
+        with self._lock:
+            self.health = status
+
+    def release(self):
+        self._release.set()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def chat(gw, messages, headers=None, timeout=20.0):
+    """One non-streamed chat completion; returns the replica's name."""
+    hd = dict(CT)
+    hd.update(headers or {})
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    r = gw.request("POST", "/v1/chat/completions", hd, body, key=ACME_KEY,
+                   timeout=timeout)
+    assert r.status == 200, (r.status, bytes(r.data[:300]))
+    return json.loads(bytes(r.data))["replica"]
+
+
+def held(gw, messages):
+    """A request the replica holds open until release(): the client."""
+    c = gw.client()
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    hd = dict(CT)
+    hd.update(h.bearer(ACME_KEY))
+    hd["X-Hold"] = "1"
+    c.send("POST", "/v1/chat/completions", hd, body)
+    return c
+
+
+LOAD = {"path": "/metrics", "interval": "50ms"}
+
+
+def wait_scraped(reps, n=2, timeout=5.0):
+    start = [r.scrapes for r in reps]
+    h.wait_until(lambda: all(r.scrapes >= s + n for r, s in zip(reps, start)),
+                 timeout, msg="%d scrapes of every replica" % n)
+
+
+# ------------------------------------------------------------------ load signal
+
+def test_least_loaded_ranks_by_in_flight_plus_the_runners_queue():
+    with LoadReplica("a", vllm_page(waiting=10)) as a, \
+            LoadReplica("b", vllm_page(waiting=0)) as b:
+        cfg = pool_config([a.url, b.url], load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            wait_scraped([a, b])
+            got = [chat(gw, [{"role": "user", "content": "q%d" % i}]) for i in range(10)]
+            assert got == ["b"] * 10, got
+            # The queues swap: the next samples send everything to a.
+            a.set_page(vllm_page(waiting=0))
+            b.set_page(vllm_page(waiting=10))
+            wait_scraped([a, b])
+            got = [chat(gw, [{"role": "user", "content": "r%d" % i}]) for i in range(10)]
+            assert got == ["a"] * 10, got
+            m = h.scrape(gw)
+            assert m.value("sluice_replica_queue", upstream="main", replica=a.url) == 0
+            assert m.value("sluice_replica_queue", upstream="main", replica=b.url) == 10
+
+
+def test_a_stale_sample_is_ignored_and_the_gauges_go_away():
+    with LoadReplica("a", vllm_page(waiting=50, kv=0.25)) as a, \
+            LoadReplica("b", vllm_page(waiting=0)) as b:
+        cfg = pool_config([a.url, b.url], load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            wait_scraped([a, b])
+            m = h.scrape(gw)
+            assert m.value("sluice_replica_queue", upstream="main", replica=a.url) == 50
+            assert m.value("sluice_replica_kv_cache", upstream="main", replica=a.url) == 0.25
+            assert chat(gw, [{"role": "user", "content": "x"}]) == "b"
+            # a's page goes away: after 4 intervals (200 ms) its sample is
+            # stale and only in-flight counts rank (both 0: a gets some).
+            a.set_page(None)
+            h.wait_until(lambda: h.scrape(gw).get("sluice_replica_queue", upstream="main",
+                                                  replica=a.url) is None,
+                         5, msg="a's queue gauge to go stale")
+            got = [chat(gw, [{"role": "user", "content": "y%d" % i}]) for i in range(40)]
+            assert got.count("a") > 0 and got.count("b") > 0, got
+            assert "no load sample from %s/metrics" % a.url in h.stderr_text(gw)
+
+
+def test_a_full_kv_cache_is_chosen_only_when_all_are():
+    with LoadReplica("a", vllm_page(waiting=0, kv=0.99)) as a, \
+            LoadReplica("b", vllm_page(waiting=5, kv=0.5)) as b:
+        cfg = pool_config([a.url, b.url], load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            wait_scraped([a, b])
+            # b has a queue but room in its cache; a is idle and full.
+            got = [chat(gw, [{"role": "user", "content": "q%d" % i}]) for i in range(8)]
+            assert got == ["b"] * 8, got
+            b.set_page(vllm_page(waiting=5, kv=0.97))
+            wait_scraped([a, b])
+            # Both full: the load decides again.
+            got = [chat(gw, [{"role": "user", "content": "r%d" % i}]) for i in range(8)]
+            assert got == ["a"] * 8, got
+
+
+def test_tgi_and_llamacpp_pages_are_read():
+    tgi = "# TYPE tgi_queue_size gauge\ntgi_queue_size 7\ntgi_batch_current_size 3\n"
+    llama = ("# HELP llamacpp:requests_deferred Number of requests deferred.\n"
+             "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 4\n"
+             "llamacpp:requests_processing 1\n")
+    with LoadReplica("a", tgi) as a, LoadReplica("b", llama) as b:
+        cfg = pool_config([a.url, b.url], load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            wait_scraped([a, b])
+            m = h.scrape(gw)
+            assert m.value("sluice_replica_queue", upstream="main", replica=a.url) == 7
+            assert m.value("sluice_replica_queue", upstream="main", replica=b.url) == 4
+            assert m.get("sluice_replica_kv_cache", upstream="main", replica=a.url) is None
+            assert chat(gw, [{"role": "user", "content": "x"}]) == "b"
+
+
+# ------------------------------------------------------------------ affinity
+
+SYSTEM = "You are a careful assistant. " * 12        # 348 bytes: 5 blocks
+
+
+def conversation(k, turns, shared=False):
+    """The message lists of `turns` turns of conversation k, each resending
+    the history. Its first block is its own, unless shared: then every such
+    conversation starts with the same system prompt (5 blocks)."""
+    first = SYSTEM + "conversation %d. " % k if shared else \
+        "conversation %d. " % k + SYSTEM
+    msgs = [{"role": "system", "content": first}]
+    out = []
+    for t in range(turns):
+        msgs = msgs + [{"role": "user",
+                        "content": "turn %d of conversation %d: " % (t, k) + "words " * 20}]
+        out.append(list(msgs))
+        msgs = msgs + [{"role": "assistant", "content": "answer %d " % t * 10}]
+    return out
+
+
+def test_prefix_affinity_keeps_each_conversation_on_one_replica_across_workers():
+    reps = [LoadReplica("r%d" % i) for i in range(4)]
+    for r in reps:
+        r.__enter__()
+    try:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([r.url for r in reps], workers=2, access_log=log,
+                          balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            convs = [conversation(k, 5) for k in range(12)]
+            where = {}
+            # Turn by turn, each request on a fresh connection (either worker).
+            for t in range(5):
+                for k, c in enumerate(convs):
+                    where.setdefault(k, []).append(chat(gw, c[t]))
+            for k, names in where.items():
+                assert len(set(names)) == 1, (k, names)
+            # New conversations spread over the pool (rendezvous of the
+            # first block): 12 of them on at least 2 replicas.
+            assert len({names[0] for names in where.values()}) >= 2, where
+            lines = h.wait_access_lines(log, 60)
+            kinds = [l["affinity"] for l in lines]
+            assert kinds.count("hit") + kinds.count("miss") == 60, kinds
+            assert kinds.count("spill") == 0, kinds
+            m = h.scrape(gw)
+            hits = m.value("sluice_affinity_hits_total", upstream="main")
+            misses = m.value("sluice_affinity_misses_total", upstream="main")
+            assert hits + misses == 60 and hits == kinds.count("hit"), (hits, misses)
+            # Every first turn is a miss on its worker; later turns hit on
+            # the worker that saw an earlier one (at most 2 misses each).
+            assert 12 <= misses <= 24, misses
+    finally:
+        for r in reps:
+            r.__exit__(None, None, None)
+
+
+def test_conversations_sharing_a_system_prompt_follow_it_on_an_idle_pool():
+    reps = [LoadReplica("r%d" % i) for i in range(4)]
+    for r in reps:
+        r.__enter__()
+    try:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([r.url for r in reps], access_log=log,
+                          balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            names = [chat(gw, conversation(k, 1, shared=True)[0]) for k in range(8)]
+            # The shared 5 blocks are cached where the first one went.
+            assert len(set(names)) == 1, names
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 8)]
+            assert kinds == ["miss"] + ["hit"] * 7, kinds
+    finally:
+        for r in reps:
+            r.__exit__(None, None, None)
+
+
+def test_a_new_prompt_goes_to_the_same_replica_from_two_gateways():
+    reps = [LoadReplica("r%d" % i) for i in range(4)]
+    for r in reps:
+        r.__enter__()
+    try:
+        cfgs = [pool_config([r.url for r in reps], balance="prefix_affinity")
+                for _ in range(2)]
+        with h.Gateway(cfgs[0]) as g1, h.Gateway(cfgs[1]) as g2:
+            for k in range(10):
+                msgs = conversation(100 + k, 1)[0]
+                assert chat(g1, msgs) == chat(g2, msgs), k
+    finally:
+        for r in reps:
+            r.__exit__(None, None, None)
+
+
+def test_affinity_spills_under_imbalance_and_comes_back():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity",
+                          affinity={"block": 64, "max_imbalance": 1.5})
+        with h.Gateway(cfg) as gw:
+            conv = conversation(7, 3)
+            home = chat(gw, conv[0])
+            other = "b" if home == "a" else "a"
+            rep = a if home == "a" else b
+            # Two streams held open on the home replica, of other prompts
+            # that also live there (their own first turns).
+            holders = []
+            k = 0
+            while len(holders) < 2:
+                msgs = conversation(1000 + k, 1)[0]
+                k += 1
+                if chat(gw, msgs) != home:
+                    continue
+                holders.append(held(gw, msgs))
+            h.wait_metric(gw, "sluice_replica_streams", 2, upstream="main", replica=rep.url)
+            # Load 2 vs 0: over 1.5 x 0 and over it by 2: spill.
+            assert chat(gw, conv[1]) == other
+            rep.release()
+            for c in holders:
+                r = c.read_response(timeout=10)
+                assert r.status == 200
+                c.close()
+            h.wait_metric(gw, "sluice_replica_streams", 0, upstream="main", replica=rep.url)
+            # The spill moved the conversation: its history now lives on
+            # `other`, and the next turn stays there.
+            assert chat(gw, conv[2]) == other
+            lines = h.wait_access_lines(log, 3 + k)
+            mine = [l["affinity"] for l in lines
+                    if l["path"] == "/v1/chat/completions"]
+            assert mine[0] == "miss" and "spill" in mine and mine[-1] == "hit", mine
+            m = h.scrape(gw)
+            assert m.value("sluice_affinity_spills_total", upstream="main") == 1
+
+
+def test_one_stream_more_on_the_home_replica_does_not_spill():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        cfg = pool_config([a.url, b.url], balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            conv = conversation(9, 2)
+            home = chat(gw, conv[0])
+            rep = a if home == "a" else b
+            k = 0
+            while True:
+                msgs = conversation(2000 + k, 1)[0]
+                k += 1
+                if chat(gw, msgs) == home:
+                    break
+            c = held(gw, msgs)
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=rep.url)
+            # 1 vs 0 is over 1.5 x 0 but not by 2: an idle pool keeps affinity.
+            assert chat(gw, conv[1]) == home
+            rep.release()
+            assert c.read_response(timeout=10).status == 200
+            c.close()
+
+
+def test_a_replica_that_goes_down_loses_its_affinity_entries():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity",
+                          health={"path": "/health", "interval": "100ms",
+                                  "timeout": "80ms", "fall": 1, "rise": 1})
+        with h.Gateway(cfg) as gw:
+            conv = conversation(3, 4)
+            home = chat(gw, conv[0])
+            rep, other = (a, "b") if home == "a" else (b, "a")
+            assert chat(gw, conv[1]) == home
+            rep.set_health(500)
+            h.wait_metric(gw, "sluice_replica_up", 0, upstream="main", replica=rep.url)
+            # Forgotten, not spilled: the next turn is a miss elsewhere.
+            assert chat(gw, conv[2]) == other
+            rep.set_health(200)
+            h.wait_metric(gw, "sluice_replica_up", 1, upstream="main", replica=rep.url)
+            # Its history is now on `other`: it stays there.
+            assert chat(gw, conv[3]) == other
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 4)]
+            assert kinds == ["miss", "hit", "miss", "hit"], kinds
+
+
+def test_requests_without_a_prompt_are_chosen_as_least_loaded():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            for body in (b"not json", b'{"model":"m"}', b"[1,2]"):
+                r = gw.request("POST", "/v1/chat/completions", CT, body, key=ACME_KEY)
+                assert r.status == 200
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 3)]
+            assert kinds == ["-", "-", "-"], kinds
+            m = h.scrape(gw)
+            assert m.value("sluice_affinity_misses_total", upstream="main") == 0
+            assert m.value("sluice_affinity_hits_total", upstream="main") == 0
+
+
+# ------------------------------------------------------------------ config
+
+POOL = """listen: "127.0.0.1:{port}"
+upstreams:
+  llama:
+    replicas:
+      - url: "http://127.0.0.1:9001"
+      - url: "http://127.0.0.1:9002"
+{extra}
+tenants:
+  acme:
+    keys: ["k"]
+    max_streams: 2
+"""
+
+
+def check(extra):
+    text = POOL.format(port=h.free_port(), extra=extra)
+    path = h.write_config(text)
+    rc, out, err = h.run_sluice(["-t", "-c", path])
+    return path, text, rc, out, err
+
+
+def test_check_accepts_the_routing_keys():
+    path, _, rc, out, err = check(
+        "    balance: prefix_affinity\n"
+        "    affinity: {block: 128, max_imbalance: 2.25}\n"
+        "    load_metrics: {path: /metrics, interval: 50ms}")
+    assert (rc, out, err) == (0, "%s: ok\n" % path, ""), (rc, out, err)
+
+
+def test_check_rejects_bad_routing_values_at_their_place():
+    cases = [
+        ("    balance: prefix", "prefix",
+         "upstreams.llama.balance: 'prefix' must be one of least_loaded, "
+         "round_robin, random, prefix_affinity"),
+        ("    affinity: {max_imbalance: 0.5}", "0.5",
+         "upstreams.llama.affinity.max_imbalance: 0.5 is out of range 1.0-100"),
+        ("    affinity: {max_imbalance: 1.505}", "1.505",
+         "upstreams.llama.affinity.max_imbalance: '1.505' is not a decimal number "
+         "(e.g. 1.5, at most 2 decimals)"),
+        ("    affinity: {block: 8}", "8",
+         "upstreams.llama.affinity.block: 8 is out of range 16-65536"),
+        ("    load_metrics: {interval: 10ms}", "10ms",
+         "upstreams.llama.load_metrics.interval: 10ms is out of range 50ms-1h"),
+        ("    load_metrics: {path: metrics}", "metrics}",
+         "upstreams.llama.load_metrics.path: 'metrics' must start with '/' and "
+         "hold no spaces or control characters"),
+        ("    load_metrics: {every: 1s}", "every",
+         "unknown key 'every' in upstreams.llama.load_metrics"),
+    ]
+    for extra, at, msg in cases:
+        path, text, rc, out, err = check(extra)
+        i = text.index(extra) + extra.index(at)
+        line = text.count("\n", 0, i) + 1
+        col = i - (text.rfind("\n", 0, i) + 1) + 1
+        assert rc == 1, (extra, rc, out, err)
+        assert err.splitlines() == ["%s:%d:%d: %s" % (path, line, col, msg)], (extra, err)
