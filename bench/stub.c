@@ -162,8 +162,9 @@
  * of --block bytes (the tail after the last whole block is never cached), each
  * hashed with the hash of the blocks before it (FNV-1a 64, chained). When the
  * request gets its slot, its cached prefix is the longest run of its leading
- * blocks found in the LRU, and prefill = base + per_kib x (prompt bytes - cached
- * blocks x block) / 1024 ms. When the prefill ends, all its blocks are inserted
+ * blocks found in the LRU (refreshed then, last block first), and prefill =
+ * base + per_kib x (prompt bytes - cached blocks x block) / 1024 ms. When the
+ * prefill ends, all its blocks are inserted
  * (or refreshed) in the LRU, last block first, so a shared head is evicted last.
  * With every runner option off a completion takes its slot and prefills in zero
  * time within the same step: answers and timing are as they were.
@@ -2217,10 +2218,11 @@ runner_prefilled(struct conn *c)
  * Give c a batch slot: find its cached prefix (the longest run of leading
  * blocks in the cache) and start its prefill. wake: called for another
  * connection's release, so c's machine must be woken by its timer even for a
- * zero prefill; otherwise a zero prefill goes on in this step.
+ * zero prefill; otherwise a zero prefill goes on in this step. now: the time
+ * the slot is given (the dispatch time when there was no wait).
  */
 static void
-runner_start(struct conn *c, int wake)
+runner_start(struct conn *c, int wake, double now)
 {
 	struct stub *ctx = c->ctx;
 	struct req *r = &c->req;
@@ -2229,10 +2231,17 @@ runner_start(struct conn *c, int wake)
 	r->slot = SLOT_RUNNING;
 	if (++ctx->running > ctx->rs.max_running)
 		ctx->rs.max_running = ctx->running;
-	r->t_slot = mono_now();
+	r->t_slot = now;
 	for (i = 0; i < r->nblocks && pc_find(&ctx->pc, r->blocks[i]) != PC_NIL; i++)
 		;
 	r->hit_blocks = i;
+	/*
+	 * The prefix in use is refreshed now (a runner holds it while the request
+	 * runs), head last: inserting this prompt's new tail later must not evict it.
+	 */
+	while (i-- > 0)
+		pc_insert(&ctx->pc, r->blocks[i]);
+	i = r->hit_blocks;
 	hit_bytes = i * ctx->block;
 	ctx->rs.prompt_bytes += r->prompt_bytes;
 	ctx->rs.prompt_bytes_hit += hit_bytes;
@@ -2268,7 +2277,7 @@ runner_admit(struct conn *c)
 		conn_set_state(c, CONN_QUEUED);
 		return;
 	}
-	runner_start(c, 0);
+	runner_start(c, 0, c->req.t_dispatch);
 }
 
 /*
@@ -2292,7 +2301,7 @@ runner_release(struct conn *c)
 		    (ctx->batch == 0 || ctx->running < (uint64_t)ctx->batch)) {
 			TAILQ_REMOVE(&ctx->waitq, next, wentry);
 			ctx->waiting--;
-			runner_start(next, 1);
+			runner_start(next, 1, mono_now());
 		}
 	}
 	r->slot = SLOT_NONE;
