@@ -8,7 +8,8 @@
  * Command line
  *   sluice-stub [-l HOST:PORT] [-q] [--health-status CODE] [--slow-start SECONDS]
  *               [--busy] [--busy-status 429|503] [--busy-retry-after SECONDS]
- *               [--interval-scale F]
+ *               [--interval-scale F] [--batch N] [--prefix-cache BLOCKS]
+ *               [--block BYTES] [--ttft-base-ms MS] [--ttft-ms-per-kib MS]
  *     -l  listen address, default 127.0.0.1:9000; "[::1]:PORT" for IPv6; port 0
  *         picks a free port.
  *     -q  quiet: no per-request log lines on stderr (startup errors still print).
@@ -22,6 +23,16 @@
  *     --busy-retry-after N  0..86400, its Retry-After, default 2.
  *     --interval-scale F    multiply every X-Stub-Interval-Ms by F (decimal,
  *         0 < F <= 1000, default 1): a replica with F = 3 streams 3x slower.
+ *   The last five make it a model runner with a batch and a prefix cache (see
+ *   Runner model below); all are off by default:
+ *     --batch N             0..100000, default 0 (no limit): at most N completions
+ *         hold a slot at once, the others wait in a FIFO queue.
+ *     --prefix-cache BLOCKS 0..4194304, default 0 (none): an LRU of that many
+ *         prompt block hashes.
+ *     --block BYTES         16..65536, default 64: prompt bytes per block.
+ *     --ttft-base-ms MS, --ttft-ms-per-kib MS   0..86400 each, fraction allowed,
+ *         default 0: a request's prefill lasts base + per-KiB x its uncached
+ *         prompt bytes / 1024 ms.
  *   Bad values print why and the usage, exit 2.
  *   After binding, exactly one line goes to stdout, flushed:
  *     sluice-stub listening on HOST:PORT        (numeric host, actual port)
@@ -37,8 +48,13 @@
  *   GET /stub/stats     counters, below.
  *   GET /stub/last      the body of the last completion request (chat or not), byte
  *                       for byte, with "X-Stub-Path: PATH"; 404 if none since reset.
- *   POST /stub/reset    zero the counters, drop idle tags, forget the last body;
- *                       {"ok":true}.
+ *   POST /stub/reset    zero the counters, drop idle tags, forget the last body,
+ *                       empty the prefix cache; {"ok":true}.
+ *   GET /metrics        Prometheus text (version 0.0.4) in vLLM's names, each with
+ *                       # HELP, # TYPE gauge and the label model_name="stub":
+ *                       vllm:num_requests_running (slots held), vllm:num_requests_waiting
+ *                       (queued), vllm:kv_cache_usage_perc (prefix cache blocks
+ *                       in use / --prefix-cache, 0..1; 0 without a cache).
  *   GET /health         loading: 503 LOADING (below); else the health status:
  *                       2xx {"status":"ok"}, 503 LOADING, other {"error":{"message":
  *                       "stub health CODE","type":"stub","code":CODE}}.
@@ -134,11 +150,30 @@
  *   "message":{"role":"assistant","content":"tok0 tok1 ... "},"finish_reason":"stop"}],
  *   "usage":{"prompt_tokens":P,"completion_tokens":C,"total_tokens":P+C}}
  *
+ * Runner model. A completion the stub will answer 200 (chat or not, stream or
+ * not, no X-Stub-Status; not one refused as loading or busy) first takes one of
+ * --batch slots, or waits for one in FIFO order; then it prefills; then the other
+ * knobs apply (X-Stub-Hang, X-Stub-Delay-Ms) and the response starts, so the time
+ * to the head (and the first event) is wait + prefill (+ delay). The slot is held
+ * until the response is written or the peer leaves. The prompt is the body's
+ * messages[].content concatenated (a content array contributes its strings and
+ * "text" parts), or its "prompt" (a string or an array of strings), as decoded
+ * bytes; a body jansson cannot parse has an empty prompt. It is cut into blocks
+ * of --block bytes (the tail after the last whole block is never cached), each
+ * hashed with the hash of the blocks before it (FNV-1a 64, chained). When the
+ * request gets its slot, its cached prefix is the longest run of its leading
+ * blocks found in the LRU (refreshed then, last block first), and prefill =
+ * base + per_kib x (prompt bytes - cached blocks x block) / 1024 ms. When the
+ * prefill ends, all its blocks are inserted
+ * (or refreshed) in the LRU, last block first, so a shared head is evicted last.
+ * With every runner option off a completion takes its slot and prefills in zero
+ * time within the same step: answers and timing are as they were.
+ *
  * Stats (GET /stub/stats)
  *   {"requests","streams_started","streams_completed","aborted_by_client","inflight",
  *    "max_inflight","blocked_writes","bytes_sent","connections_open",
  *    "connections_total","health_requests","busy_rejected","loading_rejected",
- *    "include_usage_requests","usage_chunks",
+ *    "include_usage_requests","usage_chunks",RUNNER,
  *    MODE,"tags":{"TAG":{"requests","inflight","max_inflight",
  *    "completed","aborted_by_client","bytes_sent","include_usage_requests"}}}
  *   usage_chunks counts usage chunks built (a cut may lose one written).
@@ -158,6 +193,24 @@
  *   loading_rejected is what the stub accepted to serve.
  *   Reset keeps the gauges (inflight, connections_open), sets max_inflight to
  *   inflight, and keeps tags that still have requests in flight (counters zeroed).
+ *   RUNNER is the runner model's settings, gauges and counters:
+ *     "runner":{"batch","prefix_cache","block","ttft_base_ms","ttft_ms_per_kib"},
+ *     "running","waiting"    slots held, requests queued (gauges)
+ *     "max_running","max_waiting"   their peaks since start or reset
+ *     "prefills"             prefills ended
+ *     "prompt_bytes","prompt_bytes_hit"   prompt bytes of the requests given a
+ *                            slot, and of those the bytes in cached blocks
+ *     "prompt_blocks","prefix_hit_blocks","prefix_hit_requests"   their whole
+ *                            blocks, those found cached, requests with any found
+ *     "cache_blocks","cache_evictions"   blocks in the LRU now, evicted so far
+ *     "queue_ms_total","prefill_ms_total"   summed slot waits (measured) and
+ *                            modelled prefills, ms
+ *     "last_prefill":null or {"prompt_bytes","blocks","hit_blocks","hit_bytes",
+ *       "queue_ms","prefill_ms","ttft_ms"} of the last prefill that ended:
+ *       queue_ms measured from dispatch to slot, prefill_ms modelled, ttft_ms
+ *       measured from dispatch to the prefill's end (the response may start).
+ *   Reset empties the LRU, zeroes the counters (evictions too), drops
+ *   last_prefill and sets the peaks to the gauges.
  *
  * Flow control is the point of this program: at most one unit (a head, one event,
  * or one whole JSON response) waits in user space per connection. When a write
@@ -219,6 +272,13 @@
 #define TAG_MAX_LEN         64
 #define MAX_TAGS            10000
 #define NONSTREAM_MAX_EVENTS 1000000LL
+/* The runner model: --batch, --prefix-cache, --block. */
+#define BATCH_MAX           100000LL
+#define PC_MAX_BLOCKS       4194304LL
+#define BLOCK_MIN           16LL
+#define BLOCK_MAX           65536LL
+#define BLOCK_DEFAULT       64
+#define PC_NIL              UINT32_MAX
 
 /* ------------------------------------------------------------------ buffers */
 
@@ -388,8 +448,144 @@ struct stats {
 	uint64_t include_usage_requests, usage_chunks;
 };
 
+/* ------------------------------------------------------------------ prefix cache */
+
+/*
+ * The --prefix-cache LRU: a fixed table of chained block hashes, allocated at
+ * startup, so a runner's KV-cache occupancy is "used / cap". Entries are
+ * indices; PC_NIL ends a bucket chain or the LRU list. Only whole blocks are
+ * cached: a prompt's hash i covers its first (i + 1) blocks (see prompt_feed),
+ * so a hit on block i implies the prefix before it.
+ */
+struct pc_ent {
+	uint64_t hash;
+	uint32_t chain;		/* next entry of its bucket */
+	uint32_t newer, older;	/* LRU list, mru first */
+};
+
+struct pcache {
+	struct pc_ent	*ent;		/* cap entries; [0, used) in use */
+	uint32_t	*bucket;	/* mask + 1 chain heads */
+	uint32_t	 cap, used, mask;
+	uint32_t	 mru, lru;
+	uint64_t	 evictions;
+};
+
+/* Size the table for cap blocks (0: no cache). Startup only: dies without memory. */
+static void pc_init(struct pcache *pc, uint32_t cap);
+
+static uint32_t
+pc_find(const struct pcache *pc, uint64_t h)
+{
+	uint32_t i;
+
+	if (pc->cap == 0)
+		return PC_NIL;
+	for (i = pc->bucket[h & pc->mask]; i != PC_NIL; i = pc->ent[i].chain)
+		if (pc->ent[i].hash == h)
+			return i;
+	return PC_NIL;
+}
+
+static void
+pc_unlink_lru(struct pcache *pc, uint32_t i)
+{
+	struct pc_ent *e = &pc->ent[i];
+
+	if (e->newer != PC_NIL)
+		pc->ent[e->newer].older = e->older;
+	else
+		pc->mru = e->older;
+	if (e->older != PC_NIL)
+		pc->ent[e->older].newer = e->newer;
+	else
+		pc->lru = e->newer;
+}
+
+static void
+pc_link_mru(struct pcache *pc, uint32_t i)
+{
+	struct pc_ent *e = &pc->ent[i];
+
+	e->newer = PC_NIL;
+	e->older = pc->mru;
+	if (pc->mru != PC_NIL)
+		pc->ent[pc->mru].newer = i;
+	else
+		pc->lru = i;
+	pc->mru = i;
+}
+
+/* Insert h as the most recent block, or refresh it; a full cache evicts its lru. */
+static void
+pc_insert(struct pcache *pc, uint64_t h)
+{
+	uint32_t i, *p;
+
+	if (pc->cap == 0)
+		return;
+	if ((i = pc_find(pc, h)) != PC_NIL) {
+		pc_unlink_lru(pc, i);
+		pc_link_mru(pc, i);
+		return;
+	}
+	if (pc->used < pc->cap)
+		i = pc->used++;
+	else {
+		i = pc->lru;
+		pc_unlink_lru(pc, i);
+		for (p = &pc->bucket[pc->ent[i].hash & pc->mask]; *p != i; p = &pc->ent[*p].chain)
+			;
+		*p = pc->ent[i].chain;
+		pc->evictions++;
+	}
+	pc->ent[i].hash = h;
+	pc->ent[i].chain = pc->bucket[h & pc->mask];
+	pc->bucket[h & pc->mask] = i;
+	pc_link_mru(pc, i);
+}
+
+/* Forget every block (POST /stub/reset). */
+static void
+pc_clear(struct pcache *pc)
+{
+	if (pc->cap > 0)
+		memset(pc->bucket, 0xff, ((size_t)pc->mask + 1) * sizeof *pc->bucket);
+	pc->used = 0;
+	pc->mru = pc->lru = PC_NIL;
+	pc->evictions = 0;
+}
+
+static void
+pc_free(struct pcache *pc)
+{
+	free(pc->ent);
+	free(pc->bucket);
+	memset(pc, 0, sizeof *pc);
+}
+
+/* Counters of the runner model; POST /stub/reset zeroes them (not the gauges). */
+struct runner_stats {
+	uint64_t prefills;		/* prefills that ended (first token due) */
+	uint64_t prompt_bytes;		/* prompt bytes of requests given a slot */
+	uint64_t prompt_bytes_hit;	/* of which found in the prefix cache */
+	uint64_t prompt_blocks;		/* whole blocks of those prompts */
+	uint64_t hit_blocks;		/* of which found in the prefix cache */
+	uint64_t hit_requests;		/* requests with at least one block found */
+	uint64_t max_running, max_waiting;
+	double	 queue_ms_total, prefill_ms_total;
+};
+
+/* What the last prefill was, for a test to check the model's arithmetic. */
+struct last_prefill {
+	int	 valid;
+	uint64_t prompt_bytes, blocks, hit_blocks, hit_bytes;
+	double	 queue_ms, prefill_ms, ttft_ms;
+};
+
 struct conn;
 LIST_HEAD(conn_list, conn);
+TAILQ_HEAD(conn_queue, conn);
 
 /* The one context of the process; every callback reaches it through its conn. */
 struct stub {
@@ -412,6 +608,17 @@ struct stub {
 	long long	 busy_retry_after;	/* Retry-After seconds on a busy refusal */
 	double		 loading_until;	/* CLOCK_MONOTONIC s; loading (503) before it */
 	double		 interval_scale;	/* --interval-scale: pause = interval x this */
+	/* The runner model (--batch, --prefix-cache, --block, --ttft-*). */
+	long long	 batch;		/* slots; 0: unbounded */
+	size_t		 block;		/* prompt bytes per cached block */
+	double		 ttft_base_ms, ttft_ms_per_kib;
+	uint64_t	 running;	/* completions holding a slot */
+	uint64_t	 waiting;	/* in waitq */
+	struct conn_queue waitq;	/* completions waiting for a slot, FIFO */
+	struct pcache	 pc;
+	struct runner_stats rs;
+	struct last_prefill last_prefill;
+	int		 stopping;	/* shutdown: hand no slot on */
 	/* GET /stub/last: the body of the last completion request, as received. */
 	struct buf	 last_body;
 	char		 last_path[32];	/* its path; "" when there is none */
@@ -522,6 +729,7 @@ enum route {
 	ROUTE_RESET,
 	ROUTE_LAST,		/* GET /stub/last */
 	ROUTE_HEALTH,		/* GET /health */
+	ROUTE_METRICS,		/* GET /metrics: the runner's gauges, vLLM's names */
 	ROUTE_CTL_HEALTH,	/* POST /stub/health?status=CODE */
 	ROUTE_CTL_BUSY,		/* POST /stub/busy?on=0|1[&status=..][&retry_after=..] */
 	ROUTE_CTL_SLOW_START,	/* POST /stub/slow-start?seconds=S */
@@ -562,6 +770,16 @@ struct req {
 	unsigned	 dispatched:1;	/* finish it exactly once */
 	unsigned	 counted:1;	/* holds one unit of inflight */
 	struct tag	*tag;
+
+	/* The runner model, for a completion it serves (see runner_admit). */
+	enum { SLOT_NONE, SLOT_WAITING, SLOT_RUNNING } slot;
+	size_t		 prompt_bytes;	/* messages[].content or prompt, decoded */
+	uint64_t	*blocks;	/* chained hashes of its whole blocks; owned here,
+					   freed by req_reset / conn_free */
+	size_t		 nblocks;
+	size_t		 hit_blocks;	/* leading blocks found in the cache */
+	double		 t_dispatch, t_slot;	/* CLOCK_MONOTONIC s */
+	double		 prefill_ms;	/* the modelled TTFT after the wait */
 };
 
 enum outcome { OUT_COMPLETED, OUT_ABORTED_BY_CLIENT, OUT_CUT, OUT_SHUTDOWN };
@@ -575,6 +793,8 @@ enum outcome { OUT_COMPLETED, OUT_ABORTED_BY_CLIENT, OUT_CUT, OUT_SHUTDOWN };
 enum conn_state {
 	CONN_READ,	/* parsing requests; EV_READ wakes us */
 	CONN_DISPATCH,	/* a request is complete: pick route and knobs */
+	CONN_QUEUED,	/* a completion waits for a --batch slot (ctx->waitq) */
+	CONN_PREFILL,	/* holds a slot: the modelled TTFT timer */
 	CONN_DELAY,	/* X-Stub-Delay-Ms timer before the head */
 	CONN_HANG,	/* X-Stub-Hang: wait for the peer to give up */
 	CONN_RESPOND,	/* build the head (and a small body) into out */
@@ -589,6 +809,7 @@ enum resp_kind { RESP_NONE, RESP_CONTINUE, RESP_FIXED, RESP_CUT_AFTER_HEAD, RESP
 
 struct conn {
 	LIST_ENTRY(conn) entry;
+	TAILQ_ENTRY(conn) wentry;	/* in ctx->waitq while CONN_QUEUED */
 	struct stub	*ctx;
 	int		 fd;
 	enum conn_state	 state;
@@ -666,6 +887,11 @@ req_reset(struct req *r)
 	r->extra_head[0] = '\0';
 	r->dispatched = r->counted = 0;
 	r->tag = NULL;
+	r->slot = SLOT_NONE;
+	free(r->blocks);
+	r->blocks = NULL;
+	r->nblocks = r->prompt_bytes = r->hit_blocks = 0;
+	r->t_dispatch = r->t_slot = r->prefill_ms = 0;
 }
 
 static const char *
@@ -963,9 +1189,11 @@ peak_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	peak_update(w->data);
 }
 
+static void runner_release(struct conn *c);
+
 /*
  * Call exactly once per dispatched request, when its response is done or its
- * connection goes: releases inflight and logs one line.
+ * connection goes: releases inflight and its batch slot, and logs one line.
  */
 static void
 req_finish(struct conn *c, enum outcome o)
@@ -978,6 +1206,7 @@ req_finish(struct conn *c, enum outcome o)
 	if (!r->dispatched)
 		return;
 	r->dispatched = 0;
+	runner_release(c);
 	stub_log(c->ctx, "%s %.*s tag=%s status=%d events=%lld %s",
 	    http_method_str((enum http_method)r->method), (int)r->url_len,
 	    r->arena.data ? r->arena.data : "", t ? t->name : "-", r->status,
@@ -1012,6 +1241,11 @@ stats_reset(struct stub *ctx)
 	st->max_inflight = st->inflight;
 	ctx->last_body.len = 0;
 	ctx->last_path[0] = '\0';
+	pc_clear(&ctx->pc);
+	memset(&ctx->rs, 0, sizeof ctx->rs);
+	ctx->rs.max_running = ctx->running;
+	ctx->rs.max_waiting = ctx->waiting;
+	memset(&ctx->last_prefill, 0, sizeof ctx->last_prefill);
 	for (t = TAILQ_FIRST(&ctx->tags); t != NULL; t = tnext) {
 		tnext = TAILQ_NEXT(t, entry);
 		if (t->inflight == 0) {
@@ -1111,8 +1345,9 @@ resp_json_begin(struct conn *c)
 	buf_fill(&c->out, ' ', HEAD_ROOM);
 }
 
+/* Put the head (status, ctype, Content-Length) in front of the body begun above. */
 static void
-resp_json_end(struct conn *c, int status)
+resp_body_end(struct conn *c, int status, const char *ctype)
 {
 	char head[HEAD_ROOM];
 	size_t body_len;
@@ -1124,12 +1359,18 @@ resp_json_end(struct conn *c, int status)
 		return;
 	body_len = c->out.len - HEAD_ROOM;
 	hl = snprintf(head, sizeof head,
-	    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+	    "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
 	    "Content-Length: %zu\r\n%s%s\r\n",
-	    status, status_reason(status), body_len, c->req.extra_head,
+	    status, status_reason(status), ctype, body_len, c->req.extra_head,
 	    c->req.keep_alive ? "" : "Connection: close\r\n");
 	memcpy(c->out.data + HEAD_ROOM - hl, head, (size_t)hl);
 	c->out_pos = HEAD_ROOM - (size_t)hl;
+}
+
+static void
+resp_json_end(struct conn *c, int status)
+{
+	resp_body_end(c, status, "application/json");
 }
 
 static void
@@ -1405,6 +1646,68 @@ resp_last(struct conn *c)
 	resp_json_end(c, 200);
 }
 
+/* The runner model's settings, gauges and counters, as fields (leading comma). */
+static void
+buf_runner(struct buf *b, const struct stub *ctx)
+{
+	const struct runner_stats *rs = &ctx->rs;
+	const struct last_prefill *lp = &ctx->last_prefill;
+
+	buf_printf(b, ",\"runner\":{\"batch\":%lld,\"prefix_cache\":%" PRIu32
+	    ",\"block\":%zu", ctx->batch, ctx->pc.cap, ctx->block);
+	buf_printf(b, ",\"ttft_base_ms\":%.3f,\"ttft_ms_per_kib\":%.3f}",
+	    ctx->ttft_base_ms, ctx->ttft_ms_per_kib);
+	buf_printf(b, ",\"running\":%" PRIu64 ",\"waiting\":%" PRIu64
+	    ",\"max_running\":%" PRIu64 ",\"max_waiting\":%" PRIu64,
+	    ctx->running, ctx->waiting, rs->max_running, rs->max_waiting);
+	buf_printf(b, ",\"prefills\":%" PRIu64 ",\"prompt_bytes\":%" PRIu64
+	    ",\"prompt_bytes_hit\":%" PRIu64, rs->prefills, rs->prompt_bytes,
+	    rs->prompt_bytes_hit);
+	buf_printf(b, ",\"prompt_blocks\":%" PRIu64 ",\"prefix_hit_blocks\":%" PRIu64
+	    ",\"prefix_hit_requests\":%" PRIu64, rs->prompt_blocks, rs->hit_blocks,
+	    rs->hit_requests);
+	buf_printf(b, ",\"cache_blocks\":%" PRIu32 ",\"cache_evictions\":%" PRIu64,
+	    ctx->pc.used, ctx->pc.evictions);
+	buf_printf(b, ",\"queue_ms_total\":%.3f,\"prefill_ms_total\":%.3f",
+	    rs->queue_ms_total, rs->prefill_ms_total);
+	if (!lp->valid) {
+		buf_puts(b, ",\"last_prefill\":null");
+		return;
+	}
+	buf_printf(b, ",\"last_prefill\":{\"prompt_bytes\":%" PRIu64 ",\"blocks\":%" PRIu64
+	    ",\"hit_blocks\":%" PRIu64 ",\"hit_bytes\":%" PRIu64, lp->prompt_bytes,
+	    lp->blocks, lp->hit_blocks, lp->hit_bytes);
+	buf_printf(b, ",\"queue_ms\":%.3f,\"prefill_ms\":%.3f,\"ttft_ms\":%.3f}",
+	    lp->queue_ms, lp->prefill_ms, lp->ttft_ms);
+}
+
+/*
+ * GET /metrics: the gauges a router scrapes from vLLM, in its names and
+ * Prometheus text format. kv_cache_usage_perc is the prefix cache's fill
+ * (0 without one).
+ */
+static void
+resp_metrics(struct conn *c)
+{
+	const struct stub *ctx = c->ctx;
+	struct buf *b = &c->out;
+	double kv = ctx->pc.cap ? (double)ctx->pc.used / (double)ctx->pc.cap : 0.0;
+
+	resp_json_begin(c);
+	buf_puts(b, "# HELP vllm:num_requests_running Number of requests in model execution "
+	    "batches.\n# TYPE vllm:num_requests_running gauge\n");
+	buf_printf(b, "vllm:num_requests_running{model_name=\"stub\"} %" PRIu64 ".0\n",
+	    ctx->running);
+	buf_puts(b, "# HELP vllm:num_requests_waiting Number of requests waiting to be "
+	    "processed.\n# TYPE vllm:num_requests_waiting gauge\n");
+	buf_printf(b, "vllm:num_requests_waiting{model_name=\"stub\"} %" PRIu64 ".0\n",
+	    ctx->waiting);
+	buf_puts(b, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent "
+	    "usage.\n# TYPE vllm:kv_cache_usage_perc gauge\n");
+	buf_printf(b, "vllm:kv_cache_usage_perc{model_name=\"stub\"} %.6f\n", kv);
+	resp_body_end(c, 200, "text/plain; version=0.0.4; charset=utf-8");
+}
+
 static void
 resp_stats(struct conn *c)
 {
@@ -1426,6 +1729,7 @@ resp_stats(struct conn *c)
 	    st->health_requests, st->busy_rejected, st->loading_rejected);
 	buf_printf(b, ",\"include_usage_requests\":%" PRIu64 ",\"usage_chunks\":%" PRIu64,
 	    st->include_usage_requests, st->usage_chunks);
+	buf_runner(b, c->ctx);
 	buf_mode(b, c->ctx);
 	buf_puts(b, ",\"tags\":{");
 	TAILQ_FOREACH(t, &c->ctx->tags, entry) {
@@ -1728,6 +2032,281 @@ conn_flush(struct conn *c)
 	return WR_DONE;
 }
 
+/* ------------------------------------------------------------------ the runner model */
+
+/*
+ * A completion the stub answers 200 (chat or not, stream or not, no
+ * X-Stub-Status) passes through a model of an inference engine's scheduler
+ * before the knobs that wait (hang, delay) and the response:
+ *   runner_admit      at dispatch: take a batch slot, or wait in ctx->waitq (FIFO)
+ *   runner_start      with a slot: find the prompt's cached prefix, arm the TTFT
+ *                     timer (CONN_PREFILL)
+ *   runner_prefilled  the timer fired: cache the prompt's blocks, then serve
+ *   runner_release    from req_finish: free the slot, hand it to the queue's head
+ * The slot is held until the response is written or the peer leaves. With the
+ * options off (the default) a request takes a slot at once and prefills in no
+ * time within the same step: nothing changes but the gauges.
+ */
+
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME  0x100000001b3ULL
+
+/* splitmix64's finalizer: FNV alone leaves the low bits (the bucket) weak. */
+static uint64_t
+mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+static void
+pc_init(struct pcache *pc, uint32_t cap)
+{
+	uint32_t nb = 1;
+
+	memset(pc, 0, sizeof *pc);
+	pc->mru = pc->lru = PC_NIL;
+	if (cap == 0)
+		return;
+	while (nb < 2 * cap)
+		nb <<= 1;
+	pc->ent = calloc(cap, sizeof *pc->ent);
+	pc->bucket = malloc((size_t)nb * sizeof *pc->bucket);
+	if (pc->ent == NULL || pc->bucket == NULL)
+		die("out of memory for a prefix cache of %" PRIu32 " blocks", cap);
+	pc->cap = cap;
+	pc->mask = nb - 1;
+	pc_clear(pc);
+}
+
+/*
+ * Cuts a prompt into blocks of ctx->block bytes as its pieces arrive. Block
+ * i's FNV-1a starts from block i-1's hash, so it names the whole prefix up to
+ * it; the bytes after the last whole block are never cached.
+ */
+struct prompt_hash {
+	struct req	*r;
+	size_t		 block, fill, max;
+	uint64_t	 cur;
+};
+
+static void
+prompt_feed(struct prompt_hash *ph, const char *s, size_t n)
+{
+	struct req *r = ph->r;
+	size_t i;
+
+	r->prompt_bytes += n;
+	if (r->blocks == NULL)
+		return;
+	for (i = 0; i < n; i++) {
+		ph->cur = (ph->cur ^ (unsigned char)s[i]) * FNV_PRIME;
+		if (++ph->fill < ph->block)
+			continue;
+		ph->cur = mix64(ph->cur);
+		if (r->nblocks < ph->max)
+			r->blocks[r->nblocks++] = ph->cur;
+		ph->fill = 0;
+	}
+}
+
+/* A content value: a string, or an array of strings or {"text":...} parts. */
+static void
+prompt_add(struct prompt_hash *ph, json_t *v)
+{
+	json_t *x;
+	size_t i;
+
+	if (json_is_string(v)) {
+		prompt_feed(ph, json_string_value(v), json_string_length(v));
+		return;
+	}
+	if (!json_is_array(v))
+		return;
+	for (i = 0; i < json_array_size(v); i++) {
+		x = json_array_get(v, i);
+		if (json_is_object(x))
+			x = json_object_get(x, "text");
+		if (json_is_string(x))
+			prompt_feed(ph, json_string_value(x), json_string_length(x));
+	}
+}
+
+/*
+ * Set r->prompt_bytes and, with a prefix cache, r->blocks (owned by r) from a
+ * parsed completion body: its messages[].content concatenated, or its prompt.
+ */
+static void
+req_prompt(struct stub *ctx, struct req *r, json_t *root)
+{
+	struct prompt_hash ph;
+	json_t *msgs, *m;
+	size_t i;
+
+	memset(&ph, 0, sizeof ph);
+	ph.r = r;
+	ph.block = ctx->block;
+	ph.cur = FNV_OFFSET;
+	/* Decoded strings are never longer than the body: max bounds the blocks. */
+	ph.max = r->body.len / ctx->block;
+	if (ctx->pc.cap > 0 && ph.max > 0 &&
+	    (r->blocks = malloc(ph.max * sizeof *r->blocks)) == NULL)
+		stub_log(ctx, "out of memory hashing a prompt; it is served uncached");
+	msgs = json_object_get(root, "messages");
+	if (json_is_array(msgs)) {
+		for (i = 0; i < json_array_size(msgs); i++) {
+			m = json_array_get(msgs, i);
+			if (json_is_object(m))
+				prompt_add(&ph, json_object_get(m, "content"));
+		}
+	} else
+		prompt_add(&ph, json_object_get(root, "prompt"));
+}
+
+/* The knobs that wait before the head (hang, delay), then the response. */
+static void
+conn_serve(struct conn *c)
+{
+	struct req *r = &c->req;
+
+	if (r->k.hang) {
+		conn_set_state(c, CONN_HANG);
+		return;
+	}
+	if (r->k.delay_ms > 0) {
+		conn_arm_timer(c, (double)r->k.delay_ms / 1000.0);
+		conn_set_state(c, CONN_DELAY);
+		return;
+	}
+	conn_set_state(c, CONN_RESPOND);
+}
+
+/*
+ * The prefill is over (the first token is due): its blocks are cached now,
+ * tail first, so that a prompt's shared head is the last of it to be evicted
+ * (vLLM frees a sequence's blocks in reverse order for the same reason).
+ */
+static void
+runner_prefilled(struct conn *c)
+{
+	struct stub *ctx = c->ctx;
+	struct req *r = &c->req;
+	struct last_prefill *lp = &ctx->last_prefill;
+	size_t i;
+
+	for (i = r->nblocks; i-- > 0; )
+		pc_insert(&ctx->pc, r->blocks[i]);
+	ctx->rs.prefills++;
+	lp->valid = 1;
+	lp->prompt_bytes = r->prompt_bytes;
+	lp->blocks = r->nblocks;
+	lp->hit_blocks = r->hit_blocks;
+	lp->hit_bytes = r->hit_blocks * ctx->block;
+	lp->queue_ms = (r->t_slot - r->t_dispatch) * 1000.0;
+	lp->prefill_ms = r->prefill_ms;
+	lp->ttft_ms = (mono_now() - r->t_dispatch) * 1000.0;
+	free(r->blocks);
+	r->blocks = NULL;
+	conn_serve(c);
+}
+
+/*
+ * Give c a batch slot: find its cached prefix (the longest run of leading
+ * blocks in the cache) and start its prefill. wake: called for another
+ * connection's release, so c's machine must be woken by its timer even for a
+ * zero prefill; otherwise a zero prefill goes on in this step. now: the time
+ * the slot is given (the dispatch time when there was no wait).
+ */
+static void
+runner_start(struct conn *c, int wake, double now)
+{
+	struct stub *ctx = c->ctx;
+	struct req *r = &c->req;
+	size_t i, hit_bytes;
+
+	r->slot = SLOT_RUNNING;
+	if (++ctx->running > ctx->rs.max_running)
+		ctx->rs.max_running = ctx->running;
+	r->t_slot = now;
+	for (i = 0; i < r->nblocks && pc_find(&ctx->pc, r->blocks[i]) != PC_NIL; i++)
+		;
+	r->hit_blocks = i;
+	/*
+	 * The prefix in use is refreshed now (a runner holds it while the request
+	 * runs), head last: inserting this prompt's new tail later must not evict it.
+	 */
+	while (i-- > 0)
+		pc_insert(&ctx->pc, r->blocks[i]);
+	i = r->hit_blocks;
+	hit_bytes = i * ctx->block;
+	ctx->rs.prompt_bytes += r->prompt_bytes;
+	ctx->rs.prompt_bytes_hit += hit_bytes;
+	ctx->rs.prompt_blocks += r->nblocks;
+	ctx->rs.hit_blocks += i;
+	if (i > 0)
+		ctx->rs.hit_requests++;
+	r->prefill_ms = ctx->ttft_base_ms +
+	    ctx->ttft_ms_per_kib * (double)(r->prompt_bytes - hit_bytes) / 1024.0;
+	ctx->rs.queue_ms_total += (r->t_slot - r->t_dispatch) * 1000.0;
+	ctx->rs.prefill_ms_total += r->prefill_ms;
+	if (r->prefill_ms > 0 || wake) {
+		/* From now, not from the loop's cached time: never shorter than modelled. */
+		ev_now_update(ctx->loop);
+		conn_arm_timer(c, r->prefill_ms / 1000.0);
+		conn_set_state(c, CONN_PREFILL);
+	} else
+		runner_prefilled(c);
+}
+
+/* At dispatch of a completion to serve: a slot now, or wait for one. */
+static void
+runner_admit(struct conn *c)
+{
+	struct stub *ctx = c->ctx;
+
+	c->req.t_dispatch = mono_now();
+	if (ctx->batch > 0 && ctx->running >= (uint64_t)ctx->batch) {
+		c->req.slot = SLOT_WAITING;
+		TAILQ_INSERT_TAIL(&ctx->waitq, c, wentry);
+		if (++ctx->waiting > ctx->rs.max_waiting)
+			ctx->rs.max_waiting = ctx->waiting;
+		conn_set_state(c, CONN_QUEUED);
+		return;
+	}
+	runner_start(c, 0, c->req.t_dispatch);
+}
+
+/*
+ * From req_finish: leave the queue, or free the slot and hand it to the head
+ * of the queue. The next request only gets its state and timer set here; its
+ * own timer runs its machine.
+ */
+static void
+runner_release(struct conn *c)
+{
+	struct stub *ctx = c->ctx;
+	struct req *r = &c->req;
+	struct conn *next;
+
+	if (r->slot == SLOT_WAITING) {
+		TAILQ_REMOVE(&ctx->waitq, c, wentry);
+		ctx->waiting--;
+	} else if (r->slot == SLOT_RUNNING) {
+		ctx->running--;
+		while (!ctx->stopping && (next = TAILQ_FIRST(&ctx->waitq)) != NULL &&
+		    (ctx->batch == 0 || ctx->running < (uint64_t)ctx->batch)) {
+			TAILQ_REMOVE(&ctx->waitq, next, wentry);
+			ctx->waiting--;
+			runner_start(next, 1, mono_now());
+		}
+	}
+	r->slot = SLOT_NONE;
+}
+
 /* ------------------------------------------------------------------ the machine */
 
 static enum route
@@ -1753,6 +2332,8 @@ route_of(const struct req *r, const char *path, size_t plen)
 		return m == HTTP_GET ? ROUTE_LAST : ROUTE_NOT_FOUND;
 	if (PATH_IS("/health"))
 		return m == HTTP_GET ? ROUTE_HEALTH : ROUTE_NOT_FOUND;
+	if (PATH_IS("/metrics"))
+		return m == HTTP_GET ? ROUTE_METRICS : ROUTE_NOT_FOUND;
 	if (PATH_IS("/stub/health"))
 		return m == HTTP_POST ? ROUTE_CTL_HEALTH : ROUTE_NOT_FOUND;
 	if (PATH_IS("/stub/busy"))
@@ -1788,6 +2369,8 @@ req_inspect_body(struct conn *c, const char *path, size_t plen)
 	so = json_is_object(root) ? json_object_get(root, "stream_options") : NULL;
 	r->include_usage = json_is_object(so) &&
 	    json_is_true(json_object_get(so, "include_usage"));
+	if (json_is_object(root))
+		req_prompt(ctx, r, root);
 	json_decref(root);
 	if (r->include_usage) {
 		ctx->st.include_usage_requests++;
@@ -1871,16 +2454,10 @@ conn_dispatch(struct conn *c)
 			return;
 		}
 	}
-	if (r->k.hang) {
-		conn_set_state(c, CONN_HANG);
-		return;
-	}
-	if (r->k.delay_ms > 0) {
-		conn_arm_timer(c, (double)r->k.delay_ms / 1000.0);
-		conn_set_state(c, CONN_DELAY);
-		return;
-	}
-	conn_set_state(c, CONN_RESPOND);
+	if ((r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) && r->k.status == 0)
+		runner_admit(c);
+	else
+		conn_serve(c);
 }
 
 /* Build the first unit of the response into out. */
@@ -1930,6 +2507,9 @@ conn_respond(struct conn *c)
 		break;
 	case ROUTE_HEALTH:
 		resp_health(c);
+		break;
+	case ROUTE_METRICS:
+		resp_metrics(c);
 		break;
 	case ROUTE_CTL_HEALTH:
 	case ROUTE_CTL_BUSY:
@@ -2031,6 +2611,7 @@ conn_free(struct conn *c)
 	buf_free(&c->out);
 	buf_free(&c->req.arena);
 	buf_free(&c->req.body);
+	free(c->req.blocks);
 	LIST_REMOVE(c, entry);
 	ctx->st.connections_open--;
 	free(c);
@@ -2050,6 +2631,8 @@ conn_drive(struct conn *c)
 		case CONN_CLOSING:
 			conn_free(c);
 			return;
+		case CONN_QUEUED:
+		case CONN_PREFILL:
 		case CONN_DELAY:
 		case CONN_HANG:
 		case CONN_PACE:
@@ -2122,6 +2705,8 @@ conn_drive(struct conn *c)
 		case CONN_DONE:
 			conn_done(c);
 			break;
+		case CONN_QUEUED:
+		case CONN_PREFILL:
 		case CONN_DELAY:
 		case CONN_HANG:
 		case CONN_PACE:
@@ -2162,6 +2747,8 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 	if (c->state == CONN_DELAY)
 		conn_set_state(c, CONN_RESPOND);
+	else if (c->state == CONN_PREFILL)
+		runner_prefilled(c);
 	else if (c->state == CONN_PACE)
 		conn_set_state(c, CONN_EMIT);
 	/* Otherwise it was a yield: the state already says what to do. */
@@ -2342,7 +2929,9 @@ usage(void)
 {
 	fprintf(stderr, "usage: sluice-stub [-l HOST:PORT] [-q] [--health-status CODE]\n"
 	    "           [--slow-start SECONDS] [--busy] [--busy-status 429|503]\n"
-	    "           [--busy-retry-after SECONDS] [--interval-scale F]\n"
+	    "           [--busy-retry-after SECONDS] [--interval-scale F] [--batch N]\n"
+	    "           [--prefix-cache BLOCKS] [--block BYTES] [--ttft-base-ms MS]\n"
+	    "           [--ttft-ms-per-kib MS]\n"
 	    "  -l  listen address (default " STUB_DEFAULT_LISTEN "; [::1]:PORT for IPv6)\n"
 	    "  -q  no per-request logging\n"
 	    "  --health-status CODE       GET /health answers CODE (200..599, not 204/304;"
@@ -2354,7 +2943,14 @@ usage(void)
 	    "  --busy-retry-after SECONDS Retry-After of a busy refusal (0..86400,"
 	    " default 2)\n"
 	    "  --interval-scale F         pause between events = X-Stub-Interval-Ms x F\n"
-	    "                             (0 < F <= 1000, default 1)\n");
+	    "                             (0 < F <= 1000, default 1)\n"
+	    "  A model runner (all off by default):\n"
+	    "  --batch N                  at most N completions at once, the rest wait in\n"
+	    "                             a FIFO (0..100000, default 0: no limit)\n"
+	    "  --prefix-cache BLOCKS      LRU of prompt block hashes (0..4194304, default 0)\n"
+	    "  --block BYTES              prompt bytes per block (16..65536, default 64)\n"
+	    "  --ttft-base-ms MS          prefill = base + per-KiB x uncached prompt KiB\n"
+	    "  --ttft-ms-per-kib MS       (each 0..86400, fraction allowed, default 0)\n");
 	exit(2);
 }
 
@@ -2377,7 +2973,8 @@ main(int argc, char **argv)
 {
 	static struct stub ctx;	/* large (scratch buffer): not on the stack */
 	enum { OPT_HEALTH_STATUS = 256, OPT_SLOW_START, OPT_BUSY, OPT_BUSY_STATUS,
-	    OPT_BUSY_RETRY_AFTER, OPT_INTERVAL_SCALE };
+	    OPT_BUSY_RETRY_AFTER, OPT_INTERVAL_SCALE, OPT_BATCH, OPT_PREFIX_CACHE, OPT_BLOCK,
+	    OPT_TTFT_BASE_MS, OPT_TTFT_MS_PER_KIB };
 	static const struct option longopts[] = {
 		{ "health-status",	required_argument, NULL, OPT_HEALTH_STATUS },
 		{ "slow-start",		required_argument, NULL, OPT_SLOW_START },
@@ -2385,10 +2982,16 @@ main(int argc, char **argv)
 		{ "busy-status",	required_argument, NULL, OPT_BUSY_STATUS },
 		{ "busy-retry-after",	required_argument, NULL, OPT_BUSY_RETRY_AFTER },
 		{ "interval-scale",	required_argument, NULL, OPT_INTERVAL_SCALE },
+		{ "batch",		required_argument, NULL, OPT_BATCH },
+		{ "prefix-cache",	required_argument, NULL, OPT_PREFIX_CACHE },
+		{ "block",		required_argument, NULL, OPT_BLOCK },
+		{ "ttft-base-ms",	required_argument, NULL, OPT_TTFT_BASE_MS },
+		{ "ttft-ms-per-kib",	required_argument, NULL, OPT_TTFT_MS_PER_KIB },
 		{ NULL, 0, NULL, 0 }
 	};
 	const char *listen_arg = STUB_DEFAULT_LISTEN;
 	double slow_start = 0;
+	long long pc_blocks = 0;
 	struct conn *c;
 	int ch;
 
@@ -2396,6 +2999,7 @@ main(int argc, char **argv)
 	ctx.busy_status = 503;
 	ctx.busy_retry_after = 2;
 	ctx.interval_scale = 1.0;
+	ctx.block = BLOCK_DEFAULT;
 	while ((ch = getopt_long(argc, argv, "l:qh", longopts, NULL)) != -1) {
 		switch (ch) {
 		case 'l':
@@ -2441,6 +3045,25 @@ main(int argc, char **argv)
 				usage();
 			}
 			break;
+		case OPT_BATCH:
+			ctx.batch = opt_ll("--batch", optarg, 0, BATCH_MAX);
+			break;
+		case OPT_PREFIX_CACHE:
+			pc_blocks = opt_ll("--prefix-cache", optarg, 0, PC_MAX_BLOCKS);
+			break;
+		case OPT_BLOCK:
+			ctx.block = (size_t)opt_ll("--block", optarg, BLOCK_MIN, BLOCK_MAX);
+			break;
+		case OPT_TTFT_BASE_MS:
+		case OPT_TTFT_MS_PER_KIB:
+			if (parse_secs(optarg, strlen(optarg), ch == OPT_TTFT_BASE_MS ?
+			    &ctx.ttft_base_ms : &ctx.ttft_ms_per_kib) < 0) {
+				fprintf(stderr, "sluice-stub: bad --%s '%s': want 0..%lld ms "
+				    "(fraction allowed)\n", ch == OPT_TTFT_BASE_MS ?
+				    "ttft-base-ms" : "ttft-ms-per-kib", optarg, SECS_MAX);
+				usage();
+			}
+			break;
 		default:
 			usage();
 		}
@@ -2453,6 +3076,8 @@ main(int argc, char **argv)
 	raise_nofile();
 	LIST_INIT(&ctx.conns);
 	TAILQ_INIT(&ctx.tags);
+	TAILQ_INIT(&ctx.waitq);
+	pc_init(&ctx.pc, (uint32_t)pc_blocks);
 	buf_init(&ctx.last_body, BODY_CAP);
 	if ((ctx.loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		die("cannot initialise libev");
@@ -2475,11 +3100,13 @@ main(int argc, char **argv)
 
 	ev_run(ctx.loop, 0);
 
+	ctx.stopping = 1;
 	while ((c = LIST_FIRST(&ctx.conns)) != NULL) {
 		c->close_outcome = OUT_SHUTDOWN;
 		conn_free(c);
 	}
 	tags_free(&ctx);
+	pc_free(&ctx.pc);
 	buf_free(&ctx.last_body);
 	ev_io_stop(ctx.loop, &ctx.accept_w);
 	ev_timer_stop(ctx.loop, &ctx.accept_retry);
