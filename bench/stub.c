@@ -53,8 +53,9 @@
  *   GET /metrics        Prometheus text (version 0.0.4) in vLLM's names, each with
  *                       # HELP, # TYPE gauge and the label model_name="stub":
  *                       vllm:num_requests_running (slots held), vllm:num_requests_waiting
- *                       (queued), vllm:kv_cache_usage_perc (prefix cache blocks
- *                       in use / --prefix-cache, 0..1; 0 without a cache).
+ *                       (queued), vllm:kv_cache_usage_perc (prompt blocks of the
+ *                       running requests / --prefix-cache, at most 1, as vLLM counts
+ *                       blocks in use; 0 without a cache).
  *   GET /health         loading: 503 LOADING (below); else the health status:
  *                       2xx {"status":"ok"}, 503 LOADING, other {"error":{"message":
  *                       "stub health CODE","type":"stub","code":CODE}}.
@@ -613,6 +614,7 @@ struct stub {
 	size_t		 block;		/* prompt bytes per cached block */
 	double		 ttft_base_ms, ttft_ms_per_kib;
 	uint64_t	 running;	/* completions holding a slot */
+	uint64_t	 running_blocks;	/* their prompts' blocks (KV in use) */
 	uint64_t	 waiting;	/* in waitq */
 	struct conn_queue waitq;	/* completions waiting for a slot, FIFO */
 	struct pcache	 pc;
@@ -1683,15 +1685,20 @@ buf_runner(struct buf *b, const struct stub *ctx)
 
 /*
  * GET /metrics: the gauges a router scrapes from vLLM, in its names and
- * Prometheus text format. kv_cache_usage_perc is the prefix cache's fill
- * (0 without one).
+ * Prometheus text format. kv_cache_usage_perc is, as in vLLM, the blocks the
+ * running requests hold over the cache's size (cached blocks nobody uses are
+ * free to evict: not in use), at most 1; 0 without a prefix cache.
  */
 static void
 resp_metrics(struct conn *c)
 {
 	const struct stub *ctx = c->ctx;
 	struct buf *b = &c->out;
-	double kv = ctx->pc.cap ? (double)ctx->pc.used / (double)ctx->pc.cap : 0.0;
+	double kv = ctx->pc.cap ? (double)ctx->running_blocks / (double)ctx->pc.cap :
+	    0.0;
+
+	if (kv > 1.0)
+		kv = 1.0;
 
 	resp_json_begin(c);
 	buf_puts(b, "# HELP vllm:num_requests_running Number of requests in model execution "
@@ -2229,6 +2236,7 @@ runner_start(struct conn *c, int wake, double now)
 	size_t i, hit_bytes;
 
 	r->slot = SLOT_RUNNING;
+	ctx->running_blocks += r->nblocks;
 	if (++ctx->running > ctx->rs.max_running)
 		ctx->rs.max_running = ctx->running;
 	r->t_slot = now;
@@ -2297,6 +2305,7 @@ runner_release(struct conn *c)
 		ctx->waiting--;
 	} else if (r->slot == SLOT_RUNNING) {
 		ctx->running--;
+		ctx->running_blocks -= r->nblocks;
 		while (!ctx->stopping && (next = TAILQ_FIRST(&ctx->waitq)) != NULL &&
 		    (ctx->batch == 0 || ctx->running < (uint64_t)ctx->batch)) {
 			TAILQ_REMOVE(&ctx->waitq, next, wentry);

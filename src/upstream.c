@@ -291,7 +291,7 @@ choose(struct sl_pools *ps, struct pool *p, uint64_t cand)
  */
 static int
 choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
-    const uint64_t *h, size_t n, int held, enum sl_aff_outcome *out)
+    const uint64_t *h, int held, enum sl_aff_outcome *out)
 {
 	size_t nr = p->conf->nreplicas, r, k = 0;
 	int64_t load[64], least = -1, now = sl_mono_ms();
@@ -322,7 +322,6 @@ choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
 			idx[k++] = (int)r;
 		}
 #undef OVER
-	(void)n;
 	pick = sl_affinity_rendezvous(h[0], ids, k);
 	return pick >= 0 ? idx[pick] : -1;
 }
@@ -377,18 +376,28 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 	 * worker): then drop it and choose again among the rest.
 	 */
 	while (cand != 0) {
-		pick = nh > 0 ? choose_affine(ps, p, cand, h, nh, held, &aff) :
+		pick = nh > 0 ? choose_affine(ps, p, cand, h, held, &aff) :
 		    choose(ps, p, cand);
 		if (pick < 0)
 			break;
 		if (sl_shm_try_acquire(ps->shm, ps->row, p->slot[pick]) ==
 		    SL_ADMIT_OK) {
-			if (nh > 0) {
+			if (nh > 0 && aff == SL_AFF_SPILL && matched < nh)
+				/*
+				 * The conversation moves, the prefix it shares
+				 * with others (a system prompt) stays: only the
+				 * blocks past what the holder had are recorded
+				 * here, so new conversations still find the
+				 * shared prefix where it was and a spill does
+				 * not drag a whole group along (and back).
+				 */
+				sl_affinity_record(ps->aff, (uint32_t)u,
+				    h + matched, nh - matched, pick);
+			else if (nh > 0 && aff != SL_AFF_SPILL)
 				sl_affinity_record(ps->aff, (uint32_t)u, h, nh,
 				    pick);
-				if (outcome != NULL)
-					*outcome = (int)aff;
-			}
+			if (nh > 0 && outcome != NULL)
+				*outcome = (int)aff;
 			return pick;
 		}
 		cand &= ~(1ULL << pick);

@@ -102,7 +102,7 @@ def test_second_identical_prompt_hits_every_whole_block():
         assert (st["prompt_blocks"], st["prefix_hit_blocks"], st["prefix_hit_requests"]) == \
             (30, 15, 1), st
         assert st["cache_blocks"] == 15 and st["prefills"] == 2, st
-        assert gauges(stub) == (0.0, 0.0, 15 / 64)
+        assert gauges(stub) == (0.0, 0.0, 0.0)     # cached, not in use
 
 
 def test_next_turn_hits_the_whole_blocks_of_the_previous_turn_only():
@@ -148,7 +148,7 @@ def test_lru_evicts_the_least_recent_blocks_and_keeps_a_prompts_head_longest():
         st = stub.stats()
         assert st["last_prefill"]["hit_blocks"] == 5, st["last_prefill"]
         assert (st["cache_blocks"], st["cache_evictions"]) == (20, 20), st
-        assert gauges(stub)[2] == 1.0
+        assert gauges(stub)[2] == 0.0              # full of cached blocks, none in use
         post(stub, b)
         assert stub.stats()["last_prefill"]["hit_blocks"] == 5
 
@@ -284,7 +284,14 @@ def test_metrics_parse_as_prometheus_text_in_vllm_names():
             assert m.types[name] == "gauge", (name, m.types)
             assert m.helps[name], name
             assert list(m.series(name)) == [(("model_name", "stub"),)], m.series(name)
-        assert m.get("vllm:kv_cache_usage_perc", model_name="stub") == 0.4
+        # KV in use is what running requests hold, as vLLM counts it: the
+        # 4 blocks cached by the finished request are free to evict.
+        assert m.get("vllm:kv_cache_usage_perc", model_name="stub") == 0.0
         assert m.get("vllm:num_requests_running", model_name="stub") == 0.0
+        c = open_stream(stub, chat_body("n" * 192), events=100, interval=100)   # 3 blocks
+        h.wait_until(lambda: gauges(stub)[0] == 1.0, 5, msg="the stream to run")
+        assert gauges(stub) == (1.0, 0.0, 0.3)
+        c.close()
+        h.wait_until(lambda: gauges(stub) == (0.0, 0.0, 0.0), 5, msg="the slot to free")
         st = stub.stats()
-        assert st["requests"] == 1, "GET /metrics counted as a /v1/ request: %r" % st
+        assert st["requests"] == 2, "GET /metrics counted as a /v1/ request: %r" % st
