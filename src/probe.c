@@ -369,6 +369,7 @@ probe_start(struct sl_prober *pr, struct probe *p, double now)
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(e, CURLOPT_NOPROXY, "*");   /* as the relay */
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, p);
 	if (p->kind == PROBE_LOAD) {
 		/*

@@ -1750,6 +1750,12 @@ conn_try(struct sl_conn *c, int r)
 		curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, upstream_prereq_cb);
 		curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION,
 		    upstream_socket_cb);
+		/*
+		 * Upstreams are reached directly, as by nginx and HAProxy:
+		 * no proxy from http_proxy & co. It also spares libcurl up to
+		 * five getenv() walks of the environment per request.
+		 */
+		curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
 	}
 	/*
 	 * What may differ from the handle's last transfer: every one of
