@@ -6,6 +6,9 @@
  *
  * Scanner: fed as the relay would (until each read is consumed), in random
  * reads and one byte per read, with drop off and on.
+ *   - the same output, usage, content bytes and drop as the reference
+ *     scanner (tests/ref: the byte-at-a-time scanner the fast one replaced)
+ *     given the whole input in one read;
  *   - drop off: the client gets the input exactly, always as one range;
  *   - drop on: the client gets the input, or the input minus one whole SSE
  *     event (per an independent splitter below) that holds "usage", and the
@@ -23,6 +26,7 @@
 
 #include "fuzz.h"
 #include "sl_usage.h"
+#include "usage_ref.h"
 
 struct result {
 	struct fz_buf out;
@@ -93,6 +97,48 @@ scan(struct result *r, const char *in, size_t len, int drop, uint32_t seed)
 	sl_usage_scan_free(&s);
 }
 
+/* The reference scanner, the whole input in one read (as often as it consumes). */
+static void
+scan_ref(struct result *r, const char *in, size_t len, int drop)
+{
+	struct ref_scan s;
+	struct ref_out o;
+	size_t off = 0, used, k;
+
+	memset(r, 0, sizeof(*r));
+	ref_scan_init(&s, drop);
+	while (off < len) {
+		used = ref_scan_feed(&s, in + off, len - off, &o);
+		if (o.held_len > 0)
+			fz_add(&r->out, o.held, o.held_len);
+		for (k = 0; k < o.n; k++)
+			fz_add(&r->out, in + off + o.range[k].off, o.range[k].len);
+		off += used;
+	}
+	ref_scan_finish(&s, &o);
+	if (o.held_len > 0)
+		fz_add(&r->out, o.held, o.held_len);
+	ref_scan_result(&s, &r->u, &r->content);
+	r->dropped = ref_scan_dropped(&s);
+	ref_scan_free(&s);
+}
+
+/* Everything the client and the accounting see is the reference's. */
+static void
+check_ref(const struct result *got, const struct result *want, const char *what)
+{
+	fz_check(got->u.have == want->u.have && got->u.prompt_tokens == want->u.prompt_tokens &&
+	    got->u.completion_tokens == want->u.completion_tokens &&
+	    got->u.total_tokens == want->u.total_tokens, "ref-usage", "%s: usage differs", what);
+	fz_check(got->content == want->content, "ref-content", "%s: %llu content bytes, ref %llu",
+	    what, (unsigned long long)got->content, (unsigned long long)want->content);
+	fz_check(got->dropped == want->dropped, "ref-dropped", "%s: dropped %d, ref %d", what,
+	    got->dropped, want->dropped);
+	fz_check(got->out.len == want->out.len && eq(got->out.p, want->out.p, got->out.len),
+	    "ref-output", "%s: output differs from the reference (%zu bytes, ref %zu)", what,
+	    got->out.len, want->out.len);
+}
+
 static int
 same_result(const struct result *a, const struct result *b)
 {
@@ -139,9 +185,12 @@ minus_one_event(const char *in, size_t len, const unsigned char *out, size_t ole
 static void
 check_scanner(const char *in, size_t len, uint32_t seed)
 {
-	struct result off, off1, on, on1;
+	struct result off, off1, on, on1, ref_off, ref_on;
 
+	scan_ref(&ref_off, in, len, 0);
+	scan_ref(&ref_on, in, len, 1);
 	scan(&off, in, len, 0, seed | 1);
+	check_ref(&off, &ref_off, "drop off");
 	fz_check(off.out.len == len && eq(off.out.p, in, len), "passthrough",
 	    "drop off: the client did not get the input");
 	fz_check(off.content <= len, "content-bound", "%llu content bytes of %zu",
@@ -149,6 +198,7 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 	fz_check(!off.dropped, "passthrough", "dropped with drop off");
 
 	scan(&on, in, len, 1, (seed * 2654435761u) | 1);
+	check_ref(&on, &ref_on, "drop on");
 	fz_check(same_result(&off, &on), "drop-independent", "usage/content differ with drop");
 	if (on.dropped)
 		fz_check(minus_one_event(in, len, on.out.p, on.out.len), "drop-one-event",
@@ -160,6 +210,8 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 	if (len <= 4096) {
 		scan(&off1, in, len, 0, 0);
 		scan(&on1, in, len, 1, 0);
+		check_ref(&off1, &ref_off, "drop off, one byte per read");
+		check_ref(&on1, &ref_on, "drop on, one byte per read");
 		fz_check(same_result(&off, &off1) && same_result(&off, &on1),
 		    "split-independent", "usage/content depend on the reads");
 		fz_check(on1.dropped == on.dropped && on1.out.len == on.out.len &&
@@ -170,6 +222,8 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 	}
 	fz_free(&off.out);
 	fz_free(&on.out);
+	fz_free(&ref_off.out);
+	fz_free(&ref_on.out);
 }
 
 #define REQ_FLAGS (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)
