@@ -10,8 +10,7 @@
  *     (or one `false`/`null` value replaced), so the runner sends its usage
  *     chunk. Anything else is forwarded untouched.
  *  2. sl_usage_from_json(): the `usage` object of a non-streamed response.
- *  3. struct sl_usage_scan: a byte-at-a-time scanner over an SSE response
- *     body. It builds no JSON tree for ordinary events and allocates nothing
+ *  3. struct sl_usage_scan: a streaming scanner over an SSE response body. It builds no JSON tree for ordinary events and allocates nothing
  *     for them; only the `usage` object of the usage event is copied and
  *     parsed with jansson. It counts the bytes of `"content"` / `"text"`
  *     string values (for the bytes/4 estimate when no usage arrives), and,
