@@ -68,6 +68,9 @@ void
 ref_scan_init(struct ref_scan *s, int drop_usage_event)
 {
 	memset(s, 0, sizeof(*s));
+#ifdef REF_STRIP
+	s->nocand = SIZE_MAX;
+#endif
 	s->drop = drop_usage_event != 0;
 	s->hs = H_NEW;
 }
@@ -77,6 +80,11 @@ ref_scan_free(struct ref_scan *s)
 {
 	free(s->hold);
 	free(s->cap);
+#ifdef REF_STRIP
+	free(s->spans);
+	s->spans = NULL;
+	s->nspans = s->spans_cap = 0;
+#endif
 	s->hold = s->cap = NULL;
 	s->hold_len = s->hold_alloc = s->cap_len = s->cap_alloc = 0;
 }
@@ -156,6 +164,75 @@ key_value(struct ref_scan *s, char c)
 	if ((s->key & (K_CONTENT | K_TEXT)) && c == '"')
 		s->cnt = 1;
 }
+
+#ifdef REF_STRIP
+/*
+ * The "usage":null rule of sl_usage.h, on the whole input at once (the
+ * scanner is fed it in one read): at a comma at the top level of the data
+ * object, or at the quote of its first key, look ahead in the raw bytes for
+ * the member and record the bytes to cut. A member is cut only where the
+ * streaming scanner can hold it: what it holds (the undecided event from
+ * its start, or the member from its start) stays within SL_USAGE_MAX_EVENT
+ * up to the byte that decides.
+ */
+static int
+ref_match(const char *in, size_t len, size_t k, int first, size_t *mnull, size_t *r)
+{
+#define BLANKS() while (k < len && (in[k] == ' ' || in[k] == '\t')) k++
+	if (!first) {
+		k++;
+		BLANKS();
+	}
+	if (len - k < 7 || memcmp(in + k, "\"usage\"", 7) != 0)
+		return 0;
+	k += 7;
+	BLANKS();
+	if (k >= len || in[k] != ':')
+		return 0;
+	k++;
+	BLANKS();
+	if (len - k < 4 || memcmp(in + k, "null", 4) != 0)
+		return 0;
+	k += 4;
+	*mnull = k;
+	BLANKS();
+	if (k >= len || (in[k] != ',' && in[k] != '}'))
+		return 0;
+	*r = k;
+	return 1;
+#undef BLANKS
+}
+
+static void
+ref_strip_hook(struct ref_scan *s, char c)
+{
+	size_t x = s->at, mnull, r, start, end;
+
+	if (s->drop && s->depth == 1 && !(s->ev & EV_BAD) && x != s->nocand &&
+	    (c == ',' || (c == '"' && s->first)) &&
+	    ref_match(s->in, s->in_len, x, c == '"', &mnull, &r)) {
+		start = (s->hs == H_PREFIX || s->hs == H_HOLD) ? s->ev_start : x;
+		if (r - start <= SL_USAGE_MAX_EVENT) {
+			end = c == '"' && s->in[r] == ',' ? r + 1 : mnull;
+			if (c == '"' && s->in[r] == ',')
+				s->nocand = r;
+			if (s->nspans == s->spans_cap) {
+				s->spans_cap = s->spans_cap ? 2 * s->spans_cap : 16;
+				s->spans = realloc(s->spans, s->spans_cap * sizeof(s->spans[0]));
+				if (s->spans == NULL)
+					abort();
+			}
+			s->spans[s->nspans].off = x;
+			s->spans[s->nspans].len = end - x;
+			s->nspans++;
+		}
+	}
+	if (!JSON_WS(c))
+		s->first = 0;
+	if ((c == '{' || c == '[') && s->depth == 0)
+		s->first = s->drop;
+}
+#endif
 
 /* One byte of the current event's data (with \n between data lines). */
 static void
@@ -245,6 +322,9 @@ again:
 	}
 	choices = 0;
 value:
+#ifdef REF_STRIP
+	ref_strip_hook(s, c);
+#endif
 	/* LX_VAL */
 	switch (c) {
 	case '"':
@@ -307,6 +387,9 @@ event_end(struct ref_scan *s)
 	s->cap_depth = 0;
 	s->lx = LX_VAL;
 	s->key = s->kmask = s->cnt = 0;
+#ifdef REF_STRIP
+	s->first = 0;
+#endif
 }
 
 /* Droppable: one JSON object with "usage": {..} at the top and no non-empty choices. */
@@ -391,10 +474,17 @@ ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
 	char c;
 
 	memset(out, 0, sizeof(*out));
+#ifdef REF_STRIP
+	s->in = in;
+	s->in_len = len;
+#endif
 	f.out = out;
 	f.run_s = f.tent_s = 0;
 	for (i = 0; i < len; i++) {
 		c = in[i];
+#ifdef REF_STRIP
+		s->at = i;
+#endif
 		if (s->cr && c == '\n') {
 			/* second byte of a CRLF: goes where its CR went */
 			s->cr = 0;
@@ -411,6 +501,9 @@ ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
 				s->hs = H_PREFIX;
 				s->pfx = 0;
 				f.tent_s = i;
+#ifdef REF_STRIP
+				s->ev_start = i;
+#endif
 			} else
 				s->hs = H_PASS;
 		}

@@ -4,6 +4,11 @@
  * other names as the reference the fast scanner must agree with: the fuzz
  * target compares the two on every input, and bench/scan_micro times both
  * in the same run. Not part of sluice; nothing in src/ uses it.
+ *
+ * Built with REF_STRIP (the fuzz target only), it also lists the
+ * "usage":null members drop mode cuts (a rule the old scanner did not
+ * have), found by looking ahead in the whole input: the fuzz target cuts
+ * them from the reference's output. Without it the code is the old one.
  */
 #ifndef REF_USAGE_H
 #define REF_USAGE_H
@@ -39,6 +44,19 @@ struct ref_scan {
 	uint8_t ev;                  /* per-event flags (private) */
 	uint8_t top, after_drop, pending_ok, pfx, ux;
 	uint64_t p_prompt, p_completion, p_total;   /* parsed, not yet committed */
+#ifdef REF_STRIP
+	/*
+	 * The "usage":null members to cut (drop mode), as offsets in the input,
+	 * in order; only meaningful when the whole input is fed in one read.
+	 */
+	const char *in;
+	size_t in_len, at, ev_start, nocand;
+	int first;
+	struct {
+		size_t off, len;
+	} *spans;
+	size_t nspans, spans_cap;
+#endif
 };
 
 void ref_scan_init(struct ref_scan *s, int drop_usage_event);
