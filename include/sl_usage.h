@@ -10,13 +10,14 @@
  *     (or one `false`/`null` value replaced), so the runner sends its usage
  *     chunk. Anything else is forwarded untouched.
  *  2. sl_usage_from_json(): the `usage` object of a non-streamed response.
- *  3. struct sl_usage_scan: a byte-at-a-time scanner over an SSE response
- *     body. It builds no JSON tree for ordinary events and allocates nothing
+ *  3. struct sl_usage_scan: a streaming scanner over an SSE response body. It builds no JSON tree for ordinary events and allocates nothing
  *     for them; only the `usage` object of the usage event is copied and
  *     parsed with jansson. It counts the bytes of `"content"` / `"text"`
  *     string values (for the bytes/4 estimate when no usage arrives), and,
  *     when sluice injected the option, cuts the usage event out of what the
- *     client receives, forwarding every other byte unchanged.
+ *     client receives, and the `"usage":null` member runners add to every
+ *     other chunk once asked (vLLM, OpenAI), forwarding every other byte
+ *     unchanged.
  *
  * JSON dialect. Request bodies and the usage object are parsed by jansson
  * (RFC 8259, UTF-8 checked, depth bounded by jansson at 2048). Duplicate
@@ -106,7 +107,12 @@ sl_usage_estimate(uint64_t content_bytes)
 
 /* ---- 3. SSE scanner ---- */
 
-#define SL_USAGE_MAX_RANGES 2
+/*
+ * Ranges one feed may return. Each "usage":null member removed (drop mode)
+ * starts a new range; a feed that has used all but three stops early and
+ * the caller feeds the rest again (as it must for any short return).
+ */
+#define SL_USAGE_MAX_RANGES 16
 
 /*
  * What to send to the client for one sl_usage_scan_feed() call, in order:
@@ -127,9 +133,9 @@ struct sl_usage_out {
  * Per-stream state, embeddable (under 128 bytes); fields are private. The
  * only memory it allocates, on demand, kept until sl_usage_scan_free(): the
  * hold buffer (drop mode only: the head of an event starting `data: {` that
- * spans two feeds before its fate is known; a few hundred bytes in
- * practice) and the copy of a `usage` object; each capped at
- * SL_USAGE_MAX_EVENT.
+ * spans two feeds before its fate is known, or the few bytes of what may be
+ * a "usage":null member; a few hundred bytes in practice) and the copy of a
+ * `usage` object; each capped at SL_USAGE_MAX_EVENT.
  */
 struct sl_usage_scan {
 	uint64_t content_bytes;
@@ -138,6 +144,7 @@ struct sl_usage_scan {
 	char *cap;                   /* copy of the current usage object */
 	uint32_t hold_len, hold_alloc;
 	uint32_t cap_len, cap_alloc;
+	uint32_t mstart, mnull;      /* a "usage":null member, offsets in the held bytes */
 	uint16_t depth;              /* JSON nesting in the current event's data */
 	uint16_t cap_depth;          /* depth at which the usage object closes */
 	uint8_t drop, dropped, have, cr;
@@ -145,13 +152,20 @@ struct sl_usage_scan {
 	uint8_t kmask, kpos, key, cnt;
 	uint8_t ev;                  /* per-event flags (private) */
 	uint8_t top, after_drop, pending_ok, pfx, ux;
+	uint8_t mt, mfirst, mpos, first;   /* "usage":null matcher (drop mode) */
 	uint64_t p_prompt, p_completion, p_total;   /* parsed, not yet committed */
 };
 
 /*
  * Set up a scanner for one response body. drop_usage_event: the request was
  * injected (the client did not ask for usage), so the usage event is removed
- * from what the client receives. Allocates nothing.
+ * from what the client receives, and so is every `"usage":null` member at
+ * the top level of an event's data object: `,"usage":null` (from the comma
+ * to the end of null) or, as the object's first member, `"usage":null,`
+ * (through the comma after it; `"usage":null` alone when it is the only
+ * member). Blanks (space, tab) may surround the colon, the comma and null;
+ * the member must lie on one data line and be followed, after blanks, by a
+ * comma or the closing brace. Allocates nothing.
  */
 void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
 
@@ -160,9 +174,11 @@ void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
  * in[0..len) were consumed (never 0 when len > 0); call again with the rest,
  * after sending what out describes. The consumed bytes are either in out,
  * held inside the scanner (drop mode only: an event starting `data: {` whose
- * fate is not yet known) or dropped (the usage event). Without drop, out is
- * always exactly one range covering the consumed bytes and nothing is held.
- * Held bytes come back through a later out, or through finish.
+ * fate is not yet known, or what may be a "usage":null member) or dropped
+ * (the usage event, the "usage":null members). Without drop, out is always
+ * exactly one range covering the consumed bytes and nothing is held. Held
+ * bytes come back through a later out, or through finish. What out holds is
+ * never more than the consumed bytes plus hold_len as it was before the call.
  */
 size_t sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
     struct sl_usage_out *out);

@@ -7,14 +7,21 @@
  * is valid JSON by then, but every access is still bounds-checked), then
  * re-parses the result to prove the edit is exactly the one member.
  *
- * The SSE scanner is one pass, one byte at a time, over three layered
- * machines sharing struct sl_usage_scan:
+ * The SSE scanner is one pass over three layered machines sharing struct
+ * sl_usage_scan:
  *   line   SSE lines (CRLF, LF or CR), fields, comments, blank line = event end;
+ *          a byte at a time, but for "data:" at a line's start in one step;
  *   lexer  a JSON tokenizer over the data of the current event, just enough
  *          to know nesting depth, strings, and which key a value belongs to
- *          ("usage", "choices", "content", "text");
+ *          ("usage", "choices", "content", "text"); it takes a data line as
+ *          one run and jumps (16 bytes at a time with SSE2) over the bytes
+ *          that cannot change its state: inside a string all but the quote,
+ *          backslash and line ends; between values below the top level all
+ *          but quotes, brackets and line ends;
  *   hold   (drop mode) whether the current event's bytes are forwarded,
  *          held until known, or dropped.
+ * Its observable behaviour is that of the byte-at-a-time scanner it
+ * replaced, kept in tests/ref: the fuzz target compares the two.
  * Only the bytes of a `usage` object value are copied; they are parsed with
  * jansson when the object closes and committed when its event ends.
  */
@@ -24,6 +31,10 @@
 #include <string.h>
 
 #include <jansson.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "sl_usage.h"
 
@@ -381,6 +392,7 @@ enum { LX_VAL, LX_STR, LX_ESC, LX_U, LX_AFTER_STR, LX_AFTER_COLON, LX_CHOICES };
 enum { K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ALL = 15 };
 static const char *const keys[] = { "usage", "content", "text", "choices" };
 static const uint8_t keylen[] = { 5, 7, 4, 7 };
+#define KEY_MAXLEN 7
 /* ev: per-event facts */
 enum {
 	EV_DATA = 1,        /* a data line was seen (the next one joins with \n) */
@@ -390,6 +402,61 @@ enum {
 	EV_CAPFAIL = 16     /* the usage object did not fit or memory ran out */
 };
 enum { TOP_NONE, TOP_OPEN, TOP_CLOSED };
+
+/*
+ * Byte classes: the bytes that end a skip. Inside a string only its end,
+ * an escape and a line end matter; between values (below the top level)
+ * only strings, brackets and line ends do: commas, colons, numbers,
+ * literals and blanks change nothing there (but a comma at the top level
+ * in drop mode, where a "usage":null member may start).
+ */
+enum { C_STR = 1, C_VAL = 2, C_VAL1 = 4 };
+static const uint8_t cls[256] = {
+	['"'] = C_STR | C_VAL | C_VAL1, ['\\'] = C_STR,
+	['\r'] = C_STR | C_VAL | C_VAL1, ['\n'] = C_STR | C_VAL | C_VAL1,
+	['{'] = C_VAL | C_VAL1, ['['] = C_VAL | C_VAL1, ['}'] = C_VAL | C_VAL1,
+	[']'] = C_VAL | C_VAL1,
+	[','] = C_VAL1,    /* drop mode, top level: a "usage":null member may follow */
+};
+
+/*
+ * The first byte of [p, e) in class k, or e. Sixteen bytes at a time where
+ * SSE2 is there (every x86-64), then a table lookup per byte.
+ */
+static inline const char *
+skip(const char *p, const char *e, unsigned k)
+{
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	const __m128i q = _mm_set1_epi8('"'), cr = _mm_set1_epi8('\r'),
+	    lf = _mm_set1_epi8('\n'), bs = _mm_set1_epi8('\\'),
+	    b20 = _mm_set1_epi8(0x20), ob = _mm_set1_epi8('{'), cb = _mm_set1_epi8('}'),
+	    cm = _mm_set1_epi8(',');
+
+	while (e - p >= 16) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)p), m;
+		unsigned bits;
+
+		m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, cr)),
+		    _mm_cmpeq_epi8(v, lf));
+		if (k == C_STR)
+			m = _mm_or_si128(m, _mm_cmpeq_epi8(v, bs));
+		else {
+			if (k == C_VAL1)
+				m = _mm_or_si128(m, _mm_cmpeq_epi8(v, cm));
+			/* [ and ] are { and } with bit 5 clear: one compare each */
+			v = _mm_or_si128(v, b20);
+			m = _mm_or_si128(m, _mm_or_si128(_mm_cmpeq_epi8(v, ob),
+			    _mm_cmpeq_epi8(v, cb)));
+		}
+		if ((bits = (unsigned)_mm_movemask_epi8(m)) != 0)
+			return p + __builtin_ctz(bits);
+		p += 16;
+	}
+#endif
+	while (p < e && !(cls[(unsigned char)*p] & k))
+		p++;
+	return p;
+}
 
 void
 sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event)
@@ -433,6 +500,15 @@ grow_add(char **buf, uint32_t *blen, uint32_t *balloc, const char *p, size_t n)
 	return 0;
 }
 
+/* Bytes of the usage object being copied (a no-op once the copy failed). */
+static void
+cap_add(struct sl_usage_scan *s, const char *p, size_t n)
+{
+	if (!(s->ev & EV_CAPFAIL) &&
+	    grow_add(&s->cap, &s->cap_len, &s->cap_alloc, p, n) < 0)
+		s->ev |= EV_CAPFAIL;
+}
+
 /* The usage object closed: parse the copy; the result waits for the event's end. */
 static void
 capture_done(struct sl_usage_scan *s)
@@ -456,18 +532,22 @@ capture_done(struct sl_usage_scan *s)
 	json_decref(o);
 }
 
-/* A value starts with c right after a recognised key's colon. */
-static void
+/*
+ * A value starts with c right after a recognised key's colon. Returns
+ * whether it opens the array of "choices" (checked for emptiness next).
+ */
+static int
 key_value(struct sl_usage_scan *s, char c)
 {
+	int choices = 0;
+
 	if (s->depth == 1 && (s->key & K_USAGE)) {
 		if (c == '{') {
 			s->ev |= EV_USAGE;
 			s->ev &= (uint8_t)~EV_CAPFAIL;
 			s->cap_len = 0;
 			s->cap_depth = 2;        /* depth inside the object */
-			if (grow_add(&s->cap, &s->cap_len, &s->cap_alloc, "{", 1) < 0)
-				s->ev |= EV_CAPFAIL;
+			cap_add(s, "{", 1);
 		} else {
 			/* "usage": null (or anything else): not this event */
 			s->ev = (uint8_t)((s->ev & ~EV_USAGE) | EV_NOTDROP);
@@ -476,40 +556,123 @@ key_value(struct sl_usage_scan *s, char c)
 	}
 	if (s->depth == 1 && (s->key & K_CHOICES)) {
 		if (c == '[')
-			s->lx = LX_CHOICES;  /* set again below, after the bracket */
+			choices = 1;
 		else
 			s->ev |= EV_NOTDROP;
 	}
 	if ((s->key & (K_CONTENT | K_TEXT)) && c == '"')
 		s->cnt = 1;
+	return choices;
 }
 
-/* One byte of the current event's data (with \n between data lines). */
+/*
+ * c in value position (lx is LX_VAL): strings start, brackets nest; at the
+ * top (depth 0) anything but blanks and the one object is bad. choices:
+ * c follows "choices": at the top level.
+ */
 static void
-lex(struct sl_usage_scan *s, char c)
+value(struct sl_usage_scan *s, char c, int choices)
 {
-	int choices;
+	switch (c) {
+	case '"':
+		s->lx = LX_STR;     /* s->cnt as key_value() left it */
+		s->kmask = K_ALL;
+		s->kpos = 0;
+		return;
+	case '{':
+	case '[':
+		if (s->depth == 0) {
+			if (s->top != TOP_NONE || c != '{')
+				s->ev |= EV_BAD;
+			s->top = TOP_OPEN;
+			s->first = s->drop;     /* its first member comes next */
+		}
+		if (s->depth == UINT16_MAX) {
+			s->ev |= EV_BAD;
+			return;
+		}
+		s->depth++;
+		if (choices)
+			s->lx = LX_CHOICES;
+		return;
+	case '}':
+	case ']':
+		if (s->depth == 0) {
+			s->ev |= EV_BAD;
+			return;
+		}
+		s->depth--;
+		if (s->cap_depth && s->depth + 1 == s->cap_depth)
+			capture_done(s);
+		if (s->depth == 0) {
+			s->top = TOP_CLOSED;
+			if (!(s->ev & EV_USAGE))
+				s->ev |= EV_NOTDROP;
+		}
+		return;
+	default:
+		if (s->depth == 0 && !JSON_WS(c))
+			s->ev |= EV_BAD;
+		return;
+	}
+}
 
-	if (s->cap_depth && !(s->ev & EV_CAPFAIL) &&
-	    grow_add(&s->cap, &s->cap_len, &s->cap_alloc, &c, 1) < 0)
-		s->ev |= EV_CAPFAIL;
-again:
+/*
+ * n raw bytes of a string that may still be a key: narrow the candidates.
+ * ends: the string's closing quote follows, so only keys of exactly this
+ * length can still match (string_end() would drop the others).
+ */
+static void
+key_run(struct sl_usage_scan *s, const char *p, size_t n, int ends)
+{
+	size_t end = s->kpos + n;
+	unsigned k;
+
+	if (end > KEY_MAXLEN) {
+		s->kmask = 0;
+		return;
+	}
+	for (k = 0; k < 4; k++) {
+		if (!(s->kmask & (1u << k)))
+			continue;
+		if (end > keylen[k] || (ends && end != keylen[k]) ||
+		    memcmp(keys[k] + s->kpos, p, n) != 0)
+			s->kmask &= (uint8_t)~(1u << k);
+	}
+	s->kpos = (uint8_t)end;
+}
+
+/* A string's closing quote: a recognised key only if its length matches. */
+static void
+string_end(struct sl_usage_scan *s)
+{
+	s->lx = LX_AFTER_STR;
+	s->cnt = 0;
+	if (s->kmask) {
+		uint8_t m = 0;
+		unsigned k;
+
+		for (k = 0; k < 4; k++)
+			if ((s->kmask & (1u << k)) && keylen[k] == s->kpos)
+				m |= (uint8_t)(1u << k);
+		s->kmask = m;
+	}
+	s->key = s->kmask;
+}
+
+/*
+ * One byte of data as the byte-at-a-time lexer took it (any state): the
+ * slow path of lex_run(), and the \n that joins two data lines.
+ */
+static void
+lex_byte(struct sl_usage_scan *s, char c)
+{
+	int choices = 0;
+
 	switch (s->lx) {
 	case LX_STR:
 		if (c == '"') {
-			s->lx = LX_AFTER_STR;
-			s->cnt = 0;
-			/* a candidate key matches only if its length is what was seen */
-			if (s->kmask) {
-				uint8_t m = 0;
-				int k;
-
-				for (k = 0; k < 4; k++)
-					if ((s->kmask & (1 << k)) && keylen[k] == s->kpos)
-						m |= (uint8_t)(1 << k);
-				s->kmask = m;
-			}
-			s->key = s->kmask;
+			string_end(s);
 			return;
 		}
 		if (s->cnt)
@@ -517,17 +680,8 @@ again:
 		if (c == '\\') {
 			s->lx = LX_ESC;
 			s->kmask = 0;
-			return;
-		}
-		if (s->kmask) {
-			int k;
-
-			for (k = 0; k < 4; k++)
-				if ((s->kmask & (1 << k)) &&
-				    (s->kpos >= keylen[k] || keys[k][s->kpos] != c))
-					s->kmask &= (uint8_t)~(1 << k);
-			s->kpos++;
-		}
+		} else if (s->kmask)
+			key_run(s, &c, 1, 0);
 		return;
 	case LX_ESC:
 		s->lx = c == 'u' ? LX_U : LX_STR;
@@ -546,74 +700,426 @@ again:
 		}
 		s->key = 0;
 		s->lx = LX_VAL;
-		goto again;
+		break;
 	case LX_AFTER_COLON:
 		if (JSON_WS(c))
 			return;
 		s->lx = LX_VAL;
 		if (s->key)
-			key_value(s, c);
+			choices = key_value(s, c);
 		s->key = 0;
-		if (s->lx == LX_CHOICES) {
-			s->lx = LX_VAL;
-			choices = 1;
-		} else
-			choices = 0;
-		goto value;
+		break;
 	case LX_CHOICES:
 		if (JSON_WS(c))
 			return;
 		if (c != ']')
 			s->ev |= EV_NOTDROP;
 		s->lx = LX_VAL;
-		goto again;
+		break;
 	default:
 		break;
 	}
-	choices = 0;
-value:
-	/* LX_VAL */
-	switch (c) {
-	case '"':
-		s->lx = LX_STR;     /* s->cnt as key_value() left it */
-		s->kmask = K_ALL;
-		s->kpos = 0;
+	value(s, c, choices);
+}
+
+/* Per call: the forwarded run of in [run_s, ..) and the held tail [tent_s, ..). */
+struct feed {
+	struct sl_usage_out *out;
+	const char *in;
+	size_t run_s, tent_s;
+	int stop;               /* end the call before the byte where it was set */
+	int cap_busy;           /* s->cap holds what out->held points to */
+};
+
+static void
+emit(struct feed *f, size_t end)
+{
+	struct sl_usage_out *o = f->out;
+
+	if (end <= f->run_s)
 		return;
-	case '{':
-	case '[':
-		if (s->depth == 0) {
-			if (s->top != TOP_NONE || c != '{')
-				s->ev |= EV_BAD;
-			s->top = TOP_OPEN;
+	if (o->n == SL_USAGE_MAX_RANGES)
+		abort();      /* broken invariant: mt_begin() keeps three ranges spare */
+	o->range[o->n].off = f->run_s;
+	o->range[o->n].len = end - f->run_s;
+	o->n++;
+}
+
+/* The held bytes go out after all (the memory stays valid until the next call). */
+static void
+release(struct sl_usage_scan *s, struct feed *f)
+{
+	if (s->hold_len > 0) {
+		f->out->held = s->hold;
+		f->out->held_len = s->hold_len;
+		s->hold_len = 0;
+	}
+}
+
+/* The held event is not the usage event: its bytes go out after all. */
+static void
+flush(struct sl_usage_scan *s, struct feed *f)
+{
+	release(s, f);
+	s->hs = H_PASS;
+}
+
+/* Byte i (a line terminator or the LF after one) leaves the client's stream. */
+static void
+drop_through(struct feed *f, size_t i)
+{
+	emit(f, i);
+	f->run_s = i + 1;
+}
+
+static int
+held(const struct sl_usage_scan *s)
+{
+	return s->hs == H_PREFIX || s->hs == H_HOLD;
+}
+
+/* mt: the "usage":null matcher over the raw bytes of one data line */
+enum {
+	MT_NONE,
+	MT_SEP,       /* after the comma: blanks, then the key's quote */
+	MT_KEY,       /* mpos bytes of usage" seen */
+	MT_COLON,     /* blanks, then the colon */
+	MT_VALUE,     /* blanks, then null */
+	MT_NULL,      /* mpos bytes of null seen */
+	MT_END        /* blanks, then a comma or the closing brace */
+};
+
+/* Bytes are held: an undecided event, or what may be a "usage":null member. */
+static int
+holding(const struct sl_usage_scan *s)
+{
+	return held(s) || s->mt != MT_NONE;
+}
+
+static void
+swap_hold_cap(struct sl_usage_scan *s)
+{
+	char *b = s->hold;
+	uint32_t a = s->hold_alloc;
+
+	s->hold = s->cap;
+	s->hold_alloc = s->cap_alloc;
+	s->cap = b;
+	s->cap_alloc = a;
+	s->cap_len = 0;
+}
+
+/*
+ * in[i] is c, a comma at the top level of the data object or the quote of
+ * its first key (drop mode): a "usage":null member may start here, so the
+ * bytes from here are held. An event still held that would have been let
+ * go by now (known not to be the usage event, or too big) goes first.
+ * Called before the lexer takes in[i]. -1: the held bytes went out in this
+ * call already, or too few ranges are left for a member, a drop and the
+ * tail: the call must end before in[i] (never at i == 0).
+ */
+static int
+mt_begin(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
+{
+	if (held(s) && ((s->ev & (EV_NOTDROP | EV_BAD)) ||
+	    s->hold_len + (i - f->tent_s) > SL_USAGE_MAX_EVENT))
+		flush(s, f);
+	if (f->out->n + 3 > SL_USAGE_MAX_RANGES)
+		return -1;
+	if (!held(s)) {
+		if (f->out->held_len > 0) {
+			if (i > 0)
+				return -1;
+			/*
+			 * The comma that ended a member, at the call's first byte,
+			 * let the held bytes go: they stay where out->held points
+			 * (the copy buffer, unused at the top level, for the rest of
+			 * this call) and a fresh buffer holds from here.
+			 */
+			swap_hold_cap(s);
+			f->cap_busy = 1;
 		}
-		if (s->depth == UINT16_MAX) {
-			s->ev |= EV_BAD;
-			break;
+		f->tent_s = i;      /* nothing is held: hold_len is 0 */
+	}
+	s->mstart = (uint32_t)(s->hold_len + (i - f->tent_s));
+	s->mt = c == ',' ? MT_SEP : MT_KEY;
+	s->mfirst = c == '"';
+	s->mpos = 0;
+	return 0;
+}
+
+/* Not a "usage":null member after all: its bytes stay. */
+static void
+mt_abort(struct sl_usage_scan *s, struct feed *f)
+{
+	s->mt = MT_NONE;
+	if (!held(s))
+		release(s, f);
+	else if (s->ev & (EV_NOTDROP | EV_BAD))
+		flush(s, f);
+}
+
+/*
+ * The member is [mstart, b) of the held bytes (held bytes from earlier
+ * calls, then in[tent_s..]): cut it out, let the rest go. Its event is not
+ * the usage event ("usage" is not an object in it), so nothing stays held.
+ */
+static void
+strip(struct sl_usage_scan *s, struct feed *f, size_t b)
+{
+	size_t a = s->mstart, h = s->hold_len;
+
+	if (a < h) {
+		if (b < h)
+			memmove(s->hold + a, s->hold + b, h - b);
+		s->hold_len = (uint32_t)(b < h ? h - (b - a) : a);
+	}
+	if (b > h) {
+		emit(f, f->tent_s + (a > h ? a - h : 0));
+		f->run_s = f->tent_s + (b - h);
+	}
+	s->mt = MT_NONE;
+	flush(s, f);
+}
+
+/*
+ * in[i] is c, the next byte of a data line while a member is being matched,
+ * before the lexer takes it. Returns 1 when c is the comma that ends a
+ * first member: it is cut with the member, so no other member starts at it.
+ */
+static int
+mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
+{
+	int blank = c == ' ' || c == '\t';
+
+	switch (s->mt) {
+	case MT_SEP:
+		if (blank)
+			return 0;
+		if (c == '"') {
+			s->mt = MT_KEY;
+			return 0;
 		}
-		s->depth++;
-		if (choices)
-			s->lx = LX_CHOICES;
 		break;
-	case '}':
-	case ']':
-		if (s->depth == 0) {
-			s->ev |= EV_BAD;
-			break;
+	case MT_KEY:
+		if (c == "usage\""[s->mpos]) {
+			if (++s->mpos == 6)
+				s->mt = MT_COLON;
+			return 0;
 		}
-		s->depth--;
-		if (s->cap_depth && s->depth + 1 == s->cap_depth)
-			capture_done(s);
-		if (s->depth == 0) {
-			s->top = TOP_CLOSED;
-			if (!(s->ev & EV_USAGE))
-				s->ev |= EV_NOTDROP;
+		break;
+	case MT_COLON:
+		if (blank)
+			return 0;
+		if (c == ':') {
+			s->mt = MT_VALUE;
+			return 0;
+		}
+		break;
+	case MT_VALUE:
+		if (blank)
+			return 0;
+		if (c == 'n') {
+			s->mt = MT_NULL;
+			s->mpos = 1;
+			return 0;
+		}
+		break;
+	case MT_NULL:
+		if (c == "null"[s->mpos]) {
+			if (++s->mpos == 4) {
+				s->mt = MT_END;
+				s->mnull = (uint32_t)(s->hold_len + (i + 1 - f->tent_s));
+			}
+			return 0;
+		}
+		break;
+	case MT_END:
+		if (blank)
+			return 0;
+		/* cut only what the byte-at-a-time hold bound would have kept */
+		if ((c == ',' || c == '}') &&
+		    s->hold_len + (i - f->tent_s) <= SL_USAGE_MAX_EVENT) {
+			if (s->mfirst && c == ',') {
+				strip(s, f, s->hold_len + (i + 1 - f->tent_s));
+				return 1;
+			}
+			strip(s, f, s->mnull);
+			return 0;
 		}
 		break;
 	default:
-		if (s->depth == 0 && !JSON_WS(c))
-			s->ev |= EV_BAD;
 		break;
 	}
+	mt_abort(s, f);
+	return 0;
+}
+
+/*
+ * The data of the current line from in[i]: lexes up to the line's end (a CR
+ * or LF, not consumed) or in[end], whichever comes first, and returns where
+ * it stopped (earlier with f->stop set: the call ends there). Runs of bytes
+ * that change nothing are skipped by class; the bytes of a usage object are
+ * copied a run at a time (cs: the first byte not yet copied), split at
+ * closing brackets so the copy is whole when the object closes. While a
+ * "usage":null member is being matched (drop mode) it goes a byte at a time.
+ */
+static size_t
+lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
+{
+	const char *in = f->in, *p = in + i, *e = in + end, *q;
+	const char *cs = s->cap_depth ? p : NULL;
+	const char *nocand = NULL;      /* a comma cut with a first member */
+	char c;
+
+	while (p < e) {
+		c = *p;
+		if (s->mt != MT_NONE) {
+			if (c == '\r' || c == '\n')
+				break;
+			if (mt_step(s, f, (size_t)(p - in), c))
+				nocand = p;
+			if (s->mt == MT_NONE)
+				continue;       /* c again, with nothing matching */
+			goto one;
+		}
+		switch (s->lx) {
+		case LX_STR:
+			q = skip(p, e, C_STR);
+			if (q > p) {
+				if (s->cnt)
+					s->content_bytes += (uint64_t)(q - p);
+				if (s->kmask)
+					key_run(s, p, (size_t)(q - p), q < e && *q == '"');
+				if ((p = q) == e)
+					goto out;
+				c = *p;
+			}
+			if (c == '\\') {
+				if (s->cnt)
+					s->content_bytes++;
+				s->lx = LX_ESC;
+				s->kmask = 0;
+				p++;
+				continue;
+			}
+			if (c != '"')
+				goto out;        /* the line ends */
+			string_end(s);
+			/*
+			 * What usually follows, without a trip through lex_byte():
+			 * a colon and a value after a key that is none of ours
+			 * (the value is then an ordinary LX_VAL byte), or a comma
+			 * or bracket after a string value.
+			 */
+			if (++p == e)
+				goto out;
+			c = *p;
+			if (c == ':') {
+				s->lx = LX_AFTER_COLON;
+				if (++p < e && s->key == 0 && !JSON_WS(*p))
+					s->lx = LX_VAL;
+			} else if (!JSON_WS(c)) {
+				s->key = 0;
+				s->lx = LX_VAL;
+			}
+			continue;
+		case LX_VAL:
+			if (s->depth > 0 && !s->first) {
+				p = s->drop && s->depth == 1 ? skip(p, e, C_VAL1) :
+				    skip(p, e, C_VAL);
+				if (p == e)
+					goto out;
+				c = *p;
+			}
+			if (c == '\r' || c == '\n')
+				goto out;
+			if (s->drop && s->depth == 1 && !(s->ev & EV_BAD) && p != nocand &&
+			    (c == ',' || (c == '"' && s->first)) &&
+			    mt_begin(s, f, (size_t)(p - in), c) < 0) {
+				f->stop = 1;
+				goto out;
+			}
+			if (!JSON_WS(c))
+				s->first = 0;
+			if (cs != NULL && (c == '}' || c == ']')) {
+				/* may close the usage object: copy through it first */
+				cap_add(s, cs, (size_t)(p + 1 - cs));
+				cs = p + 1;
+			}
+			value(s, c, 0);
+			p++;
+			if (cs == NULL && s->cap_depth)
+				cs = p;                  /* "usage": { opened at c */
+			else if (cs != NULL && !s->cap_depth)
+				cs = NULL;               /* ... and closed */
+			continue;
+		case LX_AFTER_STR:
+			if (c == ':') {
+				s->lx = LX_AFTER_COLON;
+				p++;
+				continue;
+			}
+			if (!JSON_WS(c)) {
+				s->key = 0;
+				s->lx = LX_VAL;
+				continue;       /* c again, as a value */
+			}
+			break;
+		case LX_AFTER_COLON:
+			if (JSON_WS(c))
+				break;
+			if (f->cap_busy && c == '{' && s->depth == 1 && (s->key & K_USAGE)) {
+				f->stop = 1;    /* the copy buffer is out->held's: next call */
+				goto out;
+			}
+			s->lx = LX_VAL;
+			if (s->key) {
+				int choices = key_value(s, c);
+
+				s->key = 0;
+				if (choices) {
+					value(s, c, 1);      /* its [ : LX_CHOICES */
+					p++;
+					continue;
+				}
+			}
+			continue;               /* c again, as a value */
+		case LX_CHOICES:
+			if (JSON_WS(c))
+				break;
+			if (c != ']')
+				s->ev |= EV_NOTDROP;
+			s->lx = LX_VAL;
+			continue;
+		default:
+			goto one;               /* LX_ESC, LX_U */
+		}
+		/* a blank between tokens */
+		if (c == '\r' || c == '\n')
+			goto out;
+		p++;
+		continue;
+one:
+		/* one byte as the byte-at-a-time lexer took it */
+		if (c == '\r' || c == '\n')
+			goto out;
+		if (cs != NULL && (c == '}' || c == ']')) {
+			/* may close the usage object: copy through it first */
+			cap_add(s, cs, (size_t)(p + 1 - cs));
+			cs = p + 1;
+		}
+		lex_byte(s, c);
+		p++;
+		if (cs == NULL && s->cap_depth)
+			cs = p;                  /* "usage": { opened at c */
+		else if (cs != NULL && !s->cap_depth)
+			cs = NULL;               /* ... and closed */
+	}
+out:
+	if (cs != NULL)
+		cap_add(s, cs, (size_t)(p - cs));
+	return (size_t)(p - in);
 }
 
 /* A blank line: commit the usage of a well-formed usage event; next event. */
@@ -634,6 +1140,7 @@ event_end(struct sl_usage_scan *s)
 	s->cap_depth = 0;
 	s->lx = LX_VAL;
 	s->key = s->kmask = s->cnt = 0;
+	s->first = s->mt = 0;
 }
 
 /* Droppable: one JSON object with "usage": {..} at the top and no non-empty choices. */
@@ -648,79 +1155,44 @@ droppable(const struct sl_usage_scan *s)
 static void
 data_begins(struct sl_usage_scan *s)
 {
-	if (s->ev & EV_DATA)
-		lex(s, '\n');
+	if (s->ev & EV_DATA) {
+		if (s->cap_depth)
+			cap_add(s, "\n", 1);
+		lex_byte(s, '\n');
+	}
 	s->ev |= EV_DATA;
 }
 
-/* Per call: the forwarded run of in [run_s, ..) and the held tail [tent_s, ..). */
-struct feed {
-	struct sl_usage_out *out;
-	size_t run_s, tent_s;
-};
 
-static void
-emit(struct feed *f, size_t end)
+/* Index of the first CR or LF in in[i..len), or len. */
+static size_t
+line_end(const char *in, size_t i, size_t len)
 {
-	struct sl_usage_out *o = f->out;
-
-	if (end <= f->run_s)
-		return;
-	if (o->n == SL_USAGE_MAX_RANGES)
-		abort();      /* broken invariant: one drop per stream needs two ranges */
-	o->range[o->n].off = f->run_s;
-	o->range[o->n].len = end - f->run_s;
-	o->n++;
+	while (i < len && in[i] != '\r' && in[i] != '\n')
+		i++;
+	return i;
 }
 
-/* The held event is not the usage event: its bytes go out after all. */
-static void
-flush(struct sl_usage_scan *s, struct feed *f)
-{
-	if (s->hold_len > 0) {
-		f->out->held = s->hold;
-		f->out->held_len = s->hold_len;
-		s->hold_len = 0;   /* the memory stays valid until the next call */
-	}
-	s->hs = H_PASS;
-}
-
-/* Byte i (a line terminator or the LF after one) leaves the client's stream. */
-static void
-drop_through(struct feed *f, size_t i)
-{
-	emit(f, i);
-	f->run_s = i + 1;
-}
-
-static int
-held(const struct sl_usage_scan *s)
-{
-	return s->hs == H_PREFIX || s->hs == H_HOLD;
-}
-
-/* Non-zero when some byte of w equals b (the classic SWAR zero-byte test). */
-static inline uint64_t
-swar_has(uint64_t w, unsigned char b)
-{
-	uint64_t x = w ^ (UINT64_C(0x0101010101010101) * b);
-
-	return (x - UINT64_C(0x0101010101010101)) & ~x &
-	    UINT64_C(0x8080808080808080);
-}
-
+/*
+ * Line structure and the hold decision go a byte at a time (a few bytes an
+ * event: "data: ", line ends); the data of a line goes to lex_run() as one
+ * run, which skips what cannot matter.
+ */
 size_t
 sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
     struct sl_usage_out *out)
 {
 	struct feed f;
-	size_t i;
+	size_t i = 0;
 	char c;
 
-	memset(out, 0, sizeof(*out));
+	out->held = NULL;       /* the ranges past n are never read */
+	out->held_len = out->n = 0;
 	f.out = out;
+	f.in = in;
 	f.run_s = f.tent_s = 0;
-	for (i = 0; i < len; i++) {
+	f.stop = f.cap_busy = 0;
+	while (i < len) {
 		c = in[i];
 		if (s->cr && c == '\n') {
 			/* second byte of a CRLF: goes where its CR went */
@@ -728,6 +1200,7 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			if (s->after_drop)
 				drop_through(&f, i);
 			s->after_drop = 0;
+			i++;
 			continue;
 		}
 		if (s->hs == H_NEW) {
@@ -744,35 +1217,21 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 		s->cr = 0;
 		s->after_drop = 0;
 
-		/*
-		 * Fast path, most bytes of a stream: inside a data string that is
-		 * not a key candidate and not copied, only its end matters.
-		 */
-		if (s->line == LS_DATA && s->lx == LX_STR && s->kmask == 0 &&
-		    s->cap_depth == 0 && s->hs != H_PREFIX) {
-			size_t j = i;
-
-			/* Eight bytes at a time while none of them matters. */
-			while (j + 8 <= len) {
-				uint64_t w;
-
-				memcpy(&w, in + j, 8);
-				if (swar_has(w, '"') | swar_has(w, '\\') |
-				    swar_has(w, '\r') | swar_has(w, '\n'))
-					break;
-				j += 8;
+		if (s->line == LS_START && len - i > 5 && memcmp(in + i, "data:", 5) == 0 &&
+		    (s->hs != H_PREFIX || s->pfx == 0)) {
+			/* The usual line, its field name in one step (as byte by byte). */
+			if (s->hs == H_PREFIX)
+				s->pfx = 5;
+			s->line = LS_DATA_SP;
+			data_begins(s);
+			i += 5;
+			if (in[i] == ' ') {
+				if (s->hs == H_PREFIX)
+					s->pfx = 6;
+				s->line = LS_DATA;
+				i++;
 			}
-			while (j < len && in[j] != '"' && in[j] != '\\' && in[j] != '\r' &&
-			    in[j] != '\n')
-				j++;
-			if (j > i) {
-				if (s->cnt)
-					s->content_bytes += j - i;
-				i = j - 1;
-				if (held(s) && s->hold_len + (j - f.tent_s) > SL_USAGE_MAX_EVENT)
-					flush(s, &f);
-				continue;
-			}
+			continue;         /* no hold decision changes on these bytes */
 		}
 
 		if (s->hs == H_PREFIX) {
@@ -785,6 +1244,8 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 		}
 
 		if (c == '\r' || c == '\n') {
+			if (s->mt != MT_NONE)
+				mt_abort(s, &f);    /* a member never spans lines */
 			s->cr = c == '\r';
 			if (s->line == LS_START) {
 				if (held(s) && droppable(s)) {
@@ -797,16 +1258,19 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 					flush(s, &f);
 				event_end(s);
 				s->hs = H_NEW;
+				i++;
 				continue;
 			}
 			if (s->line == LS_FIELD && s->field == 4)
 				data_begins(s);     /* "data" alone: an empty data line */
 			s->line = LS_START;
+			i++;
 		} else {
 			switch (s->line) {
 			case LS_START:
 				if (c == ':') {
 					s->line = LS_IGNORE;
+					i++;
 					break;
 				}
 				s->line = LS_FIELD;
@@ -823,29 +1287,40 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 					s->field++;
 				else
 					s->field = 5;
+				i++;
 				break;
 			case LS_DATA_SP:
 				s->line = LS_DATA;
-				if (c != ' ')
-					lex(s, c);
-				break;
+				if (c == ' ') {
+					i++;
+					break;
+				}
+				/* FALLTHROUGH */
 			case LS_DATA:
-				lex(s, c);
+				/* this byte passed the prefix check; the rest need none */
+				i = lex_run(s, &f, i, s->hs == H_PREFIX ? i + 1 : len);
 				break;
 			default:
+				i = s->hs == H_PREFIX ? i + 1 : line_end(in, i, len);
 				break;
 			}
+			if (f.stop)
+				break;
 		}
-		if (held(s) && ((s->ev & (EV_NOTDROP | EV_BAD)) ||
-		    s->hold_len + (i + 1 - f.tent_s) > SL_USAGE_MAX_EVENT))
+		if (held(s) && s->mt == MT_NONE && (s->ev & (EV_NOTDROP | EV_BAD)))
 			flush(s, &f);
+		else if (holding(s) && s->hold_len + (i - f.tent_s) > SL_USAGE_MAX_EVENT) {
+			s->mt = MT_NONE;    /* too big to be a member worth holding */
+			flush(s, &f);
+		}
 	}
-	if (held(s)) {
+	if (holding(s)) {
 		if (grow_add(&s->hold, &s->hold_len, &s->hold_alloc, in + f.tent_s,
 		    i - f.tent_s) == 0) {
 			emit(&f, f.tent_s);
 			return i;
 		}
+		s->mt = MT_NONE;
 		flush(s, &f);       /* no memory to hold it: let it through */
 	}
 	emit(&f, i);
@@ -856,12 +1331,13 @@ void
 sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out)
 {
 	memset(out, 0, sizeof(*out));
-	if (held(s) && s->hold_len > 0) {
+	if (holding(s) && s->hold_len > 0) {
 		out->held = s->hold;
 		out->held_len = s->hold_len;
 		s->hold_len = 0;
 	}
 	s->hs = H_PASS;
+	s->mt = MT_NONE;
 	s->pending_ok = 0;
 }
 

@@ -6,9 +6,9 @@ workers, metrics and access log fields.
 
 The stub reports usage as X-Stub-Usage: P,C says (bench/README.md, Usage).
 With X-Stub-Usage-Null: 1 a stream that asked for usage also carries
-"usage":null in its ordinary chunks (as vLLM and OpenAI do); the gateway
-removes only the usage chunk, so a client that did not ask then sees those
-chunks as the runner sent them."""
+"usage":null in its ordinary chunks (as vLLM and OpenAI do); for a client
+that did not ask the gateway removes that member too, so it sees the bytes
+of a runner never asked; a client that asked gets it unchanged."""
 
 import json
 import time
@@ -222,17 +222,24 @@ def test_streamed_usage_is_counted_exactly_and_the_injected_chunk_never_reaches_
             n_log += 1
             assert r.status == 200 and r.complete, (r.status, bytes(r.data[-200:]))
             # The runner's events as sent, without the usage chunk, then
-            # [DONE]: the bytes of a stream never asked for usage (with
-            # "usage":null in each event if the runner puts it there).
-            assert bytes(r.data) == _stream(path, 5, usage_null=null), \
+            # [DONE]: the bytes of a stream never asked for usage (the
+            # "usage":null member a runner adds to each event, once asked,
+            # removed as well).
+            assert bytes(r.data) == _stream(path, 5), \
                 "%s: client got %r" % (path, bytes(r.data))
             assert b'"choices":[]' not in r.data and b"prompt_tokens" not in r.data
+            assert b'"usage"' not in r.data, bytes(r.data)
             # The runner was asked: one member added to the body, nothing else.
             assert _tag(stub, tag)["include_usage_requests"] == 1, stub.tag(tag)
             assert _last(stub) == (path, body[:-1] + INJECTED + b"}"), _last(stub)
             _check_log(_log_line(gw, n_log), "exact", *usage)
         assert stub.stats()["usage_chunks"] == 3, "the stub sent no usage chunk"
         _expect_tokens(gw, prompt=36, completion=17, estimated=0, window=53)
+        # The runner did send the member in each event (the stub's own bytes).
+        direct = stub.direct("POST", CHAT, _hdrs(events=5, interval=0, usage=(2, 5), null=True),
+                             _body(CHAT, asked=True))
+        assert bytes(direct.data) == _stream(CHAT, 5, usage_null=True, usage=(2, 5)), \
+            bytes(direct.data)
         # beta has used nothing
         m = h.scrape(gw)
         assert m.value(TOKENS, tenant="beta", kind="prompt") == 0

@@ -6,10 +6,15 @@
  *
  * Scanner: fed as the relay would (until each read is consumed), in random
  * reads and one byte per read, with drop off and on.
+ *   - the same output, usage, content bytes and drop as the reference
+ *     scanner (tests/ref: the byte-at-a-time scanner the fast one replaced,
+ *     plus a look-ahead that lists the "usage":null members drop mode
+ *     cuts) given the whole input in one read;
  *   - drop off: the client gets the input exactly, always as one range;
  *   - drop on: the client gets the input, or the input minus one whole SSE
  *     event (per an independent splitter below) that holds "usage", and the
- *     same bytes whatever the reads;
+ *     same bytes whatever the reads; when "usage":null members are cut,
+ *     exactly the reference's output with its listed members cut;
  *   - usage and content bytes do not depend on the reads or on drop;
  *   - the hold buffer never passes SL_USAGE_MAX_EVENT.
  * Editor: an injected body is the input with exactly one of the documented
@@ -23,6 +28,7 @@
 
 #include "fuzz.h"
 #include "sl_usage.h"
+#include "usage_ref.h"
 
 struct result {
 	struct fz_buf out;
@@ -93,6 +99,63 @@ scan(struct result *r, const char *in, size_t len, int drop, uint32_t seed)
 	sl_usage_scan_free(&s);
 }
 
+/*
+ * The reference scanner, the whole input in one read (as often as it
+ * consumes): what it keeps, less the "usage":null members it lists.
+ */
+static void
+scan_ref(struct result *r, const char *in, size_t len, int drop, size_t *nstrips)
+{
+	struct ref_scan s;
+	struct ref_out o;
+	size_t off = 0, used, k, j;
+	unsigned char *keep = calloc(len + 1, 1);
+
+	if (keep == NULL)
+		abort();
+	memset(r, 0, sizeof(*r));
+	ref_scan_init(&s, drop);
+	while (off < len) {
+		used = ref_scan_feed(&s, in + off, len - off, &o);
+		fz_check(o.held_len == 0, "ref", "the reference held bytes of the one read");
+		for (k = 0; k < o.n; k++)
+			memset(keep + off + o.range[k].off, 1, o.range[k].len);
+		off += used;
+	}
+	ref_scan_finish(&s, &o);
+	if (o.held_len > 0)
+		memset(keep + len - o.held_len, 1, o.held_len);   /* the held tail */
+	for (k = 0; k < s.nspans; k++) {
+		for (j = 0; j < s.spans[k].len; j++)
+			fz_check(keep[s.spans[k].off + j], "ref", "a member to cut was not kept");
+		memset(keep + s.spans[k].off, 0, s.spans[k].len);
+	}
+	for (k = 0; k < len; k++)
+		if (keep[k])
+			fz_add(&r->out, in + k, 1);
+	*nstrips = s.nspans;
+	ref_scan_result(&s, &r->u, &r->content);
+	r->dropped = ref_scan_dropped(&s);
+	ref_scan_free(&s);
+	free(keep);
+}
+
+/* Everything the client and the accounting see is the reference's. */
+static void
+check_ref(const struct result *got, const struct result *want, const char *what)
+{
+	fz_check(got->u.have == want->u.have && got->u.prompt_tokens == want->u.prompt_tokens &&
+	    got->u.completion_tokens == want->u.completion_tokens &&
+	    got->u.total_tokens == want->u.total_tokens, "ref-usage", "%s: usage differs", what);
+	fz_check(got->content == want->content, "ref-content", "%s: %llu content bytes, ref %llu",
+	    what, (unsigned long long)got->content, (unsigned long long)want->content);
+	fz_check(got->dropped == want->dropped, "ref-dropped", "%s: dropped %d, ref %d", what,
+	    got->dropped, want->dropped);
+	fz_check(got->out.len == want->out.len && eq(got->out.p, want->out.p, got->out.len),
+	    "ref-output", "%s: output differs from the reference (%zu bytes, ref %zu)", what,
+	    got->out.len, want->out.len);
+}
+
 static int
 same_result(const struct result *a, const struct result *b)
 {
@@ -139,9 +202,14 @@ minus_one_event(const char *in, size_t len, const unsigned char *out, size_t ole
 static void
 check_scanner(const char *in, size_t len, uint32_t seed)
 {
-	struct result off, off1, on, on1;
+	struct result off, off1, on, on1, ref_off, ref_on;
+	size_t strips_off, strips_on;
 
+	scan_ref(&ref_off, in, len, 0, &strips_off);
+	scan_ref(&ref_on, in, len, 1, &strips_on);
+	fz_check(strips_off == 0, "ref", "members cut with drop off");
 	scan(&off, in, len, 0, seed | 1);
+	check_ref(&off, &ref_off, "drop off");
 	fz_check(off.out.len == len && eq(off.out.p, in, len), "passthrough",
 	    "drop off: the client did not get the input");
 	fz_check(off.content <= len, "content-bound", "%llu content bytes of %zu",
@@ -149,17 +217,21 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 	fz_check(!off.dropped, "passthrough", "dropped with drop off");
 
 	scan(&on, in, len, 1, (seed * 2654435761u) | 1);
+	check_ref(&on, &ref_on, "drop on");
 	fz_check(same_result(&off, &on), "drop-independent", "usage/content differ with drop");
-	if (on.dropped)
+	/* (with members cut, the reference's output is the whole check) */
+	if (on.dropped && strips_on == 0)
 		fz_check(minus_one_event(in, len, on.out.p, on.out.len), "drop-one-event",
 		    "drop on: output is not the input minus one usage event");
-	else
+	else if (strips_on == 0)
 		fz_check(on.out.len == len && eq(on.out.p, in, len), "drop-one-event",
 		    "drop on, nothing dropped, yet the output differs");
 
 	if (len <= 4096) {
 		scan(&off1, in, len, 0, 0);
 		scan(&on1, in, len, 1, 0);
+		check_ref(&off1, &ref_off, "drop off, one byte per read");
+		check_ref(&on1, &ref_on, "drop on, one byte per read");
 		fz_check(same_result(&off, &off1) && same_result(&off, &on1),
 		    "split-independent", "usage/content depend on the reads");
 		fz_check(on1.dropped == on.dropped && on1.out.len == on.out.len &&
@@ -170,6 +242,8 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 	}
 	fz_free(&off.out);
 	fz_free(&on.out);
+	fz_free(&ref_off.out);
+	fz_free(&ref_on.out);
 }
 
 #define REQ_FLAGS (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)

@@ -136,13 +136,45 @@ without(const char *in, const char *cut)
 	return o;
 }
 
+/* in without every occurrence of cut (malloc'd). */
+static char *
+without_all(const char *in, const char *cut)
+{
+	size_t cl = strlen(cut), n = 0;
+	const char *p = in, *at;
+	char *o = malloc(strlen(in) + 1);
+
+	assert_non_null(o);
+	while ((at = strstr(p, cut)) != NULL) {
+		memcpy(o + n, p, (size_t)(at - p));
+		n += (size_t)(at - p);
+		p = at + cl;
+	}
+	strcpy(o + n, p);
+	return o;
+}
+
+/* The member runners add to every chunk once asked (vLLM, OpenAI). */
+#define NULL_MEMBER ",\"usage\":null"
+
+/* w without its NULL_MEMBERs, in place: what a client that did not ask gets. */
+static void
+cut_nulls(char *w)
+{
+	char *c = without_all(w, NULL_MEMBER);
+
+	strcpy(w, c);
+	free(c);
+}
+
 /*
  * Every split point and one byte at a time: the client gets exactly want,
- * the scanner reports usage (p, c, t) or none (p < 0) and content bytes.
+ * the usage event was dropped or not, the scanner reports usage (p, c, t)
+ * or none (p < 0) and content bytes.
  */
 static void
-check_stream(const char *in, int drop, const char *want, long p, long c, long t,
-    uint64_t content)
+check_stream(const char *in, int drop, const char *want, int dropped, long p, long c,
+    long t, uint64_t content)
 {
 	size_t len = strlen(in), k;
 	struct run r;
@@ -161,7 +193,7 @@ check_stream(const char *in, int drop, const char *want, long p, long c, long t,
 			assert_int_equal(r.u.total_tokens, t);
 		}
 		assert_int_equal(r.content, content);
-		assert_int_equal(r.dropped, strcmp(in, want) != 0);
+		assert_int_equal(r.dropped, dropped);
 		free(r.out);
 	}
 }
@@ -186,16 +218,18 @@ static void
 test_scan_usage_found_at_every_split_kept_byte_identical(void **state)
 {
 	(void)state;
-	check_stream(stream_lf, 0, stream_lf, 12, 7, 19, 12);
+	check_stream(stream_lf, 0, stream_lf, 0, 12, 7, 19, 12);
 }
 
 static void
 test_scan_drop_removes_exactly_the_usage_event_at_every_split(void **state)
 {
-	char *want = without(stream_lf, USAGE_EV);
+	char *ev = without(stream_lf, USAGE_EV), *want = without_all(ev, NULL_MEMBER);
 
 	(void)state;
-	check_stream(stream_lf, 1, want, 12, 7, 19, 12);
+	/* and the "usage":null members the runner added once asked */
+	check_stream(stream_lf, 1, want, 1, 12, 7, 19, 12);
+	free(ev);
 	free(want);
 }
 
@@ -231,8 +265,9 @@ test_scan_crlf_and_cr_line_ends(void **state)
 		in = relined(stream_lf, eols[i]);
 		ev = relined(USAGE_EV, eols[i]);
 		want = without(in, ev);
-		check_stream(in, 0, in, 12, 7, 19, 12);
-		check_stream(in, 1, want, 12, 7, 19, 12);
+		cut_nulls(want);
+		check_stream(in, 0, in, 0, 12, 7, 19, 12);
+		check_stream(in, 1, want, 1, 12, 7, 19, 12);
 		free(in);
 		free(ev);
 		free(want);
@@ -243,11 +278,13 @@ static void
 test_scan_usage_null_events_ignored_estimate_from_content(void **state)
 {
 	static const char in[] = CHUNK("abcd") CHUNK("efghi") DONE;
+	char *cut = without_all(in, NULL_MEMBER);
 	struct run r;
 
 	(void)state;
-	check_stream(in, 0, in, -1, 0, 0, 9);
-	check_stream(in, 1, in, -1, 0, 0, 9);
+	check_stream(in, 0, in, 0, -1, 0, 0, 9);
+	check_stream(in, 1, cut, 0, -1, 0, 0, 9);
+	free(cut);
 	run_split(&r, in, strlen(in), 3, 1);
 	assert_int_equal(sl_usage_estimate(r.content), 3);   /* ceil(9 / 4) */
 	free(r.out);
@@ -268,19 +305,21 @@ test_scan_malformed_usage_event_gives_no_usage(void **state)
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7}} x\n\n",
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1e3,\"completion_tokens\":7}}\n\n",
 	};
-	char in[512];
+	char in[512], *want;
 	size_t i;
 
 	(void)state;
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		snprintf(in, sizeof(in), "%s%s%s", CHUNK("ab"), bad[i], DONE);
-		check_stream(in, 0, in, -1, 0, 0, 2);
+		check_stream(in, 0, in, 0, -1, 0, 0, 2);
 	}
 	/* well-formed, but the stream is cut inside it: no usage, held bytes released */
 	snprintf(in, sizeof(in), "%s%s", CHUNK("ab"),
 	    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7}}\n");
-	check_stream(in, 0, in, -1, 0, 0, 2);
-	check_stream(in, 1, in, -1, 0, 0, 2);
+	check_stream(in, 0, in, 0, -1, 0, 0, 2);
+	want = without_all(in, NULL_MEMBER);
+	check_stream(in, 1, want, 0, -1, 0, 0, 2);
+	free(want);
 }
 
 static void
@@ -298,8 +337,8 @@ test_scan_data_without_space_comments_and_other_fields(void **state)
 	    "\"completion_tokens\":2}}\nid: 8\n\n");
 
 	(void)state;
-	check_stream(in, 0, in, 3, 2, 5, 3);
-	check_stream(in, 1, want, 3, 2, 5, 3);
+	check_stream(in, 0, in, 0, 3, 2, 5, 3);
+	check_stream(in, 1, want, 1, 3, 2, 5, 3);
 	free(want);
 }
 
@@ -317,7 +356,7 @@ test_scan_escapes_count_one_byte_and_quotes_do_not_confuse(void **state)
 		DONE;
 
 	(void)state;
-	check_stream(in, 1, in, -1, 0, 0, 6 + 27 + 3);
+	check_stream(in, 1, in, 0, -1, 0, 0, 6 + 27 + 3);
 }
 
 static void
@@ -328,10 +367,11 @@ test_scan_completions_text_counted(void **state)
 		"\"index\":0,\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n"
 		"data: {\"choices\":[{\"text\":\" more\",\"index\":0}]}\n\n"
 		USAGE_EV DONE;
-	char *want = without(in, USAGE_EV);
+	char *ev = without(in, USAGE_EV), *want = without_all(ev, NULL_MEMBER);
 
 	(void)state;
-	check_stream(in, 1, want, 12, 7, 19, 9);
+	check_stream(in, 1, want, 1, 12, 7, 19, 9);
+	free(ev);
 	free(want);
 }
 
@@ -348,10 +388,13 @@ test_scan_usage_with_nonempty_choices_counted_not_dropped(void **state)
 		"data: {\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1},"
 		"\"choices\":[{\"delta\":{\"content\":\"z\"}}]}\n\n";
 
+	char *want = without_all(in, NULL_MEMBER);
+
 	(void)state;
-	check_stream(in, 1, in, 4, 1, 5, 2);
+	check_stream(in, 1, want, 0, 4, 1, 5, 2);
+	free(want);
 	/* choices after usage: still known before the event ends */
-	check_stream(after, 1, after, 4, 1, 5, 1);
+	check_stream(after, 1, after, 0, 4, 1, 5, 1);
 }
 
 static void
@@ -366,8 +409,9 @@ test_scan_usage_split_over_two_data_lines(void **state)
 	(void)state;
 	snprintf(in, sizeof(in), "%s%s%s", CHUNK("abc"), ev, DONE);
 	want = without(in, ev);
-	check_stream(in, 0, in, 1, 2, 3, 3);
-	check_stream(in, 1, want, 1, 2, 3, 3);
+	cut_nulls(want);
+	check_stream(in, 0, in, 0, 1, 2, 3, 3);
+	check_stream(in, 1, want, 1, 1, 2, 3, 3);
 	free(want);
 }
 
@@ -382,8 +426,169 @@ test_scan_only_the_first_usage_event_is_dropped_last_usage_counts(void **state)
 	(void)state;
 	snprintf(in, sizeof(in), "%s%s%s%s", CHUNK("ab"), USAGE_EV, second, DONE);
 	want = without(in, USAGE_EV);
-	check_stream(in, 1, want, 20, 9, 29, 2);
+	cut_nulls(want);
+	check_stream(in, 1, want, 1, 20, 9, 29, 2);
 	free(want);
+}
+
+/*
+ * Drop mode: a "usage":null member at the top level of an event's data
+ * object is cut, the rest byte for byte; a client that asked gets it all.
+ */
+static void
+test_scan_drop_cuts_usage_null_members_at_every_split(void **state)
+{
+	static const struct {
+		const char *in, *want;
+		uint64_t content;
+	} cases[] = {
+		{ "data: {\"id\":\"a\",\"choices\":[{\"delta\":{\"content\":\"x\"}}],\"usage\":null}\n\n",
+		  "data: {\"id\":\"a\",\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n", 1 },
+		/* the first member: through the comma after it */
+		{ "data: {\"usage\":null,\"id\":\"a\",\"choices\":[]}\n\n",
+		  "data: {\"id\":\"a\",\"choices\":[]}\n\n", 0 },
+		/* the only member */
+		{ "data: {\"usage\":null}\n\n", "data: {}\n\n", 0 },
+		/* blanks: from the comma to the end of null; around, they stay */
+		{ "data: {\"a\":1 , \"usage\" : null , \"b\":2}\n\n",
+		  "data: {\"a\":1  , \"b\":2}\n\n", 0 },
+		{ "data: { \"usage\"\t: null\t, \"a\":1}\n\n", "data: {  \"a\":1}\n\n", 0 },
+		{ "data: {\"a\":1,\"usage\":null,\"b\":[2]}\n\n", "data: {\"a\":1,\"b\":[2]}\n\n", 0 },
+		{ "data: {\"usage\":null,\"a\":1,\"usage\":null}\n\n", "data: {\"a\":1}\n\n", 0 },
+		/* the first member on the object's second data line */
+		{ "data: {\ndata: \"usage\":null,\"a\":1}\n\n", "data: {\ndata: \"a\":1}\n\n", 0 },
+		/* after a string value, a number, an object, an array */
+		{ "data: {\"a\":\"s\",\"usage\":null,\"b\":2.5e3,\"usage\":null,\"c\":{},"
+		  "\"usage\":null,\"d\":[],\"usage\":null}\n\n",
+		  "data: {\"a\":\"s\",\"b\":2.5e3,\"c\":{},\"d\":[]}\n\n", 0 },
+		/* kept: nested, in a string, not null, not followed by , or }, escaped key */
+		{ "data: {\"choices\":[{\"usage\":null,\"delta\":{\"usage\":null}}]}\n\n", NULL, 0 },
+		{ "data: {\"choices\":[{\"delta\":{\"content\":\",\\\"usage\\\":null\"}}]}\n\n", NULL, 13 },
+		{ "data: {\"a\":1,\"usage\":nullx}\n\n", NULL, 0 },
+		{ "data: {\"a\":1,\"usage\":\"null\"}\n\n", NULL, 0 },
+		{ "data: {\"a\":1,\"usage\":nul}\n\n", NULL, 0 },
+		{ "data: {\"a\":1,\"Usage\":null}\n\n", NULL, 0 },
+		{ "data: {\"a\":1,\"usage\":null \"b\":2}\n\n", NULL, 0 },
+		{ "data: {\"a\":1,\"usag\\u0065\":null}\n\n", NULL, 0 },
+		/* kept: across data lines, data that is not one object, not data */
+		{ "data: {\"a\":1,\ndata: \"usage\":null}\n\n", NULL, 0 },
+		{ "data: {\"a\":1\ndata: ,\"usage\":null}\n\n",
+		  "data: {\"a\":1\ndata: }\n\n", 0 },
+		{ "data: [1,\"usage\":null]\n\n", NULL, 0 },
+		{ "data: x{\"a\":1,\"usage\":null}\n\n", NULL, 0 },
+		{ "data: {\"a\":1} {\"b\":1,\"usage\":null}\n\n", NULL, 0 },
+		{ ": {\"a\":1,\"usage\":null}\n\nevent: {\"a\":1,\"usage\":null}\n\n", NULL, 0 },
+	};
+	char in[1024], want[1024];
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		snprintf(in, sizeof(in), "%s" DONE, cases[i].in);
+		snprintf(want, sizeof(want), "%s" DONE,
+		    cases[i].want != NULL ? cases[i].want : cases[i].in);
+		check_stream(in, 0, in, 0, -1, 0, 0, cases[i].content);
+		check_stream(in, 1, want, 0, -1, 0, 0, cases[i].content);
+	}
+}
+
+/* Also with CRLF and CR line ends, before and after the usage event is dropped. */
+static void
+test_scan_drop_cuts_usage_null_around_the_dropped_usage_event(void **state)
+{
+	static const char lf[] =
+		CHUNK("a") "data: {\"usage\":null,\"choices\":[{\"delta\":{\"content\":\"bc\"}}]}\n\n"
+		USAGE_EV CHUNK("d") DONE;
+	const char *eols[] = { "\n", "\r\n", "\r" };
+	char *in, *ev, *want, *tmp;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < 3; i++) {
+		in = relined(lf, eols[i]);
+		ev = relined(USAGE_EV, eols[i]);
+		tmp = without(in, ev);
+		want = without_all(tmp, NULL_MEMBER);
+		free(tmp);
+		tmp = without(want, "\"usage\":null,");
+		check_stream(in, 0, in, 0, 12, 7, 19, 4);
+		check_stream(in, 1, tmp, 1, 12, 7, 19, 4);
+		free(in);
+		free(ev);
+		free(want);
+		free(tmp);
+	}
+}
+
+/* Many members in one read: more than SL_USAGE_MAX_RANGES ranges' worth. */
+static void
+test_scan_drop_cuts_more_members_than_ranges_in_one_read(void **state)
+{
+	size_t n = 4 * SL_USAGE_MAX_RANGES, k, len;
+	char *in, *want, *tmp;
+	struct run r;
+
+	(void)state;
+	in = calloc(n + 3, sizeof(CHUNK("tok")) + sizeof(USAGE_EV));
+	assert_non_null(in);
+	for (k = 0; k < n; k++) {
+		strcat(in, CHUNK("tok"));
+		if (k == n / 2)
+			strcat(in, USAGE_EV);
+	}
+	strcat(in, DONE);
+	len = strlen(in);
+	tmp = without(in, USAGE_EV);
+	want = without_all(tmp, NULL_MEMBER);
+	for (k = 0; k <= 1; k++) {
+		if (k == 0)
+			run_split(&r, in, len, len, 1);     /* one read */
+		else
+			run_split(&r, in, len, len / 2, 1);
+		assert_int_equal(r.len, strlen(want));
+		assert_memory_equal(r.out, want, r.len);
+		assert_int_equal(r.dropped, 1);
+		assert_int_equal(r.content, 3 * n);
+		free(r.out);
+	}
+	free(tmp);
+	free(want);
+	free(in);
+}
+
+/* A member longer than the hold bound (blanks) is let through, held no further. */
+static void
+test_scan_member_longer_than_the_hold_bound_is_kept(void **state)
+{
+	size_t nb = SL_USAGE_MAX_EVENT + 100, len;
+	const size_t splits[] = { 1, 4096, 100000 };
+	char *in;
+	size_t k, off;
+
+	(void)state;
+	in = malloc(nb + 256);
+	assert_non_null(in);
+	strcpy(in, "data: {\"choices\":[{\"delta\":{}}],\"usage\":");
+	len = strlen(in);
+	memset(in + len, ' ', nb);
+	strcpy(in + len + nb, "null}\n\n" DONE);
+	len = strlen(in);
+	for (k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+		struct sl_usage_scan s;
+		struct run r;
+
+		memset(&r, 0, sizeof(r));
+		add(&r, "", 0);
+		sl_usage_scan_init(&s, 1);
+		for (off = 0; off < len; off += splits[k])
+			feed(&s, &r, in + off, len - off < splits[k] ? len - off : splits[k], 1);
+		finish(&s, &r);
+		assert_int_equal(r.len, len);
+		assert_memory_equal(r.out, in, len);
+		assert_true(r.max_hold <= SL_USAGE_MAX_EVENT);
+		free(r.out);
+	}
+	free(in);
 }
 
 /* An event over SL_USAGE_MAX_EVENT is flushed through; the hold never passes the cap. */
@@ -688,6 +893,10 @@ main(void)
 		cmocka_unit_test(test_scan_usage_with_nonempty_choices_counted_not_dropped),
 		cmocka_unit_test(test_scan_usage_split_over_two_data_lines),
 		cmocka_unit_test(test_scan_only_the_first_usage_event_is_dropped_last_usage_counts),
+		cmocka_unit_test(test_scan_drop_cuts_usage_null_members_at_every_split),
+		cmocka_unit_test(test_scan_drop_cuts_usage_null_around_the_dropped_usage_event),
+		cmocka_unit_test(test_scan_drop_cuts_more_members_than_ranges_in_one_read),
+		cmocka_unit_test(test_scan_member_longer_than_the_hold_bound_is_kept),
 		cmocka_unit_test(test_scan_big_event_is_flushed_hold_bounded),
 		cmocka_unit_test(test_scan_hold_is_released_before_next_event_is_held),
 		cmocka_unit_test(test_scan_struct_is_small),
