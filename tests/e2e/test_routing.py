@@ -328,16 +328,11 @@ def test_affinity_spills_under_imbalance_and_comes_back():
             home = chat(gw, conv[0])
             other = "b" if home == "a" else "a"
             rep = a if home == "a" else b
-            # Two streams held open on the home replica, of other prompts
-            # that also live there (their own first turns).
-            holders = []
-            k = 0
-            while len(holders) < 2:
-                msgs = conversation(1000 + k, 1)[0]
-                k += 1
-                if chat(gw, msgs) != home:
-                    continue
-                holders.append(held(gw, msgs))
+            # Two streams held open on the home replica: the first turn
+            # again, a hit each time (0 vs 0, then 1 vs 0: not over).
+            holders = [held(gw, conv[0])]
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=rep.url)
+            holders.append(held(gw, conv[0]))
             h.wait_metric(gw, "sluice_replica_streams", 2, upstream="main", replica=rep.url)
             # Load 2 vs 0: over 1.5 x 0 and over it by 2: spill.
             assert chat(gw, conv[1]) == other
@@ -350,10 +345,10 @@ def test_affinity_spills_under_imbalance_and_comes_back():
             # The spill moved the conversation: its history now lives on
             # `other`, and the next turn stays there.
             assert chat(gw, conv[2]) == other
-            lines = h.wait_access_lines(log, 3 + k)
-            mine = [l["affinity"] for l in lines
-                    if l["path"] == "/v1/chat/completions"]
-            assert mine[0] == "miss" and "spill" in mine and mine[-1] == "hit", mine
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 5)]
+            # first turn, the two held (ended last), the spill, the last turn
+            assert sorted(kinds) == ["hit", "hit", "hit", "miss", "spill"], kinds
+            assert kinds[0] == "miss" and kinds[1] == "spill", kinds
             m = h.scrape(gw)
             assert m.value("sluice_affinity_spills_total", upstream="main") == 1
 
@@ -365,19 +360,34 @@ def test_one_stream_more_on_the_home_replica_does_not_spill():
             conv = conversation(9, 2)
             home = chat(gw, conv[0])
             rep = a if home == "a" else b
-            k = 0
-            while True:
-                msgs = conversation(2000 + k, 1)[0]
-                k += 1
-                if chat(gw, msgs) == home:
-                    break
-            c = held(gw, msgs)
+            c = held(gw, conv[0])
             h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=rep.url)
             # 1 vs 0 is over 1.5 x 0 but not by 2: an idle pool keeps affinity.
             assert chat(gw, conv[1]) == home
             rep.release()
             assert c.read_response(timeout=10).status == 200
             c.close()
+
+
+def test_new_prompts_under_load_go_to_the_least_loaded():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            conv = conversation(11, 1)
+            home = chat(gw, conv[0])
+            rep, other = (a, "b") if home == "a" else (b, "a")
+            c = held(gw, conv[0])
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=rep.url)
+            # 1 vs 0: every prompt nobody has seen goes to the idle one,
+            # whatever its first block's rendezvous choice would be.
+            got = [chat(gw, conversation(3000 + k, 1)[0]) for k in range(8)]
+            assert got == [other] * 8, got
+            rep.release()
+            assert c.read_response(timeout=10).status == 200
+            c.close()
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 10)]
+            assert kinds.count("miss") == 9 and kinds.count("hit") == 1, kinds
 
 
 def test_a_replica_that_goes_down_loses_its_affinity_entries():
