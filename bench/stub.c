@@ -111,7 +111,8 @@
  *                       (decimal, 0..10^18-1 each). Without it P = ceil(request
  *                       body bytes / 4), C = X-Stub-Events (one token per event).
  *   X-Stub-Ignore-Usage 0..1: a runner that does not honour include_usage: the
- *                       stream carries no usage chunk.
+ *                       stream carries no usage chunk (and a non-stream answer
+ *                       no "usage" member).
  *   X-Stub-Usage-Null   0..1: when the usage chunk is sent, every event also ends
  *                       in ,"usage":null (as vLLM and OpenAI do). Off by default,
  *                       so that a gateway that injects include_usage and drops
@@ -1404,9 +1405,14 @@ resp_completion(struct conn *c)
 	    "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"");
 	for (i = 0; i < c->req.k.events; i++)
 		buf_printf(&c->out, "tok%lld ", i);
-	buf_puts(&c->out, "\"},\"finish_reason\":\"stop\"}],");
-	buf_usage(&c->out, &c->req);
-	buf_puts(&c->out, "}");
+	if (c->req.k.ignore_usage) {
+		/* A runner that reports no usage at all. */
+		buf_puts(&c->out, "\"},\"finish_reason\":\"stop\"}]}");
+	} else {
+		buf_puts(&c->out, "\"},\"finish_reason\":\"stop\"}],");
+		buf_usage(&c->out, &c->req);
+		buf_puts(&c->out, "}");
+	}
 	resp_json_end(c, 200);
 	if (c->req.k.abort_after >= 0 && !c->out.err) {
 		/* The head promises the whole body; the cut shows as a short read. */

@@ -98,6 +98,13 @@ void sl_usage_req_free(struct sl_usage_req *r);
  */
 int sl_usage_from_json(const char *body, size_t len, struct sl_usage *u);
 
+/*
+ * A non-streamed 2xx JSON response without usage: the bytes of its
+ * choices[].message.content and choices[].text strings (decoded), for the
+ * estimate; 0 for anything else or a body over SL_USAGE_MAX_JSON.
+ */
+uint64_t sl_usage_json_content(const char *body, size_t len);
+
 /* Completion tokens estimated from content bytes: ceil(bytes / 4). */
 static inline uint64_t
 sl_usage_estimate(uint64_t content_bytes)

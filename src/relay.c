@@ -1267,8 +1267,9 @@ conn_usage_charge(struct sl_conn *c)
 	memset(&u, 0, sizeof(u));
 	if (c->scan != NULL)
 		sl_usage_scan_result(c->scan, &u, &bytes);
-	else if (c->ubody != NULL && c->ubody_len <= SL_USAGE_MAX_JSON)
-		sl_usage_from_json(c->ubody, c->ubody_len, &u);
+	else if (c->ubody != NULL && c->ubody_len <= SL_USAGE_MAX_JSON &&
+	    sl_usage_from_json(c->ubody, c->ubody_len, &u) != 0)
+		bytes = sl_usage_json_content(c->ubody, c->ubody_len);
 	if (u.have) {
 		c->usage_kind = "exact";
 		c->tok_prompt = n[SL_TOKENS_PROMPT] = u.prompt_tokens;

@@ -86,6 +86,29 @@ sl_usage_from_json(const char *body, size_t len, struct sl_usage *u)
 	return rc;
 }
 
+uint64_t
+sl_usage_json_content(const char *body, size_t len)
+{
+	json_t *root, *choices, *ch, *v;
+	json_error_t err;
+	uint64_t n = 0;
+	size_t i;
+
+	if (body == NULL || len == 0 || len > SL_USAGE_MAX_JSON ||
+	    (root = json_loadb(body, len, 0, &err)) == NULL)
+		return 0;
+	choices = json_object_get(root, "choices");
+	json_array_foreach(choices, i, ch) {
+		if ((v = json_object_get(json_object_get(ch, "message"),
+		    "content")) != NULL && json_is_string(v))
+			n += json_string_length(v);
+		if ((v = json_object_get(ch, "text")) != NULL && json_is_string(v))
+			n += json_string_length(v);
+	}
+	json_decref(root);
+	return n;
+}
+
 /* ------------------------------------------------------------------ request editor */
 
 /* Offsets of one member's value: [vs, ve). */

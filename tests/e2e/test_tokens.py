@@ -365,8 +365,14 @@ def test_stream_without_usage_is_estimated_when_cut_or_ignored():
         assert bytes(r.data) == _stream(CHAT, 3, done=False), bytes(r.data)
         _check_log(_log_line(gw, 4), "exact", 8, 2)
 
+        # Not streamed, no usage in the answer: estimated from its content
+        # ("tok0 ... tok6 " is 35 bytes: 9 tokens).
+        r = _post(gw, _body(CHAT, stream=False), events=7, ignore=True, tag="est")
+        assert r.status == 200 and b'"usage"' not in bytes(r.data), bytes(r.data)
+        _check_log(_log_line(gw, 5), "estimated", completion=9)
+
         assert _tag(stub, "est")["include_usage_requests"] == 4
-        est = _estimate(_content_bytes(3)) + 13 + 5
+        est = _estimate(_content_bytes(3)) + 13 + 5 + 9
         _expect_tokens(gw, prompt=8, completion=2, estimated=est, window=10 + est)
 
 
