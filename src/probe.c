@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/select.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -43,7 +44,53 @@ struct sl_prober {
 	struct sl_shm *shm;
 	struct probe *p;
 	size_t n;
+	/*
+	 * Every socket libcurl opened for probes and scrapes and has not
+	 * closed, idle ones in its connection cache included: a worker
+	 * forked now closes them all (curl_multi_fdset only shows those of
+	 * running transfers, and a kept scrape connection would otherwise
+	 * stay open in every worker forked while it was idle).
+	 */
+	int *fds;
+	size_t nfds, capfds;
 };
+
+static curl_socket_t
+probe_open_cb(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	struct sl_prober *pr = arg;
+	int fd;
+
+	(void)purpose;
+	if (pr->nfds == pr->capfds) {
+		size_t cap = pr->capfds ? 2 * pr->capfds : 16;
+		int *n = realloc(pr->fds, cap * sizeof(*n));
+
+		if (n == NULL)
+			return CURL_SOCKET_BAD;
+		pr->fds = n;
+		pr->capfds = cap;
+	}
+	fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+	if (fd == -1)
+		return CURL_SOCKET_BAD;
+	pr->fds[pr->nfds++] = fd;
+	return fd;
+}
+
+static int
+probe_close_cb(void *arg, curl_socket_t fd)
+{
+	struct sl_prober *pr = arg;
+	size_t i;
+
+	for (i = 0; i < pr->nfds; i++)
+		if (pr->fds[i] == fd) {
+			pr->fds[i] = pr->fds[--pr->nfds];
+			break;
+		}
+	return close(fd);
+}
 
 static size_t
 discard_cb(char *ptr, size_t size, size_t nmemb, void *arg)
@@ -184,8 +231,9 @@ sl_probe_free(struct sl_prober *pr)
 		free(pr->p[i].buf);
 	}
 	if (pr->multi != NULL)
-		curl_multi_cleanup(pr->multi);
+		curl_multi_cleanup(pr->multi);   /* closes the cached ones */
 	free(pr->p);
+	free(pr->fds);
 	free(pr);
 }
 
@@ -207,12 +255,12 @@ probe_fdset(struct sl_prober *pr, fd_set *rd, fd_set *wr, fd_set *ex)
 void
 sl_probe_close_in_child(struct sl_prober *pr)
 {
-	fd_set rd, wr, ex;
-	int maxfd = probe_fdset(pr, &rd, &wr, &ex), fd;
+	size_t i;
 
-	for (fd = 0; fd <= maxfd; fd++)
-		if (FD_ISSET(fd, &rd) || FD_ISSET(fd, &wr) || FD_ISSET(fd, &ex))
-			close(fd);
+	if (pr == NULL)
+		return;
+	for (i = 0; i < pr->nfds; i++)
+		close(pr->fds[i]);
 }
 
 int
@@ -370,6 +418,10 @@ probe_start(struct sl_prober *pr, struct probe *p, double now)
 	curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(e, CURLOPT_NOPROXY, "*");   /* as the relay */
+	curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, probe_open_cb);
+	curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, pr);
+	curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, probe_close_cb);
+	curl_easy_setopt(e, CURLOPT_CLOSESOCKETDATA, pr);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, p);
 	if (p->kind == PROBE_LOAD) {
 		/*

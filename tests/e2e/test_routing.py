@@ -226,6 +226,28 @@ def test_tgi_and_llamacpp_pages_are_read():
             assert chat(gw, [{"role": "user", "content": "x"}]) == "b"
 
 
+def _conns_to(pid, port):
+    inodes = h._socket_inodes(pid)
+    return [(loc, rem) for loc, rem, _st, ino in h._proc_net_tcp(pid)
+            if ino in inodes and rem == (h.HOST, port)]
+
+
+def test_workers_hold_none_of_the_masters_scrape_connections():
+    # The master keeps its scrape connection open between scrapes; a worker
+    # forked meanwhile (start, reload, respawn) must not inherit it.
+    with LoadReplica("a", vllm_page()) as a:
+        cfg = pool_config([a.url], workers=2, load_metrics=LOAD)
+        with h.Gateway(cfg, allow_worker_changes=True) as gw:
+            wait_scraped([a], 3)
+            h.reload(gw)
+            wait_scraped([a], 3)
+            assert len(_conns_to(gw.pid, a.port)) == 1, _conns_to(gw.pid, a.port)
+            workers = gw.worker_pids()
+            assert len(workers) == 2
+            for w in workers:
+                assert _conns_to(w, a.port) == [], (w, _conns_to(w, a.port))
+
+
 # ------------------------------------------------------------------ affinity
 
 SYSTEM = "You are a careful assistant. " * 12        # 348 bytes: 5 blocks
