@@ -721,12 +721,24 @@ cell_free(struct sl_cluster_w *cw, int32_t i, int zrem)
 	cw->free[cw->nfree++] = (uint32_t)i;
 }
 
+/* local_share's part of total for this node: ceil(total / live nodes). */
+static int32_t
+node_share(struct sl_cluster_w *cw, int32_t total)
+{
+	int32_t live = atomic_load_explicit(&cw->cs->live_nodes,
+	    memory_order_relaxed);
+
+	if (live < 1)
+		live = 1;
+	return (total + live - 1) / live;
+}
+
 /* What on_redis_down says for a request whose node slot is held. */
 static enum sl_cl_verdict
 fail_verdict(struct sl_cluster_w *cw, int tenant)
 {
 	const struct sl_tenant_conf *t = &cw->cfg->tenants[tenant];
-	int32_t live, share, inflight;
+	int32_t share, inflight;
 
 	switch (cw->cfg->cluster.on_redis_down) {
 	case SL_DOWN_CLOSED:
@@ -734,11 +746,7 @@ fail_verdict(struct sl_cluster_w *cw, int tenant)
 	case SL_DOWN_LOCAL_FULL:
 		return SL_CL_ADMIT;
 	default:
-		live = atomic_load_explicit(&cw->cs->live_nodes,
-		    memory_order_relaxed);
-		if (live < 1)
-			live = 1;
-		share = (t->max_streams + live - 1) / live;
+		share = node_share(cw, t->max_streams);
 		/* The node's streams of the tenant, this one included. */
 		inflight = sl_shm_inflight(cw->shm, cw->tenant_slot[tenant]);
 		return inflight <= share ? SL_CL_ADMIT : SL_CL_FULL;
@@ -986,7 +994,6 @@ int64_t
 sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
 {
 	const struct sl_tenant_conf *t = &cw->cfg->tenants[tenant];
-	int32_t live;
 
 	if (t->tokens_per_minute <= 0)
 		return 0;
@@ -995,10 +1002,7 @@ sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
 		return -1;   /* the acquire script decides */
 	if (cw->cfg->cluster.on_redis_down != SL_DOWN_LOCAL_SHARE)
 		return t->tokens_per_minute;   /* closed refuses anyway */
-	live = atomic_load_explicit(&cw->cs->live_nodes, memory_order_relaxed);
-	if (live < 1)
-		live = 1;
-	return (t->tokens_per_minute + live - 1) / live;
+	return node_share(cw, t->tokens_per_minute);
 }
 
 void

@@ -1066,11 +1066,7 @@ render_replicas(struct master *m, struct sl_str *o)
 		for (j = 0; j < cfg->nupstreams; j++) {
 			if (cfg->upstreams[j].balance != SL_BALANCE_PREFIX_AFFINITY)
 				continue;
-			for (k = 0; k < m->up_n; k++)
-				if (strcmp(m->up_names[k], cfg->upstreams[j].name) == 0)
-					break;
-			if (k == m->up_n)
-				continue;
+			k = m->cur.upstream_slot[j];   /* map_upstreams() */
 			sl_str_printf(o, "%s{upstream=\"", an[c]);
 			label(o, m->up_names[k]);
 			sl_str_printf(o, "\"} %llu\n", (unsigned long long)
