@@ -1542,6 +1542,11 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		/* Names go into metric labels, logs and Redis keys. */
 		err_at(c, &k->start_mark,
 		    "tenants: a tenant name must not contain control characters");
+	else if (strcmp(scalar(k), "-") == 0)
+		/* "-" stands for "no tenant" in the access log and metrics. */
+		err_at(c, &k->start_mark,
+		    "tenants: '-' is not a tenant name: it stands for no tenant "
+		    "in the access log and metrics");
 	t->retry_after = 1;
 	t->max_streams = -1;
 	snprintf(path, sizeof(path), "tenants.%s", scalar(k));

@@ -1344,7 +1344,9 @@ def admin_request(port, method="GET", path="/metrics", timeout=5.0):
 
 _METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
-_SAMPLE_RE = re.compile(r"^(%s)(\{[^}]*\})?[ ]+(\S+)(?:[ ]+(-?\d+))?$" % _METRIC_NAME)
+# A label value may hold any character, braces included (escaped: \\ \" \n).
+_SAMPLE_RE = re.compile(r'^(%s)(\{(?:[^"}]|"(?:[^"\\\n]|\\[\\"n])*")*\})?[ ]+(\S+)'
+                        r'(?:[ ]+(-?\d+))?$' % _METRIC_NAME)
 
 
 class Metrics:
@@ -1387,8 +1389,10 @@ class Metrics:
                 while pos < len(inner):
                     lm = _LABEL_RE.match(inner, pos)
                     assert lm, "metrics line %d: bad labels %r" % (n, lbl)
-                    pairs.append((lm.group(1), lm.group(2).replace('\\"', '"')
-                                  .replace("\\n", "\n").replace("\\\\", "\\")))
+                    # one escape at a time: backslash, backslash, n is a backslash and an n
+                    pairs.append((lm.group(1), re.sub(
+                        r'\\(.)', lambda e: "\n" if e.group(1) == "n" else e.group(1),
+                        lm.group(2))))
                     pos = lm.end()
                     if pos < len(inner):
                         assert inner[pos] == ",", "metrics line %d: bad labels %r" % (n, lbl)

@@ -424,3 +424,48 @@ def test_admin_answers_healthz_and_metrics_with_hundreds_of_idle_connections_ope
             for _ in range(10):
                 assert h.admin_request(port, "GET", "/healthz", timeout=60).status == 200
             assert h.admin_request(port, "GET", "/metrics", timeout=60).status == 200
+
+
+ODD_TENANTS = ('we"ird\\name ü', "a{b}=c,d", "x y")
+
+
+def test_metrics_escape_odd_tenant_names_in_every_tenant_family():
+    tenants = {"acme": None, "beta": None}
+    for i, name in enumerate(ODD_TENANTS):
+        tenants[name] = {"keys": ["sk-odd-%d" % i], "max_streams": 5, "upstream": "main",
+                         "tokens_per_minute": 1000}
+    with Stub() as stub, Gateway(stub=stub, tenants=tenants,
+                                 admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
+        for i, name in enumerate(ODD_TENANTS):
+            hd = dict(h.bearer("sk-odd-%d" % i))
+            hd.update(h.stub_headers(events=2, interval=0))
+            hd["X-Stub-Usage"] = "3,%d" % (i + 1)
+            with h.Client(gw.port) as c:
+                r = c.request("POST", "/v1/chat/completions", hd,
+                              h.stream_body(), timeout=10)
+                assert r.read_all() and r.status == 200, r.status
+        for i, name in enumerate(ODD_TENANTS):
+            h.wait_metric(gw, "sluice_tenant_tokens_total", i + 1, tenant=name,
+                          kind="completion")
+        m = h.scrape(gw)   # strict: every line parses, no duplicate series
+        for i, name in enumerate(ODD_TENANTS):
+            assert m.get("sluice_tenant_streams", tenant=name) == 0, name
+            assert m.get("sluice_tenant_max_streams", tenant=name) == 5, name
+            assert m.get("sluice_requests_total", tenant=name, code="200") == 1, name
+            assert m.get("sluice_tenant_tokens_total", tenant=name, kind="prompt") == 3
+            assert m.get("sluice_tenant_tokens_window", tenant=name) == 4 + i, name
+
+
+def test_a_tenant_named_dash_is_refused_at_its_place():
+    # "-" is the tenant of requests without one (401, 408, overloaded) in the
+    # access log and in sluice_requests_total: a tenant of that name would
+    # share their series, a duplicate sample in the exposition.
+    text = ('listen: "127.0.0.1:%d"\nupstreams:\n  main: {url: "http://127.0.0.1:9"}\n'
+            'tenants:\n  acme: {keys: [k1], max_streams: 1}\n'
+            '  "-": {keys: [k2], max_streams: 1}\n' % h.free_port())
+    path = h.write_config(text)
+    rc, out, err = h.run_sluice(["-t", "-c", path])
+    assert rc == 1, (rc, out, err)
+    assert err.splitlines() == [
+        "%s:6:3: tenants: '-' is not a tenant name: it stands for no tenant in the "
+        "access log and metrics" % path], err
