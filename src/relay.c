@@ -131,6 +131,8 @@ struct sl_conn {
 	struct sl_usage_scan *scan;  /* streamed: the SSE scanner */
 	char *ubody;               /* not streamed: the body, for its usage */
 	size_t ubody_len, ubody_cap;
+	uint64_t ubody_total;      /* not streamed: body bytes relayed, for
+	                            * the estimate of one too large to parse */
 
 	/* Accounting for the current request (metrics, access log). */
 	int req_active;            /* a request is being answered */
@@ -159,6 +161,7 @@ static void conn_timer_update(struct sl_conn *);
 static void conn_usage_charge(struct sl_conn *);
 static uint64_t mono_sec(void);
 static void conn_usage_free(struct sl_conn *);
+static void conn_usage_head(struct sl_conn *);
 static void conn_usage_reset(struct sl_conn *);
 static void conn_unref(struct sl_conn *);
 
@@ -1169,6 +1172,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 			curl_easy_setopt(c->easy, CURLOPT_FORBID_REUSE, 1L);
 		if (conn_build_head(c) == -1)
 			break;
+		conn_usage_head(c);
 		conn_shed_request(c);
 		if (c->state == CS_UPSTREAM)
 			conn_set_state(c, CS_STREAM);
@@ -1193,6 +1197,49 @@ mono_sec(void)
 	return (uint64_t)ts.tv_sec;
 }
 
+static int
+hexval(char ch)
+{
+	if (ch >= '0' && ch <= '9')
+		return ch - '0';
+	if (ch >= 'a' && ch <= 'f')
+		return ch - 'a' + 10;
+	if (ch >= 'A' && ch <= 'F')
+		return ch - 'A' + 10;
+	return -1;
+}
+
+/*
+ * Does the path, percent-decoded, equal lit? Runners route on the decoded
+ * path (uvicorn, cpp-httplib): /v1/chat/%63ompletions is served as
+ * /v1/chat/completions and must be counted as one.
+ */
+static int
+path_is(const char *p, size_t len, const char *lit)
+{
+	size_t i = 0;
+
+	for (; *lit != '\0'; lit++) {
+		unsigned char ch;
+
+		if (i >= len)
+			return 0;
+		ch = (unsigned char)p[i++];
+		if (ch == '%') {
+			int hi, lo;
+
+			if (len - i < 2 || (hi = hexval(p[i])) < 0 ||
+			    (lo = hexval(p[i + 1])) < 0)
+				return 0;
+			ch = (unsigned char)(hi << 4 | lo);
+			i += 2;
+		}
+		if (ch != (unsigned char)*lit)
+			return 0;
+	}
+	return i == len;
+}
+
 /* POST /v1/chat/completions or /v1/completions (any query). */
 static int
 usage_path(const char *url, size_t len)
@@ -1201,8 +1248,8 @@ usage_path(const char *url, size_t len)
 
 	if (q != NULL)
 		len = (size_t)(q - url);
-	return (len == 20 && memcmp(url, "/v1/chat/completions", 20) == 0) ||
-	    (len == 15 && memcmp(url, "/v1/completions", 15) == 0);
+	return path_is(url, len, "/v1/chat/completions") ||
+	    path_is(url, len, "/v1/completions");
 }
 
 /*
@@ -1267,7 +1314,9 @@ conn_usage_charge(struct sl_conn *c)
 	memset(&u, 0, sizeof(u));
 	if (c->scan != NULL)
 		sl_usage_scan_result(c->scan, &u, &bytes);
-	else if (c->ubody != NULL && c->ubody_len <= SL_USAGE_MAX_JSON &&
+	else if (c->ubody_len > SL_USAGE_MAX_JSON)
+		bytes = c->ubody_total;   /* not parsed: every byte may be content */
+	else if (c->ubody != NULL &&
 	    sl_usage_from_json(c->ubody, c->ubody_len, &u) != 0)
 		bytes = sl_usage_json_content(c->ubody, c->ubody_len);
 	if (u.have) {
@@ -1298,6 +1347,7 @@ conn_usage_free(struct sl_conn *c)
 	free(c->ubody);
 	c->ubody = NULL;
 	c->ubody_len = c->ubody_cap = 0;
+	c->ubody_total = 0;
 }
 
 /* Keep-alive: the next request starts with no accounting (buffer empty). */
@@ -1310,6 +1360,65 @@ conn_usage_reset(struct sl_conn *c)
 	c->tok_prompt = c->tok_completion = 0;
 	c->affinity = 0;
 	c->out.cap = c->w->cfg->stream_buffer + CHUNK_FRAMING;
+}
+
+/*
+ * A non-streamed body: keep a copy of the bytes the client is given, for
+ * its usage, up to SL_USAGE_MAX_JSON (past it, or without memory, the
+ * copy is given up and the bytes are only counted). Call only with bytes
+ * taken into the stream buffer: libcurl hands a paused chunk over again.
+ */
+static void
+conn_usage_keep(struct sl_conn *c, const char *p, size_t n)
+{
+	size_t want = c->ubody_len + n;
+
+	c->ubody_total += n;
+	if (c->ubody_len > SL_USAGE_MAX_JSON)
+		return;
+	if (want > SL_USAGE_MAX_JSON) {
+		c->ubody_len = SL_USAGE_MAX_JSON + 1;   /* too big */
+		return;
+	}
+	if (want > c->ubody_cap) {
+		size_t nc = c->ubody_cap ? c->ubody_cap : 4096;
+		char *nb;
+
+		while (nc < want)
+			nc *= 2;
+		if ((nb = realloc(c->ubody, nc)) == NULL) {
+			c->ubody_len = SL_USAGE_MAX_JSON + 1;
+			return;
+		}
+		c->ubody = nb;
+		c->ubody_cap = nc;
+	}
+	memcpy(c->ubody + c->ubody_len, p, n);
+	c->ubody_len = want;
+}
+
+/*
+ * The response head of a counted request is in, before any body byte:
+ * its body is read as the runner sends it, not as the request asked. A
+ * runner streams whenever it takes "stream" for true (vLLM's pydantic
+ * also takes "true", 1, "yes"), and may answer a streamed request with
+ * one JSON body: an event stream goes through the scanner (removing
+ * nothing unless the option was injected), anything else is kept as a
+ * JSON body.
+ */
+static void
+conn_usage_head(struct sl_conn *c)
+{
+	if (!c->usage_on || c->status / 100 != 2 || !c->body_allowed)
+		return;
+	if (c->uh.is_sse && c->scan == NULL) {
+		if ((c->scan = malloc(sizeof(*c->scan))) != NULL)
+			sl_usage_scan_init(c->scan, 0);
+	} else if (!c->uh.is_sse && c->scan != NULL) {
+		sl_usage_scan_free(c->scan);
+		free(c->scan);
+		c->scan = NULL;
+	}
 }
 
 /* Append n bytes to the client as one chunk (framed if chunked). */
@@ -1446,30 +1555,6 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 				return CURL_WRITEFUNC_PAUSE;
 			}
 			/* 0: scanned only; relayed as given below. */
-		} else if (c->ubody_len <= SL_USAGE_MAX_JSON) {
-			/* Not streamed: keep a copy for its usage (bounded). */
-			size_t want = c->ubody_len + n;
-
-			if (want > SL_USAGE_MAX_JSON) {
-				c->ubody_len = SL_USAGE_MAX_JSON + 1;   /* too big */
-			} else {
-				if (want > c->ubody_cap) {
-					size_t nc = c->ubody_cap ? c->ubody_cap : 4096;
-					char *nb;
-
-					while (nc < want)
-						nc *= 2;
-					if ((nb = realloc(c->ubody, nc)) != NULL) {
-						c->ubody = nb;
-						c->ubody_cap = nc;
-					}
-				}
-				if (want <= c->ubody_cap) {
-					memcpy(c->ubody + c->ubody_len, p, n);
-					c->ubody_len = want;
-				} else
-					c->ubody_len = SL_USAGE_MAX_JSON + 1;
-			}
 		}
 	}
 	if (c->chunked)
@@ -1499,6 +1584,8 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 		while (off < n)
 			off += sl_usage_scan_feed(c->scan, p + off, n - off, &o);
 	}
+	if (c->scan == NULL && c->usage_on && c->status / 100 == 2)
+		conn_usage_keep(c, p, n);   /* taken: a paused chunk comes again */
 	if (sl_buf_len(&c->out) == 0)
 		c->t_client = ev_now(c->w->loop);   /* bytes start waiting now */
 	if (sl_buf_append(&c->out, hdr, hl) == -1 ||
@@ -1589,6 +1676,8 @@ hdr_header(struct hdr_build *b, const char *name, size_t nlen,
 		hdr_line(b, v, 3);
 }
 
+#define IDENTITY "Accept-Encoding: identity"
+
 static int
 conn_build_upstream_headers(struct sl_conn *c)
 {
@@ -1606,6 +1695,10 @@ conn_build_upstream_headers(struct sl_conn *c)
 	 * "X-Forwarded-For: " + ", " + peer + NUL on top.
 	 */
 	text = 17 + 2 + plen + 1;
+	if (c->usage_on) {
+		nodes++;
+		text += sizeof(IDENTITY);
+	}
 	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
 	    i++) {
 		nodes++;
@@ -1645,12 +1738,21 @@ conn_build_upstream_headers(struct sl_conn *c)
 			nxff++;
 			continue;
 		}
+		/*
+		 * A counted response is read for its usage: the runner must
+		 * not compress it (without the header any coding would be
+		 * acceptable, RFC 9110 12.5.3, so identity is asked for).
+		 */
+		if (c->usage_on && sl_http_name_is(name, nlen, "accept-encoding"))
+			continue;
 		if (sl_http_name_is(name, nlen, "content-type"))
 			have_ct = 1;
 		if (sl_http_name_is(name, nlen, "accept"))
 			have_accept = 1;
 		hdr_header(&b, name, nlen, value, vlen);
 	}
+	if (c->usage_on)
+		hdr_header(&b, IDENTITY, 15, IDENTITY + 17, sizeof(IDENTITY) - 18);
 	if (nxff > 0) {
 		xff[2 * nxff].iov_base = (void *)(uintptr_t)", ";
 		xff[2 * nxff].iov_len = 2;

@@ -47,6 +47,17 @@ def skip_under(*tools):
     return wrap
 
 
+def pending(reason):
+    """Mark a test that pins a known defect whose fix belongs to another
+    change (the reason says where). tests/run.py reads the decorator
+    statically and reports the test as SKIP with the reason, unless
+    $SLUICE_RUN_PENDING is set (to check the fix: the test must pass
+    then); at run time it changes nothing."""
+    def wrap(fn):
+        return fn
+    return wrap
+
+
 def timeout(seconds):
     """Decorator: per-test watchdog budget read by tests/run.py."""
     def deco(fn):

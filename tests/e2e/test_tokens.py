@@ -527,3 +527,187 @@ def test_reload_changes_tokens_per_minute_at_once():
             budget(None)             # key removed = no budget
             ask(200)                 # 240
             _expect_tokens(gw, prompt=180, completion=60, window=240)
+
+
+# ---------------------------------------------------------------- hostile runners and clients
+#
+# A runner that is not the stub: a raw upstream answering each request with
+# the bytes a test gives it, so what a real runner (vLLM, TGI, llama.cpp)
+# may do and the stub never does can be pinned.
+
+def _sse(*events):
+    return b"".join(events)
+
+
+def _delta(text):
+    return ('data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % text).encode()
+
+
+def _usage_ev(p, c):
+    return ('data: {"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,'
+            '"total_tokens":%d}}\n\n' % (p, c, p + c)).encode()
+
+
+def _json_answer(content, usage=None):
+    d = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+    if usage is not None:
+        d["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                      "total_tokens": usage[0] + usage[1]}
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def _answer(body, ctype="application/json", pace=None):
+    """A RawUpstream handler sending one 200 with body (in pieces of `pace`
+    bytes when given, so the gateway sees many reads)."""
+    def handler(sock, req):
+        sock.sendall(("HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+                      % (ctype, len(body))).encode())
+        step = pace or len(body) or 1
+        for i in range(0, len(body), step):
+            sock.sendall(body[i:i + step])
+    return handler
+
+
+def _raw_post(gw, body, path=CHAT, headers=None, key=ACME_KEY):
+    hd = dict(h.bearer(key))
+    hd.update(JSON_CT)
+    hd.update(headers or {})
+    with h.Client(gw.port) as c:
+        r = c.request("POST", path, hd, body, timeout=30)
+        r.read_all(timeout=30)
+        return r
+
+
+def test_tokens_a_stream_is_read_as_the_runner_sends_it_not_as_the_request_asks():
+    # Python runners (vLLM: pydantic) take "stream": "true" or 1 for true and
+    # stream; a runner may answer "stream": true with one JSON body. Each is
+    # counted from what came back, never charged 0.
+    sse = _sse(_delta("hello world "), _delta("bye"), _usage_ev(30, 4), h.DONE_EVENT)
+    with h.RawUpstream(_answer(sse, "text/event-stream")) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        for i, body in enumerate((b'{"model":"x","stream":"true","messages":[]}',
+                                  b'{"model":"x","stream":1,"messages":[]}'), 1):
+            r = _raw_post(gw, body)
+            assert r.status == 200 and bytes(r.data) == sse, bytes(r.data)
+            # not injected: the body went as it came, the runner's chunk with it
+            assert up.requests[-1].endswith(b"\r\n\r\n" + body), up.requests[-1][-200:]
+            _check_log(_log_line(gw, i), "exact", 30, 4)
+        _expect_tokens(gw, prompt=60, completion=8, window=68)
+    answer = _json_answer("abcdefghij", (12, 3))
+    with h.RawUpstream(_answer(answer)) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        r = _raw_post(gw, _body(CHAT))
+        assert r.status == 200 and bytes(r.data) == answer, bytes(r.data)
+        _check_log(_log_line(gw, 1), "exact", 12, 3)
+        _expect_tokens(gw, prompt=12, completion=3, window=15)
+
+
+def test_tokens_a_streamed_request_answered_in_json_without_usage_is_estimated():
+    answer = _json_answer("abcdefghij")        # 10 bytes: 3 tokens
+    with h.RawUpstream(_answer(answer)) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        r = _raw_post(gw, _body(CHAT))
+        assert r.status == 200 and bytes(r.data) == answer
+        _check_log(_log_line(gw, 1), "estimated", completion=3)
+        _expect_tokens(gw, estimated=3, window=3)
+
+
+def test_tokens_a_slow_client_does_not_lose_the_usage_of_a_non_streamed_answer():
+    # The answer is larger than the stream buffer and the client reads
+    # late: the upstream transfer pauses, and libcurl hands the paused piece
+    # over again; the copy kept for the usage must hold each byte once.
+    answer = _json_answer("q" * (100 << 10), (100, 50))
+    with h.RawUpstream(_answer(answer, pace=3000)) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}, workers=1, stream_buffer="16KiB",
+                limits={"client_sndbuf": "4KiB", "upstream_rcvbuf": "4KiB"}) as gw:
+        c = h.Client(gw.port, rcvbuf=4096)
+        try:
+            c.send("POST", CHAT, _hdrs(), _body(CHAT, stream=False))
+            time.sleep(0.5)
+            r = c.read_response(timeout=10)
+            r.read_all(timeout=30)
+        finally:
+            c.close()
+        assert r.status == 200 and bytes(r.data) == answer
+        line = _log_line(gw, 1)
+        assert line["paused_ms"] > 0, "the transfer never paused: %r" % line
+        _check_log(line, "exact", 100, 50)
+        _expect_tokens(gw, prompt=100, completion=50, window=150)
+
+
+def test_tokens_a_counted_request_asks_the_runner_for_an_uncompressed_answer():
+    # A compressed answer cannot be read: a client asking for gzip would be
+    # charged nothing. Uncounted requests keep the client's header.
+    answer = _json_answer("abcd", (7, 1))
+    with h.RawUpstream(_answer(answer)) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        r = _raw_post(gw, _body(CHAT, stream=False), headers={"Accept-Encoding": "gzip, br"})
+        assert r.status == 200 and bytes(r.data) == answer
+        head = up.requests[-1].split(b"\r\n\r\n", 1)[0].lower()
+        assert head.count(b"accept-encoding") == 1 and b"accept-encoding: identity" in head, head
+        _check_log(_log_line(gw, 1), "exact", 7, 1)
+        with h.Client(gw.port) as c:
+            r = c.request("GET", "/v1/models", dict(h.bearer(ACME_KEY),
+                                                    **{"Accept-Encoding": "gzip"}))
+            r.read_all()
+        head = up.requests[-1].split(b"\r\n\r\n", 1)[0].lower()
+        assert b"accept-encoding: gzip" in head, head
+        _expect_tokens(gw, prompt=7, completion=1, window=8)
+
+
+def test_tokens_a_non_streamed_answer_over_the_bound_is_estimated_from_its_bytes():
+    # Bodies over 1 MiB are not parsed (sluice(8)); such an answer is not free.
+    answer = _json_answer("x" * (2 << 20), (100, 50))
+    with h.RawUpstream(_answer(answer)) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        r = _raw_post(gw, _body(CHAT, stream=False))
+        assert r.status == 200 and bytes(r.data) == answer
+        _check_log(_log_line(gw, 1), "estimated", completion=_estimate(len(answer)))
+        _expect_tokens(gw, estimated=_estimate(len(answer)), window=_estimate(len(answer)))
+
+
+def test_tokens_a_percent_encoded_path_is_counted_as_the_runner_routes_it():
+    # uvicorn and cpp-httplib decode the path before routing.
+    sse = _sse(_delta("abcd"), _usage_ev(9, 1), h.DONE_EVENT)
+    with h.RawUpstream(_answer(sse, "text/event-stream")) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        paths = ("/v1/chat/%63ompletions", "/v1/%63hat/completions?x=1",
+                 "/v1/completion%73")
+        for i, path in enumerate(paths, 1):
+            r = _raw_post(gw, _body(CHAT), path=path)
+            assert r.status == 200 and bytes(r.data) == _sse(_delta("abcd"), h.DONE_EVENT), \
+                (path, bytes(r.data))
+            assert up.requests[-1].startswith(b"POST " + path.encode() + b" "), up.requests[-1][:80]
+            _check_log(_log_line(gw, i), "exact", 9, 1)
+        # decoded, this is not a completions path: relayed, not counted
+        r = _raw_post(gw, _body(CHAT), path="/v1/chat/completions%3Fx")
+        _check_log(_log_line(gw, len(paths) + 1), "none")
+        _expect_tokens(gw, prompt=27, completion=3, window=30)
+
+
+@h.pending("defect, fix pending in src/usage.c: the scanner drops only the first "
+           "usage chunk; a second one reaches a client that did not ask")
+def test_tokens_no_usage_chunk_reaches_a_client_that_did_not_ask_even_if_sent_twice():
+    sse = _sse(_delta("abcd"), _usage_ev(10, 2), _usage_ev(20, 4), h.DONE_EVENT)
+    with h.RawUpstream(_answer(sse, "text/event-stream")) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        r = _raw_post(gw, _body(CHAT))
+        assert r.status == 200 and r.complete
+        assert bytes(r.data) == _sse(_delta("abcd"), h.DONE_EVENT), bytes(r.data)
+
+
+@h.pending("defect, fix pending in src/usage.c: request bodies a Python runner "
+           "(vLLM) accepts but jansson refuses are not counted at all: a UTF-8 BOM, "
+           "a lone surrogate escape, NaN; any tenant evades tokens_per_minute so")
+def test_tokens_bodies_python_runners_accept_are_counted():
+    sse = _sse(_delta("abcd"), _usage_ev(9, 1), h.DONE_EVENT)
+    bodies = (b'\xef\xbb\xbf{"model":"x","stream":true,"messages":[]}',
+              b'{"model":"x","stream":true,"messages":[{"role":"user","content":"\\ud800"}]}',
+              b'{"model":"x","stream":true,"temperature":NaN,"messages":[]}')
+    with h.RawUpstream(_answer(sse, "text/event-stream")) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        for i, body in enumerate(bodies, 1):
+            r = _raw_post(gw, body)
+            assert r.status == 200
+            line = _log_line(gw, i)
+            assert line["usage"] in ("exact", "estimated"), (body, line)
