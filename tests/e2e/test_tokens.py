@@ -711,3 +711,35 @@ def test_tokens_bodies_python_runners_accept_are_counted():
             assert r.status == 200
             line = _log_line(gw, i)
             assert line["usage"] in ("exact", "estimated"), (body, line)
+
+
+@h.timeout(90)
+@h.skip_under("valgrind")
+@h.pending("defect, fix pending in src/usage.c: sl_usage_request() builds a jansson tree "
+           "of the whole request body in the worker's event loop; a 16 MiB body of small "
+           "values (8M json_t) stalls every stream of that worker for seconds and takes "
+           "hundreds of MiB")
+def test_tokens_a_huge_request_body_does_not_stall_the_other_streams_of_its_worker():
+    answer = _json_answer("ok", (1, 1))
+    with h.RawUpstream(_answer(answer), read_timeout=30) as up, Stub() as stub, \
+            _gw(None, workers=1, limits={"max_body_bytes": "16MiB"},
+                upstreams={"main": {"url": up.url}, "other": {"url": stub.url}},
+                tenants={"beta": {"upstream": "other"}, "acme": {"upstream": "main"}}) as gw:
+        w = gw.worker_pids()[0]
+        beta = gw.client()
+        beta.send("POST", CHAT, _hdrs(key=BETA_KEY, events=60, interval=50), _body(CHAT))
+        r = beta.read_response(timeout=10)
+        assert r.status == 200
+        r.read_events(2, timeout=10)
+        n = (16 << 20) // 2 - 64
+        big = b'{"model":"x","x":[' + b"1," * (n - 1) + b'1]}'
+        with h.Client(gw.port) as c:
+            c.send("POST", CHAT, _hdrs(), big)
+            rb = c.read_response(timeout=60)
+            rb.read_all(timeout=60)
+        assert rb.status == 200, rb.status
+        r.read_all(timeout=30)
+        assert r.complete
+        gaps = [b[0] - a[0] for a, b in zip(r.events, r.events[1:])]
+        assert max(gaps) < 1.0, "the worker stalled a stream for %.2fs" % max(gaps)
+        assert h.rss_kb(w) < 200 * 1024, "worker RSS %d KiB after one request" % h.rss_kb(w)
