@@ -361,7 +361,7 @@ test_no_unknown_key_documented(void **state)
 static void
 test_example_is_valid(void **state)
 {
-	char *page = read_page(YAML_PAGE), *ex, *yaml, *o;
+	char *page = read_page(YAML_PAGE), *ex, *yaml, *o, *sample;
 	const char *s, *e, *p;
 	struct sl_config *cfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
@@ -402,6 +402,12 @@ test_example_is_valid(void **state)
 			    YAML_PAGE, p);
 	}
 	*o = '\0';
+	/* It is the sample file "make install" puts in place, byte for byte. */
+	sample = read_page("etc/sluice.yaml");
+	if (strcmp(sample, yaml) != 0)
+		fail_msg("%s: EXAMPLES: the sample differs from etc/sluice.yaml",
+		    YAML_PAGE);
+	free(sample);
 	rc = sl_config_load_buffer("sluice.yaml(5) EXAMPLES", yaml, strlen(yaml),
 	    &cfg, &errs);
 	for (i = 0; i < errs.n; i++)
