@@ -37,6 +37,7 @@ struct probe {
 	char *buf;                   /* load: the page, kept between scrapes */
 	size_t cap;
 	int failing;                 /* load: last scrape failed (logged once) */
+	int too_big;                 /* load: the page passed SCRAPE_BODY_MAX */
 };
 
 struct sl_prober {
@@ -110,8 +111,10 @@ keep_cb(char *ptr, size_t size, size_t nmemb, void *arg)
 	struct probe *p = arg;
 	size_t n = size * nmemb;
 
-	if (p->body + n > SCRAPE_BODY_MAX)
+	if (p->body + n > SCRAPE_BODY_MAX) {
+		p->too_big = 1;   /* said so in the log, not "writing failed" */
 		return 0;
+	}
 	if (p->body + n > p->cap) {
 		size_t cap = p->cap ? p->cap : 16384;
 		char *b;
@@ -337,6 +340,7 @@ scrape_done(struct sl_prober *pr, struct probe *p, CURLcode rc)
 		if (!p->failing)
 			sl_warn("upstream %s: replica %s: no load sample from %s: "
 			    "%s", p->up->name, p->rep->url, p->url,
+			    p->too_big ? "the page is larger than 4 MiB" :
 			    rc != CURLE_OK ? curl_easy_strerror(rc) :
 			    status != 200 ? "not a 200 answer" :
 			    "none of the known metrics on the page");
@@ -412,6 +416,7 @@ probe_start(struct sl_prober *pr, struct probe *p, double now)
 	if (e == NULL)
 		return;
 	p->body = 0;
+	p->too_big = 0;
 	curl_easy_setopt(e, CURLOPT_URL, p->url);
 	curl_easy_setopt(e, CURLOPT_PRIVATE, p);
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);

@@ -226,6 +226,45 @@ def test_tgi_and_llamacpp_pages_are_read():
             assert chat(gw, [{"role": "user", "content": "x"}]) == "b"
 
 
+@h.skip_under("valgrind")
+def test_hostile_metrics_pages_leave_routing_and_the_master_whole():
+    # Pages a broken or hostile runner serves: none of the metrics, bytes
+    # that are not text, a page over the 4 MiB bound, values that are not
+    # finite or negative. Each replica still takes requests (ranked by
+    # sluice's own counts), each failure is logged once with its reason,
+    # and the master's descriptors and memory stay put scrape after scrape.
+    big = "# HELP other_metric x\n# TYPE other_metric gauge\n" + \
+        "other_metric{a=\"b\"} 1\n" * 400000          # about 10 MiB
+    pages = ["garbage \x01\x02 {{{ not a page\n" * 100, big,
+             "vllm:num_requests_waiting NaN\nvllm:num_requests_waiting -3\n"
+             "vllm:kv_cache_usage_perc +Inf\n"]
+    reps = [LoadReplica("r%d" % i, pg) for i, pg in enumerate(pages)]
+    for r in reps:
+        r.__enter__()
+    try:
+        cfg = pool_config([r.url for r in reps], load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            wait_scraped(reps, 3)
+            fds, rss = h.fd_count(gw.pid), h.rss_kb(gw.pid)
+            got = [chat(gw, [{"role": "user", "content": "q%d" % i}]) for i in range(60)]
+            assert set(got) == {"r0", "r1", "r2"}, got
+            wait_scraped(reps, 20, timeout=15)
+            assert h.fd_count(gw.pid) <= fds + 1, (fds, h.fd_count(gw.pid))
+            assert h.rss_kb(gw.pid) < rss + 8 * 1024, (rss, h.rss_kb(gw.pid))
+            m = h.scrape(gw)
+            for r in reps:
+                assert m.get("sluice_replica_queue", upstream="main", replica=r.url) is None
+            err = h.stderr_text(gw)
+            for r, why in zip(reps, ("none of the known metrics on the page",
+                                     "the page is larger than 4 MiB",
+                                     "none of the known metrics on the page")):
+                want = "replica %s: no load sample from %s/metrics: %s" % (r.url, r.url, why)
+                assert err.count(want) == 1, (want, err[-2000:])
+    finally:
+        for r in reps:
+            r.__exit__(None, None, None)
+
+
 def _conns_to(pid, port):
     inodes = h._socket_inodes(pid)
     return [(loc, rem) for loc, rem, _st, ino in h._proc_net_tcp(pid)
