@@ -134,6 +134,7 @@ struct sl_resp_head {
 	char *block;              /* kept headers, "Name: value\r\n" each */
 	size_t len, cap;
 	int is_sse;               /* Content-Type: text/event-stream */
+	int is_json;              /* Content-Type: application/json */
 	int has_cache_control;
 	int retry_after;          /* first Retry-After in seconds; -1: none */
 };

@@ -696,7 +696,7 @@ sl_resp_head_reset(struct sl_resp_head *h)
 	h->status = 0;
 	h->reason[0] = '\0';
 	h->len = 0;
-	h->is_sse = h->has_cache_control = 0;
+	h->is_sse = h->is_json = h->has_cache_control = 0;
 	h->retry_after = -1;
 }
 
@@ -808,6 +808,9 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 	if (sl_http_name_is(p, nl, "content-type") && (size_t)(p + len - v) >= 17 &&
 	    strncasecmp(v, "text/event-stream", 17) == 0)
 		h->is_sse = 1;
+	if (sl_http_name_is(p, nl, "content-type") && (size_t)(p + len - v) >= 16 &&
+	    strncasecmp(v, "application/json", 16) == 0)
+		h->is_json = 1;
 	if (sl_http_name_is(p, nl, "cache-control"))
 		h->has_cache_control = 1;
 	if (sl_http_name_is(p, nl, "retry-after") && h->retry_after < 0) {

@@ -1399,12 +1399,12 @@ conn_usage_keep(struct sl_conn *c, const char *p, size_t n)
 
 /*
  * The response head of a counted request is in, before any body byte:
- * its body is read as the runner sends it, not as the request asked. A
- * runner streams whenever it takes "stream" for true (vLLM's pydantic
- * also takes "true", 1, "yes"), and may answer a streamed request with
- * one JSON body: an event stream goes through the scanner (removing
- * nothing unless the option was injected), anything else is kept as a
- * JSON body.
+ * its body is read as the runner sends it when its Content-Type says,
+ * else as the request asked. A runner streams whenever it takes "stream"
+ * for true (vLLM's pydantic also takes "true", 1, "yes"), and may answer
+ * a streamed request with one JSON body: an event stream goes through the
+ * scanner (removing nothing unless the option was injected), a JSON answer
+ * is kept as one body.
  */
 static void
 conn_usage_head(struct sl_conn *c)
@@ -1414,7 +1414,7 @@ conn_usage_head(struct sl_conn *c)
 	if (c->uh.is_sse && c->scan == NULL) {
 		if ((c->scan = malloc(sizeof(*c->scan))) != NULL)
 			sl_usage_scan_init(c->scan, 0);
-	} else if (!c->uh.is_sse && c->scan != NULL) {
+	} else if (c->uh.is_json && c->scan != NULL) {
 		sl_usage_scan_free(c->scan);
 		free(c->scan);
 		c->scan = NULL;

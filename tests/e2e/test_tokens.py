@@ -602,6 +602,24 @@ def test_tokens_a_stream_is_read_as_the_runner_sends_it_not_as_the_request_asks(
         _expect_tokens(gw, prompt=12, completion=3, window=15)
 
 
+def test_tokens_a_stream_without_an_event_stream_type_is_read_as_the_request_asked():
+    # Only application/json overrides a streamed request: a runner that
+    # streams under another type (or none) is still scanned, and the usage
+    # chunk asked for by sluice still never reaches the client.
+    sse = _sse(_delta("abcd"), _usage_ev(5, 1), h.DONE_EVENT)
+    for ctype in ("text/plain", None):
+        def handler(sock, req, ctype=ctype):
+            sock.sendall(b"HTTP/1.1 200 OK\r\n" +
+                         (b"Content-Type: %s\r\n" % ctype.encode() if ctype else b"") +
+                         b"Content-Length: %d\r\n\r\n" % len(sse) + sse)
+        with h.RawUpstream(handler) as up, \
+                _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+            r = _raw_post(gw, _body(CHAT))
+            assert r.status == 200 and bytes(r.data) == _sse(_delta("abcd"), h.DONE_EVENT), \
+                (ctype, bytes(r.data))
+            _check_log(_log_line(gw, 1), "exact", 5, 1)
+
+
 def test_tokens_a_streamed_request_answered_in_json_without_usage_is_estimated():
     answer = _json_answer("abcdefghij")        # 10 bytes: 3 tokens
     with h.RawUpstream(_answer(answer)) as up, \
