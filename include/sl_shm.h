@@ -210,6 +210,13 @@ void sl_shm_tokens_charge(struct sl_shm *, size_t tenant, uint64_t now_sec,
 uint64_t sl_shm_tokens_window(const struct sl_shm *, size_t tenant,
     uint64_t now_sec, uint64_t budget, int *retry_after);
 uint64_t sl_shm_tokens_total(const struct sl_shm *, size_t tenant, int kind);
+/*
+ * The tenant's tokens_per_minute (0: none), published by the master on
+ * start and reload like a limit, and read at admission by every worker,
+ * retired ones included: a reload's budget applies to the next admission.
+ */
+void sl_shm_set_token_budget(struct sl_shm *, size_t tenant, int32_t budget);
+int32_t sl_shm_token_budget(const struct sl_shm *, size_t tenant);
 
 /* Master: fold a dead worker's counters into row 0 and zero its row. */
 void sl_shm_retire_stats(struct sl_shm *, size_t row);

@@ -315,8 +315,11 @@ map_tenants(struct master *m, const struct sl_config *cfg)
 		keep[j] = 1;
 	}
 	/* Publish only once the whole mapping exists. */
-	for (i = 0; i < cfg->ntenants; i++)
+	for (i = 0; i < cfg->ntenants; i++) {
 		sl_shm_set_limit(m->shm, map[i], cfg->tenants[i].max_streams);
+		sl_shm_set_token_budget(m->shm, map[i],
+		    cfg->tenants[i].tokens_per_minute);
+	}
 	retire_unkept(m, keep, 0);
 	free(keep);
 	return map;

@@ -2299,6 +2299,7 @@ conn_on_head(struct sl_conn *c)
 	const char *url;
 	size_t ulen;
 	int tenant;
+	int32_t tpm;
 
 	c->req_active = 1;
 	c->t_start = ev_now(w->loop);
@@ -2326,11 +2327,17 @@ conn_on_head(struct sl_conn *c)
 		    "this tenant is disabled (max_streams: 0)", 0, 0);
 		return;
 	}
-	if (t->tokens_per_minute > 0) {
+	/*
+	 * The budget the master published last, not this worker's copy: a
+	 * retired worker still admitting a request whose head was in flight
+	 * at a reload applies the new one, as it does the new max_streams.
+	 */
+	tpm = w->cluster != NULL ? t->tokens_per_minute :
+	    sl_shm_token_budget(w->shm, w->tenant_slot[tenant]);
+	if (tpm > 0) {
 		int ra;
 		int64_t budget = w->cluster != NULL ?
-		    sl_cluster_token_budget(w->cluster, tenant) :
-		    t->tokens_per_minute;
+		    sl_cluster_token_budget(w->cluster, tenant) : tpm;
 		uint64_t used = budget <= 0 ? 0 : sl_shm_tokens_window(w->shm,
 		    w->tenant_slot[tenant], mono_sec(), (uint64_t)budget, &ra);
 

@@ -91,6 +91,7 @@ struct sl_shm {
 struct shm_tokens {
 	_Atomic uint64_t bucket[TOK_BUCKETS];
 	_Atomic uint64_t total[SL_TOKENS_KINDS];
+	_Atomic int32_t budget;       /* tokens_per_minute; 0: none */
 };
 
 static size_t
@@ -825,6 +826,24 @@ sl_shm_tokens_window(const struct sl_shm *s, size_t tenant, uint64_t now_sec,
 		}
 	}
 	return sum;
+}
+
+void
+sl_shm_set_token_budget(struct sl_shm *s, size_t tenant, int32_t budget)
+{
+	if (tenant < s->max_tenants)
+		atomic_store_explicit(&s->tokens[tenant].budget, budget,
+		    memory_order_relaxed);
+}
+
+int32_t
+sl_shm_token_budget(const struct sl_shm *s, size_t tenant)
+{
+	if (tenant >= s->max_tenants)
+		return 0;
+	return atomic_load_explicit(
+	    &((struct shm_tokens *)&s->tokens[tenant])->budget,
+	    memory_order_relaxed);
 }
 
 uint64_t

@@ -529,6 +529,33 @@ def test_reload_changes_tokens_per_minute_at_once():
             _expect_tokens(gw, prompt=180, completion=60, window=240)
 
 
+
+def test_reload_budget_applies_to_a_request_whose_head_spans_the_reload():
+    # The retired worker that finishes reading this head admits it: with the
+    # budget the master published, as it does with max_streams, not with
+    # the one of its own configuration.
+    with Stub() as stub:
+        cfg = _config(stub, tpm=1000, workers=1)
+        with Gateway(cfg, allow_worker_changes=True) as gw:
+            gw.access_path = cfg["access_log"]
+            r = _post(gw, _body(CHAT, stream=False), events=1, usage=(5, 5), tag="acme")
+            assert r.status == 200
+            h.wait_metric(gw, WINDOW, 10, timeout=4.0, tenant="acme")
+            c = gw.client()
+            body = _body(CHAT, stream=False)
+            c.send_raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                       b"Authorization: Bearer %s\r\nContent-Length: %d\r\n"
+                       % (ACME_KEY.encode(), len(body)))
+            time.sleep(0.2)
+            h.reload(gw, h.deep_merge(cfg, {"tenants": {"acme": {"tokens_per_minute": 5}}}))
+            c.send_raw(b"\r\n" + body)
+            r = c.read_response(timeout=10)
+            assert_error(r, 429, "token_budget_exceeded")
+            _retry_after(r)
+            c.close()
+            r = _post(gw, _body(CHAT, stream=False), events=1, tag="acme")
+            assert_error(r, 429, "token_budget_exceeded", read=False)
+
 # ---------------------------------------------------------------- hostile runners and clients
 #
 # A runner that is not the stub: a raw upstream answering each request with
