@@ -133,6 +133,7 @@ struct sl_conn {
 	size_t ubody_len, ubody_cap;
 	uint64_t ubody_total;      /* not streamed: body bytes relayed, for
 	                            * the estimate of one too large to parse */
+	int keep_json;             /* keep ubody: no scanner, or a JSON answer */
 
 	/* Accounting for the current request (metrics, access log). */
 	int req_active;            /* a request is being answered */
@@ -1314,11 +1315,21 @@ conn_usage_charge(struct sl_conn *c)
 	memset(&u, 0, sizeof(u));
 	if (c->scan != NULL)
 		sl_usage_scan_result(c->scan, &u, &bytes);
-	else if (c->ubody_len > SL_USAGE_MAX_JSON)
-		bytes = c->ubody_total;   /* not parsed: every byte may be content */
-	else if (c->ubody != NULL &&
-	    sl_usage_from_json(c->ubody, c->ubody_len, &u) != 0)
-		bytes = sl_usage_json_content(c->ubody, c->ubody_len);
+	if (!u.have && c->keep_json) {
+		/* One JSON body, or what a JSON answer turned out to be. */
+		struct sl_usage j;
+		uint64_t jb = 0;
+
+		if (c->ubody_len > SL_USAGE_MAX_JSON)
+			jb = c->ubody_total;   /* not parsed: all may be content */
+		else if (c->ubody != NULL &&
+		    sl_usage_from_json(c->ubody, c->ubody_len, &j) == 0)
+			u = j;
+		else
+			jb = sl_usage_json_content(c->ubody, c->ubody_len);
+		if (jb > bytes)
+			bytes = jb;
+	}
 	if (u.have) {
 		c->usage_kind = "exact";
 		c->tok_prompt = n[SL_TOKENS_PROMPT] = u.prompt_tokens;
@@ -1348,6 +1359,7 @@ conn_usage_free(struct sl_conn *c)
 	c->ubody = NULL;
 	c->ubody_len = c->ubody_cap = 0;
 	c->ubody_total = 0;
+	c->keep_json = 0;
 }
 
 /* Keep-alive: the next request starts with no accounting (buffer empty). */
@@ -1399,26 +1411,23 @@ conn_usage_keep(struct sl_conn *c, const char *p, size_t n)
 
 /*
  * The response head of a counted request is in, before any body byte:
- * its body is read as the runner sends it when its Content-Type says,
- * else as the request asked. A runner streams whenever it takes "stream"
- * for true (vLLM's pydantic also takes "true", 1, "yes"), and may answer
- * a streamed request with one JSON body: an event stream goes through the
- * scanner (removing nothing unless the option was injected), a JSON answer
- * is kept as one body.
+ * how its body is read. A runner streams whenever it takes "stream" for
+ * true (vLLM's pydantic also takes "true", 1, "yes"), so an event stream
+ * goes through the scanner whatever the request said (removing nothing
+ * unless the option was injected); it may answer a streamed request with
+ * one JSON body, so a JSON answer is also kept whole (the scanner, if
+ * any, stays: a runner that streams under a JSON type still has its usage
+ * chunk removed). The usage is taken from whichever of the two has it.
  */
 static void
 conn_usage_head(struct sl_conn *c)
 {
 	if (!c->usage_on || c->status / 100 != 2 || !c->body_allowed)
 		return;
-	if (c->uh.is_sse && c->scan == NULL) {
-		if ((c->scan = malloc(sizeof(*c->scan))) != NULL)
-			sl_usage_scan_init(c->scan, 0);
-	} else if (c->uh.is_json && c->scan != NULL) {
-		sl_usage_scan_free(c->scan);
-		free(c->scan);
-		c->scan = NULL;
-	}
+	if (c->uh.is_sse && c->scan == NULL &&
+	    (c->scan = malloc(sizeof(*c->scan))) != NULL)
+		sl_usage_scan_init(c->scan, 0);
+	c->keep_json = c->scan == NULL || c->uh.is_json;
 }
 
 /* Append n bytes to the client as one chunk (framed if chunked). */
@@ -1542,8 +1551,12 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 				c->client_gone = 1;
 				return CURL_WRITEFUNC_ERROR;
 			}
-			if (r == 1)
-				return n;           /* relayed through the scanner */
+			if (r == 1) {
+				/* relayed through the scanner: taken */
+				if (c->keep_json)
+					conn_usage_keep(c, p, n);
+				return n;
+			}
 			if (r > 1) {
 				/* Full: as below, for what the scanner may emit. */
 				c->paused = 1;
@@ -1584,7 +1597,7 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 		while (off < n)
 			off += sl_usage_scan_feed(c->scan, p + off, n - off, &o);
 	}
-	if (c->scan == NULL && c->usage_on && c->status / 100 == 2)
+	if (c->keep_json && c->usage_on && c->status / 100 == 2)
 		conn_usage_keep(c, p, n);   /* taken: a paused chunk comes again */
 	if (sl_buf_len(&c->out) == 0)
 		c->t_client = ev_now(c->w->loop);   /* bytes start waiting now */

@@ -630,11 +630,11 @@ def test_tokens_a_stream_is_read_as_the_runner_sends_it_not_as_the_request_asks(
 
 
 def test_tokens_a_stream_without_an_event_stream_type_is_read_as_the_request_asked():
-    # Only application/json overrides a streamed request: a runner that
-    # streams under another type (or none) is still scanned, and the usage
-    # chunk asked for by sluice still never reaches the client.
+    # A runner that streams under another type (or none, or a JSON one) is
+    # still scanned, and the usage chunk asked for by sluice still never
+    # reaches the client.
     sse = _sse(_delta("abcd"), _usage_ev(5, 1), h.DONE_EVENT)
-    for ctype in ("text/plain", None):
+    for ctype in ("text/plain", None, "application/json"):
         def handler(sock, req, ctype=ctype):
             sock.sendall(b"HTTP/1.1 200 OK\r\n" +
                          (b"Content-Type: %s\r\n" % ctype.encode() if ctype else b"") +
