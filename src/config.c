@@ -935,8 +935,8 @@ struct named_arg {
 };
 
 /*
- * Check a base URL in place: http:// or https://, a host, no query,
- * fragment or space; strip its trailing slashes. 0 if valid, else the
+ * Check a base URL in place: http:// or https://, a host, no user info,
+ * query, fragment or space; strip its trailing slashes. 0 if valid, else the
  * problem is reported at v and -1 returned.
  */
 static int
@@ -958,6 +958,13 @@ check_url(struct ctx *c, yaml_node_t *v, const char *path, char *url)
 	if (strpbrk(url, "?# \t\r\n") != NULL) {
 		err_at(c, &v->start_mark,
 		    "%s: must not contain a query, fragment or spaces", path);
+		return -1;
+	}
+	/* The URL as written names the replica in metrics and the access log. */
+	if (memchr(host, '@', strcspn(host, "/")) != NULL) {
+		err_at(c, &v->start_mark, "%s: must not contain a user or password "
+		    "(it would show in metrics and the access log); use api_key",
+		    path);
 		return -1;
 	}
 	l = strlen(url);

@@ -469,3 +469,19 @@ def test_a_tenant_named_dash_is_refused_at_its_place():
     assert err.splitlines() == [
         "%s:6:3: tenants: '-' is not a tenant name: it stands for no tenant in the "
         "access log and metrics" % path], err
+
+
+def test_an_upstream_url_with_credentials_is_refused_at_its_place():
+    # Replicas are named by their URL as written in metrics (no key needed
+    # to read them) and in the access log: a password there would leak.
+    text = ('listen: "127.0.0.1:%d"\nupstreams:\n  main:\n    replicas:\n'
+            '      - url: "http://svc:s3cret@127.0.0.1:9"\n'
+            '      - url: "http://127.0.0.1:9/path@v1"\n'
+            'tenants:\n  acme: {keys: [k1], max_streams: 1}\n' % h.free_port())
+    path = h.write_config(text)
+    rc, out, err = h.run_sluice(["-t", "-c", path])
+    assert rc == 1, (rc, out, err)
+    assert err.splitlines() == [
+        "%s:5:14: upstreams.main.replicas[0].url: must not contain a user or password "
+        "(it would show in metrics and the access log); use api_key" % path], err
+    assert "s3cret" not in err
