@@ -818,3 +818,31 @@ def test_tokens_a_usage_event_with_other_fields_first_is_still_removed():
         assert r.status == 200 and r.complete
         _check_log(_log_line(gw, 1), "exact", 6, 2)
         assert bytes(r.data) == _sse(b"id: 1\n" + _delta("abcd"), h.DONE_EVENT), bytes(r.data)
+
+
+@h.pending("defect, fix pending in src/usage.c: a client that sent "
+           "stream_options.continuous_usage_stats without include_usage gets a usage "
+           "object in every chunk once sluice injects include_usage (vLLM sends them "
+           "only with include_usage); only \"usage\":null members are removed")
+def test_tokens_injection_does_not_turn_on_continuous_usage_stats():
+    def vllm(sock, req):
+        so = json.loads(req.split(b"\r\n\r\n", 1)[1]).get("stream_options") or {}
+        inc = so.get("include_usage") is True
+        cont = inc and so.get("continuous_usage_stats") is True
+        evs = []
+        for i in range(3):
+            u = (',"usage":{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d}'
+                 % (i + 1, 6 + i)) if cont else (',"usage":null' if inc else "")
+            evs.append(('data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]%s}\n\n'
+                        % (i, u)).encode())
+        if inc:
+            evs.append(_usage_ev(5, 3))
+        b = _sse(*evs) + h.DONE_EVENT
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(b) + b)
+    with h.RawUpstream(vllm) as up, _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        r = _raw_post(gw, b'{"model":"x","stream":true,'
+                          b'"stream_options":{"continuous_usage_stats":true}}')
+        assert r.status == 200 and r.complete
+        assert b'"usage"' not in bytes(r.data), bytes(r.data)
+        _check_log(_log_line(gw, 1), "exact", 5, 3)
