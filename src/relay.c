@@ -1765,7 +1765,7 @@ conn_build_upstream_headers(struct sl_conn *c)
 		hdr_header(&b, name, nlen, value, vlen);
 	}
 	if (c->usage_on)
-		hdr_header(&b, IDENTITY, 15, IDENTITY + 17, sizeof(IDENTITY) - 18);
+		hdr_header(&b, IDENTITY, 15, &IDENTITY[17], sizeof(IDENTITY) - 18);
 	if (nxff > 0) {
 		xff[2 * nxff].iov_base = (void *)(uintptr_t)", ";
 		xff[2 * nxff].iov_len = 2;
