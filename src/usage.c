@@ -2,10 +2,10 @@
  * Token usage: the request editor, the non-streamed usage reader and the SSE
  * scanner declared in sl_usage.h.
  *
- * The request editor parses with jansson to decide, then finds the byte
- * offset of the edit with a small scanner over the original text (the text
- * is valid JSON by then, but every access is still bounds-checked), then
- * re-parses the result to prove the edit is exactly the one member.
+ * The request editor validates the body in one pass that builds nothing
+ * (what a Python runner accepts: JSON plus a BOM, NaN, Infinity, big numbers
+ * and lone surrogates), finds the top-level members it needs on the way,
+ * makes its one edit, and validates the result again as the proof.
  *
  * The SSE scanner is one pass over three layered machines sharing struct
  * sl_usage_scan:
@@ -297,8 +297,260 @@ walk_object(const char *p, size_t len, size_t open, const char *name,
 	return 0;
 }
 
-/* Request bodies: ints as reals so a huge "seed" does not make a body uncountable. */
-#define REQ_FLAGS (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)
+/*
+ * The request body, validated in one pass without building it: a 16 MiB
+ * body of small values is 8M jansson nodes and seconds of a worker's loop;
+ * this is a few milliseconds and no memory. What is accepted is what a
+ * Python runner's json.loads accepts (vLLM, SGLang, TGI's router reads serde
+ * but its Python clients do not care): RFC 8259 JSON, plus a leading UTF-8
+ * BOM, NaN, Infinity and -Infinity, numbers of any size and lone surrogate
+ * escapes. Refused, as those runners refuse them: invalid UTF-8, raw control
+ * characters in strings, bad escapes, trailing garbage, nesting deeper than
+ * REQ_MAXDEPTH.
+ */
+#define REQ_MAXDEPTH 2048
+
+/* The byte after a valid UTF-8 sequence starting at p[k] (>= 0x80), or 0. */
+static size_t
+utf8_seq(const char *s, size_t len, size_t k)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	unsigned char c = p[k], lo = 0x80, hi = 0xbf;
+	size_t n, j;
+
+	if (c >= 0xc2 && c <= 0xdf)
+		n = 1;
+	else if (c >= 0xe0 && c <= 0xef) {
+		n = 2;
+		if (c == 0xe0)
+			lo = 0xa0;
+		else if (c == 0xed)
+			hi = 0x9f;    /* no encoded surrogates */
+	} else if (c >= 0xf0 && c <= 0xf4) {
+		n = 3;
+		if (c == 0xf0)
+			lo = 0x90;
+		else if (c == 0xf4)
+			hi = 0x8f;    /* <= U+10FFFF */
+	} else
+		return 0;
+	if (k + n >= len)
+		return 0;
+	if (p[k + 1] < lo || p[k + 1] > hi)
+		return 0;
+	for (j = 2; j <= n; j++)
+		if (p[k + j] < 0x80 || p[k + j] > 0xbf)
+			return 0;
+	return k + n + 1;
+}
+
+/* *i at an opening quote: validate the string, move past it. */
+static int
+req_string(const char *p, size_t len, size_t *i)
+{
+	size_t k = *i + 1, j;
+	unsigned char c;
+
+	for (;;) {
+		/* the plain run: printable ASCII but the quote and the backslash */
+		while (k < len && (c = (unsigned char)p[k]) >= 0x20 && c < 0x80 &&
+		    c != '"' && c != '\\')
+			k++;
+		if (k >= len)
+			return -1;
+		c = (unsigned char)p[k];
+		if (c == '"') {
+			*i = k + 1;
+			return 0;
+		}
+		if (c == '\\') {
+			if (k + 1 >= len)
+				return -1;
+			switch (p[k + 1]) {
+			case '"': case '\\': case '/': case 'b': case 'f':
+			case 'n': case 'r': case 't':
+				k += 2;
+				continue;
+			case 'u':
+				if (k + 6 > len)
+					return -1;
+				for (j = k + 2; j < k + 6; j++)
+					if (hexval(p[j]) < 0)
+						return -1;
+				k += 6;    /* a lone surrogate is Python's business */
+				continue;
+			default:
+				return -1;
+			}
+		}
+		if (c < 0x20 || (k = utf8_seq(p, len, k)) == 0)
+			return -1;
+	}
+}
+
+/* *i at a number or literal: validate it, move past it. */
+static int
+req_scalar(const char *p, size_t len, size_t *i)
+{
+	static const char *const lit[] = { "true", "false", "null", "NaN", "Infinity",
+	    "-Infinity" };
+	size_t k = *i, n, d, j;
+
+	for (j = 0; j < sizeof(lit) / sizeof(lit[0]); j++) {
+		n = strlen(lit[j]);
+		if (len - k >= n && memcmp(p + k, lit[j], n) == 0) {
+			*i = k + n;
+			return 0;
+		}
+	}
+	/* -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+	if (k < len && p[k] == '-')
+		k++;
+	if (k < len && p[k] == '0')
+		k++;
+	else if (k < len && p[k] >= '1' && p[k] <= '9')
+		while (k < len && p[k] >= '0' && p[k] <= '9')
+			k++;
+	else
+		return -1;
+	if (k < len && p[k] == '.') {
+		for (d = ++k; k < len && p[k] >= '0' && p[k] <= '9'; k++)
+			;
+		if (k == d)
+			return -1;
+	}
+	if (k < len && (p[k] == 'e' || p[k] == 'E')) {
+		k++;
+		if (k < len && (p[k] == '+' || p[k] == '-'))
+			k++;
+		for (d = k; k < len && p[k] >= '0' && p[k] <= '9'; k++)
+			;
+		if (k == d)
+			return -1;
+	}
+	*i = k;
+	return 0;
+}
+
+/* A top-level member looked for: the value span of its last occurrence. */
+struct req_member {
+	const char *name;
+	struct span v;
+	int found;
+};
+
+/*
+ * Validate the whole body as one JSON object; *open and *close at its
+ * braces, *nmemb its member count, and each of m[0..nm) found or not.
+ * Iterative: the kind of each open container is one bit.
+ */
+static int
+req_doc(const char *p, size_t len, struct req_member *m, size_t nm, size_t *open,
+    size_t *close, size_t *nmemb)
+{
+	uint8_t arr[REQ_MAXDEPTH / 8];
+	enum { S_VALUE, S_KEY_OR_END, S_KEY, S_VALUE_OR_END, S_AFTER } st = S_VALUE;
+	size_t i = 0, depth = 0, ks = 0, ke = 0, vs = 0, n = 0, j;
+	int in_arr;
+	char c;
+
+	memset(arr, 0, sizeof(arr));
+	for (j = 0; j < nm; j++)
+		m[j].found = 0;
+	if (len >= 3 && memcmp(p, "\xef\xbb\xbf", 3) == 0)
+		i = 3;
+	i = skip_ws(p, len, i);
+	if (i >= len || p[i] != '{')
+		return -1;
+	*open = i;
+	for (;;) {
+		i = skip_ws(p, len, i);
+		if (i >= len)
+			return -1;
+		c = p[i];
+		in_arr = depth > 0 && (arr[(depth - 1) / 8] >> ((depth - 1) % 8)) & 1;
+		switch (st) {
+		case S_KEY_OR_END:
+			if (c == '}')
+				goto closed;
+			/* FALLTHROUGH */
+		case S_KEY:
+			if (c != '"')
+				return -1;
+			j = i;
+			if (req_string(p, len, &i) < 0)
+				return -1;
+			if (depth == 1) {
+				ks = j;
+				ke = i;
+			}
+			i = skip_ws(p, len, i);
+			if (i >= len || p[i] != ':')
+				return -1;
+			i = skip_ws(p, len, i + 1);
+			vs = depth == 1 ? i : vs;
+			st = S_VALUE;
+			continue;
+		case S_VALUE_OR_END:
+			if (c == ']')
+				goto closed;
+			/* FALLTHROUGH */
+		case S_VALUE:
+			if (c == '{' || c == '[') {
+				if (depth == REQ_MAXDEPTH)
+					return -1;
+				if (c == '[')
+					arr[depth / 8] |= (uint8_t)(1u << (depth % 8));
+				else
+					arr[depth / 8] &= (uint8_t)~(1u << (depth % 8));
+				depth++;
+				i++;
+				st = c == '{' ? S_KEY_OR_END : S_VALUE_OR_END;
+				continue;
+			}
+			if (c == '"' ? req_string(p, len, &i) < 0 : req_scalar(p, len, &i) < 0)
+				return -1;
+			goto value_done;
+		case S_AFTER:
+			if (c == ',') {
+				i++;
+				st = in_arr ? S_VALUE : S_KEY;
+				continue;
+			}
+			if (c == (in_arr ? ']' : '}'))
+				goto closed;
+			return -1;
+		}
+closed:
+		i++;
+		if (--depth == 0) {
+			*close = i - 1;
+			*nmemb = n;
+			break;
+		}
+value_done:
+		if (depth == 1) {
+			n++;
+			for (j = 0; j < nm; j++)
+				if (key_equals(p, ks, ke, m[j].name)) {
+					m[j].v.vs = vs;
+					m[j].v.ve = i;
+					m[j].found = 1;
+				}
+		}
+		st = S_AFTER;
+	}
+	return skip_ws(p, len, i) == len ? 0 : -1;
+}
+
+/* 1 if the value span v is exactly the text t. */
+static int
+span_is(const char *p, struct span v, const char *t)
+{
+	size_t n = strlen(t);
+
+	return v.ve - v.vs == n && memcmp(p + v.vs, t, n) == 0;
+}
 
 void
 sl_usage_req_free(struct sl_usage_req *r)
@@ -307,95 +559,108 @@ sl_usage_req_free(struct sl_usage_req *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* The facts of a validated body: stream, and stream_options' kind and member. */
+struct req_facts {
+	int stream;
+	int so;              /* 0 absent, 'n' null, '{' object, 'x' another type */
+	struct span sov;     /* its value */
+	int iu;              /* in the object: 0 absent, 't' true, 'f' false|null, 'x' other */
+	struct span iuv;     /* its value */
+	size_t so_close, so_n;
+};
+
+static int
+req_facts(const char *p, size_t len, struct req_facts *f, size_t *close, size_t *n)
+{
+	struct req_member m[2] = { { "stream", { 0, 0 }, 0 }, { "stream_options", { 0, 0 }, 0 } };
+	size_t open;
+	int found;
+
+	memset(f, 0, sizeof(*f));
+	if (req_doc(p, len, m, 2, &open, close, n) < 0)
+		return -1;
+	f->stream = m[0].found && span_is(p, m[0].v, "true");
+	if (!m[1].found)
+		return 0;
+	f->sov = m[1].v;
+	f->so = p[f->sov.vs] == '{' ? '{' : span_is(p, f->sov, "null") ? 'n' : 'x';
+	if (f->so != '{')
+		return 0;
+	/* validated above, so the walk cannot fail */
+	if (walk_object(p, len, f->sov.vs, "include_usage", &f->iuv, &found, &f->so_close,
+	    &f->so_n) < 0)
+		return -1;
+	if (found)
+		f->iu = span_is(p, f->iuv, "true") ? 't' : span_is(p, f->iuv, "false") ||
+		    span_is(p, f->iuv, "null") ? 'f' : 'x';
+	return 0;
+}
+
 int
 sl_usage_request(const char *body, size_t len, int inject, struct sl_usage_req *out)
 {
 	static const char so_c[] = ",\"stream_options\":{\"include_usage\":true}";
 	static const char iu_c[] = ",\"include_usage\":true";
-	json_t *root = NULL, *so, *iu, *nroot = NULL;
-	json_error_t err;
-	struct span m, m2;
-	size_t close, n, off, del, il, open;
+	struct req_facts f, nf;
+	size_t close, n, off, del, il;
 	const char *ins;
 	char *nb = NULL;
-	int found, rc = 0;
 
 	memset(out, 0, sizeof(*out));
-	if (body == NULL || len == 0)
+	if (body == NULL || len == 0 || req_facts(body, len, &f, &close, &n) < 0)
 		return 0;
-	if ((root = json_loadb(body, len, REQ_FLAGS, &err)) == NULL || !json_is_object(root))
-		goto out;
 	out->counted = 1;
-	out->stream = json_is_true(json_object_get(root, "stream"));
-	so = json_object_get(root, "stream_options");
-	iu = json_is_object(so) ? json_object_get(so, "include_usage") : NULL;
-	out->client_asked = json_is_true(iu);
-	if (!inject || !out->stream || out->client_asked)
-		goto out;
-
-	open = skip_ws(body, len, 0);
-	if (walk_object(body, len, open, "stream_options", &m, &found, &close, &n) < 0 ||
-	    found != (so != NULL))
-		goto out;
-	if (so == NULL) {
+	out->stream = f.stream;
+	out->client_asked = f.iu == 't';
+	if (!inject || !f.stream || out->client_asked)
+		return 0;
+	switch (f.so) {
+	case 0:
 		off = close;
 		del = 0;
 		ins = n ? so_c : so_c + 1;
-	} else if (json_is_null(so)) {
-		off = m.vs;
-		del = m.ve - m.vs;
+		break;
+	case 'n':
+		off = f.sov.vs;
+		del = f.sov.ve - f.sov.vs;
 		ins = so_c + 18;    /* {"include_usage":true} */
-	} else if (json_is_object(so)) {
-		if (walk_object(body, len, m.vs, "include_usage", &m2, &found, &close, &n) < 0 ||
-		    found != (iu != NULL))
-			goto out;
-		if (iu == NULL) {
-			off = close;
+		break;
+	case '{':
+		if (f.iu == 0) {
+			off = f.so_close;
 			del = 0;
-			ins = n ? iu_c : iu_c + 1;
-		} else if (json_is_false(iu) || json_is_null(iu)) {
-			off = m2.vs;
-			del = m2.ve - m2.vs;
+			ins = f.so_n ? iu_c : iu_c + 1;
+		} else if (f.iu == 'f') {
+			off = f.iuv.vs;
+			del = f.iuv.ve - f.iuv.vs;
 			ins = "true";
 		} else
-			goto out;     /* include_usage of another type: the runner's call */
-	} else
-		goto out;             /* stream_options of another type: likewise */
+			return 0;   /* include_usage of another type: the runner's call */
+		break;
+	default:
+		return 0;           /* stream_options of another type: likewise */
+	}
 
 	il = strlen(ins);
-	if ((nb = malloc(len - del + il + 1)) == NULL) {
-		rc = -1;
-		goto out;
-	}
+	if ((nb = malloc(len - del + il + 1)) == NULL)
+		return -1;
 	memcpy(nb, body, off);
 	memcpy(nb + off, ins, il);
 	memcpy(nb + off + il, body + off + del, len - off - del);
 	nb[len - del + il] = '\0';
 
-	/* The proof: the new body is the old one plus the member, nothing else. */
-	if (so == NULL || json_is_null(so))
-		rc = json_object_set_new(root, "stream_options",
-		    json_pack("{s:b}", "include_usage", 1));
-	else
-		rc = json_object_set_new(so, "include_usage", json_true());
-	if (rc != 0) {
-		rc = -1;
-		goto out;
+	/* The proof: the new body is valid, streamed, and now asks for usage. */
+	if (req_facts(nb, len - del + il, &nf, &close, &n) < 0 || !nf.stream ||
+	    nf.iu != 't') {
+		free(nb);
+		return 0;
 	}
-	if ((nroot = json_loadb(nb, len - del + il, REQ_FLAGS, &err)) == NULL ||
-	    !json_equal(root, nroot))
-		goto out;
 	out->injected = 1;
 	out->body = nb;
 	out->body_len = len - del + il;
 	out->edit_off = off;
 	out->edit_del = del;
-	nb = NULL;
-out:
-	free(nb);
-	json_decref(nroot);
-	json_decref(root);
-	return rc;
+	return 0;
 }
 
 /* ------------------------------------------------------------------ SSE scanner */

@@ -741,10 +741,6 @@ def test_tokens_no_usage_chunk_reaches_a_client_that_did_not_ask_even_if_sent_tw
         assert bytes(r.data) == _sse(_delta("abcd"), h.DONE_EVENT), bytes(r.data)
 
 
-@h.pending("defect, fix pending in src/usage.c: request bodies a Python runner "
-           "(vLLM) accepts but jansson refuses are not counted at all: a UTF-8 BOM, "
-           "a lone surrogate escape, NaN, 1e999 (vLLM ignores unknown members); any "
-           "tenant evades tokens_per_minute so")
 def test_tokens_bodies_python_runners_accept_are_counted():
     sse = _sse(_delta("abcd"), _usage_ev(9, 1), h.DONE_EVENT)
     bodies = (b'\xef\xbb\xbf{"model":"x","stream":true,"messages":[]}',
@@ -762,10 +758,6 @@ def test_tokens_bodies_python_runners_accept_are_counted():
 
 @h.timeout(90)
 @h.skip_under("valgrind")
-@h.pending("defect, fix pending in src/usage.c: sl_usage_request() builds a jansson tree "
-           "of the whole request body in the worker's event loop; a 16 MiB body of small "
-           "values (8M json_t) stalls every stream of that worker for seconds and takes "
-           "hundreds of MiB")
 def test_tokens_a_huge_request_body_does_not_stall_the_other_streams_of_its_worker():
     answer = _json_answer("ok", (1, 1))
     with h.RawUpstream(_answer(answer), read_timeout=30) as up, Stub() as stub, \

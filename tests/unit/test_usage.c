@@ -835,6 +835,62 @@ test_req_deep_nesting_refused_without_crash(void **state)
 	free(b);
 }
 
+/* What a Python runner's json.loads takes is counted (vLLM would serve it). */
+static void
+test_req_python_extensions_counted(void **state)
+{
+	(void)state;
+	check_req("\xef\xbb\xbf{\"stream\":true}",
+	    "\xef\xbb\xbf{\"stream\":true,\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
+	check_req("{\"stream\":true,\"t\":NaN,\"a\":[Infinity,-Infinity,1e999,-0.5E-3]}",
+	    "{\"stream\":true,\"t\":NaN,\"a\":[Infinity,-Infinity,1e999,-0.5E-3],"
+	    "\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
+	check_req("{\"m\":\"\\ud800 \\udfff\",\"stream\":true}",
+	    "{\"m\":\"\\ud800 \\udfff\",\"stream\":true,"
+	    "\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
+	check_req("{\"s\":\"\xf4\x8f\xbf\xbf \xe0\xa0\x80 \xc2\x80\",\"n\":0}", NULL, 1, 0, 0);
+}
+
+/* ... and what it refuses is not. */
+static void
+test_req_invalid_json_not_counted(void **state)
+{
+	static const char *bodies[] = {
+		"{\"a\":01}", "{\"a\":1.}", "{\"a\":.5}", "{\"a\":-}", "{\"a\":1e}",
+		"{\"a\":+1}", "{\"a\":tru}", "{\"a\":nan}", "{\"a\":\"\x01\"}",
+		"{\"a\":\"\\x\"}", "{\"a\":\"\\u12g4\"}", "{\"a\":\"\\u12\"}",
+		"{\"a\":\"\xc0\x80\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\xf5\x80\x80\x80\"}",
+		"{\"a\":\"\xe2\x82\"}", "{\"a\":\"\xe2\x82", "{\"a\" 1}", "{\"a\":1 \"b\":2}",
+		"{\"a\":[1,]}", "{\"a\":[1}", "{\"a\":{]}", "{1:2}", "{\"a\":1}]",
+		"\xef\xbb{\"a\":1}", "\xef\xbb\xbf\xef\xbb\xbf{}",
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+		check_req(bodies[i], NULL, 0, 0, 0);
+}
+
+/* 2048 levels of nesting are a body (jansson's limit too); 2049 are not. */
+static void
+test_req_nesting_limit(void **state)
+{
+	size_t d, i;
+	char *b = malloc(2 * 2048 + 64);
+
+	(void)state;
+	assert_non_null(b);
+	for (d = 2047; d <= 2048; d++) {    /* + the top-level object */
+		strcpy(b, "{\"a\":");
+		i = strlen(b);
+		memset(b + i, '[', d);
+		memset(b + i + d, ']', d);
+		strcpy(b + i + 2 * d, "}");
+		check_req(b, NULL, d == 2047, 0, 0);
+	}
+	free(b);
+}
+
 /* ------------------------------------------------------------------ non-streamed */
 
 static void
@@ -908,6 +964,9 @@ main(void)
 		cmocka_unit_test(test_req_strings_mentioning_stream_options_do_not_confuse),
 		cmocka_unit_test(test_req_duplicate_keys_last_wins),
 		cmocka_unit_test(test_req_deep_nesting_refused_without_crash),
+		cmocka_unit_test(test_req_python_extensions_counted),
+		cmocka_unit_test(test_req_invalid_json_not_counted),
+		cmocka_unit_test(test_req_nesting_limit),
 		cmocka_unit_test(test_from_json_reads_usage),
 	};
 
