@@ -74,8 +74,7 @@ struct sl_usage_req {
  *   "include_usage": false|null  -> that value replaced by true
  * (the comma only when the object has members). A stream_options or
  * include_usage of any other type is left alone: the runner answers that
- * request as it sees fit. The new body is validated again and must be a
- * streamed request asking for usage, else nothing is injected.
+ * request as it sees fit.
  * A body that is not a JSON object (array, scalar, garbage, empty, invalid
  * UTF-8) gives counted = 0 and is forwarded untouched.
  * Returns 0, or -1 when out of memory (out then says "not injected"; the

@@ -26,6 +26,7 @@
 #include <jansson.h>
 
 #include "sl_affinity.h"
+#include "sl_json.h"
 
 #define P1 0x9E3779B185EBCA87ULL
 #define P2 0xC2B2AE3D27D4EB4FULL
@@ -221,21 +222,96 @@ sl_affinity_hashes_json(const json_t *root, size_t block, uint64_t *h, size_t ma
 	return chain_end(&c);
 }
 
+static int
+chain_sink(void *arg, const unsigned char *b, size_t n)
+{
+	return chain_feed(arg, b, n);
+}
+
+/* Feed the string at v, if it is one; 1 once the chain is full. */
+static int
+feed_text(struct chain *c, const char *p, struct sl_json_span v)
+{
+	if (p[v.vs] != '"')
+		return 0;
+	return sl_json_decode(p, v.vs, v.ve, chain_sink, c);
+}
+
+/* A content part: {"type":"text","text":"..."} feeds its text. */
+static int
+feed_part(struct chain *c, const char *p, size_t len, size_t i)
+{
+	struct sl_json_span t;
+	size_t close, n;
+	int found;
+
+	if (p[i] != '{' || sl_json_find(p, len, i, "type", &t, &found, &close, &n) < 0 ||
+	    !found || p[t.vs] != '"' || !sl_json_key_is(p, t.vs, t.ve, "text") ||
+	    sl_json_find(p, len, i, "text", &t, &found, &close, &n) < 0 || !found)
+		return 0;
+	return feed_text(c, p, t);
+}
+
+/*
+ * The same blocks as sl_affinity_hashes_json() over jansson's tree, read
+ * from the text instead: one validating pass and walks that build nothing,
+ * so a body of megabytes costs its worker no tree.
+ */
 size_t
 sl_affinity_hashes(const char *body, size_t len, size_t block, uint64_t *h, size_t max)
 {
-	json_t *root;
-	json_error_t err;
-	size_t n;
+	struct sl_json_member m[2] = { { "messages", { 0, 0 }, 0 }, { "prompt", { 0, 0 }, 0 } };
+	struct sl_json_span v;
+	struct chain c;
+	size_t open, close, n, i, k, cl, nn;
+	int found, done = 0, more, more2;
 
-	if (block == 0 || max == 0)
+	if (block == 0 || max == 0 ||
+	    sl_json_object(body, len, m, 2, &open, &close, &n) < 0)
 		return 0;
-	root = json_loadb(body, len, JSON_ALLOW_NUL, &err);
-	if (root == NULL)
-		return 0;
-	n = sl_affinity_hashes_json(root, block, h, max);
-	json_decref(root);
-	return n;
+	chain_init(&c, block, h, max);
+	if (m[0].found && body[m[0].v.vs] == '[') {
+		i = m[0].v.vs;
+		for (more = sl_json_first(body, len, &i); more && !done;
+		    more = sl_json_after(body, len, &i)) {
+			if (body[i] == '{' &&
+			    sl_json_find(body, len, i, "content", &v, &found, &cl, &nn) == 0 &&
+			    found) {
+				if (body[v.vs] == '"')
+					done = feed_text(&c, body, v);
+				else if (body[v.vs] == '[') {
+					k = v.vs;
+					for (more2 = sl_json_first(body, len, &k); more2 && !done;
+					    more2 = sl_json_after(body, len, &k)) {
+						done = feed_part(&c, body, len, k);
+						if (sl_json_skip(body, len, &k) < 0)
+							return chain_end(&c);
+					}
+				}
+			}
+			if (sl_json_skip(body, len, &i) < 0)
+				break;
+		}
+		return chain_end(&c);
+	}
+	if (m[1].found) {
+		v = m[1].v;
+		if (body[v.vs] == '"')
+			feed_text(&c, body, v);
+		else if (body[v.vs] == '[') {
+			i = v.vs;
+			for (more = sl_json_first(body, len, &i); more && !done;
+			    more = sl_json_after(body, len, &i)) {
+				k = i;
+				if (sl_json_skip(body, len, &k) < 0)
+					break;
+				if (body[i] == '"')
+					done = feed_text(&c, body, (struct sl_json_span){ i, k });
+				i = k;
+			}
+		}
+	}
+	return chain_end(&c);
 }
 
 uint64_t

@@ -232,16 +232,22 @@ check_affinity(const char *in, size_t len, size_t block, size_t max)
 	n = sl_affinity_hashes(c, len, block, h, max);
 	free(c);
 	fz_check(n <= max, "hash-max", "%zu hashes for max %zu", n, max);
-	extract(in, len, &t);
-	m = sl_affinity_hash_text((const char *)t.p, t.len, block, g, max);
-	fz_check(m == n && (n == 0 || memcmp(h, g, n * sizeof(h[0])) == 0), "hash-text",
-	    "%zu hashes of the body, %zu of its %zu-byte prompt", n, m, t.len);
-	if (t.len > 0)
-		fz_check(n == (t.len / block < max ? (t.len < block ? 1 : t.len / block) : max),
-		    "hash-count", "%zu hashes of %zu bytes, block %zu, max %zu", n, t.len, block,
-		    max);
+	/*
+	 * The oracle is jansson's tree. Where jansson and the walker differ on
+	 * what is a body (it refuses NaN, a BOM, lone surrogates; it skips a raw
+	 * NUL between tokens, which Python and the walker refuse) there is none.
+	 */
+	if (extract(in, len, &t) && memchr(in, '\0', len) == NULL) {
+		m = sl_affinity_hash_text((const char *)t.p, t.len, block, g, max);
+		fz_check(m == n && (n == 0 || memcmp(h, g, n * sizeof(h[0])) == 0), "hash-text",
+		    "%zu hashes of the body, %zu of its %zu-byte prompt", n, m, t.len);
+		if (t.len > 0)
+			fz_check(n == (t.len / block < max ?
+			    (t.len < block ? 1 : t.len / block) : max), "hash-count",
+			    "%zu hashes of %zu bytes, block %zu, max %zu", n, t.len, block, max);
+	}
 	if (n > 1) {
-		m = sl_affinity_hash_text((const char *)t.p, t.len, block, k, n / 2);
+		m = sl_affinity_hashes(in, len, block, k, n / 2);
 		fz_check(m == n / 2 && memcmp(h, k, m * sizeof(h[0])) == 0, "hash-prefix",
 		    "a smaller max is not a prefix");
 	}

@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include <jansson.h>
+
 #include "sl_affinity.h"
 
 #define NH 64
@@ -148,6 +150,59 @@ test_no_prompt_gives_nothing(void **state)
 	assert_int_equal(body_hashes("{\"prompt\":\"abc\"}", 0, h, NH), 0);
 	assert_int_equal(body_hashes("{\"prompt\":\"abc\"}", 8, h, 0), 0);
 	assert_int_equal(sl_affinity_hashes_json(NULL, 8, h, NH), 0);
+}
+
+/* The walker over the text gives the hashes jansson's tree gives. */
+static void
+test_text_walk_matches_the_tree(void **state)
+{
+	static const char *bodies[] = {
+		"{\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},"
+		"{\"role\":\"user\",\"content\":\"caf\\u00e9 \\ud83d\\ude00 \\\"q\\\" \\\\ \\/ "
+		"\\b\\f\\n\\r\\t \\u0000 end\"}]}",
+		"{\"messages\":[{\"content\":[{\"type\":\"text\",\"text\":\"part one, \"},"
+		"{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}},{\"type\":\"t\\u0065xt\","
+		"\"text\":\"part two\",\"text\":\"the last text wins\"},{\"text\":\"no type\"},"
+		"[\"not an object\"],{\"type\":\"text\",\"text\":42}]},7,null,"
+		"{\"content\":\"first\",\"content\":\"second content wins over the first\"}]}",
+		"{\"model\":\"m\",\"prompt\":[\"one \",2,{\"a\":\"b\"},\"three four five six\"]}",
+		"{\"prompt\":\"\\u00e9\\u00e9\\u00e9\\u00e9 a long enough prompt to make blocks\","
+		"\"messages\":\"not an array\"}",
+		" {\"n\":[1,2.5,-3e2,true,false,null,{\"x\":[[],{}]}],\"messages\":[{\"content\":"
+		"\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 raw UTF-8 in a message\"}]} ",
+	};
+	uint64_t a[NH], b[NH];
+	size_t i, na, nb, block;
+	json_error_t err;
+	json_t *root;
+
+	(void)state;
+	for (i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+		for (block = 1; block <= 9; block += 4) {
+			root = json_loadb(bodies[i], strlen(bodies[i]), JSON_ALLOW_NUL, &err);
+			assert_non_null(root);
+			nb = sl_affinity_hashes_json(root, block, b, NH);
+			json_decref(root);
+			na = body_hashes(bodies[i], block, a, NH);
+			assert_true(nb > 0);
+			assert_int_equal(na, nb);
+			assert_memory_equal(a, b, na * sizeof(a[0]));
+		}
+}
+
+/* Bodies a Python runner takes and jansson does not still have a prompt. */
+static void
+test_python_bodies_are_hashed(void **state)
+{
+	uint64_t h[NH];
+
+	(void)state;
+	assert_body_is_text("\xef\xbb\xbf{\"t\":NaN,\"x\":1e999,\"prompt\":\"abcdefgh\"}",
+	    "abcdefgh", 4);
+	/* a lone surrogate is U+FFFD */
+	assert_body_is_text("{\"prompt\":\"ab\\udc00cd\"}", "ab\xef\xbf\xbd" "cd", 2);
+	assert_int_equal(body_hashes("{\"prompt\":\"ab\",}", 1, h, NH), 0);
+	assert_int_equal(body_hashes("{\"prompt\":\"a\xff\"}", 1, h, NH), 0);
 }
 
 /* ------------------------------------------------------------- the chain */
@@ -576,6 +631,8 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_chat_string_contents_are_concatenated),
+		cmocka_unit_test(test_text_walk_matches_the_tree),
+		cmocka_unit_test(test_python_bodies_are_hashed),
 		cmocka_unit_test(test_chat_parts_take_only_text_parts),
 		cmocka_unit_test(test_completions_prompt_string_and_array),
 		cmocka_unit_test(test_where_contents_are_cut_does_not_matter),
