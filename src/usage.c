@@ -979,6 +979,305 @@ mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
 }
 
 /*
+ * Class masks of 64 bytes of a data line, computed once and read by
+ * lex_fast() with a count of trailing zeros per token instead of a scan
+ * per token. Bit j describes base[j]; bytes past the run's end read as a
+ * line end, so a search never runs past it.
+ */
+struct blk {
+	const char *base;       /* NULL: nothing loaded yet */
+	uint64_t str;           /* C_STR: " \ CR LF */
+	uint64_t val;           /* C_VAL: " CR LF { } [ ] */
+	uint64_t val1;          /* C_VAL1: C_VAL and , */
+};
+
+static void
+blk_load(struct blk *b, const char *p, const char *e)
+{
+	char pad[64];
+	const char *src = p;
+	uint64_t str = 0, val = 0, val1 = 0;
+	unsigned j;
+
+	if (e - p < 64) {
+		memcpy(pad, p, (size_t)(e - p));
+		memset(pad + (e - p), '\n', (size_t)(64 - (e - p)));
+		src = pad;
+	}
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	{
+		const __m128i q = _mm_set1_epi8('"'), cr = _mm_set1_epi8('\r'),
+		    lf = _mm_set1_epi8('\n'), bs = _mm_set1_epi8('\\'),
+		    b20 = _mm_set1_epi8(0x20), ob = _mm_set1_epi8('{'),
+		    cb = _mm_set1_epi8('}'), cm = _mm_set1_epi8(',');
+
+		for (j = 0; j < 64; j += 16) {
+			__m128i v = _mm_loadu_si128((const __m128i *)(const void *)(src + j));
+			__m128i ql, br, v20;
+
+			ql = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, q),
+			    _mm_cmpeq_epi8(v, cr)), _mm_cmpeq_epi8(v, lf));
+			/* [ and ] are { and } with bit 5 clear: one compare each */
+			v20 = _mm_or_si128(v, b20);
+			br = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v20, ob),
+			    _mm_cmpeq_epi8(v20, cb)), ql);
+			str |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_or_si128(ql,
+			    _mm_cmpeq_epi8(v, bs))) << j;
+			val |= (uint64_t)(unsigned)_mm_movemask_epi8(br) << j;
+			val1 |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_or_si128(br,
+			    _mm_cmpeq_epi8(v, cm))) << j;
+		}
+	}
+#else
+	for (j = 0; j < 64; j++) {
+		unsigned k = cls[(unsigned char)src[j]];
+
+		str |= (uint64_t)((k & C_STR) != 0) << j;
+		val |= (uint64_t)((k & C_VAL) != 0) << j;
+		val1 |= (uint64_t)((k & C_VAL1) != 0) << j;
+	}
+#endif
+	b->base = p;
+	b->str = str;
+	b->val = val;
+	b->val1 = val1;
+}
+
+/* skip() on the masks: the first byte of [p, e) in class k, or e. */
+static inline const char *
+blk_next(struct blk *b, const char *p, const char *e, unsigned k)
+{
+	uint64_t m;
+
+	while (p < e) {
+		if (b->base == NULL || (uintptr_t)p - (uintptr_t)b->base >= 64)
+			blk_load(b, p, e);
+		m = k == C_STR ? b->str : k == C_VAL ? b->val : b->val1;
+		m >>= (uintptr_t)p - (uintptr_t)b->base;
+		if (m != 0) {
+			p += __builtin_ctzll(m);
+			return p < e ? p : e;
+		}
+		p = b->base + 64;
+	}
+	return e;
+}
+
+/* The recognised key the whole raw string p[0..n) is (K_*), or 0. */
+static inline uint8_t
+key_of(const char *p, size_t n)
+{
+	switch (n) {
+	case 4:
+		return memcmp(p, "text", 4) == 0 ? K_TEXT : 0;
+	case 5:
+		return memcmp(p, "usage", 5) == 0 ? K_USAGE : 0;
+	case 7:
+		if (memcmp(p, "content", 7) == 0)
+			return K_CONTENT;
+		return memcmp(p, "choices", 7) == 0 ? K_CHOICES : 0;
+	default:
+		return 0;
+	}
+}
+
+/*
+ * The common path of lex_run(): from p, lexes what the byte-at-a-time lexer
+ * would take in the same way, with the same effect on s and f, a token at
+ * a time on the masks of b, and returns where it stopped: at e, or at the
+ * first byte it leaves to lex_run()'s own steps (a line end, the top level,
+ * an escape at the run's end, the value of "usage": {, a comma at the top
+ * level in drop mode that may start a "usage":null member or that needs
+ * the hold decided first). Call only with no member being matched (mt), no
+ * usage object being copied and the bytes not under H_PREFIX's one-byte
+ * check. nocand: a comma that must not start a member.
+ */
+static const char *
+lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
+    const char *e, const char *nocand)
+{
+	const char *q, *r;
+	size_t n;
+	char c;
+
+	while (p < e) {
+		switch (s->lx) {
+		case LX_VAL:
+			if (s->depth == 0 || s->first)
+				return p;
+			q = blk_next(b, p, e, s->drop && s->depth == 1 ? C_VAL1 : C_VAL);
+			if (q == e)
+				return e;
+			p = q;
+			c = *p;
+			switch (c) {
+			case '"':
+				s->lx = LX_STR;
+				s->kmask = K_ALL;
+				s->kpos = 0;
+				p++;
+				continue;
+			case '{':
+			case '[':
+				if (s->depth == UINT16_MAX)
+					return p;
+				s->depth++;
+				p++;
+				continue;
+			case '}':
+			case ']':
+				s->depth--;
+				p++;
+				if (s->depth == 0) {
+					s->top = TOP_CLOSED;
+					if (!(s->ev & EV_USAGE))
+						s->ev |= EV_NOTDROP;
+				}
+				continue;
+			case ',':
+				break;
+			default:
+				return p;       /* a line end */
+			}
+			/*
+			 * A comma at the top level in drop mode. Followed by blanks,
+			 * a quote and anything but a u or a line end, the member
+			 * matcher would begin here and give up at that byte: do what
+			 * it leaves behind (mt_begin()'s flush and tent_s, the quote
+			 * lexed), when nothing is held from earlier calls and no
+			 * early end of the call is due.
+			 */
+			if ((s->ev & EV_BAD) || p == nocand) {
+				p++;            /* a plain comma: value() ignores it */
+				continue;
+			}
+			for (r = p + 1; r < e && (*r == ' ' || *r == '\t'); r++)
+				;
+			if (e - r < 2 || *r != '"' || r[1] == 'u' || r[1] == '\r' ||
+			    r[1] == '\n' || s->hold_len != 0 || f->out->held_len != 0 ||
+			    f->out->n + 3 > SL_USAGE_MAX_RANGES)
+				return p;
+			if (held(s) && ((s->ev & (EV_NOTDROP | EV_BAD)) ||
+			    (size_t)(p - f->in) - f->tent_s > SL_USAGE_MAX_EVENT))
+				s->hs = H_PASS;         /* flush(): nothing to release */
+			if (!held(s))
+				f->tent_s = (size_t)(p - f->in);
+			s->lx = LX_STR;
+			s->kmask = K_ALL;
+			s->kpos = 0;
+			p = r + 1;
+			continue;
+		case LX_STR:
+			q = blk_next(b, p, e, C_STR);
+			n = (size_t)(q - p);
+			if (s->cnt)
+				s->content_bytes += n;
+			if (q < e && *q == '"') {
+				if (s->kmask == K_ALL && s->kpos == 0) {
+					/* the whole string is p[0..n): its key at once */
+					s->lx = LX_AFTER_STR;
+					s->cnt = 0;
+					s->kmask = s->key = key_of(p, n);
+				} else {
+					if (s->kmask && n > 0)
+						key_run(s, p, n, 1);
+					string_end(s);
+				}
+				p = q + 1;
+				continue;
+			}
+			if (s->kmask && n > 0)
+				key_run(s, p, n, 0);
+			if (q == e || *q != '\\')
+				return q;               /* a line end */
+			if (s->cnt)
+				s->content_bytes++;
+			s->kmask = 0;
+			/* the escaped byte (and a \u's four) while on this line */
+			r = q + 1;
+			if (r == e || *r == '\r' || *r == '\n') {
+				s->lx = LX_ESC;
+				return r;
+			}
+			if (*r == 'u') {
+				if (e - r < 5 || r[1] == '\r' || r[1] == '\n' || r[2] == '\r' ||
+				    r[2] == '\n' || r[3] == '\r' || r[3] == '\n' ||
+				    r[4] == '\r' || r[4] == '\n') {
+					s->lx = LX_ESC;
+					return r;
+				}
+				r += 4;
+				s->ux = 0;      /* as LX_U leaves it */
+			} else
+				s->ux = 4;
+			p = r + 1;
+			continue;
+		case LX_AFTER_STR:
+			c = *p;
+			if (c == ':') {
+				s->lx = LX_AFTER_COLON;
+				p++;
+			} else if (c == ' ' || c == '\t')
+				p++;
+			else if (c == '\r' || c == '\n')
+				return p;
+			else {
+				s->key = 0;
+				s->lx = LX_VAL;
+			}
+			continue;
+		case LX_AFTER_COLON:
+			c = *p;
+			if (c == ' ' || c == '\t') {
+				p++;
+				continue;
+			}
+			if (c == '\r' || c == '\n')
+				return p;
+			if (s->key) {
+				/* key_value(), but for the usage object's copy */
+				if (s->depth == 1 && (s->key & K_USAGE)) {
+					if (c == '{')
+						return p;
+					s->ev = (uint8_t)((s->ev & ~EV_USAGE) | EV_NOTDROP);
+					s->pending_ok = 0;
+				}
+				if (s->depth == 1 && (s->key & K_CHOICES)) {
+					if (c == '[') {
+						s->key = 0;
+						s->depth++;
+						s->lx = LX_CHOICES;
+						p++;
+						continue;
+					}
+					s->ev |= EV_NOTDROP;
+				}
+				if ((s->key & (K_CONTENT | K_TEXT)) && c == '"')
+					s->cnt = 1;
+				s->key = 0;
+			}
+			s->lx = LX_VAL;
+			continue;               /* c again, as a value */
+		case LX_CHOICES:
+			c = *p;
+			if (c == ' ' || c == '\t') {
+				p++;
+				continue;
+			}
+			if (c == '\r' || c == '\n')
+				return p;
+			if (c != ']')
+				s->ev |= EV_NOTDROP;
+			s->lx = LX_VAL;
+			continue;
+		default:
+			return p;               /* LX_ESC, LX_U */
+		}
+	}
+	return p;
+}
+
+/*
  * The data of the current line from in[i]: lexes up to the line's end (a CR
  * or LF, not consumed) or in[end], whichever comes first, and returns where
  * it stopped (earlier with f->stop set: the call ends there). Runs of bytes
@@ -993,9 +1292,15 @@ lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
 	const char *in = f->in, *p = in + i, *e = in + end, *q;
 	const char *cs = s->cap_depth ? p : NULL;
 	const char *nocand = NULL;      /* a comma cut with a first member */
+	struct blk b = { NULL, 0, 0, 0 };
 	char c;
 
 	while (p < e) {
+		if (s->mt == MT_NONE && cs == NULL && s->cap_depth == 0 && s->hs != H_PREFIX) {
+			/* the common path; what it leaves is a step for the code below */
+			if ((p = lex_fast(s, f, &b, p, e, nocand)) == e)
+				break;
+		}
 		c = *p;
 		if (s->mt != MT_NONE) {
 			if (c == '\r' || c == '\n')
