@@ -981,70 +981,101 @@ mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
 /*
  * Class masks of 64 bytes of a data line, computed once and read by
  * lex_fast() with a count of trailing zeros per token instead of a scan
- * per token. Bit j describes base[j]; bytes past the run's end read as a
- * line end, so a search never runs past it.
+ * per token. Bit j describes base[j]; the bytes from the run's end on are
+ * set in str and val as if they were line ends, so a search stops there.
  */
 struct blk {
 	const char *base;       /* NULL: nothing loaded yet */
+	const char *lo;         /* the call's input: loads may start there */
 	uint64_t str;           /* C_STR: " \ CR LF */
 	uint64_t val;           /* C_VAL: " CR LF { } [ ] */
-	uint64_t val1;          /* C_VAL1: C_VAL and , */
+	uint64_t cm;            /* commas (C_VAL1 is val | cm) */
 };
 
-static void
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+/* The three masks of 16 bytes v, shifted right by sh, placed at bit j. */
+static inline __attribute__((always_inline)) void
+chunk16(__m128i v, unsigned sh, unsigned j, uint64_t *str, uint64_t *val, uint64_t *cm)
+{
+	__m128i ql, br, v20;
+
+	ql = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+	    _mm_cmpeq_epi8(v, _mm_set1_epi8('\r'))), _mm_cmpeq_epi8(v, _mm_set1_epi8('\n')));
+	/* [ and ] are { and } with bit 5 clear: one compare each */
+	v20 = _mm_or_si128(v, _mm_set1_epi8(0x20));
+	br = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v20, _mm_set1_epi8('{')),
+	    _mm_cmpeq_epi8(v20, _mm_set1_epi8('}'))), ql);
+	*str |= (uint64_t)((unsigned)_mm_movemask_epi8(_mm_or_si128(ql,
+	    _mm_cmpeq_epi8(v, _mm_set1_epi8('\\')))) >> sh) << j;
+	*val |= (uint64_t)((unsigned)_mm_movemask_epi8(br) >> sh) << j;
+	*cm |= (uint64_t)((unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v,
+	    _mm_set1_epi8(','))) >> sh) << j;
+}
+#endif
+
+/*
+ * Masks of [p, p + 64), p < e; nothing at or past e is read. Out of line:
+ * once per 64 bytes, and it keeps blk_next() small enough to inline.
+ */
+static __attribute__((noinline)) void
 blk_load(struct blk *b, const char *p, const char *e)
 {
-	char pad[64];
-	const char *src = p;
-	uint64_t str = 0, val = 0, val1 = 0;
+	uint64_t str = 0, val = 0, cm = 0, endm = 0;
+	size_t len = (size_t)(e - p);
 	unsigned j;
 
-	if (e - p < 64) {
-		memcpy(pad, p, (size_t)(e - p));
-		memset(pad + (e - p), '\n', (size_t)(64 - (e - p)));
-		src = pad;
-	}
 #if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
-	{
-		const __m128i q = _mm_set1_epi8('"'), cr = _mm_set1_epi8('\r'),
-		    lf = _mm_set1_epi8('\n'), bs = _mm_set1_epi8('\\'),
-		    b20 = _mm_set1_epi8(0x20), ob = _mm_set1_epi8('{'),
-		    cb = _mm_set1_epi8('}'), cm = _mm_set1_epi8(',');
+	if (len >= 64) {
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)p), 0, 0,
+		    &str, &val, &cm);
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)), 0, 16,
+		    &str, &val, &cm);
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 32)), 0, 32,
+		    &str, &val, &cm);
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 48)), 0, 48,
+		    &str, &val, &cm);
+	} else {
+		endm = ~(uint64_t)0 << len;
+		for (j = 0; j + 16 <= len; j += 16)
+			chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + j)), 0, j,
+			    &str, &val, &cm);
+		if (j < len) {
+			char pad[16];
 
-		for (j = 0; j < 64; j += 16) {
-			__m128i v = _mm_loadu_si128((const __m128i *)(const void *)(src + j));
-			__m128i ql, br, v20;
-
-			ql = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, q),
-			    _mm_cmpeq_epi8(v, cr)), _mm_cmpeq_epi8(v, lf));
-			/* [ and ] are { and } with bit 5 clear: one compare each */
-			v20 = _mm_or_si128(v, b20);
-			br = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v20, ob),
-			    _mm_cmpeq_epi8(v20, cb)), ql);
-			str |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_or_si128(ql,
-			    _mm_cmpeq_epi8(v, bs))) << j;
-			val |= (uint64_t)(unsigned)_mm_movemask_epi8(br) << j;
-			val1 |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_or_si128(br,
-			    _mm_cmpeq_epi8(v, cm))) << j;
+			if (e - b->lo >= 16) {
+				/* the input's last 16 bytes, this chunk at their end */
+				chunk16(_mm_loadu_si128((const __m128i *)(const void *)(e - 16)),
+				    (unsigned)(16 - (len - j)), j, &str, &val, &cm);
+			} else {
+				memcpy(pad, p + j, len - j);
+				memset(pad + (len - j), ' ', 16 - (len - j));
+				chunk16(_mm_loadu_si128((const __m128i *)(const void *)pad), 0, j,
+				    &str, &val, &cm);
+			}
 		}
 	}
 #else
-	for (j = 0; j < 64; j++) {
-		unsigned k = cls[(unsigned char)src[j]];
+	if (len < 64)
+		endm = ~(uint64_t)0 << len;
+	for (j = 0; j < 64 && j < len; j++) {
+		unsigned k = cls[(unsigned char)p[j]];
 
 		str |= (uint64_t)((k & C_STR) != 0) << j;
 		val |= (uint64_t)((k & C_VAL) != 0) << j;
-		val1 |= (uint64_t)((k & C_VAL1) != 0) << j;
+		cm |= (uint64_t)(p[j] == ',') << j;
 	}
 #endif
 	b->base = p;
-	b->str = str;
-	b->val = val;
-	b->val1 = val1;
+	b->str = str | endm;
+	b->val = val | endm;
+	b->cm = cm & ~endm;
 }
 
-/* skip() on the masks: the first byte of [p, e) in class k, or e. */
-static inline const char *
+/*
+ * skip() on the masks: the first byte of [p, e) in class C_STR (k 0),
+ * C_VAL (k 1) or C_VAL1 (k 2), or e.
+ */
+static inline __attribute__((always_inline)) const char *
 blk_next(struct blk *b, const char *p, const char *e, unsigned k)
 {
 	uint64_t m;
@@ -1052,19 +1083,17 @@ blk_next(struct blk *b, const char *p, const char *e, unsigned k)
 	while (p < e) {
 		if (b->base == NULL || (uintptr_t)p - (uintptr_t)b->base >= 64)
 			blk_load(b, p, e);
-		m = k == C_STR ? b->str : k == C_VAL ? b->val : b->val1;
+		m = k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm;
 		m >>= (uintptr_t)p - (uintptr_t)b->base;
-		if (m != 0) {
-			p += __builtin_ctzll(m);
-			return p < e ? p : e;
-		}
+		if (m != 0)
+			return p + __builtin_ctzll(m);     /* at most e */
 		p = b->base + 64;
 	}
 	return e;
 }
 
 /* The recognised key the whole raw string p[0..n) is (K_*), or 0. */
-static inline uint8_t
+static inline unsigned
 key_of(const char *p, size_t n)
 {
 	switch (n) {
@@ -1081,54 +1110,154 @@ key_of(const char *p, size_t n)
 	}
 }
 
-/*
- * The common path of lex_run(): from p, lexes what the byte-at-a-time lexer
- * would take in the same way, with the same effect on s and f, a token at
- * a time on the masks of b, and returns where it stopped: at e, or at the
- * first byte it leaves to lex_run()'s own steps (a line end, the top level,
- * an escape at the run's end, the value of "usage": {, a comma at the top
- * level in drop mode that may start a "usage":null member or that needs
- * the hold decided first). Call only with no member being matched (mt), no
- * usage object being copied and the bytes not under H_PREFIX's one-byte
- * check. nocand: a comma that must not start a member.
- */
 static const char *
+blanks(const char *p, const char *e)
+{
+	while (p < e && (*p == ' ' || *p == '\t'))
+		p++;
+	return p;
+}
+
+/*
+ * Drop mode, depth 1, the lexer in value position at p: a comma (first 0)
+ * or the quote of the data object's first key (first 1), where mt_begin()
+ * would start matching a "usage":null member. Does what the matcher and
+ * the lexer together would do, when nothing is held from earlier calls and
+ * no early end of the call is due, and returns
+ *   1  a key other than "usage" follows: *np is the byte after its quote;
+ *   2  a "usage":null member, cut from the output: *np is where the lexer
+ *      goes on in value position after it (at the comma or brace that ends
+ *      it; past that comma for a first member, which takes it along);
+ *   0  anything else, nothing done: lex_run()'s own steps take p.
+ */
+static int
+top_member(struct sl_usage_scan *s, struct feed *f, const char *p, const char *e,
+    int first, const char **np)
+{
+	const char *r = first ? p : blanks(p + 1, e), *k, *z;
+	size_t i = (size_t)(p - f->in), tent;
+	int h;
+
+	if (s->hold_len != 0 || f->out->held_len != 0 ||
+	    f->out->n + 3 > SL_USAGE_MAX_RANGES ||
+	    e - r < 2 || *r != '"' || r[1] == '\r' || r[1] == '\n')
+		return 0;
+	/* still held after mt_begin()'s check (else flushed: nothing to release) */
+	h = held(s) && !(s->ev & (EV_NOTDROP | EV_BAD)) &&
+	    i - f->tent_s <= SL_USAGE_MAX_EVENT;
+	tent = h ? f->tent_s : i;
+	if (r[1] != 'u') {
+		/* the matcher gives up at r[1]; the lexer is in the key */
+		*np = r + 1;
+		goto begun;
+	}
+	k = r + 1;
+	if (e - k < 6 || memcmp(k, "usage\"", 6) != 0)
+		return 0;
+	k = blanks(k + 6, e);
+	if (k == e || *k != ':')
+		return 0;
+	k = blanks(k + 1, e);
+	if (e - k < 4 || memcmp(k, "null", 4) != 0)
+		return 0;
+	z = k + 4;
+	k = blanks(z, e);
+	if (k == e || (*k != ',' && *k != '}') ||
+	    (size_t)(k - f->in) - tent > SL_USAGE_MAX_EVENT)
+		return 0;
+	/* strip(): nothing held, so the member is cut from this call's bytes */
+	emit(f, i);
+	if (first && *k == ',') {
+		f->run_s = (size_t)(k + 1 - f->in);
+		*np = k + 1;
+	} else {
+		f->run_s = (size_t)(z - f->in);
+		*np = k;
+	}
+	/* "usage": null: not the usage event (key_value()) */
+	s->ev = (uint8_t)((s->ev & ~EV_USAGE) | EV_NOTDROP);
+	s->pending_ok = 0;
+	s->hs = H_PASS;
+	if (!h)
+		f->tent_s = i;
+	return 2;
+begun:
+	if (!h) {
+		s->hs = H_PASS;
+		f->tent_s = i;
+	}
+	return 1;
+}
+
+/*
+ * The common path of lex_run(): from p, takes the bytes the way lex_run()
+ * and the matcher would, with the same effect on s and f, a token at a time
+ * on the masks in b, and returns where it stopped: at e, or at the first
+ * byte it leaves to lex_run()'s own steps (a line end, the top level, an
+ * escape at the run's end, the value of "usage": {, a top-level member in
+ * drop mode that needs the hold buffer, the usage event). Call only with no
+ * member being matched, no usage object being copied and the bytes not
+ * under H_PREFIX's one-byte check. nocand: a comma that starts no member.
+ * The lexer's hot fields live in locals and are written back on return.
+ */
+static __attribute__((noinline)) const char *
 lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
     const char *e, const char *nocand)
 {
-	const char *q, *r;
+	uint64_t content = s->content_bytes;
+	unsigned lx = s->lx, depth = s->depth, kmask = s->kmask, key = s->key;
+	unsigned cnt = s->cnt, m, k;
+	int fresh = kmask == K_ALL && s->kpos == 0;   /* no byte of the string taken */
+	const char *q;
 	size_t n;
 	char c;
 
 	while (p < e) {
-		switch (s->lx) {
+		switch (lx) {
 		case LX_VAL:
-			if (s->depth == 0 || s->first)
-				return p;
-			q = blk_next(b, p, e, s->drop && s->depth == 1 ? C_VAL1 : C_VAL);
-			if (q == e)
-				return e;
-			p = q;
-			c = *p;
-			switch (c) {
+			if (depth == 0)
+				goto out;
+			if (s->first) {
+				c = *p;
+				if (c == ' ' || c == '\t') {
+					p++;
+					continue;
+				}
+				if (c == '\r' || c == '\n')
+					goto out;
+				if (c == '"' && s->drop && depth == 1 && !(s->ev & EV_BAD) &&
+				    p != nocand) {
+					if ((k = (unsigned)top_member(s, f, p, e, 1, &q)) == 0)
+						goto out;
+					s->first = 0;
+					p = q;
+					goto member;
+				}
+				s->first = 0;
+			}
+			p = blk_next(b, p, e, s->drop && depth == 1 ? 2 : 1);
+			if (p == e)
+				goto out;
+			switch (*p) {
 			case '"':
-				s->lx = LX_STR;
-				s->kmask = K_ALL;
+				lx = LX_STR;
+				kmask = K_ALL;
 				s->kpos = 0;
+				fresh = 1;
 				p++;
 				continue;
 			case '{':
 			case '[':
-				if (s->depth == UINT16_MAX)
-					return p;
-				s->depth++;
+				if (depth == UINT16_MAX)
+					goto out;
+				depth++;
 				p++;
 				continue;
 			case '}':
 			case ']':
-				s->depth--;
+				depth--;
 				p++;
-				if (s->depth == 0) {
+				if (depth == 0) {
 					s->top = TOP_CLOSED;
 					if (!(s->ev & EV_USAGE))
 						s->ev |= EV_NOTDROP;
@@ -1137,93 +1266,120 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 			case ',':
 				break;
 			default:
-				return p;       /* a line end */
+				goto out;       /* a line end */
 			}
-			/*
-			 * A comma at the top level in drop mode. Followed by blanks,
-			 * a quote and anything but a u or a line end, the member
-			 * matcher would begin here and give up at that byte: do what
-			 * it leaves behind (mt_begin()'s flush and tent_s, the quote
-			 * lexed), when nothing is held from earlier calls and no
-			 * early end of the call is due.
-			 */
+			/* a comma at the top level in drop mode */
 			if ((s->ev & EV_BAD) || p == nocand) {
-				p++;            /* a plain comma: value() ignores it */
+				p++;            /* value() ignores it */
 				continue;
 			}
-			for (r = p + 1; r < e && (*r == ' ' || *r == '\t'); r++)
-				;
-			if (e - r < 2 || *r != '"' || r[1] == 'u' || r[1] == '\r' ||
-			    r[1] == '\n' || s->hold_len != 0 || f->out->held_len != 0 ||
-			    f->out->n + 3 > SL_USAGE_MAX_RANGES)
-				return p;
-			if (held(s) && ((s->ev & (EV_NOTDROP | EV_BAD)) ||
-			    (size_t)(p - f->in) - f->tent_s > SL_USAGE_MAX_EVENT))
-				s->hs = H_PASS;         /* flush(): nothing to release */
-			if (!held(s))
-				f->tent_s = (size_t)(p - f->in);
-			s->lx = LX_STR;
-			s->kmask = K_ALL;
-			s->kpos = 0;
-			p = r + 1;
+			if ((k = (unsigned)top_member(s, f, p, e, 0, &q)) == 0)
+				goto out;
+			p = q;
+member:
+			if (k == 1) {
+				lx = LX_STR;
+				kmask = K_ALL;
+				s->kpos = 0;
+				fresh = 1;
+			} else {
+				/* as the lexer leaves "usage": null */
+				lx = LX_VAL;
+				kmask = K_USAGE;
+				s->kpos = 5;
+				key = 0;
+				cnt = 0;
+			}
 			continue;
 		case LX_STR:
-			q = blk_next(b, p, e, C_STR);
+			q = blk_next(b, p, e, 0);
 			n = (size_t)(q - p);
-			if (s->cnt)
-				s->content_bytes += n;
+			if (cnt)
+				content += n;
 			if (q < e && *q == '"') {
-				if (s->kmask == K_ALL && s->kpos == 0) {
-					/* the whole string is p[0..n): its key at once */
-					s->lx = LX_AFTER_STR;
-					s->cnt = 0;
-					s->kmask = s->key = key_of(p, n);
-				} else {
-					if (s->kmask && n > 0)
+				if (fresh)
+					kmask = key_of(p, n);   /* the whole string is p[0..n) */
+				else if (kmask) {
+					if (n > 0) {
+						s->kmask = (uint8_t)kmask;
 						key_run(s, p, n, 1);
-					string_end(s);
+					}
+					/* string_end(): only keys of this length */
+					for (m = 0, k = 0; k < 4; k++)
+						if ((s->kmask & (1u << k)) && keylen[k] == s->kpos)
+							m |= 1u << k;
+					kmask = m;
 				}
+				key = kmask;
+				cnt = 0;
+				lx = LX_AFTER_STR;
 				p = q + 1;
+				/*
+				 * What usually follows, without a round through the
+				 * states: a key that is none of ours, its colon and a
+				 * string value; a string value, a comma and the next
+				 * key (a plain comma: not at the top level in drop
+				 * mode). The lexer would take the same bytes the same
+				 * way (value position at depth > 0: a quote opens a
+				 * string).
+				 */
+				if (e - p >= 2 && p[1] == '"' && depth > 0 && !s->first &&
+				    ((p[0] == ':' && key == 0) ||
+				    (p[0] == ',' && !(s->drop && depth == 1)))) {
+					key = 0;
+					lx = LX_STR;
+					kmask = K_ALL;
+					s->kpos = 0;
+					fresh = 1;
+					p += 2;
+				}
 				continue;
 			}
-			if (s->kmask && n > 0)
-				key_run(s, p, n, 0);
-			if (q == e || *q != '\\')
-				return q;               /* a line end */
-			if (s->cnt)
-				s->content_bytes++;
-			s->kmask = 0;
-			/* the escaped byte (and a \u's four) while on this line */
-			r = q + 1;
-			if (r == e || *r == '\r' || *r == '\n') {
-				s->lx = LX_ESC;
-				return r;
-			}
-			if (*r == 'u') {
-				if (e - r < 5 || r[1] == '\r' || r[1] == '\n' || r[2] == '\r' ||
-				    r[2] == '\n' || r[3] == '\r' || r[3] == '\n' ||
-				    r[4] == '\r' || r[4] == '\n') {
-					s->lx = LX_ESC;
-					return r;
+			if (q == e || *q != '\\') {
+				if (kmask && n > 0) {
+					s->kmask = (uint8_t)kmask;
+					key_run(s, p, n, 0);
+					kmask = s->kmask;
+					fresh = 0;
 				}
-				r += 4;
+				p = q;
+				goto out;               /* a line end */
+			}
+			if (cnt)
+				content++;
+			kmask = 0;
+			fresh = 0;
+			/* the escaped byte (and a \u's four) while on this line */
+			p = q + 1;
+			if (p == e || *p == '\r' || *p == '\n') {
+				lx = LX_ESC;
+				goto out;
+			}
+			if (*p == 'u') {
+				if (e - p < 5 || p[1] == '\r' || p[1] == '\n' || p[2] == '\r' ||
+				    p[2] == '\n' || p[3] == '\r' || p[3] == '\n' ||
+				    p[4] == '\r' || p[4] == '\n') {
+					lx = LX_ESC;
+					goto out;
+				}
+				p += 4;
 				s->ux = 0;      /* as LX_U leaves it */
 			} else
 				s->ux = 4;
-			p = r + 1;
+			p++;
 			continue;
 		case LX_AFTER_STR:
 			c = *p;
 			if (c == ':') {
-				s->lx = LX_AFTER_COLON;
+				lx = LX_AFTER_COLON;
 				p++;
 			} else if (c == ' ' || c == '\t')
 				p++;
 			else if (c == '\r' || c == '\n')
-				return p;
+				goto out;
 			else {
-				s->key = 0;
-				s->lx = LX_VAL;
+				key = 0;
+				lx = LX_VAL;
 			}
 			continue;
 		case LX_AFTER_COLON:
@@ -1233,30 +1389,30 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				continue;
 			}
 			if (c == '\r' || c == '\n')
-				return p;
-			if (s->key) {
+				goto out;
+			if (key) {
 				/* key_value(), but for the usage object's copy */
-				if (s->depth == 1 && (s->key & K_USAGE)) {
+				if (depth == 1 && (key & K_USAGE)) {
 					if (c == '{')
-						return p;
+						goto out;
 					s->ev = (uint8_t)((s->ev & ~EV_USAGE) | EV_NOTDROP);
 					s->pending_ok = 0;
 				}
-				if (s->depth == 1 && (s->key & K_CHOICES)) {
+				if (depth == 1 && (key & K_CHOICES)) {
 					if (c == '[') {
-						s->key = 0;
-						s->depth++;
-						s->lx = LX_CHOICES;
+						key = 0;
+						depth++;
+						lx = LX_CHOICES;
 						p++;
 						continue;
 					}
 					s->ev |= EV_NOTDROP;
 				}
-				if ((s->key & (K_CONTENT | K_TEXT)) && c == '"')
-					s->cnt = 1;
-				s->key = 0;
+				if ((key & (K_CONTENT | K_TEXT)) && c == '"')
+					cnt = 1;
+				key = 0;
 			}
-			s->lx = LX_VAL;
+			lx = LX_VAL;
 			continue;               /* c again, as a value */
 		case LX_CHOICES:
 			c = *p;
@@ -1265,15 +1421,22 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				continue;
 			}
 			if (c == '\r' || c == '\n')
-				return p;
+				goto out;
 			if (c != ']')
 				s->ev |= EV_NOTDROP;
-			s->lx = LX_VAL;
+			lx = LX_VAL;
 			continue;
 		default:
-			return p;               /* LX_ESC, LX_U */
+			goto out;               /* LX_ESC, LX_U */
 		}
 	}
+out:
+	s->content_bytes = content;
+	s->lx = (uint8_t)lx;
+	s->depth = (uint16_t)depth;
+	s->kmask = (uint8_t)kmask;
+	s->key = (uint8_t)key;
+	s->cnt = (uint8_t)cnt;
 	return p;
 }
 
@@ -1292,7 +1455,7 @@ lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
 	const char *in = f->in, *p = in + i, *e = in + end, *q;
 	const char *cs = s->cap_depth ? p : NULL;
 	const char *nocand = NULL;      /* a comma cut with a first member */
-	struct blk b = { NULL, 0, 0, 0 };
+	struct blk b = { NULL, in, 0, 0, 0 };
 	char c;
 
 	while (p < e) {
