@@ -14,16 +14,20 @@
  *   lexer  a JSON tokenizer over the data of the current event, just enough
  *          to know nesting depth, strings, and which key a value belongs to
  *          ("usage", "choices", "content", "text"); it takes a data line as
- *          one run and jumps (16 bytes at a time with SSE2) over the bytes
- *          that cannot change its state: inside a string all but the quote,
- *          backslash and line ends; between values below the top level all
- *          but quotes, brackets and line ends;
+ *          one run and jumps over the bytes that cannot change its state:
+ *          inside a string all but the quote, backslash and line ends;
+ *          between values below the top level all but quotes, brackets and
+ *          line ends. Its common path, lex_fast(), reads class masks of 64
+ *          bytes (SSE2, or AVX2 where the CPU has it; a scalar loop
+ *          elsewhere) a token at a time and decides a key once per string;
+ *          what it does not cover it leaves to lex_run()'s own steps;
  *   hold   (drop mode) whether the current event's bytes are forwarded,
  *          held until known, or dropped.
  * Its observable behaviour is that of the byte-at-a-time scanner it
  * replaced, kept in tests/ref: the fuzz target compares the two.
- * Only the bytes of a `usage` object value are copied; they are parsed with
- * jansson when the object closes and committed when its event ends.
+ * Only the bytes of a `usage` object value are copied; they are read when
+ * the object closes (usage_fast(), or jansson for anything unusual) and
+ * committed when its event ends.
  */
 #include "config.h"
 
@@ -34,6 +38,11 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(SL_USAGE_NO_SIMD) && \
+    !defined(SL_USAGE_NO_AVX2)
+#include <immintrin.h>
+#define SL_USAGE_AVX2 1         /* used when the CPU has it (checked per block) */
 #endif
 
 #include "sl_usage.h"
@@ -532,6 +541,144 @@ cap_add(struct sl_usage_scan *s, const char *p, size_t n)
 		s->ev |= EV_CAPFAIL;
 }
 
+/*
+ * The usage object as runners send it, read without jansson: an object
+ * whose members are plain ASCII keys (no escapes) with values that are
+ * integers of at most 18 digits, null, true, false, or objects of such
+ * members one level down (OpenAI's *_tokens_details). The last of a
+ * duplicate key wins, as in jansson. Returns 1 with *u filled when it is
+ * a usage object as usage_from_obj() reads it, 0 when jansson would parse
+ * it but usage_from_obj() would not take it, -1 for anything else (let
+ * jansson decide).
+ */
+enum { UF_NONE, UF_INT, UF_OTHER };
+
+static int
+usage_fast(const char *p, size_t len, struct sl_usage *u)
+{
+	const char *e = p + len, *ks, *ds;
+	int st[3] = { UF_NONE, UF_NONE, UF_NONE }, level = 0, t, k;
+	uint64_t v[3] = { 0, 0, 0 }, x = 0;
+	size_t kl;
+
+#define UF_WS(q) while ((q) < e && JSON_WS(*(q))) (q)++
+	UF_WS(p);
+	if (p == e || *p != '{')
+		return -1;
+	p++;
+	UF_WS(p);
+	if (p < e && *p == '}') {
+		p++;
+		goto closed;
+	}
+	for (;;) {
+		/* a member: "key" : value */
+		if (p == e || *p != '"')
+			return -1;
+		ks = ++p;
+		while (p < e && *p != '"') {
+			if (*p == '\\' || (unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+				return -1;
+			p++;
+		}
+		if (p == e)
+			return -1;
+		kl = (size_t)(p - ks);
+		p++;
+		UF_WS(p);
+		if (p == e || *p != ':')
+			return -1;
+		p++;
+		UF_WS(p);
+		if (p == e)
+			return -1;
+		k = -1;
+		if (level == 0) {
+			if (kl == 13 && memcmp(ks, "prompt_tokens", 13) == 0)
+				k = 0;
+			else if (kl == 17 && memcmp(ks, "completion_tokens", 17) == 0)
+				k = 1;
+			else if (kl == 12 && memcmp(ks, "total_tokens", 12) == 0)
+				k = 2;
+		}
+		if (*p >= '0' && *p <= '9') {
+			/* no leading zero, fraction or exponent: jansson's integer */
+			ds = p;
+			for (x = 0; p < e && *p >= '0' && *p <= '9'; p++) {
+				if (p - ds == 18)
+					return -1;
+				x = x * 10 + (uint64_t)(*p - '0');
+			}
+			if ((*ds == '0' && p - ds > 1) ||
+			    (p < e && (*p == '.' || *p == 'e' || *p == 'E')))
+				return -1;
+			t = UF_INT;
+		} else if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
+			p += 4;
+			t = UF_OTHER;
+		} else if (e - p >= 4 && memcmp(p, "true", 4) == 0) {
+			p += 4;
+			t = UF_OTHER;
+		} else if (e - p >= 5 && memcmp(p, "false", 5) == 0) {
+			p += 5;
+			t = UF_OTHER;
+		} else if (*p == '{' && level == 0) {
+			p++;
+			UF_WS(p);
+			if (k >= 0) {
+				st[k] = UF_OTHER;
+				k = -1;
+			}
+			if (p < e && *p == '}') {
+				p++;
+				t = UF_OTHER;
+			} else {
+				level = 1;
+				continue;
+			}
+		} else
+			return -1;
+		if (k >= 0) {
+			st[k] = t;
+			v[k] = t == UF_INT ? x : 0;
+		}
+		UF_WS(p);
+		if (p < e && *p == ',') {
+			p++;
+			UF_WS(p);
+			continue;
+		}
+		if (p == e || *p != '}')
+			return -1;
+		p++;
+		if (level == 1) {
+			level = 0;
+			UF_WS(p);
+			if (p < e && *p == ',') {
+				p++;
+				UF_WS(p);
+				continue;
+			}
+			if (p == e || *p != '}')
+				return -1;
+			p++;
+		}
+		break;
+	}
+closed:
+	UF_WS(p);
+#undef UF_WS
+	if (p != e)
+		return -1;
+	if (st[0] != UF_INT || st[1] != UF_INT || st[2] == UF_OTHER)
+		return 0;
+	u->have = 1;
+	u->prompt_tokens = v[0];
+	u->completion_tokens = v[1];
+	u->total_tokens = st[2] == UF_INT ? v[2] : v[0] + v[1];
+	return 1;
+}
+
 /* The usage object closed: parse the copy; the result waits for the event's end. */
 static void
 capture_done(struct sl_usage_scan *s)
@@ -539,11 +686,21 @@ capture_done(struct sl_usage_scan *s)
 	struct sl_usage u;
 	json_error_t err;
 	json_t *o;
+	int r;
 
 	s->cap_depth = 0;
 	s->pending_ok = 0;
 	if (s->ev & EV_CAPFAIL)
 		return;
+	if ((r = usage_fast(s->cap, s->cap_len, &u)) >= 0) {
+		if (r == 1) {
+			s->p_prompt = u.prompt_tokens;
+			s->p_completion = u.completion_tokens;
+			s->p_total = u.total_tokens;
+			s->pending_ok = 1;
+		}
+		return;
+	}
 	if ((o = json_loadb(s->cap, s->cap_len, 0, &err)) == NULL)
 		return;
 	if (usage_from_obj(o, &u) == 0) {
@@ -1013,6 +1170,37 @@ chunk16(__m128i v, unsigned sh, unsigned j, uint64_t *str, uint64_t *val, uint64
 }
 #endif
 
+#ifdef SL_USAGE_AVX2
+/* blk_load() of 64 whole bytes with AVX2: two 32-byte halves. */
+static __attribute__((target("avx2"))) void
+blk_load64_avx2(struct blk *b, const char *p)
+{
+	uint64_t str = 0, val = 0, cm = 0;
+	unsigned j;
+
+	for (j = 0; j < 64; j += 32) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(p + j));
+		__m256i ql, br, v20;
+
+		ql = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('"')),
+		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r'))),
+		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n')));
+		v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20));
+		br = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v20,
+		    _mm256_set1_epi8('{')), _mm256_cmpeq_epi8(v20, _mm256_set1_epi8('}'))), ql);
+		str |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql,
+		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\\')))) << j;
+		val |= (uint64_t)(uint32_t)_mm256_movemask_epi8(br) << j;
+		cm |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v,
+		    _mm256_set1_epi8(','))) << j;
+	}
+	b->base = p;
+	b->str = str;
+	b->val = val;
+	b->cm = cm;
+}
+#endif
+
 /*
  * Masks of [p, p + 64), p < e; nothing at or past e is read. Out of line:
  * once per 64 bytes, and it keeps blk_next() small enough to inline.
@@ -1024,6 +1212,12 @@ blk_load(struct blk *b, const char *p, const char *e)
 	size_t len = (size_t)(e - p);
 	unsigned j;
 
+#ifdef SL_USAGE_AVX2
+	if (len >= 64 && __builtin_cpu_supports("avx2")) {
+		blk_load64_avx2(b, p);
+		return;
+	}
+#endif
 #if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
 	if (len >= 64) {
 		chunk16(_mm_loadu_si128((const __m128i *)(const void *)p), 0, 0,
@@ -1272,6 +1466,20 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 			if ((s->ev & EV_BAD) || p == nocand) {
 				p++;            /* value() ignores it */
 				continue;
+			}
+			if (e - p > 2 && p[1] == '"' && p[2] != 'u' && p[2] != '\r' &&
+			    p[2] != '\n' && s->hold_len == 0 && f->out->held_len == 0 &&
+			    f->out->n + 3 <= SL_USAGE_MAX_RANGES) {
+				/* top_member()'s usual case, inline: a key that is not "usage" */
+				n = (size_t)(p - f->in);
+				if (held(s) && ((s->ev & (EV_NOTDROP | EV_BAD)) ||
+				    n - f->tent_s > SL_USAGE_MAX_EVENT))
+					s->hs = H_PASS;
+				if (!held(s))
+					f->tent_s = n;
+				p += 2;
+				k = 1;
+				goto member;
 			}
 			if ((k = (unsigned)top_member(s, f, p, e, 0, &q)) == 0)
 				goto out;
