@@ -1384,6 +1384,30 @@ begun:
 }
 
 /*
+ * top_member()'s usual case, inline: at p a top-level comma in drop mode
+ * (not in a bad event, not nocand) and at p + 1 the quote of a key that
+ * does not start with u, nothing held from earlier calls, no early end
+ * due: the matcher would give up at p + 2, leaving what is done here. 1 if
+ * it is that case (the caller goes on in the key's string at p + 2).
+ */
+static inline int
+comma_key(struct sl_usage_scan *s, struct feed *f, const char *p, const char *e)
+{
+	size_t i;
+
+	if (e - p <= 2 || p[1] != '"' || p[2] == 'u' || p[2] == '\r' || p[2] == '\n' ||
+	    s->hold_len != 0 || f->out->held_len != 0 ||
+	    f->out->n + 3 > SL_USAGE_MAX_RANGES)
+		return 0;
+	i = (size_t)(p - f->in);
+	if (held(s) && ((s->ev & (EV_NOTDROP | EV_BAD)) || i - f->tent_s > SL_USAGE_MAX_EVENT))
+		s->hs = H_PASS;         /* mt_begin()'s flush: nothing to release */
+	if (!held(s))
+		f->tent_s = i;
+	return 1;
+}
+
+/*
  * The common path of lex_run(): from p, takes the bytes the way lex_run()
  * and the matcher would, with the same effect on s and f, a token at a time
  * on the masks in b, and returns where it stopped: at e, or at the first
@@ -1429,10 +1453,19 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				}
 				s->first = 0;
 			}
-			p = blk_next(b, p, e, s->drop && depth == 1 ? 2 : 1);
-			if (p == e)
-				goto out;
-			switch (*p) {
+			/*
+			 * The byte here is usually a token already (after a colon,
+			 * a bracket or a key's quote): taken without the masks.
+			 */
+			c = *p;
+			if (c != '"' && c != '{' && c != '}' && c != '[' && c != ']' &&
+			    !(c == ',' && s->drop && depth == 1)) {
+				p = blk_next(b, p, e, s->drop && depth == 1 ? 2 : 1);
+				if (p == e)
+					goto out;
+				c = *p;
+			}
+			switch (c) {
 			case '"':
 				lx = LX_STR;
 				kmask = K_ALL;
@@ -1467,16 +1500,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				p++;            /* value() ignores it */
 				continue;
 			}
-			if (e - p > 2 && p[1] == '"' && p[2] != 'u' && p[2] != '\r' &&
-			    p[2] != '\n' && s->hold_len == 0 && f->out->held_len == 0 &&
-			    f->out->n + 3 <= SL_USAGE_MAX_RANGES) {
-				/* top_member()'s usual case, inline: a key that is not "usage" */
-				n = (size_t)(p - f->in);
-				if (held(s) && ((s->ev & (EV_NOTDROP | EV_BAD)) ||
-				    n - f->tent_s > SL_USAGE_MAX_EVENT))
-					s->hs = H_PASS;
-				if (!held(s))
-					f->tent_s = n;
+			if (comma_key(s, f, p, e)) {
 				p += 2;
 				k = 1;
 				goto member;
@@ -1533,7 +1557,8 @@ member:
 				 */
 				if (e - p >= 2 && p[1] == '"' && depth > 0 && !s->first &&
 				    ((p[0] == ':' && key == 0) ||
-				    (p[0] == ',' && !(s->drop && depth == 1)))) {
+				    (p[0] == ',' && (!(s->drop && depth == 1) ||
+				    (!(s->ev & EV_BAD) && p != nocand && comma_key(s, f, p, e)))))) {
 					key = 0;
 					lx = LX_STR;
 					kmask = K_ALL;
