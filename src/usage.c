@@ -1692,7 +1692,8 @@ lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
 	char c;
 
 	while (p < e) {
-		if (s->mt == MT_NONE && cs == NULL && s->cap_depth == 0 && s->hs != H_PREFIX) {
+		if (s->mt == MT_NONE && cs == NULL && s->cap_depth == 0 && s->hs != H_PREFIX &&
+		    (s->depth > 0 || s->lx != LX_VAL)) {   /* (it leaves the top level alone) */
 			/* the common path; what it leaves is a step for the code below */
 			if ((p = lex_fast(s, f, &b, p, e, nocand)) == e)
 				break;
