@@ -382,10 +382,16 @@ sl_usage_request(const char *body, size_t len, int inject, struct sl_usage_req *
 	nb[len - del + il] = '\0';
 
 	/* The proof: the new body is the old one plus the member, nothing else. */
-	if (so == NULL || json_is_null(so))
-		rc = json_object_set_new(root, "stream_options",
-		    json_pack("{s:b}", "include_usage", 1));
-	else
+	if (so == NULL || json_is_null(so)) {
+		/* {"include_usage":true}, built without json_pack()'s format parser */
+		json_t *o = json_object();
+
+		if (o != NULL && json_object_set_new(o, "include_usage", json_true()) != 0) {
+			json_decref(o);
+			o = NULL;
+		}
+		rc = json_object_set_new(root, "stream_options", o);   /* NULL: -1 */
+	} else
 		rc = json_object_set_new(so, "include_usage", json_true());
 	if (rc != 0) {
 		rc = -1;
