@@ -1430,7 +1430,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 {
 	uint64_t content = s->content_bytes;
 	unsigned lx = s->lx, depth = s->depth, kmask = s->kmask, key = s->key;
-	unsigned cnt = s->cnt, m, k;
+	unsigned cnt = s->cnt, m, k, first = s->first, drop = s->drop;
 	int fresh = kmask == K_ALL && s->kpos == 0;   /* no byte of the string taken */
 	const char *q;
 	size_t n;
@@ -1441,7 +1441,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 		case LX_VAL:
 			if (depth == 0)
 				goto out;
-			if (s->first) {
+			if (first) {
 				c = *p;
 				if (c == ' ' || c == '\t') {
 					p++;
@@ -1449,15 +1449,15 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				}
 				if (c == '\r' || c == '\n')
 					goto out;
-				if (c == '"' && s->drop && depth == 1 && !(s->ev & EV_BAD) &&
+				if (c == '"' && drop && depth == 1 && !(s->ev & EV_BAD) &&
 				    p != nocand) {
 					if ((k = (unsigned)top_member(s, f, p, e, 1, &q)) == 0)
 						goto out;
-					s->first = 0;
+					first = 0;
 					p = q;
 					goto member;
 				}
-				s->first = 0;
+				first = 0;
 			}
 			/*
 			 * The byte here is usually a token already (after a colon,
@@ -1465,8 +1465,8 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 			 */
 			c = *p;
 			if (c != '"' && c != '{' && c != '}' && c != '[' && c != ']' &&
-			    !(c == ',' && s->drop && depth == 1)) {
-				p = blk_next(b, p, e, s->drop && depth == 1 ? 2 : 1);
+			    !(c == ',' && drop && depth == 1)) {
+				p = blk_next(b, p, e, drop && depth == 1 ? 2 : 1);
 				if (p == e)
 					goto out;
 				c = *p;
@@ -1561,9 +1561,9 @@ member:
 				 * way (value position at depth > 0: a quote opens a
 				 * string).
 				 */
-				if (e - p >= 2 && p[1] == '"' && depth > 0 && !s->first &&
+				if (e - p >= 2 && p[1] == '"' && depth > 0 && !first &&
 				    ((p[0] == ':' && key == 0) ||
-				    (p[0] == ',' && (!(s->drop && depth == 1) ||
+				    (p[0] == ',' && (!(drop && depth == 1) ||
 				    (!(s->ev & EV_BAD) && p != nocand && comma_key(s, f, p, e)))))) {
 					key = 0;
 					lx = LX_STR;
@@ -1676,6 +1676,7 @@ out:
 	s->kmask = (uint8_t)kmask;
 	s->key = (uint8_t)key;
 	s->cnt = (uint8_t)cnt;
+	s->first = (uint8_t)first;
 	return p;
 }
 
