@@ -8,8 +8,10 @@
  * content chunks of about 256 bytes, the usage chunk, [DONE]. The "null"
  * variant ends every content chunk in ,"usage":null as vLLM and OpenAI do
  * once include_usage is on. It is fed as the relay feeds it (each read
- * until consumed) in reads of 16 KiB and of 100 bytes, with the usage
- * event dropped (sluice injected the option) and kept (the client asked).
+ * until consumed) in reads of 16 KiB, of one event each (read "event": a
+ * runner that flushes every chunk, as the relay sees bench/throughput's
+ * stub) and of 100 bytes, with the usage event dropped (sluice injected
+ * the option) and kept (the client asked).
  * Each cell is the best of several timed repetitions of about 2 ms of
  * thread CPU time (the machine is shared), the two scanners alternating;
  * memcpy of the same bytes is printed for scale. Before timing,
@@ -80,6 +82,32 @@ make_stream(int with_null, size_t *len)
 	return b;
 }
 
+/* Read sizes "one event", by the offset where each read starts (mark_events). */
+static uint16_t evread[64 * 1024];
+
+static void
+mark_events(const char *in, size_t len)
+{
+	size_t off = 0;
+	const char *ev;
+
+	while (off < len) {
+		ev = memmem(in + off, len - off, "\n\n", 2);
+		evread[off] = (uint16_t)(ev != NULL ? (size_t)(ev + 2 - (in + off)) : len - off);
+		off += evread[off];
+	}
+}
+
+/* Bytes of the next read at off: rd, or (rd 0) through the next blank line. */
+static size_t
+read_len(const char *in, size_t len, size_t off, size_t rd)
+{
+	(void)in;
+	if (rd != 0)
+		return len - off < rd ? len - off : rd;
+	return evread[off];
+}
+
 static double
 now_ns(void)
 {
@@ -100,7 +128,7 @@ run_new(const char *in, size_t len, size_t rd, int drop, struct sl_usage *u, uin
 
 	sl_usage_scan_init(&s, drop);
 	while (off < len) {
-		want = len - off < rd ? len - off : rd;
+		want = read_len(in, len, off, rd);
 		while (want > 0) {
 			used = sl_usage_scan_feed(&s, in + off, want, &o);
 			outn += o.held_len;
@@ -126,7 +154,7 @@ run_ref(const char *in, size_t len, size_t rd, int drop, struct sl_usage *u, uin
 
 	ref_scan_init(&s, drop);
 	while (off < len) {
-		want = len - off < rd ? len - off : rd;
+		want = read_len(in, len, off, rd);
 		while (want > 0) {
 			used = ref_scan_feed(&s, in + off, want, &o);
 			outn += o.held_len;
@@ -151,7 +179,7 @@ run_memcpy(const char *in, size_t len, size_t rd, int drop, struct sl_usage *u, 
 
 	(void)drop;
 	for (off = 0; off < len; off += n) {
-		n = len - off < rd ? len - off : rd;
+		n = read_len(in, len, off, rd);
 		memcpy(dst, in + off, n);
 		sum += (unsigned char)dst[n - 1];
 	}
@@ -215,7 +243,7 @@ time_cell(runner *rs, double *best, int nr, const char *in, size_t len, size_t r
 int
 main(int argc, char **argv)
 {
-	static const size_t reads[] = { 16384, 100 };
+	static const size_t reads[] = { 16384, 0, 100 };   /* 0: one event */
 	double ms = argc > 1 ? atof(argv[1]) : 150;
 	int v, d, k;
 
@@ -225,12 +253,15 @@ main(int argc, char **argv)
 		size_t len;
 		char *in = make_stream(v, &len);
 
+		mark_events(in, len);
+
 		for (d = 1; d >= 0; d--) {
-			for (k = 0; k < 2; k++) {
+			for (k = 0; k < 3; k++) {
 				struct sl_usage ua, ub;
 				uint64_t ca, cb;
 				runner rs[3] = { run_ref, run_new, run_memcpy };
 				double best[3];
+				char rdn[16];
 
 				run_ref(in, len, reads[k], d, &ua, &ca);
 				run_new(in, len, reads[k], d, &ub, &cb);
@@ -241,8 +272,9 @@ main(int argc, char **argv)
 					return 1;
 				}
 				time_cell(rs, best, 3, in, len, reads[k], d, ms);
-				printf("%-6s %-5s %6zu %7zu | %9.3f %9.3f %9.3f | %6.1fx\n",
-				    v ? "null" : "plain", d ? "on" : "off", reads[k], len,
+				snprintf(rdn, sizeof(rdn), "%zu", reads[k]);
+				printf("%-6s %-5s %6s %7zu | %9.3f %9.3f %9.3f | %6.1fx\n",
+				    v ? "null" : "plain", d ? "on" : "off", reads[k] ? rdn : "event", len,
 				    best[0], best[1], best[2], best[0] / best[1]);
 				fflush(stdout);
 			}

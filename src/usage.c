@@ -14,16 +14,20 @@
  *   lexer  a JSON tokenizer over the data of the current event, just enough
  *          to know nesting depth, strings, and which key a value belongs to
  *          ("usage", "choices", "content", "text"); it takes a data line as
- *          one run and jumps (16 bytes at a time with SSE2) over the bytes
- *          that cannot change its state: inside a string all but the quote,
- *          backslash and line ends; between values below the top level all
- *          but quotes, brackets and line ends;
+ *          one run and jumps over the bytes that cannot change its state:
+ *          inside a string all but the quote, backslash and line ends;
+ *          between values below the top level all but quotes, brackets and
+ *          line ends. Its common path, lex_fast(), reads class masks of 64
+ *          bytes (SSE2, or AVX2 where the CPU has it; a scalar loop
+ *          elsewhere) a token at a time and decides a key once per string;
+ *          what it does not cover it leaves to lex_run()'s own steps;
  *   hold   (drop mode) whether the current event's bytes are forwarded,
  *          held until known, or dropped.
  * Its observable behaviour is that of the byte-at-a-time scanner it
  * replaced, kept in tests/ref: the fuzz target compares the two.
- * Only the bytes of a `usage` object value are copied; they are parsed with
- * jansson when the object closes and committed when its event ends.
+ * Only the bytes of a `usage` object value are copied; they are read when
+ * the object closes (usage_fast(), or jansson for anything unusual) and
+ * committed when its event ends.
  */
 #include "config.h"
 
@@ -34,6 +38,11 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(SL_USAGE_NO_SIMD) && \
+    !defined(SL_USAGE_NO_AVX2)
+#include <immintrin.h>
+#define SL_USAGE_AVX2 1         /* used when the CPU has it (checked per block) */
 #endif
 
 #include "sl_json.h"
@@ -355,6 +364,144 @@ cap_add(struct sl_usage_scan *s, const char *p, size_t n)
 		s->ev |= EV_CAPFAIL;
 }
 
+/*
+ * The usage object as runners send it, read without jansson: an object
+ * whose members are plain ASCII keys (no escapes) with values that are
+ * integers of at most 18 digits, null, true, false, or objects of such
+ * members one level down (OpenAI's *_tokens_details). The last of a
+ * duplicate key wins, as in jansson. Returns 1 with *u filled when it is
+ * a usage object as usage_from_obj() reads it, 0 when jansson would parse
+ * it but usage_from_obj() would not take it, -1 for anything else (let
+ * jansson decide).
+ */
+enum { UF_NONE, UF_INT, UF_OTHER };
+
+static int
+usage_fast(const char *p, size_t len, struct sl_usage *u)
+{
+	const char *e = p + len, *ks, *ds;
+	int st[3] = { UF_NONE, UF_NONE, UF_NONE }, level = 0, t, k;
+	uint64_t v[3] = { 0, 0, 0 }, x = 0;
+	size_t kl;
+
+#define UF_WS(q) while ((q) < e && JSON_WS(*(q))) (q)++
+	UF_WS(p);
+	if (p == e || *p != '{')
+		return -1;
+	p++;
+	UF_WS(p);
+	if (p < e && *p == '}') {
+		p++;
+		goto closed;
+	}
+	for (;;) {
+		/* a member: "key" : value */
+		if (p == e || *p != '"')
+			return -1;
+		ks = ++p;
+		while (p < e && *p != '"') {
+			if (*p == '\\' || (unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+				return -1;
+			p++;
+		}
+		if (p == e)
+			return -1;
+		kl = (size_t)(p - ks);
+		p++;
+		UF_WS(p);
+		if (p == e || *p != ':')
+			return -1;
+		p++;
+		UF_WS(p);
+		if (p == e)
+			return -1;
+		k = -1;
+		if (level == 0) {
+			if (kl == 13 && memcmp(ks, "prompt_tokens", 13) == 0)
+				k = 0;
+			else if (kl == 17 && memcmp(ks, "completion_tokens", 17) == 0)
+				k = 1;
+			else if (kl == 12 && memcmp(ks, "total_tokens", 12) == 0)
+				k = 2;
+		}
+		if (*p >= '0' && *p <= '9') {
+			/* no leading zero, fraction or exponent: jansson's integer */
+			ds = p;
+			for (x = 0; p < e && *p >= '0' && *p <= '9'; p++) {
+				if (p - ds == 18)
+					return -1;
+				x = x * 10 + (uint64_t)(*p - '0');
+			}
+			if ((*ds == '0' && p - ds > 1) ||
+			    (p < e && (*p == '.' || *p == 'e' || *p == 'E')))
+				return -1;
+			t = UF_INT;
+		} else if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
+			p += 4;
+			t = UF_OTHER;
+		} else if (e - p >= 4 && memcmp(p, "true", 4) == 0) {
+			p += 4;
+			t = UF_OTHER;
+		} else if (e - p >= 5 && memcmp(p, "false", 5) == 0) {
+			p += 5;
+			t = UF_OTHER;
+		} else if (*p == '{' && level == 0) {
+			p++;
+			UF_WS(p);
+			if (k >= 0) {
+				st[k] = UF_OTHER;
+				k = -1;
+			}
+			if (p < e && *p == '}') {
+				p++;
+				t = UF_OTHER;
+			} else {
+				level = 1;
+				continue;
+			}
+		} else
+			return -1;
+		if (k >= 0) {
+			st[k] = t;
+			v[k] = t == UF_INT ? x : 0;
+		}
+		UF_WS(p);
+		if (p < e && *p == ',') {
+			p++;
+			UF_WS(p);
+			continue;
+		}
+		if (p == e || *p != '}')
+			return -1;
+		p++;
+		if (level == 1) {
+			level = 0;
+			UF_WS(p);
+			if (p < e && *p == ',') {
+				p++;
+				UF_WS(p);
+				continue;
+			}
+			if (p == e || *p != '}')
+				return -1;
+			p++;
+		}
+		break;
+	}
+closed:
+	UF_WS(p);
+#undef UF_WS
+	if (p != e)
+		return -1;
+	if (st[0] != UF_INT || st[1] != UF_INT || st[2] == UF_OTHER)
+		return 0;
+	u->have = 1;
+	u->prompt_tokens = v[0];
+	u->completion_tokens = v[1];
+	u->total_tokens = st[2] == UF_INT ? v[2] : v[0] + v[1];
+	return 1;
+}
+
 /* The usage object closed: parse the copy; the result waits for the event's end. */
 static void
 capture_done(struct sl_usage_scan *s)
@@ -362,11 +509,21 @@ capture_done(struct sl_usage_scan *s)
 	struct sl_usage u;
 	json_error_t err;
 	json_t *o;
+	int r;
 
 	s->cap_depth = 0;
 	s->pending_ok = 0;
 	if (s->ev & EV_CAPFAIL)
 		return;
+	if ((r = usage_fast(s->cap, s->cap_len, &u)) >= 0) {
+		if (r == 1) {
+			s->p_prompt = u.prompt_tokens;
+			s->p_completion = u.completion_tokens;
+			s->p_total = u.total_tokens;
+			s->pending_ok = 1;
+		}
+		return;
+	}
 	if ((o = json_loadb(s->cap, s->cap_len, 0, &err)) == NULL)
 		return;
 	if (usage_from_obj(o, &u) == 0) {
@@ -802,6 +959,545 @@ mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
 }
 
 /*
+ * Class masks of 64 bytes of a data line, computed once and read by
+ * lex_fast() with a count of trailing zeros per token instead of a scan
+ * per token. Bit j describes base[j]; the bytes from the run's end on are
+ * set in str and val as if they were line ends, so a search stops there.
+ */
+struct blk {
+	const char *base;       /* NULL: nothing loaded yet */
+	const char *lo;         /* the call's input: loads may start there */
+	uint64_t str;           /* C_STR: " \ CR LF */
+	uint64_t val;           /* C_VAL: " CR LF { } [ ] */
+	uint64_t cm;            /* commas (C_VAL1 is val | cm) */
+};
+
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+/* The three masks of 16 bytes v, shifted right by sh, placed at bit j. */
+static inline __attribute__((always_inline)) void
+chunk16(__m128i v, unsigned sh, unsigned j, uint64_t *str, uint64_t *val, uint64_t *cm)
+{
+	__m128i ql, br, v20;
+
+	ql = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+	    _mm_cmpeq_epi8(v, _mm_set1_epi8('\r'))), _mm_cmpeq_epi8(v, _mm_set1_epi8('\n')));
+	/* [ and ] are { and } with bit 5 clear: one compare each */
+	v20 = _mm_or_si128(v, _mm_set1_epi8(0x20));
+	br = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v20, _mm_set1_epi8('{')),
+	    _mm_cmpeq_epi8(v20, _mm_set1_epi8('}'))), ql);
+	*str |= (uint64_t)((unsigned)_mm_movemask_epi8(_mm_or_si128(ql,
+	    _mm_cmpeq_epi8(v, _mm_set1_epi8('\\')))) >> sh) << j;
+	*val |= (uint64_t)((unsigned)_mm_movemask_epi8(br) >> sh) << j;
+	*cm |= (uint64_t)((unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v,
+	    _mm_set1_epi8(','))) >> sh) << j;
+}
+#endif
+
+#ifdef SL_USAGE_AVX2
+/* blk_load() of 64 whole bytes with AVX2: two 32-byte halves. */
+static __attribute__((target("avx2"))) void
+blk_load64_avx2(struct blk *b, const char *p)
+{
+	uint64_t str = 0, val = 0, cm = 0;
+	unsigned j;
+
+	for (j = 0; j < 64; j += 32) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(p + j));
+		__m256i ql, br, v20;
+
+		ql = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('"')),
+		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r'))),
+		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n')));
+		v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20));
+		br = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v20,
+		    _mm256_set1_epi8('{')), _mm256_cmpeq_epi8(v20, _mm256_set1_epi8('}'))), ql);
+		str |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql,
+		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\\')))) << j;
+		val |= (uint64_t)(uint32_t)_mm256_movemask_epi8(br) << j;
+		cm |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v,
+		    _mm256_set1_epi8(','))) << j;
+	}
+	b->base = p;
+	b->str = str;
+	b->val = val;
+	b->cm = cm;
+}
+#endif
+
+/*
+ * Masks of [p, p + 64), p < e; nothing at or past e is read. Out of line:
+ * once per 64 bytes, and it keeps blk_next() small enough to inline.
+ */
+static __attribute__((noinline)) void
+blk_load(struct blk *b, const char *p, const char *e)
+{
+	uint64_t str = 0, val = 0, cm = 0, endm = 0;
+	size_t len = (size_t)(e - p);
+	unsigned j;
+
+#ifdef SL_USAGE_AVX2
+	if (len >= 64 && __builtin_cpu_supports("avx2")) {
+		blk_load64_avx2(b, p);
+		return;
+	}
+#endif
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	if (len >= 64) {
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)p), 0, 0,
+		    &str, &val, &cm);
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)), 0, 16,
+		    &str, &val, &cm);
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 32)), 0, 32,
+		    &str, &val, &cm);
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 48)), 0, 48,
+		    &str, &val, &cm);
+	} else {
+		endm = ~(uint64_t)0 << len;
+		for (j = 0; j + 16 <= len; j += 16)
+			chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + j)), 0, j,
+			    &str, &val, &cm);
+		if (j < len) {
+			char pad[16];
+
+			if (e - b->lo >= 16) {
+				/* the input's last 16 bytes, this chunk at their end */
+				chunk16(_mm_loadu_si128((const __m128i *)(const void *)(e - 16)),
+				    (unsigned)(16 - (len - j)), j, &str, &val, &cm);
+			} else {
+				memcpy(pad, p + j, len - j);
+				memset(pad + (len - j), ' ', 16 - (len - j));
+				chunk16(_mm_loadu_si128((const __m128i *)(const void *)pad), 0, j,
+				    &str, &val, &cm);
+			}
+		}
+	}
+#else
+	if (len < 64)
+		endm = ~(uint64_t)0 << len;
+	for (j = 0; j < 64 && j < len; j++) {
+		unsigned k = cls[(unsigned char)p[j]];
+
+		str |= (uint64_t)((k & C_STR) != 0) << j;
+		val |= (uint64_t)((k & C_VAL) != 0) << j;
+		cm |= (uint64_t)(p[j] == ',') << j;
+	}
+#endif
+	b->base = p;
+	b->str = str | endm;
+	b->val = val | endm;
+	b->cm = cm & ~endm;
+}
+
+/*
+ * skip() on the masks: the first byte of [p, e) in class C_STR (k 0),
+ * C_VAL (k 1) or C_VAL1 (k 2), or e.
+ */
+static inline __attribute__((always_inline)) const char *
+blk_next(struct blk *b, const char *p, const char *e, unsigned k)
+{
+	uint64_t m;
+
+	while (p < e) {
+		if (b->base == NULL || (uintptr_t)p - (uintptr_t)b->base >= 64)
+			blk_load(b, p, e);
+		m = k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm;
+		m >>= (uintptr_t)p - (uintptr_t)b->base;
+		if (m != 0)
+			return p + __builtin_ctzll(m);     /* at most e */
+		p = b->base + 64;
+	}
+	return e;
+}
+
+/* The recognised key the whole raw string p[0..n) is (K_*), or 0. */
+static inline unsigned
+key_of(const char *p, size_t n)
+{
+	switch (n) {
+	case 4:
+		return memcmp(p, "text", 4) == 0 ? K_TEXT : 0;
+	case 5:
+		return memcmp(p, "usage", 5) == 0 ? K_USAGE : 0;
+	case 7:
+		if (memcmp(p, "content", 7) == 0)
+			return K_CONTENT;
+		return memcmp(p, "choices", 7) == 0 ? K_CHOICES : 0;
+	default:
+		return 0;
+	}
+}
+
+static const char *
+blanks(const char *p, const char *e)
+{
+	while (p < e && (*p == ' ' || *p == '\t'))
+		p++;
+	return p;
+}
+
+/*
+ * Drop mode, depth 1, the lexer in value position at p: a comma (first 0)
+ * or the quote of the data object's first key (first 1), where mt_begin()
+ * would start matching a "usage":null member. Does what the matcher and
+ * the lexer together would do, when nothing is held from earlier calls and
+ * no early end of the call is due, and returns
+ *   1  a key other than "usage" follows: *np is the byte after its quote;
+ *   2  a "usage":null member, cut from the output: *np is where the lexer
+ *      goes on in value position after it (at the comma or brace that ends
+ *      it; past that comma for a first member, which takes it along);
+ *   0  anything else, nothing done: lex_run()'s own steps take p.
+ */
+static int
+top_member(struct sl_usage_scan *s, struct feed *f, const char *p, const char *e,
+    int first, const char **np)
+{
+	const char *r = first ? p : blanks(p + 1, e), *k, *z;
+	size_t i = (size_t)(p - f->in), tent;
+	int h;
+
+	if (s->hold_len != 0 || f->out->held_len != 0 ||
+	    f->out->n + 3 > SL_USAGE_MAX_RANGES ||
+	    e - r < 2 || *r != '"' || r[1] == '\r' || r[1] == '\n')
+		return 0;
+	/* still held after mt_begin()'s check (else flushed: nothing to release) */
+	h = held(s) && !(s->ev & (EV_NOTDROP | EV_BAD)) &&
+	    i - f->tent_s <= SL_USAGE_MAX_EVENT;
+	tent = h ? f->tent_s : i;
+	if (r[1] != 'u') {
+		/* the matcher gives up at r[1]; the lexer is in the key */
+		*np = r + 1;
+		goto begun;
+	}
+	k = r + 1;
+	if (e - k < 6 || memcmp(k, "usage\"", 6) != 0)
+		return 0;
+	k = blanks(k + 6, e);
+	if (k == e || *k != ':')
+		return 0;
+	k = blanks(k + 1, e);
+	if (e - k < 4 || memcmp(k, "null", 4) != 0)
+		return 0;
+	z = k + 4;
+	k = blanks(z, e);
+	if (k == e || (*k != ',' && *k != '}') ||
+	    (size_t)(k - f->in) - tent > SL_USAGE_MAX_EVENT)
+		return 0;
+	/* strip(): nothing held, so the member is cut from this call's bytes */
+	emit(f, i);
+	if (first && *k == ',') {
+		f->run_s = (size_t)(k + 1 - f->in);
+		*np = k + 1;
+	} else {
+		f->run_s = (size_t)(z - f->in);
+		*np = k;
+	}
+	/* "usage": null: not the usage event (key_value()) */
+	s->ev = (uint8_t)((s->ev & ~EV_USAGE) | EV_NOTDROP);
+	s->pending_ok = 0;
+	s->hs = H_PASS;
+	if (!h)
+		f->tent_s = i;
+	return 2;
+begun:
+	if (!h) {
+		s->hs = H_PASS;
+		f->tent_s = i;
+	}
+	return 1;
+}
+
+/*
+ * top_member()'s usual case, inline: at p a top-level comma in drop mode
+ * (not in a bad event, not nocand) and at p + 1 the quote of a key that
+ * does not start with u, nothing held from earlier calls, no early end
+ * due: the matcher would give up at p + 2, leaving what is done here. 1 if
+ * it is that case (the caller goes on in the key's string at p + 2).
+ */
+static inline int
+comma_key(struct sl_usage_scan *s, struct feed *f, const char *p, const char *e)
+{
+	size_t i;
+
+	if (e - p <= 2 || p[1] != '"' || p[2] == 'u' || p[2] == '\r' || p[2] == '\n' ||
+	    s->hold_len != 0 || f->out->held_len != 0 ||
+	    f->out->n + 3 > SL_USAGE_MAX_RANGES)
+		return 0;
+	i = (size_t)(p - f->in);
+	if (held(s) && ((s->ev & (EV_NOTDROP | EV_BAD)) || i - f->tent_s > SL_USAGE_MAX_EVENT))
+		s->hs = H_PASS;         /* mt_begin()'s flush: nothing to release */
+	if (!held(s))
+		f->tent_s = i;
+	return 1;
+}
+
+/*
+ * The common path of lex_run(): from p, takes the bytes the way lex_run()
+ * and the matcher would, with the same effect on s and f, a token at a time
+ * on the masks in b, and returns where it stopped: at e, or at the first
+ * byte it leaves to lex_run()'s own steps (a line end, the top level, an
+ * escape at the run's end, the value of "usage": {, a top-level member in
+ * drop mode that needs the hold buffer, the usage event). Call only with no
+ * member being matched, no usage object being copied and the bytes not
+ * under H_PREFIX's one-byte check. nocand: a comma that starts no member.
+ * The lexer's hot fields live in locals and are written back on return.
+ */
+static __attribute__((noinline)) const char *
+lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
+    const char *e, const char *nocand)
+{
+	uint64_t content = s->content_bytes;
+	unsigned lx = s->lx, depth = s->depth, kmask = s->kmask, key = s->key;
+	unsigned cnt = s->cnt, m, k, first = s->first, drop = s->drop;
+	int fresh = kmask == K_ALL && s->kpos == 0;   /* no byte of the string taken */
+	const char *q;
+	size_t n;
+	char c;
+
+	while (p < e) {
+		switch (lx) {
+		case LX_VAL:
+			if (depth == 0)
+				goto out;
+			if (first) {
+				c = *p;
+				if (c == ' ' || c == '\t') {
+					p++;
+					continue;
+				}
+				if (c == '\r' || c == '\n')
+					goto out;
+				if (c == '"' && drop && depth == 1 && !(s->ev & EV_BAD) &&
+				    p != nocand) {
+					if ((k = (unsigned)top_member(s, f, p, e, 1, &q)) == 0)
+						goto out;
+					first = 0;
+					p = q;
+					goto member;
+				}
+				first = 0;
+			}
+			/*
+			 * The byte here is usually a token already (after a colon,
+			 * a bracket or a key's quote): taken without the masks.
+			 */
+			c = *p;
+			if (c != '"' && c != '{' && c != '}' && c != '[' && c != ']' &&
+			    !(c == ',' && drop && depth == 1)) {
+				p = blk_next(b, p, e, drop && depth == 1 ? 2 : 1);
+				if (p == e)
+					goto out;
+				c = *p;
+			}
+			switch (c) {
+			case '"':
+				lx = LX_STR;
+				kmask = K_ALL;
+				s->kpos = 0;
+				fresh = 1;
+				p++;
+				continue;
+			case '{':
+			case '[':
+				if (depth == UINT16_MAX)
+					goto out;
+				depth++;
+				p++;
+				continue;
+			case '}':
+			case ']':
+				depth--;
+				p++;
+				if (depth == 0) {
+					s->top = TOP_CLOSED;
+					if (!(s->ev & EV_USAGE))
+						s->ev |= EV_NOTDROP;
+				}
+				continue;
+			case ',':
+				break;
+			default:
+				goto out;       /* a line end */
+			}
+			/* a comma at the top level in drop mode */
+			if ((s->ev & EV_BAD) || p == nocand) {
+				p++;            /* value() ignores it */
+				continue;
+			}
+			if (comma_key(s, f, p, e)) {
+				p += 2;
+				k = 1;
+				goto member;
+			}
+			if ((k = (unsigned)top_member(s, f, p, e, 0, &q)) == 0)
+				goto out;
+			p = q;
+member:
+			if (k == 1) {
+				lx = LX_STR;
+				kmask = K_ALL;
+				s->kpos = 0;
+				fresh = 1;
+			} else {
+				/* as the lexer leaves "usage": null */
+				lx = LX_VAL;
+				kmask = K_USAGE;
+				s->kpos = 5;
+				key = 0;
+				cnt = 0;
+			}
+			continue;
+		case LX_STR:
+			q = blk_next(b, p, e, 0);
+			n = (size_t)(q - p);
+			if (cnt)
+				content += n;
+			if (q < e && *q == '"') {
+				if (fresh)
+					kmask = key_of(p, n);   /* the whole string is p[0..n) */
+				else if (kmask) {
+					if (n > 0) {
+						s->kmask = (uint8_t)kmask;
+						key_run(s, p, n, 1);
+					}
+					/* string_end(): only keys of this length */
+					for (m = 0, k = 0; k < 4; k++)
+						if ((s->kmask & (1u << k)) && keylen[k] == s->kpos)
+							m |= 1u << k;
+					kmask = m;
+				}
+				key = kmask;
+				cnt = 0;
+				lx = LX_AFTER_STR;
+				p = q + 1;
+				/*
+				 * What usually follows, without a round through the
+				 * states: a key that is none of ours, its colon and a
+				 * string value; a string value, a comma and the next
+				 * key (a plain comma: not at the top level in drop
+				 * mode). The lexer would take the same bytes the same
+				 * way (value position at depth > 0: a quote opens a
+				 * string).
+				 */
+				if (e - p >= 2 && p[1] == '"' && depth > 0 && !first &&
+				    ((p[0] == ':' && key == 0) ||
+				    (p[0] == ',' && (!(drop && depth == 1) ||
+				    (!(s->ev & EV_BAD) && p != nocand && comma_key(s, f, p, e)))))) {
+					key = 0;
+					lx = LX_STR;
+					kmask = K_ALL;
+					s->kpos = 0;
+					fresh = 1;
+					p += 2;
+				}
+				continue;
+			}
+			if (q == e || *q != '\\') {
+				if (kmask && n > 0) {
+					s->kmask = (uint8_t)kmask;
+					key_run(s, p, n, 0);
+					kmask = s->kmask;
+					fresh = 0;
+				}
+				p = q;
+				goto out;               /* a line end */
+			}
+			if (cnt)
+				content++;
+			kmask = 0;
+			fresh = 0;
+			/* the escaped byte (and a \u's four) while on this line */
+			p = q + 1;
+			if (p == e || *p == '\r' || *p == '\n') {
+				lx = LX_ESC;
+				goto out;
+			}
+			if (*p == 'u') {
+				if (e - p < 5 || p[1] == '\r' || p[1] == '\n' || p[2] == '\r' ||
+				    p[2] == '\n' || p[3] == '\r' || p[3] == '\n' ||
+				    p[4] == '\r' || p[4] == '\n') {
+					lx = LX_ESC;
+					goto out;
+				}
+				p += 4;
+				s->ux = 0;      /* as LX_U leaves it */
+			} else
+				s->ux = 4;
+			p++;
+			continue;
+		case LX_AFTER_STR:
+			c = *p;
+			if (c == ':') {
+				lx = LX_AFTER_COLON;
+				p++;
+			} else if (c == ' ' || c == '\t')
+				p++;
+			else if (c == '\r' || c == '\n')
+				goto out;
+			else {
+				key = 0;
+				lx = LX_VAL;
+			}
+			continue;
+		case LX_AFTER_COLON:
+			c = *p;
+			if (c == ' ' || c == '\t') {
+				p++;
+				continue;
+			}
+			if (c == '\r' || c == '\n')
+				goto out;
+			if (key) {
+				/* key_value(), but for the usage object's copy */
+				if (depth == 1 && (key & K_USAGE)) {
+					if (c == '{')
+						goto out;
+					s->ev = (uint8_t)((s->ev & ~EV_USAGE) | EV_NOTDROP);
+					s->pending_ok = 0;
+				}
+				if (depth == 1 && (key & K_CHOICES)) {
+					if (c == '[') {
+						key = 0;
+						depth++;
+						lx = LX_CHOICES;
+						p++;
+						continue;
+					}
+					s->ev |= EV_NOTDROP;
+				}
+				if ((key & (K_CONTENT | K_TEXT)) && c == '"')
+					cnt = 1;
+				key = 0;
+			}
+			lx = LX_VAL;
+			continue;               /* c again, as a value */
+		case LX_CHOICES:
+			c = *p;
+			if (c == ' ' || c == '\t') {
+				p++;
+				continue;
+			}
+			if (c == '\r' || c == '\n')
+				goto out;
+			if (c != ']')
+				s->ev |= EV_NOTDROP;
+			lx = LX_VAL;
+			continue;
+		default:
+			goto out;               /* LX_ESC, LX_U */
+		}
+	}
+out:
+	s->content_bytes = content;
+	s->lx = (uint8_t)lx;
+	s->depth = (uint16_t)depth;
+	s->kmask = (uint8_t)kmask;
+	s->key = (uint8_t)key;
+	s->cnt = (uint8_t)cnt;
+	s->first = (uint8_t)first;
+	return p;
+}
+
+/*
  * The data of the current line from in[i]: lexes up to the line's end (a CR
  * or LF, not consumed) or in[end], whichever comes first, and returns where
  * it stopped (earlier with f->stop set: the call ends there). Runs of bytes
@@ -816,9 +1512,16 @@ lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
 	const char *in = f->in, *p = in + i, *e = in + end, *q;
 	const char *cs = s->cap_depth ? p : NULL;
 	const char *nocand = NULL;      /* a comma cut with a first member */
+	struct blk b = { NULL, in, 0, 0, 0 };
 	char c;
 
 	while (p < e) {
+		if (s->mt == MT_NONE && cs == NULL && s->cap_depth == 0 && s->hs != H_PREFIX &&
+		    (s->depth > 0 || s->lx != LX_VAL)) {   /* (it leaves the top level alone) */
+			/* the common path; what it leaves is a step for the code below */
+			if ((p = lex_fast(s, f, &b, p, e, nocand)) == e)
+				break;
+		}
 		c = *p;
 		if (s->mt != MT_NONE) {
 			if (c == '\r' || c == '\n')

@@ -359,6 +359,122 @@ test_scan_escapes_count_one_byte_and_quotes_do_not_confuse(void **state)
 	check_stream(in, 1, in, 0, -1, 0, 0, 6 + 27 + 3);
 }
 
+/*
+ * The fast path takes a data line 64 bytes at a time: every token of an
+ * event at every offset from a block's start (a pad string of 0..130
+ * bytes moves them), with backslash runs, a \u escape and "usage":null
+ * members, in every split and a byte at a time, drop on and off.
+ */
+static void
+test_scan_tokens_at_every_block_offset(void **state)
+{
+	static const char head[] = "data: {\"id\":\"";
+	static const char tail[] =
+		"\",\"choices\":[{\"index\":0,\"delta\":{\"content\":"
+		"\"a\\\"b\\\\\\\\c\\\\\\\"\\u00e9d\\\\\"}}],\"usage\":null}\n\n"
+		"data: {\"usage\":null, \"choices\":[{\"text\":\"xy\"}] ,\"x\":[1,{\"y\":\"}\"}]}\n\n"
+		USAGE_EV DONE;
+	char in[512], want[512];
+	size_t pad;
+
+	(void)state;
+	for (pad = 0; pad <= 130; pad++) {
+		char *ev, *w;
+
+		snprintf(in, sizeof(in), "%s%.*s%s", head, (int)pad,
+		    "pppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppp"
+		    "pppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppp"
+		    "pppppppppppppppppppp", tail);
+		/* a \" b \\ \\ c \\ \" \u00e9 d \\: 11 (an escape is one), xy: 2 */
+		check_stream(in, 0, in, 0, 12, 7, 19, 13);
+		ev = without(in, USAGE_EV);
+		w = without_all(ev, NULL_MEMBER);
+		snprintf(want, sizeof(want), "%s", w);
+		free(w);
+		w = without(want, "\"usage\":null,");
+		check_stream(in, 1, w, 1, 12, 7, 19, 13);
+		free(ev);
+		free(w);
+	}
+}
+
+/*
+ * The usage object is read without jansson when it is simple: every shape
+ * gives what jansson and usage_from_obj() give (sl_usage_from_json() is
+ * that reading, of {"usage": X}).
+ */
+static void
+test_scan_usage_object_read_as_jansson_reads_it(void **state)
+{
+	static const char *const objs[] = {
+		"{\"prompt_tokens\":27,\"total_tokens\":411,\"completion_tokens\":384}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2}",
+		" { \"prompt_tokens\" : 1 ,\t\"completion_tokens\":2 , \"total_tokens\":9 } ",
+		"{\"prompt_tokens\":5,\"completion_tokens\":6,\"total_tokens\":11,"
+		"\"prompt_tokens_details\":{\"cached_tokens\":0,\"audio_tokens\":null},"
+		"\"completion_tokens_details\":{\"reasoning_tokens\":0,\"x\":true,\"y\":false}}",
+		"{\"prompt_tokens\":5,\"completion_tokens\":6,\"prompt_tokens_details\":null}",
+		"{\"prompt_tokens\":5,\"completion_tokens\":6,\"d\":{}}",
+		"{\"prompt_tokens\":{},\"completion_tokens\":6}",
+		"{\"prompt_tokens\":{\"a\":1},\"completion_tokens\":6,\"prompt_tokens\":3}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"prompt_tokens\":7}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"prompt_tokens\":null}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":null}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":true}",
+		"{\"prompt_tokens\":1}",
+		"{}",
+		"{\"prompt_tokens\":0,\"completion_tokens\":0,\"total_tokens\":0}",
+		"{\"prompt_tokens\":01,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":-0,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":-1,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":1.0,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":1e3,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":123456789012345678,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":1234567890123456789,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":9223372036854775807,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":9223372036854775808,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":99999999999999999999,\"completion_tokens\":2}",
+		"{\"prompt\\u005ftokens\":1,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"n\\u00e9\":1}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"n\xc3\xa9\":1}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"n\xff\":1}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"s\":\"x\"}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"a\":[1]}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"a\":{\"b\":{\"c\":1}}}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,}",
+		"{\"prompt_tokens\":1,,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":1 \"completion_tokens\":2}",
+		"{\"prompt_tokens\":nul,\"completion_tokens\":2}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2a}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"d\":{\"x\":1,}}",
+		"{\"prompt_tokens\":1,\"completion_tokens\":2,\"d\":{\"x\":1}",
+	};
+	char in[512], body[256];
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+		struct sl_usage want;
+		struct run r;
+
+		snprintf(body, sizeof(body), "{\"usage\":%s}", objs[i]);
+		(void)sl_usage_from_json(body, strlen(body), &want);
+		snprintf(in, sizeof(in), "data: {\"choices\":[],\"usage\":%s}\n\n" DONE, objs[i]);
+		run_split(&r, in, strlen(in), strlen(in), 0);
+		if (r.u.have != want.have || r.u.prompt_tokens != want.prompt_tokens ||
+		    r.u.completion_tokens != want.completion_tokens ||
+		    r.u.total_tokens != want.total_tokens)
+			fail_msg("%s: have %d %llu/%llu/%llu, jansson %d %llu/%llu/%llu", objs[i],
+			    r.u.have, (unsigned long long)r.u.prompt_tokens,
+			    (unsigned long long)r.u.completion_tokens,
+			    (unsigned long long)r.u.total_tokens, want.have,
+			    (unsigned long long)want.prompt_tokens,
+			    (unsigned long long)want.completion_tokens,
+			    (unsigned long long)want.total_tokens);
+		free(r.out);
+	}
+}
+
 static void
 test_scan_completions_text_counted(void **state)
 {
@@ -945,6 +1061,8 @@ main(void)
 		cmocka_unit_test(test_scan_malformed_usage_event_gives_no_usage),
 		cmocka_unit_test(test_scan_data_without_space_comments_and_other_fields),
 		cmocka_unit_test(test_scan_escapes_count_one_byte_and_quotes_do_not_confuse),
+		cmocka_unit_test(test_scan_tokens_at_every_block_offset),
+		cmocka_unit_test(test_scan_usage_object_read_as_jansson_reads_it),
 		cmocka_unit_test(test_scan_completions_text_counted),
 		cmocka_unit_test(test_scan_usage_with_nonempty_choices_counted_not_dropped),
 		cmocka_unit_test(test_scan_usage_split_over_two_data_lines),
