@@ -780,7 +780,9 @@ def test_tokens_a_huge_request_body_does_not_stall_the_other_streams_of_its_work
         r.read_all(timeout=30)
         assert r.complete
         gaps = [b[0] - a[0] for a, b in zip(r.events, r.events[1:])]
-        assert max(gaps) < 1.0, "the worker stalled a stream for %.2fs" % max(gaps)
+        # jansson's tree stalled it 4.1 s; the walker is ~70 ms of CPU on an idle
+        # machine: 2 s leaves room for a loaded one and still catches a tree.
+        assert max(gaps) < 2.0, "the worker stalled a stream for %.2fs" % max(gaps)
         assert h.rss_kb(w) < 200 * 1024, "worker RSS %d KiB after one request" % h.rss_kb(w)
 
 
