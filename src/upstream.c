@@ -284,8 +284,15 @@ choose(struct sl_pools *ps, struct pool *p, uint64_t cand)
 /*
  * Prefix affinity's choice among cand for a prompt with hashes h[0..n):
  * the replica holding its longest known prefix, unless that one is over
- * max_imbalance x the least loaded's load and over it by 2 or more;
- * otherwise (no known prefix, or the holder cannot take it) the
+ * max_imbalance x the least loaded's load and over it by 2 or more.
+ * A prefix that never ended a routed prompt (ended == 0) is one that
+ * other prompts share, a system prompt: the prompt starts a new
+ * conversation, and its holder gets it only while it is among the least
+ * loaded. (Following a shared prefix under load stacked a group's new
+ * conversations on one replica, and each later spill of one of them paid
+ * its whole history's prefill: on bench/routing with shared prefill
+ * compute, 16 % of chat requests spilled.)
+ * Otherwise (no known prefix, or the holder cannot take it) the
  * rendezvous choice of the first block among the least loaded replicas:
  * every worker and node agrees on a new prompt while their counts agree
  * (an idle pool), and under load a new prompt goes where least_loaded
@@ -295,7 +302,7 @@ choose(struct sl_pools *ps, struct pool *p, uint64_t cand)
  */
 static int
 choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
-    const uint64_t *h, int held, enum sl_aff_outcome *out)
+    const uint64_t *h, int held, int ended, enum sl_aff_outcome *out)
 {
 	size_t nr = p->conf->nreplicas, r, k = 0;
 	int64_t load[64], least = -1, now = sl_mono_ms();
@@ -315,11 +322,11 @@ choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
 		return -1;
 #define OVER(l) ((l) * 100 > mi * least && (l) >= least + 2)
 	if (held >= 0 && (size_t)held < nr && (cand >> held & 1) &&
-	    !OVER(load[held])) {
+	    (ended ? !OVER(load[held]) : load[held] == least)) {
 		*out = SL_AFF_HIT;
 		return held;
 	}
-	*out = held >= 0 ? SL_AFF_SPILL : SL_AFF_MISS;
+	*out = held >= 0 && ended ? SL_AFF_SPILL : SL_AFF_MISS;
 	for (r = 0; r < nr && r < 64; r++)
 		if ((cand >> r & 1) && load[r] == least) {
 			ids[k] = p->rid[r];
@@ -338,7 +345,7 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 	int64_t now, wait, min_wait = -1;
 	uint64_t cand = 0, down = 0;
 	size_t r, nr, matched = 0;
-	int pick, held = -1;
+	int pick, held = -1, ended = 0;
 	enum sl_aff_outcome aff = SL_AFF_MISS;
 
 	*retry_after = 1;
@@ -374,22 +381,25 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 	    p->conf->balance != SL_BALANCE_PREFIX_AFFINITY))
 		nh = 0;
 	if (nh > 0)
-		held = sl_affinity_lookup(ps->aff, (uint32_t)u, h, nh, &matched);
+		held = sl_affinity_lookup_end(ps->aff, (uint32_t)u, h, nh,
+		    &matched, &ended);
 	/*
 	 * A candidate's cap may fill between the look and the take (another
 	 * worker): then drop it and choose again among the rest.
 	 */
 	while (cand != 0) {
-		pick = nh > 0 ? choose_affine(ps, p, cand, h, held, &aff) :
+		pick = nh > 0 ? choose_affine(ps, p, cand, h, held, ended, &aff) :
 		    choose(ps, p, cand);
 		if (pick < 0)
 			break;
 		if (sl_shm_try_acquire(ps->shm, ps->row, p->slot[pick]) ==
 		    SL_ADMIT_OK) {
-			if (nh > 0 && aff == SL_AFF_SPILL && matched < nh)
+			if (nh > 0 && held >= 0 && pick != held &&
+			    matched < nh)
 				/*
-				 * The conversation moves, the prefix it shares
-				 * with others (a system prompt) stays: only the
+				 * The conversation moves (a spill), or a new
+				 * one does not follow its shared prefix; that
+				 * prefix (a system prompt) stays: only the
 				 * blocks past what the holder had are recorded
 				 * here, so new conversations still find the
 				 * shared prefix where it was and a spill does
@@ -397,7 +407,7 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 				 */
 				sl_affinity_record(ps->aff, (uint32_t)u,
 				    h + matched, nh - matched, pick);
-			else if (nh > 0 && aff != SL_AFF_SPILL)
+			else if (nh > 0 && (held < 0 || pick == held))
 				sl_affinity_record(ps->aff, (uint32_t)u, h, nh,
 				    pick);
 			if (nh > 0 && outcome != NULL)

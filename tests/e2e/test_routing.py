@@ -375,6 +375,32 @@ def test_affinity_spills_under_imbalance_and_comes_back():
             assert m.value("sluice_affinity_spills_total", upstream="main") == 1
 
 
+def test_a_new_conversation_follows_a_shared_system_prompt_only_to_a_least_loaded_holder():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            conv = conversation(21, 2, shared=True)
+            home = chat(gw, conv[0])
+            rep, other = (a, "b") if home == "a" else (b, "a")
+            c = held(gw, conv[0])
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=rep.url)
+            # 1 vs 0: not over the imbalance bound, so the conversation's own
+            # next turn stays home; but a new conversation whose only known
+            # prefix is the shared system prompt goes to the least loaded.
+            assert chat(gw, conversation(22, 1, shared=True)[0]) == other
+            assert chat(gw, conv[1]) == home
+            rep.release()
+            assert c.read_response(timeout=10).status == 200
+            c.close()
+            h.wait_metric(gw, "sluice_replica_streams", 0, upstream="main", replica=rep.url)
+            # Idle again: the next new one follows the system prompt home.
+            assert chat(gw, conversation(23, 1, shared=True)[0]) == home
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 5)]
+            # first turn, the new one (miss), next turn, the held one, the last new
+            assert kinds == ["miss", "miss", "hit", "hit", "hit"], kinds
+
+
 def test_one_stream_more_on_the_home_replica_does_not_spill():
     with LoadReplica("a") as a, LoadReplica("b") as b:
         cfg = pool_config([a.url, b.url], balance="prefix_affinity")
