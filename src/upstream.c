@@ -337,6 +337,44 @@ choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
 	return pick >= 0 ? idx[pick] : -1;
 }
 
+/*
+ * The workers' shared hints (sl_shm_hint_*) may know a longer prefix than
+ * this worker's table (another worker routed the conversation's last
+ * turn), or where the same prefix went since (another worker spilled it):
+ * scan h from the longest down to the length this worker matched, and take
+ * the first hint that names a replica of this pool that is not down.
+ */
+static void
+hints_lookup(const struct sl_pools *ps, const struct pool *p, const uint64_t *h,
+    size_t nh, uint64_t down, int *held, size_t *matched, int *ended)
+{
+	size_t i = nh, lo = *matched > 0 ? *matched - 1 : 0, slot, r;
+	int e;
+
+	while (i-- > lo) {
+		if (sl_shm_hint_get(ps->shm, h[i], &slot, &e) < 0)
+			continue;
+		for (r = 0; r < p->conf->nreplicas && r < 64; r++)
+			if (p->slot[r] == slot && !(down >> r & 1)) {
+				*held = (int)r;
+				*matched = i + 1;
+				*ended = e;
+				return;
+			}
+	}
+}
+
+/* Publish h[0..n) as routed to replica r; h[n-1] ended the prompt. */
+static void
+hints_record(struct sl_pools *ps, const struct pool *p, const uint64_t *h, size_t n,
+    int r)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		sl_shm_hint_put(ps->shm, h[i], p->slot[r], i + 1 == n);
+}
+
 static int
 pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
     size_t nh, int *retry_after, int *outcome)
@@ -373,16 +411,20 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 	if (ps->aff != NULL && (down & ~p->was_down) != 0)
 		/* A replica went down: what it had cached is gone or moves. */
 		for (r = 0; r < nr && r < 64; r++)
-			if ((down & ~p->was_down) >> r & 1)
+			if ((down & ~p->was_down) >> r & 1) {
 				sl_affinity_drop_replica(ps->aff, (uint32_t)u,
 				    (int)r);
+				sl_shm_hint_drop_slot(ps->shm, p->slot[r]);
+			}
 	p->was_down = down;
 	if (nh > 0 && (ps->aff == NULL ||
 	    p->conf->balance != SL_BALANCE_PREFIX_AFFINITY))
 		nh = 0;
-	if (nh > 0)
+	if (nh > 0) {
 		held = sl_affinity_lookup_end(ps->aff, (uint32_t)u, h, nh,
 		    &matched, &ended);
+		hints_lookup(ps, p, h, nh, down, &held, &matched, &ended);
+	}
 	/*
 	 * A candidate's cap may fill between the look and the take (another
 	 * worker): then drop it and choose again among the rest.
@@ -395,7 +437,7 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 		if (sl_shm_try_acquire(ps->shm, ps->row, p->slot[pick]) ==
 		    SL_ADMIT_OK) {
 			if (nh > 0 && held >= 0 && pick != held &&
-			    matched < nh)
+			    matched < nh) {
 				/*
 				 * The conversation moves (a spill), or a new
 				 * one does not follow its shared prefix; that
@@ -407,9 +449,13 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 				 */
 				sl_affinity_record(ps->aff, (uint32_t)u,
 				    h + matched, nh - matched, pick);
-			else if (nh > 0 && (held < 0 || pick == held))
+				hints_record(ps, p, h + matched, nh - matched,
+				    pick);
+			} else if (nh > 0 && (held < 0 || pick == held)) {
 				sl_affinity_record(ps->aff, (uint32_t)u, h, nh,
 				    pick);
+				hints_record(ps, p, h, nh, pick);
+			}
 			if (nh > 0 && outcome != NULL)
 				*outcome = (int)aff;
 			return pick;

@@ -305,6 +305,33 @@ def test_prefix_affinity_keeps_each_conversation_on_one_replica_across_workers()
             r.__exit__(None, None, None)
 
 
+def test_every_turn_after_the_first_finds_its_replica_whichever_worker_routed_the_last():
+    reps = [LoadReplica("r%d" % i) for i in range(4)]
+    for r in reps:
+        r.__enter__()
+    try:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([r.url for r in reps], workers=2, access_log=log,
+                          balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            convs = [conversation(40 + k, 4) for k in range(12)]
+            where = {}
+            for t in range(4):
+                for k, c in enumerate(convs):
+                    where.setdefault(k, []).append(chat(gw, c[t]))
+            for k, names in where.items():
+                assert len(set(names)) == 1, (k, names)
+            # The workers share where they sent each prefix (hints in the
+            # shared region): only first turns miss. With a table per
+            # worker alone, a turn whose earlier turns all went through the
+            # other worker missed too (about 10 more of 48 here).
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 48)]
+            assert kinds.count("miss") == 12 and kinds.count("hit") == 36, kinds
+    finally:
+        for r in reps:
+            r.__exit__(None, None, None)
+
+
 def test_conversations_sharing_a_system_prompt_follow_it_on_an_idle_pool():
     reps = [LoadReplica("r%d" % i) for i in range(4)]
     for r in reps:

@@ -310,11 +310,14 @@ def prefills(stub):
 
 def two_concurrent_prefills(mode):
     """A (2 KiB, 400 ms of compute) then B (1 KiB, 200 ms) on two connections,
-    B sent right after A: the records of both, in the order they ended, and
+    B sent once A has its slot: the records of both, in the order they ended, and
     the gauges seen while both were prefilling."""
     with Stub(args=("--prefill-mode", mode, "--ttft-base-ms", 10,
                     "--ttft-ms-per-kib", 200)) as stub:
         ca = open_stream(stub, chat_body("a" * 2048), events=1, interval=0)
+        # Two connections ready in one loop iteration are served in either
+        # order: B goes out once A holds its slot.
+        h.wait_until(lambda: stub.stats()["prefilling"] == 1, 5, msg="A prefilling")
         cb = open_stream(stub, chat_body("b" * 1024), events=1, interval=0)
         h.wait_until(lambda: stub.stats()["prefilling"] == 2, 5, msg="both prefilling")
         st = stub.stats()
@@ -342,7 +345,7 @@ def test_shared_lane_second_concurrent_prefill_waits_for_the_first_ones_compute(
     # Exact: B's compute starts when A's ends (base is not lane time).
     assert abs(b["slot_ms"] + b["lane_ms"] - (a["slot_ms"] + 400.0)) < 0.01, recs
     gap = b["slot_ms"] - a["slot_ms"]
-    assert 0 <= gap < 150, "B was given its slot %.1f ms after A" % gap
+    assert 0 < gap < 300, "B was given its slot %.1f ms after A" % gap
     # So B's modelled TTFT from its slot is the sum of both computes + base - gap.
     assert abs(b["lane_ms"] + b["prefill_ms"] - (400 + 200 + 10 - gap)) < 0.01, recs
     for x in recs:
@@ -356,7 +359,7 @@ def test_shared_lane_second_concurrent_prefill_waits_for_the_first_ones_compute(
 @h.timeout(60)
 def test_independent_prefills_overlap_and_never_wait_for_a_lane():
     recs, during = two_concurrent_prefills("independent")
-    a, b = recs[1], recs[0]            # B (shorter) ends first
+    b, a = sorted(recs, key=lambda x: x["prompt_bytes"])
     assert (a["prompt_bytes"], b["prompt_bytes"]) == (2048, 1024), recs
     assert a["lane_ms"] == 0.0 and b["lane_ms"] == 0.0, recs
     assert abs(a["prefill_ms"] - 410.0) < 0.001 and abs(b["prefill_ms"] - 210.0) < 0.001
