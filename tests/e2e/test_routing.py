@@ -428,6 +428,39 @@ def test_a_new_conversation_follows_a_shared_system_prompt_only_to_a_least_loade
             assert kinds == ["miss", "miss", "hit", "hit", "hit"], kinds
 
 
+def test_affinity_with_load_metrics_counts_the_runners_own_queue_once():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity",
+                          load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            conv = conversation(31, 2)
+            home = chat(gw, conv[0])
+            rep, orep = (a, b) if home == "a" else (b, a)
+            holders = [held(gw, conv[0])]
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=rep.url)
+            holders.append(held(gw, conv[0]))
+            h.wait_metric(gw, "sluice_replica_streams", 2, upstream="main", replica=rep.url)
+            holders.append(held(gw, []))          # no prompt: least loaded, the other
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=orep.url)
+            # The home runner queues one of this node's two streams, the other
+            # runs this node's one: loads 2 and 1, not 3 and 1 (which would be
+            # over 1.5 x 1 and by 2: a spill paying the whole prefill elsewhere).
+            rep.set_page(vllm_page(running=1, waiting=1))
+            orep.set_page(vllm_page(running=1, waiting=0))
+            wait_scraped([a, b])
+            assert chat(gw, conv[1]) == home
+            # Another node's requests the runner holds do count: 4 + 0 vs 1.
+            rep.set_page(vllm_page(running=3, waiting=1))
+            wait_scraped([a, b])
+            assert chat(gw, conv[1]) != home
+            a.release()
+            b.release()
+            for c in holders:
+                assert c.read_response(timeout=10).status == 200
+                c.close()
+
+
 def test_one_stream_more_on_the_home_replica_does_not_spill():
     with LoadReplica("a") as a, LoadReplica("b") as b:
         cfg = pool_config([a.url, b.url], balance="prefix_affinity")
