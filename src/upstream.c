@@ -332,6 +332,7 @@ choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
 {
 	size_t nr = p->conf->nreplicas, r, k = 0;
 	int64_t load[64], least = -1, now = sl_mono_ms();
+	int64_t rank[64], lowest = -1;
 	int64_t mi = p->conf->affinity.max_imbalance;
 	uint64_t ids[64];
 	int idx[64], pick;
@@ -343,18 +344,27 @@ choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
 		load[r] = affine_load(p, ps->shm, r, now);
 		if (least < 0 || load[r] < least)
 			least = load[r];
+		/*
+		 * Where a prompt goes when it leaves (or has no) holder:
+		 * least_loaded's rank, in which a runner's queue counts
+		 * against it on top of the streams (it steers new work
+		 * away from a queue; affine_load only decides a spill).
+		 */
+		rank[r] = replica_load(p, ps->shm, r, now);
+		if (lowest < 0 || rank[r] < lowest)
+			lowest = rank[r];
 	}
 	if (least < 0)
 		return -1;
 #define OVER(l) ((l) * 100 > mi * least && (l) >= least + 2)
 	if (held >= 0 && (size_t)held < nr && (cand >> held & 1) &&
-	    (ended ? !OVER(load[held]) : load[held] == least)) {
+	    (ended ? !OVER(load[held]) : rank[held] == lowest)) {
 		*out = SL_AFF_HIT;
 		return held;
 	}
 	*out = held >= 0 && ended ? SL_AFF_SPILL : SL_AFF_MISS;
 	for (r = 0; r < nr && r < 64; r++)
-		if ((cand >> r & 1) && load[r] == least) {
+		if ((cand >> r & 1) && rank[r] == lowest) {
 			ids[k] = p->rid[r];
 			idx[k++] = (int)r;
 		}

@@ -461,6 +461,27 @@ def test_affinity_with_load_metrics_counts_the_runners_own_queue_once():
                 c.close()
 
 
+def test_affinity_with_load_metrics_places_new_prompts_away_from_a_runners_queue():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        cfg = pool_config([a.url, b.url], balance="prefix_affinity", load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            holders = [held(gw, []), held(gw, [])]     # no prompt: one on each
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=a.url)
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=b.url)
+            # One stream each, but a's runner queues it: a new prompt goes to b
+            # (least_loaded's rank, in-flight + queue), not to a tie.
+            a.set_page(vllm_page(running=0, waiting=1))
+            b.set_page(vllm_page(running=1, waiting=0))
+            wait_scraped([a, b])
+            got = [chat(gw, conversation(500 + k, 1)[0]) for k in range(8)]
+            assert got == ["b"] * 8, got
+            a.release()
+            b.release()
+            for c in holders:
+                assert c.read_response(timeout=10).status == 200
+                c.close()
+
+
 def test_one_stream_more_on_the_home_replica_does_not_spill():
     with LoadReplica("a") as a, LoadReplica("b") as b:
         cfg = pool_config([a.url, b.url], balance="prefix_affinity")
