@@ -10,6 +10,7 @@
  *               [--busy] [--busy-status 429|503] [--busy-retry-after SECONDS]
  *               [--interval-scale F] [--batch N] [--prefix-cache BLOCKS]
  *               [--block BYTES] [--ttft-base-ms MS] [--ttft-ms-per-kib MS]
+ *               [--prefill-mode independent|shared]
  *     -l  listen address, default 127.0.0.1:9000; "[::1]:PORT" for IPv6; port 0
  *         picks a free port.
  *     -q  quiet: no per-request log lines on stderr (startup errors still print).
@@ -23,7 +24,7 @@
  *     --busy-retry-after N  0..86400, its Retry-After, default 2.
  *     --interval-scale F    multiply every X-Stub-Interval-Ms by F (decimal,
  *         0 < F <= 1000, default 1): a replica with F = 3 streams 3x slower.
- *   The last five make it a model runner with a batch and a prefix cache (see
+ *   The last six make it a model runner with a batch and a prefix cache (see
  *   Runner model below); all are off by default:
  *     --batch N             0..100000, default 0 (no limit): at most N completions
  *         hold a slot at once, the others wait in a FIFO queue.
@@ -33,6 +34,9 @@
  *     --ttft-base-ms MS, --ttft-ms-per-kib MS   0..86400 each, fraction allowed,
  *         default 0: a request's prefill lasts base + per-KiB x its uncached
  *         prompt bytes / 1024 ms.
+ *     --prefill-mode independent|shared   default independent: every prefill
+ *         is its own timer; shared: the per-KiB part of all prefills is served
+ *         by one compute lane in FIFO order (see Runner model).
  *   Bad values print why and the usage, exit 2.
  *   After binding, exactly one line goes to stdout, flushed:
  *     sluice-stub listening on HOST:PORT        (numeric host, actual port)
@@ -46,6 +50,10 @@
  *       {"method":..,"path":..,"query":..,"headers":[[name,value],..],"body":..}
  *   GET /v1/models      one model, "stub".
  *   GET /stub/stats     counters, below.
+ *   GET /stub/prefills  the last (up to 4096) prefills since start or reset, oldest
+ *                       first: {"prefills":[{"prompt_bytes","hit_bytes","queue_ms",
+ *                       "lane_ms","prefill_ms","ttft_ms","slot_ms"},..]} (as in
+ *                       last_prefill below), for a benchmark's tail analysis.
  *   GET /stub/last      the body of the last completion request (chat or not), byte
  *                       for byte, with "X-Stub-Path: PATH"; 404 if none since reset.
  *   POST /stub/reset    zero the counters, drop idle tags, forget the last body,
@@ -171,6 +179,29 @@
  * With every runner option off a completion takes its slot and prefills in zero
  * time within the same step: answers and timing are as they were.
  *
+ * Prefill compute (--prefill-mode). independent (the default): each prefill is
+ * its own timer, so prefills on one replica run fully in parallel and a long
+ * uncached prompt delays only itself. shared: the per-KiB part of the prefill
+ * (the compute, per_kib x uncached KiB) is served by one lane per process in
+ * the order slots were given (FIFO): a prefill's compute starts when the one
+ * before it ends, and its first token is due `base` ms after its own compute
+ * ends (base is per-request latency the batch shares, not extra compute: 8
+ * fully cached requests given slots at once all get TTFT = base). So two
+ * uncached prompts of w1 and w2 ms given slots together: TTFT w1 + base and
+ * w1 + w2 + base. A request that leaves mid-prefill gives the rest of its
+ * compute back: those behind it move up. Why FIFO and not processor sharing:
+ * vLLM's scheduler (v1, chunked prefill) fills each step's token budget
+ * (max_num_batched_tokens) from its running requests in arrival order, each
+ * taking min(tokens left, budget left); a long prompt ahead therefore takes
+ * whole steps until its last chunk, and the next request's prefill only gets
+ * the remainder, which is first-come first-served compute, not an even split
+ * (that would need long_prefill_token_threshold / partial-prefill limits,
+ * off by default); SGLang's chunked prefill also runs one chunked request at a
+ * time. Decode (the --batch slots and the pacing of events) is not part of the
+ * lane: it stays as in independent mode. Slots (running/waiting) mean the same
+ * in both modes: a request in the lane holds its slot and counts as running,
+ * as vLLM counts a request in chunked prefill.
+ *
  * Stats (GET /stub/stats)
  *   {"requests","streams_started","streams_completed","aborted_by_client","inflight",
  *    "max_inflight","blocked_writes","bytes_sent","connections_open",
@@ -196,8 +227,11 @@
  *   Reset keeps the gauges (inflight, connections_open), sets max_inflight to
  *   inflight, and keeps tags that still have requests in flight (counters zeroed).
  *   RUNNER is the runner model's settings, gauges and counters:
- *     "runner":{"batch","prefix_cache","block","ttft_base_ms","ttft_ms_per_kib"},
+ *     "runner":{"batch","prefix_cache","block","ttft_base_ms","ttft_ms_per_kib",
+ *       "prefill_mode":"independent"|"shared"},
  *     "running","waiting"    slots held, requests queued (gauges)
+ *     "prefilling"           of the running, those whose prefill has not ended
+ *     "lane_backlog_ms"      shared mode: compute queued in the lane from now
  *     "max_running","max_waiting"   their peaks since start or reset
  *     "prefills"             prefills ended
  *     "prompt_bytes","prompt_bytes_hit"   prompt bytes of the requests given a
@@ -205,12 +239,15 @@
  *     "prompt_blocks","prefix_hit_blocks","prefix_hit_requests"   their whole
  *                            blocks, those found cached, requests with any found
  *     "cache_blocks","cache_evictions"   blocks in the LRU now, evicted so far
- *     "queue_ms_total","prefill_ms_total"   summed slot waits (measured) and
- *                            modelled prefills, ms
+ *     "queue_ms_total","prefill_ms_total","lane_ms_total"   summed slot waits
+ *                            (measured), modelled prefills and lane waits, ms
  *     "last_prefill":null or {"prompt_bytes","blocks","hit_blocks","hit_bytes",
- *       "queue_ms","prefill_ms","ttft_ms"} of the last prefill that ended:
- *       queue_ms measured from dispatch to slot, prefill_ms modelled, ttft_ms
- *       measured from dispatch to the prefill's end (the response may start).
+ *       "queue_ms","lane_ms","prefill_ms","ttft_ms","slot_ms"} of the last
+ *       prefill that ended: queue_ms measured from dispatch to slot; lane_ms
+ *       modelled wait for the compute lane (0 in independent mode); prefill_ms
+ *       modelled (base + per-KiB x uncached KiB); ttft_ms measured from
+ *       dispatch to the prefill's end (the response may start); slot_ms the
+ *       CLOCK_MONOTONIC time the slot was given, ms (relates two prefills).
  *   Reset empties the LRU, zeroes the counters (evictions too), drops
  *   last_prefill and sets the peaks to the gauges.
  *
@@ -281,6 +318,7 @@
 #define BLOCK_MAX           65536LL
 #define BLOCK_DEFAULT       64
 #define PC_NIL              UINT32_MAX
+#define PREFILL_RING        4096                /* GET /stub/prefills keeps these */
 
 /* ------------------------------------------------------------------ buffers */
 
@@ -575,14 +613,20 @@ struct runner_stats {
 	uint64_t hit_blocks;		/* of which found in the prefix cache */
 	uint64_t hit_requests;		/* requests with at least one block found */
 	uint64_t max_running, max_waiting;
-	double	 queue_ms_total, prefill_ms_total;
+	double	 queue_ms_total, prefill_ms_total, lane_ms_total;
 };
 
 /* What the last prefill was, for a test to check the model's arithmetic. */
 struct last_prefill {
 	int	 valid;
 	uint64_t prompt_bytes, blocks, hit_blocks, hit_bytes;
-	double	 queue_ms, prefill_ms, ttft_ms;
+	double	 queue_ms, lane_ms, prefill_ms, ttft_ms, slot_ms;
+};
+
+/* One ended prefill, for GET /stub/prefills. */
+struct prefill_rec {
+	uint64_t prompt_bytes, hit_bytes;
+	double	 queue_ms, lane_ms, prefill_ms, ttft_ms, slot_ms;
 };
 
 struct conn;
@@ -618,9 +662,15 @@ struct stub {
 	uint64_t	 running_blocks;	/* their prompts' blocks (KV in use) */
 	uint64_t	 waiting;	/* in waitq */
 	struct conn_queue waitq;	/* completions waiting for a slot, FIFO */
+	int		 prefill_shared;	/* --prefill-mode shared: one compute lane */
+	double		 lane_free;	/* CLOCK_MONOTONIC s when the lane's work ends */
+	struct conn_queue laneq;	/* shared: prefills not ended, in lane order */
+	uint64_t	 prefilling;	/* slots whose prefill has not ended */
 	struct pcache	 pc;
 	struct runner_stats rs;
 	struct last_prefill last_prefill;
+	struct prefill_rec ring[PREFILL_RING];	/* the last prefills, a ring */
+	size_t		 ring_n, ring_next;	/* records held; where the next goes */
 	int		 stopping;	/* shutdown: hand no slot on */
 	/* GET /stub/last: the body of the last completion request, as received. */
 	struct buf	 last_body;
@@ -731,6 +781,7 @@ enum route {
 	ROUTE_STATS,
 	ROUTE_RESET,
 	ROUTE_LAST,		/* GET /stub/last */
+	ROUTE_PREFILLS,		/* GET /stub/prefills */
 	ROUTE_HEALTH,		/* GET /health */
 	ROUTE_METRICS,		/* GET /metrics: the runner's gauges, vLLM's names */
 	ROUTE_CTL_HEALTH,	/* POST /stub/health?status=CODE */
@@ -782,7 +833,12 @@ struct req {
 	size_t		 nblocks;
 	size_t		 hit_blocks;	/* leading blocks found in the cache */
 	double		 t_dispatch, t_slot;	/* CLOCK_MONOTONIC s */
-	double		 prefill_ms;	/* the modelled TTFT after the wait */
+	double		 prefill_ms;	/* modelled: base + per-KiB x uncached KiB */
+	/* --prefill-mode shared: its place in the compute lane. */
+	int		 in_lane;	/* in ctx->laneq */
+	unsigned	 prefilling:1;	/* counted in ctx->prefilling */
+	double		 work_ms;	/* its compute: per-KiB x uncached KiB */
+	double		 t_lane_start, t_lane_end;	/* CLOCK_MONOTONIC s */
 };
 
 enum outcome { OUT_COMPLETED, OUT_ABORTED_BY_CLIENT, OUT_CUT, OUT_SHUTDOWN };
@@ -813,6 +869,7 @@ enum resp_kind { RESP_NONE, RESP_CONTINUE, RESP_FIXED, RESP_CUT_AFTER_HEAD, RESP
 struct conn {
 	LIST_ENTRY(conn) entry;
 	TAILQ_ENTRY(conn) wentry;	/* in ctx->waitq while CONN_QUEUED */
+	TAILQ_ENTRY(conn) lentry;	/* in ctx->laneq while its lane work is due */
 	struct stub	*ctx;
 	int		 fd;
 	enum conn_state	 state;
@@ -895,6 +952,9 @@ req_reset(struct req *r)
 	r->blocks = NULL;
 	r->nblocks = r->prompt_bytes = r->hit_blocks = 0;
 	r->t_dispatch = r->t_slot = r->prefill_ms = 0;
+	r->in_lane = 0;
+	r->prefilling = 0;
+	r->work_ms = r->t_lane_start = r->t_lane_end = 0;
 }
 
 static const char *
@@ -1249,6 +1309,7 @@ stats_reset(struct stub *ctx)
 	ctx->rs.max_running = ctx->running;
 	ctx->rs.max_waiting = ctx->waiting;
 	memset(&ctx->last_prefill, 0, sizeof ctx->last_prefill);
+	ctx->ring_n = ctx->ring_next = 0;
 	for (t = TAILQ_FIRST(&ctx->tags); t != NULL; t = tnext) {
 		tnext = TAILQ_NEXT(t, entry);
 		if (t->inflight == 0) {
@@ -1663,11 +1724,15 @@ buf_runner(struct buf *b, const struct stub *ctx)
 
 	buf_printf(b, ",\"runner\":{\"batch\":%lld,\"prefix_cache\":%" PRIu32
 	    ",\"block\":%zu", ctx->batch, ctx->pc.cap, ctx->block);
-	buf_printf(b, ",\"ttft_base_ms\":%.3f,\"ttft_ms_per_kib\":%.3f}",
-	    ctx->ttft_base_ms, ctx->ttft_ms_per_kib);
+	buf_printf(b, ",\"ttft_base_ms\":%.3f,\"ttft_ms_per_kib\":%.3f"
+	    ",\"prefill_mode\":\"%s\"}", ctx->ttft_base_ms, ctx->ttft_ms_per_kib,
+	    ctx->prefill_shared ? "shared" : "independent");
 	buf_printf(b, ",\"running\":%" PRIu64 ",\"waiting\":%" PRIu64
 	    ",\"max_running\":%" PRIu64 ",\"max_waiting\":%" PRIu64,
 	    ctx->running, ctx->waiting, rs->max_running, rs->max_waiting);
+	buf_printf(b, ",\"prefilling\":%" PRIu64 ",\"lane_backlog_ms\":%.3f",
+	    ctx->prefilling, ctx->prefill_shared && ctx->lane_free > mono_now() ?
+	    (ctx->lane_free - mono_now()) * 1000.0 : 0.0);
 	buf_printf(b, ",\"prefills\":%" PRIu64 ",\"prompt_bytes\":%" PRIu64
 	    ",\"prompt_bytes_hit\":%" PRIu64, rs->prefills, rs->prompt_bytes,
 	    rs->prompt_bytes_hit);
@@ -1676,8 +1741,9 @@ buf_runner(struct buf *b, const struct stub *ctx)
 	    rs->hit_requests);
 	buf_printf(b, ",\"cache_blocks\":%" PRIu32 ",\"cache_evictions\":%" PRIu64,
 	    ctx->pc.used, ctx->pc.evictions);
-	buf_printf(b, ",\"queue_ms_total\":%.3f,\"prefill_ms_total\":%.3f",
-	    rs->queue_ms_total, rs->prefill_ms_total);
+	buf_printf(b, ",\"queue_ms_total\":%.3f,\"prefill_ms_total\":%.3f"
+	    ",\"lane_ms_total\":%.3f", rs->queue_ms_total, rs->prefill_ms_total,
+	    rs->lane_ms_total);
 	if (!lp->valid) {
 		buf_puts(b, ",\"last_prefill\":null");
 		return;
@@ -1685,8 +1751,33 @@ buf_runner(struct buf *b, const struct stub *ctx)
 	buf_printf(b, ",\"last_prefill\":{\"prompt_bytes\":%" PRIu64 ",\"blocks\":%" PRIu64
 	    ",\"hit_blocks\":%" PRIu64 ",\"hit_bytes\":%" PRIu64, lp->prompt_bytes,
 	    lp->blocks, lp->hit_blocks, lp->hit_bytes);
-	buf_printf(b, ",\"queue_ms\":%.3f,\"prefill_ms\":%.3f,\"ttft_ms\":%.3f}",
-	    lp->queue_ms, lp->prefill_ms, lp->ttft_ms);
+	buf_printf(b, ",\"queue_ms\":%.3f,\"lane_ms\":%.3f,\"prefill_ms\":%.3f",
+	    lp->queue_ms, lp->lane_ms, lp->prefill_ms);
+	buf_printf(b, ",\"ttft_ms\":%.3f,\"slot_ms\":%.3f}", lp->ttft_ms, lp->slot_ms);
+}
+
+/* GET /stub/prefills: the ring of the last prefills, oldest first. */
+static void
+resp_prefills(struct conn *c)
+{
+	const struct stub *ctx = c->ctx;
+	const struct prefill_rec *p;
+	struct buf *b = &c->out;
+	size_t i, k;
+
+	resp_json_begin(c);
+	buf_puts(b, "{\"prefills\":[");
+	for (i = 0; i < ctx->ring_n; i++) {
+		k = (ctx->ring_next + PREFILL_RING - ctx->ring_n + i) % PREFILL_RING;
+		p = &ctx->ring[k];
+		buf_printf(b, "%s{\"prompt_bytes\":%" PRIu64 ",\"hit_bytes\":%" PRIu64,
+		    i ? "," : "", p->prompt_bytes, p->hit_bytes);
+		buf_printf(b, ",\"queue_ms\":%.3f,\"lane_ms\":%.3f,\"prefill_ms\":%.3f"
+		    ",\"ttft_ms\":%.3f,\"slot_ms\":%.3f}", p->queue_ms, p->lane_ms,
+		    p->prefill_ms, p->ttft_ms, p->slot_ms);
+	}
+	buf_puts(b, "]}");
+	resp_json_end(c, 200);
 }
 
 /*
@@ -2053,9 +2144,11 @@ conn_flush(struct conn *c)
  * before the knobs that wait (hang, delay) and the response:
  *   runner_admit      at dispatch: take a batch slot, or wait in ctx->waitq (FIFO)
  *   runner_start      with a slot: find the prompt's cached prefix, arm the TTFT
- *                     timer (CONN_PREFILL)
+ *                     timer (CONN_PREFILL); shared mode: queue its compute in
+ *                     the lane (ctx->laneq)
  *   runner_prefilled  the timer fired: cache the prompt's blocks, then serve
- *   runner_release    from req_finish: free the slot, hand it to the queue's head
+ *   runner_release    from req_finish: free the slot, hand it to the queue's head;
+ *                     a prefill cut short gives its lane time back (lane_leave)
  * The slot is held until the response is written or the peer leaves. With the
  * options off (the default) a request takes a slot at once and prefills in no
  * time within the same step: nothing changes but the gauges.
@@ -2203,25 +2296,81 @@ conn_serve(struct conn *c)
  * tail first, so that a prompt's shared head is the last of it to be evicted
  * (vLLM frees a sequence's blocks in reverse order for the same reason).
  */
+/*
+ * Take c out of the compute lane (its prefill ended, or its client left).
+ * When its compute had not ended, the rest of it is given back: every
+ * prefill behind it starts and ends that much earlier, and its timer is
+ * re-armed.
+ */
+static void
+lane_leave(struct conn *c, double now)
+{
+	struct stub *ctx = c->ctx;
+	struct req *r = &c->req;
+	struct conn *n;
+	double rest;
+
+	if (!r->in_lane)
+		return;
+	rest = r->t_lane_end - (now > r->t_lane_start ? now : r->t_lane_start);
+	ev_now_update(ctx->loop);
+	for (n = TAILQ_NEXT(c, lentry); n != NULL && rest > 0 && !ctx->stopping;
+	    n = TAILQ_NEXT(n, lentry)) {
+		double due;
+
+		n->req.t_lane_start -= rest;
+		n->req.t_lane_end -= rest;
+		due = n->req.t_lane_end + ctx->ttft_base_ms / 1000.0 - now;
+		conn_arm_timer(n, due > 0 ? due : 0.);
+	}
+	if (rest > 0)
+		ctx->lane_free -= rest;
+	TAILQ_REMOVE(&ctx->laneq, c, lentry);
+	r->in_lane = 0;
+}
+
 static void
 runner_prefilled(struct conn *c)
 {
 	struct stub *ctx = c->ctx;
 	struct req *r = &c->req;
 	struct last_prefill *lp = &ctx->last_prefill;
+	struct prefill_rec *rec = &ctx->ring[ctx->ring_next];
+	double lane_ms = 0, now = mono_now();
 	size_t i;
 
+	if (r->in_lane) {
+		lane_ms = (r->t_lane_start - r->t_slot) * 1000.0;
+		lane_leave(c, now);
+	}
+	if (r->prefilling) {
+		r->prefilling = 0;
+		ctx->prefilling--;
+	}
 	for (i = r->nblocks; i-- > 0; )
 		pc_insert(&ctx->pc, r->blocks[i]);
 	ctx->rs.prefills++;
+	ctx->rs.lane_ms_total += lane_ms;
 	lp->valid = 1;
 	lp->prompt_bytes = r->prompt_bytes;
 	lp->blocks = r->nblocks;
 	lp->hit_blocks = r->hit_blocks;
 	lp->hit_bytes = r->hit_blocks * ctx->block;
 	lp->queue_ms = (r->t_slot - r->t_dispatch) * 1000.0;
+	lp->lane_ms = lane_ms;
 	lp->prefill_ms = r->prefill_ms;
-	lp->ttft_ms = (mono_now() - r->t_dispatch) * 1000.0;
+	lp->ttft_ms = (now - r->t_dispatch) * 1000.0;
+	lp->slot_ms = r->t_slot * 1000.0;
+	rec->prompt_bytes = lp->prompt_bytes;
+	rec->hit_bytes = lp->hit_bytes;
+	rec->queue_ms = lp->queue_ms;
+	rec->lane_ms = lane_ms;
+	rec->prefill_ms = lp->prefill_ms;
+	rec->ttft_ms = lp->ttft_ms;
+	rec->slot_ms = lp->slot_ms;
+	ctx->ring_next = (ctx->ring_next + 1) % PREFILL_RING;
+	if (ctx->ring_n < PREFILL_RING)
+		ctx->ring_n++;
 	free(r->blocks);
 	r->blocks = NULL;
 	conn_serve(c);
@@ -2263,14 +2412,27 @@ runner_start(struct conn *c, int wake, double now)
 	ctx->rs.hit_blocks += i;
 	if (i > 0)
 		ctx->rs.hit_requests++;
-	r->prefill_ms = ctx->ttft_base_ms +
-	    ctx->ttft_ms_per_kib * (double)(r->prompt_bytes - hit_bytes) / 1024.0;
+	r->work_ms = ctx->ttft_ms_per_kib * (double)(r->prompt_bytes - hit_bytes) / 1024.0;
+	r->prefill_ms = ctx->ttft_base_ms + r->work_ms;
 	ctx->rs.queue_ms_total += (r->t_slot - r->t_dispatch) * 1000.0;
 	ctx->rs.prefill_ms_total += r->prefill_ms;
 	if (r->prefill_ms > 0 || wake) {
+		double due = r->prefill_ms / 1000.0;
+
+		if (ctx->prefill_shared) {
+			/* Its compute follows the lane's; base runs after its own. */
+			r->t_lane_start = ctx->lane_free > now ? ctx->lane_free : now;
+			r->t_lane_end = r->t_lane_start + r->work_ms / 1000.0;
+			ctx->lane_free = r->t_lane_end;
+			TAILQ_INSERT_TAIL(&ctx->laneq, c, lentry);
+			r->in_lane = 1;
+			due = r->t_lane_end + ctx->ttft_base_ms / 1000.0 - now;
+		}
+		r->prefilling = 1;
+		ctx->prefilling++;
 		/* From now, not from the loop's cached time: never shorter than modelled. */
 		ev_now_update(ctx->loop);
-		conn_arm_timer(c, r->prefill_ms / 1000.0);
+		conn_arm_timer(c, due);
 		conn_set_state(c, CONN_PREFILL);
 	} else
 		runner_prefilled(c);
@@ -2310,6 +2472,11 @@ runner_release(struct conn *c)
 		TAILQ_REMOVE(&ctx->waitq, c, wentry);
 		ctx->waiting--;
 	} else if (r->slot == SLOT_RUNNING) {
+		lane_leave(c, mono_now());
+		if (r->prefilling) {
+			r->prefilling = 0;
+			ctx->prefilling--;
+		}
 		ctx->running--;
 		ctx->running_blocks -= r->nblocks;
 		while (!ctx->stopping && (next = TAILQ_FIRST(&ctx->waitq)) != NULL &&
@@ -2345,6 +2512,8 @@ route_of(const struct req *r, const char *path, size_t plen)
 		return m == HTTP_POST ? ROUTE_RESET : ROUTE_NOT_FOUND;
 	if (PATH_IS("/stub/last"))
 		return m == HTTP_GET ? ROUTE_LAST : ROUTE_NOT_FOUND;
+	if (PATH_IS("/stub/prefills"))
+		return m == HTTP_GET ? ROUTE_PREFILLS : ROUTE_NOT_FOUND;
 	if (PATH_IS("/health"))
 		return m == HTTP_GET ? ROUTE_HEALTH : ROUTE_NOT_FOUND;
 	if (PATH_IS("/metrics"))
@@ -2519,6 +2688,9 @@ conn_respond(struct conn *c)
 		break;
 	case ROUTE_LAST:
 		resp_last(c);
+		break;
+	case ROUTE_PREFILLS:
+		resp_prefills(c);
 		break;
 	case ROUTE_HEALTH:
 		resp_health(c);
@@ -2946,7 +3118,7 @@ usage(void)
 	    "           [--slow-start SECONDS] [--busy] [--busy-status 429|503]\n"
 	    "           [--busy-retry-after SECONDS] [--interval-scale F] [--batch N]\n"
 	    "           [--prefix-cache BLOCKS] [--block BYTES] [--ttft-base-ms MS]\n"
-	    "           [--ttft-ms-per-kib MS]\n"
+	    "           [--ttft-ms-per-kib MS] [--prefill-mode independent|shared]\n"
 	    "  -l  listen address (default " STUB_DEFAULT_LISTEN "; [::1]:PORT for IPv6)\n"
 	    "  -q  no per-request logging\n"
 	    "  --health-status CODE       GET /health answers CODE (200..599, not 204/304;"
@@ -2965,7 +3137,9 @@ usage(void)
 	    "  --prefix-cache BLOCKS      LRU of prompt block hashes (0..4194304, default 0)\n"
 	    "  --block BYTES              prompt bytes per block (16..65536, default 64)\n"
 	    "  --ttft-base-ms MS          prefill = base + per-KiB x uncached prompt KiB\n"
-	    "  --ttft-ms-per-kib MS       (each 0..86400, fraction allowed, default 0)\n");
+	    "  --ttft-ms-per-kib MS       (each 0..86400, fraction allowed, default 0)\n"
+	    "  --prefill-mode M           independent (default): prefills run in parallel;\n"
+	    "                             shared: their per-KiB compute is one FIFO lane\n");
 	exit(2);
 }
 
@@ -2989,7 +3163,7 @@ main(int argc, char **argv)
 	static struct stub ctx;	/* large (scratch buffer): not on the stack */
 	enum { OPT_HEALTH_STATUS = 256, OPT_SLOW_START, OPT_BUSY, OPT_BUSY_STATUS,
 	    OPT_BUSY_RETRY_AFTER, OPT_INTERVAL_SCALE, OPT_BATCH, OPT_PREFIX_CACHE, OPT_BLOCK,
-	    OPT_TTFT_BASE_MS, OPT_TTFT_MS_PER_KIB };
+	    OPT_TTFT_BASE_MS, OPT_TTFT_MS_PER_KIB, OPT_PREFILL_MODE };
 	static const struct option longopts[] = {
 		{ "health-status",	required_argument, NULL, OPT_HEALTH_STATUS },
 		{ "slow-start",		required_argument, NULL, OPT_SLOW_START },
@@ -3002,6 +3176,7 @@ main(int argc, char **argv)
 		{ "block",		required_argument, NULL, OPT_BLOCK },
 		{ "ttft-base-ms",	required_argument, NULL, OPT_TTFT_BASE_MS },
 		{ "ttft-ms-per-kib",	required_argument, NULL, OPT_TTFT_MS_PER_KIB },
+		{ "prefill-mode",	required_argument, NULL, OPT_PREFILL_MODE },
 		{ NULL, 0, NULL, 0 }
 	};
 	const char *listen_arg = STUB_DEFAULT_LISTEN;
@@ -3079,6 +3254,17 @@ main(int argc, char **argv)
 				usage();
 			}
 			break;
+		case OPT_PREFILL_MODE:
+			if (strcmp(optarg, "shared") == 0)
+				ctx.prefill_shared = 1;
+			else if (strcmp(optarg, "independent") == 0)
+				ctx.prefill_shared = 0;
+			else {
+				fprintf(stderr, "sluice-stub: bad --prefill-mode '%s': want "
+				    "independent or shared\n", optarg);
+				usage();
+			}
+			break;
 		default:
 			usage();
 		}
@@ -3092,6 +3278,7 @@ main(int argc, char **argv)
 	LIST_INIT(&ctx.conns);
 	TAILQ_INIT(&ctx.tags);
 	TAILQ_INIT(&ctx.waitq);
+	TAILQ_INIT(&ctx.laneq);
 	pc_init(&ctx.pc, (uint32_t)pc_blocks);
 	buf_init(&ctx.last_body, BODY_CAP);
 	if ((ctx.loop = ev_default_loop(EVFLAG_AUTO)) == NULL)

@@ -98,8 +98,19 @@ int sl_affinity_lookup(struct sl_affinity *a, uint32_t upstream, const uint64_t 
     size_t *matched);
 
 /*
- * Remember that h[0..n) were routed to replica (overwrites, refreshes LRU).
- * Call once the replica is chosen, with every hash of the request.
+ * The same, and *ended (when not NULL) = 1 when the matched block was the
+ * last block of a prompt recorded before (an earlier turn of this
+ * conversation ended there), 0 when it was only ever inside longer prompts:
+ * a prefix other prompts share, such as a system prompt. 0 when none.
+ */
+int sl_affinity_lookup_end(struct sl_affinity *a, uint32_t upstream, const uint64_t *h,
+    size_t n, size_t *matched, int *ended);
+
+/*
+ * Remember that h[0..n) were routed to replica (overwrites, refreshes LRU;
+ * replica 0..32767) and that h[n-1] ended a prompt (that mark stays while
+ * the entry lives). Call once the replica is chosen, with the hashes of the
+ * request (all, or those past a prefix left where it was).
  */
 void sl_affinity_record(struct sl_affinity *a, uint32_t upstream, const uint64_t *h, size_t n,
     int replica);

@@ -179,6 +179,27 @@ struct sl_shm_replica {
 
 /* The health cell of index idx (a replica's), or NULL if out of range. */
 struct sl_shm_replica *sl_shm_replica(struct sl_shm *, size_t idx);
+
+/*
+ * Affinity hints (balance: prefix_affinity), shared by every worker so that
+ * a conversation's next turn finds the replica of its last one whichever
+ * worker routed that: a direct-mapped, lossy table of SL_SHM_HINTS words,
+ * prompt block hash -> replica slot (the index of sl_shm_replica) and
+ * whether that block ended a routed prompt. Relaxed loads and stores, no
+ * lock: a collision overwrites (the older hint is lost), a reader checks
+ * the hash's 42-bit tag, so a wrong answer needs a tag collision (2^-42 a
+ * probe) and costs a cache miss, nothing else. Written by workers after
+ * they route; each worker's own exact LRU (sl_affinity) is consulted too.
+ * Not cleared on reload: a slot stands for one (upstream, URL) for the
+ * master's life, and a hint naming a slot that is not a replica of the
+ * pool being chosen for is skipped.
+ */
+#define SL_SHM_HINTS (1u << 18)        /* 2 MiB */
+void sl_shm_hint_put(struct sl_shm *, uint64_t hash, size_t slot, int ended);
+/* 0 and *slot, *ended when hash has a hint; -1 when not. */
+int sl_shm_hint_get(const struct sl_shm *, uint64_t hash, size_t *slot, int *ended);
+/* Forget every hint to slot (its replica went down). O(SL_SHM_HINTS). */
+void sl_shm_hint_drop_slot(struct sl_shm *, size_t slot);
 void sl_shm_count_uerr(struct sl_shm *, size_t row, size_t upstream, enum sl_uerr);
 uint64_t sl_shm_uerr_sum(const struct sl_shm *, size_t upstream, enum sl_uerr);
 

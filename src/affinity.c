@@ -352,7 +352,8 @@ sl_affinity_rendezvous(uint64_t key, const uint64_t *ids, size_t n)
 struct ent {
 	uint64_t hash;
 	uint32_t up;
-	int32_t replica;
+	int16_t replica;
+	uint16_t ended;          /* 1: the last block of a recorded prompt, ever */
 	uint32_t prev, next;     /* recency list when in use; next = free list */
 };
 
@@ -498,8 +499,8 @@ delete_ent(struct sl_affinity *a, uint32_t i)
 }
 
 int
-sl_affinity_lookup(struct sl_affinity *a, uint32_t upstream, const uint64_t *h, size_t n,
-    size_t *matched)
+sl_affinity_lookup_end(struct sl_affinity *a, uint32_t upstream, const uint64_t *h,
+    size_t n, size_t *matched, int *ended)
 {
 	uint32_t i;
 
@@ -507,11 +508,22 @@ sl_affinity_lookup(struct sl_affinity *a, uint32_t upstream, const uint64_t *h, 
 		n--;
 		if ((i = find(a, upstream, h[n], NULL)) != NIL) {
 			*matched = n + 1;
+			if (ended != NULL)
+				*ended = a->e[i].ended;
 			return a->e[i].replica;
 		}
 	}
 	*matched = 0;
+	if (ended != NULL)
+		*ended = 0;
 	return -1;
+}
+
+int
+sl_affinity_lookup(struct sl_affinity *a, uint32_t upstream, const uint64_t *h, size_t n,
+    size_t *matched)
+{
+	return sl_affinity_lookup_end(a, upstream, h, n, matched, NULL);
 }
 
 void
@@ -520,11 +532,14 @@ sl_affinity_record(struct sl_affinity *a, uint32_t upstream, const uint64_t *h, 
 {
 	uint32_t i, slot;
 
+	size_t last = n - 1;
+
 	/* Longest first, so the shorter prefixes end up the more recent. */
 	while (n > 0) {
 		n--;
 		if ((i = find(a, upstream, h[n], &slot)) != NIL) {
-			a->e[i].replica = replica;
+			a->e[i].replica = (int16_t)replica;
+			a->e[i].ended |= n == last;
 			unlink_ent(a, i);
 			push_head(a, i);
 			continue;
@@ -537,7 +552,8 @@ sl_affinity_record(struct sl_affinity *a, uint32_t upstream, const uint64_t *h, 
 		a->free = a->e[i].next;
 		a->e[i].hash = h[n];
 		a->e[i].up = upstream;
-		a->e[i].replica = replica;
+		a->e[i].replica = (int16_t)replica;
+		a->e[i].ended = n == last;
 		a->idx[slot] = i + 1;
 		push_head(a, i);
 		a->used++;

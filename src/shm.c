@@ -76,7 +76,20 @@ struct sl_shm {
 	struct shm_ustats *ustats;    /* [max_rows * SL_SHM_MAX_UPSTREAMS] */
 	struct shm_replica *replicas; /* [max_tenants] */
 	struct shm_tokens *tokens;    /* [max_tenants] */
+	_Atomic uint64_t *hints;      /* [SL_SHM_HINTS] affinity hints */
 };
+
+/*
+ * An affinity hint word: the hash's top HINT_TAG_BITS bits, the "ended"
+ * bit, then slot + 1 in the low HINT_SLOT_BITS bits (0: empty). The index
+ * is the hash's low bits, the tag its high ones: independent parts of a
+ * well-mixed hash.
+ */
+#define HINT_SLOT_BITS 21               /* slot + 1 <= 2^20 (max_tenants) */
+#define HINT_ENDED (UINT64_C(1) << HINT_SLOT_BITS)
+#define HINT_TAG_SHIFT (HINT_SLOT_BITS + 1)
+#define HINT_SLOT_MASK ((UINT64_C(1) << HINT_SLOT_BITS) - 1)
+#define HINT_TAG(h) ((h) >> HINT_TAG_SHIFT << HINT_TAG_SHIFT)
 
 /*
  * A tenant's tokens: a sliding window of 60 one-second buckets, each one
@@ -104,7 +117,7 @@ struct sl_shm *
 sl_shm_create(size_t max_tenants, size_t max_rows)
 {
 	size_t off_tenants, off_held, off_stats, off_tstats, off_ustats, off_sync;
-	size_t off_replicas, off_tokens;
+	size_t off_replicas, off_tokens, off_hints;
 	size_t len;
 	char *base;
 	struct sl_shm *s;
@@ -128,7 +141,9 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	    SL_CACHELINE);
 	off_tokens = round_up(off_replicas + max_tenants * sizeof(struct shm_replica),
 	    SL_CACHELINE);
-	len = off_tokens + max_tenants * sizeof(struct shm_tokens);
+	off_hints = round_up(off_tokens + max_tenants * sizeof(struct shm_tokens),
+	    SL_CACHELINE);
+	len = off_hints + SL_SHM_HINTS * sizeof(uint64_t);
 
 	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 	    -1, 0);
@@ -147,6 +162,7 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	s->sync = (struct shm_sync *)(void *)(base + off_sync);
 	s->replicas = (struct shm_replica *)(void *)(base + off_replicas);
 	s->tokens = (struct shm_tokens *)(void *)(base + off_tokens);
+	s->hints = (_Atomic uint64_t *)(void *)(base + off_hints);
 	return s;
 }
 
@@ -608,6 +624,51 @@ sl_shm_affinity_sum(const struct sl_shm *s, size_t upstream,
 		sum += cell_get(&s->ustats[r * SL_SHM_MAX_UPSTREAMS +
 		    upstream].aff[k]);
 	return sum;
+}
+
+void
+sl_shm_hint_put(struct sl_shm *s, uint64_t hash, size_t slot, int ended)
+{
+	_Atomic uint64_t *w = &s->hints[hash & (SL_SHM_HINTS - 1)];
+	uint64_t old, v;
+
+	if (slot >= s->max_tenants)
+		return;
+	v = HINT_TAG(hash) | ((uint64_t)slot + 1);
+	old = atomic_load_explicit(w, memory_order_relaxed);
+	/* "Ended" stays for the same hash (a race may lose it: a hint). */
+	if (ended || (HINT_TAG(old) == HINT_TAG(hash) && (old & HINT_ENDED)))
+		v |= HINT_ENDED;
+	if (v != old)
+		atomic_store_explicit(w, v, memory_order_relaxed);
+}
+
+int
+sl_shm_hint_get(const struct sl_shm *s, uint64_t hash, size_t *slot, int *ended)
+{
+	uint64_t v = atomic_load_explicit(&s->hints[hash & (SL_SHM_HINTS - 1)],
+	    memory_order_relaxed);
+
+	if ((v & HINT_SLOT_MASK) == 0 || HINT_TAG(v) != HINT_TAG(hash))
+		return -1;
+	*slot = (size_t)(v & HINT_SLOT_MASK) - 1;
+	*ended = (v & HINT_ENDED) != 0;
+	return 0;
+}
+
+void
+sl_shm_hint_drop_slot(struct sl_shm *s, size_t slot)
+{
+	size_t i;
+	uint64_t v;
+
+	for (i = 0; i < SL_SHM_HINTS; i++) {
+		v = atomic_load_explicit(&s->hints[i], memory_order_relaxed);
+		if ((v & HINT_SLOT_MASK) == (uint64_t)slot + 1)
+			/* Lost if another worker wrote meanwhile: that one is newer. */
+			atomic_compare_exchange_strong_explicit(&s->hints[i], &v, 0,
+			    memory_order_relaxed, memory_order_relaxed);
+	}
 }
 
 struct sl_shm_replica *

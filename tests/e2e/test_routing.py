@@ -347,6 +347,33 @@ def test_prefix_affinity_keeps_each_conversation_on_one_replica_across_workers()
             r.__exit__(None, None, None)
 
 
+def test_every_turn_after_the_first_finds_its_replica_whichever_worker_routed_the_last():
+    reps = [LoadReplica("r%d" % i) for i in range(4)]
+    for r in reps:
+        r.__enter__()
+    try:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([r.url for r in reps], workers=2, access_log=log,
+                          balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            convs = [conversation(40 + k, 4) for k in range(12)]
+            where = {}
+            for t in range(4):
+                for k, c in enumerate(convs):
+                    where.setdefault(k, []).append(chat(gw, c[t]))
+            for k, names in where.items():
+                assert len(set(names)) == 1, (k, names)
+            # The workers share where they sent each prefix (hints in the
+            # shared region): only first turns miss. With a table per
+            # worker alone, a turn whose earlier turns all went through the
+            # other worker missed too (about 10 more of 48 here).
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 48)]
+            assert kinds.count("miss") == 12 and kinds.count("hit") == 36, kinds
+    finally:
+        for r in reps:
+            r.__exit__(None, None, None)
+
+
 def test_conversations_sharing_a_system_prompt_follow_it_on_an_idle_pool():
     reps = [LoadReplica("r%d" % i) for i in range(4)]
     for r in reps:
@@ -415,6 +442,86 @@ def test_affinity_spills_under_imbalance_and_comes_back():
             assert kinds[0] == "miss" and kinds[1] == "spill", kinds
             m = h.scrape(gw)
             assert m.value("sluice_affinity_spills_total", upstream="main") == 1
+
+
+def test_a_new_conversation_follows_a_shared_system_prompt_only_to_a_least_loaded_holder():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity")
+        with h.Gateway(cfg) as gw:
+            conv = conversation(21, 2, shared=True)
+            home = chat(gw, conv[0])
+            rep, other = (a, "b") if home == "a" else (b, "a")
+            c = held(gw, conv[0])
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=rep.url)
+            # 1 vs 0: not over the imbalance bound, so the conversation's own
+            # next turn stays home; but a new conversation whose only known
+            # prefix is the shared system prompt goes to the least loaded.
+            assert chat(gw, conversation(22, 1, shared=True)[0]) == other
+            assert chat(gw, conv[1]) == home
+            rep.release()
+            assert c.read_response(timeout=10).status == 200
+            c.close()
+            h.wait_metric(gw, "sluice_replica_streams", 0, upstream="main", replica=rep.url)
+            # Idle again: the next new one follows the system prompt home.
+            assert chat(gw, conversation(23, 1, shared=True)[0]) == home
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 5)]
+            # first turn, the new one (miss), next turn, the held one, the last new
+            assert kinds == ["miss", "miss", "hit", "hit", "hit"], kinds
+
+
+def test_affinity_with_load_metrics_counts_the_runners_own_queue_once():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity",
+                          load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            conv = conversation(31, 2)
+            home = chat(gw, conv[0])
+            rep, orep = (a, b) if home == "a" else (b, a)
+            holders = [held(gw, conv[0])]
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=rep.url)
+            holders.append(held(gw, conv[0]))
+            h.wait_metric(gw, "sluice_replica_streams", 2, upstream="main", replica=rep.url)
+            holders.append(held(gw, []))          # no prompt: least loaded, the other
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=orep.url)
+            # The home runner queues one of this node's two streams, the other
+            # runs this node's one: loads 2 and 1, not 3 and 1 (which would be
+            # over 1.5 x 1 and by 2: a spill paying the whole prefill elsewhere).
+            rep.set_page(vllm_page(running=1, waiting=1))
+            orep.set_page(vllm_page(running=1, waiting=0))
+            wait_scraped([a, b])
+            assert chat(gw, conv[1]) == home
+            # Another node's requests the runner holds do count: 4 + 0 vs 1.
+            rep.set_page(vllm_page(running=3, waiting=1))
+            wait_scraped([a, b])
+            assert chat(gw, conv[1]) != home
+            a.release()
+            b.release()
+            for c in holders:
+                assert c.read_response(timeout=10).status == 200
+                c.close()
+
+
+def test_affinity_with_load_metrics_places_new_prompts_away_from_a_runners_queue():
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        cfg = pool_config([a.url, b.url], balance="prefix_affinity", load_metrics=LOAD)
+        with h.Gateway(cfg) as gw:
+            holders = [held(gw, []), held(gw, [])]     # no prompt: one on each
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=a.url)
+            h.wait_metric(gw, "sluice_replica_streams", 1, upstream="main", replica=b.url)
+            # One stream each, but a's runner queues it: a new prompt goes to b
+            # (least_loaded's rank, in-flight + queue), not to a tie.
+            a.set_page(vllm_page(running=0, waiting=1))
+            b.set_page(vllm_page(running=1, waiting=0))
+            wait_scraped([a, b])
+            got = [chat(gw, conversation(500 + k, 1)[0]) for k in range(8)]
+            assert got == ["b"] * 8, got
+            a.release()
+            b.release()
+            for c in holders:
+                assert c.read_response(timeout=10).status == 200
+                c.close()
 
 
 def test_one_stream_more_on_the_home_replica_does_not_spill():

@@ -1,5 +1,6 @@
 """The stub as a model runner (issue 14): --batch, --prefix-cache, --block,
---ttft-base-ms, --ttft-ms-per-kib and GET /metrics.
+--ttft-base-ms, --ttft-ms-per-kib, --prefill-mode, GET /metrics and
+GET /stub/prefills.
 
 Straight to the stub, no gateway: bench/routing and the routing tests rely on
 these numbers, so the arithmetic of the model is pinned exactly (cached blocks,
@@ -63,7 +64,8 @@ def test_runner_options_off_by_default_change_nothing_but_gauges():
         assert bytes(r.data) == expected_events(3)
         st = stub.stats()
         assert st["runner"] == {"batch": 0, "prefix_cache": 0, "block": 64,
-                                "ttft_base_ms": 0.0, "ttft_ms_per_kib": 0.0}, st["runner"]
+                                "ttft_base_ms": 0.0, "ttft_ms_per_kib": 0.0,
+                                "prefill_mode": "independent"}, st["runner"]
         assert (st["running"], st["waiting"], st["max_running"], st["max_waiting"]) == \
             (0, 0, 1, 0), st
         assert st["prefills"] == 1 and st["prompt_bytes"] == 1005, st
@@ -77,7 +79,8 @@ def test_runner_options_off_by_default_change_nothing_but_gauges():
 def test_bad_runner_options_exit_2():
     for args in (["--batch", "-1"], ["--batch", "100001"], ["--prefix-cache", "x"],
                  ["--block", "15"], ["--block", "65537"], ["--ttft-base-ms", "1e3"],
-                 ["--ttft-ms-per-kib", "86401"], ["--ttft-base-ms", ""]):
+                 ["--ttft-ms-per-kib", "86401"], ["--ttft-base-ms", ""],
+                 ["--prefill-mode", "fifo"], ["--prefill-mode", ""]):
         p = subprocess.run([h.stub_bin(), "-l", "127.0.0.1:0"] + args,
                            stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
         assert p.returncode == 2, (args, p.returncode, p.stderr[-300:])
@@ -295,3 +298,106 @@ def test_metrics_parse_as_prometheus_text_in_vllm_names():
         h.wait_until(lambda: gauges(stub) == (0.0, 0.0, 0.0), 5, msg="the slot to free")
         st = stub.stats()
         assert st["requests"] == 2, "GET /metrics counted as a /v1/ request: %r" % st
+
+
+# ------------------------------------------------------------------ shared prefill compute
+
+def prefills(stub):
+    st, _, body = stub._http("GET", "/stub/prefills")
+    assert st == 200, (st, body[:200])
+    return json.loads(body)["prefills"]
+
+
+def two_concurrent_prefills(mode):
+    """A (2 KiB, 400 ms of compute) then B (1 KiB, 200 ms) on two connections,
+    B sent once A has its slot: the records of both, in the order they ended, and
+    the gauges seen while both were prefilling."""
+    with Stub(args=("--prefill-mode", mode, "--ttft-base-ms", 10,
+                    "--ttft-ms-per-kib", 200)) as stub:
+        ca = open_stream(stub, chat_body("a" * 2048), events=1, interval=0)
+        # Two connections ready in one loop iteration are served in either
+        # order: B goes out once A holds its slot.
+        h.wait_until(lambda: stub.stats()["prefilling"] == 1, 5, msg="A prefilling")
+        cb = open_stream(stub, chat_body("b" * 1024), events=1, interval=0)
+        h.wait_until(lambda: stub.stats()["prefilling"] == 2, 5, msg="both prefilling")
+        st = stub.stats()
+        during = (st["running"], st["waiting"], st["prefilling"], st["lane_backlog_ms"],
+                  gauges(stub)[:2])
+        for c in (ca, cb):
+            r = c.read_response()
+            assert r.status == 200 and r.read_all() == expected_events(1)
+            c.close()
+        recs = prefills(stub)
+        st = stub.stats()
+        assert st["prefilling"] == 0 and st["lane_backlog_ms"] == 0.0, st
+        assert st["runner"]["prefill_mode"] == mode, st["runner"]
+        assert abs(st["lane_ms_total"] - sum(x["lane_ms"] for x in recs)) < 0.01, st
+        return recs, during
+
+
+@h.timeout(60)
+def test_shared_lane_second_concurrent_prefill_waits_for_the_first_ones_compute():
+    recs, during = two_concurrent_prefills("shared")
+    a, b = recs
+    assert (a["prompt_bytes"], b["prompt_bytes"]) == (2048, 1024), recs
+    assert a["lane_ms"] == 0.0 and abs(a["prefill_ms"] - 410.0) < 0.001, a
+    assert abs(b["prefill_ms"] - 210.0) < 0.001, b
+    # Exact: B's compute starts when A's ends (base is not lane time).
+    assert abs(b["slot_ms"] + b["lane_ms"] - (a["slot_ms"] + 400.0)) < 0.01, recs
+    gap = b["slot_ms"] - a["slot_ms"]
+    assert 0 < gap < 300, "B was given its slot %.1f ms after A" % gap
+    # So B's modelled TTFT from its slot is the sum of both computes + base - gap.
+    assert abs(b["lane_ms"] + b["prefill_ms"] - (400 + 200 + 10 - gap)) < 0.01, recs
+    for x in recs:
+        assert x["ttft_ms"] >= x["queue_ms"] + x["lane_ms"] + x["prefill_ms"] - 0.01, x
+    running, waiting, prefilling, backlog, g = during
+    # Both hold a slot (vLLM counts a request in chunked prefill as running).
+    assert (running, waiting, prefilling) == (2, 0, 2) and g == (2.0, 0.0), during
+    assert 0 < backlog <= 600.0, during
+
+
+@h.timeout(60)
+def test_independent_prefills_overlap_and_never_wait_for_a_lane():
+    recs, during = two_concurrent_prefills("independent")
+    b, a = sorted(recs, key=lambda x: x["prompt_bytes"])
+    assert (a["prompt_bytes"], b["prompt_bytes"]) == (2048, 1024), recs
+    assert a["lane_ms"] == 0.0 and b["lane_ms"] == 0.0, recs
+    assert abs(a["prefill_ms"] - 410.0) < 0.001 and abs(b["prefill_ms"] - 210.0) < 0.001
+    assert during[:3] == (2, 0, 2) and during[3] == 0.0, during
+
+
+@h.timeout(60)
+def test_shared_lane_a_client_that_leaves_mid_prefill_gives_its_compute_back():
+    with Stub(args=("--prefill-mode", "shared", "--ttft-ms-per-kib", 200)) as stub:
+        # A: 15 KiB = 3,000 ms of compute; B queued behind it in the lane.
+        ca = open_stream(stub, chat_body("a" * 15 * 1024), events=1, interval=0)
+        h.wait_until(lambda: stub.stats()["prefilling"] == 1, 5, msg="A prefilling")
+        cb = open_stream(stub, chat_body("b" * 512), events=1, interval=0)
+        h.wait_until(lambda: stub.stats()["prefilling"] == 2, 5, msg="B in the lane")
+        assert stub.stats()["lane_backlog_ms"] > 2000, stub.stats()
+        ca.close()
+        r = cb.read_response()
+        assert r.status == 200 and r.read_all() == expected_events(1)
+        cb.close()
+        recs = prefills(stub)
+        assert len(recs) == 1 and recs[0]["prompt_bytes"] == 512, recs
+        b = recs[0]
+        # Without the give-back B would wait for all of A's 3,000 ms.
+        assert 0 < b["lane_ms"] < 2000, b
+        assert abs(b["prefill_ms"] - 100.0) < 0.001, b
+        st = stub.stats()
+        assert (st["aborted_by_client"], st["prefilling"], st["running"]) == (1, 0, 0), st
+        assert st["lane_backlog_ms"] == 0.0, st
+
+
+def test_prefills_ring_keeps_the_last_records_and_is_emptied_by_reset():
+    with Stub(args=("--prefix-cache", 64)) as stub:
+        assert prefills(stub) == []
+        body = chat_body("r" * 640)
+        post(stub, body)
+        post(stub, body)
+        recs = prefills(stub)
+        assert [(x["prompt_bytes"], x["hit_bytes"]) for x in recs] == [(640, 0), (640, 640)]
+        assert all(x["lane_ms"] == 0.0 and x["prefill_ms"] == 0.0 for x in recs), recs
+        stub.reset()
+        assert prefills(stub) == []

@@ -354,6 +354,49 @@ test_lookup_finds_the_longest_known_prefix(void **state)
 	sl_affinity_free(a);
 }
 
+/* A prompt's last block is marked; a prefix only ever inside prompts is not. */
+static void
+test_lookup_end_tells_an_earlier_turn_from_a_shared_prefix(void **state)
+{
+	struct sl_affinity *a = sl_affinity_new(1024);
+	uint64_t conv[8] = { 1, 2, 3, 14, 15, 16, 17, 18 };
+	uint64_t other[6] = { 1, 2, 3, 24, 25, 26 }, third[5] = { 1, 2, 3, 34, 35 };
+	uint64_t shorty = 77;
+	size_t m = 9;
+	int ended = 5;
+
+	(void)state;
+	assert_int_equal(sl_affinity_lookup_end(a, 0, conv, 8, &m, &ended), -1);
+	assert_int_equal(m, 0);
+	assert_int_equal(ended, 0);
+	sl_affinity_record(a, 0, conv, 5, 2);           /* turn 1: 3 shared + 2 own */
+	sl_affinity_record(a, 0, other, 6, 1);          /* another conversation */
+	/* Turn 2 of conv: the end of turn 1, on 2. */
+	assert_int_equal(sl_affinity_lookup_end(a, 0, conv, 8, &m, &ended), 2);
+	assert_int_equal(m, 5);
+	assert_int_equal(ended, 1);
+	/* A new conversation knows only the shared 3 blocks (last routed to 1). */
+	assert_int_equal(sl_affinity_lookup_end(a, 0, third, 5, &m, &ended), 1);
+	assert_int_equal(m, 3);
+	assert_int_equal(ended, 0);
+	/* The mark stays when a longer turn passes over it, on any replica. */
+	sl_affinity_record(a, 0, conv, 8, 3);
+	assert_int_equal(sl_affinity_lookup_end(a, 0, conv, 5, &m, &ended), 3);
+	assert_int_equal(m, 5);
+	assert_int_equal(ended, 1);
+	assert_int_equal(sl_affinity_lookup_end(a, 0, conv, 8, &m, &ended), 3);
+	assert_int_equal(ended, 1);
+	/* A prompt shorter than a block is one hash, and ends itself. */
+	sl_affinity_record(a, 0, &shorty, 1, 0);
+	assert_int_equal(sl_affinity_lookup_end(a, 0, &shorty, 1, &m, NULL), 0);
+	assert_int_equal(sl_affinity_lookup_end(a, 0, &shorty, 1, &m, &ended), 0);
+	assert_int_equal(ended, 1);
+	/* lookup() answers the same replica and length. */
+	assert_int_equal(sl_affinity_lookup(a, 0, third, 5, &m), 3);
+	assert_int_equal(m, 3);
+	sl_affinity_free(a);
+}
+
 static void
 test_lookup_is_exact_across_a_hole(void **state)
 {
@@ -643,6 +686,7 @@ main(void)
 		cmocka_unit_test(test_hash_values_are_pinned),
 		cmocka_unit_test(test_new_refuses_zero_and_huge),
 		cmocka_unit_test(test_lookup_finds_the_longest_known_prefix),
+		cmocka_unit_test(test_lookup_end_tells_an_earlier_turn_from_a_shared_prefix),
 		cmocka_unit_test(test_lookup_is_exact_across_a_hole),
 		cmocka_unit_test(test_lru_evicts_least_recently_recorded),
 		cmocka_unit_test(test_record_longer_than_capacity_keeps_the_prefix),

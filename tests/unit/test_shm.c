@@ -615,6 +615,45 @@ test_sigkill_at_any_instant_reclaims_exactly(void **state)
 		    freed_twice);
 }
 
+/* Affinity hints: tag-checked, "ended" sticky for a hash, a collision
+ * overwrites, a dropped slot is forgotten, an out-of-range slot ignored. */
+static void
+test_hints_answer_only_their_own_hash(void **state)
+{
+	struct sl_shm *s = make(*state, 8, 2);
+	uint64_t a = 0x123456789abcdef1ULL;
+	uint64_t same_index = a ^ (1ULL << 63);   /* same low bits, other tag */
+	uint64_t b = a + 1;
+	size_t slot = 99;
+	int ended = 7;
+
+	assert_int_equal(sl_shm_hint_get(s, a, &slot, &ended), -1);
+	sl_shm_hint_put(s, a, 3, 1);
+	assert_int_equal(sl_shm_hint_get(s, a, &slot, &ended), 0);
+	assert_int_equal(slot, 3);
+	assert_int_equal(ended, 1);
+	assert_int_equal(sl_shm_hint_get(s, same_index, &slot, &ended), -1);
+	/* Routed on inside a longer prompt, elsewhere: the mark stays. */
+	sl_shm_hint_put(s, a, 5, 0);
+	assert_int_equal(sl_shm_hint_get(s, a, &slot, &ended), 0);
+	assert_int_equal(slot, 5);
+	assert_int_equal(ended, 1);
+	/* A colliding hash takes the word over, its own mark with it. */
+	sl_shm_hint_put(s, same_index, 2, 0);
+	assert_int_equal(sl_shm_hint_get(s, a, &slot, &ended), -1);
+	assert_int_equal(sl_shm_hint_get(s, same_index, &slot, &ended), 0);
+	assert_int_equal(slot, 2);
+	assert_int_equal(ended, 0);
+	sl_shm_hint_put(s, b, 0, 0);
+	assert_int_equal(sl_shm_hint_get(s, b, &slot, &ended), 0);
+	assert_int_equal(slot, 0);
+	sl_shm_hint_drop_slot(s, 2);
+	assert_int_equal(sl_shm_hint_get(s, same_index, &slot, &ended), -1);
+	assert_int_equal(sl_shm_hint_get(s, b, &slot, &ended), 0);
+	sl_shm_hint_put(s, a, 8, 1);            /* not a slot of this region */
+	assert_int_equal(sl_shm_hint_get(s, a, &slot, &ended), -1);
+}
+
 int
 main(void)
 {
@@ -636,6 +675,7 @@ main(void)
 		T(test_many_processes_never_exceed_limit),
 		T(test_killed_worker_slots_reclaimed),
 		T(test_sigkill_at_any_instant_reclaims_exactly),
+		T(test_hints_answer_only_their_own_hash),
 	};
 #undef T
 
