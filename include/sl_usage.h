@@ -204,7 +204,7 @@ void sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out);
 int sl_usage_scan_result(const struct sl_usage_scan *s, struct sl_usage *u,
     uint64_t *content_bytes);
 
-/* 1 if the usage event was removed from the client's stream. */
+/* 1 if a usage event was removed from the client's stream (each one is, in drop mode). */
 int sl_usage_scan_dropped(const struct sl_usage_scan *s);
 
 /* Release the buffers. The scanner may be initialised again afterwards. */

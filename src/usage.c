@@ -1692,12 +1692,16 @@ event_end(struct sl_usage_scan *s)
 	s->first = s->mt = 0;
 }
 
-/* Droppable: one JSON object with "usage": {..} at the top and no non-empty choices. */
+/*
+ * Droppable: one JSON object with "usage": {..} at the top and no non-empty
+ * choices. Every such event is dropped, not only the first: a runner that
+ * sends two must not get the second to a client that did not ask.
+ */
 static int
 droppable(const struct sl_usage_scan *s)
 {
 	return (s->ev & (EV_USAGE | EV_NOTDROP | EV_BAD)) == EV_USAGE &&
-	    s->top == TOP_CLOSED && s->depth == 0 && s->lx == LX_VAL && !s->dropped;
+	    s->top == TOP_CLOSED && s->depth == 0 && s->lx == LX_VAL;
 }
 
 /* Data bytes start: a second data line of the event joins with a newline. */
@@ -1753,9 +1757,14 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			continue;
 		}
 		if (s->hs == H_NEW) {
-			if (s->drop && !s->dropped) {
-				/* the hold buffer is being flushed in this call: next call */
-				if (out->held_len > 0)
+			if (s->drop) {
+				/*
+				 * The hold buffer is being flushed in this call, or too
+				 * few ranges are left for a drop (the bytes before the
+				 * event, a CRLF's LF, the tail): next call. A range is
+				 * never empty, so n > 0 means i > 0.
+				 */
+				if (out->held_len > 0 || out->n + 3 > SL_USAGE_MAX_RANGES)
 					break;
 				s->hs = H_PREFIX;
 				s->pfx = 0;

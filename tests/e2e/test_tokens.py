@@ -730,8 +730,6 @@ def test_tokens_a_percent_encoded_path_is_counted_as_the_runner_routes_it():
         _expect_tokens(gw, prompt=27, completion=3, window=30)
 
 
-@h.pending("defect, fix pending in src/usage.c: the scanner drops only the first "
-           "usage chunk; a second one reaches a client that did not ask")
 def test_tokens_no_usage_chunk_reaches_a_client_that_did_not_ask_even_if_sent_twice():
     sse = _sse(_delta("abcd"), _usage_ev(10, 2), _usage_ev(20, 4), h.DONE_EVENT)
     with h.RawUpstream(_answer(sse, "text/event-stream")) as up, \

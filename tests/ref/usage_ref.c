@@ -1,6 +1,8 @@
 /*
  * Reference SSE usage scanner: src/usage.c at dc4cb72, renamed (see
- * usage_ref.h). Keep it as it is: it is the behaviour being preserved.
+ * usage_ref.h). Keep it as it is: it is the behaviour being preserved;
+ * a deliberate change of behaviour is made here and in src/usage.c alike
+ * (usage_ref.h lists them).
  */
 #include "config.h"
 
@@ -208,21 +210,21 @@ ref_strip_hook(struct ref_scan *s, char c)
 {
 	size_t x = s->at, mnull, r, start, end;
 
-	if (s->drop && s->depth == 1 && !(s->ev & EV_BAD) && x != s->nocand &&
+	if (s->drop && s->depth == 1 && !(s->ev & EV_BAD) && x + s->base != s->nocand &&
 	    (c == ',' || (c == '"' && s->first)) &&
 	    ref_match(s->in, s->in_len, x, c == '"', &mnull, &r)) {
 		start = (s->hs == H_PREFIX || s->hs == H_HOLD) ? s->ev_start : x;
 		if (r - start <= SL_USAGE_MAX_EVENT) {
 			end = c == '"' && s->in[r] == ',' ? r + 1 : mnull;
 			if (c == '"' && s->in[r] == ',')
-				s->nocand = r;
+				s->nocand = r + s->base;
 			if (s->nspans == s->spans_cap) {
 				s->spans_cap = s->spans_cap ? 2 * s->spans_cap : 16;
 				s->spans = realloc(s->spans, s->spans_cap * sizeof(s->spans[0]));
 				if (s->spans == NULL)
 					abort();
 			}
-			s->spans[s->nspans].off = x;
+			s->spans[s->nspans].off = x + s->base;
 			s->spans[s->nspans].len = end - x;
 			s->nspans++;
 		}
@@ -397,7 +399,7 @@ static int
 droppable(const struct ref_scan *s)
 {
 	return (s->ev & (EV_USAGE | EV_NOTDROP | EV_BAD)) == EV_USAGE &&
-	    s->top == TOP_CLOSED && s->depth == 0 && s->lx == LX_VAL && !s->dropped;
+	    s->top == TOP_CLOSED && s->depth == 0 && s->lx == LX_VAL;
 }
 
 /* Data bytes start: a second data line of the event joins with a newline. */
@@ -423,7 +425,7 @@ emit(struct feed *f, size_t end)
 	if (end <= f->run_s)
 		return;
 	if (o->n == REF_MAX_RANGES)
-		abort();      /* broken invariant: one drop per stream needs two ranges */
+		abort();      /* broken invariant: a call ends after a drop */
 	o->range[o->n].off = f->run_s;
 	o->range[o->n].len = end - f->run_s;
 	o->n++;
@@ -465,8 +467,22 @@ swar_has(uint64_t w, unsigned char b)
 	    UINT64_C(0x8080808080808080);
 }
 
+static size_t ref_feed(struct ref_scan *, const char *, size_t, struct ref_out *);
+
 size_t
 ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
+    struct ref_out *out)
+{
+	size_t n = ref_feed(s, in, len, out);
+
+#ifdef REF_STRIP
+	s->base += n;           /* spans are offsets in the whole input */
+#endif
+	return n;
+}
+
+static size_t
+ref_feed(struct ref_scan *s, const char *in, size_t len,
     struct ref_out *out)
 {
 	struct feed f;
@@ -494,7 +510,7 @@ ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
 			continue;
 		}
 		if (s->hs == H_NEW) {
-			if (s->drop && !s->dropped) {
+			if (s->drop) {
 				/* the hold buffer is being flushed in this call: next call */
 				if (out->held_len > 0)
 					break;
@@ -559,6 +575,11 @@ ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
 					f.run_s = i + 1;
 					s->dropped = 1;
 					s->after_drop = s->cr;
+					/* end the call: the next drop needs ranges of its own */
+					event_end(s);
+					s->hs = H_NEW;
+					i++;
+					break;
 				} else if (held(s))
 					flush(s, &f);
 				event_end(s);

@@ -5,6 +5,10 @@
  * target compares the two on every input, and bench/scan_micro times both
  * in the same run. Not part of sluice; nothing in src/ uses it.
  *
+ * Deliberate changes since, each made in src/usage.c identically: every
+ * usage event is dropped, not only the first (a call ends after a drop,
+ * so its two ranges suffice).
+ *
  * Built with REF_STRIP (the fuzz target only), it also lists the
  * "usage":null members drop mode cuts (a rule the old scanner did not
  * have), found by looking ahead in the whole input: the fuzz target cuts
@@ -47,10 +51,12 @@ struct ref_scan {
 #ifdef REF_STRIP
 	/*
 	 * The "usage":null members to cut (drop mode), as offsets in the input,
-	 * in order; only meaningful when the whole input is fed in one read.
+	 * in order, in the whole input (fed from its start, each call with all
+ * that is left).
 	 */
 	const char *in;
 	size_t in_len, at, ev_start, nocand;
+	size_t base;                 /* offset of this call's input in the whole */
 	int first;
 	struct {
 		size_t off, len;

@@ -531,20 +531,52 @@ test_scan_usage_split_over_two_data_lines(void **state)
 	free(want);
 }
 
+/* A runner that sends two usage events: neither reaches the client; the last counts. */
 static void
-test_scan_only_the_first_usage_event_is_dropped_last_usage_counts(void **state)
+test_scan_every_usage_event_is_dropped_last_usage_counts(void **state)
 {
 	static const char second[] =
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":9,"
 		"\"total_tokens\":29}}\n\n";
-	char in[1024], *want;
+	char in[1024], *want, *crlf, *crlf_want;
 
 	(void)state;
-	snprintf(in, sizeof(in), "%s%s%s%s", CHUNK("ab"), USAGE_EV, second, DONE);
-	want = without(in, USAGE_EV);
+	snprintf(in, sizeof(in), "%s%s%s%s%s", CHUNK("ab"), USAGE_EV, second, second, DONE);
+	want = without_all(in, second);
 	cut_nulls(want);
+	{
+		char *w = without(want, USAGE_EV);
+
+		free(want);
+		want = w;
+	}
+	assert_string_equal(want, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\","
+	    "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ab\"},\"finish_reason\":null}]}"
+	    "\n\n" DONE);
 	check_stream(in, 1, want, 1, 20, 9, 29, 2);
+	/* back to back, CRLF: each usage event's LF goes with it */
+	crlf = relined(in, "\r\n");
+	crlf_want = relined(want, "\r\n");
+	check_stream(crlf, 1, crlf_want, 1, 20, 9, 29, 2);
+	check_stream(in, 0, in, 0, 20, 9, 29, 2);
+	/* more drops than one call's ranges hold: the call ends early, none is missed */
+	{
+		char many[8192];
+		size_t n, k;
+
+		n = (size_t)snprintf(many, sizeof(many), "%s", CHUNK("ab"));
+		for (k = 0; k < 24; k++)
+			n += (size_t)snprintf(many + n, sizeof(many) - n, "%s%s",
+			    k % 2 ? ": ping\n\n" : "", second);
+		snprintf(many + n, sizeof(many) - n, "%s", DONE);
+		free(want);
+		want = without_all(many, second);
+		cut_nulls(want);
+		check_stream(many, 1, want, 1, 20, 9, 29, 2);
+	}
 	free(want);
+	free(crlf);
+	free(crlf_want);
 }
 
 /*
@@ -1066,7 +1098,7 @@ main(void)
 		cmocka_unit_test(test_scan_completions_text_counted),
 		cmocka_unit_test(test_scan_usage_with_nonempty_choices_counted_not_dropped),
 		cmocka_unit_test(test_scan_usage_split_over_two_data_lines),
-		cmocka_unit_test(test_scan_only_the_first_usage_event_is_dropped_last_usage_counts),
+		cmocka_unit_test(test_scan_every_usage_event_is_dropped_last_usage_counts),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_members_at_every_split),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_around_the_dropped_usage_event),
 		cmocka_unit_test(test_scan_drop_cuts_more_members_than_ranges_in_one_read),
