@@ -138,7 +138,8 @@ struct sl_usage_out {
 /*
  * Per-stream state, embeddable (under 128 bytes); fields are private. The
  * only memory it allocates, on demand, kept until sl_usage_scan_free(): the
- * hold buffer (drop mode only: the head of an event starting `data: {` that
+ * hold buffer (drop mode only: the head of an event whose first data line
+ * starts `data: {`, after any other field or comment lines, that
  * spans two feeds before its fate is known, or the few bytes of what may be
  * a "usage":null member; a few hundred bytes in practice) and the copy of a
  * `usage` object; each capped at SL_USAGE_MAX_EVENT.
@@ -179,7 +180,8 @@ void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
  * Feed upstream body bytes as they arrive (any split). Returns how many of
  * in[0..len) were consumed (never 0 when len > 0); call again with the rest,
  * after sending what out describes. The consumed bytes are either in out,
- * held inside the scanner (drop mode only: an event starting `data: {` whose
+ * held inside the scanner (drop mode only: an event whose first data line
+ * starts `data: {`, with the id:, event: or comment lines before it, whose
  * fate is not yet known, or what may be a "usage":null member) or dropped
  * (the usage event, the "usage":null members). Without drop, out is always
  * exactly one range covering the consumed bytes and nothing is held. Held

@@ -797,9 +797,6 @@ def test_tokens_the_estimate_counts_tool_call_arguments_and_reasoning():
             _check_log(_log_line(gw, 1), "estimated", completion=100)
 
 
-@h.pending("defect, fix pending in src/usage.c: only an event whose first line is "
-           "`data: {` is held and dropped; a usage event with an id: or event: field "
-           "first reaches a client that did not ask")
 def test_tokens_a_usage_event_with_other_fields_first_is_still_removed():
     usage = (b'id: 2\nevent: message\ndata: {"choices":[],"usage":{"prompt_tokens":6,'
              b'"completion_tokens":2,"total_tokens":8}}\n\n')

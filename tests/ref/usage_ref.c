@@ -47,7 +47,7 @@ enum { LS_START, LS_FIELD, LS_DATA_SP, LS_DATA, LS_IGNORE };
 enum {
 	H_NEW,        /* at an event boundary: decided at the event's first byte */
 	H_PASS,       /* forwarded */
-	H_PREFIX,     /* held: is the first line "data:" [" "] "{"? */
+	H_PREFIX,     /* held: does the first data line start "data:" [" "] "{"? */
 	H_HOLD        /* held: is it the usage event? */
 };
 /* lx: JSON lexer over the event's data */
@@ -457,6 +457,34 @@ held(const struct ref_scan *s)
 	return s->hs == H_PREFIX || s->hs == H_HOLD;
 }
 
+/*
+ * H_PREFIX, byte c of the event before its first data byte. Lines of other
+ * fields (id:, event:, retry:, ...) and comments are held with the event,
+ * so a usage event is dropped whole, never leaving them behind; the first
+ * data line decides: "data:" [" "] "{" holds the event as a candidate,
+ * anything else (or an event without data) lets it go. pfx: the bytes of
+ * "data: " seen on this line, PFX_OTHER on a line of another field.
+ */
+#define PFX_OTHER 7
+
+static void
+prefix_step(struct ref_scan *s, struct feed *f, char c)
+{
+	int eol = c == '\r' || c == '\n';
+
+	if (s->pfx == PFX_OTHER) {
+		if (eol)
+			s->pfx = 0;
+	} else if (s->pfx < 5 ? c == "data:"[s->pfx] : (s->pfx == 5 && c == ' '))
+		s->pfx++;
+	else if (c == '{' && s->pfx >= 5)
+		s->hs = H_HOLD;
+	else if (s->pfx >= 5 || (eol && (s->pfx == 0 || s->pfx == 4)))
+		flush(s, f);    /* data not starting with {, "data" alone, or no data */
+	else
+		s->pfx = eol ? 0 : PFX_OTHER;   /* a field other than data */
+}
+
 /* Non-zero when some byte of w equals b (the classic SWAR zero-byte test). */
 static inline uint64_t
 swar_has(uint64_t w, unsigned char b)
@@ -557,14 +585,8 @@ ref_feed(struct ref_scan *s, const char *in, size_t len,
 			}
 		}
 
-		if (s->hs == H_PREFIX) {
-			if (s->pfx < 5 ? c == "data:"[s->pfx] : (s->pfx == 5 && c == ' '))
-				s->pfx++;
-			else if (c == '{' && s->pfx >= 5)
-				s->hs = H_HOLD;
-			else
-				flush(s, &f);
-		}
+		if (s->hs == H_PREFIX)
+			prefix_step(s, &f, c);
 
 		if (c == '\r' || c == '\n') {
 			s->cr = c == '\r';

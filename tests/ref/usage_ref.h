@@ -7,7 +7,8 @@
  *
  * Deliberate changes since, each made in src/usage.c identically: every
  * usage event is dropped, not only the first (a call ends after a drop,
- * so its two ranges suffice).
+ * so its two ranges suffice); an event is held through the id:, event:
+ * and comment lines before its first data line, which decides.
  *
  * Built with REF_STRIP (the fuzz target only), it also lists the
  * "usage":null members drop mode cuts (a rule the old scanner did not

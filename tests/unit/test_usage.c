@@ -580,6 +580,42 @@ test_scan_every_usage_event_is_dropped_last_usage_counts(void **state)
 }
 
 /*
+ * A usage event with id:, event:, retry: or comment lines before its data
+ * is dropped whole (no dangling field lines); a content event so framed
+ * passes untouched, as does an event whose first data line is not an object.
+ */
+static void
+test_scan_usage_event_with_other_fields_first_is_dropped_whole(void **state)
+{
+	static const char usage[] =
+		"id: 2\nevent: message\n: note\nretry: 10\n"
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":6,"
+		"\"completion_tokens\":2,\"total_tokens\":8}}\n\n";
+	static const char keep[] =
+		"id: 1\nevent: message\ndata: {\"choices\":[{\"delta\":{\"content\":\"abcd\"}}]}\n\n"
+		"id: 3\ndata: [DONE]\n\n"
+		"id: 4\ndata\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,"
+		"\"completion_tokens\":1}}\n\n"
+		"datax: 1\nd\n\n";
+	char in[1024], *crlf, *crlf_want;
+
+	(void)state;
+	snprintf(in, sizeof(in), "%s%s", keep, usage);
+	check_stream(in, 1, keep, 1, 6, 2, 8, 4);
+	check_stream(in, 0, in, 0, 6, 2, 8, 4);
+	crlf = relined(in, "\r\n");
+	crlf_want = relined(keep, "\r\n");
+	check_stream(crlf, 1, crlf_want, 1, 6, 2, 8, 4);
+	free(crlf);
+	free(crlf_want);
+	crlf = relined(in, "\r");
+	crlf_want = relined(keep, "\r");
+	check_stream(crlf, 1, crlf_want, 1, 6, 2, 8, 4);
+	free(crlf);
+	free(crlf_want);
+}
+
+/*
  * Drop mode: a "usage":null member at the top level of an event's data
  * object is cut, the rest byte for byte; a client that asked gets it all.
  */
@@ -1099,6 +1135,7 @@ main(void)
 		cmocka_unit_test(test_scan_usage_with_nonempty_choices_counted_not_dropped),
 		cmocka_unit_test(test_scan_usage_split_over_two_data_lines),
 		cmocka_unit_test(test_scan_every_usage_event_is_dropped_last_usage_counts),
+		cmocka_unit_test(test_scan_usage_event_with_other_fields_first_is_dropped_whole),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_members_at_every_split),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_around_the_dropped_usage_event),
 		cmocka_unit_test(test_scan_drop_cuts_more_members_than_ranges_in_one_read),
