@@ -12,7 +12,8 @@
  *  2. sl_usage_from_json(): the `usage` object of a non-streamed response.
  *  3. struct sl_usage_scan: a streaming scanner over an SSE response body. It builds no JSON tree for ordinary events and allocates nothing
  *     for them; only the `usage` object of the usage event is copied and
- *     parsed with jansson. It counts the bytes of `"content"` / `"text"`
+ *     parsed with jansson. It counts the bytes of `"content"`, `"text"`,
+ *     `"arguments"` (tool calls), `"reasoning_content"` and `"reasoning"`
  *     string values (for the bytes/4 estimate when no usage arrives), and,
  *     when sluice injected the option, cuts the usage event out of what the
  *     client receives, and the `"usage":null` member runners add to every
@@ -99,8 +100,9 @@ int sl_usage_from_json(const char *body, size_t len, struct sl_usage *u);
 
 /*
  * A non-streamed 2xx JSON response without usage: the bytes of its
- * choices[].message.content and choices[].text strings (decoded), for the
- * estimate; 0 for anything else or a body over SL_USAGE_MAX_JSON.
+ * choices[].message.content, .reasoning_content, .reasoning,
+ * .tool_calls[].function.arguments and choices[].text strings (decoded),
+ * for the estimate; 0 for anything else or a body over SL_USAGE_MAX_JSON.
  */
 uint64_t sl_usage_json_content(const char *body, size_t len);
 
@@ -200,8 +202,9 @@ void sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out);
 
 /*
  * After finish (or any time): the last complete event's usage (u->have = 0 if
- * none), and the bytes of "content" / "text" string values seen (escapes
- * count one). Returns u->have.
+ * none), and the bytes of the string values the estimate counts (see
+ * above: "content", "text", "arguments", "reasoning_content", "reasoning";
+ * an escape counts one) seen. Returns u->have.
  */
 int sl_usage_scan_result(const struct sl_usage_scan *s, struct sl_usage *u,
     uint64_t *content_bytes);

@@ -13,7 +13,9 @@
  *          a byte at a time, but for "data:" at a line's start in one step;
  *   lexer  a JSON tokenizer over the data of the current event, just enough
  *          to know nesting depth, strings, and which key a value belongs to
- *          ("usage", "choices", "content", "text"); it takes a data line as
+ *          ("usage", "choices", and the keys whose strings the estimate
+ *          counts: "content", "text", "arguments", "reasoning",
+ *          "reasoning_content"); it takes a data line as
  *          one run and jumps over the bytes that cannot change its state:
  *          inside a string all but the quote, backslash and line ends;
  *          between values below the top level all but quotes, brackets and
@@ -108,9 +110,21 @@ sl_usage_json_content(const char *body, size_t len)
 		return 0;
 	choices = json_object_get(root, "choices");
 	json_array_foreach(choices, i, ch) {
-		if ((v = json_object_get(json_object_get(ch, "message"),
-		    "content")) != NULL && json_is_string(v))
+		json_t *msg = json_object_get(ch, "message"), *calls, *call;
+		size_t j;
+
+		if ((v = json_object_get(msg, "content")) != NULL && json_is_string(v))
 			n += json_string_length(v);
+		if ((v = json_object_get(msg, "reasoning_content")) != NULL && json_is_string(v))
+			n += json_string_length(v);
+		if ((v = json_object_get(msg, "reasoning")) != NULL && json_is_string(v))
+			n += json_string_length(v);
+		calls = json_object_get(msg, "tool_calls");
+		json_array_foreach(calls, j, call) {
+			if ((v = json_object_get(json_object_get(call, "function"),
+			    "arguments")) != NULL && json_is_string(v))
+				n += json_string_length(v);
+		}
 		if ((v = json_object_get(ch, "text")) != NULL && json_is_string(v))
 			n += json_string_length(v);
 	}
@@ -243,11 +257,23 @@ enum {
 };
 /* lx: JSON lexer over the event's data */
 enum { LX_VAL, LX_STR, LX_ESC, LX_U, LX_AFTER_STR, LX_AFTER_COLON, LX_CHOICES };
-/* keys the lexer recognises (raw, unescaped bytes) */
-enum { K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ALL = 15 };
-static const char *const keys[] = { "usage", "content", "text", "choices" };
-static const uint8_t keylen[] = { 5, 7, 4, 7 };
-#define KEY_MAXLEN 7
+/*
+ * Keys the lexer recognises (raw, unescaped bytes). The string values of
+ * the K_COUNT keys are counted for the estimate, wherever they are: the
+ * text (content, text), tool calls' function arguments and the reasoning
+ * (vLLM's reasoning_content, reasoning) a client is sent.
+ */
+enum {
+	K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ARGUMENTS = 16,
+	K_REASONING = 32, K_REASONING_CONTENT = 64, K_ALL = 127,
+	K_COUNT = K_CONTENT | K_TEXT | K_ARGUMENTS | K_REASONING | K_REASONING_CONTENT
+};
+static const char *const keys[] = {
+	"usage", "content", "text", "choices", "arguments", "reasoning", "reasoning_content"
+};
+static const uint8_t keylen[] = { 5, 7, 4, 7, 9, 9, 17 };
+#define NKEYS 7
+#define KEY_MAXLEN 17
 /* ev: per-event facts */
 enum {
 	EV_DATA = 1,        /* a data line was seen (the next one joins with \n) */
@@ -563,7 +589,7 @@ key_value(struct sl_usage_scan *s, char c)
 		else
 			s->ev |= EV_NOTDROP;
 	}
-	if ((s->key & (K_CONTENT | K_TEXT)) && c == '"')
+	if ((s->key & K_COUNT) && c == '"')
 		s->cnt = 1;
 	return choices;
 }
@@ -635,7 +661,7 @@ key_run(struct sl_usage_scan *s, const char *p, size_t n, int ends)
 		s->kmask = 0;
 		return;
 	}
-	for (k = 0; k < 4; k++) {
+	for (k = 0; k < NKEYS; k++) {
 		if (!(s->kmask & (1u << k)))
 			continue;
 		if (end > keylen[k] || (ends && end != keylen[k]) ||
@@ -655,7 +681,7 @@ string_end(struct sl_usage_scan *s)
 		uint8_t m = 0;
 		unsigned k;
 
-		for (k = 0; k < 4; k++)
+		for (k = 0; k < NKEYS; k++)
 			if ((s->kmask & (1u << k)) && keylen[k] == s->kpos)
 				m |= (uint8_t)(1u << k);
 		s->kmask = m;
@@ -1122,6 +1148,12 @@ key_of(const char *p, size_t n)
 		if (memcmp(p, "content", 7) == 0)
 			return K_CONTENT;
 		return memcmp(p, "choices", 7) == 0 ? K_CHOICES : 0;
+	case 9:
+		if (memcmp(p, "arguments", 9) == 0)
+			return K_ARGUMENTS;
+		return memcmp(p, "reasoning", 9) == 0 ? K_REASONING : 0;
+	case 17:
+		return memcmp(p, "reasoning_content", 17) == 0 ? K_REASONING_CONTENT : 0;
 	default:
 		return 0;
 	}
@@ -1360,7 +1392,7 @@ member:
 						key_run(s, p, n, 1);
 					}
 					/* string_end(): only keys of this length */
-					for (m = 0, k = 0; k < 4; k++)
+					for (m = 0, k = 0; k < NKEYS; k++)
 						if ((s->kmask & (1u << k)) && keylen[k] == s->kpos)
 							m |= 1u << k;
 					kmask = m;
@@ -1464,7 +1496,7 @@ member:
 					}
 					s->ev |= EV_NOTDROP;
 				}
-				if ((key & (K_CONTENT | K_TEXT)) && c == '"')
+				if ((key & K_COUNT) && c == '"')
 					cnt = 1;
 				key = 0;
 			}

@@ -782,9 +782,6 @@ def test_tokens_a_huge_request_body_does_not_stall_the_other_streams_of_its_work
         assert h.rss_kb(w) < 200 * 1024, "worker RSS %d KiB after one request" % h.rss_kb(w)
 
 
-@h.pending("defect, fix pending in src/usage.c: the estimate counts only \"content\" and "
-           "\"text\" strings; tool call arguments and reasoning (vLLM's reasoning_content, "
-           "reasoning) relayed without usage are charged 0")
 def test_tokens_the_estimate_counts_tool_call_arguments_and_reasoning():
     tool = (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
             b'{"name":"f","arguments":"' + b"a" * 400 + b'"}}]}}]}\n\n')

@@ -52,10 +52,22 @@ enum {
 };
 /* lx: JSON lexer over the event's data */
 enum { LX_VAL, LX_STR, LX_ESC, LX_U, LX_AFTER_STR, LX_AFTER_COLON, LX_CHOICES };
-/* keys the lexer recognises (raw, unescaped bytes) */
-enum { K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ALL = 15 };
-static const char *const keys[] = { "usage", "content", "text", "choices" };
-static const uint8_t keylen[] = { 5, 7, 4, 7 };
+/*
+ * Keys the lexer recognises (raw, unescaped bytes). The string values of
+ * the K_COUNT keys are counted for the estimate, wherever they are: the
+ * text (content, text), tool calls' function arguments and the reasoning
+ * (vLLM's reasoning_content, reasoning) a client is sent.
+ */
+enum {
+	K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ARGUMENTS = 16,
+	K_REASONING = 32, K_REASONING_CONTENT = 64, K_ALL = 127,
+	K_COUNT = K_CONTENT | K_TEXT | K_ARGUMENTS | K_REASONING | K_REASONING_CONTENT
+};
+static const char *const keys[] = {
+	"usage", "content", "text", "choices", "arguments", "reasoning", "reasoning_content"
+};
+static const uint8_t keylen[] = { 5, 7, 4, 7, 9, 9, 17 };
+#define NKEYS 7
 /* ev: per-event facts */
 enum {
 	EV_DATA = 1,        /* a data line was seen (the next one joins with \n) */
@@ -163,7 +175,7 @@ key_value(struct ref_scan *s, char c)
 		else
 			s->ev |= EV_NOTDROP;
 	}
-	if ((s->key & (K_CONTENT | K_TEXT)) && c == '"')
+	if ((s->key & K_COUNT) && c == '"')
 		s->cnt = 1;
 }
 
@@ -256,7 +268,7 @@ again:
 				uint8_t m = 0;
 				int k;
 
-				for (k = 0; k < 4; k++)
+				for (k = 0; k < NKEYS; k++)
 					if ((s->kmask & (1 << k)) && keylen[k] == s->kpos)
 						m |= (uint8_t)(1 << k);
 				s->kmask = m;
@@ -274,7 +286,7 @@ again:
 		if (s->kmask) {
 			int k;
 
-			for (k = 0; k < 4; k++)
+			for (k = 0; k < NKEYS; k++)
 				if ((s->kmask & (1 << k)) &&
 				    (s->kpos >= keylen[k] || keys[k][s->kpos] != c))
 					s->kmask &= (uint8_t)~(1 << k);

@@ -580,6 +580,48 @@ test_scan_every_usage_event_is_dropped_last_usage_counts(void **state)
 }
 
 /*
+ * The estimate counts tool calls' arguments and reasoning as well as text:
+ * every string value of content, text, arguments, reasoning_content and
+ * reasoning; not the tool's name or id, nor keys that merely start alike.
+ */
+static void
+test_scan_estimate_counts_tool_call_arguments_and_reasoning(void **state)
+{
+	static const char in[] =
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+		"\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get\","
+		"\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]}}]}\n\n"      /* 16 */
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hmm \"}}]}\n\n" /* 4 */
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"ok\"}}]}\n\n"  /* 2 */
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"abc\"}}]}\n\n"  /* 3 */
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_contents\":\"xx\","
+		"\"argument\":\"xx\",\"reasonin\":\"xx\",\"arguments\":1}}]}\n\n"
+		DONE;
+	struct run r;
+
+	(void)state;
+	check_stream(in, 0, in, 0, -1, 0, 0, 25);
+	check_stream(in, 1, in, 0, -1, 0, 0, 25);
+	run_split(&r, in, strlen(in), 7, 1);
+	assert_int_equal(sl_usage_estimate(r.content), 7);
+	free(r.out);
+}
+
+static void
+test_json_content_counts_tool_call_arguments_and_reasoning(void **state)
+{
+	static const char body[] =
+		"{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+		"\"content\":\"abc\",\"reasoning_content\":\"hmm \",\"reasoning\":\"ok\","
+		"\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"get\","
+		"\"arguments\":\"{}\"}},{\"function\":{\"arguments\":\"[1]\"}}]}},"
+		"{\"index\":1,\"text\":\"z\"}]}";
+
+	(void)state;
+	assert_int_equal(sl_usage_json_content(body, strlen(body)), 3 + 4 + 2 + 2 + 3 + 1);
+}
+
+/*
  * A usage event with id:, event:, retry: or comment lines before its data
  * is dropped whole (no dangling field lines); a content event so framed
  * passes untouched, as does an event whose first data line is not an object.
@@ -1136,6 +1178,8 @@ main(void)
 		cmocka_unit_test(test_scan_usage_split_over_two_data_lines),
 		cmocka_unit_test(test_scan_every_usage_event_is_dropped_last_usage_counts),
 		cmocka_unit_test(test_scan_usage_event_with_other_fields_first_is_dropped_whole),
+		cmocka_unit_test(test_scan_estimate_counts_tool_call_arguments_and_reasoning),
+		cmocka_unit_test(test_json_content_counts_tool_call_arguments_and_reasoning),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_members_at_every_split),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_around_the_dropped_usage_event),
 		cmocka_unit_test(test_scan_drop_cuts_more_members_than_ranges_in_one_read),
