@@ -153,7 +153,7 @@ struct sl_usage_scan {
 	char *cap;                   /* copy of the current usage object */
 	uint32_t hold_len, hold_alloc;
 	uint32_t cap_len, cap_alloc;
-	uint32_t mstart, mnull;      /* a "usage":null member, offsets in the held bytes */
+	uint32_t mstart, mnull;      /* a "usage" member to cut, offsets in the held bytes */
 	uint16_t depth;              /* JSON nesting in the current event's data */
 	uint16_t cap_depth;          /* depth at which the usage object closes */
 	uint8_t drop, dropped, have, cr;
@@ -174,7 +174,12 @@ struct sl_usage_scan {
  * (through the comma after it; `"usage":null` alone when it is the only
  * member). Blanks (space, tab) may surround the colon, the comma and null;
  * the member must lie on one data line and be followed, after blanks, by a
- * comma or the closing brace. Allocates nothing.
+ * comma or the closing brace. Likewise `,"usage":{...}` (from the comma to
+ * the object's closing brace; not as the first member) in an event already
+ * known not to be the usage event when the member starts (non-empty
+ * choices before it: vLLM's continuous_usage_stats, llama.cpp's last
+ * chunk); that object is still read, and counts if it is the last usage
+ * seen. Allocates nothing.
  */
 void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
 
@@ -185,7 +190,7 @@ void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
  * held inside the scanner (drop mode only: an event whose first data line
  * starts `data: {`, with the id:, event: or comment lines before it, whose
  * fate is not yet known, or what may be a "usage":null member) or dropped
- * (the usage event, the "usage":null members). Without drop, out is always
+ * (the usage events, the "usage" members). Without drop, out is always
  * exactly one range covering the consumed bytes and nothing is held. Held
  * bytes come back through a later out, or through finish. What out holds is
  * never more than the consumed bytes plus hold_len as it was before the call.

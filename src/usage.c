@@ -807,15 +807,16 @@ held(const struct sl_usage_scan *s)
 	return s->hs == H_PREFIX || s->hs == H_HOLD;
 }
 
-/* mt: the "usage":null matcher over the raw bytes of one data line */
+/* mt: the matcher of a "usage" member to cut, over the raw bytes of one data line */
 enum {
 	MT_NONE,
 	MT_SEP,       /* after the comma: blanks, then the key's quote */
 	MT_KEY,       /* mpos bytes of usage" seen */
 	MT_COLON,     /* blanks, then the colon */
-	MT_VALUE,     /* blanks, then null */
+	MT_VALUE,     /* blanks, then null (or an object's brace) */
 	MT_NULL,      /* mpos bytes of null seen */
-	MT_END        /* blanks, then a comma or the closing brace */
+	MT_END,       /* blanks, then a comma or the closing brace */
+	MT_OBJ        /* a usage object (the lexer follows it) until it closes */
 };
 
 /* Bytes are held: an undecided event, or what may be a "usage":null member. */
@@ -953,7 +954,20 @@ mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
 			s->mpos = 1;
 			return 0;
 		}
+		/*
+		 * A usage object in a chunk already known to carry content
+		 * (vLLM's continuous_usage_stats, llama.cpp's last chunk): cut
+		 * as well, once it closes (lex_run() sees to that). It is
+		 * still read and counted; never the first member: the usage
+		 * chunk itself is dropped whole.
+		 */
+		if (c == '{' && !s->mfirst && (s->ev & EV_NOTDROP)) {
+			s->mt = MT_OBJ;
+			return 0;
+		}
 		break;
+	case MT_OBJ:
+		return 0;
 	case MT_NULL:
 		if (c == "null"[s->mpos]) {
 			if (++s->mpos == 4) {
@@ -1558,6 +1572,10 @@ lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
 		if (s->mt != MT_NONE) {
 			if (c == '\r' || c == '\n')
 				break;
+			if (s->mt == MT_VALUE && c == '{' && f->cap_busy) {
+				f->stop = 1;    /* the copy buffer is out->held's: next call */
+				goto out;
+			}
 			if (mt_step(s, f, (size_t)(p - in), c))
 				nocand = p;
 			if (s->mt == MT_NONE)
@@ -1696,6 +1714,11 @@ one:
 			cs = p;                  /* "usage": { opened at c */
 		else if (cs != NULL && !s->cap_depth)
 			cs = NULL;               /* ... and closed */
+		if (s->mt == MT_OBJ && s->depth == 1) {
+			/* the usage object of a member being matched closed at c */
+			s->mt = MT_END;
+			s->mnull = (uint32_t)(s->hold_len + ((size_t)(p - in) - f->tent_s));
+		}
 	}
 out:
 	if (cs != NULL)

@@ -806,10 +806,6 @@ def test_tokens_a_usage_event_with_other_fields_first_is_still_removed():
         assert bytes(r.data) == _sse(b"id: 1\n" + _delta("abcd"), h.DONE_EVENT), bytes(r.data)
 
 
-@h.pending("defect, fix pending in src/usage.c: a client that sent "
-           "stream_options.continuous_usage_stats without include_usage gets a usage "
-           "object in every chunk once sluice injects include_usage (vLLM sends them "
-           "only with include_usage); only \"usage\":null members are removed")
 def test_tokens_injection_does_not_turn_on_continuous_usage_stats():
     def vllm(sock, req):
         so = json.loads(req.split(b"\r\n\r\n", 1)[1]).get("stream_options") or {}

@@ -8,8 +8,8 @@
  * reads and one byte per read, with drop off and on.
  *   - the same output, usage, content bytes and drop as the reference
  *     scanner (tests/ref: the byte-at-a-time scanner the fast one replaced,
- *     plus a look-ahead that lists the "usage":null members drop mode
- *     cuts) given the whole input in one read;
+ *     plus a look-ahead that lists the "usage" members drop mode
+ *     cuts) given the whole input (each read all that is left);
  *   - drop off: the client gets the input exactly, always as one range;
  *   - drop on: the client gets the input, or the input minus whole SSE
  *     events (per an independent splitter below) that hold "usage", and the

@@ -190,8 +190,10 @@ key_value(struct ref_scan *s, char c)
  * up to the byte that decides.
  */
 static int
-ref_match(const char *in, size_t len, size_t k, int first, size_t *mnull, size_t *r)
+ref_match(const char *in, size_t len, size_t k, int first, int obj, size_t *mnull, size_t *r)
 {
+	unsigned depth;
+
 #define BLANKS() while (k < len && (in[k] == ' ' || in[k] == '\t')) k++
 	if (!first) {
 		k++;
@@ -205,9 +207,49 @@ ref_match(const char *in, size_t len, size_t k, int first, size_t *mnull, size_t
 		return 0;
 	k++;
 	BLANKS();
-	if (len - k < 4 || memcmp(in + k, "null", 4) != 0)
-		return 0;
-	k += 4;
+	if (obj && k < len && in[k] == '{') {
+		/*
+		 * A usage object (the event known not to be the usage chunk, not
+		 * the first member): to its close on this line, nesting counted
+		 * as the lexer counts it ({ and [ in, } and ] out, strings
+		 * skipped, an escape's byte and a \u's four taken whatever they
+		 * are).
+		 */
+		for (depth = 0; k < len; k++) {
+			char c = in[k];
+
+			if (c == '\r' || c == '\n')
+				return 0;
+			if (c == '"') {
+				for (k++; k < len && in[k] != '"'; k++) {
+					if (in[k] == '\r' || in[k] == '\n')
+						return 0;
+					if (in[k] == '\\') {
+						/* the escaped byte, and a \u's four: none a line end */
+						unsigned m = k + 1 < len && in[k + 1] == 'u' ? 5 : 1;
+
+						for (; m > 0; m--)
+							if (++k >= len || in[k] == '\r' || in[k] == '\n')
+								return 0;
+					}
+				}
+				if (k >= len)
+					return 0;
+				continue;
+			}
+			if (c == '{' || c == '[')
+				depth++;
+			else if ((c == '}' || c == ']') && --depth == 0)
+				break;
+		}
+		if (k >= len)
+			return 0;
+		k++;
+	} else {
+		if (len - k < 4 || memcmp(in + k, "null", 4) != 0)
+			return 0;
+		k += 4;
+	}
 	*mnull = k;
 	BLANKS();
 	if (k >= len || (in[k] != ',' && in[k] != '}'))
@@ -224,7 +266,8 @@ ref_strip_hook(struct ref_scan *s, char c)
 
 	if (s->drop && s->depth == 1 && !(s->ev & EV_BAD) && x + s->base != s->nocand &&
 	    (c == ',' || (c == '"' && s->first)) &&
-	    ref_match(s->in, s->in_len, x, c == '"', &mnull, &r)) {
+	    ref_match(s->in, s->in_len, x, c == '"', c == ',' && (s->ev & EV_NOTDROP),
+	    &mnull, &r)) {
 		start = (s->hs == H_PREFIX || s->hs == H_HOLD) ? s->ev_start : x;
 		if (r - start <= SL_USAGE_MAX_EVENT) {
 			end = c == '"' && s->in[r] == ',' ? r + 1 : mnull;

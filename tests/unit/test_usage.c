@@ -491,7 +491,11 @@ test_scan_completions_text_counted(void **state)
 	free(want);
 }
 
-/* llama.cpp (older): usage rides on the last content chunk: counted, never cut. */
+/*
+ * llama.cpp (older): usage rides on the last content chunk: counted, the
+ * event never dropped; in drop mode its usage member is cut when the
+ * choices come first (as a "usage":null member is), kept when they follow.
+ */
 static void
 test_scan_usage_with_nonempty_choices_counted_not_dropped(void **state)
 {
@@ -504,11 +508,15 @@ test_scan_usage_with_nonempty_choices_counted_not_dropped(void **state)
 		"data: {\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1},"
 		"\"choices\":[{\"delta\":{\"content\":\"z\"}}]}\n\n";
 
-	char *want = without_all(in, NULL_MEMBER);
+	char *want = without_all(in, NULL_MEMBER), *cut;
 
 	(void)state;
-	check_stream(in, 1, want, 0, 4, 1, 5, 2);
+	cut = without(want, ",\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1,"
+	    "\"total_tokens\":5}");
+	check_stream(in, 1, cut, 0, 4, 1, 5, 2);
+	check_stream(in, 0, in, 0, 4, 1, 5, 2);
 	free(want);
+	free(cut);
 	/* choices after usage: still known before the event ends */
 	check_stream(after, 1, after, 0, 4, 1, 5, 1);
 }
@@ -575,6 +583,49 @@ test_scan_every_usage_event_is_dropped_last_usage_counts(void **state)
 		check_stream(many, 1, want, 1, 20, 9, 29, 2);
 	}
 	free(want);
+	free(crlf);
+	free(crlf_want);
+}
+
+/*
+ * vLLM's continuous_usage_stats once include_usage is injected: a usage
+ * object in every content chunk. In drop mode each is cut (from the comma
+ * to its closing brace, blanks allowed, any nesting, strings with braces),
+ * the usage chunk dropped whole, and the last usage counts; one that spans
+ * two data lines or is the first member stays.
+ */
+static void
+test_scan_drop_cuts_continuous_usage_objects(void **state)
+{
+	static const char in[] =
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t0\"}}],"
+		"\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,\"total_tokens\":6}}\n\n"
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t1\"}}] , \"usage\" : "
+		"{\"prompt_tokens\":5,\"completion_tokens\":2,\"x\":{\"s\":\"}]\\\"{\"},"
+		"\"total_tokens\":7} ,\"id\":\"a\"}\n\n"
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t2\"}}],\"usage\":\n"
+		"data: {\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n"
+		"data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3},"
+		"\"choices\":[{\"delta\":{\"content\":\"t3\"}}]}\n\n"
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":4,"
+		"\"total_tokens\":9}}\n\n"
+		DONE;
+	static const char want[] =
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t0\"}}]}\n\n"
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t1\"}}]  ,\"id\":\"a\"}\n\n"
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t2\"}}],\"usage\":\n"
+		"data: {\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n"
+		"data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3},"
+		"\"choices\":[{\"delta\":{\"content\":\"t3\"}}]}\n\n"
+		DONE;
+	char *crlf, *crlf_want;
+
+	(void)state;
+	check_stream(in, 1, want, 1, 5, 4, 9, 8);
+	check_stream(in, 0, in, 0, 5, 4, 9, 8);
+	crlf = relined(in, "\r\n");
+	crlf_want = relined(want, "\r\n");
+	check_stream(crlf, 1, crlf_want, 1, 5, 4, 9, 8);
 	free(crlf);
 	free(crlf_want);
 }
@@ -1180,6 +1231,7 @@ main(void)
 		cmocka_unit_test(test_scan_usage_event_with_other_fields_first_is_dropped_whole),
 		cmocka_unit_test(test_scan_estimate_counts_tool_call_arguments_and_reasoning),
 		cmocka_unit_test(test_json_content_counts_tool_call_arguments_and_reasoning),
+		cmocka_unit_test(test_scan_drop_cuts_continuous_usage_objects),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_members_at_every_split),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_around_the_dropped_usage_event),
 		cmocka_unit_test(test_scan_drop_cuts_more_members_than_ranges_in_one_read),
