@@ -654,20 +654,27 @@ value(struct sl_usage_scan *s, char c, int choices)
 static void
 key_run(struct sl_usage_scan *s, const char *p, size_t n, int ends)
 {
+	/* the keys a string's first byte leaves (n is never 0) */
+	static const uint8_t first[256] = {
+		['u'] = K_USAGE, ['c'] = K_CONTENT | K_CHOICES, ['t'] = K_TEXT,
+		['a'] = K_ARGUMENTS, ['r'] = K_REASONING | K_REASONING_CONTENT
+	};
 	size_t end = s->kpos + n;
-	unsigned k;
+	unsigned k, m = s->kmask, left;
 
 	if (end > KEY_MAXLEN) {
 		s->kmask = 0;
 		return;
 	}
-	for (k = 0; k < NKEYS; k++) {
-		if (!(s->kmask & (1u << k)))
-			continue;
+	if (s->kpos == 0)
+		m &= first[(unsigned char)p[0]];
+	for (left = m; left != 0; left &= left - 1) {
+		k = (unsigned)__builtin_ctz(left);
 		if (end > keylen[k] || (ends && end != keylen[k]) ||
 		    memcmp(keys[k] + s->kpos, p, n) != 0)
-			s->kmask &= (uint8_t)~(1u << k);
+			m &= ~(1u << k);
 	}
+	s->kmask = (uint8_t)m;
 	s->kpos = (uint8_t)end;
 }
 
