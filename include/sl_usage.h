@@ -12,7 +12,8 @@
  *  2. sl_usage_from_json(): the `usage` object of a non-streamed response.
  *  3. struct sl_usage_scan: a streaming scanner over an SSE response body. It builds no JSON tree for ordinary events and allocates nothing
  *     for them; only the `usage` object of the usage event is copied and
- *     parsed with jansson. It counts the bytes of `"content"` / `"text"`
+ *     parsed with jansson. It counts the bytes of `"content"`, `"text"`,
+ *     `"arguments"` (tool calls), `"reasoning_content"` and `"reasoning"`
  *     string values (for the bytes/4 estimate when no usage arrives), and,
  *     when sluice injected the option, cuts the usage event out of what the
  *     client receives, and the `"usage":null` member runners add to every
@@ -99,8 +100,9 @@ int sl_usage_from_json(const char *body, size_t len, struct sl_usage *u);
 
 /*
  * A non-streamed 2xx JSON response without usage: the bytes of its
- * choices[].message.content and choices[].text strings (decoded), for the
- * estimate; 0 for anything else or a body over SL_USAGE_MAX_JSON.
+ * choices[].message.content, .reasoning_content, .reasoning,
+ * .tool_calls[].function.arguments and choices[].text strings (decoded),
+ * for the estimate; 0 for anything else or a body over SL_USAGE_MAX_JSON.
  */
 uint64_t sl_usage_json_content(const char *body, size_t len);
 
@@ -138,7 +140,8 @@ struct sl_usage_out {
 /*
  * Per-stream state, embeddable (under 128 bytes); fields are private. The
  * only memory it allocates, on demand, kept until sl_usage_scan_free(): the
- * hold buffer (drop mode only: the head of an event starting `data: {` that
+ * hold buffer (drop mode only: the head of an event whose first data line
+ * starts `data: {`, after any other field or comment lines, that
  * spans two feeds before its fate is known, or the few bytes of what may be
  * a "usage":null member; a few hundred bytes in practice) and the copy of a
  * `usage` object; each capped at SL_USAGE_MAX_EVENT.
@@ -150,7 +153,7 @@ struct sl_usage_scan {
 	char *cap;                   /* copy of the current usage object */
 	uint32_t hold_len, hold_alloc;
 	uint32_t cap_len, cap_alloc;
-	uint32_t mstart, mnull;      /* a "usage":null member, offsets in the held bytes */
+	uint32_t mstart, mnull;      /* a "usage" member to cut, offsets in the held bytes */
 	uint16_t depth;              /* JSON nesting in the current event's data */
 	uint16_t cap_depth;          /* depth at which the usage object closes */
 	uint8_t drop, dropped, have, cr;
@@ -171,7 +174,12 @@ struct sl_usage_scan {
  * (through the comma after it; `"usage":null` alone when it is the only
  * member). Blanks (space, tab) may surround the colon, the comma and null;
  * the member must lie on one data line and be followed, after blanks, by a
- * comma or the closing brace. Allocates nothing.
+ * comma or the closing brace. Likewise `,"usage":{...}` (from the comma to
+ * the object's closing brace; not as the first member) in an event already
+ * known not to be the usage event when the member starts (non-empty
+ * choices before it: vLLM's continuous_usage_stats, llama.cpp's last
+ * chunk); that object is still read, and counts if it is the last usage
+ * seen. Allocates nothing.
  */
 void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
 
@@ -179,9 +187,10 @@ void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
  * Feed upstream body bytes as they arrive (any split). Returns how many of
  * in[0..len) were consumed (never 0 when len > 0); call again with the rest,
  * after sending what out describes. The consumed bytes are either in out,
- * held inside the scanner (drop mode only: an event starting `data: {` whose
+ * held inside the scanner (drop mode only: an event whose first data line
+ * starts `data: {`, with the id:, event: or comment lines before it, whose
  * fate is not yet known, or what may be a "usage":null member) or dropped
- * (the usage event, the "usage":null members). Without drop, out is always
+ * (the usage events, the "usage" members). Without drop, out is always
  * exactly one range covering the consumed bytes and nothing is held. Held
  * bytes come back through a later out, or through finish. What out holds is
  * never more than the consumed bytes plus hold_len as it was before the call.
@@ -198,13 +207,14 @@ void sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out);
 
 /*
  * After finish (or any time): the last complete event's usage (u->have = 0 if
- * none), and the bytes of "content" / "text" string values seen (escapes
- * count one). Returns u->have.
+ * none), and the bytes of the string values the estimate counts (see
+ * above: "content", "text", "arguments", "reasoning_content", "reasoning";
+ * an escape counts one) seen. Returns u->have.
  */
 int sl_usage_scan_result(const struct sl_usage_scan *s, struct sl_usage *u,
     uint64_t *content_bytes);
 
-/* 1 if the usage event was removed from the client's stream. */
+/* 1 if a usage event was removed from the client's stream (each one is, in drop mode). */
 int sl_usage_scan_dropped(const struct sl_usage_scan *s);
 
 /* Release the buffers. The scanner may be initialised again afterwards. */

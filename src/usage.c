@@ -13,7 +13,9 @@
  *          a byte at a time, but for "data:" at a line's start in one step;
  *   lexer  a JSON tokenizer over the data of the current event, just enough
  *          to know nesting depth, strings, and which key a value belongs to
- *          ("usage", "choices", "content", "text"); it takes a data line as
+ *          ("usage", "choices", and the keys whose strings the estimate
+ *          counts: "content", "text", "arguments", "reasoning",
+ *          "reasoning_content"); it takes a data line as
  *          one run and jumps over the bytes that cannot change its state:
  *          inside a string all but the quote, backslash and line ends;
  *          between values below the top level all but quotes, brackets and
@@ -108,9 +110,21 @@ sl_usage_json_content(const char *body, size_t len)
 		return 0;
 	choices = json_object_get(root, "choices");
 	json_array_foreach(choices, i, ch) {
-		if ((v = json_object_get(json_object_get(ch, "message"),
-		    "content")) != NULL && json_is_string(v))
+		json_t *msg = json_object_get(ch, "message"), *calls, *call;
+		size_t j;
+
+		if ((v = json_object_get(msg, "content")) != NULL && json_is_string(v))
 			n += json_string_length(v);
+		if ((v = json_object_get(msg, "reasoning_content")) != NULL && json_is_string(v))
+			n += json_string_length(v);
+		if ((v = json_object_get(msg, "reasoning")) != NULL && json_is_string(v))
+			n += json_string_length(v);
+		calls = json_object_get(msg, "tool_calls");
+		json_array_foreach(calls, j, call) {
+			if ((v = json_object_get(json_object_get(call, "function"),
+			    "arguments")) != NULL && json_is_string(v))
+				n += json_string_length(v);
+		}
 		if ((v = json_object_get(ch, "text")) != NULL && json_is_string(v))
 			n += json_string_length(v);
 	}
@@ -238,16 +252,28 @@ enum { LS_START, LS_FIELD, LS_DATA_SP, LS_DATA, LS_IGNORE };
 enum {
 	H_NEW,        /* at an event boundary: decided at the event's first byte */
 	H_PASS,       /* forwarded */
-	H_PREFIX,     /* held: is the first line "data:" [" "] "{"? */
+	H_PREFIX,     /* held: does the first data line start "data:" [" "] "{"? */
 	H_HOLD        /* held: is it the usage event? */
 };
 /* lx: JSON lexer over the event's data */
 enum { LX_VAL, LX_STR, LX_ESC, LX_U, LX_AFTER_STR, LX_AFTER_COLON, LX_CHOICES };
-/* keys the lexer recognises (raw, unescaped bytes) */
-enum { K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ALL = 15 };
-static const char *const keys[] = { "usage", "content", "text", "choices" };
-static const uint8_t keylen[] = { 5, 7, 4, 7 };
-#define KEY_MAXLEN 7
+/*
+ * Keys the lexer recognises (raw, unescaped bytes). The string values of
+ * the K_COUNT keys are counted for the estimate, wherever they are: the
+ * text (content, text), tool calls' function arguments and the reasoning
+ * (vLLM's reasoning_content, reasoning) a client is sent.
+ */
+enum {
+	K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ARGUMENTS = 16,
+	K_REASONING = 32, K_REASONING_CONTENT = 64, K_ALL = 127,
+	K_COUNT = K_CONTENT | K_TEXT | K_ARGUMENTS | K_REASONING | K_REASONING_CONTENT
+};
+static const char *const keys[] = {
+	"usage", "content", "text", "choices", "arguments", "reasoning", "reasoning_content"
+};
+static const uint8_t keylen[] = { 5, 7, 4, 7, 9, 9, 17 };
+#define NKEYS 7
+#define KEY_MAXLEN 17
 /* ev: per-event facts */
 enum {
 	EV_DATA = 1,        /* a data line was seen (the next one joins with \n) */
@@ -563,7 +589,7 @@ key_value(struct sl_usage_scan *s, char c)
 		else
 			s->ev |= EV_NOTDROP;
 	}
-	if ((s->key & (K_CONTENT | K_TEXT)) && c == '"')
+	if ((s->key & K_COUNT) && c == '"')
 		s->cnt = 1;
 	return choices;
 }
@@ -628,20 +654,27 @@ value(struct sl_usage_scan *s, char c, int choices)
 static void
 key_run(struct sl_usage_scan *s, const char *p, size_t n, int ends)
 {
+	/* the keys a string's first byte leaves (n is never 0) */
+	static const uint8_t first[256] = {
+		['u'] = K_USAGE, ['c'] = K_CONTENT | K_CHOICES, ['t'] = K_TEXT,
+		['a'] = K_ARGUMENTS, ['r'] = K_REASONING | K_REASONING_CONTENT
+	};
 	size_t end = s->kpos + n;
-	unsigned k;
+	unsigned k, m = s->kmask, left;
 
 	if (end > KEY_MAXLEN) {
 		s->kmask = 0;
 		return;
 	}
-	for (k = 0; k < 4; k++) {
-		if (!(s->kmask & (1u << k)))
-			continue;
+	if (s->kpos == 0)
+		m &= first[(unsigned char)p[0]];
+	for (left = m; left != 0; left &= left - 1) {
+		k = (unsigned)__builtin_ctz(left);
 		if (end > keylen[k] || (ends && end != keylen[k]) ||
 		    memcmp(keys[k] + s->kpos, p, n) != 0)
-			s->kmask &= (uint8_t)~(1u << k);
+			m &= ~(1u << k);
 	}
+	s->kmask = (uint8_t)m;
 	s->kpos = (uint8_t)end;
 }
 
@@ -655,7 +688,7 @@ string_end(struct sl_usage_scan *s)
 		uint8_t m = 0;
 		unsigned k;
 
-		for (k = 0; k < 4; k++)
+		for (k = 0; k < NKEYS; k++)
 			if ((s->kmask & (1u << k)) && keylen[k] == s->kpos)
 				m |= (uint8_t)(1u << k);
 		s->kmask = m;
@@ -781,15 +814,16 @@ held(const struct sl_usage_scan *s)
 	return s->hs == H_PREFIX || s->hs == H_HOLD;
 }
 
-/* mt: the "usage":null matcher over the raw bytes of one data line */
+/* mt: the matcher of a "usage" member to cut, over the raw bytes of one data line */
 enum {
 	MT_NONE,
 	MT_SEP,       /* after the comma: blanks, then the key's quote */
 	MT_KEY,       /* mpos bytes of usage" seen */
 	MT_COLON,     /* blanks, then the colon */
-	MT_VALUE,     /* blanks, then null */
+	MT_VALUE,     /* blanks, then null (or an object's brace) */
 	MT_NULL,      /* mpos bytes of null seen */
-	MT_END        /* blanks, then a comma or the closing brace */
+	MT_END,       /* blanks, then a comma or the closing brace */
+	MT_OBJ        /* a usage object (the lexer follows it) until it closes */
 };
 
 /* Bytes are held: an undecided event, or what may be a "usage":null member. */
@@ -927,7 +961,20 @@ mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
 			s->mpos = 1;
 			return 0;
 		}
+		/*
+		 * A usage object in a chunk already known to carry content
+		 * (vLLM's continuous_usage_stats, llama.cpp's last chunk): cut
+		 * as well, once it closes (lex_run() sees to that). It is
+		 * still read and counted; never the first member: the usage
+		 * chunk itself is dropped whole.
+		 */
+		if (c == '{' && !s->mfirst && (s->ev & EV_NOTDROP)) {
+			s->mt = MT_OBJ;
+			return 0;
+		}
 		break;
+	case MT_OBJ:
+		return 0;
 	case MT_NULL:
 		if (c == "null"[s->mpos]) {
 			if (++s->mpos == 4) {
@@ -1122,6 +1169,12 @@ key_of(const char *p, size_t n)
 		if (memcmp(p, "content", 7) == 0)
 			return K_CONTENT;
 		return memcmp(p, "choices", 7) == 0 ? K_CHOICES : 0;
+	case 9:
+		if (memcmp(p, "arguments", 9) == 0)
+			return K_ARGUMENTS;
+		return memcmp(p, "reasoning", 9) == 0 ? K_REASONING : 0;
+	case 17:
+		return memcmp(p, "reasoning_content", 17) == 0 ? K_REASONING_CONTENT : 0;
 	default:
 		return 0;
 	}
@@ -1360,7 +1413,7 @@ member:
 						key_run(s, p, n, 1);
 					}
 					/* string_end(): only keys of this length */
-					for (m = 0, k = 0; k < 4; k++)
+					for (m = 0, k = 0; k < NKEYS; k++)
 						if ((s->kmask & (1u << k)) && keylen[k] == s->kpos)
 							m |= 1u << k;
 					kmask = m;
@@ -1464,7 +1517,7 @@ member:
 					}
 					s->ev |= EV_NOTDROP;
 				}
-				if ((key & (K_CONTENT | K_TEXT)) && c == '"')
+				if ((key & K_COUNT) && c == '"')
 					cnt = 1;
 				key = 0;
 			}
@@ -1526,6 +1579,10 @@ lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
 		if (s->mt != MT_NONE) {
 			if (c == '\r' || c == '\n')
 				break;
+			if (s->mt == MT_VALUE && c == '{' && f->cap_busy) {
+				f->stop = 1;    /* the copy buffer is out->held's: next call */
+				goto out;
+			}
 			if (mt_step(s, f, (size_t)(p - in), c))
 				nocand = p;
 			if (s->mt == MT_NONE)
@@ -1664,6 +1721,11 @@ one:
 			cs = p;                  /* "usage": { opened at c */
 		else if (cs != NULL && !s->cap_depth)
 			cs = NULL;               /* ... and closed */
+		if (s->mt == MT_OBJ && s->depth == 1) {
+			/* the usage object of a member being matched closed at c */
+			s->mt = MT_END;
+			s->mnull = (uint32_t)(s->hold_len + ((size_t)(p - in) - f->tent_s));
+		}
 	}
 out:
 	if (cs != NULL)
@@ -1692,12 +1754,16 @@ event_end(struct sl_usage_scan *s)
 	s->first = s->mt = 0;
 }
 
-/* Droppable: one JSON object with "usage": {..} at the top and no non-empty choices. */
+/*
+ * Droppable: one JSON object with "usage": {..} at the top and no non-empty
+ * choices. Every such event is dropped, not only the first: a runner that
+ * sends two must not get the second to a client that did not ask.
+ */
 static int
 droppable(const struct sl_usage_scan *s)
 {
 	return (s->ev & (EV_USAGE | EV_NOTDROP | EV_BAD)) == EV_USAGE &&
-	    s->top == TOP_CLOSED && s->depth == 0 && s->lx == LX_VAL && !s->dropped;
+	    s->top == TOP_CLOSED && s->depth == 0 && s->lx == LX_VAL;
 }
 
 /* Data bytes start: a second data line of the event joins with a newline. */
@@ -1712,6 +1778,34 @@ data_begins(struct sl_usage_scan *s)
 	s->ev |= EV_DATA;
 }
 
+
+/*
+ * H_PREFIX, byte c of the event before its first data byte. Lines of other
+ * fields (id:, event:, retry:, ...) and comments are held with the event,
+ * so a usage event is dropped whole, never leaving them behind; the first
+ * data line decides: "data:" [" "] "{" holds the event as a candidate,
+ * anything else (or an event without data) lets it go. pfx: the bytes of
+ * "data: " seen on this line, PFX_OTHER on a line of another field.
+ */
+#define PFX_OTHER 7
+
+static void
+prefix_step(struct sl_usage_scan *s, struct feed *f, char c)
+{
+	int eol = c == '\r' || c == '\n';
+
+	if (s->pfx == PFX_OTHER) {
+		if (eol)
+			s->pfx = 0;
+	} else if (s->pfx < 5 ? c == "data:"[s->pfx] : (s->pfx == 5 && c == ' '))
+		s->pfx++;
+	else if (c == '{' && s->pfx >= 5)
+		s->hs = H_HOLD;
+	else if (s->pfx >= 5 || (eol && (s->pfx == 0 || s->pfx == 4)))
+		flush(s, f);    /* data not starting with {, "data" alone, or no data */
+	else
+		s->pfx = eol ? 0 : PFX_OTHER;   /* a field other than data */
+}
 
 /* Index of the first CR or LF in in[i..len), or len. */
 static size_t
@@ -1753,9 +1847,14 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			continue;
 		}
 		if (s->hs == H_NEW) {
-			if (s->drop && !s->dropped) {
-				/* the hold buffer is being flushed in this call: next call */
-				if (out->held_len > 0)
+			if (s->drop) {
+				/*
+				 * The hold buffer is being flushed in this call, or too
+				 * few ranges are left for a drop (the bytes before the
+				 * event, a CRLF's LF, the tail): next call. A range is
+				 * never empty, so n > 0 means i > 0.
+				 */
+				if (out->held_len > 0 || out->n + 3 > SL_USAGE_MAX_RANGES)
 					break;
 				s->hs = H_PREFIX;
 				s->pfx = 0;
@@ -1783,14 +1882,8 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			continue;         /* no hold decision changes on these bytes */
 		}
 
-		if (s->hs == H_PREFIX) {
-			if (s->pfx < 5 ? c == "data:"[s->pfx] : (s->pfx == 5 && c == ' '))
-				s->pfx++;
-			else if (c == '{' && s->pfx >= 5)
-				s->hs = H_HOLD;
-			else
-				flush(s, &f);
-		}
+		if (s->hs == H_PREFIX)
+			prefix_step(s, &f, c);
 
 		if (c == '\r' || c == '\n') {
 			if (s->mt != MT_NONE)
@@ -1850,7 +1943,8 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 				i = lex_run(s, &f, i, s->hs == H_PREFIX ? i + 1 : len);
 				break;
 			default:
-				i = s->hs == H_PREFIX ? i + 1 : line_end(in, i, len);
+				/* (under H_PREFIX only a line of another field: held whole) */
+				i = line_end(in, i, len);
 				break;
 			}
 			if (f.stop)

@@ -730,8 +730,6 @@ def test_tokens_a_percent_encoded_path_is_counted_as_the_runner_routes_it():
         _expect_tokens(gw, prompt=27, completion=3, window=30)
 
 
-@h.pending("defect, fix pending in src/usage.c: the scanner drops only the first "
-           "usage chunk; a second one reaches a client that did not ask")
 def test_tokens_no_usage_chunk_reaches_a_client_that_did_not_ask_even_if_sent_twice():
     sse = _sse(_delta("abcd"), _usage_ev(10, 2), _usage_ev(20, 4), h.DONE_EVENT)
     with h.RawUpstream(_answer(sse, "text/event-stream")) as up, \
@@ -786,9 +784,6 @@ def test_tokens_a_huge_request_body_does_not_stall_the_other_streams_of_its_work
         assert h.rss_kb(w) < 200 * 1024, "worker RSS %d KiB after one request" % h.rss_kb(w)
 
 
-@h.pending("defect, fix pending in src/usage.c: the estimate counts only \"content\" and "
-           "\"text\" strings; tool call arguments and reasoning (vLLM's reasoning_content, "
-           "reasoning) relayed without usage are charged 0")
 def test_tokens_the_estimate_counts_tool_call_arguments_and_reasoning():
     tool = (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
             b'{"name":"f","arguments":"' + b"a" * 400 + b'"}}]}}]}\n\n')
@@ -801,9 +796,6 @@ def test_tokens_the_estimate_counts_tool_call_arguments_and_reasoning():
             _check_log(_log_line(gw, 1), "estimated", completion=100)
 
 
-@h.pending("defect, fix pending in src/usage.c: only an event whose first line is "
-           "`data: {` is held and dropped; a usage event with an id: or event: field "
-           "first reaches a client that did not ask")
 def test_tokens_a_usage_event_with_other_fields_first_is_still_removed():
     usage = (b'id: 2\nevent: message\ndata: {"choices":[],"usage":{"prompt_tokens":6,'
              b'"completion_tokens":2,"total_tokens":8}}\n\n')
@@ -816,10 +808,6 @@ def test_tokens_a_usage_event_with_other_fields_first_is_still_removed():
         assert bytes(r.data) == _sse(b"id: 1\n" + _delta("abcd"), h.DONE_EVENT), bytes(r.data)
 
 
-@h.pending("defect, fix pending in src/usage.c: a client that sent "
-           "stream_options.continuous_usage_stats without include_usage gets a usage "
-           "object in every chunk once sluice injects include_usage (vLLM sends them "
-           "only with include_usage); only \"usage\":null members are removed")
 def test_tokens_injection_does_not_turn_on_continuous_usage_stats():
     def vllm(sock, req):
         so = json.loads(req.split(b"\r\n\r\n", 1)[1]).get("stream_options") or {}

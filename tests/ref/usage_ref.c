@@ -1,6 +1,8 @@
 /*
  * Reference SSE usage scanner: src/usage.c at dc4cb72, renamed (see
- * usage_ref.h). Keep it as it is: it is the behaviour being preserved.
+ * usage_ref.h). Keep it as it is: it is the behaviour being preserved;
+ * a deliberate change of behaviour is made here and in src/usage.c alike
+ * (usage_ref.h lists them).
  */
 #include "config.h"
 
@@ -45,15 +47,27 @@ enum { LS_START, LS_FIELD, LS_DATA_SP, LS_DATA, LS_IGNORE };
 enum {
 	H_NEW,        /* at an event boundary: decided at the event's first byte */
 	H_PASS,       /* forwarded */
-	H_PREFIX,     /* held: is the first line "data:" [" "] "{"? */
+	H_PREFIX,     /* held: does the first data line start "data:" [" "] "{"? */
 	H_HOLD        /* held: is it the usage event? */
 };
 /* lx: JSON lexer over the event's data */
 enum { LX_VAL, LX_STR, LX_ESC, LX_U, LX_AFTER_STR, LX_AFTER_COLON, LX_CHOICES };
-/* keys the lexer recognises (raw, unescaped bytes) */
-enum { K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ALL = 15 };
-static const char *const keys[] = { "usage", "content", "text", "choices" };
-static const uint8_t keylen[] = { 5, 7, 4, 7 };
+/*
+ * Keys the lexer recognises (raw, unescaped bytes). The string values of
+ * the K_COUNT keys are counted for the estimate, wherever they are: the
+ * text (content, text), tool calls' function arguments and the reasoning
+ * (vLLM's reasoning_content, reasoning) a client is sent.
+ */
+enum {
+	K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ARGUMENTS = 16,
+	K_REASONING = 32, K_REASONING_CONTENT = 64, K_ALL = 127,
+	K_COUNT = K_CONTENT | K_TEXT | K_ARGUMENTS | K_REASONING | K_REASONING_CONTENT
+};
+static const char *const keys[] = {
+	"usage", "content", "text", "choices", "arguments", "reasoning", "reasoning_content"
+};
+static const uint8_t keylen[] = { 5, 7, 4, 7, 9, 9, 17 };
+#define NKEYS 7
 /* ev: per-event facts */
 enum {
 	EV_DATA = 1,        /* a data line was seen (the next one joins with \n) */
@@ -161,7 +175,7 @@ key_value(struct ref_scan *s, char c)
 		else
 			s->ev |= EV_NOTDROP;
 	}
-	if ((s->key & (K_CONTENT | K_TEXT)) && c == '"')
+	if ((s->key & K_COUNT) && c == '"')
 		s->cnt = 1;
 }
 
@@ -176,8 +190,10 @@ key_value(struct ref_scan *s, char c)
  * up to the byte that decides.
  */
 static int
-ref_match(const char *in, size_t len, size_t k, int first, size_t *mnull, size_t *r)
+ref_match(const char *in, size_t len, size_t k, int first, int obj, size_t *mnull, size_t *r)
 {
+	unsigned depth;
+
 #define BLANKS() while (k < len && (in[k] == ' ' || in[k] == '\t')) k++
 	if (!first) {
 		k++;
@@ -191,9 +207,49 @@ ref_match(const char *in, size_t len, size_t k, int first, size_t *mnull, size_t
 		return 0;
 	k++;
 	BLANKS();
-	if (len - k < 4 || memcmp(in + k, "null", 4) != 0)
-		return 0;
-	k += 4;
+	if (obj && k < len && in[k] == '{') {
+		/*
+		 * A usage object (the event known not to be the usage chunk, not
+		 * the first member): to its close on this line, nesting counted
+		 * as the lexer counts it ({ and [ in, } and ] out, strings
+		 * skipped, an escape's byte and a \u's four taken whatever they
+		 * are).
+		 */
+		for (depth = 0; k < len; k++) {
+			char c = in[k];
+
+			if (c == '\r' || c == '\n')
+				return 0;
+			if (c == '"') {
+				for (k++; k < len && in[k] != '"'; k++) {
+					if (in[k] == '\r' || in[k] == '\n')
+						return 0;
+					if (in[k] == '\\') {
+						/* the escaped byte, and a \u's four: none a line end */
+						unsigned m = k + 1 < len && in[k + 1] == 'u' ? 5 : 1;
+
+						for (; m > 0; m--)
+							if (++k >= len || in[k] == '\r' || in[k] == '\n')
+								return 0;
+					}
+				}
+				if (k >= len)
+					return 0;
+				continue;
+			}
+			if (c == '{' || c == '[')
+				depth++;
+			else if ((c == '}' || c == ']') && --depth == 0)
+				break;
+		}
+		if (k >= len)
+			return 0;
+		k++;
+	} else {
+		if (len - k < 4 || memcmp(in + k, "null", 4) != 0)
+			return 0;
+		k += 4;
+	}
 	*mnull = k;
 	BLANKS();
 	if (k >= len || (in[k] != ',' && in[k] != '}'))
@@ -208,21 +264,22 @@ ref_strip_hook(struct ref_scan *s, char c)
 {
 	size_t x = s->at, mnull, r, start, end;
 
-	if (s->drop && s->depth == 1 && !(s->ev & EV_BAD) && x != s->nocand &&
+	if (s->drop && s->depth == 1 && !(s->ev & EV_BAD) && x + s->base != s->nocand &&
 	    (c == ',' || (c == '"' && s->first)) &&
-	    ref_match(s->in, s->in_len, x, c == '"', &mnull, &r)) {
+	    ref_match(s->in, s->in_len, x, c == '"', c == ',' && (s->ev & EV_NOTDROP),
+	    &mnull, &r)) {
 		start = (s->hs == H_PREFIX || s->hs == H_HOLD) ? s->ev_start : x;
 		if (r - start <= SL_USAGE_MAX_EVENT) {
 			end = c == '"' && s->in[r] == ',' ? r + 1 : mnull;
 			if (c == '"' && s->in[r] == ',')
-				s->nocand = r;
+				s->nocand = r + s->base;
 			if (s->nspans == s->spans_cap) {
 				s->spans_cap = s->spans_cap ? 2 * s->spans_cap : 16;
 				s->spans = realloc(s->spans, s->spans_cap * sizeof(s->spans[0]));
 				if (s->spans == NULL)
 					abort();
 			}
-			s->spans[s->nspans].off = x;
+			s->spans[s->nspans].off = x + s->base;
 			s->spans[s->nspans].len = end - x;
 			s->nspans++;
 		}
@@ -254,7 +311,7 @@ again:
 				uint8_t m = 0;
 				int k;
 
-				for (k = 0; k < 4; k++)
+				for (k = 0; k < NKEYS; k++)
 					if ((s->kmask & (1 << k)) && keylen[k] == s->kpos)
 						m |= (uint8_t)(1 << k);
 				s->kmask = m;
@@ -272,7 +329,7 @@ again:
 		if (s->kmask) {
 			int k;
 
-			for (k = 0; k < 4; k++)
+			for (k = 0; k < NKEYS; k++)
 				if ((s->kmask & (1 << k)) &&
 				    (s->kpos >= keylen[k] || keys[k][s->kpos] != c))
 					s->kmask &= (uint8_t)~(1 << k);
@@ -397,7 +454,7 @@ static int
 droppable(const struct ref_scan *s)
 {
 	return (s->ev & (EV_USAGE | EV_NOTDROP | EV_BAD)) == EV_USAGE &&
-	    s->top == TOP_CLOSED && s->depth == 0 && s->lx == LX_VAL && !s->dropped;
+	    s->top == TOP_CLOSED && s->depth == 0 && s->lx == LX_VAL;
 }
 
 /* Data bytes start: a second data line of the event joins with a newline. */
@@ -423,7 +480,7 @@ emit(struct feed *f, size_t end)
 	if (end <= f->run_s)
 		return;
 	if (o->n == REF_MAX_RANGES)
-		abort();      /* broken invariant: one drop per stream needs two ranges */
+		abort();      /* broken invariant: a call ends after a drop */
 	o->range[o->n].off = f->run_s;
 	o->range[o->n].len = end - f->run_s;
 	o->n++;
@@ -455,6 +512,34 @@ held(const struct ref_scan *s)
 	return s->hs == H_PREFIX || s->hs == H_HOLD;
 }
 
+/*
+ * H_PREFIX, byte c of the event before its first data byte. Lines of other
+ * fields (id:, event:, retry:, ...) and comments are held with the event,
+ * so a usage event is dropped whole, never leaving them behind; the first
+ * data line decides: "data:" [" "] "{" holds the event as a candidate,
+ * anything else (or an event without data) lets it go. pfx: the bytes of
+ * "data: " seen on this line, PFX_OTHER on a line of another field.
+ */
+#define PFX_OTHER 7
+
+static void
+prefix_step(struct ref_scan *s, struct feed *f, char c)
+{
+	int eol = c == '\r' || c == '\n';
+
+	if (s->pfx == PFX_OTHER) {
+		if (eol)
+			s->pfx = 0;
+	} else if (s->pfx < 5 ? c == "data:"[s->pfx] : (s->pfx == 5 && c == ' '))
+		s->pfx++;
+	else if (c == '{' && s->pfx >= 5)
+		s->hs = H_HOLD;
+	else if (s->pfx >= 5 || (eol && (s->pfx == 0 || s->pfx == 4)))
+		flush(s, f);    /* data not starting with {, "data" alone, or no data */
+	else
+		s->pfx = eol ? 0 : PFX_OTHER;   /* a field other than data */
+}
+
 /* Non-zero when some byte of w equals b (the classic SWAR zero-byte test). */
 static inline uint64_t
 swar_has(uint64_t w, unsigned char b)
@@ -465,8 +550,22 @@ swar_has(uint64_t w, unsigned char b)
 	    UINT64_C(0x8080808080808080);
 }
 
+static size_t ref_feed(struct ref_scan *, const char *, size_t, struct ref_out *);
+
 size_t
 ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
+    struct ref_out *out)
+{
+	size_t n = ref_feed(s, in, len, out);
+
+#ifdef REF_STRIP
+	s->base += n;           /* spans are offsets in the whole input */
+#endif
+	return n;
+}
+
+static size_t
+ref_feed(struct ref_scan *s, const char *in, size_t len,
     struct ref_out *out)
 {
 	struct feed f;
@@ -494,7 +593,7 @@ ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
 			continue;
 		}
 		if (s->hs == H_NEW) {
-			if (s->drop && !s->dropped) {
+			if (s->drop) {
 				/* the hold buffer is being flushed in this call: next call */
 				if (out->held_len > 0)
 					break;
@@ -541,14 +640,8 @@ ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
 			}
 		}
 
-		if (s->hs == H_PREFIX) {
-			if (s->pfx < 5 ? c == "data:"[s->pfx] : (s->pfx == 5 && c == ' '))
-				s->pfx++;
-			else if (c == '{' && s->pfx >= 5)
-				s->hs = H_HOLD;
-			else
-				flush(s, &f);
-		}
+		if (s->hs == H_PREFIX)
+			prefix_step(s, &f, c);
 
 		if (c == '\r' || c == '\n') {
 			s->cr = c == '\r';
@@ -559,6 +652,11 @@ ref_scan_feed(struct ref_scan *s, const char *in, size_t len,
 					f.run_s = i + 1;
 					s->dropped = 1;
 					s->after_drop = s->cr;
+					/* end the call: the next drop needs ranges of its own */
+					event_end(s);
+					s->hs = H_NEW;
+					i++;
+					break;
 				} else if (held(s))
 					flush(s, &f);
 				event_end(s);

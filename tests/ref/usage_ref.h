@@ -5,10 +5,19 @@
  * target compares the two on every input, and bench/scan_micro times both
  * in the same run. Not part of sluice; nothing in src/ uses it.
  *
+ * Deliberate changes since, each made in src/usage.c identically: every
+ * usage event is dropped, not only the first (a call ends after a drop,
+ * so its two ranges suffice); an event is held through the id:, event:
+ * and comment lines before its first data line, which decides; the
+ * estimate counts "arguments", "reasoning" and "reasoning_content" strings
+ * too; a ,"usage":{...} member in an event known not to be the usage event
+ * is listed to cut like ,"usage":null.
+ *
  * Built with REF_STRIP (the fuzz target only), it also lists the
- * "usage":null members drop mode cuts (a rule the old scanner did not
- * have), found by looking ahead in the whole input: the fuzz target cuts
- * them from the reference's output. Without it the code is the old one.
+ * "usage":null (and usage object) members drop mode cuts (a rule the old
+ * scanner did not have), found by looking ahead in the whole input: the
+ * fuzz target cuts them from the reference's output. Without it the code
+ * is the old one, with the changes listed above.
  */
 #ifndef REF_USAGE_H
 #define REF_USAGE_H
@@ -46,11 +55,13 @@ struct ref_scan {
 	uint64_t p_prompt, p_completion, p_total;   /* parsed, not yet committed */
 #ifdef REF_STRIP
 	/*
-	 * The "usage":null members to cut (drop mode), as offsets in the input,
-	 * in order; only meaningful when the whole input is fed in one read.
+	 * The "usage" members to cut (drop mode), as offsets in the input,
+	 * in order, in the whole input (fed from its start, each call with all
+ * that is left).
 	 */
 	const char *in;
 	size_t in_len, at, ev_start, nocand;
+	size_t base;                 /* offset of this call's input in the whole */
 	int first;
 	struct {
 		size_t off, len;

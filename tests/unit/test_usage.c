@@ -491,7 +491,11 @@ test_scan_completions_text_counted(void **state)
 	free(want);
 }
 
-/* llama.cpp (older): usage rides on the last content chunk: counted, never cut. */
+/*
+ * llama.cpp (older): usage rides on the last content chunk: counted, the
+ * event never dropped; in drop mode its usage member is cut when the
+ * choices come first (as a "usage":null member is), kept when they follow.
+ */
 static void
 test_scan_usage_with_nonempty_choices_counted_not_dropped(void **state)
 {
@@ -504,11 +508,15 @@ test_scan_usage_with_nonempty_choices_counted_not_dropped(void **state)
 		"data: {\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1},"
 		"\"choices\":[{\"delta\":{\"content\":\"z\"}}]}\n\n";
 
-	char *want = without_all(in, NULL_MEMBER);
+	char *want = without_all(in, NULL_MEMBER), *cut;
 
 	(void)state;
-	check_stream(in, 1, want, 0, 4, 1, 5, 2);
+	cut = without(want, ",\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1,"
+	    "\"total_tokens\":5}");
+	check_stream(in, 1, cut, 0, 4, 1, 5, 2);
+	check_stream(in, 0, in, 0, 4, 1, 5, 2);
 	free(want);
+	free(cut);
 	/* choices after usage: still known before the event ends */
 	check_stream(after, 1, after, 0, 4, 1, 5, 1);
 }
@@ -531,20 +539,173 @@ test_scan_usage_split_over_two_data_lines(void **state)
 	free(want);
 }
 
+/* A runner that sends two usage events: neither reaches the client; the last counts. */
 static void
-test_scan_only_the_first_usage_event_is_dropped_last_usage_counts(void **state)
+test_scan_every_usage_event_is_dropped_last_usage_counts(void **state)
 {
 	static const char second[] =
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":9,"
 		"\"total_tokens\":29}}\n\n";
-	char in[1024], *want;
+	char in[1024], *want, *crlf, *crlf_want;
 
 	(void)state;
-	snprintf(in, sizeof(in), "%s%s%s%s", CHUNK("ab"), USAGE_EV, second, DONE);
-	want = without(in, USAGE_EV);
+	snprintf(in, sizeof(in), "%s%s%s%s%s", CHUNK("ab"), USAGE_EV, second, second, DONE);
+	want = without_all(in, second);
 	cut_nulls(want);
+	{
+		char *w = without(want, USAGE_EV);
+
+		free(want);
+		want = w;
+	}
+	assert_string_equal(want, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\","
+	    "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ab\"},\"finish_reason\":null}]}"
+	    "\n\n" DONE);
 	check_stream(in, 1, want, 1, 20, 9, 29, 2);
+	/* back to back, CRLF: each usage event's LF goes with it */
+	crlf = relined(in, "\r\n");
+	crlf_want = relined(want, "\r\n");
+	check_stream(crlf, 1, crlf_want, 1, 20, 9, 29, 2);
+	check_stream(in, 0, in, 0, 20, 9, 29, 2);
+	/* more drops than one call's ranges hold: the call ends early, none is missed */
+	{
+		char many[8192];
+		size_t n, k;
+
+		n = (size_t)snprintf(many, sizeof(many), "%s", CHUNK("ab"));
+		for (k = 0; k < 24; k++)
+			n += (size_t)snprintf(many + n, sizeof(many) - n, "%s%s",
+			    k % 2 ? ": ping\n\n" : "", second);
+		snprintf(many + n, sizeof(many) - n, "%s", DONE);
+		free(want);
+		want = without_all(many, second);
+		cut_nulls(want);
+		check_stream(many, 1, want, 1, 20, 9, 29, 2);
+	}
 	free(want);
+	free(crlf);
+	free(crlf_want);
+}
+
+/*
+ * vLLM's continuous_usage_stats once include_usage is injected: a usage
+ * object in every content chunk. In drop mode each is cut (from the comma
+ * to its closing brace, blanks allowed, any nesting, strings with braces),
+ * the usage chunk dropped whole, and the last usage counts; one that spans
+ * two data lines or is the first member stays.
+ */
+static void
+test_scan_drop_cuts_continuous_usage_objects(void **state)
+{
+	static const char in[] =
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t0\"}}],"
+		"\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,\"total_tokens\":6}}\n\n"
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t1\"}}] , \"usage\" : "
+		"{\"prompt_tokens\":5,\"completion_tokens\":2,\"x\":{\"s\":\"}]\\\"{\"},"
+		"\"total_tokens\":7} ,\"id\":\"a\"}\n\n"
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t2\"}}],\"usage\":\n"
+		"data: {\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n"
+		"data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3},"
+		"\"choices\":[{\"delta\":{\"content\":\"t3\"}}]}\n\n"
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":4,"
+		"\"total_tokens\":9}}\n\n"
+		DONE;
+	static const char want[] =
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t0\"}}]}\n\n"
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t1\"}}]  ,\"id\":\"a\"}\n\n"
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t2\"}}],\"usage\":\n"
+		"data: {\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n"
+		"data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3},"
+		"\"choices\":[{\"delta\":{\"content\":\"t3\"}}]}\n\n"
+		DONE;
+	char *crlf, *crlf_want;
+
+	(void)state;
+	check_stream(in, 1, want, 1, 5, 4, 9, 8);
+	check_stream(in, 0, in, 0, 5, 4, 9, 8);
+	crlf = relined(in, "\r\n");
+	crlf_want = relined(want, "\r\n");
+	check_stream(crlf, 1, crlf_want, 1, 5, 4, 9, 8);
+	free(crlf);
+	free(crlf_want);
+}
+
+/*
+ * The estimate counts tool calls' arguments and reasoning as well as text:
+ * every string value of content, text, arguments, reasoning_content and
+ * reasoning; not the tool's name or id, nor keys that merely start alike.
+ */
+static void
+test_scan_estimate_counts_tool_call_arguments_and_reasoning(void **state)
+{
+	static const char in[] =
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+		"\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get\","
+		"\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]}}]}\n\n"      /* 16 */
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hmm \"}}]}\n\n" /* 4 */
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"ok\"}}]}\n\n"  /* 2 */
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"abc\"}}]}\n\n"  /* 3 */
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_contents\":\"xx\","
+		"\"argument\":\"xx\",\"reasonin\":\"xx\",\"arguments\":1}}]}\n\n"
+		DONE;
+	struct run r;
+
+	(void)state;
+	check_stream(in, 0, in, 0, -1, 0, 0, 25);
+	check_stream(in, 1, in, 0, -1, 0, 0, 25);
+	run_split(&r, in, strlen(in), 7, 1);
+	assert_int_equal(sl_usage_estimate(r.content), 7);
+	free(r.out);
+}
+
+static void
+test_json_content_counts_tool_call_arguments_and_reasoning(void **state)
+{
+	static const char body[] =
+		"{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+		"\"content\":\"abc\",\"reasoning_content\":\"hmm \",\"reasoning\":\"ok\","
+		"\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"get\","
+		"\"arguments\":\"{}\"}},{\"function\":{\"arguments\":\"[1]\"}}]}},"
+		"{\"index\":1,\"text\":\"z\"}]}";
+
+	(void)state;
+	assert_int_equal(sl_usage_json_content(body, strlen(body)), 3 + 4 + 2 + 2 + 3 + 1);
+}
+
+/*
+ * A usage event with id:, event:, retry: or comment lines before its data
+ * is dropped whole (no dangling field lines); a content event so framed
+ * passes untouched, as does an event whose first data line is not an object.
+ */
+static void
+test_scan_usage_event_with_other_fields_first_is_dropped_whole(void **state)
+{
+	static const char usage[] =
+		"id: 2\nevent: message\n: note\nretry: 10\n"
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":6,"
+		"\"completion_tokens\":2,\"total_tokens\":8}}\n\n";
+	static const char keep[] =
+		"id: 1\nevent: message\ndata: {\"choices\":[{\"delta\":{\"content\":\"abcd\"}}]}\n\n"
+		"id: 3\ndata: [DONE]\n\n"
+		"id: 4\ndata\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,"
+		"\"completion_tokens\":1}}\n\n"
+		"datax: 1\nd\n\n";
+	char in[1024], *crlf, *crlf_want;
+
+	(void)state;
+	snprintf(in, sizeof(in), "%s%s", keep, usage);
+	check_stream(in, 1, keep, 1, 6, 2, 8, 4);
+	check_stream(in, 0, in, 0, 6, 2, 8, 4);
+	crlf = relined(in, "\r\n");
+	crlf_want = relined(keep, "\r\n");
+	check_stream(crlf, 1, crlf_want, 1, 6, 2, 8, 4);
+	free(crlf);
+	free(crlf_want);
+	crlf = relined(in, "\r");
+	crlf_want = relined(keep, "\r");
+	check_stream(crlf, 1, crlf_want, 1, 6, 2, 8, 4);
+	free(crlf);
+	free(crlf_want);
 }
 
 /*
@@ -1066,7 +1227,11 @@ main(void)
 		cmocka_unit_test(test_scan_completions_text_counted),
 		cmocka_unit_test(test_scan_usage_with_nonempty_choices_counted_not_dropped),
 		cmocka_unit_test(test_scan_usage_split_over_two_data_lines),
-		cmocka_unit_test(test_scan_only_the_first_usage_event_is_dropped_last_usage_counts),
+		cmocka_unit_test(test_scan_every_usage_event_is_dropped_last_usage_counts),
+		cmocka_unit_test(test_scan_usage_event_with_other_fields_first_is_dropped_whole),
+		cmocka_unit_test(test_scan_estimate_counts_tool_call_arguments_and_reasoning),
+		cmocka_unit_test(test_json_content_counts_tool_call_arguments_and_reasoning),
+		cmocka_unit_test(test_scan_drop_cuts_continuous_usage_objects),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_members_at_every_split),
 		cmocka_unit_test(test_scan_drop_cuts_usage_null_around_the_dropped_usage_event),
 		cmocka_unit_test(test_scan_drop_cuts_more_members_than_ranges_in_one_read),
