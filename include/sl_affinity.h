@@ -135,6 +135,10 @@ uint32_t sl_affinity_capacity(const struct sl_affinity *a);
  */
 int sl_affinity_rendezvous(uint64_t key, const uint64_t *ids, size_t n);
 
+/* The same with weights[0..n) (> 0): candidate i wins weights[i] / sum of keys. */
+int sl_affinity_rendezvous_weighted(uint64_t key, const uint64_t *ids, const int *weights,
+    size_t n);
+
 /* Stable 64-bit hash of a NUL-terminated string (same on every machine). */
 uint64_t sl_affinity_id(const char *s);
 

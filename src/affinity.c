@@ -20,6 +20,7 @@
  */
 #include "config.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -331,15 +332,38 @@ sl_affinity_id(const char *s)
 int
 sl_affinity_rendezvous(uint64_t key, const uint64_t *ids, size_t n)
 {
+	return sl_affinity_rendezvous_weighted(key, ids, NULL, n);
+}
+
+/*
+ * Weighted rendezvous (Schindelhauer and Schomaker): each candidate's hash
+ * as u in (0, 1), score w / -ln(u); the highest wins, and a candidate wins
+ * w_i / sum(w) of the keys. With equal weights the order of the scores is
+ * the order of the hashes, so the choice is the unweighted one.
+ */
+int
+sl_affinity_rendezvous_weighted(uint64_t key, const uint64_t *ids, const int *weights,
+    size_t n)
+{
 	size_t i;
 	int best = -1;
 	uint64_t w, bw = 0;
+	double sc, bs = 0;
 
 	for (i = 0; i < n; i++) {
 		w = fmix64(key ^ fmix64(ids[i] + P3));
-		if (best < 0 || w > bw) {
+		if (weights == NULL) {
+			if (best < 0 || w > bw) {
+				best = (int)i;
+				bw = w;
+			}
+			continue;
+		}
+		sc = (double)weights[i] /
+		    -log(((double)(w >> 11) + 0.5) / 9007199254740992.0);
+		if (best < 0 || sc > bs) {
 			best = (int)i;
-			bw = w;
+			bs = sc;
 		}
 	}
 	return best;

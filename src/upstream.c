@@ -331,19 +331,28 @@ choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
     const uint64_t *h, int held, int ended, enum sl_aff_outcome *out)
 {
 	size_t nr = p->conf->nreplicas, r, k = 0;
-	int64_t load[64], least = -1, now = sl_mono_ms();
-	int64_t rank[64], lowest = -1;
+	int64_t load[64], wt[64], least = -1, lw = 1, now = sl_mono_ms();
+	int64_t rank[64], lowest = -1, rw = 1;
 	int64_t mi = p->conf->affinity.max_imbalance;
 	uint64_t ids[64];
-	int idx[64], pick;
+	int idx[64], wk[64], pick;
 
+	/*
+	 * Loads are per unit of weight (a replica of weight 2 is as loaded
+	 * with 4 streams as one of weight 1 with 2), compared by
+	 * cross-multiplying; with equal weights every rule below is the
+	 * unweighted one.
+	 */
 	cand = kv_filter(p, ps->shm, cand, now);
 	for (r = 0; r < nr && r < 64; r++) {
 		if (!(cand >> r & 1))
 			continue;
+		wt[r] = p->conf->replicas[r].weight;
 		load[r] = affine_load(p, ps->shm, r, now);
-		if (least < 0 || load[r] < least)
+		if (least < 0 || load[r] * lw < least * wt[r]) {
 			least = load[r];
+			lw = wt[r];
+		}
 		/*
 		 * Where a prompt goes when it leaves (or has no) holder:
 		 * least_loaded's rank, in which a runner's queue counts
@@ -351,25 +360,35 @@ choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
 		 * away from a queue; affine_load only decides a spill).
 		 */
 		rank[r] = replica_load(p, ps->shm, r, now);
-		if (lowest < 0 || rank[r] < lowest)
+		if (lowest < 0 || rank[r] * rw < lowest * wt[r]) {
 			lowest = rank[r];
+			rw = wt[r];
+		}
 	}
 	if (least < 0)
 		return -1;
-#define OVER(l) ((l) * 100 > mi * least && (l) >= least + 2)
+	/*
+	 * Over: its load per weight is over max_imbalance x the least's, and
+	 * its streams are 2 or more over what the least's level would give it.
+	 */
+#define OVER(r) (load[r] * 100 * lw > mi * least * wt[r] && \
+	load[r] * lw >= least * wt[r] + 2 * lw)
+#define LOWEST(r) (rank[r] * rw == lowest * wt[r])
 	if (held >= 0 && (size_t)held < nr && (cand >> held & 1) &&
-	    (ended ? !OVER(load[held]) : rank[held] == lowest)) {
+	    (ended ? !OVER(held) : LOWEST(held))) {
 		*out = SL_AFF_HIT;
 		return held;
 	}
 	*out = held >= 0 && ended ? SL_AFF_SPILL : SL_AFF_MISS;
 	for (r = 0; r < nr && r < 64; r++)
-		if ((cand >> r & 1) && rank[r] == lowest) {
+		if ((cand >> r & 1) && LOWEST(r)) {
 			ids[k] = p->rid[r];
+			wk[k] = (int)wt[r];
 			idx[k++] = (int)r;
 		}
 #undef OVER
-	pick = sl_affinity_rendezvous(h[0], ids, k);
+#undef LOWEST
+	pick = sl_affinity_rendezvous_weighted(h[0], ids, wk, k);
 	return pick >= 0 ? idx[pick] : -1;
 }
 

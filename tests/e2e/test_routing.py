@@ -584,10 +584,6 @@ def test_a_replica_that_goes_down_loses_its_affinity_entries():
             assert kinds == ["miss", "hit", "miss", "hit"], kinds
 
 
-@h.pending("defect, fix pending in src/upstream.c: prefix_affinity ignores "
-           "replicas[].weight (the load is not divided by it and the rendezvous "
-           "hash is unweighted), while sluice.yaml(5) says a replica of weight 2 "
-           "is given twice the streams")
 def test_prefix_affinity_places_new_conversations_by_weight():
     with LoadReplica("a") as a, LoadReplica("b") as b:
         cfg = pool_config([{"url": a.url, "weight": 3}, {"url": b.url, "weight": 1}],

@@ -205,6 +205,27 @@ test_python_bodies_are_hashed(void **state)
 	assert_int_equal(body_hashes("{\"prompt\":\"a\xff\"}", 1, h, NH), 0);
 }
 
+/* Weighted rendezvous: shares follow the weights; equal weights are the unweighted choice. */
+static void
+test_rendezvous_weighted_shares(void **state)
+{
+	uint64_t ids[3] = { 11, 22, 33 }, key;
+	int w[3] = { 3, 1, 1 }, eq[3] = { 7, 7, 7 }, got[3] = { 0, 0, 0 };
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < 100000; i++) {
+		key = sl_affinity_id("k") + i * 0x9E3779B97F4A7C15ULL;
+		got[sl_affinity_rendezvous_weighted(key, ids, w, 3)]++;
+		assert_int_equal(sl_affinity_rendezvous_weighted(key, ids, eq, 3),
+		    sl_affinity_rendezvous(key, ids, 3));
+	}
+	/* 60,000 / 20,000 / 20,000; binomial sigma about 155 */
+	assert_in_range(got[0], 59000, 61000);
+	assert_in_range(got[1], 19000, 21000);
+	assert_in_range(got[2], 19000, 21000);
+}
+
 /* ------------------------------------------------------------- the chain */
 
 static void
@@ -675,6 +696,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_chat_string_contents_are_concatenated),
 		cmocka_unit_test(test_text_walk_matches_the_tree),
+		cmocka_unit_test(test_rendezvous_weighted_shares),
 		cmocka_unit_test(test_python_bodies_are_hashed),
 		cmocka_unit_test(test_chat_parts_take_only_text_parts),
 		cmocka_unit_test(test_completions_prompt_string_and_array),
