@@ -63,6 +63,9 @@ int sl_json_find(const char *p, size_t len, size_t open, const char *name,
 /* 1 if the string token p[s..e) (quotes included) decodes to ASCII name. */
 int sl_json_key_is(const char *p, size_t s, size_t e, const char *name);
 
+/* The value of hex digit c, or -1. */
+int sl_json_hexval(char c);
+
 /* 1 if the value v is exactly the text t. */
 int sl_json_span_is(const char *p, struct sl_json_span v, const char *t);
 

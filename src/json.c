@@ -82,8 +82,8 @@ sl_json_skip(const char *p, size_t len, size_t *i)
 	return 0;
 }
 
-static int
-hexval(char c)
+int
+sl_json_hexval(char c)
 {
 	if (c >= '0' && c <= '9')
 		return c - '0';
@@ -123,7 +123,7 @@ sl_json_key_is(const char *p, size_t s, size_t e, const char *name)
 				if (k + 4 > e - 1)
 					return 0;
 				for (c = 0, j = 0; j < 4; j++) {
-					if ((h = hexval(p[k++])) < 0)
+					if ((h = sl_json_hexval(p[k++])) < 0)
 						return 0;
 					c = c * 16 + h;
 				}
@@ -287,7 +287,7 @@ req_string(const char *p, size_t len, size_t *i)
 				if (k + 6 > len)
 					return -1;
 				for (j = k + 2; j < k + 6; j++)
-					if (hexval(p[j]) < 0)
+					if (sl_json_hexval(p[j]) < 0)
 						return -1;
 				k += 6;    /* a lone surrogate is Python's business */
 				continue;
@@ -524,7 +524,7 @@ u_escape(const char *p, size_t e, size_t k)
 	if (k + 6 > e || p[k + 1] != 'u')
 		return -1;
 	for (j = k + 2; j < k + 6; j++) {
-		if ((h = hexval(p[j])) < 0)
+		if ((h = sl_json_hexval(p[j])) < 0)
 			return -1;
 		v = v * 16 + h;
 	}

@@ -36,6 +36,7 @@
 #include "sl_net.h"
 #include "sl_relay.h"
 #include "sl_upstream.h"
+#include "sl_json.h"
 #include "sl_usage.h"
 #include "sl_worker.h"
 
@@ -1198,18 +1199,6 @@ mono_sec(void)
 	return (uint64_t)ts.tv_sec;
 }
 
-static int
-hexval(char ch)
-{
-	if (ch >= '0' && ch <= '9')
-		return ch - '0';
-	if (ch >= 'a' && ch <= 'f')
-		return ch - 'a' + 10;
-	if (ch >= 'A' && ch <= 'F')
-		return ch - 'A' + 10;
-	return -1;
-}
-
 /*
  * Does the path, percent-decoded, equal lit? Runners route on the decoded
  * path (uvicorn, cpp-httplib): /v1/chat/%63ompletions is served as
@@ -1229,8 +1218,8 @@ path_is(const char *p, size_t len, const char *lit)
 		if (ch == '%') {
 			int hi, lo;
 
-			if (len - i < 2 || (hi = hexval(p[i])) < 0 ||
-			    (lo = hexval(p[i + 1])) < 0)
+			if (len - i < 2 || (hi = sl_json_hexval(p[i])) < 0 ||
+			    (lo = sl_json_hexval(p[i + 1])) < 0)
 				return 0;
 			ch = (unsigned char)(hi << 4 | lo);
 			i += 2;
