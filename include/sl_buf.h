@@ -54,6 +54,8 @@ static inline size_t sl_buf_space(const struct sl_buf *b) { return b->cap - b->l
  * they do not fit under cap or memory is exhausted (buffer unchanged).
  */
 int sl_buf_append(struct sl_buf *, const void *p, size_t n);
+/* The pieces of iov in order, all or nothing, like one sl_buf_append. */
+int sl_buf_appendv(struct sl_buf *, const struct iovec *iov, int cnt);
 
 /*
  * Fill up to two iovecs with the stored bytes in order; returns how many

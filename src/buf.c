@@ -115,24 +115,63 @@ buf_grow(struct sl_buf *b, size_t need)
 	return 0;
 }
 
+/* Copy n bytes in at offset tail of the ring (the room is there). */
+static inline void
+buf_put(struct sl_buf *b, size_t tail, const void *p, size_t n)
+{
+	size_t first = b->alloc - tail;
+
+	if (first > n)
+		first = n;
+	memcpy(b->data + tail, p, first);
+	if (n > first)
+		memcpy(b->data, (const char *)p + first, n - first);
+}
+
+/* The ring offset off bytes past head (off <= alloc): no division. */
+static inline size_t
+buf_off(const struct sl_buf *b, size_t off)
+{
+	size_t t = b->head + off;
+
+	return t >= b->alloc ? t - b->alloc : t;
+}
+
 int
 sl_buf_append(struct sl_buf *b, const void *p, size_t n)
 {
-	size_t tail, first;
-
 	if (n == 0)
 		return 0;
 	if (n > b->cap - b->len)
 		return -1;
 	if (b->len + n > b->alloc && buf_grow(b, b->len + n) == -1)
 		return -1;
-	tail = (b->head + b->len) % b->alloc;
-	first = b->alloc - tail;
-	if (first > n)
-		first = n;
-	memcpy(b->data + tail, p, first);
-	if (n > first)
-		memcpy(b->data, (const char *)p + first, n - first);
+	buf_put(b, buf_off(b, b->len), p, n);
+	b->len += n;
+	return 0;
+}
+
+int
+sl_buf_appendv(struct sl_buf *b, const struct iovec *iov, int cnt)
+{
+	size_t n = 0, tail;
+	int i;
+
+	for (i = 0; i < cnt; i++)
+		n += iov[i].iov_len;
+	if (n == 0)
+		return 0;
+	if (n > b->cap - b->len)
+		return -1;
+	if (b->len + n > b->alloc && buf_grow(b, b->len + n) == -1)
+		return -1;
+	tail = buf_off(b, b->len);
+	for (i = 0; i < cnt; i++) {
+		buf_put(b, tail, iov[i].iov_base, iov[i].iov_len);
+		tail += iov[i].iov_len;
+		if (tail >= b->alloc)
+			tail -= b->alloc;
+	}
 	b->len += n;
 	return 0;
 }
@@ -166,7 +205,7 @@ sl_buf_consume(struct sl_buf *b, size_t n)
 		b->len = 0;
 		return;
 	}
-	b->head = (b->head + n) % b->alloc;
+	b->head = buf_off(b, n);
 	b->len -= n;
 }
 

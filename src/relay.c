@@ -1424,17 +1424,19 @@ static int
 conn_out_chunk(struct sl_conn *c, const char *p, size_t n)
 {
 	char hdr[24];
-	size_t hl = 0;
+	struct iovec iov[3];
 
 	if (n == 0)
 		return 0;
-	if (c->chunked)
-		hl = sl_http_chunk_header(hdr, sizeof(hdr), n);
-	if (sl_buf_append(&c->out, hdr, hl) == -1 ||
-	    sl_buf_append(&c->out, p, n) == -1 ||
-	    (c->chunked && sl_buf_append(&c->out, "\r\n", 2) == -1))
-		return -1;
-	return 0;
+	if (!c->chunked)
+		return sl_buf_append(&c->out, p, n);
+	iov[0].iov_base = hdr;
+	iov[0].iov_len = sl_http_chunk_header(hdr, sizeof(hdr), n);
+	iov[1].iov_base = (void *)(uintptr_t)p;
+	iov[1].iov_len = n;
+	iov[2].iov_base = (void *)(uintptr_t)"\r\n";
+	iov[2].iov_len = 2;
+	return sl_buf_appendv(&c->out, iov, 3);
 }
 
 /*

@@ -354,9 +354,9 @@ run_model(struct fx *f, size_t cap, uint64_t seed, int ops)
 {
 	uint64_t s = seed, wseq = 0, rseq = 0;
 	unsigned char *in;
-	size_t mlen = 0, n, i;
-	int op, refused = 0, wrapped = 0;
-	struct iovec iov[2];
+	size_t mlen = 0, n, i, a, c;
+	int op, refused = 0, wrapped = 0, v, appendv = 0;
+	struct iovec iov[2], pv[3];
 
 	free(f->model);
 	free(f->tmp);
@@ -375,8 +375,22 @@ run_model(struct fx *f, size_t cap, uint64_t seed, int ops)
 			    (size_t)(rnd(&s) % (cap / 8 + 1));
 			for (i = 0; i < n; i++)
 				in[i] = stream_byte(wseq + i);
+			/* a third of the appends in three pieces (appendv) */
+			v = rnd(&s) % 3 == 0;
+			if (v) {
+				a = n == 0 ? 0 : (size_t)(rnd(&s) % (n + 1));
+				c = n - a == 0 ? 0 : (size_t)(rnd(&s) % (n - a + 1));
+				pv[0].iov_base = in;
+				pv[0].iov_len = a;
+				pv[1].iov_base = in + a;
+				pv[1].iov_len = c;
+				pv[2].iov_base = in + a + c;
+				pv[2].iov_len = n - a - c;
+				appendv++;
+			}
 			if (n <= cap - mlen) {
-				assert_int_equal(sl_buf_append(&f->b, in, n), 0);
+				assert_int_equal(v ? sl_buf_appendv(&f->b, pv, 3) :
+				    sl_buf_append(&f->b, in, n), 0);
 				/* model holds bytes rseq.. contiguously */
 				memcpy(f->model + mlen, in, n);
 				mlen += n;
@@ -385,7 +399,8 @@ run_model(struct fx *f, size_t cap, uint64_t seed, int ops)
 				size_t alloc = f->b.alloc, head = f->b.head;
 				char *data = f->b.data;
 
-				assert_int_equal(sl_buf_append(&f->b, in, n), -1);
+				assert_int_equal(v ? sl_buf_appendv(&f->b, pv, 3) :
+				    sl_buf_append(&f->b, in, n), -1);
 				assert_ptr_equal(f->b.data, data);
 				assert_int_equal(f->b.alloc, alloc);
 				assert_int_equal(f->b.head, head);
@@ -415,6 +430,7 @@ run_model(struct fx *f, size_t cap, uint64_t seed, int ops)
 	assert_int_equal(wseq - rseq, mlen);
 	/* The run must have exercised the interesting paths. */
 	assert_true(refused > 0);
+	assert_true(appendv > 0);
 	if (cap > 1)
 		assert_true(wrapped > 0);
 }
