@@ -5,6 +5,7 @@
  */
 #include "config.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,15 +141,11 @@ buf_off(const struct sl_buf *b, size_t off)
 int
 sl_buf_append(struct sl_buf *b, const void *p, size_t n)
 {
-	if (n == 0)
-		return 0;
-	if (n > b->cap - b->len)
-		return -1;
-	if (b->len + n > b->alloc && buf_grow(b, b->len + n) == -1)
-		return -1;
-	buf_put(b, buf_off(b, b->len), p, n);
-	b->len += n;
-	return 0;
+	struct iovec iov;
+
+	iov.iov_base = (void *)(uintptr_t)p;
+	iov.iov_len = n;
+	return sl_buf_appendv(b, &iov, 1);
 }
 
 int
