@@ -405,7 +405,11 @@ cw_on_connect(const redisAsyncContext *ac, int status)
 		return;
 	}
 	cw->connected = 1;
-	cw->backoff = BACKOFF_MIN;
+	/*
+	 * The backoff is reset by the first answer (cw_sha_cb), not here:
+	 * a Redis that accepts the connection and then refuses AUTH would
+	 * otherwise be reconnected to ten times a second.
+	 */
 	ev_timer_stop(cw->loop, &cw->retry);
 }
 
@@ -449,6 +453,8 @@ cw_sha_cb(redisAsyncContext *ac, void *r, void *priv)
 
 	if (reply == NULL || ac != cw->ac)
 		return;
+	/* Behind AUTH on the connection: Redis took us, back off less. */
+	cw->backoff = BACKOFF_MIN;
 	if (reply->type == REDIS_REPLY_STRING && reply->len == 40)
 		memcpy(cw->sha, reply->str, 41);
 }
@@ -1145,7 +1151,7 @@ cm_on_connect(const redisAsyncContext *ac, int status)
 		return;
 	}
 	cm->connected = 1;
-	cm->backoff = BACKOFF_MIN;
+	/* The backoff is reset by the first answer (cm_auth_cb), as above. */
 	cm->next_hb = 0;   /* a round now: re-add, register */
 }
 
@@ -1174,6 +1180,7 @@ cm_drop(struct sl_cluster_m *cm, const char *why)
 	cm_lost(cm, why);
 }
 
+/* The answer to the first command of a connection: AUTH, or PING. */
 static void
 cm_auth_cb(redisAsyncContext *ac, void *r, void *priv)
 {
@@ -1186,7 +1193,8 @@ cm_auth_cb(redisAsyncContext *ac, void *r, void *priv)
 		row_err(cm->cs, 0, ERR_REPLY);
 		sl_err("cluster: AUTH refused: %s", reply->str);
 		cm_drop(cm, "AUTH refused");
-	}
+	} else
+		cm->backoff = BACKOFF_MIN;
 }
 
 static void
@@ -1214,7 +1222,7 @@ cm_connect(struct sl_cluster_m *cm)
 	if (cm->password != NULL)
 		redisAsyncCommand(ac, cm_auth_cb, cm, "AUTH %s", cm->password);
 	else
-		redisAsyncCommand(ac, NULL, NULL, "PING");
+		redisAsyncCommand(ac, cm_auth_cb, cm, "PING");
 	cm->connect_deadline = mono() + ((double)cm->timeout_ms / 1000.0 * 10 < 1.0 ?
 	    1.0 : (double)cm->timeout_ms / 1000.0 * 10);
 }

@@ -946,3 +946,112 @@ def test_token_budget_with_redis_down_local_share_is_the_nodes_share():
             assert _chat(b, (49, 0)).status == 200
             assert _chat(b, (1, 0)).status == 200
             assert_error(_chat(b, (1, 0)), 429, "token_budget_exceeded")
+
+
+# ---------------------------------------------------------------- hostile pass (redis3)
+
+def _modes_seen(gw, seconds):
+    """The /healthz modes of gw over `seconds`, in order, without repeats."""
+    seen = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        m = mode(gw)
+        if not seen or seen[-1] != m:
+            seen.append(m)
+        time.sleep(0.05)
+    return seen
+
+
+@h.timeout(60)
+def test_refused_auth_reconnects_with_backoff_not_in_a_tight_loop():
+    """An AUTH refusal comes after the TCP connect succeeded; the backoff
+    (0.1 s doubling to 5 s) must still grow, or every process of the node
+    reconnects and logs ten times a second for as long as the password is
+    wrong. Fixed on the Redis side, the node comes back by itself."""
+    with Redis(password="right") as redis, Stub() as stub, \
+            cluster_gw(stub, redis.addr, "gw-a", on_redis_down="closed",
+                       cluster={"password": "wrong"}) as a:
+        wait_mode(a, "closed")
+        time.sleep(3.0)
+        # master + 2 workers, each: the attempt at start, then about 0.1,
+        # 0.2, 0.4, 0.8, 1.6 s apart (x 0.75-1.25): at most 7 in 3.5 s.
+        n = h.scrape(a).value("sluice_cluster_errors_total", kind="reply")
+        assert 3 <= n <= 21, "%d AUTH refusals in about 3.5 s" % n
+        refused = h.stderr_text(a).count(" master: error: cluster: AUTH refused: ")
+        assert refused <= 7, "%d 'AUTH refused' errors logged by the master" % refused
+        # The operator fixes the password on the Redis side.
+        redis.command("CONFIG", "SET", "requirepass", "wrong")
+        redis.password = "wrong"
+        # Within the longest backoff (5 s, + 25 % jitter) of every process:
+        # the master, then each worker's own connection (until it is back,
+        # that worker admits by on_redis_down: 503).
+        h.wait_until(lambda: mode(a) == "redis", 9, interval=0.1,
+                     msg="gw-a to admit through Redis again (now %s)" % mode(a))
+        held = []
+        deadline = time.monotonic() + 9
+        while len(held) < 4 and time.monotonic() < deadline:
+            c, r = try_stream(a, tag="back")
+            if r.status == 200:
+                held.append(c)
+            else:
+                assert_error(r, 503, "cluster_unavailable")
+                time.sleep(0.1)
+        assert len(held) == 4, "%d streams admitted through Redis" % len(held)
+        assert redis.leases("acme") == 4
+        close_all(held)
+        wait_leases(redis, 0)
+
+
+@h.timeout(60)
+def test_reload_removing_cluster_keeps_the_running_fail_mode_and_timing():
+    """sluice.yaml.5: removing `cluster:` needs a restart, and a reload
+    keeps the running values: on_redis_down and the timing too, not the
+    defaults of an absent section."""
+    with Redis() as redis, Stub() as stub, \
+            cluster_gw(stub, redis.addr, "gw-a", on_redis_down="closed",
+                       lease_ttl="6s", heartbeat="1s",
+                       allow_worker_changes=True) as a:
+        wait_mode(a, "redis")
+        cfg = dict(a.config)
+        del cfg["cluster"]
+        h.reload(a, cfg)
+        assert "reload: 'cluster' redis, password, node (or adding or removing the " \
+            "section) need a restart; keeping %s" % redis.addr in h.stderr_text(a)
+        held = hold(a, 1)
+        # lease_ttl still 6 s (the default would be 10 s).
+        def renewed_to_6s():
+            now = redis.time_ms()
+            scores = [sc - now for _, sc in redis.zrange(LEASES, True)]
+            return len(scores) == 1 and 4000 < scores[0] <= 6000
+        h.wait_until(renewed_to_6s, 3, interval=0.05,
+                     msg="the lease renewed with the running lease_ttl (6 s)")
+        redis.stop()
+        wait_mode(a, "closed", timeout=5)
+        _, r = try_stream(a, tag="refused")
+        assert_error(r, 503, "cluster_unavailable")
+        close_all(held)
+
+
+@h.timeout(60)
+def test_reload_to_a_shorter_heartbeat_does_not_fence_a_healthy_node():
+    """A reload from heartbeat 10s / lease_ttl 30s to 1s / 3s: the next
+    heartbeat must not wait out the old 10 s while the new, shorter fence
+    deadline passes (the node would drop out of Redis admission with Redis
+    healthy); the leases acknowledged at 30 s stay trusted until the new
+    timing's first heartbeat."""
+    with Redis() as redis, Stub() as stub, \
+            cluster_gw(stub, redis.addr, "gw-a", on_redis_down="closed",
+                       lease_ttl="30s", heartbeat="10s",
+                       allow_worker_changes=True) as a:
+        wait_mode(a, "redis")
+        held = hold(a, 1)
+        cfg = h.deep_merge(a.config, {"cluster": {"lease_ttl": "3s",
+                                                  "heartbeat": "1s"}})
+        h.reload(a, cfg)
+        assert _modes_seen(a, 4.0) == ["redis"]
+        assert h.scrape(a).value("sluice_cluster_errors_total", kind="fenced") == 0
+        # Renewed on the new timing: expiry about 3 s ahead.
+        now = redis.time_ms()
+        assert [0 < sc - now <= 3000 for _, sc in redis.zrange(LEASES, True)] == [True]
+        close_all(held)
+        wait_leases(redis, 0)
