@@ -674,6 +674,17 @@ keep_cluster(struct master *m, struct sl_config *ncfg)
 		sl_warn("reload: 'cluster' redis, password, node (or adding or "
 		    "removing the section) need a restart; keeping %s",
 		    o->enabled ? o->redis : "no cluster");
+	if (o->enabled && !n->enabled) {
+		/*
+		 * The section was removed: the running one stays whole, its
+		 * timing and on_redis_down too, not the defaults of an absent
+		 * section (sluice.yaml.5: the running values are kept).
+		 */
+		n->lease_ttl_ms = o->lease_ttl_ms;
+		n->heartbeat_ms = o->heartbeat_ms;
+		n->timeout_ms = o->timeout_ms;
+		n->on_redis_down = o->on_redis_down;
+	}
 	free(n->redis);
 	free(n->node);
 	free(n->password);
@@ -681,11 +692,6 @@ keep_cluster(struct master *m, struct sl_config *ncfg)
 	n->redis = o->redis ? strdup(o->redis) : NULL;
 	n->node = o->node ? strdup(o->node) : NULL;
 	n->password = o->password ? strdup(o->password) : NULL;
-	if (!n->enabled)
-		return;
-	/* Timing knobs of a section that was absent: the defaults stand. */
-	if (n->heartbeat_ms * 3 > n->lease_ttl_ms)
-		n->heartbeat_ms = n->lease_ttl_ms / 3;
 }
 
 static void
