@@ -1072,6 +1072,13 @@ struct sl_cluster_m {
 
 	double next_hb;
 	double last_ack;
+	/*
+	 * The timing the last acknowledged renew was sent with, and that of
+	 * the round out now: after a reload the leases in Redis still expire
+	 * by the old lease_ttl until a round on the new one is acknowledged.
+	 */
+	uint64_t ack_ttl_ms, ack_hb_ms;
+	uint64_t round_ttl_ms, round_hb_ms;
 	int round_out;               /* replies the round still waits for */
 	int round_failed;
 	int round_readd;
@@ -1230,10 +1237,16 @@ cm_connect(struct sl_cluster_m *cm)
 static void
 cm_conf(struct sl_cluster_m *cm, const struct sl_config *cfg)
 {
+	double hb;
+
 	cm->ttl_ms = cfg->cluster.lease_ttl_ms;
 	cm->hb_ms = cfg->cluster.heartbeat_ms;
 	cm->timeout_ms = cfg->cluster.timeout_ms;
 	cm->down_mode = cfg->cluster.on_redis_down;
+	/* A shorter heartbeat applies now, not after the old one elapsed. */
+	hb = mono() + (double)cm->hb_ms / 1000.0;
+	if (cm->next_hb > hb)
+		cm->next_hb = hb;
 }
 
 struct sl_cluster_m *
@@ -1350,6 +1363,8 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 	atomic_store(&cm->cs->live_nodes, cm->live_seen);
 	freeReplyObject(r);
 	cm->last_ack = mono();
+	cm->ack_ttl_ms = cm->ttl_ms;
+	cm->ack_hb_ms = cm->hb_ms;
 	cm->ever_acked = 1;
 	cm->next_hb = cm->last_ack + (double)cm->hb_ms / 1000.0;
 	sl_info("cluster: node %s registered at %s; %d live node(s)", cm->node,
@@ -1524,6 +1539,8 @@ cm_round_done(struct sl_cluster_m *cm)
 		return;
 	}
 	cm->last_ack = cm->round_t0;
+	cm->ack_ttl_ms = cm->round_ttl_ms;
+	cm->ack_hb_ms = cm->round_hb_ms;
 	cm->ever_acked = 1;
 	/*
 	 * Added: a stream admitted without Redis is held now. A stream that
@@ -1605,6 +1622,8 @@ cm_round(struct sl_cluster_m *cm, double now)
 	int readd = atomic_load(&cm->cs->mode) != MODE_REDIS;
 
 	cm->round_t0 = now;
+	cm->round_ttl_ms = cm->ttl_ms;
+	cm->round_hb_ms = cm->hb_ms;
 	cm->round_failed = 0;
 	cm->round_readd = readd;
 	cm->round_out = 0;
@@ -1648,14 +1667,16 @@ sl_cluster_master_pollfds(struct sl_cluster_m *cm, struct pollfd *pfd, int max)
  * lease_ttl after that), plus half a heartbeat for the round trip of the
  * next renew: at lease_ttl = 3 x heartbeat the next renew is only sent at
  * the deadline itself. Still 1.5 heartbeats before the leases expire.
+ * The timing is that renew's own: a reload must not move the deadline of
+ * leases Redis already holds.
  */
 static double
 fence_at(const struct sl_cluster_m *cm)
 {
-	double grace = (double)cm->hb_ms / 2000.0;
+	double grace = (double)cm->ack_hb_ms / 2000.0;
 
-	return cm->last_ack + (double)(cm->ttl_ms - 2 * cm->hb_ms) / 1000.0 +
-	    grace;
+	return cm->last_ack + (double)(cm->ack_ttl_ms - 2 * cm->ack_hb_ms) /
+	    1000.0 + grace;
 }
 
 double
