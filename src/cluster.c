@@ -1048,7 +1048,14 @@ sl_cluster_charge(struct sl_cluster_w *cw, int tenant, uint64_t tokens)
 struct rcell {
 	uint32_t tslot;
 	uint32_t row, i;
+	uint32_t failed;             /* its tenant's call answered an error */
 	uint64_t word;
+};
+
+/* A call of a heartbeat round, in the order sent (and answered). */
+struct rcall {
+	struct rcell *v;             /* its members; NULL: the registration */
+	size_t n;
 };
 
 struct sl_cluster_m {
@@ -1083,8 +1090,12 @@ struct sl_cluster_m {
 	int round_failed;
 	int round_readd;
 	double round_t0;
-	struct rcell *rc;            /* cells of a re-add round */
+	struct rcell *rc;            /* cells the round adds (ZADD) */
 	size_t nrc;
+	struct rcell *rx;            /* and renews (ZADD XX) */
+	size_t nrx;
+	struct rcall *calls;         /* the round's calls, answered in order */
+	size_t ncalls, call_next;
 	int32_t live_seen;
 };
 
@@ -1095,6 +1106,21 @@ mono(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Forget the cells and calls of the round out (answered or abandoned). */
+static void
+round_free(struct sl_cluster_m *cm)
+{
+	free(cm->rc);
+	cm->rc = NULL;
+	cm->nrc = 0;
+	free(cm->rx);
+	cm->rx = NULL;
+	cm->nrx = 0;
+	free(cm->calls);
+	cm->calls = NULL;
+	cm->ncalls = cm->call_next = 0;
 }
 
 static void
@@ -1130,9 +1156,7 @@ cm_lost(struct sl_cluster_m *cm, const char *why)
 
 	cm->connected = 0;
 	cm->round_out = 0;
-	free(cm->rc);
-	cm->rc = NULL;
-	cm->nrc = 0;
+	round_free(cm);
 	cm->connect_at = now + cm->backoff;
 	cm->backoff = cm->backoff * 2 > BACKOFF_MAX ? BACKOFF_MAX : cm->backoff * 2;
 	/*
@@ -1298,7 +1322,7 @@ sl_cluster_master_free(struct sl_cluster_m *cm)
 		cm->ac = NULL;
 		redisAsyncFree(ac);
 	}
-	free(cm->rc);
+	round_free(cm);
 	free(cm->node);
 	free(cm->redis);
 	free(cm->password);
@@ -1402,6 +1426,26 @@ rcell_cmp(const void *a, const void *b)
 static void cm_round_cb(redisAsyncContext *, void *, void *);
 static void cm_count_cb(redisAsyncContext *, void *, void *);
 
+/*
+ * Remember a call of the round (v NULL: the registration), so that its
+ * answer, which comes in the order sent, can be told apart: an error for
+ * one tenant's key is that tenant's, not a missing heartbeat.
+ */
+static void
+round_call(struct sl_cluster_m *cm, struct rcell *v, size_t n)
+{
+	struct rcall *nc;
+
+	if ((nc = realloc(cm->calls, (cm->ncalls + 1) * sizeof(*nc))) == NULL) {
+		cm->round_failed = 1;   /* cannot tell the answers apart */
+		return;
+	}
+	cm->calls = nc;
+	nc[cm->ncalls].v = v;
+	nc[cm->ncalls].n = n;
+	cm->ncalls++;
+}
+
 struct rvec {
 	struct rcell *v;
 	size_t n, cap;
@@ -1424,6 +1468,7 @@ rvec_push(struct rvec *a, uint32_t tslot, size_t row, size_t i, uint64_t w)
 	a->v[a->n].row = (uint32_t)row;
 	a->v[a->n].i = (uint32_t)i;
 	a->v[a->n].word = w;
+	a->v[a->n].failed = 0;
 	a->n++;
 }
 
@@ -1472,7 +1517,7 @@ collect(struct sl_cluster_m *cm, int readd, struct rvec *xx, struct rvec *add)
  * number of calls sent.
  */
 static int
-send_grouped(struct sl_cluster_m *cm, const struct rcell *v, size_t n,
+send_grouped(struct sl_cluster_m *cm, struct rcell *v, size_t n,
     const char *mode, redisCallbackFn *cb)
 {
 	const char **argv;
@@ -1516,9 +1561,12 @@ send_grouped(struct sl_cluster_m *cm, const struct rcell *v, size_t n,
 		}
 		for (m = 0; m < a; m++)
 			argl[m] = strlen(argv[m]);
-		if (redisAsyncCommandArgv(cm->ac, cb, cm, (int)a, argv, argl) ==
+		if (redisAsyncCommandArgv(cm->ac, cb, cm, (int)a, argv, argl) !=
 		    REDIS_OK)
-			sent++;
+			continue;
+		sent++;
+		if (cb == cm_round_cb)
+			round_call(cm, &v[j], k - j);
 	}
 out:
 	free(argv);
@@ -1527,17 +1575,37 @@ out:
 	return sent;
 }
 
+/* A held lease that Redis could not renew or add: held no more. */
+static void
+cell_unheld(struct sl_cluster_m *cm, const struct rcell *rc)
+{
+	struct cell *c = cell_at(cm->cs, rc->row, rc->i);
+	uint64_t w = CELL_WORD(CELL_GEN(rc->word), CELL_HELD);
+
+	atomic_compare_exchange_strong(&c->word, &w,
+	    CELL_WORD(CELL_GEN(rc->word), CELL_LOCAL));
+}
+
 static void
 cm_round_done(struct sl_cluster_m *cm)
 {
 	size_t j;
 
 	if (cm->round_failed) {
-		free(cm->rc);
-		cm->rc = NULL;
-		cm->nrc = 0;
+		round_free(cm);
 		return;
 	}
+	/*
+	 * A tenant whose call answered an error (its key holds another type)
+	 * has no lease in Redis: its streams count as admitted without Redis,
+	 * so that a later round adds their leases once the key is usable.
+	 */
+	for (j = 0; j < cm->nrx; j++)
+		if (cm->rx[j].failed)
+			cell_unheld(cm, &cm->rx[j]);
+	for (j = 0; j < cm->nrc; j++)
+		if (cm->rc[j].failed)
+			cell_unheld(cm, &cm->rc[j]);
 	cm->last_ack = cm->round_t0;
 	cm->ack_ttl_ms = cm->round_ttl_ms;
 	cm->ack_hb_ms = cm->round_hb_ms;
@@ -1556,6 +1624,8 @@ cm_round_done(struct sl_cluster_m *cm)
 			struct cell *c = cell_at(cm->cs, cm->rc[j].row, cm->rc[j].i);
 			uint64_t w = cm->rc[j].word, cur;
 
+			if (cm->rc[j].failed)
+				continue;
 			if (CELL_STATE(w) == CELL_LOCAL &&
 			    atomic_compare_exchange_strong(&c->word, &w,
 			    CELL_WORD(CELL_GEN(w), CELL_HELD)))
@@ -1579,9 +1649,7 @@ cm_round_done(struct sl_cluster_m *cm)
 			    cm->nrc);
 		cm_set_mode(cm, MODE_REDIS, NULL);
 	}
-	free(cm->rc);
-	cm->rc = NULL;
-	cm->nrc = 0;
+	round_free(cm);
 }
 
 static void
@@ -1589,12 +1657,21 @@ cm_round_cb(redisAsyncContext *ac, void *r, void *priv)
 {
 	struct sl_cluster_m *cm = priv;
 	redisReply *reply = r;
+	struct rcall *call;
 
 	(void)ac;
 	if (cm->round_out <= 0)
 		return;   /* a round abandoned with its connection */
+	call = cm->call_next < cm->ncalls ? &cm->calls[cm->call_next++] : NULL;
 	if (reply_is_error(reply)) {
-		cm->round_failed = 1;
+		if (reply != NULL && call != NULL && call->v != NULL) {
+			size_t j;
+
+			/* One tenant's key: its streams, not the heartbeat. */
+			for (j = 0; j < call->n; j++)
+				call->v[j].failed = 1;
+		} else
+			cm->round_failed = 1;
 		if (reply != NULL) {
 			row_err(cm->cs, 0, ERR_REPLY);
 			sl_warn("cluster: heartbeat: %s", reply->str);
@@ -1627,6 +1704,7 @@ cm_round(struct sl_cluster_m *cm, double now)
 	cm->round_failed = 0;
 	cm->round_readd = readd;
 	cm->round_out = 0;
+	round_free(cm);
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
 	argv[0] = "EVAL";
 	argv[1] = register_lua;
@@ -1640,13 +1718,15 @@ cm_round(struct sl_cluster_m *cm, double now)
 	    argl) != REDIS_OK)
 		return;
 	cm->round_out = 1;
+	round_call(cm, NULL, 0);
 	collect(cm, readd, &xx, &add);
-	cm->round_out += send_grouped(cm, xx.v, xx.n, "XX", cm_round_cb);
-	cm->round_out += send_grouped(cm, add.v, add.n, "ADD", cm_round_cb);
-	free(xx.v);
-	free(cm->rc);
+	/* Kept until the round is answered: its calls point into them. */
+	cm->rx = xx.v;
+	cm->nrx = xx.n;
 	cm->rc = add.v;
 	cm->nrc = add.n;
+	cm->round_out += send_grouped(cm, xx.v, xx.n, "XX", cm_round_cb);
+	cm->round_out += send_grouped(cm, add.v, add.n, "ADD", cm_round_cb);
 }
 
 int

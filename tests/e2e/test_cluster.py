@@ -1055,3 +1055,39 @@ def test_reload_to_a_shorter_heartbeat_does_not_fence_a_healthy_node():
         assert [0 < sc - now <= 3000 for _, sc in redis.zrange(LEASES, True)] == [True]
         close_all(held)
         wait_leases(redis, 0)
+
+
+@h.timeout(60)
+def test_a_wrong_type_key_of_one_tenant_fences_no_other_tenant():
+    """An operator left sluice:{beta}:leases as a string: beta's scripts
+    answer WRONGTYPE, so beta is admitted by on_redis_down. The heartbeat's
+    other calls (registration, acme's renewals) are acknowledged: the node
+    must not fence itself for every tenant (acme would then be admitted by
+    local_share beside the other node's leases, over max_streams). Once the
+    key is fixed, the next heartbeats add the lease of the beta stream."""
+    with Redis() as redis, Stub() as stub:
+        a, b = _two_nodes(redis, stub, "local_share", max_streams=10)
+        with a, b:
+            wait_nodes([a, b], 2)
+            redis.command("SET", BETA_LEASES, "not a sorted set")
+            beta = hold(a, 1, key=BETA_KEY, tag="beta")   # by local_share
+            acme = hold(a, 1)
+            # Fencing would come 2.5 s after the last good heartbeat.
+            assert _modes_seen(a, 4.0) == ["redis"]
+            m = h.scrape(a)
+            assert m.value("sluice_cluster_errors_total", kind="fenced") == 0
+            assert m.value("sluice_cluster_errors_total", kind="reply") >= 3
+            assert "WRONGTYPE" in h.stderr_text(a)
+            # acme is still exact across the nodes: 10 in all.
+            acme += hold(b, 6)
+            more, r = fill(a)
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            assert len(more) == 3, len(more)
+            assert redis.leases("acme") == 10
+            assert stub.tag("acme")["inflight"] == 10
+            # The operator removes the key: beta's stream gets its lease.
+            redis.command("DEL", BETA_LEASES)
+            wait_leases(redis, 1, key=BETA_LEASES, timeout=3)
+            close_all(beta + acme + more)
+            wait_leases(redis, 0, key=BETA_LEASES)
+            wait_leases(redis, 0)
