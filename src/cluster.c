@@ -73,18 +73,25 @@ static const char charge_lua[] =
 /*
  * KEYS[1] the tenant's lease set; ARGV "XX" (renew only members still
  * there) or "ADD" (re-add after Redis was lost), ttl (ms), members...
+ * Returns the positions (1-based) of the members XX found missing: a
+ * lease released a moment ago, or one Redis lost (evicted, flushed, its
+ * key deleted); the master tells them apart by whether the stream is
+ * still in flight.
  */
 static const char renew_lua[] =
     "local t=redis.call('TIME') "
     "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000) "
     "local exp=now+tonumber(ARGV[2]) "
     "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now) "
+    "local gone={} "
     "for i=3,#ARGV do "
-    "if ARGV[1]=='XX' then redis.call('ZADD',KEYS[1],'XX',exp,ARGV[i]) "
-    "else redis.call('ZADD',KEYS[1],exp,ARGV[i]) end end "
+    "if ARGV[1]~='XX' then redis.call('ZADD',KEYS[1],exp,ARGV[i]) "
+    "elseif redis.call('ZSCORE',KEYS[1],ARGV[i]) then "
+    "redis.call('ZADD',KEYS[1],'XX',exp,ARGV[i]) "
+    "else gone[#gone+1]=i-2 end end "
     "local top=redis.call('ZRANGE',KEYS[1],-1,-1,'WITHSCORES') "
     "if top[2] then redis.call('PEXPIREAT',KEYS[1],top[2]) end "
-    "return 1";
+    "return gone";
 
 /* KEYS[1] sluice:nodes; ARGV node, ttl (ms). Returns the live nodes. */
 static const char register_lua[] =
@@ -1048,7 +1055,8 @@ sl_cluster_charge(struct sl_cluster_w *cw, int tenant, uint64_t tokens)
 struct rcell {
 	uint32_t tslot;
 	uint32_t row, i;
-	uint32_t failed;             /* its tenant's call answered an error */
+	uint32_t failed;             /* Redis does not hold its lease: an
+	                                error answer, or missing at renewal */
 	uint64_t word;
 };
 
@@ -1575,37 +1583,49 @@ out:
 	return sent;
 }
 
-/* A held lease that Redis could not renew or add: held no more. */
-static void
+/*
+ * A held lease that Redis could not renew or add, or no longer has: held
+ * no more. Returns 1 when the stream is still in flight (not released in
+ * the meantime): a later round adds its lease again.
+ */
+static int
 cell_unheld(struct sl_cluster_m *cm, const struct rcell *rc)
 {
 	struct cell *c = cell_at(cm->cs, rc->row, rc->i);
 	uint64_t w = CELL_WORD(CELL_GEN(rc->word), CELL_HELD);
 
-	atomic_compare_exchange_strong(&c->word, &w,
+	return atomic_compare_exchange_strong(&c->word, &w,
 	    CELL_WORD(CELL_GEN(rc->word), CELL_LOCAL));
 }
 
 static void
 cm_round_done(struct sl_cluster_m *cm)
 {
-	size_t j;
+	size_t j, lost;
 
 	if (cm->round_failed) {
 		round_free(cm);
 		return;
 	}
 	/*
-	 * A tenant whose call answered an error (its key holds another type)
-	 * has no lease in Redis: its streams count as admitted without Redis,
-	 * so that a later round adds their leases once the key is usable.
+	 * Streams in flight whose lease Redis does not hold: their tenant's
+	 * call answered an error (its key holds another type), or the renewal
+	 * found the lease gone although the stream was not released (evicted,
+	 * flushed, the key deleted). They count as admitted without Redis, so
+	 * the next round adds their leases again (once the key is usable);
+	 * until then the other nodes do not see them.
 	 */
+	lost = 0;
 	for (j = 0; j < cm->nrx; j++)
 		if (cm->rx[j].failed)
-			cell_unheld(cm, &cm->rx[j]);
+			lost += (size_t)cell_unheld(cm, &cm->rx[j]);
 	for (j = 0; j < cm->nrc; j++)
 		if (cm->rc[j].failed)
-			cell_unheld(cm, &cm->rc[j]);
+			lost += (size_t)cell_unheld(cm, &cm->rc[j]);
+	if (lost > 0)
+		sl_warn("cluster: Redis does not hold %zu lease(s) of streams in "
+		    "flight (evicted, flushed or a key of another type); adding "
+		    "them again", lost);
 	cm->last_ack = cm->round_t0;
 	cm->ack_ttl_ms = cm->round_ttl_ms;
 	cm->ack_hb_ms = cm->round_hb_ms;
@@ -1663,6 +1683,17 @@ cm_round_cb(redisAsyncContext *ac, void *r, void *priv)
 	if (cm->round_out <= 0)
 		return;   /* a round abandoned with its connection */
 	call = cm->call_next < cm->ncalls ? &cm->calls[cm->call_next++] : NULL;
+	if (reply != NULL && reply->type == REDIS_REPLY_ARRAY && call != NULL &&
+	    call->v != NULL) {
+		size_t j;
+
+		/* Members the renewal found missing. */
+		for (j = 0; j < reply->elements; j++)
+			if (reply->element[j]->type == REDIS_REPLY_INTEGER &&
+			    reply->element[j]->integer >= 1 &&
+			    (size_t)reply->element[j]->integer <= call->n)
+				call->v[reply->element[j]->integer - 1].failed = 1;
+	}
 	if (reply_is_error(reply)) {
 		if (reply != NULL && call != NULL && call->v != NULL) {
 			size_t j;

@@ -1091,3 +1091,40 @@ def test_a_wrong_type_key_of_one_tenant_fences_no_other_tenant():
             close_all(beta + acme + more)
             wait_leases(redis, 0, key=BETA_LEASES)
             wait_leases(redis, 0)
+
+
+@h.timeout(60)
+def test_leases_lost_in_redis_are_added_again_while_their_streams_last():
+    """Redis loses a tenant's lease set without a restart (evicted under
+    maxmemory, FLUSHDB, an operator's DEL): the connection stays up, so
+    nothing re-adds after a reconnect, and ZADD XX renews nothing. The
+    renewal must notice the missing leases of streams still in flight and
+    add them again, or every other node admits max_streams more for as long
+    as those streams last; a lease released a moment ago is still never
+    brought back."""
+    with Redis() as redis, Stub() as stub:
+        a, b = _two_nodes(redis, stub, "local_share", max_streams=10)
+        with a, b:
+            wait_nodes([a, b], 2)
+            held = hold(a, 10)
+            assert redis.leases("acme") == 10
+            redis.command("DEL", LEASES)
+            # Within one heartbeat (1 s) and a round trip.
+            wait_leases(redis, 10, timeout=2.5)
+            assert "Redis does not hold 10 lease(s) of streams in flight" in \
+                h.stderr_text(a), a.stderr_tail()
+            _, r = try_stream(b, tag="refused")
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            assert stub.tag("acme")["inflight"] == 10
+            # Released leases stay released: no heartbeat brings them back.
+            close_all(held[:4])
+            wait_leases(redis, 6)
+            time.sleep(2.2)
+            assert redis.leases("acme") == 6
+            more = hold(b, 4)
+            _, r = try_stream(b, tag="refused")
+            assert_error(r, 429, "concurrency_limit_exceeded")
+            close_all(held[4:] + more)
+            wait_leases(redis, 0)
+            time.sleep(1.2)
+            assert redis.leases("acme") == 0
