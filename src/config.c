@@ -1669,8 +1669,9 @@ check_cluster(struct ctx *c, yaml_node_t *root)
 	if (cl->redis == NULL)
 		err_at(c, &map->start_mark, "cluster: missing required key 'redis'");
 	if (cl->heartbeat_ms * 3 > cl->lease_ttl_ms) {
-		hb = find_child(c, map, "heartbeat");
-		if (hb == NULL)
+		/* Absent, the default heartbeat: the lease_ttl set is the cause. */
+		if ((hb = find_child(c, map, "heartbeat")) == NULL &&
+		    (hb = find_child(c, map, "lease_ttl")) == NULL)
 			hb = map;
 		err_at(c, &hb->start_mark,
 		    "cluster.heartbeat: %" PRIu64 "ms must be at most lease_ttl / 3 "

@@ -788,6 +788,16 @@ def test_check_refuses_bad_cluster_settings_with_line_and_column():
         assert path + where in err, (where, err)
 
 
+def test_check_points_at_lease_ttl_when_the_default_heartbeat_is_too_long():
+    # lease_ttl 1s with heartbeat at its default (2s): the key the operator
+    # wrote is the one to point at, not the first key of the section.
+    path, rc, out, err = _check('  redis: "127.0.0.1:6379"\n'
+                                "  lease_ttl: 1s\n")
+    assert rc != 0, (rc, out, err)
+    assert "%s:11:14: cluster.heartbeat: 2000ms must be at most lease_ttl / 3 (333ms)" \
+        % path in err, err
+
+
 def test_check_accepts_unix_socket_and_v6_redis_addresses():
     for addr in ("unix:/run/redis/redis.sock", "[::1]:6379", "127.0.0.1:6379"):
         path, rc, out, err = _check('  redis: "%s"\n'
