@@ -690,18 +690,38 @@ cw_count_cb(redisAsyncContext *ac, void *r, void *priv)
 		row_err(cw->cs, cw->row, ERR_REPLY);
 }
 
-/* A charge's answer: a NOSCRIPT (the cache was flushed) loads it again. */
+/* A charge in flight, kept to be sent again as EVAL after a NOSCRIPT. */
+struct charge {
+	struct sl_cluster_w *cw;
+	int tenant;
+	int eval;                /* sent as EVAL (no script cache needed) */
+	uint64_t tokens;
+};
+
+static int send_charge(struct sl_cluster_w *, struct charge *);
+
+/*
+ * A charge's answer. A NOSCRIPT (SCRIPT FLUSH, with the connection up)
+ * sends the same charge again as EVAL: dropping it would undercount the
+ * tenant's window across the cluster. Owns ch.
+ */
 static void
 cw_charge_cb(redisAsyncContext *ac, void *r, void *priv)
 {
-	struct sl_cluster_w *cw = priv;
+	struct charge *ch = priv;
+	struct sl_cluster_w *cw = ch->cw;
 	redisReply *reply = r;
 
-	if (reply == NULL || ac != cw->ac || !reply_is_error(reply))
-		return;
-	row_err(cw->cs, cw->row, ERR_REPLY);
-	if (strncmp(reply->str, "NOSCRIPT", 8) == 0)
-		cw->csha[0] = '\0';   /* the next charge is an EVAL */
+	if (reply != NULL && ac == cw->ac && reply_is_error(reply)) {
+		if (!ch->eval && strncmp(reply->str, "NOSCRIPT", 8) == 0) {
+			cw->csha[0] = '\0';   /* the next charges are EVALs */
+			ch->eval = 1;
+			if (send_charge(cw, ch) == 0)
+				return;
+		}
+		row_err(cw->cs, cw->row, ERR_REPLY);
+	}
+	free(ch);
 }
 
 /*
@@ -1018,34 +1038,53 @@ sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
 	return node_share(cw, t->tokens_per_minute);
 }
 
-void
-sl_cluster_charge(struct sl_cluster_w *cw, int tenant, uint64_t tokens)
+/* Queue ch on the worker's connection; on success hiredis holds it. */
+static int
+send_charge(struct sl_cluster_w *cw, struct charge *ch)
 {
 	char n[24];
 	const char *argv[5];
 	size_t argl[5];
 	int i;
 
-	if (tokens == 0 || tenant < 0 || (size_t)tenant >= cw->cfg->ntenants ||
-	    cw->cfg->tenants[tenant].tokens_per_minute <= 0 ||
-	    cw->ac == NULL || !cw->connected)
-		return;
-	snprintf(n, sizeof(n), "%" PRIu64, tokens);
-	if (cw->csha[0] != '\0') {
+	if (cw->ac == NULL || !cw->connected)
+		return -1;
+	snprintf(n, sizeof(n), "%" PRIu64, ch->tokens);
+	if (!ch->eval && cw->csha[0] != '\0') {
 		argv[0] = "EVALSHA";
 		argv[1] = cw->csha;
 	} else {
+		ch->eval = 1;
 		argv[0] = "EVAL";
 		argv[1] = charge_lua;
 	}
 	argv[2] = "1";
-	argv[3] = cw->tkeys[tenant];
+	argv[3] = cw->tkeys[ch->tenant];
 	argv[4] = n;
 	for (i = 0; i < 5; i++)
 		argl[i] = strlen(argv[i]);
-	if (redisAsyncCommandArgv(cw->ac, cw_charge_cb, cw, 5, argv, argl) ==
+	if (redisAsyncCommandArgv(cw->ac, cw_charge_cb, ch, 5, argv, argl) !=
 	    REDIS_OK)
-		cw_queued(cw);
+		return -1;
+	cw_queued(cw);
+	return 0;
+}
+
+void
+sl_cluster_charge(struct sl_cluster_w *cw, int tenant, uint64_t tokens)
+{
+	struct charge *ch;
+
+	if (tokens == 0 || tenant < 0 || (size_t)tenant >= cw->cfg->ntenants ||
+	    cw->cfg->tenants[tenant].tokens_per_minute <= 0 ||
+	    cw->ac == NULL || !cw->connected ||
+	    (ch = calloc(1, sizeof(*ch))) == NULL)
+		return;
+	ch->cw = cw;
+	ch->tenant = tenant;
+	ch->tokens = tokens;
+	if (send_charge(cw, ch) == -1)
+		free(ch);
 }
 
 /* ---- master ---------------------------------------------------------- */

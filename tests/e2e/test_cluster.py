@@ -1138,3 +1138,28 @@ def test_leases_lost_in_redis_are_added_again_while_their_streams_last():
             wait_leases(redis, 0)
             time.sleep(1.2)
             assert redis.leases("acme") == 0
+
+
+@h.timeout(60)
+def test_token_charge_after_script_flush_reaches_redis():
+    """SCRIPT FLUSH with the connections up: the acquire falls back to EVAL
+    on NOSCRIPT, and so must the charge of the tokens a response used, or
+    the cluster's window misses them (one response per worker after every
+    flush)."""
+    with Redis() as redis, Stub() as stub:
+        over = {"tenants": {"acme": {"tokens_per_minute": 1000}}}
+        with cluster_gw(stub, redis.addr, "gw-a", workers=1, **over) as a:
+            wait_mode(a, "redis")
+            r = _chat(a, (10, 5))
+            assert r.status == 200, r.status
+            h.wait_until(lambda: _window(redis) == 15, 5, msg="15 tokens in Redis")
+            redis.command("SCRIPT", "FLUSH")
+            r = _chat(a, (20, 7))
+            assert r.status == 200, r.status
+            h.wait_until(lambda: _window(redis) == 42, 5,
+                         msg="42 tokens in Redis (now %d)" % _window(redis))
+            r = _chat(a, (1, 1))
+            assert r.status == 200, r.status
+            h.wait_until(lambda: _window(redis) == 44, 5, msg="44 tokens in Redis")
+            assert h.scrape(a).value("sluice_cluster_errors_total", kind="reply") == 0
+            wait_leases(redis, 0)
