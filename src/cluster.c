@@ -1625,13 +1625,18 @@ out:
 /*
  * A held lease that Redis could not renew or add, or no longer has: held
  * no more. Returns 1 when the stream is still in flight (not released in
- * the meantime): a later round adds its lease again.
+ * the meantime): a later round adds its lease again. Only a lease held
+ * when the round was sent: one whose acquire was still on its way was
+ * rightly missing then.
  */
 static int
 cell_unheld(struct sl_cluster_m *cm, const struct rcell *rc)
 {
 	struct cell *c = cell_at(cm->cs, rc->row, rc->i);
 	uint64_t w = CELL_WORD(CELL_GEN(rc->word), CELL_HELD);
+
+	if (CELL_STATE(rc->word) != CELL_HELD)
+		return 0;
 
 	return atomic_compare_exchange_strong(&c->word, &w,
 	    CELL_WORD(CELL_GEN(rc->word), CELL_LOCAL));
