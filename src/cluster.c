@@ -62,11 +62,16 @@ static const char acquire_lua[] =
 /*
  * KEYS[1] the tenant's token window; ARGV tokens. Charged to the current
  * second of the Redis clock (the one the acquire script reads); the key
- * outlives the window by a minute when nothing more is charged.
+ * outlives the window by a minute when nothing more is charged. The first
+ * write drops the second that just left the window (HDEL): at maxmemory
+ * Redis refuses a script whose first write may grow memory, and the lease
+ * scripts, whose first write is ZREMRANGEBYSCORE, go on working there, so
+ * the charges must too, or the budget would silently stop holding.
  */
 static const char charge_lua[] =
-    "local s=redis.call('TIME')[1] "
-    "redis.call('HINCRBY',KEYS[1],s,ARGV[1]) "
+    "local s=tonumber(redis.call('TIME')[1]) "
+    "redis.call('HDEL',KEYS[1],tostring(s-60)) "
+    "redis.call('HINCRBY',KEYS[1],tostring(s),ARGV[1]) "
     "redis.call('EXPIRE',KEYS[1],120) "
     "return 1";
 

@@ -1163,3 +1163,33 @@ def test_token_charge_after_script_flush_reaches_redis():
             h.wait_until(lambda: _window(redis) == 44, 5, msg="44 tokens in Redis")
             assert h.scrape(a).value("sluice_cluster_errors_total", kind="reply") == 0
             wait_leases(redis, 0)
+
+
+@h.timeout(60)
+def test_token_charges_go_on_at_redis_maxmemory_as_leases_do():
+    """Redis at maxmemory with noeviction refuses a script whose first
+    write may grow memory. The lease scripts start with ZREMRANGEBYSCORE
+    and go on admitting there; the charge must go on too, or every node
+    admits through Redis while the cluster's token window stays frozen and
+    the budget no longer holds."""
+    with Redis(args=["--maxmemory-policy", "noeviction"]) as redis, Stub() as stub:
+        over = {"tenants": {"acme": {"tokens_per_minute": 100}}}
+        a = cluster_gw(stub, redis.addr, "gw-a", **over)
+        b = cluster_gw(stub, redis.addr, "gw-b", **over)
+        with a, b:
+            wait_nodes([a, b], 2)
+            r = _chat(a, (30, 10))
+            assert r.status == 200, r.status
+            h.wait_until(lambda: _window(redis) == 40, 5, msg="40 tokens in Redis")
+            redis.command("CONFIG", "SET", "maxmemory", "1")
+            r = _chat(b, (50, 10))
+            assert r.status == 200, r.status
+            h.wait_until(lambda: _window(redis) == 100, 5,
+                         msg="100 tokens in Redis (now %d)" % _window(redis))
+            for gw in (a, b):
+                r = _chat(gw, (1, 1))
+                assert_error(r, 429, "token_budget_exceeded")
+            for gw in (a, b):
+                assert h.scrape(gw).value("sluice_cluster_errors_total", kind="reply") == 0
+            redis.command("CONFIG", "SET", "maxmemory", "0")
+            wait_leases(redis, 0)
