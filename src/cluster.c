@@ -759,6 +759,24 @@ cell_free(struct sl_cluster_w *cw, int32_t i, int zrem)
 	cw->free[cw->nfree++] = (uint32_t)i;
 }
 
+/*
+ * The tenant's max_streams and tokens_per_minute as the master published
+ * them last, not this worker's copy: a worker retiring at a reload that
+ * still admits a request whose head was in flight applies the new limits,
+ * as it does without a cluster.
+ */
+static int32_t
+tenant_max(const struct sl_cluster_w *cw, int tenant)
+{
+	return sl_shm_limit(cw->shm, cw->tenant_slot[tenant]);
+}
+
+static int32_t
+tenant_tpm(const struct sl_cluster_w *cw, int tenant)
+{
+	return sl_shm_token_budget(cw->shm, cw->tenant_slot[tenant]);
+}
+
 /* local_share's part of total for this node: ceil(total / live nodes). */
 static int32_t
 node_share(struct sl_cluster_w *cw, int32_t total)
@@ -775,7 +793,6 @@ node_share(struct sl_cluster_w *cw, int32_t total)
 static enum sl_cl_verdict
 fail_verdict(struct sl_cluster_w *cw, int tenant)
 {
-	const struct sl_tenant_conf *t = &cw->cfg->tenants[tenant];
 	int32_t share, inflight;
 
 	switch (cw->cfg->cluster.on_redis_down) {
@@ -784,7 +801,7 @@ fail_verdict(struct sl_cluster_w *cw, int tenant)
 	case SL_DOWN_LOCAL_FULL:
 		return SL_CL_ADMIT;
 	default:
-		share = node_share(cw, t->max_streams);
+		share = node_share(cw, tenant_max(cw, tenant));
 		/* The node's streams of the tenant, this one included. */
 		inflight = sl_shm_inflight(cw->shm, cw->tenant_slot[tenant]);
 		return inflight <= share ? SL_CL_ADMIT : SL_CL_FULL;
@@ -917,16 +934,15 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 static int
 send_acquire(struct sl_cluster_w *cw, struct sl_cl_wait *w, int eval)
 {
-	const struct sl_tenant_conf *t = &cw->cfg->tenants[w->tenant];
 	char member[MEMBER_MAX], max[16], ttl[24], tpm[16];
 	const char *argv[9];
 	size_t argl[9];
 	int i;
 
 	cw_member(cw, w->cell, member);
-	snprintf(max, sizeof(max), "%" PRId32, t->max_streams);
+	snprintf(max, sizeof(max), "%" PRId32, tenant_max(cw, w->tenant));
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cw->cfg->cluster.lease_ttl_ms);
-	snprintf(tpm, sizeof(tpm), "%" PRId32, t->tokens_per_minute);
+	snprintf(tpm, sizeof(tpm), "%" PRId32, tenant_tpm(cw, w->tenant));
 	if (!eval && cw->sha[0] != '\0') {
 		argv[0] = "EVALSHA";
 		argv[1] = cw->sha;
@@ -1031,16 +1047,16 @@ sl_cluster_release(struct sl_cluster_w *cw, int32_t lease)
 int64_t
 sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
 {
-	const struct sl_tenant_conf *t = &cw->cfg->tenants[tenant];
+	int32_t tpm = tenant_tpm(cw, tenant);
 
-	if (t->tokens_per_minute <= 0)
+	if (tpm <= 0)
 		return 0;
 	if (atomic_load_explicit(&cw->cs->mode, memory_order_relaxed) ==
 	    MODE_REDIS && cw->ac != NULL && cw->connected)
 		return -1;   /* the acquire script decides */
 	if (cw->cfg->cluster.on_redis_down != SL_DOWN_LOCAL_SHARE)
-		return t->tokens_per_minute;   /* closed refuses anyway */
-	return node_share(cw, t->tokens_per_minute);
+		return tpm;   /* closed refuses anyway */
+	return node_share(cw, tpm);
 }
 
 /* Queue ch on the worker's connection; on success hiredis holds it. */
@@ -1081,7 +1097,7 @@ sl_cluster_charge(struct sl_cluster_w *cw, int tenant, uint64_t tokens)
 	struct charge *ch;
 
 	if (tokens == 0 || tenant < 0 || (size_t)tenant >= cw->cfg->ntenants ||
-	    cw->cfg->tenants[tenant].tokens_per_minute <= 0 ||
+	    tenant_tpm(cw, tenant) <= 0 ||
 	    cw->ac == NULL || !cw->connected ||
 	    (ch = calloc(1, sizeof(*ch))) == NULL)
 		return;

@@ -2336,8 +2336,7 @@ conn_on_head(struct sl_conn *c)
 	 * retired worker still admitting a request whose head was in flight
 	 * at a reload applies the new one, as it does the new max_streams.
 	 */
-	tpm = w->cluster != NULL ? t->tokens_per_minute :
-	    sl_shm_token_budget(w->shm, w->tenant_slot[tenant]);
+	tpm = sl_shm_token_budget(w->shm, w->tenant_slot[tenant]);
 	if (tpm > 0) {
 		int ra;
 		int64_t budget = w->cluster != NULL ?

@@ -856,6 +856,35 @@ def test_reload_keeps_redis_and_node_but_applies_timing_and_fail_mode():
         close_all(held)
 
 
+@h.timeout(60)
+def test_reload_limit_applies_to_a_cluster_request_whose_head_spans_the_reload():
+    # A retiring worker that finishes reading this head asks Redis with the
+    # max_streams the master published, not its own copy: with the old 2,
+    # gw-a would admit a second stream next to gw-b's while the limit is 1.
+    with Redis() as redis, Stub() as stub, \
+            cluster_gw(stub, redis.addr, "gw-a", max_streams=2, workers=1,
+                       allow_worker_changes=True) as a, \
+            cluster_gw(stub, redis.addr, "gw-b", max_streams=2) as b:
+        held = hold(b, 1)
+        wait_leases(redis, 1)
+        c = a.client()
+        body = h.stream_body()
+        hd = dict(h.bearer(ACME_KEY))
+        hd.update(h.stub_headers(tag="spans", **LONG))
+        c.send_raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" +
+                   b"".join(b"%s: %s\r\n" % (k.encode(), v.encode())
+                            for k, v in hd.items()) +
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body))
+        time.sleep(0.2)
+        h.reload(a, h.deep_merge(a.config, {"tenants": {"acme": {"max_streams": 1}}}))
+        c.send_raw(b"\r\n" + body)
+        r = c.read_response(timeout=10)
+        assert_error(r, 429, "concurrency_limit_exceeded")
+        c.close()
+        assert redis.leases("acme") == 1
+        close_all(held)
+
+
 # ---------------------------------------------------------------- leaving
 
 @h.timeout(60)
