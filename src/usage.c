@@ -44,7 +44,7 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(SL_USAGE_NO_SIMD) && \
     !defined(SL_USAGE_NO_AVX2)
 #include <immintrin.h>
-#define SL_USAGE_AVX2 1         /* used when the CPU has it (checked per block) */
+#define SL_USAGE_AVX2 1         /* used when the CPU has it (asked once per run) */
 #endif
 
 #include "sl_json.h"
@@ -1008,16 +1008,30 @@ mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
 /*
  * Class masks of 64 bytes of a data line, computed once and read by
  * lex_fast() with a count of trailing zeros per token instead of a scan
- * per token. Bit j describes base[j]; the bytes from the run's end on are
+ * per token. Bit j describes base + j; the bytes from the run's end on are
  * set in str and val as if they were line ends, so a search stops there.
  */
 struct blk {
-	const char *base;       /* NULL: nothing loaded yet */
+	uintptr_t base;         /* the masks' first byte; lo - 64 before a load */
 	const char *lo;         /* the call's input: loads may start there */
 	uint64_t str;           /* C_STR: " \ CR LF */
 	uint64_t val;           /* C_VAL: " CR LF { } [ ] */
 	uint64_t cm;            /* commas (C_VAL1 is val | cm) */
+	int avx2;               /* the CPU has AVX2 (asked once per run) */
 };
+
+/* b ready for blk_next() over the input starting at lo: nothing loaded. */
+static void
+blk_init(struct blk *b, const char *lo)
+{
+	memset(b, 0, sizeof(*b));
+	/* unsigned arithmetic: any p >= lo is 64 or more past it */
+	b->base = (uintptr_t)lo - 64;
+	b->lo = lo;
+#ifdef SL_USAGE_AVX2
+	b->avx2 = __builtin_cpu_supports("avx2") != 0;
+#endif
+}
 
 #if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
 /* The three masks of 16 bytes v, shifted right by sh, placed at bit j. */
@@ -1041,65 +1055,90 @@ chunk16(__m128i v, unsigned sh, unsigned j, uint64_t *str, uint64_t *val, uint64
 #endif
 
 #ifdef SL_USAGE_AVX2
-/* blk_load() of 64 whole bytes with AVX2: two 32-byte halves. */
-static __attribute__((target("avx2"))) void
-blk_load64_avx2(struct blk *b, const char *p)
+/* The masks of the 32 bytes at p, one bit a byte. */
+static inline __attribute__((target("avx2"), always_inline)) void
+half32_avx2(const char *p, uint32_t *str, uint32_t *val, uint32_t *cm)
 {
-	uint64_t str = 0, val = 0, cm = 0;
-	unsigned j;
+	__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)p);
+	__m256i ql, br, v20;
 
-	for (j = 0; j < 64; j += 32) {
-		__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(p + j));
-		__m256i ql, br, v20;
+	ql = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('"')),
+	    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r'))),
+	    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n')));
+	/* [ and ] are { and } with bit 5 clear: one compare each */
+	v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20));
+	br = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v20,
+	    _mm256_set1_epi8('{')), _mm256_cmpeq_epi8(v20, _mm256_set1_epi8('}'))), ql);
+	*str = (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql,
+	    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\\'))));
+	*val = (uint32_t)_mm256_movemask_epi8(br);
+	*cm = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(',')));
+}
 
-		ql = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('"')),
-		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r'))),
-		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n')));
-		v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20));
-		br = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v20,
-		    _mm256_set1_epi8('{')), _mm256_cmpeq_epi8(v20, _mm256_set1_epi8('}'))), ql);
-		str |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql,
-		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\\')))) << j;
-		val |= (uint64_t)(uint32_t)_mm256_movemask_epi8(br) << j;
-		cm |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v,
-		    _mm256_set1_epi8(','))) << j;
-	}
-	b->base = p;
-	b->str = str;
-	b->val = val;
-	b->cm = cm;
+/* The masks of the 64 bytes at p with AVX2: two 32-byte halves. */
+static inline __attribute__((target("avx2"), always_inline)) void
+load64_avx2(const char *p, uint64_t *str, uint64_t *val, uint64_t *cm)
+{
+	uint32_t s0, v0, c0, s1, v1, c1;
+
+	half32_avx2(p, &s0, &v0, &c0);
+	half32_avx2(p + 32, &s1, &v1, &c1);
+	*str = (uint64_t)s1 << 32 | s0;
+	*val = (uint64_t)v1 << 32 | v0;
+	*cm = (uint64_t)c1 << 32 | c0;
 }
 #endif
 
+/* The masks of the 64 bytes at p, all of them readable, without AVX2. */
+static inline __attribute__((always_inline)) void
+load64(const char *p, uint64_t *str, uint64_t *val, uint64_t *cm)
+{
+	unsigned j;
+
+	*str = *val = *cm = 0;
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	for (j = 0; j < 64; j += 16)
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + j)), 0, j,
+		    str, val, cm);
+#else
+	for (j = 0; j < 64; j++) {
+		unsigned k = cls[(unsigned char)p[j]];
+
+		*str |= (uint64_t)((k & C_STR) != 0) << j;
+		*val |= (uint64_t)((k & C_VAL) != 0) << j;
+		*cm |= (uint64_t)(p[j] == ',') << j;
+	}
+#endif
+}
+
 /*
- * Masks of [p, p + 64), p < e; nothing at or past e is read. Out of line:
- * once per 64 bytes, and it keeps blk_next() small enough to inline.
+ * Masks of [p, p + 64), p < e; nothing before b->lo or at or past e is
+ * read. A block short of e is taken from the input's last 64 bytes where
+ * it has that many. Out of line: once per 64 bytes, and it keeps
+ * blk_next() small enough to inline. Without AVX2 (and for
+ * blk_load_avx2() on an input shorter than 64 bytes).
  */
 static __attribute__((noinline)) void
 blk_load(struct blk *b, const char *p, const char *e)
 {
-	uint64_t str = 0, val = 0, cm = 0, endm = 0;
+	uint64_t str = 0, val = 0, cm = 0, endm;
 	size_t len = (size_t)(e - p);
 	unsigned j;
 
-#ifdef SL_USAGE_AVX2
-	if (len >= 64 && __builtin_cpu_supports("avx2")) {
-		blk_load64_avx2(b, p);
+	b->base = (uintptr_t)p;
+	if (len >= 64) {
+		load64(p, &b->str, &b->val, &b->cm);
 		return;
 	}
-#endif
-#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
-	if (len >= 64) {
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)p), 0, 0,
-		    &str, &val, &cm);
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)), 0, 16,
-		    &str, &val, &cm);
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 32)), 0, 32,
-		    &str, &val, &cm);
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 48)), 0, 48,
-		    &str, &val, &cm);
+	endm = ~(uint64_t)0 << len;
+	if (e - b->lo >= 64) {
+		/* the input's last 64 bytes, this block at their end */
+		load64(e - 64, &str, &val, &cm);
+		str >>= 64 - len;
+		val >>= 64 - len;
+		cm >>= 64 - len;
 	} else {
-		endm = ~(uint64_t)0 << len;
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
 		for (j = 0; j + 16 <= len; j += 16)
 			chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + j)), 0, j,
 			    &str, &val, &cm);
@@ -1117,23 +1156,47 @@ blk_load(struct blk *b, const char *p, const char *e)
 				    &str, &val, &cm);
 			}
 		}
-	}
 #else
-	if (len < 64)
-		endm = ~(uint64_t)0 << len;
-	for (j = 0; j < 64 && j < len; j++) {
-		unsigned k = cls[(unsigned char)p[j]];
+		for (j = 0; j < len; j++) {
+			unsigned k = cls[(unsigned char)p[j]];
 
-		str |= (uint64_t)((k & C_STR) != 0) << j;
-		val |= (uint64_t)((k & C_VAL) != 0) << j;
-		cm |= (uint64_t)(p[j] == ',') << j;
-	}
+			str |= (uint64_t)((k & C_STR) != 0) << j;
+			val |= (uint64_t)((k & C_VAL) != 0) << j;
+			cm |= (uint64_t)(p[j] == ',') << j;
+		}
 #endif
-	b->base = p;
+	}
 	b->str = str | endm;
 	b->val = val | endm;
 	b->cm = cm & ~endm;
 }
+
+#ifdef SL_USAGE_AVX2
+/* blk_load() where the CPU has AVX2: the same masks, one call fewer. */
+static __attribute__((target("avx2"), noinline)) void
+blk_load_avx2(struct blk *b, const char *p, const char *e)
+{
+	uint64_t str, val, cm, endm;
+	size_t len = (size_t)(e - p);
+
+	if (len >= 64) {
+		b->base = (uintptr_t)p;
+		load64_avx2(p, &b->str, &b->val, &b->cm);
+		return;
+	}
+	if (e - b->lo < 64) {
+		blk_load(b, p, e);
+		return;
+	}
+	/* the input's last 64 bytes, this block at their end */
+	load64_avx2(e - 64, &str, &val, &cm);
+	endm = ~(uint64_t)0 << len;
+	b->base = (uintptr_t)p;
+	b->str = str >> (64 - len) | endm;
+	b->val = val >> (64 - len) | endm;
+	b->cm = cm >> (64 - len) & ~endm;
+}
+#endif
 
 /*
  * skip() on the masks: the first byte of [p, e) in class C_STR (k 0),
@@ -1145,13 +1208,19 @@ blk_next(struct blk *b, const char *p, const char *e, unsigned k)
 	uint64_t m;
 
 	while (p < e) {
-		if (b->base == NULL || (uintptr_t)p - (uintptr_t)b->base >= 64)
-			blk_load(b, p, e);
+		if ((uintptr_t)p - b->base >= 64) {
+#ifdef SL_USAGE_AVX2
+			if (b->avx2)
+				blk_load_avx2(b, p, e);
+			else
+#endif
+				blk_load(b, p, e);
+		}
 		m = k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm;
-		m >>= (uintptr_t)p - (uintptr_t)b->base;
+		m >>= (uintptr_t)p - b->base;
 		if (m != 0)
 			return p + __builtin_ctzll(m);     /* at most e */
-		p = b->base + 64;
+		p += 64 - ((uintptr_t)p - b->base);
 	}
 	return e;
 }
@@ -1565,9 +1634,10 @@ lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
 	const char *in = f->in, *p = in + i, *e = in + end, *q;
 	const char *cs = s->cap_depth ? p : NULL;
 	const char *nocand = NULL;      /* a comma cut with a first member */
-	struct blk b = { NULL, in, 0, 0, 0 };
+	struct blk b;
 	char c;
 
+	blk_init(&b, in);
 	while (p < e) {
 		if (s->mt == MT_NONE && cs == NULL && s->cap_depth == 0 && s->hs != H_PREFIX &&
 		    (s->depth > 0 || s->lx != LX_VAL)) {   /* (it leaves the top level alone) */
