@@ -1398,6 +1398,50 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				}
 				first = 0;
 			}
+			if (depth > 1 || !drop) {
+				/*
+				 * Below the top level of drop mode: only strings and
+				 * brackets matter here. A string that ends on this run
+				 * unescaped is taken whole; one that is none of our
+				 * keys leaves the lexer in value position (where its
+				 * colon or comma changes nothing). What the loop does
+				 * not take, the steps below do.
+				 */
+				for (;;) {
+					p = blk_next(b, p, e, 1);
+					if (p == e)
+						goto out;
+					c = *p;
+					if (c == '"') {
+						q = blk_next(b, p + 1, e, 0);
+						if (q == e || *q != '"')
+							break;
+						n = (size_t)(q - (p + 1));
+						if (cnt)
+							content += n;
+						cnt = 0;
+						kmask = key_of(p + 1, n);
+						p = q + 1;
+						if ((key = kmask) != 0) {
+							lx = LX_AFTER_STR;
+							goto next;
+						}
+						continue;
+					}
+					if (c == '{' || c == '[') {
+						if (depth == UINT16_MAX)
+							break;
+						depth++;
+						p++;
+						continue;
+					}
+					if ((c != '}' && c != ']') || depth == 1 ||
+					    (depth == 2 && drop))
+						break;
+					depth--;
+					p++;
+				}
+			}
 			/*
 			 * The byte here is usually a token already (after a colon,
 			 * a bracket or a key's quote): taken without the masks.
@@ -1489,21 +1533,20 @@ member:
 				}
 				key = kmask;
 				cnt = 0;
-				lx = LX_AFTER_STR;
 				p = q + 1;
 				/*
-				 * What usually follows, without a round through the
-				 * states: a key that is none of ours, its colon and a
-				 * string value; a string value, a comma and the next
-				 * key (a plain comma: not at the top level in drop
-				 * mode). The lexer would take the same bytes the same
-				 * way (value position at depth > 0: a quote opens a
-				 * string).
+				 * None of our keys, below the top: the lexer goes on
+				 * in value position, which takes the blanks, colon or
+				 * comma that follow as the states after a string
+				 * would. At the top level in drop mode, what usually
+				 * follows, without a round through the states: a
+				 * colon and a string value, or a comma and the next
+				 * key (comma_key()).
 				 */
-				if (e - p >= 2 && p[1] == '"' && depth > 0 && !first &&
-				    ((p[0] == ':' && key == 0) ||
-				    (p[0] == ',' && (!(drop && depth == 1) ||
-				    (!(s->ev & EV_BAD) && p != nocand && comma_key(s, f, p, e)))))) {
+				lx = key == 0 && depth > 0 ? LX_VAL : LX_AFTER_STR;
+				if (e - p >= 2 && p[1] == '"' && depth == 1 && drop && !first &&
+				    ((p[0] == ':' && key == 0) || (p[0] == ',' &&
+				    !(s->ev & EV_BAD) && p != nocand && comma_key(s, f, p, e)))) {
 					key = 0;
 					lx = LX_STR;
 					kmask = K_ALL;
@@ -1607,6 +1650,8 @@ member:
 		default:
 			goto out;               /* LX_ESC, LX_U */
 		}
+next:
+		;
 	}
 out:
 	s->content_bytes = content;
