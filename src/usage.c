@@ -1441,6 +1441,37 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 					depth--;
 					p++;
 				}
+			} else if (!(s->ev & EV_BAD)) {
+				/*
+				 * The same at the top level in drop mode, where a comma
+				 * may start a "usage" member: comma_key() takes the
+				 * usual one, the steps below the others.
+				 */
+				for (;;) {
+					p = blk_next(b, p, e, 2);
+					if (p == e)
+						goto out;
+					c = *p;
+					if (c == ',') {
+						if (p == nocand || !comma_key(s, f, p, e))
+							break;
+						p++;
+					} else if (c != '"')
+						break;
+					q = blk_next(b, p + 1, e, 0);
+					if (q == e || *q != '"')
+						break;
+					n = (size_t)(q - (p + 1));
+					if (cnt)
+						content += n;
+					cnt = 0;
+					kmask = key_of(p + 1, n);
+					p = q + 1;
+					if ((key = kmask) != 0) {
+						lx = LX_AFTER_STR;
+						goto next;
+					}
+				}
 			}
 			/*
 			 * The byte here is usually a token already (after a colon,
@@ -1538,22 +1569,9 @@ member:
 				 * None of our keys, below the top: the lexer goes on
 				 * in value position, which takes the blanks, colon or
 				 * comma that follow as the states after a string
-				 * would. At the top level in drop mode, what usually
-				 * follows, without a round through the states: a
-				 * colon and a string value, or a comma and the next
-				 * key (comma_key()).
+				 * would.
 				 */
 				lx = key == 0 && depth > 0 ? LX_VAL : LX_AFTER_STR;
-				if (e - p >= 2 && p[1] == '"' && depth == 1 && drop && !first &&
-				    ((p[0] == ':' && key == 0) || (p[0] == ',' &&
-				    !(s->ev & EV_BAD) && p != nocand && comma_key(s, f, p, e)))) {
-					key = 0;
-					lx = LX_STR;
-					kmask = K_ALL;
-					s->kpos = 0;
-					fresh = 1;
-					p += 2;
-				}
 				continue;
 			}
 			if (q == e || *q != '\\') {
