@@ -1198,12 +1198,9 @@ blk_load_avx2(struct blk *b, const char *p, const char *e)
 }
 #endif
 
-/*
- * skip() on the masks: the first byte of [p, e) in class C_STR (k 0),
- * C_VAL (k 1) or C_VAL1 (k 2), or e.
- */
-static inline __attribute__((always_inline)) const char *
-blk_next(struct blk *b, const char *p, const char *e, unsigned k)
+/* blk_next() past the block at hand: loads as it goes. Out of line. */
+static __attribute__((noinline)) const char *
+blk_next_far(struct blk *b, const char *p, const char *e, unsigned k)
 {
 	uint64_t m;
 
@@ -1223,6 +1220,25 @@ blk_next(struct blk *b, const char *p, const char *e, unsigned k)
 		p += 64 - ((uintptr_t)p - b->base);
 	}
 	return e;
+}
+
+/*
+ * skip() on the masks: the first byte of [p, e) in class C_STR (k 0),
+ * C_VAL (k 1) or C_VAL1 (k 2), or e. Inline, only the search in the block
+ * at hand (p at e is either in it, where e's bit is set, or past it);
+ * blk_next_far() goes on from block to block.
+ */
+static inline __attribute__((always_inline)) const char *
+blk_next(struct blk *b, const char *p, const char *e, unsigned k)
+{
+	uint64_t m, off = (uintptr_t)p - b->base;
+
+	if (off < 64) {
+		m = (k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm) >> off;
+		if (m != 0)
+			return p + __builtin_ctzll(m);
+	}
+	return blk_next_far(b, p, e, k);
 }
 
 /* The recognised key the whole raw string p[0..n) is (K_*), or 0. */
