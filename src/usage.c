@@ -1346,17 +1346,19 @@ begun:
 
 /*
  * top_member()'s usual case, inline: at p a top-level comma in drop mode
- * (not in a bad event, not nocand) and at p + 1 the quote of a key that
- * does not start with u, nothing held from earlier calls, no early end
- * due: the matcher would give up at p + 2, leaving what is done here. 1 if
- * it is that case (the caller goes on in the key's string at p + 2).
+ * or the quote of the data object's first key (not in a bad event, not
+ * nocand), at r (p + 1 or p) the quote of a key that does not start with
+ * u, nothing held from earlier calls, no early end due: the matcher would
+ * give up at r + 1, leaving what is done here. 1 if it is that case (the
+ * caller goes on in the key's string at r + 1).
  */
 static inline int
-comma_key(struct sl_usage_scan *s, struct feed *f, const char *p, const char *e)
+member_key(struct sl_usage_scan *s, struct feed *f, const char *p, const char *r,
+    const char *e)
 {
 	size_t i;
 
-	if (e - p <= 2 || p[1] != '"' || p[2] == 'u' || p[2] == '\r' || p[2] == '\n' ||
+	if (e - r < 2 || *r != '"' || r[1] == 'u' || r[1] == '\r' || r[1] == '\n' ||
 	    s->hold_len != 0 || f->out->held_len != 0 ||
 	    f->out->n + 3 > SL_USAGE_MAX_RANGES)
 		return 0;
@@ -1404,8 +1406,9 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				}
 				if (c == '\r' || c == '\n')
 					goto out;
+				/* the first key: the usual one is the loop's below */
 				if (c == '"' && drop && depth == 1 && !(s->ev & EV_BAD) &&
-				    p != nocand) {
+				    p != nocand && !member_key(s, f, p, p, e)) {
 					if ((k = (unsigned)top_member(s, f, p, e, 1, &q)) == 0)
 						goto out;
 					first = 0;
@@ -1460,7 +1463,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 			} else if (!(s->ev & EV_BAD)) {
 				/*
 				 * The same at the top level in drop mode, where a comma
-				 * may start a "usage" member: comma_key() takes the
+				 * may start a "usage" member: member_key() takes the
 				 * usual one, the steps below the others.
 				 */
 				for (;;) {
@@ -1469,7 +1472,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 						goto out;
 					c = *p;
 					if (c == ',') {
-						if (p == nocand || !comma_key(s, f, p, e))
+						if (p == nocand || !member_key(s, f, p, p + 1, e))
 							break;
 						p++;
 					} else if (c != '"')
@@ -1536,7 +1539,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				p++;            /* value() ignores it */
 				continue;
 			}
-			if (comma_key(s, f, p, e)) {
+			if (member_key(s, f, p, p + 1, e)) {
 				p += 2;
 				k = 1;
 				goto member;
