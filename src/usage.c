@@ -1055,23 +1055,31 @@ chunk16(__m128i v, unsigned sh, unsigned j, uint64_t *str, uint64_t *val, uint64
 #endif
 
 #ifdef SL_USAGE_AVX2
-/* The masks of the 32 bytes at p, one bit a byte. */
+/*
+ * The masks of the 32 bytes at p, one bit a byte. A set of bytes whose low
+ * nibbles differ is one lookup and one compare: a table maps each low
+ * nibble to the set's byte with it (0x80, never a match, where none), so
+ * a byte is in the set where the lookup gives it back (a byte with bit 7
+ * set looks up 0). [ ] { } are { } with bit 5 set first.
+ */
 static inline __attribute__((target("avx2"), always_inline)) void
 half32_avx2(const char *p, uint32_t *str, uint32_t *val, uint32_t *cm)
 {
+#define X ((char)0x80)
+	const __m128i t_ql = _mm_setr_epi8(X, X, '"', X, X, X, X, X, X, X, '\n', X, X, '\r', X, X);
+	const __m128i t_str = _mm_setr_epi8(X, X, '"', X, X, X, X, X, X, X, '\n', X, '\\',
+	    '\r', X, X);
+	const __m128i t_br = _mm_setr_epi8(X, X, X, X, X, X, X, X, X, X, X, '{', X, '}', X, X);
+#undef X
 	__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)p);
-	__m256i ql, br, v20;
+	__m256i v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20)), ql, br;
 
-	ql = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('"')),
-	    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r'))),
-	    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n')));
-	/* [ and ] are { and } with bit 5 clear: one compare each */
-	v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20));
-	br = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v20,
-	    _mm256_set1_epi8('{')), _mm256_cmpeq_epi8(v20, _mm256_set1_epi8('}'))), ql);
-	*str = (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql,
-	    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\\'))));
-	*val = (uint32_t)_mm256_movemask_epi8(br);
+	ql = _mm256_cmpeq_epi8(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t_ql), v), v);
+	br = _mm256_cmpeq_epi8(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t_br), v20),
+	    v20);
+	*str = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_shuffle_epi8(
+	    _mm256_broadcastsi128_si256(t_str), v), v));
+	*val = (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql, br));
 	*cm = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(',')));
 }
 
