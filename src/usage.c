@@ -1206,26 +1206,27 @@ blk_load_avx2(struct blk *b, const char *p, const char *e)
 }
 #endif
 
-/* blk_next() past the block at hand: loads as it goes. Out of line. */
+/*
+ * blk_next() past the block at hand, which has no byte of class k from p
+ * on when p is in it: loads block after block. Out of line.
+ */
 static __attribute__((noinline)) const char *
 blk_next_far(struct blk *b, const char *p, const char *e, unsigned k)
 {
 	uint64_t m;
 
-	while (p < e) {
-		if ((uintptr_t)p - b->base >= 64) {
+	if ((uintptr_t)p - b->base < 64)
+		p += 64 - ((uintptr_t)p - b->base);
+	for (; p < e; p += 64) {
 #ifdef SL_USAGE_AVX2
-			if (b->avx2)
-				blk_load_avx2(b, p, e);
-			else
+		if (b->avx2)
+			blk_load_avx2(b, p, e);
+		else
 #endif
-				blk_load(b, p, e);
-		}
+			blk_load(b, p, e);
 		m = k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm;
-		m >>= (uintptr_t)p - b->base;
 		if (m != 0)
 			return p + __builtin_ctzll(m);     /* at most e */
-		p += 64 - ((uintptr_t)p - b->base);
 	}
 	return e;
 }
