@@ -1382,7 +1382,11 @@ member_key(struct sl_usage_scan *s, struct feed *f, const char *p, const char *r
 /*
  * The common path of lex_run(): from p, takes the bytes the way lex_run()
  * and the matcher would, with the same effect on s and f, a token at a time
- * on the masks in b, and returns where it stopped: at e, or at the first
+ * on the masks in b (but that after a string that is none of our keys,
+ * below the top level, it is in value position where the lexer would be
+ * after the string or its colon: states that take every byte that may
+ * follow alike; and that kpos is left as it was outside strings, where
+ * nothing reads it), and returns where it stopped: at e, or at the first
  * byte it leaves to lex_run()'s own steps (a line end, the top level, an
  * escape at the run's end, the value of "usage": {, a top-level member in
  * drop mode that needs the hold buffer, the usage event). Call only with no
