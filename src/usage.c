@@ -44,7 +44,7 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(SL_USAGE_NO_SIMD) && \
     !defined(SL_USAGE_NO_AVX2)
 #include <immintrin.h>
-#define SL_USAGE_AVX2 1         /* used when the CPU has it (checked per block) */
+#define SL_USAGE_AVX2 1         /* used when the CPU has it (asked once per run) */
 #endif
 
 #include "sl_json.h"
@@ -1008,16 +1008,30 @@ mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
 /*
  * Class masks of 64 bytes of a data line, computed once and read by
  * lex_fast() with a count of trailing zeros per token instead of a scan
- * per token. Bit j describes base[j]; the bytes from the run's end on are
+ * per token. Bit j describes base + j; the bytes from the run's end on are
  * set in str and val as if they were line ends, so a search stops there.
  */
 struct blk {
-	const char *base;       /* NULL: nothing loaded yet */
+	uintptr_t base;         /* the masks' first byte; lo - 64 before a load */
 	const char *lo;         /* the call's input: loads may start there */
 	uint64_t str;           /* C_STR: " \ CR LF */
 	uint64_t val;           /* C_VAL: " CR LF { } [ ] */
 	uint64_t cm;            /* commas (C_VAL1 is val | cm) */
+	int avx2;               /* the CPU has AVX2 (asked once per run) */
 };
+
+/* b ready for blk_next() over the input starting at lo: nothing loaded. */
+static void
+blk_init(struct blk *b, const char *lo)
+{
+	memset(b, 0, sizeof(*b));
+	/* unsigned arithmetic: any p >= lo is 64 or more past it */
+	b->base = (uintptr_t)lo - 64;
+	b->lo = lo;
+#ifdef SL_USAGE_AVX2
+	b->avx2 = __builtin_cpu_supports("avx2") != 0;
+#endif
+}
 
 #if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
 /* The three masks of 16 bytes v, shifted right by sh, placed at bit j. */
@@ -1041,65 +1055,98 @@ chunk16(__m128i v, unsigned sh, unsigned j, uint64_t *str, uint64_t *val, uint64
 #endif
 
 #ifdef SL_USAGE_AVX2
-/* blk_load() of 64 whole bytes with AVX2: two 32-byte halves. */
-static __attribute__((target("avx2"))) void
-blk_load64_avx2(struct blk *b, const char *p)
+/*
+ * The masks of the 32 bytes at p, one bit a byte. A set of bytes whose low
+ * nibbles differ is one lookup and one compare: a table maps each low
+ * nibble to the set's byte with it (0x80, never a match, where none), so
+ * a byte is in the set where the lookup gives it back (a byte with bit 7
+ * set looks up 0). [ ] { } are { } with bit 5 set first.
+ */
+static inline __attribute__((target("avx2"), always_inline)) void
+half32_avx2(const char *p, uint32_t *str, uint32_t *val, uint32_t *cm)
 {
-	uint64_t str = 0, val = 0, cm = 0;
-	unsigned j;
+#define X ((char)0x80)
+	const __m128i t_ql = _mm_setr_epi8(X, X, '"', X, X, X, X, X, X, X, '\n', X, X, '\r', X, X);
+	const __m128i t_str = _mm_setr_epi8(X, X, '"', X, X, X, X, X, X, X, '\n', X, '\\',
+	    '\r', X, X);
+	const __m128i t_br = _mm_setr_epi8(X, X, X, X, X, X, X, X, X, X, X, '{', X, '}', X, X);
+#undef X
+	__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)p);
+	__m256i v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20)), ql, br;
 
-	for (j = 0; j < 64; j += 32) {
-		__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(p + j));
-		__m256i ql, br, v20;
+	ql = _mm256_cmpeq_epi8(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t_ql), v), v);
+	br = _mm256_cmpeq_epi8(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t_br), v20),
+	    v20);
+	*str = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_shuffle_epi8(
+	    _mm256_broadcastsi128_si256(t_str), v), v));
+	*val = (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql, br));
+	*cm = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(',')));
+}
 
-		ql = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('"')),
-		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r'))),
-		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n')));
-		v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20));
-		br = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v20,
-		    _mm256_set1_epi8('{')), _mm256_cmpeq_epi8(v20, _mm256_set1_epi8('}'))), ql);
-		str |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql,
-		    _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\\')))) << j;
-		val |= (uint64_t)(uint32_t)_mm256_movemask_epi8(br) << j;
-		cm |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v,
-		    _mm256_set1_epi8(','))) << j;
-	}
-	b->base = p;
-	b->str = str;
-	b->val = val;
-	b->cm = cm;
+/* The masks of the 64 bytes at p with AVX2: two 32-byte halves. */
+static inline __attribute__((target("avx2"), always_inline)) void
+load64_avx2(const char *p, uint64_t *str, uint64_t *val, uint64_t *cm)
+{
+	uint32_t s0, v0, c0, s1, v1, c1;
+
+	half32_avx2(p, &s0, &v0, &c0);
+	half32_avx2(p + 32, &s1, &v1, &c1);
+	*str = (uint64_t)s1 << 32 | s0;
+	*val = (uint64_t)v1 << 32 | v0;
+	*cm = (uint64_t)c1 << 32 | c0;
 }
 #endif
 
+/* The masks of the 64 bytes at p, all of them readable, without AVX2. */
+static inline __attribute__((always_inline)) void
+load64(const char *p, uint64_t *str, uint64_t *val, uint64_t *cm)
+{
+	unsigned j;
+
+	*str = *val = *cm = 0;
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	for (j = 0; j < 64; j += 16)
+		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + j)), 0, j,
+		    str, val, cm);
+#else
+	for (j = 0; j < 64; j++) {
+		unsigned k = cls[(unsigned char)p[j]];
+
+		*str |= (uint64_t)((k & C_STR) != 0) << j;
+		*val |= (uint64_t)((k & C_VAL) != 0) << j;
+		*cm |= (uint64_t)(p[j] == ',') << j;
+	}
+#endif
+}
+
 /*
- * Masks of [p, p + 64), p < e; nothing at or past e is read. Out of line:
- * once per 64 bytes, and it keeps blk_next() small enough to inline.
+ * Masks of [p, p + 64), p < e; nothing before b->lo or at or past e is
+ * read. A block short of e is taken from the input's last 64 bytes where
+ * it has that many. Out of line: once per 64 bytes, and it keeps
+ * blk_next() small enough to inline. Without AVX2 (and for
+ * blk_load_avx2() on an input shorter than 64 bytes).
  */
 static __attribute__((noinline)) void
 blk_load(struct blk *b, const char *p, const char *e)
 {
-	uint64_t str = 0, val = 0, cm = 0, endm = 0;
+	uint64_t str = 0, val = 0, cm = 0, endm;
 	size_t len = (size_t)(e - p);
 	unsigned j;
 
-#ifdef SL_USAGE_AVX2
-	if (len >= 64 && __builtin_cpu_supports("avx2")) {
-		blk_load64_avx2(b, p);
+	b->base = (uintptr_t)p;
+	if (len >= 64) {
+		load64(p, &b->str, &b->val, &b->cm);
 		return;
 	}
-#endif
-#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
-	if (len >= 64) {
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)p), 0, 0,
-		    &str, &val, &cm);
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)), 0, 16,
-		    &str, &val, &cm);
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 32)), 0, 32,
-		    &str, &val, &cm);
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + 48)), 0, 48,
-		    &str, &val, &cm);
+	endm = ~(uint64_t)0 << len;
+	if (e - b->lo >= 64) {
+		/* the input's last 64 bytes, this block at their end */
+		load64(e - 64, &str, &val, &cm);
+		str >>= 64 - len;
+		val >>= 64 - len;
+		cm >>= 64 - len;
 	} else {
-		endm = ~(uint64_t)0 << len;
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
 		for (j = 0; j + 16 <= len; j += 16)
 			chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + j)), 0, j,
 			    &str, &val, &cm);
@@ -1117,43 +1164,90 @@ blk_load(struct blk *b, const char *p, const char *e)
 				    &str, &val, &cm);
 			}
 		}
-	}
 #else
-	if (len < 64)
-		endm = ~(uint64_t)0 << len;
-	for (j = 0; j < 64 && j < len; j++) {
-		unsigned k = cls[(unsigned char)p[j]];
+		for (j = 0; j < len; j++) {
+			unsigned k = cls[(unsigned char)p[j]];
 
-		str |= (uint64_t)((k & C_STR) != 0) << j;
-		val |= (uint64_t)((k & C_VAL) != 0) << j;
-		cm |= (uint64_t)(p[j] == ',') << j;
-	}
+			str |= (uint64_t)((k & C_STR) != 0) << j;
+			val |= (uint64_t)((k & C_VAL) != 0) << j;
+			cm |= (uint64_t)(p[j] == ',') << j;
+		}
 #endif
-	b->base = p;
+	}
 	b->str = str | endm;
 	b->val = val | endm;
 	b->cm = cm & ~endm;
 }
 
+#ifdef SL_USAGE_AVX2
+/* blk_load() where the CPU has AVX2: the same masks, one call fewer. */
+static __attribute__((target("avx2"), noinline)) void
+blk_load_avx2(struct blk *b, const char *p, const char *e)
+{
+	uint64_t str, val, cm, endm;
+	size_t len = (size_t)(e - p);
+
+	if (len >= 64) {
+		b->base = (uintptr_t)p;
+		load64_avx2(p, &b->str, &b->val, &b->cm);
+		return;
+	}
+	if (e - b->lo < 64) {
+		blk_load(b, p, e);
+		return;
+	}
+	/* the input's last 64 bytes, this block at their end */
+	load64_avx2(e - 64, &str, &val, &cm);
+	endm = ~(uint64_t)0 << len;
+	b->base = (uintptr_t)p;
+	b->str = str >> (64 - len) | endm;
+	b->val = val >> (64 - len) | endm;
+	b->cm = cm >> (64 - len) & ~endm;
+}
+#endif
+
+/*
+ * blk_next() past the block at hand, which has no byte of class k from p
+ * on when p is in it: loads block after block. Out of line.
+ */
+static __attribute__((noinline)) const char *
+blk_next_far(struct blk *b, const char *p, const char *e, unsigned k)
+{
+	uint64_t m;
+
+	if ((uintptr_t)p - b->base < 64)
+		p += 64 - ((uintptr_t)p - b->base);
+	for (; p < e; p += 64) {
+#ifdef SL_USAGE_AVX2
+		if (b->avx2)
+			blk_load_avx2(b, p, e);
+		else
+#endif
+			blk_load(b, p, e);
+		m = k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm;
+		if (m != 0)
+			return p + __builtin_ctzll(m);     /* at most e */
+	}
+	return e;
+}
+
 /*
  * skip() on the masks: the first byte of [p, e) in class C_STR (k 0),
- * C_VAL (k 1) or C_VAL1 (k 2), or e.
+ * C_VAL (k 1) or C_VAL1 (k 2), or e. Inline, only the search in the block
+ * at hand (p at e is either in it, where e's bit is set, or past it);
+ * blk_next_far() goes on from block to block.
  */
 static inline __attribute__((always_inline)) const char *
 blk_next(struct blk *b, const char *p, const char *e, unsigned k)
 {
-	uint64_t m;
+	uint64_t m, off = (uintptr_t)p - b->base;
 
-	while (p < e) {
-		if (b->base == NULL || (uintptr_t)p - (uintptr_t)b->base >= 64)
-			blk_load(b, p, e);
-		m = k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm;
-		m >>= (uintptr_t)p - (uintptr_t)b->base;
+	if (off < 64) {
+		m = (k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm) >> off;
 		if (m != 0)
-			return p + __builtin_ctzll(m);     /* at most e */
-		p = b->base + 64;
+			return p + __builtin_ctzll(m);
 	}
-	return e;
+	return blk_next_far(b, p, e, k);
 }
 
 /* The recognised key the whole raw string p[0..n) is (K_*), or 0. */
@@ -1261,17 +1355,19 @@ begun:
 
 /*
  * top_member()'s usual case, inline: at p a top-level comma in drop mode
- * (not in a bad event, not nocand) and at p + 1 the quote of a key that
- * does not start with u, nothing held from earlier calls, no early end
- * due: the matcher would give up at p + 2, leaving what is done here. 1 if
- * it is that case (the caller goes on in the key's string at p + 2).
+ * or the quote of the data object's first key (not in a bad event, not
+ * nocand), at r (p + 1 or p) the quote of a key that does not start with
+ * u, nothing held from earlier calls, no early end due: the matcher would
+ * give up at r + 1, leaving what is done here. 1 if it is that case (the
+ * caller goes on in the key's string at r + 1).
  */
 static inline int
-comma_key(struct sl_usage_scan *s, struct feed *f, const char *p, const char *e)
+member_key(struct sl_usage_scan *s, struct feed *f, const char *p, const char *r,
+    const char *e)
 {
 	size_t i;
 
-	if (e - p <= 2 || p[1] != '"' || p[2] == 'u' || p[2] == '\r' || p[2] == '\n' ||
+	if (e - r < 2 || *r != '"' || r[1] == 'u' || r[1] == '\r' || r[1] == '\n' ||
 	    s->hold_len != 0 || f->out->held_len != 0 ||
 	    f->out->n + 3 > SL_USAGE_MAX_RANGES)
 		return 0;
@@ -1286,7 +1382,11 @@ comma_key(struct sl_usage_scan *s, struct feed *f, const char *p, const char *e)
 /*
  * The common path of lex_run(): from p, takes the bytes the way lex_run()
  * and the matcher would, with the same effect on s and f, a token at a time
- * on the masks in b, and returns where it stopped: at e, or at the first
+ * on the masks in b (but that after a string that is none of our keys,
+ * below the top level, it is in value position where the lexer would be
+ * after the string or its colon: states that take every byte that may
+ * follow alike; and that kpos is left as it was outside strings, where
+ * nothing reads it), and returns where it stopped: at e, or at the first
  * byte it leaves to lex_run()'s own steps (a line end, the top level, an
  * escape at the run's end, the value of "usage": {, a top-level member in
  * drop mode that needs the hold buffer, the usage event). Call only with no
@@ -1319,8 +1419,9 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				}
 				if (c == '\r' || c == '\n')
 					goto out;
+				/* the first key: the usual one is the loop's below */
 				if (c == '"' && drop && depth == 1 && !(s->ev & EV_BAD) &&
-				    p != nocand) {
+				    p != nocand && !member_key(s, f, p, p, e)) {
 					if ((k = (unsigned)top_member(s, f, p, e, 1, &q)) == 0)
 						goto out;
 					first = 0;
@@ -1328,6 +1429,81 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 					goto member;
 				}
 				first = 0;
+			}
+			if (depth > 1 || !drop) {
+				/*
+				 * Below the top level of drop mode: only strings and
+				 * brackets matter here. A string that ends on this run
+				 * unescaped is taken whole; one that is none of our
+				 * keys leaves the lexer in value position (where its
+				 * colon or comma changes nothing). What the loop does
+				 * not take, the steps below do.
+				 */
+				for (;;) {
+					p = blk_next(b, p, e, 1);
+					if (p == e)
+						goto out;
+					c = *p;
+					if (c == '"') {
+						q = blk_next(b, p + 1, e, 0);
+						if (q == e || *q != '"')
+							break;
+						n = (size_t)(q - (p + 1));
+						if (cnt)
+							content += n;
+						cnt = 0;
+						kmask = key_of(p + 1, n);
+						p = q + 1;
+						if ((key = kmask) != 0) {
+							lx = LX_AFTER_STR;
+							goto next;
+						}
+						continue;
+					}
+					if (c == '{' || c == '[') {
+						if (depth == UINT16_MAX)
+							break;
+						depth++;
+						p++;
+						continue;
+					}
+					if ((c != '}' && c != ']') || depth == 1 ||
+					    (depth == 2 && drop))
+						break;
+					depth--;
+					p++;
+				}
+			} else if (!(s->ev & EV_BAD)) {
+				/*
+				 * The same at the top level in drop mode, where a comma
+				 * may start a "usage" member: member_key() takes the
+				 * usual one, the steps below the others.
+				 */
+				for (;;) {
+					p = blk_next(b, p, e, 2);
+					if (p == e)
+						goto out;
+					c = *p;
+					if (c == ',') {
+						if (p == nocand || !member_key(s, f, p, p + 1, e))
+							break;
+						p++;
+					} else if (c != '"')
+						break;
+					q = blk_next(b, p + 1, e, 0);
+					if (q == e || *q != '"')
+						break;
+					n = (size_t)(q - (p + 1));
+					if (cnt)
+						content += n;
+					cnt = 0;
+					kmask = key_of(p + 1, n);
+					p = q + 1;
+					if ((key = kmask) != 0) {
+						lx = LX_AFTER_STR;
+						goto next;
+					}
+				}
 			}
 			/*
 			 * The byte here is usually a token already (after a colon,
@@ -1376,7 +1552,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 				p++;            /* value() ignores it */
 				continue;
 			}
-			if (comma_key(s, f, p, e)) {
+			if (member_key(s, f, p, p + 1, e)) {
 				p += 2;
 				k = 1;
 				goto member;
@@ -1420,28 +1596,14 @@ member:
 				}
 				key = kmask;
 				cnt = 0;
-				lx = LX_AFTER_STR;
 				p = q + 1;
 				/*
-				 * What usually follows, without a round through the
-				 * states: a key that is none of ours, its colon and a
-				 * string value; a string value, a comma and the next
-				 * key (a plain comma: not at the top level in drop
-				 * mode). The lexer would take the same bytes the same
-				 * way (value position at depth > 0: a quote opens a
-				 * string).
+				 * None of our keys, below the top: the lexer goes on
+				 * in value position, which takes the blanks, colon or
+				 * comma that follow as the states after a string
+				 * would.
 				 */
-				if (e - p >= 2 && p[1] == '"' && depth > 0 && !first &&
-				    ((p[0] == ':' && key == 0) ||
-				    (p[0] == ',' && (!(drop && depth == 1) ||
-				    (!(s->ev & EV_BAD) && p != nocand && comma_key(s, f, p, e)))))) {
-					key = 0;
-					lx = LX_STR;
-					kmask = K_ALL;
-					s->kpos = 0;
-					fresh = 1;
-					p += 2;
-				}
+				lx = key == 0 && depth > 0 ? LX_VAL : LX_AFTER_STR;
 				continue;
 			}
 			if (q == e || *q != '\\') {
@@ -1538,6 +1700,8 @@ member:
 		default:
 			goto out;               /* LX_ESC, LX_U */
 		}
+next:
+		;
 	}
 out:
 	s->content_bytes = content;
@@ -1565,9 +1729,10 @@ lex_run(struct sl_usage_scan *s, struct feed *f, size_t i, size_t end)
 	const char *in = f->in, *p = in + i, *e = in + end, *q;
 	const char *cs = s->cap_depth ? p : NULL;
 	const char *nocand = NULL;      /* a comma cut with a first member */
-	struct blk b = { NULL, in, 0, 0, 0 };
+	struct blk b;
 	char c;
 
+	blk_init(&b, in);
 	while (p < e) {
 		if (s->mt == MT_NONE && cs == NULL && s->cap_depth == 0 && s->hs != H_PREFIX &&
 		    (s->depth > 0 || s->lx != LX_VAL)) {   /* (it leaves the top level alone) */
