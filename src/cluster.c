@@ -98,15 +98,25 @@ static const char renew_lua[] =
     "if top[2] then redis.call('PEXPIREAT',KEYS[1],top[2]) end "
     "return gone";
 
-/* KEYS[1] sluice:nodes; ARGV node, ttl (ms). Returns the live nodes. */
+/*
+ * KEYS[1] sluice:nodes; ARGV node, ttl (ms), the expiry this node set at
+ * its last registration (0: none known). Returns {live nodes, the expiry
+ * set now, 1 if the node's entry is live with another expiry than the one
+ * this node set: another node registers under the same name}.
+ */
 static const char register_lua[] =
     "local t=redis.call('TIME') "
     "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000) "
     "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now) "
-    "redis.call('ZADD',KEYS[1],now+tonumber(ARGV[2]),ARGV[1]) "
+    "local old=redis.call('ZSCORE',KEYS[1],ARGV[1]) "
+    "local mine=tonumber(ARGV[3]) "
+    "local clash=0 "
+    "if old and mine~=0 and tonumber(old)~=mine then clash=1 end "
+    "local exp=now+tonumber(ARGV[2]) "
+    "redis.call('ZADD',KEYS[1],exp,ARGV[1]) "
     "local top=redis.call('ZRANGE',KEYS[1],-1,-1,'WITHSCORES') "
     "redis.call('PEXPIREAT',KEYS[1],top[2]) "
-    "return redis.call('ZCARD',KEYS[1])";
+    "return {redis.call('ZCARD',KEYS[1]),exp,clash}";
 
 #define NODES_KEY "sluice:nodes"
 
@@ -1165,6 +1175,8 @@ struct sl_cluster_m {
 	struct rcall *calls;         /* the round's calls, answered in order */
 	size_t ncalls, call_next;
 	int32_t live_seen;
+	long long reg_exp;           /* expiry of our last registration; 0: unknown */
+	double clash_logged;         /* when a name clash was last logged */
 };
 
 static double
@@ -1326,6 +1338,38 @@ cm_connect(struct sl_cluster_m *cm)
 	    1.0 : (double)cm->timeout_ms / 1000.0 * 10);
 }
 
+/*
+ * The answer to register_lua: the live nodes, and whether another node
+ * registers under this node's name (then both nodes' entries are one, the
+ * live count is short by one and local_share's shares are too large).
+ * -1 when it is not such an answer.
+ */
+static int
+register_reply(struct sl_cluster_m *cm, const redisReply *r)
+{
+	double now;
+
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+	    r->element[0]->type != REDIS_REPLY_INTEGER ||
+	    r->element[1]->type != REDIS_REPLY_INTEGER ||
+	    r->element[2]->type != REDIS_REPLY_INTEGER)
+		return -1;
+	cm->live_seen = (int32_t)r->element[0]->integer;
+	atomic_store(&cm->cs->live_nodes, cm->live_seen);
+	cm->reg_exp = r->element[1]->integer;
+	if (r->element[2]->integer != 0) {
+		now = mono();
+		if (cm->clash_logged == 0 || now - cm->clash_logged >= 60) {
+			cm->clash_logged = now;
+			sl_err("cluster: another node registers as '%s' at %s: node "
+			    "names must be unique, or the nodes count as one and "
+			    "on_redis_down: local_share admits too much", cm->node,
+			    cm->redis);
+		}
+	}
+	return 0;
+}
+
 static void
 cm_conf(struct sl_cluster_m *cm, const struct sl_config *cfg)
 {
@@ -1440,9 +1484,9 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 		freeReplyObject(r);
 	}
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
-	r = redisCommand(c, "EVAL %s 1 %s %s %s", register_lua, NODES_KEY,
+	r = redisCommand(c, "EVAL %s 1 %s %s %s 0", register_lua, NODES_KEY,
 	    cm->node, ttl);
-	if (r == NULL || r->type != REDIS_REPLY_INTEGER) {
+	if (register_reply(cm, r) == -1) {
 		row_err(cm->cs, 0, r == NULL ? ERR_TIMEOUT : ERR_REPLY);
 		sl_warn("cluster: registering node %s at %s failed: %s; starting "
 		    "with on_redis_down: %s", cm->node, cm->redis,
@@ -1451,8 +1495,6 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 		freeReplyObject(r);
 		goto out;
 	}
-	cm->live_seen = (int32_t)r->integer;
-	atomic_store(&cm->cs->live_nodes, cm->live_seen);
 	freeReplyObject(r);
 	cm->last_ack = mono();
 	cm->ack_ttl_ms = cm->ttl_ms;
@@ -1471,14 +1513,8 @@ out:
 static void
 cm_register_cb(redisAsyncContext *ac, void *r, void *priv)
 {
-	struct sl_cluster_m *cm = priv;
-	redisReply *reply = r;
-
 	(void)ac;
-	if (reply != NULL && reply->type == REDIS_REPLY_INTEGER) {
-		cm->live_seen = (int32_t)reply->integer;
-		atomic_store(&cm->cs->live_nodes, cm->live_seen);
-	}
+	(void)register_reply(priv, r);
 }
 
 static int
@@ -1788,9 +1824,9 @@ cm_round_register_cb(redisAsyncContext *ac, void *r, void *priv)
 static void
 cm_round(struct sl_cluster_m *cm, double now)
 {
-	const char *argv[6];
-	size_t argl[6], i;
-	char ttl[24];
+	const char *argv[7];
+	size_t argl[7], i;
+	char ttl[24], mine[24];
 	struct rvec xx = { NULL, 0, 0 }, add = { NULL, 0, 0 };
 	int readd = atomic_load(&cm->cs->mode) != MODE_REDIS;
 
@@ -1802,15 +1838,19 @@ cm_round(struct sl_cluster_m *cm, double now)
 	cm->round_out = 0;
 	round_free(cm);
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
+	snprintf(mine, sizeof(mine), "%lld", cm->reg_exp);
+	/* An answer lost on the way must not look like another node's. */
+	cm->reg_exp = 0;
 	argv[0] = "EVAL";
 	argv[1] = register_lua;
 	argv[2] = "1";
 	argv[3] = NODES_KEY;
 	argv[4] = cm->node;
 	argv[5] = ttl;
-	for (i = 0; i < 6; i++)
+	argv[6] = mine;
+	for (i = 0; i < 7; i++)
 		argl[i] = strlen(argv[i]);
-	if (redisAsyncCommandArgv(cm->ac, cm_round_register_cb, cm, 6, argv,
+	if (redisAsyncCommandArgv(cm->ac, cm_round_register_cb, cm, 7, argv,
 	    argl) != REDIS_OK)
 		return;
 	cm->round_out = 1;

@@ -885,6 +885,31 @@ def test_reload_limit_applies_to_a_cluster_request_whose_head_spans_the_reload()
         close_all(held)
 
 
+CLASH = "cluster: another node registers as 'gw-dup'"
+
+
+@h.timeout(60)
+def test_two_nodes_under_one_name_are_told_apart_and_logged():
+    # sluice.yaml(5): node names must be unique. Two nodes under one name
+    # count as one live node (local_share's shares double): each says so.
+    # A node alone, and one restarted under its name after a kill -9 (its
+    # old entry still live in Redis), must not.
+    with Redis() as redis, Stub() as stub:
+        with cluster_gw(stub, redis.addr, "gw-dup") as a:
+            time.sleep(2.5)                  # two heartbeats alone
+            assert CLASH not in h.stderr_text(a), a.stderr_tail()
+            kill_node(a)
+        with cluster_gw(stub, redis.addr, "gw-dup") as a:
+            assert redis.nodes() == ["gw-dup"]
+            time.sleep(2.5)
+            assert CLASH not in h.stderr_text(a), a.stderr_tail()
+            with cluster_gw(stub, redis.addr, "gw-dup") as b:
+                h.wait_until(lambda: CLASH in h.stderr_text(a) and
+                             CLASH in h.stderr_text(b), 6,
+                             msg="both nodes to log the name clash")
+                assert redis.nodes() == ["gw-dup"]
+
+
 # ---------------------------------------------------------------- leaving
 
 @h.timeout(60)
