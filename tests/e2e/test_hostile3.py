@@ -1,0 +1,132 @@
+"""Third black-box pass: request trailers, upstream heads that lie about
+their framing, hop-by-hop headers named by the upstream, and upstream URLs
+that no connection can use. Each test failed on 8a007f1 and pins the exact
+outcome: the status and JSON error, what reaches the other side, and that
+no slot is left behind."""
+
+import json
+import socket
+import time
+
+import harness as h
+from harness import ACME_KEY, Gateway, RawUpstream, assert_error
+
+AUTH = b"Authorization: Bearer " + ACME_KEY.encode() + b"\r\n"
+
+
+def _head_lines(raw):
+    return raw.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+
+
+def _answer(data):
+    """A RawUpstream handler that sends `data` and closes."""
+    def handler(sock, req):
+        sock.sendall(data)
+        time.sleep(0.2)
+    return handler
+
+
+def _slots_back(gw):
+    h.wait_until(lambda: gw.running() and h.scrape(gw).value(
+        "sluice_tenant_streams", tenant="acme") == 0, timeout=5,
+        msg="acme's slots back to 0")
+
+
+# ---------------------------------------------------------------- trailers
+
+@h.timeout(30)
+def test_chunked_request_trailers_are_dropped_never_forwarded_as_headers():
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    with RawUpstream(_answer(ok)) as up, \
+            Gateway(upstream_url=up.url, workers=1) as gw:
+        with h.Client(gw.port) as c:
+            c.send_raw(b"POST /v1/trailers HTTP/1.1\r\nHost: x\r\n" + AUTH +
+                       b"Transfer-Encoding: chunked\r\n\r\n"
+                       b"5;ext=1\r\nhello\r\n3\r\nabc\r\n0\r\n"
+                       b"X-Trailer: t\r\nAccept-Encoding: gzip\r\n"
+                       b"X-Forwarded-For: 6.6.6.6\r\n\r\n")
+            r = c.read_response(timeout=10)
+            r.read_all(timeout=10)
+        assert r.status == 200, (r.status, bytes(r.data[:200]))
+        assert len(up.requests) == 1, len(up.requests)
+        raw = up.requests[0]
+        lines = _head_lines(raw)
+        assert raw.split(b"\r\n\r\n", 1)[1] == b"helloabc", raw
+        names = [ln.split(":", 1)[0].lower() for ln in lines]
+        assert "x-trailer" not in names, lines
+        assert "accept-encoding" not in names, lines
+        xff = [ln for ln in lines if ln.lower().startswith("x-forwarded-for:")]
+        assert xff == ["X-Forwarded-For: 127.0.0.1"], lines
+
+
+# ---------------------------------------------------------------- upstream framing
+
+def _bad_head_is_502(head):
+    with RawUpstream(_answer(head)) as up, \
+            Gateway(upstream_url=up.url, workers=1,
+                    admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
+        r = gw.request("POST", "/v1/chat/completions",
+                       {"Content-Type": "application/json"}, h.stream_body())
+        assert_error(r, 502, "upstream_unreachable")
+        m = h.scrape(gw)
+        assert m.value("sluice_upstream_errors_total", upstream="main",
+                       kind="bad_response") == 1, m.series("sluice_upstream_errors_total")
+        _slots_back(gw)
+
+
+@h.timeout(30)
+def test_upstream_with_conflicting_content_lengths_is_502_bad_response():
+    # RFC 9112 6.3: a proxy must not guess which length frames the body.
+    _bad_head_is_502(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 3\r\nContent-Length: 5\r\n\r\nabcde")
+
+
+@h.timeout(30)
+def test_upstream_with_overflowing_content_length_is_502_not_a_finished_body():
+    # libcurl reads an overflowing length as "until close": a body cut short
+    # would reach the client as a whole one, terminating chunk included.
+    _bad_head_is_502(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 99999999999999999999999\r\n\r\nabc")
+
+
+@h.timeout(30)
+def test_upstream_with_non_numeric_content_length_is_502():
+    _bad_head_is_502(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 3x\r\n\r\nabc")
+
+
+@h.timeout(30)
+def test_upstream_with_a_transfer_coding_other_than_chunked_is_502():
+    # Nothing but chunked can be re-framed for the client: a 200 followed
+    # by a cut is worse than a clear 502.
+    _bad_head_is_502(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+
+
+@h.timeout(30)
+def test_upstream_with_equal_repeated_content_lengths_is_relayed():
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}")
+    with RawUpstream(_answer(head)) as up, \
+            Gateway(upstream_url=up.url, workers=1) as gw:
+        r = gw.request("GET", "/v1/same")
+        r.read_all(timeout=10)
+        assert r.status == 200, (r.status, bytes(r.data[:200]))
+        assert bytes(r.data) == b"{}", bytes(r.data)
+
+
+@h.timeout(30)
+def test_upstream_headers_named_in_connection_are_not_relayed():
+    head = (b"HTTP/1.1 200 OK\r\nX-Secret: s\r\nConnection: close, X-Secret\r\n"
+            b"X-Kept: k\r\nConnection: x-other\r\nX-Other: o\r\n"
+            b"Content-Length: 2\r\n\r\nok")
+    with RawUpstream(_answer(head)) as up, \
+            Gateway(upstream_url=up.url, workers=1) as gw:
+        r = gw.request("GET", "/v1/hop")
+        r.read_all(timeout=10)
+        assert r.status == 200, (r.status, bytes(r.data[:200]))
+        assert bytes(r.data) == b"ok", bytes(r.data)
+        names = [n.lower() for n, _ in r.headers]
+        assert "x-secret" not in names, r.headers
+        assert "x-other" not in names, r.headers
+        assert r.header("x-kept") == "k", r.headers
