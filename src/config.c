@@ -935,6 +935,38 @@ struct named_arg {
 };
 
 /*
+ * The authority of a URL (n bytes, no user info): "host", "host:PORT",
+ * "[v6]" or "[v6]:PORT", PORT decimal 1..65535. A typo here would otherwise
+ * pass -t and turn every request into a 502. 0 if valid, else -1.
+ */
+static int
+check_url_port(const char *a, size_t n)
+{
+	const char *end = a + n, *p;
+	long port = 0;
+
+	if (*a == '[') {
+		p = memchr(a, ']', n);
+		if (p == NULL || p == a + 1)
+			return -1;
+		p++;
+	} else {
+		p = memchr(a, ':', n);
+		if (p == NULL)
+			p = end;
+	}
+	if (p == end)
+		return 0;
+	if (*p != ':' || ++p == end)
+		return -1;
+	for (; p < end; p++) {
+		if (*p < '0' || *p > '9' || (port = port * 10 + (*p - '0')) > 65535)
+			return -1;
+	}
+	return port == 0 ? -1 : 0;
+}
+
+/*
  * Check a base URL in place: http:// or https://, a host, no user info,
  * query, fragment or space; strip its trailing slashes. 0 if valid, else the
  * problem is reported at v and -1 returned.
@@ -965,6 +997,11 @@ check_url(struct ctx *c, yaml_node_t *v, const char *path, char *url)
 		err_at(c, &v->start_mark, "%s: must not contain a user or password "
 		    "(it would show in metrics and the access log); use api_key",
 		    path);
+		return -1;
+	}
+	if (check_url_port(host, strcspn(host, "/")) == -1) {
+		err_at(c, &v->start_mark, "%s: '%s' has no valid port after its "
+		    "host (1 to 65535, or none for the scheme's)", path, url);
 		return -1;
 	}
 	l = strlen(url);

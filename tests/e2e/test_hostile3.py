@@ -130,3 +130,34 @@ def test_upstream_headers_named_in_connection_are_not_relayed():
         assert "x-secret" not in names, r.headers
         assert "x-other" not in names, r.headers
         assert r.header("x-kept") == "k", r.headers
+
+
+# ---------------------------------------------------------------- config
+
+_URL_CONFIG = """\
+listen: "127.0.0.1:{port}"
+upstreams:
+  main:
+    url: "{url}"
+tenants:
+  a:
+    keys: ["k"]
+    max_streams: 1
+    upstream: main
+"""
+
+
+@h.timeout(30)
+def test_check_refuses_an_upstream_url_with_a_bad_port_at_its_line_and_column():
+    for url in ("http://127.0.0.1:99999", "http://127.0.0.1:0", "http://127.0.0.1:80x",
+                "http://127.0.0.1:", "http://[::1", "http://[::1]x", "https://h:-1"):
+        path = h.write_config(_URL_CONFIG.format(port=h.free_port(), url=url))
+        rc, out, err = h.run_sluice(["-t", "-c", path])
+        assert rc == 1, (url, rc, out, err)
+        want = "%s:4:10: upstreams.main.url: '%s' " % (path, url)
+        assert err.startswith(want), (url, err)
+    for url in ("http://127.0.0.1:65535", "http://[::1]:8000", "http://[::1]",
+                "http://runner.local", "http://127.0.0.1:1/base/"):
+        path = h.write_config(_URL_CONFIG.format(port=h.free_port(), url=url))
+        rc, out, err = h.run_sluice(["-t", "-c", path])
+        assert rc == 0, (url, rc, out, err)
