@@ -161,3 +161,32 @@ def test_check_refuses_an_upstream_url_with_a_bad_port_at_its_line_and_column():
         path = h.write_config(_URL_CONFIG.format(port=h.free_port(), url=url))
         rc, out, err = h.run_sluice(["-t", "-c", path])
         assert rc == 0, (url, rc, out, err)
+
+
+# ---------------------------------------------------------------- timeouts
+
+@h.timeout(30)
+def test_upstream_trickling_its_head_is_504_after_upstream_first_byte():
+    # sluice.yaml(5): upstream_first_byte runs "from starting the upstream
+    # request to the upstream's response head"; a head line must not restart it.
+    def trickle(sock, req):
+        sock.sendall(b"HTTP/1.1 200 OK\r\n")
+        for i in range(10):
+            time.sleep(0.3)
+            sock.sendall(b"X-Line-%d: v\r\n" % i)
+        sock.sendall(b"Content-Length: 2\r\n\r\nok")
+        time.sleep(0.2)
+    with RawUpstream(trickle) as up, \
+            Gateway(upstream_url=up.url, workers=1,
+                    admin_listen="%s:%d" % (h.HOST, h.free_port()),
+                    timeouts={"upstream_first_byte": "1s"}) as gw:
+        t0 = time.monotonic()
+        r = gw.request("POST", "/v1/chat/completions",
+                       {"Content-Type": "application/json"}, h.stream_body())
+        took = time.monotonic() - t0
+        assert_error(r, 504, "upstream_timeout")
+        assert 0.9 < took < 2.5, took
+        m = h.scrape(gw)
+        assert m.value("sluice_upstream_errors_total", upstream="main",
+                       kind="timeout") == 1, m.series("sluice_upstream_errors_total")
+        _slots_back(gw)
