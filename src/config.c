@@ -573,6 +573,9 @@ valid_addr(const char *s)
 {
 	const char *colon;
 	int64_t port;
+	char host[64];
+	unsigned char a[16];
+	size_t hl;
 
 	if (s[0] == '[') {
 		const char *rb = strchr(s, ']');
@@ -580,10 +583,30 @@ valid_addr(const char *s)
 		if (rb == NULL || rb == s + 1 || rb[1] != ':')
 			return 0;
 		colon = rb + 1;
+		hl = (size_t)(rb - s - 1);
+		if (hl >= sizeof(host))
+			return 0;
+		memcpy(host, s + 1, hl);
+		host[hl] = '\0';
+		if (inet_pton(AF_INET6, host, a) != 1)
+			return 0;
 	} else {
 		colon = strrchr(s, ':');
 		if (colon == NULL || colon == s || memchr(s, ':', (size_t)(colon - s)))
 			return 0;
+		/*
+		 * Digits and dots are an IPv4 address, never a name: one that
+		 * does not parse (999.1.1.1) would pass -t and fail at start.
+		 */
+		hl = (size_t)(colon - s);
+		if (strspn(s, "0123456789.") == hl) {
+			if (hl >= sizeof(host))
+				return 0;
+			memcpy(host, s, hl);
+			host[hl] = '\0';
+			if (inet_pton(AF_INET, host, a) != 1)
+				return 0;
+		}
 	}
 	if (parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
 		return 0;

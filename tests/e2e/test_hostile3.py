@@ -190,3 +190,31 @@ def test_upstream_trickling_its_head_is_504_after_upstream_first_byte():
         assert m.value("sluice_upstream_errors_total", upstream="main",
                        kind="timeout") == 1, m.series("sluice_upstream_errors_total")
         _slots_back(gw)
+
+
+_LISTEN_CONFIG = """\
+listen: "{listen}"
+upstreams:
+  main:
+    url: "http://127.0.0.1:9"
+tenants:
+  a:
+    keys: ["k"]
+    max_streams: 1
+"""
+
+
+@h.timeout(30)
+def test_check_refuses_a_listen_address_that_is_not_an_ip_at_its_line_and_column():
+    # Each passed -t, then start failed ("Name or service not known") with
+    # no FILE:LINE:COL.
+    for listen in ("999.1.1.1:8080", "127.0.0.1.1:8080", "[::g]:8080", "[1.2.3.4]:8080"):
+        path = h.write_config(_LISTEN_CONFIG.format(listen=listen))
+        rc, out, err = h.run_sluice(["-t", "-c", path])
+        assert rc == 1, (listen, rc, out, err)
+        assert err.startswith("%s:1:9: listen: '%s' is not host:port or [v6]:port"
+                              % (path, listen)), (listen, err)
+    for listen in ("127.0.0.1:8080", "0.0.0.0:1", "[::1]:8080", "[::]:80", "localhost:8080"):
+        path = h.write_config(_LISTEN_CONFIG.format(listen=listen))
+        rc, out, err = h.run_sluice(["-t", "-c", path])
+        assert rc == 0, (listen, rc, out, err)
