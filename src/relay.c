@@ -443,7 +443,12 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 		RH_LIT(c, "\r\n");
 	}
 	rh_connection(c, close);
-	rh_add(c, body, (size_t)blen);
+	/*
+	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
+	 * the client would read this body as the start of its next response.
+	 */
+	if (!c->req.method_known || c->req.method != HTTP_HEAD)
+		rh_add(c, body, (size_t)blen);
 	c->close_after = close;
 	c->head_sent = 1;
 	c->resp_done = 1;

@@ -218,3 +218,31 @@ def test_check_refuses_a_listen_address_that_is_not_an_ip_at_its_line_and_column
         path = h.write_config(_LISTEN_CONFIG.format(listen=listen))
         rc, out, err = h.run_sluice(["-t", "-c", path])
         assert rc == 0, (listen, rc, out, err)
+
+
+# ---------------------------------------------------------------- HEAD
+
+@h.timeout(30)
+def test_head_refused_by_sluice_gets_no_body_and_the_next_response_is_intact():
+    # RFC 9110 9.3.2: no content in a HEAD response. sluice's own error
+    # bodies (404, 401, 429, ...) went out after a HEAD too, and a client
+    # reusing the connection read them as the start of its next response.
+    with h.Stub() as stub, Gateway(stub=stub, workers=1,
+                                   tenants={"acme": {"max_streams": 1}}) as gw:
+        held = gw.hold_hung(stub, "head", 1)
+        for head, status in ((b"HEAD /nope HTTP/1.1\r\nHost: x\r\n" + AUTH, 404),
+                             (b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n"
+                              b"Authorization: Bearer wrong\r\n", 401),
+                             (b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH, 429)):
+            with h.Client(gw.port) as c:
+                c.send_raw(head + b"\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n"
+                           b"Authorization: Bearer " + h.BETA_KEY.encode() + b"\r\n\r\n")
+                r = c.read_response(timeout=5)
+                assert r.status == status, (status, r.status)
+                assert r.header("content-type") == "application/json", r.headers
+                r2 = c.read_response(timeout=5)
+                r2.read_all(timeout=5)
+                assert r2.status == 200, (status, r2.status, bytes(r2.data[:200]))
+                assert json.loads(bytes(r2.data))["object"] == "list", bytes(r2.data[:200])
+        for c in held:
+            c.close()
