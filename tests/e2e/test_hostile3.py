@@ -246,3 +246,17 @@ def test_head_refused_by_sluice_gets_no_body_and_the_next_response_is_intact():
                 assert json.loads(bytes(r2.data))["object"] == "list", bytes(r2.data[:200])
         for c in held:
             c.close()
+
+
+# ---------------------------------------------------------------- admin
+
+@h.timeout(30)
+def test_admin_405_names_the_allowed_methods():
+    with Gateway(workers=1, admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
+        port = h.admin_port(gw)
+        for path in ("/metrics", "/healthz"):
+            r = h.admin_request(port, method="POST", path=path)
+            assert r.status == 405, (path, r.status)
+            assert r.headers.get("allow") == "GET, HEAD", (path, r.headers)
+        r = h.admin_request(port, method="GET", path="/healthz")
+        assert r.status == 200 and "allow" not in r.headers, r.headers
