@@ -2297,8 +2297,15 @@ sl_config_load_file(const char *path, struct sl_config **out,
 	}
 	for (;;) {
 		if (len == cap) {
-			cap = cap ? cap * 2 : 8192;
-			if (cap > 16 * MIB || (nd = realloc(data, cap)) == NULL) {
+			/* One byte past 16 MiB tells a file of exactly 16 MiB from a larger one. */
+			nd = NULL;
+			if (cap <= 16 * MIB) {
+				cap = cap ? cap * 2 : 8192;
+				if (cap > 16 * MIB)
+					cap = 16 * MIB + 1;
+				nd = realloc(data, cap);
+			}
+			if (nd == NULL) {
 				if (asprintf(&msg, "%s:1:1: file too large or out of memory",
 				    path) >= 0)
 					err_add(errs, msg);

@@ -5,6 +5,7 @@ outcome: the status and JSON error, what reaches the other side, and that
 no slot is left behind."""
 
 import json
+import os
 import socket
 import time
 
@@ -260,3 +261,20 @@ def test_admin_405_names_the_allowed_methods():
             assert r.headers.get("allow") == "GET, HEAD", (path, r.headers)
         r = h.admin_request(port, method="GET", path="/healthz")
         assert r.status == 200 and "allow" not in r.headers, r.headers
+
+
+@h.timeout(60)
+def test_check_takes_a_file_of_exactly_16_mib_and_refuses_one_byte_more():
+    # sluice.yaml(5): "a file larger than 16 MiB" is an error; a file of
+    # exactly 16 MiB was refused too (the read buffer doubled past the cap).
+    base = _LISTEN_CONFIG.format(listen="127.0.0.1:%d" % h.free_port())
+    pad = 16 * 1024 * 1024 - len(base)
+    for size, rc_want in ((16 * 1024 * 1024, 0), (16 * 1024 * 1024 + 1, 1)):
+        text = base + "#" + "c" * (pad - 2 + size - 16 * 1024 * 1024) + "\n"
+        assert len(text) == size
+        path = h.write_config(text)
+        rc, out, err = h.run_sluice(["-t", "-c", path], timeout=30)
+        assert rc == rc_want, (size, rc, out, err[:300])
+        if rc_want == 1:
+            assert err.startswith("%s:1:1: file too large" % path), err[:300]
+        os.unlink(path)
