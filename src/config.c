@@ -597,14 +597,17 @@ valid_addr(const char *s)
 		/*
 		 * Digits and dots are an IPv4 address, never a name: one that
 		 * does not parse (999.1.1.1) would pass -t and fail at start.
+		 * inet_aton, as getaddrinfo reads them: "127.1" and "0" pass.
 		 */
 		hl = (size_t)(colon - s);
 		if (strspn(s, "0123456789.") == hl) {
+			struct in_addr in4;
+
 			if (hl >= sizeof(host))
 				return 0;
 			memcpy(host, s, hl);
 			host[hl] = '\0';
-			if (inet_pton(AF_INET, host, a) != 1)
+			if (inet_aton(host, &in4) == 0)
 				return 0;
 		}
 	}

@@ -215,7 +215,8 @@ def test_check_refuses_a_listen_address_that_is_not_an_ip_at_its_line_and_column
         assert rc == 1, (listen, rc, out, err)
         assert err.startswith("%s:1:9: listen: '%s' is not host:port or [v6]:port"
                               % (path, listen)), (listen, err)
-    for listen in ("127.0.0.1:8080", "0.0.0.0:1", "[::1]:8080", "[::]:80", "localhost:8080"):
+    for listen in ("127.0.0.1:8080", "0.0.0.0:1", "[::1]:8080", "[::]:80", "localhost:8080",
+                   "127.1:8080", "0:8080"):
         path = h.write_config(_LISTEN_CONFIG.format(listen=listen))
         rc, out, err = h.run_sluice(["-t", "-c", path])
         assert rc == 0, (listen, rc, out, err)
