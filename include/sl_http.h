@@ -122,9 +122,12 @@ const char *sl_http_reason(int status);
 /*
  * The upstream's response head, fed line by line as libcurl's header
  * callback hands it over. Filters what may reach the client: hop-by-hop
- * headers, Content-Length (the body is re-framed) and X-Accel-Buffering are
- * dropped; a line with CR, LF or NUL inside, an obs-fold, a bad name or a
- * head over SL_RESP_HEAD_MAX makes the whole head bad.
+ * headers, those the head names in Connection, Content-Length (the body is
+ * re-framed) and X-Accel-Buffering are dropped; a line with CR, LF or NUL
+ * inside, an obs-fold, a bad name, a Content-Length that is not one decimal
+ * length (or disagrees with another), a transfer coding other than chunked
+ * or a head over SL_RESP_HEAD_MAX makes the whole head bad: libcurl would
+ * frame the body by a guess, and a body cut short could look whole.
  */
 #define SL_RESP_HEAD_MAX 65536
 
@@ -137,6 +140,9 @@ struct sl_resp_head {
 	int is_json;              /* Content-Type: application/json */
 	int has_cache_control;
 	int retry_after;          /* first Retry-After in seconds; -1: none */
+	long long content_length; /* -1: none; every line must agree */
+	char conn_names[128];     /* names listed in Connection, ",a,b," lower case */
+	size_t conn_len;
 };
 
 enum sl_rh_result {

@@ -181,7 +181,7 @@ sl_admin_timeout(const struct sl_admin *a, double now)
 static void
 build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
 {
-	char method[16], path[256];
+	char method[16] = "", path[256];
 	struct sl_admin_resp r;
 	struct sl_str out = { NULL, 0, 0 };
 	char *q;
@@ -201,10 +201,12 @@ build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
 	}
 	sl_str_printf(&out,
 	    "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-	    "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
+	    "Cache-Control: no-store\r\n%sConnection: close\r\n\r\n",
 	    r.status, sl_http_reason(r.status),
 	    r.content_type ? r.content_type : "text/plain; charset=utf-8",
-	    r.body.len);
+	    r.body.len,
+	    /* RFC 9110 15.5.6: a 405 says what is allowed. */
+	    r.status == 405 ? "Allow: GET, HEAD\r\n" : "");
 	if (strcmp(method, "HEAD") != 0 && r.body.len > 0)
 		sl_str_printf(&out, "%.*s", (int)r.body.len, r.body.p);
 	sl_str_free(&r.body);

@@ -573,6 +573,9 @@ valid_addr(const char *s)
 {
 	const char *colon;
 	int64_t port;
+	char host[64];
+	unsigned char a[16];
+	size_t hl;
 
 	if (s[0] == '[') {
 		const char *rb = strchr(s, ']');
@@ -580,10 +583,33 @@ valid_addr(const char *s)
 		if (rb == NULL || rb == s + 1 || rb[1] != ':')
 			return 0;
 		colon = rb + 1;
+		hl = (size_t)(rb - s - 1);
+		if (hl >= sizeof(host))
+			return 0;
+		memcpy(host, s + 1, hl);
+		host[hl] = '\0';
+		if (inet_pton(AF_INET6, host, a) != 1)
+			return 0;
 	} else {
 		colon = strrchr(s, ':');
 		if (colon == NULL || colon == s || memchr(s, ':', (size_t)(colon - s)))
 			return 0;
+		/*
+		 * Digits and dots are an IPv4 address, never a name: one that
+		 * does not parse (999.1.1.1) would pass -t and fail at start.
+		 * inet_aton, as getaddrinfo reads them: "127.1" and "0" pass.
+		 */
+		hl = (size_t)(colon - s);
+		if (strspn(s, "0123456789.") == hl) {
+			struct in_addr in4;
+
+			if (hl >= sizeof(host))
+				return 0;
+			memcpy(host, s, hl);
+			host[hl] = '\0';
+			if (inet_aton(host, &in4) == 0)
+				return 0;
+		}
 	}
 	if (parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
 		return 0;
@@ -935,6 +961,38 @@ struct named_arg {
 };
 
 /*
+ * The authority of a URL (n bytes, no user info): "host", "host:PORT",
+ * "[v6]" or "[v6]:PORT", PORT decimal 1..65535. A typo here would otherwise
+ * pass -t and turn every request into a 502. 0 if valid, else -1.
+ */
+static int
+check_url_port(const char *a, size_t n)
+{
+	const char *end = a + n, *p;
+	long port = 0;
+
+	if (*a == '[') {
+		p = memchr(a, ']', n);
+		if (p == NULL || p == a + 1)
+			return -1;
+		p++;
+	} else {
+		p = memchr(a, ':', n);
+		if (p == NULL)
+			p = end;
+	}
+	if (p == end)
+		return 0;
+	if (*p != ':' || ++p == end)
+		return -1;
+	for (; p < end; p++) {
+		if (*p < '0' || *p > '9' || (port = port * 10 + (*p - '0')) > 65535)
+			return -1;
+	}
+	return port == 0 ? -1 : 0;
+}
+
+/*
  * Check a base URL in place: http:// or https://, a host, no user info,
  * query, fragment or space; strip its trailing slashes. 0 if valid, else the
  * problem is reported at v and -1 returned.
@@ -965,6 +1023,11 @@ check_url(struct ctx *c, yaml_node_t *v, const char *path, char *url)
 		err_at(c, &v->start_mark, "%s: must not contain a user or password "
 		    "(it would show in metrics and the access log); use api_key",
 		    path);
+		return -1;
+	}
+	if (check_url_port(host, strcspn(host, "/")) == -1) {
+		err_at(c, &v->start_mark, "%s: '%s' has no valid port after its "
+		    "host (1 to 65535, or none for the scheme's)", path, url);
 		return -1;
 	}
 	l = strlen(url);
@@ -2238,8 +2301,15 @@ sl_config_load_file(const char *path, struct sl_config **out,
 	}
 	for (;;) {
 		if (len == cap) {
-			cap = cap ? cap * 2 : 8192;
-			if (cap > 16 * MIB || (nd = realloc(data, cap)) == NULL) {
+			/* One byte past 16 MiB tells a file of exactly 16 MiB from a larger one. */
+			nd = NULL;
+			if (cap <= 16 * MIB) {
+				cap = cap ? cap * 2 : 8192;
+				if (cap > 16 * MIB)
+					cap = 16 * MIB + 1;
+				nd = realloc(data, cap);
+			}
+			if (nd == NULL) {
 				if (asprintf(&msg, "%s:1:1: file too large or out of memory",
 				    path) >= 0)
 					err_add(errs, msg);

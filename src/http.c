@@ -3,6 +3,7 @@
  */
 #include "config.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -173,6 +174,13 @@ on_header_field(http_parser *p, const char *at, size_t n)
 	struct sl_req *r = p->data;
 	struct sl_req_header *h;
 
+	/*
+	 * A chunked body's trailer fields: dropped, never merged into the
+	 * head (RFC 9112 7.1.2), where they would reach the upstream as
+	 * headers nobody checked (admission has been decided by then).
+	 */
+	if (r->state != SL_REQ_HEAD)
+		return 0;
 	if (r->nheaders == 0 || r->last_was_value) {
 		if (r->nheaders == SL_REQ_MAX_HEADERS) {
 			req_fail(r, 431, "too many request headers");
@@ -215,6 +223,8 @@ on_header_value(http_parser *p, const char *at, size_t n)
 	struct sl_req *r = p->data;
 	struct sl_req_header *h;
 
+	if (r->state != SL_REQ_HEAD)
+		return 0;   /* a trailer field's value (on_header_field) */
 	if (r->nheaders == 0)
 		return -1;
 	h = &r->headers[r->nheaders - 1];
@@ -698,6 +708,8 @@ sl_resp_head_reset(struct sl_resp_head *h)
 	h->len = 0;
 	h->is_sse = h->is_json = h->has_cache_control = 0;
 	h->retry_after = -1;
+	h->content_length = -1;
+	h->conn_len = 0;
 }
 
 void
@@ -737,10 +749,109 @@ sl_http_reason(int status)
 	}
 }
 
+/*
+ * A Content-Length line of an upstream head: one decimal length of at most
+ * 18 digits (libcurl takes an overflow for "read until close"), the same on
+ * every line. 0, or -1 when the head must be refused.
+ */
+static int
+resp_content_length(struct sl_resp_head *h, const char *v, size_t vl)
+{
+	long long cl = 0;
+	size_t i;
+
+	if (vl == 0 || vl > 18)
+		return -1;
+	for (i = 0; i < vl; i++) {
+		if (v[i] < '0' || v[i] > '9')
+			return -1;
+		cl = cl * 10 + (v[i] - '0');
+	}
+	if (h->content_length >= 0 && h->content_length != cl)
+		return -1;
+	h->content_length = cl;
+	return 0;
+}
+
+/*
+ * Remember the names a Connection line lists (RFC 9110 7.6.1: they are
+ * hop-by-hop), as ",name," in lower case. -1 when they do not fit.
+ */
+static int
+resp_conn_names(struct sl_resp_head *h, const char *v, size_t vl)
+{
+	size_t i = 0, s, e;
+
+	while (i < vl) {
+		while (i < vl && (v[i] == ',' || v[i] == ' ' || v[i] == '\t'))
+			i++;
+		s = i;
+		while (i < vl && v[i] != ',' && v[i] != ' ' && v[i] != '\t')
+			i++;
+		e = i;
+		if (e == s)
+			continue;
+		if (h->conn_len + (e - s) + 2 > sizeof(h->conn_names))
+			return -1;
+		if (h->conn_len == 0)
+			h->conn_names[h->conn_len++] = ',';
+		for (; s < e; s++)
+			h->conn_names[h->conn_len++] =
+			    (char)tolower((unsigned char)v[s]);
+		h->conn_names[h->conn_len++] = ',';
+	}
+	return 0;
+}
+
+/* 1 if header name (nlen bytes) was listed in the head's Connection. */
+static int
+resp_conn_named(const struct sl_resp_head *h, const char *name, size_t nlen)
+{
+	size_t i, k;
+
+	for (i = 0; i + nlen + 1 < h->conn_len; i++) {
+		if (h->conn_names[i] != ',' || h->conn_names[i + nlen + 1] != ',')
+			continue;
+		for (k = 0; k < nlen; k++)
+			if (h->conn_names[i + 1 + k] !=
+			    (char)tolower((unsigned char)name[k]))
+				break;
+		if (k == nlen)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * Once the head is complete: drop the kept lines that Connection named (it
+ * may come after them).
+ */
+static void
+resp_drop_conn_named(struct sl_resp_head *h)
+{
+	size_t in = 0, out = 0, ll;
+	const char *eol, *colon;
+
+	if (h->conn_len == 0)
+		return;
+	while (in < h->len) {
+		eol = memchr(h->block + in, '\n', h->len - in);
+		ll = eol != NULL ? (size_t)(eol - (h->block + in)) + 1 : h->len - in;
+		colon = memchr(h->block + in, ':', ll);
+		if (colon == NULL || !resp_conn_named(h, h->block + in,
+		    (size_t)(colon - (h->block + in)))) {
+			memmove(h->block + out, h->block + in, ll);
+			out += ll;
+		}
+		in += ll;
+	}
+	h->len = out;
+}
+
 enum sl_rh_result
 sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 {
-	size_t len = n, nl, i, rl;
+	size_t len = n, nl, i, rl, vl;
 	const char *colon, *v, *sp;
 
 	/* libcurl hands each line with its CRLF (or bare LF). */
@@ -788,6 +899,7 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 			sl_resp_head_reset(h);
 			return SL_RH_MORE;
 		}
+		resp_drop_conn_named(h);
 		return SL_RH_DONE;
 	}
 	if (p[0] == ' ' || p[0] == '\t')
@@ -799,12 +911,25 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 	for (i = 0; i < nl; i++)
 		if (!is_tchar((unsigned char)p[i]))
 			return SL_RH_BAD;
-	if (sl_http_is_hop_by_hop(p, nl) || sl_http_name_is(p, nl, "content-length") ||
-	    sl_http_name_is(p, nl, "x-accel-buffering"))
-		return SL_RH_MORE;
 	v = colon + 1;
 	while (v < p + len && (*v == ' ' || *v == '\t'))
 		v++;
+	vl = (size_t)(p + len - v);
+	while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+		vl--;
+	if (sl_http_name_is(p, nl, "content-length") &&
+	    resp_content_length(h, v, vl) == -1)
+		return SL_RH_BAD;
+	/* libcurl de-chunks; any other coding would reach the client undone. */
+	if (sl_http_name_is(p, nl, "transfer-encoding") &&
+	    !(vl == 7 && strncasecmp(v, "chunked", 7) == 0))
+		return SL_RH_BAD;
+	if (sl_http_name_is(p, nl, "connection") &&
+	    resp_conn_names(h, v, vl) == -1)
+		return SL_RH_BAD;
+	if (sl_http_is_hop_by_hop(p, nl) || sl_http_name_is(p, nl, "content-length") ||
+	    sl_http_name_is(p, nl, "x-accel-buffering"))
+		return SL_RH_MORE;
 	if (sl_http_name_is(p, nl, "content-type") && (size_t)(p + len - v) >= 17 &&
 	    strncasecmp(v, "text/event-stream", 17) == 0)
 		h->is_sse = 1;

@@ -443,7 +443,12 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 		RH_LIT(c, "\r\n");
 	}
 	rh_connection(c, close);
-	rh_add(c, body, (size_t)blen);
+	/*
+	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
+	 * the client would read this body as the start of its next response.
+	 */
+	if (!c->req.method_known || c->req.method != HTTP_HEAD)
+		rh_add(c, body, (size_t)blen);
 	c->close_after = close;
 	c->head_sent = 1;
 	c->resp_done = 1;
@@ -1134,9 +1139,15 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 
 	if (c->client_gone)
 		return 0;
-	c->t_upstream = ev_now(c->w->loop);
-	if (c->head_sent)
+	if (c->head_sent) {
+		c->t_upstream = ev_now(c->w->loop);
 		return n;   /* chunked trailers: not relayed (the body is re-framed) */
+	}
+	/*
+	 * A head line does not restart upstream_first_byte: it bounds the
+	 * time to the whole head, so a runner trickling header lines (or 1xx
+	 * heads) cannot hold the request past it.
+	 */
 	switch (sl_resp_head_line(&c->uh, p, n)) {
 	case SL_RH_MORE:
 		return n;
@@ -1145,6 +1156,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 		    &c->w->cfg->upstreams[conn_upstream_idx(c)];
 		int ra = c->uh.retry_after > 0 ? c->uh.retry_after : 0, r2, wait;
 
+		c->t_upstream = ev_now(c->w->loop);
 		c->status = c->uh.status;
 		sl_pool_report(c->w->pools, conn_upstream_idx(c), c->replica,
 		    c->status, ra);

@@ -9,7 +9,7 @@
  * written from the contract in sl_http.h, and a DONE head on its own:
  * status 200-999, a printable reason, a block of "Name: value\r\n" lines
  * with token names, no CR/LF/NUL other than the terminators, no hop-by-hop,
- * Content-Length or X-Accel-Buffering header.
+ * Content-Length or X-Accel-Buffering header, none that Connection named.
  *
  * What follows the head is the body. It is cut into pieces (sizes from the
  * seed, as libcurl's write callback would deliver them), framed the way
@@ -52,6 +52,9 @@ struct model {
 	char reason[64];
 	struct fz_buf block;
 	int is_sse, has_cc;
+	long long cl;               /* Content-Length seen; -1 none */
+	char conn[128];             /* names Connection listed: ",a,b," */
+	size_t conn_len;
 };
 
 static void
@@ -61,12 +64,57 @@ model_reset(struct model *m)
 	m->reason[0] = '\0';
 	m->block.len = 0;
 	m->is_sse = m->has_cc = 0;
+	m->cl = -1;
+	m->conn_len = 0;
+}
+
+/* Was this name listed in a Connection line? */
+static int
+model_conn_named(const struct model *m, const char *name, size_t nl)
+{
+	char want[130];
+	size_t i;
+
+	if (m->conn_len == 0 || nl + 2 > sizeof(want))
+		return 0;
+	want[0] = ',';
+	for (i = 0; i < nl; i++)
+		want[i + 1] = (char)tolower((unsigned char)name[i]);
+	want[nl + 1] = ',';
+	for (i = 0; i + nl + 2 <= m->conn_len; i++)
+		if (memcmp(m->conn + i, want, nl + 2) == 0)
+			return 1;
+	return 0;
+}
+
+/* At the end of a final head: the lines Connection named go. */
+static void
+model_drop_named(struct model *m)
+{
+	struct fz_buf kept = { 0 };
+	const char *b = (const char *)m->block.p, *end, *eol, *colon;
+
+	if (m->conn_len == 0 || m->block.len == 0)
+		return;
+	end = b + m->block.len;
+	while (b < end) {
+		eol = memchr(b, '\n', (size_t)(end - b));
+		eol = eol == NULL ? end : eol + 1;
+		colon = memchr(b, ':', (size_t)(eol - b));
+		if (colon == NULL || !model_conn_named(m, b, (size_t)(colon - b)))
+			fz_add(&kept, b, (size_t)(eol - b));
+		b = eol;
+	}
+	m->block.len = 0;
+	if (kept.len > 0)
+		fz_add(&m->block, kept.p, kept.len);
+	fz_free(&kept);
 }
 
 static enum sl_rh_result
 model_line(struct model *m, const char *p, size_t n)
 {
-	size_t i, nl, rl;
+	size_t i, nl, rl, vl;
 	const char *v;
 
 	if (n > 0 && p[n - 1] == '\n')
@@ -110,8 +158,10 @@ model_line(struct model *m, const char *p, size_t n)
 	if (m->status == 0)
 		return SL_RH_BAD;
 	if (n == 0) {
-		if (m->status >= 200)
+		if (m->status >= 200) {
+			model_drop_named(m);
 			return SL_RH_DONE;
+		}
 		model_reset(m);
 		return SL_RH_MORE;
 	}
@@ -122,10 +172,49 @@ model_line(struct model *m, const char *p, size_t n)
 			return SL_RH_BAD;
 	if (nl == 0 || nl == n)
 		return SL_RH_BAD;
-	if (is_dropped(p, nl))
-		return SL_RH_MORE;
 	for (v = p + nl + 1; v < p + n && (*v == ' ' || *v == '\t'); v++)
 		;
+	for (vl = (size_t)(p + n - v); vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'); vl--)
+		;
+	/* One decimal length of up to 18 digits, the same on every line. */
+	if (nl == 14 && strncasecmp(p, "content-length", 14) == 0) {
+		long long cl = 0;
+
+		if (vl == 0 || vl > 18)
+			return SL_RH_BAD;
+		for (i = 0; i < vl; i++) {
+			if (!isdigit((unsigned char)v[i]))
+				return SL_RH_BAD;
+			cl = cl * 10 + (v[i] - '0');
+		}
+		if (m->cl >= 0 && m->cl != cl)
+			return SL_RH_BAD;
+		m->cl = cl;
+	}
+	if (nl == 17 && strncasecmp(p, "transfer-encoding", 17) == 0 &&
+	    !(vl == 7 && strncasecmp(v, "chunked", 7) == 0))
+		return SL_RH_BAD;
+	if (nl == 10 && strncasecmp(p, "connection", 10) == 0) {
+		for (i = 0; i < vl; ) {
+			size_t s0;
+
+			while (i < vl && strchr(", \t", v[i]) != NULL)
+				i++;
+			for (s0 = i; i < vl && strchr(", \t", v[i]) == NULL; i++)
+				;
+			if (i == s0)
+				continue;
+			if (m->conn_len + (i - s0) + 2 > sizeof(m->conn))
+				return SL_RH_BAD;
+			if (m->conn_len == 0)
+				m->conn[m->conn_len++] = ',';
+			for (; s0 < i; s0++)
+				m->conn[m->conn_len++] = (char)tolower((unsigned char)v[s0]);
+			m->conn[m->conn_len++] = ',';
+		}
+	}
+	if (is_dropped(p, nl))
+		return SL_RH_MORE;
 	if (nl == 12 && strncasecmp(p, "content-type", 12) == 0 &&
 	    (size_t)(p + n - v) >= 17 && strncasecmp(v, "text/event-stream", 17) == 0)
 		m->is_sse = 1;

@@ -203,6 +203,30 @@ test_chunked_body_reassembled(void **state)
 }
 
 static void
+test_chunked_trailers_are_dropped_not_merged_into_the_head(void **state)
+{
+	struct fx *f = *state;
+	static const char req[] =
+	    "POST /v1/completions HTTP/1.1\r\n"
+	    "Host: gw\r\n"
+	    "Transfer-Encoding: chunked\r\n"
+	    "\r\n"
+	    "3\r\nabc\r\n"
+	    "0\r\n"
+	    "X-Trailer: t\r\n"
+	    "Authorization: Bearer sneaky\r\n"
+	    "\r\n";
+	size_t len = sizeof(req) - 1, vl;
+
+	assert_int_equal(drive(&f->r, req, len, 0), len);
+	assert_int_equal(f->r.state, SL_REQ_DONE);
+	assert_int_equal(f->r.nheaders, 2);
+	assert_null(sl_req_header(&f->r, "x-trailer", &vl));
+	assert_null(sl_req_header(&f->r, "authorization", &vl));
+	assert_int_equal(f->r.body_len, 3);
+}
+
+static void
 test_body_split_into_one_byte_feeds(void **state)
 {
 	struct fx *f = *state;
@@ -947,6 +971,7 @@ main(void)
 		T(test_get_without_body_stops_at_head_done_then_done),
 		T(test_post_content_length_body_stored_exactly),
 		T(test_chunked_body_reassembled),
+		T(test_chunked_trailers_are_dropped_not_merged_into_the_head),
 		T(test_body_split_into_one_byte_feeds),
 		T(test_chunked_body_split_into_one_byte_feeds),
 		T(test_headers_split_across_feeds_are_reassembled),
