@@ -42,5 +42,7 @@ void sl_conn_hup_event(struct sl_worker *);
 
 /* Refuse a connection over max_connections with a 503 and close it. */
 void sl_conn_refuse(struct sl_worker *, int fd);
+/* At max_connections: close the longest idle kept-alive connection; 1 if one was. */
+int sl_conn_reap_idle(struct sl_worker *);
 
 #endif

@@ -73,6 +73,7 @@ struct sl_worker {
 	size_t nconns;
 	TAILQ_HEAD(, sl_conn) conns;
 	TAILQ_HEAD(, sl_conn) dirty;     /* connections with bytes to flush */
+	TAILQ_HEAD(, sl_conn) idle;      /* kept alive, oldest first (relay.c) */
 	ev_prepare flush_prep;
 };
 

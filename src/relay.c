@@ -147,6 +147,8 @@ struct sl_conn {
 
 	TAILQ_ENTRY(sl_conn) dirty_entry;
 	int dirty;                 /* on w->dirty: bytes to flush this turn */
+	TAILQ_ENTRY(sl_conn) idle_entry;
+	int idle_listed;           /* on w->idle: was idle after a response */
 
 	int depth;                 /* entry points on the stack */
 	int dead;                  /* closed; freed when depth drops to 0 */
@@ -720,6 +722,47 @@ end_of(const char *why)
 }
 
 static void
+conn_idle_unlist(struct sl_conn *c)
+{
+	if (c->idle_listed) {
+		TAILQ_REMOVE(&c->w->idle, c, idle_entry);
+		c->idle_listed = 0;
+	}
+}
+
+/* Between requests on a kept-alive connection, no byte of the next one. */
+static int
+conn_is_idle(const struct sl_conn *c)
+{
+	return !c->dead && c->state == CS_HEAD && c->nreq > 0 &&
+	    c->req.head_bytes == 0 && c->in_len == 0;
+}
+
+/*
+ * At max_connections: close the connection idle the longest between two
+ * requests, as nginx reuses its keep-alive connections, so that a new
+ * client is not refused while kept-alive ones only wait. The list holds
+ * every connection that was idle after a response, in that order; one
+ * that got a request since is dropped from it here. 1 if one was closed.
+ */
+int
+sl_conn_reap_idle(struct sl_worker *w)
+{
+	struct sl_conn *c;
+
+	while ((c = TAILQ_FIRST(&w->idle)) != NULL) {
+		conn_idle_unlist(c);
+		if (conn_is_idle(c)) {
+			c->depth++;
+			conn_close(c, "keepalive");
+			conn_unref(c);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void
 conn_close(struct sl_conn *c, const char *why)
 {
 	struct sl_worker *w = c->w;
@@ -748,6 +791,7 @@ conn_close(struct sl_conn *c, const char *why)
 		TAILQ_REMOVE(&w->dirty, c, dirty_entry);
 		c->dirty = 0;
 	}
+	conn_idle_unlist(c);
 	w->nconns--;
 	if (w->draining && w->nconns == 0)
 		ev_break(w->loop, EVBREAK_ALL);
@@ -821,6 +865,12 @@ conn_response_done(struct sl_conn *c)
 	c->t_rx = c->in_len > 0 ? c->t_req : 0;
 	sl_buf_release(&c->out);   /* a past burst need not pin memory */
 	conn_set_state(c, CS_HEAD);
+	if (c->in_len == 0) {
+		/* The newest idle connection, last to be closed for room. */
+		conn_idle_unlist(c);
+		TAILQ_INSERT_TAIL(&w->idle, c, idle_entry);
+		c->idle_listed = 1;
+	}
 	conn_read_start(c);
 	conn_process(c);
 }

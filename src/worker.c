@@ -58,7 +58,8 @@ accept_cb(struct ev_loop *loop, ev_io *io, int revents)
 			}
 			return;
 		}
-		if (w->nconns >= w->cfg->limits.max_connections) {
+		if (w->nconns >= w->cfg->limits.max_connections &&
+		    !sl_conn_reap_idle(w)) {
 			sl_conn_refuse(w, fd);
 			continue;
 		}
@@ -229,6 +230,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.listen_fd = a->listen_fd;
 	TAILQ_INIT(&w.conns);
 	TAILQ_INIT(&w.dirty);
+	TAILQ_INIT(&w.idle);
 	ev_prepare_init(&w.flush_prep, flush_cb);
 	w.flush_prep.data = &w;
 	w.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);

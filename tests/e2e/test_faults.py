@@ -1,6 +1,7 @@
 """Faults on either side: every one ends visibly and gives its slot back."""
 
 import os
+import select
 import signal
 import time
 
@@ -339,15 +340,58 @@ def _served_connection(gw, timeout=2.0):
 
 
 def test_connections_past_max_connections_get_503():
+    # Both places taken by connections in the middle of a request head: no
+    # connection is idle, so a newcomer is refused at once.
     with Stub() as stub, Gateway(stub=stub, workers=1, limits={"max_connections": 2}) as gw:
-        held = [_served_connection(gw), _served_connection(gw)]
+        busy = []
+        deadline = time.monotonic() + 3
+        while len(busy) < 2:
+            # A connection closed just before (the readiness probe) may
+            # still count for a moment: one refused then is opened again.
+            c = h.Client(gw.port)
+            gw.clients.append(c)
+            c.send_raw(b"GET /v1/echo HTTP/1.1\r\nHost: x\r\n")
+            if select.select([c.sock], [], [], 0.2)[0]:
+                assert_error(c.read_response(timeout=5), 503, "overloaded")
+                c.close()
+                assert time.monotonic() < deadline, "no place for a busy connection"
+                continue
+            busy.append(c)
         for _ in range(3):
             with h.Client(gw.port) as c:
                 r = c.read_response(timeout=5)     # refused before any request
                 assert_error(r, 503, "overloaded")
                 assert c.wait_closed(3), "refused connection left open"
-        held[0].close()
-        _served_connection(gw)     # the freed place is usable again
-        r = held[1].request("GET", "/v1/echo", h.bearer(ACME_KEY))
-        assert r.status == 200, "held keep-alive connection no longer served"
-        assert stub.stats()["requests"] == 4, stub.stats()
+        # The busy ones were not cut for the newcomers.
+        for c in busy:
+            c.send_raw(b"Authorization: Bearer %s\r\n\r\n" % ACME_KEY.encode())
+            r = c.read_response(timeout=5)
+            r.read_all()
+            assert r.status == 200, r.status
+        assert stub.stats()["requests"] == 2, stub.stats()
+
+
+def test_idle_keepalive_connection_makes_room_past_max_connections():
+    # As nginx reuses its keep-alive connections: at max_connections the
+    # connection idle the longest between two requests is closed, and the
+    # newcomer is served instead of refused for up to `keepalive`.
+    with Stub() as stub, Gateway(stub=stub, workers=1, limits={"max_connections": 2}) as gw:
+        old = _served_connection(gw)
+        time.sleep(0.05)
+        new = _served_connection(gw)
+        c = h.Client(gw.port)
+        gw.clients.append(c)
+        r = c.request("GET", "/v1/echo", h.bearer(ACME_KEY))
+        assert r.status == 200, r.status
+        assert old.wait_closed(3), "the oldest idle connection was not closed"
+        r = new.request("GET", "/v1/echo", h.bearer(ACME_KEY))
+        assert r.status == 200, "the newer idle connection was closed instead"
+        # Now c is the one idle the longest.
+        d = h.Client(gw.port)
+        gw.clients.append(d)
+        r = d.request("GET", "/v1/echo", h.bearer(ACME_KEY))
+        assert r.status == 200, r.status
+        assert c.wait_closed(3), "the longest idle connection was not closed"
+        r = new.request("GET", "/v1/echo", h.bearer(ACME_KEY))
+        assert r.status == 200
+        assert stub.stats()["requests"] == 6, stub.stats()
