@@ -444,6 +444,8 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 		rh_add_uint(c, (unsigned long)retry_after);
 		RH_LIT(c, "\r\n");
 	}
+	if (status == 405)
+		RH_LIT(c, "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n");
 	rh_connection(c, close);
 	/*
 	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
@@ -2325,8 +2327,8 @@ conn_on_verdict(struct sl_conn *c, enum sl_cl_verdict v, int ra)
 	}
 	if (v == SL_CL_TOKENS) {
 		/* The node slot taken for it goes back (conn_error frees it). */
-		conn_refuse_tokens(c, 0, (uint64_t)c->w->cfg->tenants[c->tenant].
-		    tokens_per_minute, ra);
+		conn_refuse_tokens(c, 0, (uint64_t)sl_shm_token_budget(c->w->shm,
+		    c->w->tenant_slot[c->tenant]), ra);
 		return;
 	}
 	conn_error(c, 503, "server_error", "cluster_unavailable",
@@ -2369,6 +2371,15 @@ conn_on_head(struct sl_conn *c)
 
 	c->req_active = 1;
 	c->t_start = ev_now(w->loop);
+	if (c->req.method == HTTP_TRACE) {
+		/*
+		 * A runner that echoes TRACE would hand the client the head
+		 * sluice sends upstream: the api_key in Authorization.
+		 */
+		conn_error(c, 405, "invalid_request_error", "method_not_allowed",
+		    "TRACE is not relayed", 0, 0);
+		return;
+	}
 	url = sl_req_url(&c->req, &ulen);
 	if (ulen < 4 || strncmp(url, "/v1/", 4) != 0) {
 		conn_error(c, 404, "invalid_request_error", "not_found",

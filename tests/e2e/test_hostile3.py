@@ -280,3 +280,29 @@ def test_check_takes_a_file_of_exactly_16_mib_and_refuses_one_byte_more():
         if rc_want == 1:
             assert err.startswith("%s:1:1: file too large" % path), err[:300]
         os.unlink(path)
+
+
+# ---------------------------------------------------------------- TRACE
+
+@h.timeout(30)
+def test_trace_is_refused_405_and_never_reaches_the_upstream():
+    # A runner that echoes TRACE (RFC 9110 9.3.8) would hand the client the
+    # head sluice sends upstream, with the upstream's api_key substituted
+    # for the tenant's key. nginx answers TRACE 405 itself; so does sluice,
+    # and the connection stays usable.
+    def echo(sock, req):
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: message/http\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(req), req))
+        time.sleep(0.2)
+    with RawUpstream(echo) as up, Gateway(upstream_url=up.url, workers=1) as gw:
+        with h.Client(gw.port) as c:
+            c.send_raw(b"TRACE /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n")
+            r = c.read_response(timeout=5)
+            assert_error(r, 405, "method_not_allowed")
+            assert r.header("allow") == "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS", \
+                r.headers
+            assert h.UPSTREAM_KEY.encode() not in bytes(r.data)
+            r = c.request("GET", "/v1/models", h.bearer(ACME_KEY))
+            assert r.status == 200, r.status
+        assert len(up.requests) == 1 and up.requests[0].startswith(b"GET "), up.requests
+        assert h.UPSTREAM_KEY.encode() in up.requests[0]
