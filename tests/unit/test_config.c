@@ -2191,11 +2191,11 @@ test_cluster_heartbeat_over_a_third_of_lease_ttl_reports_value(void **state)
 	    "  heartbeat: 1001ms\n",            /* 12: value at col 14 */
 	    NAME ":12:14: cluster.heartbeat: 1001ms must be at most lease_ttl / 3 "
 	    "(1000ms)", NULL);
-	/* The default heartbeat (2s) against a short lease_ttl: at the mapping. */
+	/* The default heartbeat (2s) against a short lease_ttl: at lease_ttl. */
 	expect_error(*state, CLUSTER_HEAD
 	    "  redis: \"127.0.0.1:6379\"\n"
-	    "  lease_ttl: 5s\n",
-	    NAME ":10:3: cluster.heartbeat: 2000ms must be at most lease_ttl / 3",
+	    "  lease_ttl: 5s\n",              /* 11: value at col 14 */
+	    NAME ":11:14: cluster.heartbeat: 2000ms must be at most lease_ttl / 3",
 	    "(1666ms)");
 }
 
