@@ -98,10 +98,13 @@ def test_chaos_kill_and_reload_under_load_loses_nothing():
                                 if not c.eof:
                                     with lock:
                                         problems.append("cut stream left the connection open")
-                                if not want.startswith(body) or len(body) >= len(want):
+                                # A kill -9 may land after the last event
+                                # and before the terminating chunk: every
+                                # byte, still visibly cut (no last chunk).
+                                if not want.startswith(body):
                                     with lock:
                                         problems.append(
-                                            "%s: cut stream of %d events/%d B is not a strict "
+                                            "%s: cut stream of %d events/%d B is not a "
                                             "prefix (%d of %d bytes)" % (
                                                 tenant, n, size, len(body), len(want)))
                                     continue
