@@ -15,7 +15,10 @@
  * Each cell is the best of several timed repetitions of about 2 ms of
  * thread CPU time (the machine is shared), the two scanners alternating;
  * memcpy of the same bytes is printed for scale. Before timing,
- * both scanners must report the same usage and content bytes.
+ * the scanners must report the same usage and content bytes. "kept" is the
+ * new scanner told to keep its event template across reads
+ * (sl_usage_scan_keep), as the relay does for a stream whose events come
+ * close together.
  */
 #include "config.h"
 
@@ -118,15 +121,20 @@ now_ns(void)
 	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-/* Output bytes of one stream through the new scanner (sink keeps it honest). */
+/*
+ * Output bytes of one stream through the new scanner (sink keeps it honest);
+ * keep: with its event template kept across reads (sl_usage_scan_keep).
+ */
 static size_t
-run_new(const char *in, size_t len, size_t rd, int drop, struct sl_usage *u, uint64_t *cb)
+scan_new(const char *in, size_t len, size_t rd, int drop, int keep, struct sl_usage *u,
+    uint64_t *cb)
 {
 	struct sl_usage_scan s;
 	struct sl_usage_out o;
 	size_t off = 0, want, used, k, outn = 0;
 
 	sl_usage_scan_init(&s, drop);
+	sl_usage_scan_keep(&s, keep);
 	while (off < len) {
 		want = read_len(in, len, off, rd);
 		while (want > 0) {
@@ -143,6 +151,18 @@ run_new(const char *in, size_t len, size_t rd, int drop, struct sl_usage *u, uin
 	sl_usage_scan_result(&s, u, cb);
 	sl_usage_scan_free(&s);
 	return outn;
+}
+
+static size_t
+run_new(const char *in, size_t len, size_t rd, int drop, struct sl_usage *u, uint64_t *cb)
+{
+	return scan_new(in, len, rd, drop, 0, u, cb);
+}
+
+static size_t
+run_kept(const char *in, size_t len, size_t rd, int drop, struct sl_usage *u, uint64_t *cb)
+{
+	return scan_new(in, len, rd, drop, 1, u, cb);
 }
 
 static size_t
@@ -247,8 +267,8 @@ main(int argc, char **argv)
 	double ms = argc > 1 ? atof(argv[1]) : 150;
 	int v, d, k;
 
-	printf("%-6s %-5s %6s %7s | %9s %9s %9s | %7s\n", "stream", "drop", "read", "bytes",
-	    "ref ns/B", "new ns/B", "memcpy", "ref/new");
+	printf("%-6s %-5s %6s %7s | %9s %9s %9s %9s | %7s %8s\n", "stream", "drop", "read",
+	    "bytes", "ref ns/B", "new ns/B", "kept ns/B", "memcpy", "ref/new", "new/kept");
 	for (v = 0; v < 2; v++) {
 		size_t len;
 		char *in = make_stream(v, &len);
@@ -257,25 +277,29 @@ main(int argc, char **argv)
 
 		for (d = 1; d >= 0; d--) {
 			for (k = 0; k < 3; k++) {
-				struct sl_usage ua, ub;
-				uint64_t ca, cb;
-				runner rs[3] = { run_ref, run_new, run_memcpy };
-				double best[3];
+				struct sl_usage ua, ub, uc;
+				uint64_t ca, cb, cc;
+				runner rs[4] = { run_ref, run_new, run_kept, run_memcpy };
+				double best[4];
 				char rdn[16];
 
 				run_ref(in, len, reads[k], d, &ua, &ca);
 				run_new(in, len, reads[k], d, &ub, &cb);
-				if (ua.have != 1 || ub.have != 1 ||
+				run_kept(in, len, reads[k], d, &uc, &cc);
+				if (ua.have != 1 || ub.have != 1 || uc.have != 1 ||
 				    ua.prompt_tokens != ub.prompt_tokens ||
-				    ua.completion_tokens != ub.completion_tokens || ca != cb) {
+				    ua.completion_tokens != ub.completion_tokens || ca != cb ||
+				    ua.prompt_tokens != uc.prompt_tokens ||
+				    ua.completion_tokens != uc.completion_tokens || ca != cc) {
 					fprintf(stderr, "scan-micro: the scanners disagree\n");
 					return 1;
 				}
-				time_cell(rs, best, 3, in, len, reads[k], d, ms);
+				time_cell(rs, best, 4, in, len, reads[k], d, ms);
 				snprintf(rdn, sizeof(rdn), "%zu", reads[k]);
-				printf("%-6s %-5s %6s %7zu | %9.3f %9.3f %9.3f | %6.1fx\n",
+				printf("%-6s %-5s %6s %7zu | %9.3f %9.3f %9.3f %9.3f | %6.1fx %7.1fx\n",
 				    v ? "null" : "plain", d ? "on" : "off", reads[k] ? rdn : "event", len,
-				    best[0], best[1], best[2], best[0] / best[1]);
+				    best[0], best[1], best[2], best[3], best[0] / best[1],
+				    best[1] / best[2]);
 				fflush(stdout);
 			}
 		}

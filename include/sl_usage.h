@@ -122,6 +122,8 @@ sl_usage_estimate(uint64_t content_bytes)
  */
 #define SL_USAGE_MAX_RANGES 16
 
+struct sl_usage_tpl;            /* private to usage.c */
+
 /*
  * What to send to the client for one sl_usage_scan_feed() call, in order:
  * first held[0..held_len) (bytes of earlier calls that were held back), then
@@ -138,8 +140,9 @@ struct sl_usage_out {
 };
 
 /*
- * Per-stream state, embeddable (under 128 bytes); fields are private. The
- * only memory it allocates, on demand, kept until sl_usage_scan_free(): the
+ * Per-stream state, embeddable (136 bytes: one 144-byte malloc chunk, as
+ * 128 would be); fields are private. The memory it allocates, on demand,
+ * kept until sl_usage_scan_free(): the
  * hold buffer (drop mode only: the head of an event whose first data line
  * starts `data: {`, after any other field or comment lines, that
  * spans two feeds before its fate is known, or the few bytes of what may be
@@ -162,6 +165,9 @@ struct sl_usage_scan {
 	uint8_t ev;                  /* per-event flags (private) */
 	uint8_t top, after_drop, pending_ok, pfx, ux;
 	uint8_t mt, mfirst, mpos, first;   /* "usage":null matcher (drop mode) */
+	uint8_t capt;                /* a usage object's copy began (event templates) */
+	uint8_t keep;                /* sl_usage_scan_keep() */
+	struct sl_usage_tpl *tpl;    /* the kept event template, if any */
 	uint64_t p_prompt, p_completion, p_total;   /* parsed, not yet committed */
 };
 
@@ -216,6 +222,18 @@ int sl_usage_scan_result(const struct sl_usage_scan *s, struct sl_usage *u,
 
 /* 1 if a usage event was removed from the client's stream (each one is, in drop mode). */
 int sl_usage_scan_dropped(const struct sl_usage_scan *s);
+
+/*
+ * Whether the scanner may keep a copy of the stream's last ordinary event
+ * across feeds (its template: at most SL_USAGE_TEMPLATE bytes and 64 of
+ * bookkeeping), so a next event that differs from it only in its token and
+ * numbers is taken in one compare instead of a scan (several times fewer
+ * instructions). The caller says so for a stream whose events come close
+ * together, where that CPU is spent; keep 0 frees the copy. Within one feed
+ * the scanner uses the same shortcut without any copy. Default 0.
+ */
+#define SL_USAGE_TEMPLATE 2048
+void sl_usage_scan_keep(struct sl_usage_scan *s, int keep);
 
 /* Release the buffers. The scanner may be initialised again afterwards. */
 void sl_usage_scan_free(struct sl_usage_scan *s);

@@ -40,6 +40,13 @@
 #include "sl_usage.h"
 #include "sl_worker.h"
 
+/*
+ * A stream whose body reads come less than this apart (seconds) lets its
+ * usage scanner keep a template of the last event (a few hundred bytes):
+ * the CPU it saves is spent at that pace; a slow stream keeps no copy.
+ */
+#define SCAN_KEEP_PACE 0.25
+
 #define CONN_IN_SIZE SL_BLOCK_SIZE  /* client input buffer (heads stream through) */
 #define CHUNK_FRAMING 32            /* "%zx\r\n" + "\r\n", generously */
 #define LINGER_SECONDS 2.0
@@ -1589,6 +1596,10 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 
 	if (c->client_gone)
 		return CURL_WRITEFUNC_ERROR;
+	if (c->scan != NULL)
+		/* events close together: worth a kept template (sl_usage.h) */
+		sl_usage_scan_keep(c->scan,
+		    ev_now(c->w->loop) - c->t_upstream < SCAN_KEEP_PACE);
 	c->t_upstream = ev_now(c->w->loop);
 	if (!c->head_sent) {
 		/* Body bytes without a final response head (e.g. after a 101). */

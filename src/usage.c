@@ -348,10 +348,22 @@ sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event)
 }
 
 void
+sl_usage_scan_keep(struct sl_usage_scan *s, int keep)
+{
+	s->keep = keep != 0;
+	if (!keep && s->tpl != NULL) {
+		free(s->tpl);
+		s->tpl = NULL;
+	}
+}
+
+void
 sl_usage_scan_free(struct sl_usage_scan *s)
 {
 	free(s->hold);
 	free(s->cap);
+	free(s->tpl);
+	s->tpl = NULL;
 	s->hold = s->cap = NULL;
 	s->hold_len = s->hold_alloc = s->cap_len = s->cap_alloc = 0;
 }
@@ -576,6 +588,7 @@ key_value(struct sl_usage_scan *s, char c)
 			s->ev &= (uint8_t)~EV_CAPFAIL;
 			s->cap_len = 0;
 			s->cap_depth = 2;        /* depth inside the object */
+			s->capt = 1;
 			cap_add(s, "{", 1);
 		} else {
 			/* "usage": null (or anything else): not this event */
@@ -765,6 +778,7 @@ struct feed {
 	size_t run_s, tent_s;
 	int stop;               /* end the call before the byte where it was set */
 	int cap_busy;           /* s->cap holds what out->held points to */
+	const char *cs0, *cs1;  /* the last counted string lex_fast() took whole */
 };
 
 static void
@@ -1449,8 +1463,11 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 						if (q == e || *q != '"')
 							break;
 						n = (size_t)(q - (p + 1));
-						if (cnt)
+						if (cnt) {
 							content += n;
+							f->cs0 = p + 1;     /* for event_template() */
+							f->cs1 = q;
+						}
 						cnt = 0;
 						kmask = key_of(p + 1, n);
 						p = q + 1;
@@ -1981,17 +1998,345 @@ line_end(const char *in, size_t i, size_t len)
 	return i;
 }
 
+/* ------------------------------------------------------------------ event templates */
+
+/*
+ * A runner's events differ from one another in the token (a counted string)
+ * and in numbers (a sequence, a timestamp); the rest are the same bytes.
+ * When the scanner has taken one event of a call the ordinary way, and that
+ * event left the scanner in the very state it found it in, copied no usage
+ * object, and had a counted string lex_fast() took whole and that is none
+ * of the keys, it is this call's template. A next event of the same call
+ * that has the template's bytes up to that string's opening quote and from
+ * its closing quote on (where both bytes are digits they may differ), and
+ * in between a string of any length with no line end that is none of the
+ * keys, is taken in a compare: the scanner would go through the same states
+ * on it (all digits are one class to every part of it; only a usage
+ * object's copy reads their values, and the template copied none; the
+ * string changes only the count), so it does what it did on the template:
+ * the same content bytes but for the string's, the same ranges forwarded
+ * and cut (shifted by the string's change of length), the same state
+ * after. The fuzz target holds this to the reference scanner. Nothing is
+ * kept across calls (the template lives in the call's input) or allocated.
+ */
+#define TPL_MAX_EVENT SL_USAGE_TEMPLATE    /* far below SL_USAGE_MAX_EVENT */
+#define TPL_MAX_RANGES 4
+
+struct sl_usage_tpl {
+	const char *ev;         /* the template's bytes ev[0..len); NULL: none */
+	uint32_t len;
+	uint32_t s0, s1;        /* its counted string ev[s0..s1), quotes outside */
+	uint32_t content;       /* content bytes it added, less the string's */
+	uint16_t r_off[TPL_MAX_RANGES], r_end[TPL_MAX_RANGES];  /* from ev; r_off[0] unused */
+	uint16_t run;           /* where it left the run, if run_moved */
+	uint8_t nr;             /* ranges it emitted */
+	uint8_t run_moved;
+	uint8_t avx2;           /* the CPU has AVX2 (asked when recorded) */
+	uint32_t cap;           /* kept (sl_usage_scan_keep): bytes of copy[] */
+	char copy[];
+};
+
+/* An event being recorded: where it started, and all as it was there. */
+struct rec {
+	size_t i;               /* SIZE_MAX: none */
+	size_t n, run_s;        /* out->n and the run then */
+	struct sl_usage_scan s;
+};
+
+/*
+ * a and b as the scanner goes on from them, at an event boundary: every
+ * field but the count, the instrumentation, and those set before they are
+ * read again from where a blank line leaves the scanner (pfx under H_NEW,
+ * field at a line's start, kpos with no key candidate, ux in value
+ * position, the matcher's fields with no match under way); a, which
+ * event_end() left, is checked to be there.
+ */
+static int
+same_state(const struct sl_usage_scan *a, const struct sl_usage_scan *b)
+{
+	return a->hs == H_NEW && a->line == LS_START && a->lx == LX_VAL && a->kmask == 0 &&
+	    a->mt == MT_NONE && a->cap_depth == 0 && a->hold_len == 0 &&
+	    a->prompt == b->prompt && a->completion == b->completion &&
+	    a->total == b->total && a->hold == b->hold && a->cap == b->cap &&
+	    a->hold_len == b->hold_len && a->hold_alloc == b->hold_alloc &&
+	    a->cap_len == b->cap_len && a->cap_alloc == b->cap_alloc &&
+	    a->depth == b->depth && a->cap_depth == b->cap_depth &&
+	    a->drop == b->drop && a->dropped == b->dropped && a->have == b->have &&
+	    a->cr == b->cr && a->line == b->line && a->hs == b->hs &&
+	    a->kmask == b->kmask && a->key == b->key && a->cnt == b->cnt &&
+	    a->ev == b->ev && a->lx == b->lx && a->top == b->top &&
+	    a->after_drop == b->after_drop && a->pending_ok == b->pending_ok &&
+	    a->mt == b->mt && a->first == b->first &&
+	    a->p_prompt == b->p_prompt && a->p_completion == b->p_completion &&
+	    a->p_total == b->p_total;
+}
+
+static inline int
+digit(char c)
+{
+	return (unsigned char)(c - '0') < 10;
+}
+
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+#define TPL_SSE2 1
+/* The 16 bytes at a and b: equal but where both are digits? */
+static inline int
+same16(const char *a, const char *b)
+{
+	const __m128i lo = _mm_set1_epi8('0' - 1), hi = _mm_set1_epi8('9' + 1);
+	__m128i x = _mm_loadu_si128((const __m128i *)(const void *)a);
+	__m128i y = _mm_loadu_si128((const __m128i *)(const void *)b);
+	unsigned ne = 0xffffu ^ (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, y));
+
+	if (ne == 0)
+		return 1;
+	/* (signed compares: bytes past 0x7f are below '0') */
+	x = _mm_and_si128(_mm_cmpgt_epi8(x, lo), _mm_cmplt_epi8(x, hi));
+	y = _mm_and_si128(_mm_cmpgt_epi8(y, lo), _mm_cmplt_epi8(y, hi));
+	return (ne & ~(unsigned)_mm_movemask_epi8(_mm_and_si128(x, y))) == 0;
+}
+#endif
+
+#ifdef SL_USAGE_AVX2
+/* same_but_digits() for n >= 32, 32 bytes at a time. */
+static __attribute__((target("avx2"), noinline)) int
+same_but_digits_avx2(const char *a, const char *b, size_t n)
+{
+	const __m256i lo = _mm256_set1_epi8('0' - 1), hi = _mm256_set1_epi8('9' + 1);
+	__m256i x, y;
+	uint32_t ne;
+	size_t k;
+
+	for (k = 0;; k += 32) {
+		if (k + 32 > n)
+			k = n - 32;             /* the last 32, overlapping */
+		x = _mm256_loadu_si256((const __m256i *)(const void *)(a + k));
+		y = _mm256_loadu_si256((const __m256i *)(const void *)(b + k));
+		ne = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, y));
+		if (ne != 0) {
+			x = _mm256_and_si256(_mm256_cmpgt_epi8(x, lo), _mm256_cmpgt_epi8(hi, x));
+			y = _mm256_and_si256(_mm256_cmpgt_epi8(y, lo), _mm256_cmpgt_epi8(hi, y));
+			if ((ne & ~(uint32_t)_mm256_movemask_epi8(_mm256_and_si256(x, y))) != 0)
+				return 0;
+		}
+		if (k + 32 == n)
+			return 1;
+	}
+}
+#endif
+
+/* a[0..n) is b[0..n), but where both bytes are digits. */
+static int
+same_but_digits(const char *a, const char *b, size_t n, int avx2)
+{
+	size_t k;
+
+#ifdef SL_USAGE_AVX2
+	if (avx2 && n >= 32)
+		return same_but_digits_avx2(a, b, n);
+#else
+	(void)avx2;
+#endif
+#ifdef TPL_SSE2
+	if (n >= 16) {
+		for (k = 0;; k += 16) {
+			if (k + 16 > n)
+				k = n - 16;     /* the last 16, overlapping */
+			if (!same16(a + k, b + k))
+				return 0;
+			if (k + 16 == n)
+				return 1;
+		}
+	}
+#endif
+	for (k = 0; k < n; k++)
+		if (a[k] != b[k] && (!digit(a[k]) || !digit(b[k])))
+			return 0;
+	return 1;
+}
+
+/* The first quote, backslash, CR or LF of p[0..e), or e. */
+static inline const char *
+str_stop(const char *p, const char *e)
+{
+#ifdef TPL_SSE2
+	const __m128i q = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
+	const __m128i cr = _mm_set1_epi8('\r'), lf = _mm_set1_epi8('\n');
+	__m128i v;
+	unsigned m;
+
+	for (; e - p >= 16; p += 16) {
+		v = _mm_loadu_si128((const __m128i *)(const void *)p);
+		m = (unsigned)_mm_movemask_epi8(_mm_or_si128(
+		    _mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, bs)),
+		    _mm_or_si128(_mm_cmpeq_epi8(v, cr), _mm_cmpeq_epi8(v, lf))));
+		if (m != 0)
+			return p + __builtin_ctz(m);
+	}
+#endif
+	while (p < e && *p != '"' && *p != '\\' && *p != '\r' && *p != '\n')
+		p++;
+	return p;
+}
+
+/* A position of the template that is not inside its string: kept. */
+static int
+tpl_pos(const struct sl_usage_tpl *t, size_t x)
+{
+	return x < t->s0 || x > t->s1;
+}
+
+/*
+ * s->tpl, the kept template, with room for an event of n bytes (its
+ * template, if any, is unchanged). 0: none (too big, or no memory).
+ */
+static int
+tpl_room(struct sl_usage_scan *s, size_t n)
+{
+	struct sl_usage_tpl *t;
+	size_t cap;
+
+	if (n > TPL_MAX_EVENT)
+		return 0;
+	if (s->tpl != NULL && s->tpl->cap >= n)
+		return 1;
+	cap = (n + 63) & ~(size_t)63;
+	if ((t = realloc(s->tpl, sizeof(*t) + cap)) == NULL)
+		return 0;
+	if (s->tpl == NULL)
+		t->ev = NULL;
+	else if (t->ev != NULL)
+		t->ev = t->copy;        /* (moved with it) */
+	t->cap = (uint32_t)cap;
+	s->tpl = t;
+	return 1;
+}
+
+/*
+ * The event recorded from r ended at j, with the scanner as s: make it the
+ * template if it is one (see above); otherwise there is none.
+ */
+static void
+tpl_record(struct sl_usage_tpl *t, const struct rec *r, const struct sl_usage_scan *s,
+    const struct feed *f, size_t j)
+{
+	const struct sl_usage_out *o = f->out;
+	const char *ev = f->in + r->i;
+	size_t k, x, end;
+
+	t->ev = NULL;
+	if (j - r->i > TPL_MAX_EVENT || f->cs0 == NULL || f->cs0 <= ev ||
+	    f->cs1 >= f->in + j || s->capt || o->held_len != 0 ||
+	    o->n - r->n > TPL_MAX_RANGES || !same_state(s, &r->s) ||
+	    key_of(f->cs0, (size_t)(f->cs1 - f->cs0)) != 0)
+		return;
+#ifdef SL_USAGE_AVX2
+	t->avx2 = __builtin_cpu_supports("avx2") != 0;
+#else
+	t->avx2 = 0;
+#endif
+	t->len = (uint32_t)(j - r->i);
+	t->s0 = (uint32_t)(f->cs0 - ev);
+	t->s1 = (uint32_t)(f->cs1 - ev);
+	t->content = (uint32_t)(s->content_bytes - r->s.content_bytes - (t->s1 - t->s0));
+	t->nr = (uint8_t)(o->n - r->n);
+	for (k = 0; k < t->nr; k++) {
+		x = o->range[r->n + k].off;
+		end = x + o->range[r->n + k].len;
+		if (k == 0 ? x != r->run_s : x < r->i || !tpl_pos(t, x - r->i))
+			return;
+		if (end <= r->i || !tpl_pos(t, end - r->i))
+			return;
+		t->r_off[k] = (uint16_t)(x - r->i);
+		t->r_end[k] = (uint16_t)(end - r->i);
+	}
+	t->run_moved = f->run_s != r->run_s;
+	if (t->run_moved) {
+		if (f->run_s < r->i || !tpl_pos(t, f->run_s - r->i))
+			return;
+		t->run = (uint16_t)(f->run_s - r->i);
+	}
+	if (t == s->tpl) {
+		if (t->cap < t->len)
+			return;         /* (sl_usage_scan_feed() made room) */
+		memcpy(t->copy, ev, t->len);
+		ev = t->copy;
+	}
+	t->ev = ev;
+}
+
+/*
+ * The event at in[i] is the template's (see above): do what the scanner
+ * would, and return its length; 0: it is not.
+ */
+static size_t
+tpl_apply(const struct sl_usage_tpl *t, struct sl_usage_scan *s, struct feed *f, size_t i,
+    size_t len)
+{
+	const char *p = f->in + i, *q, *lim;
+	size_t blen = t->len - t->s1, avail = len - i, n, k, esc = 0, cnt;
+
+	if (avail > TPL_MAX_EVENT)
+		avail = TPL_MAX_EVENT;
+	if (avail < t->s0 + blen || !same_but_digits(p, t->ev, t->s0, t->avx2))
+		return 0;
+	/*
+	 * The string to its quote (by lim, where the rest must start), counted
+	 * as lex_fast() counts it: an escape is one byte.
+	 */
+	lim = p + avail - blen;
+	for (q = p + t->s0;;) {
+		if ((q = str_stop(q, p + avail)) > lim)
+			return 0;
+		if (*q == '"')
+			break;
+		if (*q != '\\')
+			return 0;       /* a line end */
+		n = q + 1 < lim && q[1] == 'u' ? 6 : 2;
+		if ((size_t)(lim - q) < n)
+			return 0;
+		for (k = 1; k < n; k++)
+			if (q[k] == '\r' || q[k] == '\n')
+				return 0;
+		esc += n - 1;           /* bytes not counted */
+		q += n;
+	}
+	n = (size_t)(q - (p + t->s0));
+	cnt = n - esc;
+	if ((esc == 0 && key_of(p + t->s0, n) != 0) || !same_but_digits(q, t->ev + t->s1, blen, t->avx2))
+		return 0;
+
+	s->content_bytes += t->content + cnt;
+#define TPL_AT(x) (i + ((x) > t->s1 ? (x) - (t->s1 - t->s0) + n : (x)))
+	for (k = 0; k < t->nr; k++) {
+		if (k > 0)
+			f->run_s = TPL_AT(t->r_off[k]);
+		emit(f, TPL_AT(t->r_end[k]));
+	}
+	if (t->run_moved)
+		f->run_s = TPL_AT(t->run);
+#undef TPL_AT
+	return (size_t)(q - p) + blen;
+}
+
 /*
  * Line structure and the hold decision go a byte at a time (a few bytes an
  * event: "data: ", line ends); the data of a line goes to lex_run() as one
  * run, which skips what cannot matter.
  */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+/* gcc does not see that tl and r are read only where they were set */
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 size_t
 sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
     struct sl_usage_out *out)
 {
 	struct feed f;
-	size_t i = 0;
+	struct sl_usage_tpl tl, *t = &tl;
+	struct rec r;
+	size_t i = 0, k;
 	char c;
 
 	out->held = NULL;       /* the ranges past n are never read */
@@ -2000,6 +2345,11 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 	f.in = in;
 	f.run_s = f.tent_s = 0;
 	f.stop = f.cap_busy = 0;
+	f.cs0 = f.cs1 = NULL;
+	tl.ev = NULL;                   /* the rest is read only once set */
+	r.i = SIZE_MAX;                 /* (r too) */
+	if (s->keep && (s->tpl != NULL || tpl_room(s, 0)))
+		t = s->tpl;
 	while (i < len) {
 		c = in[i];
 		if (s->cr && c == '\n') {
@@ -2012,6 +2362,12 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			continue;
 		}
 		if (s->hs == H_NEW) {
+			if (r.i != SIZE_MAX) {
+				/* (kept: t->ev is NULL since r.i was set) */
+				if (t == &tl || tpl_room(s, i - r.i))
+					tpl_record(t = t == &tl ? t : s->tpl, &r, s, &f, i);
+				r.i = SIZE_MAX;
+			}
 			if (s->drop) {
 				/*
 				 * The hold buffer is being flushed in this call, or too
@@ -2021,6 +2377,24 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 				 */
 				if (out->held_len > 0 || out->n + 3 > SL_USAGE_MAX_RANGES)
 					break;
+			}
+			if (s->cr || s->after_drop)
+				t->ev = NULL;   /* an ordinary event: the template was for another state */
+			else {
+				if (t->ev != NULL && out->n + t->nr + 3 <= SL_USAGE_MAX_RANGES &&
+				    (k = tpl_apply(t, s, &f, i, len)) > 0) {
+					i += k;
+					continue;       /* at the next event boundary */
+				}
+				t->ev = NULL;   /* (until this one is recorded) */
+				r.i = i;
+				r.n = out->n;
+				r.run_s = f.run_s;
+				r.s = *s;
+				s->capt = 0;
+				f.cs0 = f.cs1 = NULL;
+			}
+			if (s->drop) {
 				s->hs = H_PREFIX;
 				s->pfx = 0;
 				f.tent_s = i;
@@ -2122,6 +2496,9 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			flush(s, &f);
 		}
 	}
+	if (r.i != SIZE_MAX && i == len && s->hs == H_NEW &&
+	    (t == &tl ? 0 : tpl_room(s, i - r.i)))
+		tpl_record(s->tpl, &r, s, &f, i);   /* for the next call's events */
 	if (holding(s)) {
 		if (grow_add(&s->hold, &s->hold_len, &s->hold_alloc, in + f.tent_s,
 		    i - f.tent_s) == 0) {
@@ -2134,6 +2511,9 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 	emit(&f, i);
 	return i;
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 void
 sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out)

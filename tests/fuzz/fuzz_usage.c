@@ -5,7 +5,9 @@
  * body (fed to the scanner) and a request body (fed to the editor).
  *
  * Scanner: fed as the relay would (until each read is consumed), in random
- * reads and one byte per read, with drop off and on.
+ * reads, one byte per read, the whole input in one read and one event per
+ * read, with drop off and on, with and without its event template kept
+ * across reads (sl_usage_scan_keep; turned on and off between random reads).
  *   - the same output, usage, content bytes and drop as the reference
  *     scanner (tests/ref: the byte-at-a-time scanner the fast one replaced,
  *     plus a look-ahead that lists the "usage" members drop mode
@@ -58,21 +60,50 @@ take(struct result *r, const struct sl_usage_out *o, const char *in)
 	}
 }
 
-/* Scan in, read sizes from seed (0: one byte per read). */
+/* Read sizes other than random (seed): */
+#define READ_BYTE 0             /* one byte per read */
+#define READ_ALL 2              /* the whole input in one read */
+#define READ_EVENT 4            /* through each LF LF, CR CR or CR LF CR LF */
+
+/* Bytes of the next read at off (READ_EVENT). */
+static size_t
+event_read(const char *in, size_t len, size_t off)
+{
+	size_t k;
+
+	for (k = off; k + 1 < len; k++)
+		if ((in[k] == '\n' || in[k] == '\r') && in[k + 1] == in[k])
+			return k + 2 - off;
+	return len - off;
+}
+
+/*
+ * Scan in, read sizes from seed (odd; or READ_*); keep: the event template
+ * is kept across reads (sl_usage_scan_keep), toggled at random reads when
+ * keep is 2 (as the relay turns it off and on with the pace of events).
+ */
 static void
-scan(struct result *r, const char *in, size_t len, int drop, uint32_t seed)
+scan(struct result *r, const char *in, size_t len, int drop, uint32_t seed, int keep)
 {
 	struct sl_usage_scan s;
 	struct sl_usage_out o;
 	size_t off = 0, want, used, k;
+	uint32_t ks = seed ^ 0x9e3779b9u;
 
 	memset(r, 0, sizeof(*r));
 	sl_usage_scan_init(&s, drop);
+	sl_usage_scan_keep(&s, keep);
 	while (off < len) {
 		want = 1;
-		if (seed != 0)
+		if (seed == READ_ALL)
+			want = len - off;
+		else if (seed == READ_EVENT)
+			want = event_read(in, len, off);
+		else if (seed != READ_BYTE)
 			want = (fz_rand(&seed) & 7) == 0 ? 1 + fz_rand(&seed) % 4096 :
 			    1 + fz_rand(&seed) % 48;
+		if (keep == 2)
+			sl_usage_scan_keep(&s, (fz_rand(&ks) & 3) != 0);
 		if (want > len - off)
 			want = len - off;
 		while (want > 0) {
@@ -205,6 +236,24 @@ minus_usage_events(const char *in, size_t len, const unsigned char *out, size_t 
 	return ndropped > 0 && olen - o == len - start && eq(out + o, in + start, len - start);
 }
 
+/* Both drops read as seed says, with keep, against the reference. */
+static void
+check_variant(const char *in, size_t len, const struct result *ref_off,
+    const struct result *ref_on, uint32_t seed, int keep, const char *what)
+{
+	struct result r;
+	char w[64];
+
+	scan(&r, in, len, 0, seed, keep);
+	snprintf(w, sizeof(w), "drop off, %s", what);
+	check_ref(&r, ref_off, w);
+	fz_free(&r.out);
+	scan(&r, in, len, 1, seed, keep);
+	snprintf(w, sizeof(w), "drop on, %s", what);
+	check_ref(&r, ref_on, w);
+	fz_free(&r.out);
+}
+
 static void
 check_scanner(const char *in, size_t len, uint32_t seed)
 {
@@ -214,7 +263,7 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 	scan_ref(&ref_off, in, len, 0, &strips_off);
 	scan_ref(&ref_on, in, len, 1, &strips_on);
 	fz_check(strips_off == 0, "ref", "members cut with drop off");
-	scan(&off, in, len, 0, seed | 1);
+	scan(&off, in, len, 0, seed | 1, 0);
 	check_ref(&off, &ref_off, "drop off");
 	fz_check(off.out.len == len && eq(off.out.p, in, len), "passthrough",
 	    "drop off: the client did not get the input");
@@ -222,8 +271,13 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 	    (unsigned long long)off.content, len);
 	fz_check(!off.dropped, "passthrough", "dropped with drop off");
 
-	scan(&on, in, len, 1, (seed * 2654435761u) | 1);
+	scan(&on, in, len, 1, (seed * 2654435761u) | 1, 0);
 	check_ref(&on, &ref_on, "drop on");
+	/* event templates: within one read, and kept across reads */
+	check_variant(in, len, &ref_off, &ref_on, READ_ALL, 0, "one read");
+	check_variant(in, len, &ref_off, &ref_on, READ_EVENT, 1, "a read an event, kept");
+	check_variant(in, len, &ref_off, &ref_on, (seed * 40503u) | 1, 2,
+	    "random reads, kept on and off");
 	fz_check(same_result(&off, &on), "drop-independent", "usage/content differ with drop");
 	/* (with members cut, the reference's output is the whole check) */
 	if (on.dropped && strips_on == 0)
@@ -234,8 +288,8 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 		    "drop on, nothing dropped, yet the output differs");
 
 	if (len <= 4096) {
-		scan(&off1, in, len, 0, 0);
-		scan(&on1, in, len, 1, 0);
+		scan(&off1, in, len, 0, READ_BYTE, 1);
+		scan(&on1, in, len, 1, READ_BYTE, 1);
 		check_ref(&off1, &ref_off, "drop off, one byte per read");
 		check_ref(&on1, &ref_on, "drop on, one byte per read");
 		fz_check(same_result(&off, &off1) && same_result(&off, &on1),

@@ -945,11 +945,91 @@ test_scan_hold_is_released_before_next_event_is_held(void **state)
 	sl_usage_scan_free(&s);
 }
 
+/*
+ * Event templates (a next event that differs from the last only in its token
+ * and numbers is taken in one compare): whatever the reads and whether the
+ * template is kept across them, the client gets what one byte per read
+ * gives (where no template can apply) and the counts are the same. Tokens
+ * chosen to break a careless template: escapes (a \u over a quote, a
+ * backslash last), key names as tokens, a line end, digits that change
+ * length, a usage:null member, a usage object on a content chunk, another
+ * shape in between.
+ */
+static void
+test_scan_event_templates_take_what_a_scan_takes(void **state)
+{
+	static const char *const tok[] = {
+		"Hello", " wor", "ld", "usage", "content", "choices", "", " 12", "\\\"q\\\"",
+		"\\n", "\\u00e9", "x\\u\"}]1y", "\\\\", "a\\\\\\\"b", "tok9", "tok10",
+	};
+	static const size_t reads[] = { 0, 1, 7, 64, 100000 };   /* 0: an event a read */
+	char *in = malloc(64 * 1024);
+	size_t n = 0, len, i, k, off, rd;
+	int drop, keep, v;
+	struct sl_usage_scan s;
+	struct run base, r;
+
+	(void)state;
+	assert_non_null(in);
+	for (v = 0; v < 3; v++)
+		for (i = 0; i < sizeof(tok) / sizeof(tok[0]); i++) {
+			n += (size_t)snprintf(in + n, 64 * 1024 - n,
+			    "data: {\"id\":\"c1\",\"created\":%zu,\"seq\":%zu,\"choices\":[{\"index\":0,"
+			    "\"delta\":{\"content\":\"%s\"}}]%s}\n\n", 1733097600 + i / 4, i * 7 + v,
+			    i == 11 && v == 1 ? "a\nb" : tok[i],
+			    v == 1 ? NULL_MEMBER : v == 2 && i == 5 ?
+			    ",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}" : "");
+			if (i == 9)
+				n += (size_t)snprintf(in + n, 64 * 1024 - n,
+				    ": other\ndata: {\"choices\":[{\"text\":\"abc\"}]}\n\n");
+		}
+	n += (size_t)snprintf(in + n, 64 * 1024 - n, USAGE_EV DONE);
+	len = n;
+	for (drop = 0; drop < 2; drop++) {
+		run_bytes(&base, in, len, drop);
+		/*
+		 * By hand: an escape is one byte; "a\nb" counts its a; "abc"
+		 * three times.
+		 */
+		assert_int_equal(base.content, 3 * (5 + 4 + 2 + 5 + 7 + 7 + 0 + 3 + 3 + 1 + 1 + 3 +
+		    1 + 4 + 4 + 5) - 2 + 3 * 3);
+		for (keep = 0; keep < 2; keep++)
+			for (k = 0; k < sizeof(reads) / sizeof(reads[0]); k++) {
+				memset(&r, 0, sizeof(r));
+				add(&r, "", 0);
+				sl_usage_scan_init(&s, drop);
+				sl_usage_scan_keep(&s, keep);
+				for (off = 0; off < len; off += rd) {
+					rd = reads[k];
+					if (rd == 0) {
+						const char *e = strstr(in + off, "\n\n");
+
+						rd = e != NULL ? (size_t)(e + 2 - (in + off)) : len - off;
+					}
+					if (rd > len - off)
+						rd = len - off;
+					feed(&s, &r, in + off, rd, drop);
+				}
+				finish(&s, &r);
+				if (r.len != base.len || memcmp(r.out, base.out, r.len) != 0)
+					fail_msg("drop %d keep %d reads %zu: output differs", drop, keep,
+					    reads[k]);
+				assert_int_equal(r.content, base.content);
+				assert_int_equal(r.u.have, 1);
+				assert_int_equal(r.u.completion_tokens, 7);
+				assert_int_equal(r.dropped, drop);
+				free(r.out);
+			}
+		free(base.out);
+	}
+	free(in);
+}
+
 static void
 test_scan_struct_is_small(void **state)
 {
 	(void)state;
-	assert_true(sizeof(struct sl_usage_scan) <= 128);
+	assert_true(sizeof(struct sl_usage_scan) <= 136);   /* one 144-byte malloc chunk */
 }
 
 /* ------------------------------------------------------------------ requests */
@@ -1238,6 +1318,7 @@ main(void)
 		cmocka_unit_test(test_scan_member_longer_than_the_hold_bound_is_kept),
 		cmocka_unit_test(test_scan_big_event_is_flushed_hold_bounded),
 		cmocka_unit_test(test_scan_hold_is_released_before_next_event_is_held),
+		cmocka_unit_test(test_scan_event_templates_take_what_a_scan_takes),
 		cmocka_unit_test(test_scan_struct_is_small),
 		cmocka_unit_test(test_req_inject_without_stream_options),
 		cmocka_unit_test(test_req_inject_inside_stream_options),
