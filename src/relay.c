@@ -1541,6 +1541,7 @@ conn_write_scanned(struct sl_conn *c, char *p, size_t n)
 	struct sl_usage_scan *sc = c->scan;
 	struct sl_usage_out o;
 	size_t off = 0, k, i, len = 0, need;
+	const char *src;
 
 	if (!sc->drop)
 		return 0;   /* scanned once the bytes are taken (below) */
@@ -1558,29 +1559,39 @@ conn_write_scanned(struct sl_conn *c, char *p, size_t n)
 			return need + 2 * CHUNK_FRAMING;
 		c->out.cap = need + 2 * CHUNK_FRAMING;
 	}
-	if (need > scratch_cap) {
-		char *ns = realloc(scratch, need);
+	k = sl_usage_scan_feed(sc, p, n, &o);
+	if (k == n && o.held_len == 0 && o.n <= 1) {
+		/* the usual read: all taken, one range of it out (or none) */
+		src = o.n == 1 ? p + o.range[0].off : p;
+		len = o.n == 1 ? o.range[0].len : 0;
+	} else {
+		if (need > scratch_cap) {
+			char *ns = realloc(scratch, need);
 
-		if (ns == NULL)
-			return SIZE_MAX;
-		scratch = ns;
-		scratch_cap = need;
-	}
-	while (off < n) {
-		k = sl_usage_scan_feed(sc, p + off, n - off, &o);
-		if (o.held_len > 0) {
-			memcpy(scratch + len, o.held, o.held_len);
-			len += o.held_len;
+			if (ns == NULL)
+				return SIZE_MAX;
+			scratch = ns;
+			scratch_cap = need;
 		}
-		for (i = 0; i < o.n; i++) {
-			memcpy(scratch + len, p + off + o.range[i].off, o.range[i].len);
-			len += o.range[i].len;
+		for (;;) {
+			if (o.held_len > 0) {
+				memcpy(scratch + len, o.held, o.held_len);
+				len += o.held_len;
+			}
+			for (i = 0; i < o.n; i++) {
+				memcpy(scratch + len, p + off + o.range[i].off,
+				    o.range[i].len);
+				len += o.range[i].len;
+			}
+			if ((off += k) == n)
+				break;
+			k = sl_usage_scan_feed(sc, p + off, n - off, &o);
 		}
-		off += k;
+		src = scratch;
 	}
 	if (len > 0 && sl_buf_len(&c->out) == 0)
 		c->t_client = ev_now(c->w->loop);
-	if (conn_out_chunk(c, scratch, len) == -1)
+	if (conn_out_chunk(c, src, len) == -1)
 		return SIZE_MAX;
 	if (len > 0)
 		conn_mark_dirty(c);

@@ -2348,7 +2348,7 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 	f.cs0 = f.cs1 = NULL;
 	tl.ev = NULL;                   /* the rest is read only once set */
 	r.i = SIZE_MAX;                 /* (r too) */
-	if (s->keep && (s->tpl != NULL || tpl_room(s, 0)))
+	if (s->keep && s->tpl != NULL)
 		t = s->tpl;
 	while (i < len) {
 		c = in[i];
@@ -2363,9 +2363,9 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 		}
 		if (s->hs == H_NEW) {
 			if (r.i != SIZE_MAX) {
-				/* (kept: t->ev is NULL since r.i was set) */
-				if (t == &tl || tpl_room(s, i - r.i))
-					tpl_record(t = t == &tl ? t : s->tpl, &r, s, &f, i);
+				/* (t->ev is NULL since r.i was set, and s->tpl's if any) */
+				t = s->keep && tpl_room(s, i - r.i) ? s->tpl : &tl;
+				tpl_record(t, &r, s, &f, i);
 				r.i = SIZE_MAX;
 			}
 			if (s->drop) {
@@ -2496,8 +2496,8 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			flush(s, &f);
 		}
 	}
-	if (r.i != SIZE_MAX && i == len && s->hs == H_NEW &&
-	    (t == &tl ? 0 : tpl_room(s, i - r.i)))
+	if (r.i != SIZE_MAX && i == len && s->hs == H_NEW && s->keep &&
+	    tpl_room(s, i - r.i))
 		tpl_record(s->tpl, &r, s, &f, i);   /* for the next call's events */
 	if (holding(s)) {
 		if (grow_add(&s->hold, &s->hold_len, &s->hold_alloc, in + f.tent_s,
