@@ -306,3 +306,33 @@ def test_trace_is_refused_405_and_never_reaches_the_upstream():
             assert r.status == 200, r.status
         assert len(up.requests) == 1 and up.requests[0].startswith(b"GET "), up.requests
         assert h.UPSTREAM_KEY.encode() in up.requests[0]
+
+
+@h.timeout(30)
+def test_relayed_head_keeps_the_upstreams_content_length_and_the_connection():
+    # RFC 9110 8.6: a HEAD response's Content-Length is the size a GET would
+    # get. sluice dropped it (its bodies are re-framed). No body follows, and
+    # the next request on the connection is answered intact.
+    def handler(sock, req):
+        if req.startswith(b"HEAD "):
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1234\r\n\r\n")
+        else:
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 2\r\n\r\nok")
+        time.sleep(0.2)
+    with RawUpstream(handler) as up, \
+            Gateway(upstream_url=up.url, workers=1,
+                    admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
+        with h.Client(gw.port) as c:
+            c.send_raw(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n"
+                       b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n")
+            r = c.read_response(timeout=5)
+            assert r.status == 200, r.status
+            assert r.header("content-length") == "1234", r.headers
+            assert r.header("transfer-encoding") is None, r.headers
+            r2 = c.read_response(timeout=5)
+            r2.read_all(timeout=5)
+            assert r2.status == 200, (r2.status, bytes(r2.data[:200]))
+            assert bytes(r2.data) == b"ok", bytes(r2.data)
+        _slots_back(gw)
