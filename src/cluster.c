@@ -403,7 +403,8 @@ cw_drop(struct sl_cluster_w *cw, const char *why)
 
 	if (ac == NULL)
 		return;
-	sl_warn("cluster: dropping the Redis connection: %s", why);
+	if (why != NULL)        /* (NULL: the caller logged why) */
+		sl_warn("cluster: dropping the Redis connection: %s", why);
 	cw->ac = NULL;
 	cw->connected = 0;
 	cw->sha[0] = cw->csha[0] = '\0';
@@ -452,6 +453,47 @@ cw_on_disconnect(const redisAsyncContext *ac, int status)
 	cw_schedule(cw);
 }
 
+/*
+ * Redis refusing the same way at every reconnect or heartbeat (a password
+ * missing or wrong) is logged once, then at most once a minute per process
+ * with how many refusals went unlogged; the error counters count each one.
+ * The line says what to fix where the reply tells it.
+ */
+#define REFUSAL_QUIET 60.0
+
+static struct {
+	char msg[128];
+	double t;
+	unsigned long more;
+} refusal;
+
+static void
+log_refusal(const char *what, const char *str)
+{
+	double now = ev_time();
+	char msg[128];
+	const char *hint = "";
+
+	snprintf(msg, sizeof(msg), "%s: %s", what, str != NULL ? str : "(no reply)");
+	if (strcmp(msg, refusal.msg) == 0 && now - refusal.t < REFUSAL_QUIET) {
+		refusal.more++;
+		return;
+	}
+	if (str != NULL && strncmp(str, "NOAUTH", 6) == 0)
+		hint = " (Redis wants a password: set cluster.password)";
+	else if (str != NULL && (strncmp(str, "WRONGPASS", 9) == 0 ||
+	    strstr(str, "invalid password") != NULL))
+		hint = " (check cluster.password)";
+	if (strcmp(msg, refusal.msg) == 0 && refusal.more > 0)
+		sl_err("cluster: %s%s; %lu more in the last %.0f s", msg, hint,
+		    refusal.more, now - refusal.t);
+	else
+		sl_err("cluster: %s%s", msg, hint);
+	memcpy(refusal.msg, msg, sizeof(msg));
+	refusal.t = now;
+	refusal.more = 0;
+}
+
 static void
 cw_auth_cb(redisAsyncContext *ac, void *r, void *priv)
 {
@@ -462,8 +504,8 @@ cw_auth_cb(redisAsyncContext *ac, void *r, void *priv)
 		return;
 	if (reply->type == REDIS_REPLY_ERROR) {
 		row_err(cw->cs, cw->row, ERR_REPLY);
-		sl_err("cluster: AUTH refused: %s", reply->str);
-		cw_drop(cw, "AUTH refused");
+		log_refusal("AUTH refused", reply->str);
+		cw_drop(cw, NULL);
 	}
 }
 
@@ -1302,7 +1344,7 @@ cm_auth_cb(redisAsyncContext *ac, void *r, void *priv)
 		return;
 	if (reply->type == REDIS_REPLY_ERROR) {
 		row_err(cm->cs, 0, ERR_REPLY);
-		sl_err("cluster: AUTH refused: %s", reply->str);
+		log_refusal("AUTH refused", reply->str);
 		cm_drop(cm, "AUTH refused");
 	} else
 		cm->backoff = BACKOFF_MIN;
@@ -1477,7 +1519,7 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 		r = redisCommand(c, "AUTH %s", cm->password);
 		if (reply_is_error(r)) {
 			row_err(cm->cs, 0, ERR_REPLY);
-			sl_err("cluster: AUTH refused: %s", r ? r->str : c->errstr);
+			log_refusal("AUTH refused", r ? r->str : c->errstr);
 			freeReplyObject(r);
 			goto out;
 		}
@@ -1806,7 +1848,7 @@ cm_round_cb(redisAsyncContext *ac, void *r, void *priv)
 			cm->round_failed = 1;
 		if (reply != NULL) {
 			row_err(cm->cs, 0, ERR_REPLY);
-			sl_warn("cluster: heartbeat: %s", reply->str);
+			log_refusal("heartbeat", reply->str);
 		}
 	}
 	if (--cm->round_out == 0)

@@ -1247,3 +1247,24 @@ def test_token_charges_go_on_at_redis_maxmemory_as_leases_do():
                 assert h.scrape(gw).value("sluice_cluster_errors_total", kind="reply") == 0
             redis.command("CONFIG", "SET", "maxmemory", "0")
             wait_leases(redis, 0)
+
+
+@h.timeout(60)
+def test_a_redis_that_wants_a_password_not_given_is_logged_once_not_every_heartbeat():
+    """A Redis with requirepass and no cluster.password: every command gets
+    NOAUTH. The operator must see it, once, in words that say what to fix;
+    logging it at every heartbeat (and every acquire) buries the log."""
+    with Redis(password="right") as redis, Stub() as stub, \
+            cluster_gw(stub, redis.addr, "gw-a", on_redis_down="closed",
+                       heartbeat="250ms", lease_ttl="1s") as a:
+        wait_mode(a, "closed")
+        for _ in range(6):
+            try_stream(a, tag="noauth")[0].close()
+        time.sleep(3.0)
+        log = h.stderr_text(a)
+        lines = [l for l in log.splitlines() if "NOAUTH" in l]
+        assert 1 <= len(lines) <= 3, "%d NOAUTH lines:\n%s" % (len(lines), "\n".join(lines))
+        assert "cluster.password" in log, log[-2000:]
+        # still counted, every time
+        n = h.scrape(a).value("sluice_cluster_errors_total", kind="reply")
+        assert n >= 6, n
