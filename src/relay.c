@@ -2395,7 +2395,6 @@ static void
 conn_on_head(struct sl_conn *c)
 {
 	struct sl_worker *w = c->w;
-	const struct sl_tenant_conf *t;
 	const char *url;
 	size_t ulen;
 	int tenant;
@@ -2428,10 +2427,13 @@ conn_on_head(struct sl_conn *c)
 		    "missing or unknown API key", 0, 0);
 		return;
 	}
-	t = &w->cfg->tenants[tenant];
 	c->tenant = tenant;
-	if (t->max_streams == 0) {
-		/* Not "full, retry later": the operator switched it off. */
+	if (sl_shm_limit(w->shm, w->tenant_slot[tenant]) == 0) {
+		/*
+		 * Not "full, retry later": the operator switched it off. The
+		 * limit the master published, not this worker's copy: a retired
+		 * worker finishing a head that spans a reload says 403 too.
+		 */
 		conn_error(c, 403, "permission_error", "tenant_disabled",
 		    "this tenant is disabled (max_streams: 0)", 0, 0);
 		return;

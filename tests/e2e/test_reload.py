@@ -599,3 +599,25 @@ def test_reload_storm_refused_when_draining_workers_hold_every_row_and_current_k
             c.close()
         h.wait_until(lambda: len(gw.worker_pids()) == 1, 30,
                      msg="the old workers to exit once their streams are gone")
+
+
+@h.timeout(30)
+def test_reload_disabling_a_tenant_answers_403_to_a_head_that_spans_the_reload():
+    """The retired worker that finishes reading this head decides with the
+    max_streams the master published (0: disabled, 403), not with its own
+    configuration's (which would admit it, or say 429)."""
+    with Stub() as stub, _gw(stub, workers=1,
+                             tenants={"acme": {"max_streams": 5}}) as gw:
+        c = gw.client()
+        c.send_raw(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+                   b"Authorization: Bearer %s\r\n" % ACME_KEY.encode())
+        time.sleep(0.2)
+        h.reload(gw, _with(gw, tenants={"acme": {"max_streams": 0}}))
+        c.send_raw(b"\r\n")
+        r = c.read_response(timeout=10)
+        assert_error(r, 403, "tenant_disabled")
+        c.close()
+        with gw.client() as c2:
+            c2.send_raw(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+                        b"Authorization: Bearer %s\r\n\r\n" % ACME_KEY.encode())
+            assert_error(c2.read_response(timeout=10), 403, "tenant_disabled")
