@@ -468,14 +468,16 @@ static struct {
 } refusal;
 
 static void
-log_refusal(const char *what, const char *str)
+log_refusal(enum sl_log_level level, const char *what, const char *str)
 {
 	double now = ev_time();
 	char msg[128];
 	const char *hint = "";
+	int same;
 
 	snprintf(msg, sizeof(msg), "%s: %s", what, str != NULL ? str : "(no reply)");
-	if (strcmp(msg, refusal.msg) == 0 && now - refusal.t < REFUSAL_QUIET) {
+	same = strcmp(msg, refusal.msg) == 0;
+	if (same && now - refusal.t < REFUSAL_QUIET) {
 		refusal.more++;
 		return;
 	}
@@ -484,11 +486,11 @@ log_refusal(const char *what, const char *str)
 	else if (str != NULL && (strncmp(str, "WRONGPASS", 9) == 0 ||
 	    strstr(str, "invalid password") != NULL))
 		hint = " (check cluster.password)";
-	if (strcmp(msg, refusal.msg) == 0 && refusal.more > 0)
-		sl_err("cluster: %s%s; %lu more in the last %.0f s", msg, hint,
+	if (same && refusal.more > 0)
+		sl_log(level, "cluster: %s%s; %lu more in the last %.0f s", msg, hint,
 		    refusal.more, now - refusal.t);
 	else
-		sl_err("cluster: %s%s", msg, hint);
+		sl_log(level, "cluster: %s%s", msg, hint);
 	memcpy(refusal.msg, msg, sizeof(msg));
 	refusal.t = now;
 	refusal.more = 0;
@@ -504,7 +506,7 @@ cw_auth_cb(redisAsyncContext *ac, void *r, void *priv)
 		return;
 	if (reply->type == REDIS_REPLY_ERROR) {
 		row_err(cw->cs, cw->row, ERR_REPLY);
-		log_refusal("AUTH refused", reply->str);
+		log_refusal(SL_LOG_ERROR, "AUTH refused", reply->str);
 		cw_drop(cw, NULL);
 	}
 }
@@ -1344,7 +1346,7 @@ cm_auth_cb(redisAsyncContext *ac, void *r, void *priv)
 		return;
 	if (reply->type == REDIS_REPLY_ERROR) {
 		row_err(cm->cs, 0, ERR_REPLY);
-		log_refusal("AUTH refused", reply->str);
+		log_refusal(SL_LOG_ERROR, "AUTH refused", reply->str);
 		cm_drop(cm, "AUTH refused");
 	} else
 		cm->backoff = BACKOFF_MIN;
@@ -1519,7 +1521,7 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 		r = redisCommand(c, "AUTH %s", cm->password);
 		if (reply_is_error(r)) {
 			row_err(cm->cs, 0, ERR_REPLY);
-			log_refusal("AUTH refused", r ? r->str : c->errstr);
+			log_refusal(SL_LOG_ERROR, "AUTH refused", r ? r->str : c->errstr);
 			freeReplyObject(r);
 			goto out;
 		}
@@ -1848,7 +1850,7 @@ cm_round_cb(redisAsyncContext *ac, void *r, void *priv)
 			cm->round_failed = 1;
 		if (reply != NULL) {
 			row_err(cm->cs, 0, ERR_REPLY);
-			log_refusal("heartbeat", reply->str);
+			log_refusal(SL_LOG_WARN, "heartbeat", reply->str);
 		}
 	}
 	if (--cm->round_out == 0)

@@ -1160,11 +1160,9 @@ conn_build_head(struct sl_conn *c)
 	if (method == HTTP_HEAD && c->uh.content_length >= 0 && c->status >= 200 &&
 	    c->status != 204) {
 		/* the length a GET would have (RFC 9110 8.6): kept, nothing follows */
-		char cl[48];
-		int n = snprintf(cl, sizeof(cl), "Content-Length: %lld\r\n",
-		    c->uh.content_length);
-
-		if (rh_add(c, cl, (size_t)n) == -1)
+		if (RH_LIT(c, "Content-Length: ") == -1 ||
+		    rh_add_uint(c, (unsigned long)c->uh.content_length) == -1 ||
+		    RH_LIT(c, "\r\n") == -1)
 			return -1;
 	}
 	if (RH_LIT(c, "X-Accel-Buffering: no\r\n") == -1)

@@ -1465,7 +1465,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 						n = (size_t)(q - (p + 1));
 						if (cnt) {
 							content += n;
-							f->cs0 = p + 1;     /* for event_template() */
+							f->cs0 = p + 1;     /* for tpl_record() */
 							f->cs1 = q;
 						}
 						cnt = 0;
@@ -2003,21 +2003,23 @@ line_end(const char *in, size_t i, size_t len)
 /*
  * A runner's events differ from one another in the token (a counted string)
  * and in numbers (a sequence, a timestamp); the rest are the same bytes.
- * When the scanner has taken one event of a call the ordinary way, and that
- * event left the scanner in the very state it found it in, copied no usage
+ * When the scanner has taken one event the ordinary way, and that event
+ * left the scanner in the very state it found it in, copied no usage
  * object, and had a counted string lex_fast() took whole and that is none
- * of the keys, it is this call's template. A next event of the same call
- * that has the template's bytes up to that string's opening quote and from
- * its closing quote on (where both bytes are digits they may differ), and
- * in between a string of any length with no line end that is none of the
- * keys, is taken in a compare: the scanner would go through the same states
- * on it (all digits are one class to every part of it; only a usage
- * object's copy reads their values, and the template copied none; the
- * string changes only the count), so it does what it did on the template:
- * the same content bytes but for the string's, the same ranges forwarded
- * and cut (shifted by the string's change of length), the same state
- * after. The fuzz target holds this to the reference scanner. Nothing is
- * kept across calls (the template lives in the call's input) or allocated.
+ * of the keys, it is the template. A next event that has the template's
+ * bytes up to that string's opening quote and from its closing quote on
+ * (where both bytes are digits they may differ), and in between a string
+ * of any length with no line end that is none of the keys, is taken in a
+ * compare: the scanner would go through the same states on it (all digits
+ * are one class to every part of it; only a usage object's copy reads
+ * their values, and the template copied none; the string changes only the
+ * count), so it does what it did on the template: the same content bytes
+ * but for the string's, the same ranges forwarded and cut (shifted by the
+ * string's change of length), the same state after. The fuzz target holds
+ * this to the reference scanner. Within one call the template is the
+ * call's input and nothing is allocated; across calls it is a copy in
+ * s->tpl, kept only while the caller allows (sl_usage_scan_keep()), and
+ * any event taken the ordinary way in between ends it.
  */
 #define TPL_MAX_EVENT SL_USAGE_TEMPLATE    /* far below SL_USAGE_MAX_EVENT */
 #define TPL_MAX_RANGES 4
