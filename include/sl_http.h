@@ -126,7 +126,7 @@ const char *sl_http_reason(int status);
  * re-framed) and X-Accel-Buffering are dropped; a line with CR, LF or NUL
  * inside, an obs-fold, a bad name, a Content-Length that is not one decimal
  * length (or disagrees with another), a transfer coding other than chunked
- * or a head over SL_RESP_HEAD_MAX makes the whole head bad: libcurl would
+ * or chunked named twice (RFC 9112 6.1: applied once at most), or a head over SL_RESP_HEAD_MAX makes the whole head bad: libcurl would
  * frame the body by a guess, and a body cut short could look whole.
  */
 #define SL_RESP_HEAD_MAX 65536
@@ -139,6 +139,7 @@ struct sl_resp_head {
 	int is_sse;               /* Content-Type: text/event-stream */
 	int is_json;              /* Content-Type: application/json */
 	int has_cache_control;
+	int chunked;              /* a Transfer-Encoding: chunked line seen */
 	int retry_after;          /* first Retry-After in seconds; -1: none */
 	long long content_length; /* -1: none; every line must agree */
 	char conn_names[128];     /* names listed in Connection, ",a,b," lower case */

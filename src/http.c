@@ -265,7 +265,7 @@ on_headers_complete(http_parser *p)
 		return -1;
 	}
 	{
-		size_t hosts = 0, auths = 0, k;
+		size_t hosts = 0, auths = 0, tes = 0, k;
 
 		for (k = 0; k < r->nheaders; k++) {
 			const struct sl_req_header *h = &r->headers[k];
@@ -280,11 +280,24 @@ on_headers_complete(http_parser *p)
 			 * We de-chunk and forward with a length: any other
 			 * transfer coding would be silently dropped.
 			 */
-			if (sl_http_name_is(name, h->name_len, "transfer-encoding") &&
-			    !(h->value_len == 7 && strncasecmp(v, "chunked", 7) == 0)) {
-				req_fail(r, 400, "unsupported transfer coding");
-				return -1;
+			if (sl_http_name_is(name, h->name_len, "transfer-encoding")) {
+				if (!(h->value_len == 7 &&
+				    strncasecmp(v, "chunked", 7) == 0)) {
+					req_fail(r, 400, "unsupported transfer coding");
+					return -1;
+				}
+				tes++;
 			}
+		}
+		/*
+		 * RFC 9112 6.1: chunked is applied once at most. Two lines
+		 * may mean a body chunked twice, which we would de-chunk once
+		 * and forward framing as content; or a smuggling probe aimed
+		 * at a peer that reads the lines differently.
+		 */
+		if (tes > 1) {
+			req_fail(r, 400, "chunked transfer coding named twice");
+			return -1;
 		}
 		/* RFC 9112 3.2: exactly one Host in HTTP/1.1. */
 		if (hosts > 1 || (hosts == 0 && p->http_minor >= 1)) {
@@ -706,7 +719,7 @@ sl_resp_head_reset(struct sl_resp_head *h)
 	h->status = 0;
 	h->reason[0] = '\0';
 	h->len = 0;
-	h->is_sse = h->is_json = h->has_cache_control = 0;
+	h->is_sse = h->is_json = h->has_cache_control = h->chunked = 0;
 	h->retry_after = -1;
 	h->content_length = -1;
 	h->conn_len = 0;
@@ -921,9 +934,18 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 	    resp_content_length(h, v, vl) == -1)
 		return SL_RH_BAD;
 	/* libcurl de-chunks; any other coding would reach the client undone. */
-	if (sl_http_name_is(p, nl, "transfer-encoding") &&
-	    !(vl == 7 && strncasecmp(v, "chunked", 7) == 0))
-		return SL_RH_BAD;
+	if (sl_http_name_is(p, nl, "transfer-encoding")) {
+		if (!(vl == 7 && strncasecmp(v, "chunked", 7) == 0))
+			return SL_RH_BAD;
+		/*
+		 * Chunked named twice: the body may be chunked twice, and
+		 * libcurl takes one layer off. Refuse rather than relay the
+		 * inner framing as content.
+		 */
+		if (h->chunked)
+			return SL_RH_BAD;
+		h->chunked = 1;
+	}
 	if (sl_http_name_is(p, nl, "connection") &&
 	    resp_conn_names(h, v, vl) == -1)
 		return SL_RH_BAD;

@@ -105,6 +105,37 @@ def test_upstream_with_a_transfer_coding_other_than_chunked_is_502():
 
 
 @h.timeout(30)
+def test_upstream_naming_chunked_twice_is_502():
+    # RFC 9112 6.1: chunked is applied once at most. A body chunked twice
+    # loses one layer in libcurl; the inner framing must not reach the
+    # client as content.
+    _bad_head_is_502(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"8\r\n3\r\nabc\r\n\r\n0\r\n\r\n")
+
+
+@h.timeout(30)
+def test_request_naming_chunked_twice_is_400_and_reaches_no_upstream():
+    # Two Transfer-Encoding lines: a body chunked twice (de-chunked once,
+    # framing forwarded as content) or a smuggling probe. Refused before
+    # admission; the connection is closed, the slot never taken.
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    with RawUpstream(_answer(ok)) as up, \
+            Gateway(upstream_url=up.url, workers=1,
+                    admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
+        with h.Client(gw.port) as c:
+            c.send_raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + AUTH +
+                       b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"8\r\n3\r\nabc\r\n\r\n0\r\n\r\n")
+            r = c.read_response(timeout=10)
+            doc = assert_error(r, 400, "bad_request")
+            assert "chunked" in doc["error"]["message"], doc
+            assert r.header("connection") == "close", r.headers
+        assert up.requests == [], up.requests
+        _slots_back(gw)
+
+
+@h.timeout(30)
 def test_upstream_with_equal_repeated_content_lengths_is_relayed():
     head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
             b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}")

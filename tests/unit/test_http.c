@@ -590,6 +590,17 @@ test_transfer_coding_other_than_chunked_is_400(void **state)
 }
 
 static void
+test_chunked_named_twice_is_400(void **state)
+{
+	static const char req[] =
+	    "POST /v1/x HTTP/1.1\r\nHost: a\r\n"
+	    "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "8\r\n3\r\nabc\r\n\r\n0\r\n\r\n";
+
+	expect_error_status(*state, req, sizeof(req) - 1, 400);
+}
+
+static void
 test_binary_garbage_is_400(void **state)
 {
 	/* A TLS ClientHello sent to the plain HTTP port. */
@@ -990,6 +1001,7 @@ main(void)
 		T(test_http11_without_host_is_400),
 		T(test_duplicate_host_is_400),
 		T(test_transfer_coding_other_than_chunked_is_400),
+		T(test_chunked_named_twice_is_400),
 		T(test_binary_garbage_is_400),
 		T(test_text_garbage_is_400),
 		T(test_header_without_colon_is_400),
