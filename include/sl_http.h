@@ -125,9 +125,10 @@ const char *sl_http_reason(int status);
  * headers, those the head names in Connection, Content-Length (the body is
  * re-framed) and X-Accel-Buffering are dropped; a line with CR, LF or NUL
  * inside, an obs-fold, a bad name, a Content-Length that is not one decimal
- * length (or disagrees with another), a transfer coding other than chunked
- * or chunked named twice (RFC 9112 6.1: applied once at most), or a head over SL_RESP_HEAD_MAX makes the whole head bad: libcurl would
- * frame the body by a guess, and a body cut short could look whole.
+ * length (or disagrees with another), a transfer coding other than chunked,
+ * chunked named twice (RFC 9112 6.1: applied once at most) or a head over
+ * SL_RESP_HEAD_MAX makes the whole head bad: libcurl would frame the body
+ * by a guess, and a body cut short could look whole.
  */
 #define SL_RESP_HEAD_MAX 65536
 

@@ -52,6 +52,7 @@ struct model {
 	char reason[64];
 	struct fz_buf block;
 	int is_sse, has_cc;
+	int chunked;                /* Transfer-Encoding: chunked seen */
 	long long cl;               /* Content-Length seen; -1 none */
 	char conn[128];             /* names Connection listed: ",a,b," */
 	size_t conn_len;
@@ -63,7 +64,7 @@ model_reset(struct model *m)
 	m->status = 0;
 	m->reason[0] = '\0';
 	m->block.len = 0;
-	m->is_sse = m->has_cc = 0;
+	m->is_sse = m->has_cc = m->chunked = 0;
 	m->cl = -1;
 	m->conn_len = 0;
 }
@@ -191,9 +192,12 @@ model_line(struct model *m, const char *p, size_t n)
 			return SL_RH_BAD;
 		m->cl = cl;
 	}
-	if (nl == 17 && strncasecmp(p, "transfer-encoding", 17) == 0 &&
-	    !(vl == 7 && strncasecmp(v, "chunked", 7) == 0))
-		return SL_RH_BAD;
+	/* chunked alone, and once (RFC 9112 6.1). */
+	if (nl == 17 && strncasecmp(p, "transfer-encoding", 17) == 0) {
+		if (!(vl == 7 && strncasecmp(v, "chunked", 7) == 0) || m->chunked)
+			return SL_RH_BAD;
+		m->chunked = 1;
+	}
 	if (nl == 10 && strncasecmp(p, "connection", 10) == 0) {
 		for (i = 0; i < vl; ) {
 			size_t s0;
