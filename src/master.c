@@ -1265,7 +1265,7 @@ admin_handle(void *arg, const char *method, const char *path,
 		return;
 	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
 		r->status = 405;
-		sl_str_printf(&r->body, "only GET\n");
+		sl_str_printf(&r->body, "only GET and HEAD\n");
 		return;
 	}
 	if (strcmp(path, "/healthz") == 0) {

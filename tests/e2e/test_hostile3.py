@@ -328,6 +328,8 @@ def test_admin_405_names_the_allowed_methods():
             r = h.admin_request(port, method="POST", path=path)
             assert r.status == 405, (path, r.status)
             assert r.headers.get("allow") == "GET, HEAD", (path, r.headers)
+            # The body says what the header says (it said "only GET").
+            assert r.body == b"only GET and HEAD\n", (path, r.body)
         r = h.admin_request(port, method="GET", path="/healthz")
         assert r.status == 200 and "allow" not in r.headers, r.headers
 
