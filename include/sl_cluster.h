@@ -97,6 +97,16 @@ void sl_cluster_release(struct sl_cluster_w *, int32_t lease);
  */
 int64_t sl_cluster_token_budget(struct sl_cluster_w *, int tenant);
 
+/*
+ * 1 when Redis refused config tenant `tenant` for its token window a moment
+ * ago and the window cannot have room yet (charges only add to it): the
+ * caller refuses at once, with *retry_after, without a node slot or a
+ * round trip. Only while Redis decides (sl_cluster_token_budget() == -1)
+ * and the budget is the one Redis refused against.
+ */
+int sl_cluster_tokens_full(struct sl_cluster_w *, int tenant,
+    int *retry_after);
+
 /* Charge tokens to the tenant's window in Redis (tenants with a budget). */
 void sl_cluster_charge(struct sl_cluster_w *, int tenant, uint64_t tokens);
 

@@ -351,6 +351,16 @@ struct sl_cluster_w {
 	int timeouts_in_row;
 	size_t npending;
 
+	/*
+	 * Per config tenant: the cluster's token window was found full, and
+	 * stays full at least until `until` (what Redis said, less the second
+	 * its clock may be ahead of ours) while the budget is still `tpm`.
+	 */
+	struct tok_full {
+		ev_tstamp until;
+		int32_t tpm;
+	} *tok_full;
+
 	int32_t *cell_tenant;    /* config tenant per cell */
 	uint32_t *free;          /* free cells below hwm */
 	size_t nfree;
@@ -619,7 +629,9 @@ sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
 	addr_parse(cfg->cluster.redis, &cw->addr);
 	if ((cw->keys = calloc(cfg->ntenants ? cfg->ntenants : 1,
 	    sizeof(char *))) == NULL || (cw->tkeys = calloc(cfg->ntenants ?
-	    cfg->ntenants : 1, sizeof(char *))) == NULL)
+	    cfg->ntenants : 1, sizeof(char *))) == NULL ||
+	    (cw->tok_full = calloc(cfg->ntenants ? cfg->ntenants : 1,
+	    sizeof(*cw->tok_full))) == NULL)
 		goto fail;
 	for (i = 0; i < cfg->ntenants; i++) {
 		n = strlen(cfg->tenants[i].name) + 32;
@@ -669,6 +681,7 @@ sl_cluster_worker_free(struct sl_cluster_w *cw)
 		for (i = 0; i < cw->cfg->ntenants; i++)
 			free(cw->tkeys[i]);
 	free(cw->tkeys);
+	free(cw->tok_full);
 	free(cw->cell_tenant);
 	free(cw->free);
 	free(cw);
@@ -954,11 +967,24 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 	    reply->element[0]->type == REDIS_REPLY_INTEGER &&
 	    reply->element[1]->type == REDIS_REPLY_INTEGER) {
 		/* {tokens in the window, seconds until it has room} */
+		long long ra = reply->element[1]->integer;
+
+		ra = ra < 1 ? 1 : ra > 60 ? 60 : ra;
+		/*
+		 * Charges only add to the window: it has no room for ra - 1
+		 * s at least (Redis counts whole seconds of its clock). Until
+		 * then this worker refuses the tenant itself, without a slot
+		 * or a round trip (sl_cluster_tokens_full).
+		 */
+		if (ra > 1 && w->tenant >= 0 &&
+		    (size_t)w->tenant < cw->cfg->ntenants) {
+			cw->tok_full[w->tenant].until = ev_now(cw->loop) +
+			    (double)(ra - 1);
+			cw->tok_full[w->tenant].tpm = tenant_tpm(cw, w->tenant);
+		}
 		if (!w->decided) {
 			w->replied_full = 1;
-			w->retry_after = reply->element[1]->integer < 1 ? 1 :
-			    reply->element[1]->integer > 60 ? 60 :
-			    (int)reply->element[1]->integer;
+			w->retry_after = (int)ra;
 			wait_decide(w, SL_CL_TOKENS);
 		}
 	} else if (reply->type != REDIS_REPLY_INTEGER) {
@@ -1111,6 +1137,24 @@ sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
 	if (cw->cfg->cluster.on_redis_down != SL_DOWN_LOCAL_SHARE)
 		return tpm;   /* closed refuses anyway */
 	return node_share(cw, tpm);
+}
+
+int
+sl_cluster_tokens_full(struct sl_cluster_w *cw, int tenant, int *retry_after)
+{
+	const struct tok_full *f;
+	ev_tstamp left;
+
+	if (tenant < 0 || (size_t)tenant >= cw->cfg->ntenants)
+		return 0;
+	f = &cw->tok_full[tenant];
+	left = f->until - ev_now(cw->loop);
+	if (left <= 0 || f->tpm != tenant_tpm(cw, tenant) || f->tpm <= 0 ||
+	    sl_cluster_token_budget(cw, tenant) != -1)
+		return 0;
+	/* Redis's own answer would be about a second more. */
+	*retry_after = (int)left + 2 > 60 ? 60 : (int)left + 2;
+	return 1;
 }
 
 /* Queue ch on the worker's connection; on success hiredis holds it. */

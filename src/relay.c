@@ -2454,6 +2454,17 @@ conn_on_head(struct sl_conn *c)
 			conn_refuse_tokens(c, used, (uint64_t)budget, ra);
 			return;
 		}
+		/*
+		 * Redis refused this tenant's window a moment ago: refuse
+		 * here, before a node slot is taken (a burst would otherwise
+		 * fill the slots with requests waiting on Redis, and the rest
+		 * would hear "concurrency limit" for a budget refusal).
+		 */
+		if (budget == -1 &&
+		    sl_cluster_tokens_full(w->cluster, tenant, &ra)) {
+			conn_refuse_tokens(c, 0, (uint64_t)tpm, ra);
+			return;
+		}
 	}
 	if (sl_shm_try_acquire(w->shm, w->row, w->tenant_slot[tenant]) !=
 	    SL_ADMIT_OK) {

@@ -994,6 +994,59 @@ def test_token_budget_is_one_window_in_redis_for_every_node():
 
 
 @h.timeout(60)
+def test_a_tenant_out_of_tokens_is_refused_for_its_budget_without_slots_or_round_trips():
+    # Found by a hostile pass: once the cluster's window was full, every
+    # request took a node slot and waited on Redis for its refusal, so in a
+    # burst the slots filled and the rest heard "concurrency limit" for a
+    # budget refusal. After Redis's first refusal the worker refuses the
+    # tenant itself, for its budget, until the window can have room.
+    with Redis() as redis, Stub() as stub:
+        gw = cluster_gw(stub, redis.addr, "gw-a", max_streams=2, workers=1,
+                        **{"tenants": {"acme": {"tokens_per_minute": 100}}})
+        with gw:
+            wait_nodes([gw], 1)
+            assert _chat(gw, (90, 10)).status == 200
+            h.wait_until(lambda: _window(redis) == 100, 5, msg="100 tokens in Redis")
+            r = _chat(gw, (1, 1))                  # Redis says: full
+            assert_error(r, 429, "token_budget_exceeded")
+            ra = int(r.header("retry-after"))
+            assert 50 <= ra <= 61, ra
+            trips = h.scrape(gw).value("sluice_cluster_rtt_seconds_count")
+            # A burst: 12 requests on 12 connections, all sent before any
+            # answer is read.
+            hd = dict(h.bearer(ACME_KEY))
+            hd.update(h.stub_headers(events=1, interval=0))
+            body = b'{"model":"stub","messages":[],"stream":true}'
+            head = "".join("%s: %s\r\n" % kv for kv in hd.items()).encode()
+            req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + head +
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                   % len(body) + body)
+            clients = [h.Client(gw.port) for _ in range(12)]
+            try:
+                for c in clients:
+                    c.send_raw(req)
+                for c in clients:
+                    r = c.read_response(timeout=10)
+                    doc = assert_error(r, 429, "token_budget_exceeded")
+                    assert "across the cluster" in doc["error"]["message"], doc
+                    assert 1 <= int(r.header("retry-after")) <= ra, r.headers
+            finally:
+                for c in clients:
+                    c.close()
+            m = h.scrape(gw)
+            assert m.value("sluice_cluster_rtt_seconds_count") == trips, \
+                "refusals went to Redis"
+            assert m.value("sluice_rejected_total", tenant="acme",
+                           reason="token_budget") == 13
+            assert m.value("sluice_rejected_total", tenant="acme",
+                           reason="max_streams") in (None, 0)
+            assert m.value("sluice_tenant_streams", tenant="acme") == 0
+            wait_leases(redis, 0)
+            # Beta has no budget and takes its slots as before.
+            assert _chat(gw, (1, 1), key=BETA_KEY).status == 200
+
+
+@h.timeout(60)
 def test_token_budget_with_redis_down_local_share_is_the_nodes_share():
     with Redis() as redis, Stub() as stub:
         over = {"tenants": {"acme": {"tokens_per_minute": 100}}}
