@@ -60,40 +60,36 @@ def test_chunked_request_trailers_are_dropped_never_forwarded_as_headers():
         assert xff == ["X-Forwarded-For: 127.0.0.1"], lines
 
 
+def _chunked_body_refused(body, status, code, message):
+    """A chunked POST with `body` is refused with status, code and message,
+    the connection closed, no upstream contacted, no slot left."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    with RawUpstream(_answer(ok)) as up, \
+            Gateway(upstream_url=up.url, workers=1,
+                    admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
+        with h.Client(gw.port) as c:
+            c.send_raw(b"POST /v1/chunked HTTP/1.1\r\nHost: x\r\n" + AUTH +
+                       b"Transfer-Encoding: chunked\r\n\r\n" + body)
+            r = c.read_response(timeout=10)
+            doc = assert_error(r, status, code)
+            assert doc["error"]["message"] == message, doc
+            assert r.header("connection") == "close", r.headers
+        assert up.requests == [], up.requests
+        _slots_back(gw)
+
+
 @h.timeout(30)
 def test_endless_chunk_extension_is_400_about_the_chunk_not_431():
     # http-parser counts a chunk-size line against its header limit and
     # reported "header overflow": a malformed body got 431 headers_too_large.
-    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-    with RawUpstream(_answer(ok)) as up, \
-            Gateway(upstream_url=up.url, workers=1,
-                    admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
-        with h.Client(gw.port) as c:
-            c.send_raw(b"POST /v1/ext HTTP/1.1\r\nHost: x\r\n" + AUTH +
-                       b"Transfer-Encoding: chunked\r\n\r\n"
-                       b"1;" + b"a" * 200000 + b"\r\nx\r\n0\r\n\r\n")
-            r = c.read_response(timeout=10)
-            doc = assert_error(r, 400, "bad_request")
-            assert doc["error"]["message"] == "chunk extension too long", doc
-            assert r.header("connection") == "close", r.headers
-        _slots_back(gw)
+    _chunked_body_refused(b"1;" + b"a" * 200000 + b"\r\nx\r\n0\r\n\r\n",
+                          400, "bad_request", "chunk extension too long")
 
 
 @h.timeout(30)
 def test_endless_request_trailer_is_431():
-    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-    with RawUpstream(_answer(ok)) as up, \
-            Gateway(upstream_url=up.url, workers=1,
-                    admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
-        with h.Client(gw.port) as c:
-            c.send_raw(b"POST /v1/trailer HTTP/1.1\r\nHost: x\r\n" + AUTH +
-                       b"Transfer-Encoding: chunked\r\n\r\n"
-                       b"1\r\nx\r\n0\r\nX-T: " + b"b" * 200000 + b"\r\n\r\n")
-            r = c.read_response(timeout=10)
-            doc = assert_error(r, 431, "headers_too_large")
-            assert doc["error"]["message"] == "request trailer too large", doc
-            assert r.header("connection") == "close", r.headers
-        _slots_back(gw)
+    _chunked_body_refused(b"1\r\nx\r\n0\r\nX-T: " + b"b" * 200000 + b"\r\n\r\n",
+                          431, "headers_too_large", "request trailer too large")
 
 
 # ---------------------------------------------------------------- upstream framing
