@@ -976,8 +976,7 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 		 * then this worker refuses the tenant itself, without a slot
 		 * or a round trip (sl_cluster_tokens_full).
 		 */
-		if (ra > 1 && w->tenant >= 0 &&
-		    (size_t)w->tenant < cw->cfg->ntenants) {
+		if (ra > 1) {
 			cw->tok_full[w->tenant].until = ev_now(cw->loop) +
 			    (double)(ra - 1);
 			cw->tok_full[w->tenant].tpm = tenant_tpm(cw, w->tenant);
@@ -1142,14 +1141,11 @@ sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
 int
 sl_cluster_tokens_full(struct sl_cluster_w *cw, int tenant, int *retry_after)
 {
-	const struct tok_full *f;
-	ev_tstamp left;
+	const struct tok_full *f = &cw->tok_full[tenant];
+	ev_tstamp left = f->until - ev_now(cw->loop);
 
-	if (tenant < 0 || (size_t)tenant >= cw->cfg->ntenants)
-		return 0;
-	f = &cw->tok_full[tenant];
-	left = f->until - ev_now(cw->loop);
-	if (left <= 0 || f->tpm != tenant_tpm(cw, tenant) || f->tpm <= 0 ||
+	/* A budget changed by a reload, or none (0 is never -1), ends it. */
+	if (left <= 0 || f->tpm != tenant_tpm(cw, tenant) ||
 	    sl_cluster_token_budget(cw, tenant) != -1)
 		return 0;
 	/* Redis's own answer would be about a second more. */

@@ -582,20 +582,20 @@ sl_req_feed(struct sl_req *r, const char *data, size_t len)
 	}
 	if (e != HPE_OK) {
 		/* Our callbacks may have set a precise status already. */
-		if (e == HPE_INVALID_CONTENT_LENGTH && r->state == SL_REQ_BODY &&
-		    (r->parser.flags & F_CHUNKED))
-			req_fail(r, 400, "invalid chunk size in the request body");
-		/*
-		 * http-parser counts a chunk-size line against the header
-		 * limit: an endless chunk extension is a malformed body, not
-		 * a header too large. The trailer (after the last chunk) is
-		 * header fields, and keeps its 431.
-		 */
-		if (e == HPE_HEADER_OVERFLOW && r->state == SL_REQ_BODY &&
-		    (r->parser.flags & F_CHUNKED)) {
-			if (r->parser.flags & F_TRAILING)
+		if (r->state == SL_REQ_BODY && (r->parser.flags & F_CHUNKED)) {
+			/*
+			 * http-parser counts a chunk-size line against the
+			 * header limit: an endless chunk extension is a
+			 * malformed body, not a header too large. The trailer
+			 * (after the last chunk) is header fields: its 431.
+			 */
+			if (e == HPE_INVALID_CONTENT_LENGTH)
+				req_fail(r, 400,
+				    "invalid chunk size in the request body");
+			else if (e == HPE_HEADER_OVERFLOW &&
+			    (r->parser.flags & F_TRAILING))
 				req_fail(r, 431, "request trailer too large");
-			else
+			else if (e == HPE_HEADER_OVERFLOW)
 				req_fail(r, 400, "chunk extension too long");
 		}
 		req_fail(r, map_parser_error(e), http_errno_description(e));
