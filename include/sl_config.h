@@ -51,6 +51,7 @@ struct sl_upstream_conf {
 	enum sl_balance balance;
 	int32_t retries;    /* other replicas tried, before any response byte */
 	unsigned retry_on;  /* SL_RETRY_*; default CONNECT | BUSY */
+	uint64_t busy_max_ms;   /* a busy mark lasts at most this; default 30s */
 	struct {
 		int enabled;            /* a `health:` mapping is present */
 		char *path;             /* default "/health" */

@@ -13,6 +13,7 @@
 
 #include <http_parser.h>
 #include <stddef.h>
+#include <time.h>
 #include <stdint.h>
 
 #define SL_REQ_MAX_HEADERS 128
@@ -154,6 +155,15 @@ enum sl_rh_result {
 };
 
 /* Forget the head, keep the memory (a 1xx head is followed by another). */
+/*
+ * A Retry-After value (v, n bytes) in seconds from `now` (time(NULL)):
+ * delta-seconds or an HTTP-date (IMF-fixdate, RFC 850 or asctime form),
+ * at most SL_RETRY_AFTER_MAX; 0 for a date already past or a value that
+ * is neither.
+ */
+#define SL_RETRY_AFTER_MAX 86400
+int sl_http_retry_after(const char *v, size_t n, time_t now);
+
 void sl_resp_head_reset(struct sl_resp_head *);
 void sl_resp_head_free(struct sl_resp_head *);
 

@@ -48,7 +48,8 @@ void sl_pools_free(struct sl_pools *);
  * is set in `tried`, those down by probe, ejected, marked busy or at their
  * cap, and take its slot (release with sl_pool_release). Returns the
  * replica's index in the pool, or -1 when none can take the try now; then
- * *retry_after receives the seconds until one may (at least 1).
+ * *retry_after receives the seconds until one may (at least 1, at most
+ * the upstream's busy_max).
  */
 int sl_pool_pick(struct sl_pools *, size_t u, uint64_t tried, int *retry_after);
 
@@ -81,9 +82,11 @@ size_t sl_pool_slot(const struct sl_pools *, size_t u, int r);
  * or the response was cut. Counts it in the replica's requests. A
  * connection failure, a reset, a timeout or a 5xx head counts toward
  * passive ejection; anything else clears the count. A 429 or 503 with
- * retry_after_s > 0 marks the replica busy for that long. Returns 1 if this
+ * retry_after_s > 0 marks the replica busy for that long, at most the
+ * upstream's busy_max (SL_BUSY_MAX_DEFAULT_MS when 0). Returns 1 if this
  * report ejected the replica (the caller logs nothing: it is logged here).
  */
+#define SL_BUSY_MAX_DEFAULT_MS 30000
 int sl_pool_report(struct sl_pools *, size_t u, int r, int code,
     int retry_after_s);
 

@@ -222,6 +222,10 @@ static const struct key_row keys[] = {
 	    "connect, busy, empty", 1,
 	    "Failures that move a request to another replica; [] never retries." },
 	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.busy_max", SL_KEY_DURATION, "30s", "1s-1h", 1,
+	    "Longest a replica's Retry-After (429 or 503) keeps it out; also "
+	    "the most a 503 upstream_unavailable's Retry-After says." },
+	    SEC, HOUR, 0, NOOFF },
 	{ { "upstreams.*.health", SL_KEY_MAP, NULL, NULL, 1,
 	    "Active health probe of every replica; absent: no probe." },
 	    0, 0, 0, NOOFF },
@@ -1063,6 +1067,7 @@ struct field {
 
 static const struct field upstream_fields[] = {
 	{ "upstreams.*.retries", UOFF(retries) },
+	{ "upstreams.*.busy_max", UOFF(busy_max_ms) },
 	{ "upstreams.*.health.path", UOFF(health.path) },
 	{ "upstreams.*.health.interval", UOFF(health.interval_ms) },
 	{ "upstreams.*.health.timeout", UOFF(health.timeout_ms) },

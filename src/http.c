@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "sl_http.h"
 
@@ -973,15 +974,10 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 		h->is_json = 1;
 	if (sl_http_name_is(p, nl, "cache-control"))
 		h->has_cache_control = 1;
-	if (sl_http_name_is(p, nl, "retry-after") && h->retry_after < 0) {
-		/* The first one, delta-seconds only (an HTTP-date reads as 0). */
-		const char *d = v;
-		long secs = 0;
-
-		while (d < p + len && *d >= '0' && *d <= '9' && secs <= 86400)
-			secs = secs * 10 + (*d++ - '0');
-		h->retry_after = secs > 86400 ? 86400 : (int)secs;
-	}
+	if (sl_http_name_is(p, nl, "retry-after") && h->retry_after < 0)
+		/* The first one. */
+		h->retry_after = sl_http_retry_after(v, (size_t)(p + len - v),
+		    time(NULL));
 	if (h->len + len + 2 > SL_RESP_HEAD_MAX)
 		return SL_RH_BAD;
 	if (h->len + len + 2 > h->cap) {
@@ -1024,4 +1020,50 @@ sl_http_chunk_header(char *dst, size_t dstlen, size_t n)
 	memcpy(dst, b + i, k);
 	memcpy(dst + k, "\r\n", 3);
 	return k + 2;
+}
+
+int
+sl_http_retry_after(const char *v, size_t n, time_t now)
+{
+	/* RFC 9110 5.6.7: IMF-fixdate, then the two obsolete forms. */
+	static const char *const fmt[] = {
+		"%a, %d %b %Y %H:%M:%S GMT", "%A, %d-%b-%y %H:%M:%S GMT",
+		"%a %b %d %H:%M:%S %Y", NULL
+	};
+	char buf[64];
+	struct tm tm;
+	time_t t;
+	long secs = 0;
+	size_t i;
+
+	while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t' ||
+	    v[n - 1] == '\r' || v[n - 1] == '\n'))
+		n--;
+	while (n > 0 && (*v == ' ' || *v == '\t')) {
+		v++;
+		n--;
+	}
+	if (n > 0 && *v >= '0' && *v <= '9') {
+		/* delta-seconds (digits, then anything: read what leads). */
+		for (i = 0; i < n && v[i] >= '0' && v[i] <= '9' &&
+		    secs <= SL_RETRY_AFTER_MAX; i++)
+			secs = secs * 10 + (v[i] - '0');
+		return secs > SL_RETRY_AFTER_MAX ? SL_RETRY_AFTER_MAX : (int)secs;
+	}
+	if (n == 0 || n >= sizeof(buf))
+		return 0;
+	memcpy(buf, v, n);
+	buf[n] = '\0';
+	for (i = 0; fmt[i] != NULL; i++) {
+		const char *end;
+
+		memset(&tm, 0, sizeof(tm));
+		if ((end = strptime(buf, fmt[i], &tm)) == NULL || *end != '\0')
+			continue;
+		if ((t = timegm(&tm)) == (time_t)-1 || t <= now)
+			return 0;
+		return t - now > SL_RETRY_AFTER_MAX ? SL_RETRY_AFTER_MAX :
+		    (int)(t - now);
+	}
+	return 0;
 }

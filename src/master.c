@@ -281,7 +281,16 @@ map_replicas(struct master *m, const struct sl_config *cfg)
 		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
 			int32_t cap = cfg->upstreams[u].replicas[r].max_streams;
 
+			struct sl_shm_replica *h = sl_shm_replica(m->shm,
+			    map[u][r]);
+
 			sl_shm_set_limit(m->shm, map[u][r], cap > 0 ? cap : INT32_MAX);
+			/*
+			 * A reload clears busy marks: the operator's way to
+			 * put a replica back at once (sluice.yaml.5).
+			 */
+			if (h != NULL)
+				atomic_store(&h->busy_until_ms, 0);
 		}
 	retire_unkept(m, keep, 1);
 	free(keep);
@@ -932,6 +941,14 @@ value_up(struct sl_shm *shm, size_t slot, int64_t now)
 }
 
 static long
+value_busy(struct sl_shm *shm, size_t slot, int64_t now)
+{
+	struct sl_shm_replica *h = sl_shm_replica(shm, slot);
+
+	return h != NULL && h->busy_until_ms > now;
+}
+
+static long
 value_ejected(struct sl_shm *shm, size_t slot, int64_t now)
 {
 	struct sl_shm_replica *h = sl_shm_replica(shm, slot);
@@ -1026,6 +1043,9 @@ render_replicas(struct master *m, struct sl_str *o)
 	    "traffic by its health probes, 0 down or loading.", value_up, now);
 	replica_gauge(m, o, "sluice_replica_ejected", "1 while the replica is "
 	    "ejected after failures on traffic.", value_ejected, now);
+	replica_gauge(m, o, "sluice_replica_busy", "1 while the replica is "
+	    "marked busy by its Retry-After (at most busy_max).", value_busy,
+	    now);
 	replica_load_gauges(m, o, now);
 	sl_str_printf(o, "# HELP sluice_replica_requests_total Tries sent to "
 	    "the replica, by response status (connect, timeout, reset: none).\n"

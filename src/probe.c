@@ -377,6 +377,14 @@ probe_done(struct sl_prober *pr, struct probe *p, CURLcode rc)
 		return;
 	if (ok) {
 		p->fails = 0;
+		/*
+		 * The runner answers: a busy mark (its Retry-After) ends here,
+		 * so a mark never outlives a good probe by more than one
+		 * interval.
+		 */
+		if (atomic_exchange(&h->busy_until_ms, 0) > sl_mono_ms())
+			sl_info("upstream %s: replica %s: busy mark cleared by "
+			    "a good health probe", p->up->name, p->rep->url);
 		if (++p->oks >= p->up->health.rise &&
 		    atomic_load(&h->down) != 0) {
 			atomic_store(&h->down, 0);

@@ -60,6 +60,31 @@ rnd(struct sl_pools *ps)
 	return x * 2685821657736338717ULL;
 }
 
+static int rr_choose(const struct pool *, uint64_t);
+static void rr_commit(struct pool *, uint64_t, int);
+
+/*
+ * least_loaded breaks ties by smooth weighted round robin, per worker:
+ * each worker starts at its own point of the cycle, so workers that see
+ * the same counts at once do not all send to the same replica. A whole
+ * cycle still gives each replica its weight.
+ */
+static void
+rr_phase(struct sl_pools *ps, struct pool *p)
+{
+	uint64_t all = 0, total = 0, k;
+	size_t r;
+
+	for (r = 0; r < p->conf->nreplicas && r < 64; r++) {
+		all |= 1ULL << r;
+		total += (uint64_t)p->conf->replicas[r].weight;
+	}
+	if (total == 0)
+		return;
+	for (k = rnd(ps) % total; k > 0; k--)
+		rr_commit(p, all, rr_choose(p, all));
+}
+
 struct sl_pools *
 sl_pools_new(const struct sl_config *cfg, struct sl_shm *shm, size_t row,
     const size_t *const *replica_slot)
@@ -90,6 +115,9 @@ sl_pools_new(const struct sl_config *cfg, struct sl_shm *shm, size_t row,
 			p->slot[r] = replica_slot[u][r];
 			p->rid[r] = sl_affinity_id(p->conf->replicas[r].url);
 		}
+		if (p->conf->balance != SL_BALANCE_ROUND_ROBIN &&
+		    p->conf->balance != SL_BALANCE_RANDOM)
+			rr_phase(ps, p);
 		if (p->conf->balance == SL_BALANCE_PREFIX_AFFINITY &&
 		    ps->aff == NULL) {
 			ps->aff = sl_affinity_new(SL_POOL_AFFINITY_ENTRIES);
@@ -121,6 +149,14 @@ sl_pools_free(struct sl_pools *ps)
 	sl_affinity_free(ps->aff);
 	free(ps->hashes);
 	free(ps);
+}
+
+/* The longest a busy mark lasts (upstreams.*.busy_max), in ms. */
+static int64_t
+busy_max_ms(const struct pool *p)
+{
+	return p->conf->busy_max_ms > 0 ? (int64_t)p->conf->busy_max_ms :
+	    SL_BUSY_MAX_DEFAULT_MS;
 }
 
 /* Why a replica cannot take a try now, and for how long (ms); 0: it can. */
@@ -232,30 +268,63 @@ kv_filter(const struct pool *p, struct sl_shm *shm, uint64_t cand, int64_t now)
 	return (cand & ~full) != 0 ? cand & ~full : cand;
 }
 
-/* Among the candidates (bits of `cand`), the policy's choice. */
+/*
+ * nginx's smooth weighted round robin among the replicas of `set`: the one
+ * whose current + weight is highest (the first of equals). Nothing moves
+ * here: rr_commit moves the counters once the chosen replica's slot is
+ * taken, so a replica that turned out full (another worker took its last
+ * slot) or one that was not a candidate (at its cap, busy, down) keeps
+ * its place in the cycle, as in nginx, where a replica that cannot take
+ * the request is skipped without its counter moving.
+ */
 static int
-choose(struct sl_pools *ps, struct pool *p, uint64_t cand)
+rr_choose(const struct pool *p, uint64_t set)
 {
 	size_t nr = p->conf->nreplicas, r;
 	int best = -1;
 
-	switch (p->conf->balance) {
-	case SL_BALANCE_ROUND_ROBIN: {
-		/* nginx's smooth weighted round robin, per worker. */
-		int64_t total = 0;
+	for (r = 0; r < nr && r < 64; r++) {
+		if (!(set >> r & 1))
+			continue;
+		if (best < 0 || p->rr_current[r] + p->conf->replicas[r].weight >
+		    p->rr_current[best] + p->conf->replicas[best].weight)
+			best = (int)r;
+	}
+	return best;
+}
 
-		for (r = 0; r < nr; r++) {
-			if (!(cand >> r & 1))
-				continue;
+/* The chosen replica took the try: move the counters of `set`. */
+static void
+rr_commit(struct pool *p, uint64_t set, int pick)
+{
+	size_t nr = p->conf->nreplicas, r;
+	int64_t total = 0;
+
+	if (pick < 0 || !(set >> pick & 1))
+		return;
+	for (r = 0; r < nr && r < 64; r++)
+		if (set >> r & 1) {
 			p->rr_current[r] += p->conf->replicas[r].weight;
 			total += p->conf->replicas[r].weight;
-			if (best < 0 || p->rr_current[r] > p->rr_current[best])
-				best = (int)r;
 		}
-		if (best >= 0)
-			p->rr_current[best] -= total;
-		return best;
-	}
+	p->rr_current[pick] -= total;
+}
+
+/*
+ * Among the candidates (bits of `cand`), the policy's choice; *rr_set gets
+ * the replicas whose round-robin counters move if the choice takes the
+ * try (rr_commit), 0 for none.
+ */
+static int
+choose(struct sl_pools *ps, struct pool *p, uint64_t cand, uint64_t *rr_set)
+{
+	size_t nr = p->conf->nreplicas, r;
+
+	*rr_set = 0;
+	switch (p->conf->balance) {
+	case SL_BALANCE_ROUND_ROBIN:
+		*rr_set = cand;
+		return rr_choose(p, cand);
 	case SL_BALANCE_RANDOM: {
 		uint64_t total = 0, x;
 
@@ -278,31 +347,33 @@ choose(struct sl_pools *ps, struct pool *p, uint64_t cand)
 	case SL_BALANCE_PREFIX_AFFINITY:   /* a request without a prompt */
 	default: {
 		/*
-		 * Lowest load / weight, compared by cross-multiplying;
-		 * equals are drawn at random (reservoir), so workers that see
-		 * the same counts do not all herd onto the same replica.
+		 * Lowest load / weight, compared by cross-multiplying; among
+		 * equals, smooth weighted round robin. At light load every
+		 * replica is at 0 and equal, so sequential traffic follows the
+		 * weights (3:1:1 gives 60/20/20 of 100 on one worker) as
+		 * concurrent traffic does; drawing equals uniformly split it
+		 * 28/33/39.
 		 */
 		int64_t bl = 0, bw = 1, now = sl_mono_ms();
-		unsigned ties = 0;
+		uint64_t ties = 0;
 
 		cand = kv_filter(p, ps->shm, cand, now);
-		for (r = 0; r < nr; r++) {
+		for (r = 0; r < nr && r < 64; r++) {
 			int64_t l, wt;
 
 			if (!(cand >> r & 1))
 				continue;
 			l = replica_load(p, ps->shm, r, now);
 			wt = p->conf->replicas[r].weight;
-			if (best < 0 || l * bw < bl * wt) {
-				best = (int)r;
+			if (ties == 0 || l * bw < bl * wt) {
 				bl = l;
 				bw = wt;
-				ties = 1;
-			} else if (l * bw == bl * wt && rnd(ps) % ++ties == 0) {
-				best = (int)r;
-			}
+				ties = 1ULL << r;
+			} else if (l * bw == bl * wt)
+				ties |= 1ULL << r;
 		}
-		return best;
+		*rr_set = ties;
+		return rr_choose(p, ties);
 	}
 	}
 }
@@ -397,11 +468,12 @@ choose_affine(struct sl_pools *ps, struct pool *p, uint64_t cand,
  * this worker's table (another worker routed the conversation's last
  * turn), or where the same prefix went since (another worker spilled it):
  * scan h from the longest down to the length this worker matched, and take
- * the first hint that names a replica of this pool that is not down.
+ * the first hint that names a replica of this pool (down or not: a holder
+ * that is down makes the request a spill).
  */
 static void
 hints_lookup(const struct sl_pools *ps, const struct pool *p, const uint64_t *h,
-    size_t nh, uint64_t down, int *held, size_t *matched, int *ended)
+    size_t nh, int *held, size_t *matched, int *ended)
 {
 	size_t i = nh, lo = *matched > 0 ? *matched - 1 : 0, slot, r;
 	int e;
@@ -410,7 +482,7 @@ hints_lookup(const struct sl_pools *ps, const struct pool *p, const uint64_t *h,
 		if (sl_shm_hint_get(ps->shm, h[i], &slot, &e) < 0)
 			continue;
 		for (r = 0; r < p->conf->nreplicas && r < 64; r++)
-			if (p->slot[r] == slot && !(down >> r & 1)) {
+			if (p->slot[r] == slot) {
 				*held = (int)r;
 				*matched = i + 1;
 				*ended = e;
@@ -440,6 +512,7 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 	size_t r, nr, matched = 0;
 	int pick, held = -1, ended = 0;
 	enum sl_aff_outcome aff = SL_AFF_MISS;
+	uint64_t rr_set = 0;
 
 	*retry_after = 1;
 	if (outcome != NULL)
@@ -463,10 +536,16 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 		else if (min_wait < 0 || wait < min_wait)
 			min_wait = wait;
 	}
-	if (ps->aff != NULL && (down & ~p->was_down) != 0)
-		/* A replica went down: what it had cached is gone or moves. */
+	/*
+	 * A replica back up after being down: what it had cached is gone
+	 * (its runner restarted) or moved, so its conversations are
+	 * forgotten. While it is down they are not: a conversation whose
+	 * holder is down is a spill (sluice_affinity_spills_total), and
+	 * moves to where the spill sends it.
+	 */
+	if (ps->aff != NULL && (p->was_down & ~down) != 0)
 		for (r = 0; r < nr && r < 64; r++)
-			if ((down & ~p->was_down) >> r & 1) {
+			if ((p->was_down & ~down) >> r & 1) {
 				sl_affinity_drop_replica(ps->aff, (uint32_t)u,
 				    (int)r);
 				sl_shm_hint_drop_slot(ps->shm, p->slot[r]);
@@ -478,19 +557,21 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 	if (nh > 0) {
 		held = sl_affinity_lookup_end(ps->aff, (uint32_t)u, h, nh,
 		    &matched, &ended);
-		hints_lookup(ps, p, h, nh, down, &held, &matched, &ended);
+		hints_lookup(ps, p, h, nh, &held, &matched, &ended);
 	}
 	/*
 	 * A candidate's cap may fill between the look and the take (another
 	 * worker): then drop it and choose again among the rest.
 	 */
 	while (cand != 0) {
+		rr_set = 0;
 		pick = nh > 0 ? choose_affine(ps, p, cand, h, held, ended, &aff) :
-		    choose(ps, p, cand);
+		    choose(ps, p, cand, &rr_set);
 		if (pick < 0)
 			break;
 		if (sl_shm_try_acquire(ps->shm, ps->row, p->slot[pick]) ==
 		    SL_ADMIT_OK) {
+			rr_commit(p, rr_set, pick);
 			if (nh > 0 && held >= 0 && pick != held &&
 			    matched < nh) {
 				/*
@@ -519,6 +600,9 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 		if (min_wait < 0 || min_wait > 1000)
 			min_wait = 1000;
 	}
+	/* Never more than busy_max (an ejection may last 5 minutes). */
+	if (min_wait > busy_max_ms(p))
+		min_wait = busy_max_ms(p);
 	if (min_wait > 0)
 		*retry_after = (int)((min_wait + 999) / 1000);
 	if (*retry_after < 1)
@@ -619,7 +703,16 @@ pool_outcome(struct sl_pools *ps, size_t u, int r, int code,
 		return 0;
 	now = sl_mono_ms();
 	if ((code == 429 || code == 503) && retry_after_s > 0) {
-		int64_t b = now + (int64_t)retry_after_s * 1000;
+		/*
+		 * Capped at busy_max: one "Retry-After: 86400" must not take
+		 * a healthy replica out for a day (a good probe clears the
+		 * mark sooner, a reload too).
+		 */
+		int64_t b = (int64_t)retry_after_s * 1000;
+
+		if (b > busy_max_ms(p))
+			b = busy_max_ms(p);
+		b += now;
 
 		until = atomic_load(&h->busy_until_ms);
 		while (until < b &&

@@ -561,27 +561,58 @@ def test_new_prompts_under_load_go_to_the_least_loaded():
             assert kinds.count("miss") == 9 and kinds.count("hit") == 1, kinds
 
 
-def test_a_replica_that_goes_down_loses_its_affinity_entries():
+def test_a_holder_that_is_down_makes_a_spill_and_is_forgotten_when_back():
+    # Issue 22: a holder that went down was forgotten at once, so the next
+    # turn counted a miss; sluice.8 says a holder down is a spill.
     with LoadReplica("a") as a, LoadReplica("b") as b:
         log = h.tmpfile("access", ".log")
         cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity",
                           health={"path": "/health", "interval": "100ms",
                                   "timeout": "80ms", "fall": 1, "rise": 1})
         with h.Gateway(cfg) as gw:
-            conv = conversation(3, 4)
+            conv = conversation(3, 5)
             home = chat(gw, conv[0])
             rep, other = (a, "b") if home == "a" else (b, "a")
             assert chat(gw, conv[1]) == home
             rep.set_health(500)
             h.wait_metric(gw, "sluice_replica_up", 0, upstream="main", replica=rep.url)
-            # Forgotten, not spilled: the next turn is a miss elsewhere.
+            # Its holder is down: a spill elsewhere, and the conversation moves.
             assert chat(gw, conv[2]) == other
+            assert chat(gw, conv[3]) == other
             rep.set_health(200)
             h.wait_metric(gw, "sluice_replica_up", 1, upstream="main", replica=rep.url)
             # Its history is now on `other`: it stays there.
-            assert chat(gw, conv[3]) == other
+            assert chat(gw, conv[4]) == other
+            kinds = [l["affinity"] for l in h.wait_access_lines(log, 5)]
+            assert kinds == ["miss", "hit", "spill", "hit", "hit"], kinds
+            m = h.scrape(gw)
+            assert (m.value("sluice_affinity_hits_total", upstream="main"),
+                    m.value("sluice_affinity_misses_total", upstream="main"),
+                    m.value("sluice_affinity_spills_total", upstream="main")) == (3, 1, 1)
+
+
+def test_a_replica_back_up_after_being_down_loses_its_affinity_entries():
+    # A conversation whose holder went down and came back before its next
+    # turn: the runner restarted (its cache is gone), the turn is a miss.
+    with LoadReplica("a") as a, LoadReplica("b") as b:
+        log = h.tmpfile("access", ".log")
+        cfg = pool_config([a.url, b.url], access_log=log, balance="prefix_affinity",
+                          health={"path": "/health", "interval": "100ms",
+                                  "timeout": "80ms", "fall": 1, "rise": 1})
+        with h.Gateway(cfg) as gw:
+            conv = conversation(3, 3)
+            home = chat(gw, conv[0])
+            rep = a if home == "a" else b
+            assert chat(gw, conv[1]) == home
+            rep.set_health(500)
+            h.wait_metric(gw, "sluice_replica_up", 0, upstream="main", replica=rep.url)
+            # The worker sees it down (on another conversation's request).
+            chat(gw, [{"role": "user", "content": "another conversation " * 8}])
+            rep.set_health(200)
+            h.wait_metric(gw, "sluice_replica_up", 1, upstream="main", replica=rep.url)
+            chat(gw, conv[2])
             kinds = [l["affinity"] for l in h.wait_access_lines(log, 4)]
-            assert kinds == ["miss", "hit", "miss", "hit"], kinds
+            assert kinds == ["miss", "hit", "miss", "miss"], kinds
 
 
 def test_prefix_affinity_places_new_conversations_by_weight():

@@ -974,6 +974,33 @@ test_ct_equal(void **state)
 	assert_int_equal(sl_ct_equal("abcX", 3, "abcY", 3), 1);
 }
 
+static void
+test_retry_after_reads_seconds_and_http_dates(void **state)
+{
+	/* 1994-11-06 08:49:37 UTC */
+	const time_t at = 784111777;
+
+	(void)state;
+	assert_int_equal(sl_http_retry_after("120", 3, at), 120);
+	assert_int_equal(sl_http_retry_after(" 7\r\n", 5, at), 7);
+	assert_int_equal(sl_http_retry_after("99999999999", 11, at),
+	    SL_RETRY_AFTER_MAX);
+	/* The three HTTP-date forms, 10 s ahead. */
+	assert_int_equal(sl_http_retry_after("Sun, 06 Nov 1994 08:49:47 GMT",
+	    29, at), 10);
+	assert_int_equal(sl_http_retry_after("Sunday, 06-Nov-94 08:49:47 GMT",
+	    30, at), 10);
+	assert_int_equal(sl_http_retry_after("Sun Nov  6 08:49:47 1994", 24,
+	    at), 10);
+	/* Past, far, and not a date. */
+	assert_int_equal(sl_http_retry_after("Sun, 06 Nov 1994 08:49:30 GMT",
+	    29, at), 0);
+	assert_int_equal(sl_http_retry_after("Mon, 06 Nov 1995 08:49:37 GMT",
+	    29, at), SL_RETRY_AFTER_MAX);
+	assert_int_equal(sl_http_retry_after("soon", 4, at), 0);
+	assert_int_equal(sl_http_retry_after("", 0, at), 0);
+}
+
 int
 main(void)
 {
@@ -1025,6 +1052,7 @@ main(void)
 		T(test_bearer_respects_length),
 		T(test_hop_by_hop_headers),
 		T(test_ct_equal),
+		T(test_retry_after_reads_seconds_and_http_dates),
 	};
 #undef T
 
