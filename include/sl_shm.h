@@ -177,6 +177,23 @@ struct sl_shm_replica {
 #define SL_REPLICA_DOWN 1
 #define SL_REPLICA_LOADING 2
 
+/*
+ * Reusing the index of a replica a reload removed (master only). Quiet:
+ * nothing in flight and no worker row holds a slot of it. Reset: every
+ * count, held slot, request counter, token and health field of idx back
+ * to zero, limit 0, and its epoch bumped; call it only for a quiet index
+ * whose limit is 0 (retired), so that nothing is admitted meanwhile. A
+ * worker of an older generation still maps the index to the removed
+ * replica: it compares the epoch it was forked with to sl_shm_epoch after
+ * each admission and gives a reused index's slot straight back. Drop
+ * slots: forget every affinity hint to an index whose drop[idx] is set,
+ * in one pass.
+ */
+uint32_t sl_shm_epoch(const struct sl_shm *, size_t idx);
+int sl_shm_index_quiet(const struct sl_shm *, size_t idx);
+void sl_shm_index_reset(struct sl_shm *, size_t idx);
+void sl_shm_hint_drop_slots(struct sl_shm *, const unsigned char *drop);
+
 /* The health cell of index idx (a replica's), or NULL if out of range. */
 struct sl_shm_replica *sl_shm_replica(struct sl_shm *, size_t idx);
 
@@ -190,9 +207,10 @@ struct sl_shm_replica *sl_shm_replica(struct sl_shm *, size_t idx);
  * the hash's 42-bit tag, so a wrong answer needs a tag collision (2^-42 a
  * probe) and costs a cache miss, nothing else. Written by workers after
  * they route; each worker's own exact LRU (sl_affinity) is consulted too.
- * Not cleared on reload: a slot stands for one (upstream, URL) for the
- * master's life, and a hint naming a slot that is not a replica of the
- * pool being chosen for is skipped.
+ * Not cleared on reload: a slot stands for one (upstream, URL) until a
+ * reload removed that replica and its streams ended (then the slot may be
+ * reused, and its hints are dropped first), and a hint naming a slot that
+ * is not a replica of the pool being chosen for is skipped.
  */
 #define SL_SHM_HINTS (1u << 18)        /* 2 MiB */
 void sl_shm_hint_put(struct sl_shm *, uint64_t hash, size_t slot, int ended);

@@ -36,11 +36,14 @@ struct sl_pools;
 
 /*
  * The pools of cfg for worker row `row`. replica_slot[u][r] is the shared
- * index of replica r of upstream u (the master's mapping; borrowed).
+ * index of replica r of upstream u (the master's mapping; borrowed), and
+ * epoch[i] the epoch of shared index i when the mapping was made (NULL:
+ * the region's now). An index whose epoch moved since was reused for
+ * another replica: this worker never takes a slot of it again.
  * Returns NULL when out of memory.
  */
 struct sl_pools *sl_pools_new(const struct sl_config *cfg, struct sl_shm *shm,
-    size_t row, const size_t *const *replica_slot);
+    size_t row, const size_t *const *replica_slot, const uint32_t *epoch);
 void sl_pools_free(struct sl_pools *);
 
 /*

@@ -29,6 +29,8 @@ struct sl_worker_args {
 	const size_t *upstream_slot; /* config upstream index -> shm upstream index */
 	/* [upstream][replica] -> shared index of the replica (sl_upstream.h) */
 	const size_t *const *replica_slot;
+	/* shared index -> its epoch when the worker was forked (sl_shm.h) */
+	const uint32_t *replica_epoch;
 	size_t row;                  /* this worker's shm row */
 	struct sl_cluster_shm *cluster_shm;   /* NULL: no `cluster:` */
 	int listen_fd;               /* this worker's SO_REUSEPORT socket */

@@ -73,6 +73,16 @@ struct master {
 	 */
 	char **shm_names;            /* shm index -> name (or NULL) */
 	unsigned char *shm_replica;  /* shm index -> 1 for a replica */
+	/*
+	 * A replica's index is reused once a reload removed it, its streams
+	 * ended and every worker that mapped it exited (reuse_retired):
+	 * shm_gen is the newest generation that may map the index, shm_free
+	 * marks an index given back (name freed, region zeroed).
+	 */
+	unsigned *shm_gen;
+	uint32_t *shm_epoch;         /* the region's epochs, as forked workers see */
+	unsigned char *shm_free;
+	size_t shm_nfree;
 	size_t shm_ntenants;         /* indices handed out so far */
 	size_t *name_ht;             /* open addressing: shm index + 1, 0 empty */
 	size_t name_ht_mask;         /* capacity - 1, a power of two */
@@ -163,7 +173,7 @@ name_hash(const char *s)
 /*
  * Slot of name in the name table: its entry, or the empty slot where it
  * goes. The table is at least twice the tenant capacity and names are
- * never removed (a retired tenant keeps its index), so a probe ends.
+ * removed only by rebuilding it (name_table_rebuild), so a probe ends.
  */
 static size_t *
 name_slot(struct master *m, const char *name)
@@ -176,9 +186,68 @@ name_slot(struct master *m, const char *name)
 	return &m->name_ht[i];
 }
 
+/* Every name again, after some were freed (open addressing: no holes). */
+static void
+name_table_rebuild(struct master *m)
+{
+	size_t j;
+
+	memset(m->name_ht, 0, (m->name_ht_mask + 1) * sizeof(*m->name_ht));
+	for (j = 0; j < m->shm_ntenants; j++)
+		if (m->shm_names[j] != NULL)
+			*name_slot(m, m->shm_names[j]) = j + 1;
+}
+
+/*
+ * Give back the indices of replicas that reloads removed, once nothing
+ * can touch them any more: not mapped by the current generation (nor a
+ * newer one that failed to start), retired (limit 0: nothing admitted),
+ * nothing in flight and no worker row holding a slot (a dead worker's row
+ * is reclaimed at its reaping). Their counters, health and affinity hints
+ * are zeroed and their epoch bumped: a draining worker that still maps
+ * one (it may retry onto any replica it knows) sees the new epoch and
+ * leaves it alone (sl_shm.h).
+ * Until then a retired index stays reserved, and sluice_replica_streams
+ * shows its streams under its old URL. Returns the indices given back.
+ */
+static size_t
+reuse_retired(struct master *m)
+{
+	unsigned char *drop;
+	size_t j, n = 0;
+
+	if ((drop = calloc(sl_shm_max_tenants(m->shm), 1)) == NULL)
+		return 0;
+	for (j = 0; j < m->shm_ntenants; j++)
+		if (m->shm_replica[j] && !m->shm_free[j] &&
+		    m->shm_gen[j] < m->cur.id &&
+		    sl_shm_limit(m->shm, j) == 0 &&
+		    sl_shm_index_quiet(m->shm, j)) {
+			drop[j] = 1;
+			n++;
+		}
+	if (n > 0) {
+		sl_shm_hint_drop_slots(m->shm, drop);
+		for (j = 0; j < m->shm_ntenants; j++)
+			if (drop[j]) {
+				sl_shm_index_reset(m->shm, j);
+				m->shm_epoch[j] = sl_shm_epoch(m->shm, j);
+				free(m->shm_names[j]);
+				m->shm_names[j] = NULL;
+				m->shm_free[j] = 1;
+				m->shm_nfree++;
+			}
+		name_table_rebuild(m);
+		sl_debug("%zu index(es) of removed replicas free again", n);
+	}
+	free(drop);
+	return n;
+}
+
 /*
  * The stable shm index of name (same name, same index across reloads),
- * handed out on first sight; (size_t)-1 when the region is full.
+ * handed out on first sight; (size_t)-1 when the region is full. A new
+ * replica takes the index of a removed one when there is one free.
  */
 static size_t
 shm_index(struct master *m, const char *name, int replica)
@@ -189,6 +258,9 @@ shm_index(struct master *m, const char *name, int replica)
 	if (*slot != 0)
 		return *slot - 1;
 	j = m->shm_ntenants;
+	if (replica && m->shm_nfree > 0)
+		for (j = 0; j < m->shm_ntenants && !m->shm_free[j]; j++)
+			;
 	if (j == sl_shm_max_tenants(m->shm)) {
 		sl_err("tenant and replica capacity (%zu) exhausted; restart to "
 		    "grow it", sl_shm_max_tenants(m->shm));
@@ -198,7 +270,11 @@ shm_index(struct master *m, const char *name, int replica)
 		return (size_t)-1;
 	m->shm_replica[j] = (unsigned char)replica;
 	*slot = j + 1;
-	m->shm_ntenants++;
+	if (j < m->shm_ntenants) {
+		m->shm_free[j] = 0;
+		m->shm_nfree--;
+	} else
+		m->shm_ntenants++;
 	return j;
 }
 
@@ -248,14 +324,16 @@ free_replica_map(size_t **rmap, size_t n)
  * name and URL (a reload keeps the counts and health of replicas that
  * stay), and publish caps: max_streams, or no cap. A replica a reload
  * removed gets cap 0: it takes no new stream, and those in flight finish.
- * Returns the mapping (caller owns; free_replica_map) or NULL.
+ * gen: the generation the mapping is for. Returns the mapping (caller
+ * owns; free_replica_map) or NULL.
  */
 static size_t **
-map_replicas(struct master *m, const struct sl_config *cfg)
+map_replicas(struct master *m, const struct sl_config *cfg, unsigned gen)
 {
 	size_t **map, u, r, j;
 	unsigned char *keep;
 
+	reuse_retired(m);
 	map = calloc(cfg->nupstreams ? cfg->nupstreams : 1, sizeof(*map));
 	keep = calloc(sl_shm_max_tenants(m->shm), 1);
 	if (map == NULL || keep == NULL)
@@ -275,6 +353,9 @@ map_replicas(struct master *m, const struct sl_config *cfg)
 				goto fail;
 			map[u][r] = j;
 			keep[j] = 1;
+			/* The newest generation that may map it. */
+			if (m->shm_gen[j] < gen)
+				m->shm_gen[j] = gen;
 		}
 	}
 	for (u = 0; u < cfg->nupstreams; u++)
@@ -479,6 +560,7 @@ spawn(struct master *m, int slot)
 		a.tenant_slot = m->cur.tenant_slot;
 		a.upstream_slot = m->cur.upstream_slot;
 		a.replica_slot = (const size_t *const *)m->cur.replica_slot;
+		a.replica_epoch = m->shm_epoch;
 		a.row = (size_t)row;
 		a.cluster_shm = m->cshm;
 		a.listen_fd = m->listen_fds[slot];
@@ -765,7 +847,7 @@ reload(struct master *m)
 		sl_err("reload failed: cannot map tenants or upstreams");
 		goto fail;
 	}
-	if ((rmap = map_replicas(m, ncfg)) == NULL) {
+	if ((rmap = map_replicas(m, ncfg, m->last_gen + 1)) == NULL) {
 		sl_err("reload failed: cannot map the upstreams' replicas");
 		free(map_tenants(m, m->cur.cfg));   /* the old limits again */
 		goto fail;
@@ -803,7 +885,8 @@ reload(struct master *m)
 		m->nworkers = old_nw;
 		memcpy(m->slot_row, old_rows, sizeof(old_rows));
 		free(map_tenants(m, old.cfg));
-		free_replica_map(map_replicas(m, old.cfg), old.cfg->nupstreams);
+		free_replica_map(map_replicas(m, old.cfg, old.id),
+		    old.cfg->nupstreams);
 		sl_err("reload failed: cannot start worker %d of the new "
 		    "generation; keeping generation %u", started, m->cur.id);
 		goto fail;
@@ -1028,6 +1111,43 @@ replica_gauge(struct master *m, struct sl_str *o, const char *name,
 		}
 }
 
+/*
+ * Replicas a reload removed that still have streams in flight: their
+ * series stays, under the URL they had, until those end (their tenants'
+ * sluice_tenant_streams counts the same streams). The index is reserved
+ * meanwhile (reuse_retired).
+ */
+static void
+retired_streams(struct master *m, struct sl_str *o)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	unsigned char *cur;
+	size_t u, r, j;
+
+	if ((cur = calloc(sl_shm_max_tenants(m->shm), 1)) == NULL)
+		return;
+	for (u = 0; u < cfg->nupstreams; u++)
+		for (r = 0; r < cfg->upstreams[u].nreplicas; r++)
+			cur[m->cur.replica_slot[u][r]] = 1;
+	for (j = 0; j < m->shm_ntenants; j++) {
+		const char *name = m->shm_names[j], *url;
+		int32_t n;
+		char *up;
+
+		if (!m->shm_replica[j] || cur[j] || name == NULL ||
+		    (n = sl_shm_inflight(m->shm, j)) <= 0 ||
+		    (url = strchr(name + 1, '\x01')) == NULL)
+			continue;
+		/* name is "\x01UPSTREAM\x01URL" (replica_key). */
+		if ((up = strndup(name + 1, (size_t)(url - name - 1))) == NULL)
+			continue;
+		replica_labels(o, "sluice_replica_streams", up, url + 1);
+		sl_str_printf(o, "} %d\n", (int)n);
+		free(up);
+	}
+	free(cur);
+}
+
 /* The pools of the current generation, replica by replica. */
 static void
 render_replicas(struct master *m, struct sl_str *o)
@@ -1039,6 +1159,7 @@ render_replicas(struct master *m, struct sl_str *o)
 
 	replica_gauge(m, o, "sluice_replica_streams", "Streams in flight to "
 	    "the replica, across all workers.", value_streams, now);
+	retired_streams(m, o);
 	replica_gauge(m, o, "sluice_replica_up", "1 when the replica takes "
 	    "traffic by its health probes, 0 down or loading.", value_up, now);
 	replica_gauge(m, o, "sluice_replica_ejected", "1 while the replica is "
@@ -1331,18 +1452,22 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	m.shm = sl_shm_create(cap, MAX_ROWS);
 	m.shm_names = calloc(cap, sizeof(char *));
 	m.shm_replica = calloc(cap, 1);
+	m.shm_gen = calloc(cap, sizeof(*m.shm_gen));
+	m.shm_epoch = calloc(cap, sizeof(*m.shm_epoch));
+	m.shm_free = calloc(cap, 1);
 	for (m.name_ht_mask = 1; m.name_ht_mask < 2 * cap; m.name_ht_mask <<= 1)
 		;
 	m.name_ht = calloc(m.name_ht_mask, sizeof(size_t));
 	m.name_ht_mask--;
 	if (m.shm == NULL || m.shm_names == NULL || m.name_ht == NULL ||
-	    m.shm_replica == NULL) {
+	    m.shm_replica == NULL || m.shm_gen == NULL || m.shm_free == NULL ||
+	    m.shm_epoch == NULL) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
 		return 1;
 	}
 	m.cur.tenant_slot = map_tenants(&m, cfg);
 	m.cur.upstream_slot = map_upstreams(&m, cfg);
-	m.cur.replica_slot = map_replicas(&m, cfg);
+	m.cur.replica_slot = map_replicas(&m, cfg, m.cur.id);
 	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL ||
 	    m.cur.replica_slot == NULL)
 		return 1;
@@ -1526,6 +1651,9 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sl_probe_free(m.prober);
 	free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
 	free(m.shm_replica);
+	free(m.shm_gen);
+	free(m.shm_epoch);
+	free(m.shm_free);
 	for (cap = 0; cap < m.up_n; cap++)
 		free(m.up_names[cap]);
 	sl_admin_close(m.admin);

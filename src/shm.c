@@ -26,6 +26,7 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "shared stats need lock-free long lo
 struct shm_tenant {
 	alignas(SL_CACHELINE) _Atomic int32_t limit;
 	_Atomic int32_t inflight;
+	_Atomic uint32_t epoch;       /* bumped when the index is reused */
 };
 
 /*
@@ -205,9 +206,10 @@ sl_shm_max_rows(const struct sl_shm *s)
 void
 sl_shm_set_limit(struct sl_shm *s, size_t tenant, int32_t limit)
 {
+	/* Release: a worker that admits under it sees an epoch bumped before. */
 	if (tenant < s->max_tenants)
 		atomic_store_explicit(&s->tenants[tenant].limit, limit,
-		    memory_order_relaxed);
+		    memory_order_release);
 }
 
 int32_t
@@ -266,7 +268,7 @@ sl_shm_try_acquire(struct sl_shm *s, size_t row, size_t tenant)
 	seq = window_enter(s, row, tenant);
 	cur = atomic_load(&t->inflight);
 	do {
-		limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
+		limit = atomic_load_explicit(&t->limit, memory_order_acquire);
 		if (cur >= limit) {
 			window_leave(s, row, seq);
 			return SL_ADMIT_FULL;
@@ -666,6 +668,65 @@ sl_shm_hint_drop_slot(struct sl_shm *s, size_t slot)
 		v = atomic_load_explicit(&s->hints[i], memory_order_relaxed);
 		if ((v & HINT_SLOT_MASK) == (uint64_t)slot + 1)
 			/* Lost if another worker wrote meanwhile: that one is newer. */
+			atomic_compare_exchange_strong_explicit(&s->hints[i], &v, 0,
+			    memory_order_relaxed, memory_order_relaxed);
+	}
+}
+
+uint32_t
+sl_shm_epoch(const struct sl_shm *s, size_t idx)
+{
+	if (idx >= s->max_tenants)
+		return 0;
+	return atomic_load(&s->tenants[idx].epoch);
+}
+
+int
+sl_shm_index_quiet(const struct sl_shm *s, size_t idx)
+{
+	size_t r;
+
+	if (idx >= s->max_tenants)
+		return 0;
+	if (atomic_load(&s->tenants[idx].inflight) != 0)
+		return 0;
+	for (r = 0; r < s->max_rows; r++)
+		if (atomic_load(held_cell(s, r, idx)) != 0)
+			return 0;
+	return 1;
+}
+
+void
+sl_shm_index_reset(struct sl_shm *s, size_t idx)
+{
+	size_t r;
+
+	if (idx >= s->max_tenants)
+		return;
+	atomic_store(&s->tenants[idx].limit, 0);
+	atomic_store(&s->tenants[idx].inflight, 0);
+	atomic_fetch_add(&s->tenants[idx].epoch, 1);
+	for (r = 0; r < s->max_rows; r++) {
+		atomic_store(held_cell(s, r, idx), 0);
+		memset((void *)&s->tstats[r * (s->max_tenants + 1) + idx], 0,
+		    sizeof(struct shm_tstats));
+	}
+	memset((void *)&s->replicas[idx], 0, sizeof(s->replicas[idx]));
+	memset((void *)&s->tokens[idx], 0, sizeof(s->tokens[idx]));
+}
+
+void
+sl_shm_hint_drop_slots(struct sl_shm *s, const unsigned char *drop)
+{
+	size_t i, slot;
+	uint64_t v;
+
+	for (i = 0; i < SL_SHM_HINTS; i++) {
+		v = atomic_load_explicit(&s->hints[i], memory_order_relaxed);
+		if ((v & HINT_SLOT_MASK) == 0)
+			continue;
+		slot = (size_t)(v & HINT_SLOT_MASK) - 1;
+		if (slot < s->max_tenants && drop[slot])
 			atomic_compare_exchange_strong_explicit(&s->hints[i], &v, 0,
 			    memory_order_relaxed, memory_order_relaxed);
 	}

@@ -23,6 +23,7 @@
 struct pool {
 	const struct sl_upstream_conf *conf;
 	size_t *slot;                /* [nreplicas] shared index */
+	uint32_t *epoch;             /* [nreplicas] the index's, at mapping */
 	int64_t *rr_current;         /* smooth weighted round robin state */
 	uint64_t *rid;               /* [nreplicas] rendezvous identity (URL) */
 	uint64_t was_down;           /* replicas seen down: affinity dropped */
@@ -87,7 +88,7 @@ rr_phase(struct sl_pools *ps, struct pool *p)
 
 struct sl_pools *
 sl_pools_new(const struct sl_config *cfg, struct sl_shm *shm, size_t row,
-    const size_t *const *replica_slot)
+    const size_t *const *replica_slot, const uint32_t *epoch)
 {
 	struct sl_pools *ps;
 	size_t u, r;
@@ -109,10 +110,14 @@ sl_pools_new(const struct sl_config *cfg, struct sl_shm *shm, size_t row,
 		p->slot = calloc(nr ? nr : 1, sizeof(*p->slot));
 		p->rr_current = calloc(nr ? nr : 1, sizeof(*p->rr_current));
 		p->rid = calloc(nr ? nr : 1, sizeof(*p->rid));
-		if (p->slot == NULL || p->rr_current == NULL || p->rid == NULL)
+		p->epoch = calloc(nr ? nr : 1, sizeof(*p->epoch));
+		if (p->slot == NULL || p->rr_current == NULL || p->rid == NULL ||
+		    p->epoch == NULL)
 			goto fail;
 		for (r = 0; r < nr; r++) {
 			p->slot[r] = replica_slot[u][r];
+			p->epoch[r] = epoch != NULL ? epoch[p->slot[r]] :
+			    sl_shm_epoch(shm, p->slot[r]);
 			p->rid[r] = sl_affinity_id(p->conf->replicas[r].url);
 		}
 		if (p->conf->balance != SL_BALANCE_ROUND_ROBIN &&
@@ -144,11 +149,23 @@ sl_pools_free(struct sl_pools *ps)
 		free(ps->p[u].slot);
 		free(ps->p[u].rr_current);
 		free(ps->p[u].rid);
+		free(ps->p[u].epoch);
 	}
 	free(ps->p);
 	sl_affinity_free(ps->aff);
 	free(ps->hashes);
 	free(ps);
+}
+
+/*
+ * Was replica r's shared index reused for another replica since this
+ * worker's mapping (a reload removed r, its streams ended)? Then it is
+ * not r any more: never a candidate again.
+ */
+static int
+reused(const struct sl_pools *ps, const struct pool *p, size_t r)
+{
+	return sl_shm_epoch(ps->shm, p->slot[r]) != p->epoch[r];
 }
 
 /* The longest a busy mark lasts (upstreams.*.busy_max), in ms. */
@@ -510,7 +527,7 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 	int64_t now, wait, min_wait = -1;
 	uint64_t cand = 0, down = 0;
 	size_t r, nr, matched = 0;
-	int pick, held = -1, ended = 0;
+	int pick, held = -1, ended = 0, took;
 	enum sl_aff_outcome aff = SL_AFF_MISS;
 	uint64_t rr_set = 0;
 
@@ -528,7 +545,7 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 		if (hr != NULL && atomic_load_explicit(&hr->down,
 		    memory_order_relaxed) != 0)
 			down |= 1ULL << r;
-		if (tried >> r & 1)
+		if ((tried >> r & 1) || reused(ps, p, r))
 			continue;
 		wait = unavailable_ms(p, ps->shm, r, now);
 		if (wait == 0)
@@ -569,8 +586,14 @@ pick(struct sl_pools *ps, size_t u, uint64_t tried, const uint64_t *h,
 		    choose(ps, p, cand, &rr_set);
 		if (pick < 0)
 			break;
-		if (sl_shm_try_acquire(ps->shm, ps->row, p->slot[pick]) ==
-		    SL_ADMIT_OK) {
+		took = sl_shm_try_acquire(ps->shm, ps->row, p->slot[pick]) ==
+		    SL_ADMIT_OK;
+		if (took && reused(ps, p, (size_t)pick)) {
+			/* Reused meanwhile for another replica: not ours. */
+			sl_shm_release(ps->shm, ps->row, p->slot[pick]);
+			took = 0;
+		}
+		if (took) {
 			rr_commit(p, rr_set, pick);
 			if (nh > 0 && held >= 0 && pick != held &&
 			    matched < nh) {

@@ -621,3 +621,98 @@ def test_reload_disabling_a_tenant_answers_403_to_a_head_that_spans_the_reload()
             c2.send_raw(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
                         b"Authorization: Bearer %s\r\n\r\n" % ACME_KEY.encode())
             assert_error(c2.read_response(timeout=10), 403, "tenant_disabled")
+
+
+# ------------------------------------------------------------------ replica rows
+
+def _pool_cfg(gw, urls):
+    """The gateway's config with upstream `main` a pool of `urls`."""
+    cfg = dict(gw.config)
+    cfg["upstreams"] = {"main": {"replicas": [{"url": u} for u in urls],
+                                 "api_key": h.UPSTREAM_KEY}}
+    return cfg
+
+
+@h.skip_under("valgrind")
+@h.timeout(600)
+def test_a_thousand_reloads_of_a_pool_whose_urls_change_all_succeed():
+    # Issue 22: every replica URL took a row of the shared region for the
+    # master's life; with 32 new URLs per reload the 8th reload failed
+    # "tenant and replica capacity (256) exhausted". A removed replica's
+    # row is reused once its streams end and its workers exited.
+    n, nrep = 1000, 32
+    with Stub() as stub:
+        gw = _gw(stub, workers=1, log_level="info")
+        with gw:
+            seen = [0]
+
+            def outcome():
+                with open(gw.stderr_path, "rb") as f:
+                    f.seek(seen[0])
+                    text = f.read().decode("utf-8", "replace")
+                if " master: error: reload failed" in text:
+                    return "failed"
+                if " master: info: reloaded: generation" in text:
+                    seen[0] += len(text.encode("utf-8"))
+                    return "ok"
+                return None
+            for i in range(n):
+                with open(gw.stderr_path, "rb") as f:
+                    seen[0] = len(f.read())
+                # 32 replicas on fresh addresses each time (nothing is sent to
+                # them: no health probe, no request), the stub first.
+                urls = [stub.url] + ["http://127.%d.%d.%d:%d" % (
+                    (i >> 8) & 255, i & 255, r, 1000 + r) for r in range(1, nrep)]
+                h.rewrite_config(gw, _pool_cfg(gw, urls))
+                h.kill_pid(gw.pid, signal.SIGHUP)
+                got = h.wait_until(outcome, 20, interval=0.002,
+                                   msg="reload %d to be logged" % (i + 1))
+                assert got == "ok", "reload %d of %d failed:\n%s" % (
+                    i + 1, n, gw.stderr_tail(800))
+            assert h.reload_results(gw) == (n, 0)
+            m = h.scrape(gw)
+            assert m.value("sluice_reloads_total", result="ok") == n
+            reps = {dict(lb)["replica"] for lb in m.series("sluice_replica_up")}
+            assert reps == set(urls), len(reps)
+            h.reload(gw, _pool_cfg(gw, [stub.url]))
+            _every_request_gets(gw, ACME_KEY, 200, n=3)
+
+
+@h.timeout(120)
+def test_a_removed_replica_keeps_its_streams_series_until_they_end():
+    # Issue 22: a replica removed with streams in flight vanished from
+    # sluice_replica_streams while sluice_tenant_streams still counted them.
+    # The streams end when their clients go (after the checks).
+    with Stub("keep") as a, Stub("gone") as b:
+        gw = _gw(a, workers=1, log_level="info", drain_timeout="15s")
+        with gw:
+            h.reload(gw, _pool_cfg(gw, [a.url, b.url]))
+            streams = []
+            try:
+                for _ in range(4):
+                    c, r = gw.open_stream(events=300, interval=100, timeout=20)
+                    assert r.status == 200, r.status
+                    streams.append((c, r))
+                assert a.stats()["inflight"] == 2 and b.stats()["inflight"] == 2
+                h.reload(gw, _pool_cfg(gw, [a.url]))
+                # Rows of other removed replicas are reused meanwhile (10 x 31
+                # new URLs, more than the region holds), never b's.
+                for i in range(10):
+                    h.reload(gw, _pool_cfg(gw, [a.url] + [
+                        "http://127.0.%d.%d:%d" % (i, r, 2000 + r) for r in range(1, 32)]))
+                m = h.scrape(gw)
+                assert m.value("sluice_tenant_streams", tenant="acme") == 4
+                assert m.value("sluice_replica_streams", upstream="main",
+                               replica=b.url) == 2, m.series("sluice_replica_streams")
+                assert m.value("sluice_replica_streams", upstream="main", replica=a.url) == 2
+                # Only the streams: the removed replica is not in the pool.
+                assert m.get("sluice_replica_up", upstream="main", replica=b.url) is None
+                assert len(m.series("sluice_replica_streams")) == 33, \
+                    m.series("sluice_replica_streams")
+            finally:
+                for c, _ in streams:
+                    c.close()
+            h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme", timeout=10)
+            m = h.scrape(gw)
+            assert m.get("sluice_replica_streams", upstream="main", replica=b.url) is None, \
+                m.series("sluice_replica_streams")

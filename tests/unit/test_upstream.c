@@ -79,7 +79,7 @@ teardown(void **state)
 static void
 pools(struct fx *f)
 {
-	f->ps = sl_pools_new(&f->cfg, f->shm, 1, f->slot_of);
+	f->ps = sl_pools_new(&f->cfg, f->shm, 1, f->slot_of, NULL);
 	assert_non_null(f->ps);
 }
 
@@ -237,6 +237,44 @@ test_down_replica_waits_interval_times_rise(void **state)
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
+static void
+test_a_reused_index_is_never_taken_by_an_older_mapping(void **state)
+{
+	struct fx *f = *state;
+	int i;
+
+	pools(f);
+	/* The master retires a (limit 0), then reuses its index (epoch moves). */
+	sl_shm_set_limit(f->shm, f->slots[0], 0);
+	assert_int_equal(sl_shm_index_quiet(f->shm, f->slots[0]), 1);
+	sl_shm_index_reset(f->shm, f->slots[0]);
+	sl_shm_set_limit(f->shm, f->slots[0], INT32_MAX);
+	for (i = 0; i < 12; i++)
+		assert_int_not_equal(pick(f, 0, NULL), 0);
+	assert_int_equal(sl_shm_inflight(f->shm, f->slots[0]), 0);
+	assert_int_equal(sl_shm_held(f->shm, 1, f->slots[0]), 0);
+	assert_int_equal(sl_shm_inflight(f->shm, f->slots[1]) +
+	    sl_shm_inflight(f->shm, f->slots[2]), 12);
+	/* Only a: none, though its new replica has room. */
+	assert_int_equal(pick(f, 0x6, NULL), -1);
+}
+
+static void
+test_busy_mark_is_capped_at_busy_max(void **state)
+{
+	struct fx *f = *state;
+	struct sl_shm_replica *h;
+	int64_t now;
+
+	f->up.busy_max_ms = 2000;
+	pools(f);
+	sl_pool_report(f->ps, 0, 0, 429, 86400);
+	h = sl_shm_replica(f->shm, f->slots[0]);
+	now = sl_mono_ms();
+	assert_true(atomic_load(&h->busy_until_ms) <= now + 2000);
+	assert_true(atomic_load(&h->busy_until_ms) > now + 1000);
+}
+
 int
 main(void)
 {
@@ -249,6 +287,8 @@ main(void)
 		T(test_pool_of_one_is_never_ejected),
 		T(test_round_robin_is_smooth_and_weighted),
 		T(test_down_replica_waits_interval_times_rise),
+		T(test_a_reused_index_is_never_taken_by_an_older_mapping),
+		T(test_busy_mark_is_capped_at_busy_max),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
