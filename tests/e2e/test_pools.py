@@ -384,21 +384,26 @@ def test_pool_a_day_long_retry_after_marks_the_replica_busy_for_busy_max_at_most
             assert busy(gw, rep.url) == 1
             r = post(gw, events=1)
             assert_error(r, 503, "upstream_unavailable", read=False)
-            assert r.header("retry-after") == "30", \
+            ra = int(r.header("retry-after") or 0)
+            assert 25 <= ra <= 30, \
                 "Retry-After %r: the busy mark is capped at busy_max (30 s)" % (
                     r.header("retry-after"),)
             assert rep.posts() == 1
-        rep.raw.requests.clear()
-        with Gateway(pool_config([rep.url], workers=1, busy_max="1s")) as gw:
+
+
+@h.skip_under("valgrind")
+def test_pool_a_busy_mark_ends_after_busy_max():
+    with BusyOnce(b"86400") as rep:
+        with Gateway(pool_config([rep.url], workers=1, busy_max="2s")) as gw:
             t0 = time.monotonic()
             r = post(gw, events=1)
             assert r.status == 429 and rep.posts() == 1, (r.status, rep.posts())
             r = post(gw, events=1)
             assert_error(r, 503, "upstream_unavailable", read=False)
-            assert r.header("retry-after") == "1", r.headers
+            assert r.header("retry-after") in ("1", "2"), r.headers
             h.wait_metric(gw, "sluice_replica_busy", 0, timeout=5.0, upstream="main",
                           replica=rep.url)
-            assert time.monotonic() - t0 >= 1.0, "busy mark ended before busy_max"
+            assert time.monotonic() - t0 >= 2.0, "busy mark ended before busy_max"
             r = post(gw, events=1)
             assert r.status == 200 and rep.posts() == 2, (r.status, rep.posts())
 
