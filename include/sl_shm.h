@@ -151,7 +151,9 @@ uint64_t sl_shm_retry_sum(const struct sl_shm *, size_t upstream,
  * in-flight count, cap (its limit; INT32_MAX for none, 0 once removed by a
  * reload), per-worker held counts and crash reclaim are exactly a
  * tenant's (sl_shm_try_acquire / sl_shm_release), and its requests are
- * counted with sl_shm_count_request. What only a replica has is its
+ * counted with sl_shm_count_request; a removed replica's index goes to
+ * another replica once it is quiet (sl_shm_index_reset, below, bumps its
+ * epoch). What only a replica has is its
  * health, below: written by the master's prober (down) and by any worker
  * (passive failures, ejection, busy marks); read by every worker choosing
  * a replica. Times are CLOCK_MONOTONIC milliseconds, the same clock in
