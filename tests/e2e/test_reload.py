@@ -2,6 +2,7 @@
 and go, and a reload never cuts a stream (not even one longer than
 drain_timeout, not even under load with a reload every 200 ms)."""
 
+import os
 import re
 import signal
 import socket
@@ -716,3 +717,40 @@ def test_a_removed_replica_keeps_its_streams_series_until_they_end():
             m = h.scrape(gw)
             assert m.get("sluice_replica_streams", upstream="main", replica=b.url) is None, \
                 m.series("sluice_replica_streams")
+
+
+@h.timeout(120)
+def test_a_removed_replicas_row_freed_by_crash_reclaim_is_reused_clean():
+    # The old worker holding streams to a removed replica is killed: the
+    # master gives its slots back, the row is quiet, and the next new
+    # replicas take it with nothing of the old one (streams, requests).
+    with Stub("keep") as a, Stub("gone") as b:
+        gw = _gw(a, workers=1, log_level="info", drain_timeout="15s")
+        with gw:
+            h.reload(gw, _pool_cfg(gw, [a.url, b.url]))
+            streams = []
+            try:
+                for _ in range(4):
+                    c, r = gw.open_stream(events=300, interval=100, timeout=20)
+                    assert r.status == 200, r.status
+                    streams.append(c)
+                assert b.stats()["inflight"] == 2
+                old = gw.worker_pids()
+                h.reload(gw, _pool_cfg(gw, [a.url]))
+                for pid in old:
+                    os.kill(pid, signal.SIGKILL)
+                h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme", timeout=10)
+            finally:
+                for c in streams:
+                    c.close()
+            # Each new generation's replicas: b's row among them sooner or later.
+            for i in range(10):
+                h.reload(gw, _pool_cfg(gw, [a.url] + [
+                    "http://127.0.%d.%d:%d" % (i, r, 3000 + r) for r in range(1, 32)]))
+                m = h.scrape(gw)
+                streams = m.series("sluice_replica_streams")
+                assert len(streams) == 32 and all(v == 0 for v in streams.values()), streams
+                reqs = {dict(lb)["replica"]
+                        for lb in m.series("sluice_replica_requests_total")}
+                assert reqs == {a.url}, "requests of a removed replica show under %r" % (
+                    reqs - {a.url},)
