@@ -74,10 +74,11 @@ struct master {
 	char **shm_names;            /* shm index -> name (or NULL) */
 	unsigned char *shm_replica;  /* shm index -> 1 for a replica */
 	/*
-	 * A replica's index is reused once a reload removed it, its streams
-	 * ended and every worker that mapped it exited (reuse_retired):
-	 * shm_gen is the newest generation that may map the index, shm_free
-	 * marks an index given back (name freed, region zeroed).
+	 * A replica's index is reused once a reload removed it and its
+	 * streams ended (reuse_retired): shm_gen is the newest generation
+	 * that may map the index, shm_epoch its epoch as this process (and so
+	 * a worker forked now) knows it, shm_free marks an index given back
+	 * (name freed, region zeroed).
 	 */
 	unsigned *shm_gen;
 	uint32_t *shm_epoch;         /* the region's epochs, as forked workers see */
@@ -361,7 +362,6 @@ map_replicas(struct master *m, const struct sl_config *cfg, unsigned gen)
 	for (u = 0; u < cfg->nupstreams; u++)
 		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
 			int32_t cap = cfg->upstreams[u].replicas[r].max_streams;
-
 			struct sl_shm_replica *h = sl_shm_replica(m->shm,
 			    map[u][r]);
 
