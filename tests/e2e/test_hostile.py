@@ -886,6 +886,9 @@ def test_flood_past_open_file_limit_no_crash_and_service_resumes():
             assert h.pid_alive(master) and gw.worker_pids() == workers
 
 
+# (Not under valgrind: it keeps descriptors at the top of the range for
+# itself and closes, without a word, an accepted one that lands there.)
+@h.skip_under("valgrind")
 @h.timeout(60)
 def test_accept_pause_at_the_open_file_limit_lasts_100ms():
     # Out of descriptors, a worker refuses one queued connection (with its
