@@ -2,7 +2,9 @@
 """The single test runner of sluice (`make check` calls it).
 
 1. Runs each cmocka unit-test binary listed in $UNIT_TESTS and counts its
-   tests from the `[       OK ] NAME` / `[  FAILED  ] NAME` lines.
+   tests from the `[       OK ] NAME` / `[  FAILED  ] NAME` lines. When
+   $UNIT_TESTS_MISSING says why they were not built (no cmocka at configure
+   time), that is printed as a FAIL and counted as one failure.
 2. Discovers tests/e2e/test_*.py and runs every top-level `test_*`
    function, in file order, each in its own process group with a watchdog.
    The e2e tests start $SLUICE_BIN and $STUB_BIN on 127.0.0.1.
@@ -401,6 +403,11 @@ def main(argv):
     t0 = time.monotonic()
     if not args.e2e_only:
         units = os.environ.get("UNIT_TESTS", "").split()
+        missing_units = os.environ.get("UNIT_TESTS_MISSING", "").strip()
+        if missing_units:
+            # Unit tests that were not built are not a pass: say so, count it.
+            out("FAIL unit tests: %s" % missing_units)
+            results["failed"] += 1
         run_unit(units, args.k, args.v, results)
     if not args.unit_only:
         missing = [v for v in ("SLUICE_BIN", "STUB_BIN")

@@ -27,7 +27,9 @@ def test_tenant_at_max_streams_gets_429_with_retry_after():
             c, r, dt = _ask(gw, ACME_KEY, events=2, interval=0, tag="acme")
             assert_error(r, 429, "concurrency_limit_exceeded")
             assert r.header("retry-after") == "7", r.headers
-            assert dt < 0.5, "429 took %.3fs" % dt
+            # Refused at once, not queued for a slot: both held streams
+            # (2 s long) are still at the upstream when the 429 is read.
+            assert stub.tag("acme")["inflight"] == 2, stub.tag("acme")
             c.close()
         assert stub.tag("acme")["requests"] == 2, stub.tag("acme")
         # Another tenant is unaffected.
@@ -55,15 +57,15 @@ def test_429_is_sent_without_waiting_for_the_body():
         c, _, _ = _ask(gw, ACME_KEY, hang=True, tag="hang", read_head=False)
         h.wait_until(lambda: stub.tag("hang")["inflight"] == 1, 5, msg="hung request at the stub")
         with h.Client(gw.port) as c2:
-            t0 = time.monotonic()
             c2.send("POST", "/v1/chat/completions",
                     dict(h.bearer(ACME_KEY), **{"Content-Length": "100000",
                                                 "Content-Type": "application/json"}))
-            r2 = c2.read_response(timeout=2)
-            dt = time.monotonic() - t0
+            # Waiting for the body would end in client_body's 408 after 60 s.
+            r2 = c2.read_response(timeout=10)
             assert_error(r2, 429, "concurrency_limit_exceeded")
             assert r2.header("retry-after") == "3", r2.headers
-            assert dt < 0.5, "429 took %.3fs" % dt
+            # (No byte of the 100000-byte body was sent: the 429 did not
+            # wait for it.)
         assert stub.tag("hang")["requests"] == 1
 
 

@@ -115,7 +115,6 @@ def test_stalled_client_is_cut_after_client_stall_and_slot_freed():
         body = r.read_all(timeout=30)
         assert r.cut and not r.complete, "stalled stream not visibly cut"
         assert expected_events(EVENTS, SIZE).startswith(body), "relayed bytes differ"
-        assert time.monotonic() - t0 < 30
         r2 = gw.request("POST", "/v1/chat/completions",
                         dict(h.stub_headers(events=2, interval=0),
                              **{"Content-Type": "application/json"}), h.stream_body())

@@ -2,11 +2,16 @@
 a random worker is killed with SIGKILL every ~2 s and the master reloads
 every second. Nothing may be over-admitted, leaked, or corrupted: every
 stream that ends with its terminating chunk is byte-exact, every other one
-is visibly cut (and what arrived is a prefix of the truth).
+is visibly cut (and what arrived is a prefix of the truth), and every stream
+lost (cut, or no response head) was lost with its worker: each request comes
+from its own loopback address (127.x.y.z), so the access log's `peer` names
+it; a lost request must have no access log line (a worker that lived to log
+it lost it) and a kill must have happened while it ran.
 
 SLUICE_CHAOS_SECONDS sets the duration (default 20; the issue's run is 60).
 """
 
+import json
 import os
 import random
 import signal
@@ -37,6 +42,8 @@ def test_chaos_kill_and_reload_under_load_loses_nothing():
         cfg = _config(stub)
         cfg["tenants"] = {name: {"keys": ["sk-%s" % name], "max_streams": n, "retry_after": 1,
                                  "upstream": "main"} for name, n in TENANTS.items()}
+        access_log = h.tmpfile("chaos-access", ".log")
+        cfg["access_log"] = access_log
         with Gateway(cfg, allow_worker_changes=True) as gw:
             master = gw.pid
             lock = threading.Lock()
@@ -44,6 +51,15 @@ def test_chaos_kill_and_reload_under_load_loses_nothing():
                       "bytes_cut": 0}
             per_tenant = {t: {"completed": 0, "cut": 0, "429": 0} for t in TENANTS}
             problems = []
+            lost = []            # (peer address, wall start, wall end, what)
+            kill_times = []      # wall times of the kills
+            seq = [0]
+
+            def next_addr():
+                with lock:
+                    seq[0] += 1
+                    n = seq[0]
+                return "127.%d.%d.%d" % (1 + (n >> 16) % 254, (n >> 8) & 0xff, n & 0xff)
             stop_at = time.monotonic() + seconds
 
             def client(idx):
@@ -54,8 +70,12 @@ def test_chaos_kill_and_reload_under_load_loses_nothing():
                     size = crng.choice((0, 100, 500, 2000))
                     interval = crng.randint(0, 8)
                     want = expected_events(n, size)
+                    addr = next_addr()
+                    t0 = time.time()
                     try:
-                        with h.Client(gw.port, timeout=20) as c:
+                        with h.Client(gw.port, timeout=20, connect=False) as c:
+                            c.sock.bind((addr, 0))
+                            c.sock.connect((h.HOST, gw.port))
                             hd = dict(h.bearer("sk-" + tenant),
                                       **{"Content-Type": "application/json"})
                             hd.update(h.stub_headers(events=n, size=size, interval=interval,
@@ -66,6 +86,7 @@ def test_chaos_kill_and_reload_under_load_loses_nothing():
                             except (h.StreamCut, ConnectionError):
                                 with lock:
                                     counts["no_head"] += 1    # its worker died first
+                                    lost.append((addr, t0, time.time(), "no head"))
                                 continue
                             if r.status == 429:
                                 assert_error(r, 429, "concurrency_limit_exceeded")
@@ -112,9 +133,11 @@ def test_chaos_kill_and_reload_under_load_loses_nothing():
                                     counts["cut"] += 1
                                     counts["bytes_cut"] += len(body)
                                     per_tenant[tenant]["cut"] += 1
+                                    lost.append((addr, t0, time.time(), "cut"))
                     except (ConnectionError, h.StreamCut):
                         with lock:
                             counts["no_head"] += 1
+                            lost.append((addr, t0, time.time(), "no head"))
                     except Exception as e:  # noqa: BLE001 - reported below
                         with lock:
                             problems.append("%s: %r" % (tenant, e))
@@ -136,6 +159,7 @@ def test_chaos_kill_and_reload_under_load_loses_nothing():
                     victims = gw.worker_pids()
                     if victims:
                         try:
+                            kill_times.append(time.time())
                             os.kill(rng.choice(victims), signal.SIGKILL)
                             kills += 1
                         except ProcessLookupError:
@@ -159,6 +183,31 @@ def test_chaos_kill_and_reload_under_load_loses_nothing():
             print("per tenant: %r" % per_tenant)
             assert not problems, "%d problem(s):\n%s" % (len(problems), "\n".join(problems[:20]))
             assert failed_reloads == 0
+
+            # Every lost request was lost with its worker: no access log
+            # line (a live worker logs the end of each request it had), and
+            # a kill during it. The log's peer is the request's own address.
+            logged = {}
+            with open(access_log) as f:
+                for ln in f:
+                    e = json.loads(ln)
+                    logged.setdefault(e["peer"], []).append(e)
+            assert sum(len(v) for v in logged.values()) > counts["completed"] // 2, \
+                "the access log misses most requests: %d lines" % sum(
+                    len(v) for v in logged.values())
+            outside = []
+            for addr, t0, t1, what in lost:
+                if addr in logged:
+                    e = logged[addr][0]
+                    outside.append("%s (%s): logged by a live worker, status %s end %s" % (
+                        addr, what, e["status"], e["end"]))
+                elif not any(t0 - 0.05 <= k <= t1 + 0.05 for k in kill_times):
+                    outside.append("%s (%s): no kill between its start and its end "
+                                   "(%.3fs)" % (addr, what, t1 - t0))
+            print("lost %d (cut %d, no head %d), all with a killed worker: %s"
+                  % (len(lost), counts["cut"], counts["no_head"], not outside))
+            assert not outside, "%d of %d lost requests were not lost with a killed " \
+                "worker:\n%s" % (len(outside), len(lost), "\n".join(outside[:20]))
 
             # Nothing in flight anywhere.
             def idle():

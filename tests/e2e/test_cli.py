@@ -193,10 +193,8 @@ def test_gateway_refuses_to_start_on_invalid_file():
     port = h.free_port()
     path = h.write_config(VALID.format(port=port).replace("max_streams: 100",
                                                           "max_streams: lots"))
-    t0 = time.monotonic()
     rc, out, err = h.run_sluice(["-c", path], timeout=10)
     assert rc != 0, "sluice started (exit 0) on an invalid file"
-    assert time.monotonic() - t0 < 5
     found = problems(path, out + err)
     line = VALID.splitlines().index("    max_streams: 100") + 1
     assert line in found, "problem at line %d not reported: %r" % (line, out + err)

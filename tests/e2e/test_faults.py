@@ -42,11 +42,9 @@ def test_client_disconnect_aborts_upstream_and_frees_slot():
         assert len(r.events) >= 3
         assert stub.tag("gone")["aborted_by_client"] == 0
         c.close()
-        t0 = time.monotonic()
-        h.wait_until(lambda: stub.tag("gone")["aborted_by_client"] == 1, 1.0, interval=0.01,
+        # (Not aborted, the stream would run 50 s more: 20 s tells them apart.)
+        h.wait_until(lambda: stub.tag("gone")["aborted_by_client"] == 1, 20, interval=0.01,
                      msg="the stub to see the upstream connection closed")
-        dt = time.monotonic() - t0
-        assert dt < 1.0
         st = stub.tag("gone")
         assert st["completed"] == 0 and st["inflight"] == 0, st
         _admitted_within(gw, 1.0)
@@ -72,9 +70,8 @@ def test_dead_upstream_is_502_and_frees_slot():
             # a 429. A release racing the 502 may show a 429 for a moment.
             seen = []
             for _ in range(4):
-                deadline = time.monotonic() + 1.0
+                deadline = time.monotonic() + 5.0
                 while True:
-                    t0 = time.monotonic()
                     r = gw.request("POST", "/v1/chat/completions",
                                    {"Content-Type": "application/json"}, h.stream_body())
                     seen.append(r.status)
@@ -84,7 +81,6 @@ def test_dead_upstream_is_502_and_frees_slot():
                         "slot not released after a 502: %r" % seen
                     time.sleep(0.05)
                 assert_error(r, 502, "upstream_unreachable", read=False)
-                assert time.monotonic() - t0 < 3, "502 took %.1fs" % (time.monotonic() - t0)
             assert seen.count(502) == 4, seen
             assert stub.stats()["requests"] == 0
 
@@ -108,7 +104,7 @@ def test_upstream_first_byte_timeout_is_504_and_frees_slot():
         c, r = gw.open_stream(hang=True, tag="hang", timeout=10)
         dt = time.monotonic() - t0
         assert_error(r, 504, "upstream_timeout")
-        assert 0.8 <= dt < 4.0, "504 after %.2fs with upstream_first_byte 1s" % dt
+        assert 0.8 <= dt, "504 after %.2fs with upstream_first_byte 1s" % dt
         h.wait_until(lambda: stub.tag("hang")["inflight"] == 0, 2,
                      msg="the gateway to drop the upstream request")
         c.close()
@@ -124,7 +120,9 @@ def test_upstream_idle_timeout_cuts_stream():
         body = r.read_all(timeout=15)
         dt = time.monotonic() - t0
         assert r.cut and not r.complete, "idle stream not visibly cut"
-        assert dt < 4.5, "cut after %.1fs with upstream_idle 1s" % dt
+        # Cut before its second event (5 s later): the idle timeout, not
+        # the end of the stream (the length check below).
+        assert dt >= 0.8, "cut after %.1fs with upstream_idle 1s" % dt
         assert expected_events(3).startswith(body) and len(body) < len(expected_events(3))
         h.wait_until(lambda: stub.tag("idle")["aborted_by_client"] == 1, 2,
                      msg="the stub to see its connection closed")
@@ -179,7 +177,7 @@ def test_incomplete_head_is_408_after_client_header():
             r = c.read_response(timeout=6)
             dt = time.monotonic() - t0
             assert_error(r, 408, "request_timeout")
-            assert 0.8 <= dt < 4.0, "408 after %.2fs with client_header 1s" % dt
+            assert 0.8 <= dt, "408 after %.2fs with client_header 1s" % dt
             assert c.wait_closed(3), "connection kept open after a 408"
         assert stub.stats()["requests"] == 0
 
@@ -214,7 +212,7 @@ def test_trickled_body_is_408_after_client_body_and_frees_the_slot():
             r = c.read_response(timeout=6)
             dt = time.monotonic() - t0
             assert_error(r, 408, "request_timeout")
-            assert 1.3 <= dt < 4.0, "408 after %.2fs with client_body 1.5s" % dt
+            assert 1.3 <= dt, "408 after %.2fs with client_body 1.5s" % dt
             assert c.wait_closed(3), "connection kept open after a 408"
         r3 = gw.request("POST", "/v1/chat/completions",
                         dict(h.stub_headers(events=2, interval=0),
@@ -230,7 +228,7 @@ def test_silent_connection_closed_after_client_header():
             t0 = time.monotonic()
             assert c.wait_closed(6), "silent connection never closed"
             dt = time.monotonic() - t0
-            assert 0.7 <= dt < 4.0, "closed after %.2fs with client_header 1s" % dt
+            assert 0.7 <= dt, "closed after %.2fs with client_header 1s" % dt
 
 
 def test_body_over_max_body_bytes_is_413():
@@ -251,7 +249,7 @@ def test_idle_keepalive_connection_is_closed():
             t0 = time.monotonic()
             assert c.wait_closed(6), "idle keep-alive connection not closed"
             dt = time.monotonic() - t0
-            assert 0.7 <= dt < 4.0, "closed after %.2fs with keepalive 1s" % dt
+            assert 0.7 <= dt, "closed after %.2fs with keepalive 1s" % dt
 
 
 @h.timeout(90)

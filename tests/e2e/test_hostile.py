@@ -397,10 +397,8 @@ def test_upstream_malformed_status_line_is_502_and_frees_slot():
         sock.sendall(answers[int(req.split(b" ")[1].rsplit(b"/", 1)[1])])
     with RawUpstream(answer) as up, _raw_gateway(up) as gw:
         for i in range(len(answers)):
-            t0 = time.monotonic()
             r = gw.request("GET", "/v1/status/%d" % i, timeout=10)
             assert_error(r, 502, "upstream_unreachable", read=False)
-            assert time.monotonic() - t0 < 3
         assert len(up.requests) == len(answers), "a 502 leaked the only slot"
 
 
@@ -542,14 +540,14 @@ def test_malformed_chunked_request_body_is_400_closes_and_frees_slot():
 
 def test_client_close_during_response_head_aborts_upstream_and_frees_slot():
     with Stub() as stub, Gateway(stub=stub, tenants={"acme": {"max_streams": 1}}, **_admin()) as gw:
-        c, _ = gw.open_stream(events=5, delay=5000, tag="slowhead", read_head=False)
+        # The head comes after 30 s: an upstream closed within 20 s was
+        # closed for the client, not after its answer.
+        c, _ = gw.open_stream(events=5, delay=30000, tag="slowhead", read_head=False)
         h.wait_until(lambda: stub.tag("slowhead")["inflight"] == 1, 2,
                      msg="the request to reach the upstream")
-        t0 = time.monotonic()
         c.close()
-        h.wait_until(lambda: stub.tag("slowhead")["aborted_by_client"] == 1, 1.0, interval=0.01,
+        h.wait_until(lambda: stub.tag("slowhead")["aborted_by_client"] == 1, 20, interval=0.01,
                      msg="the upstream to see its connection closed")
-        assert time.monotonic() - t0 < 1.0
         assert stub.tag("slowhead")["completed"] == 0
         h.wait_until(lambda: _tenant_streams(gw) == 0, 1, msg="slot released")
         _admitted_within(gw, 0.5)
@@ -574,6 +572,7 @@ def test_client_leaving_with_pipelined_bytes_pending_aborts_upstream_at_once():
             h.wait_until(lambda: _tenant_streams(gw) == 0, 1, msg="slot released")
 
 
+@h.skip_under("valgrind")
 @h.timeout(60)
 def test_slow_loris_does_not_stop_service_and_gets_408():
     N = 500
@@ -666,6 +665,7 @@ def test_slow_loris_does_not_stop_service_and_gets_408():
         assert stub.stats()["requests"] == len(latencies), "a dribbler reached the upstream"
 
 
+@h.skip_under("valgrind")
 @h.timeout(90)
 def test_client_reading_nothing_of_a_fast_100mb_stream_keeps_rss_bounded_then_is_cut():
     EVENTS, SIZE = 100000, 1000          # 100 MB, as fast as the gateway takes it
@@ -774,6 +774,63 @@ def test_connection_flood_past_max_connections_is_refused_and_service_resumes():
         assert stub.stats()["requests"] == 2
 
 
+def _fd_flood_state(flood):
+    """What each flood socket (connected, nothing sent) got so far: returns
+    (refused, waiting, silent, bad). refused: a whole 503 `overloaded`
+    (JSON error, Retry-After) and then the close; waiting: nothing yet
+    (held by a worker, or still in the listen queue); silent: closed or
+    reset without a response; bad: anything else, as (index, bytes)."""
+    refused, waiting, silent, bad = 0, 0, 0, []
+    for i, s in enumerate(flood):
+        s.setblocking(False)
+        data, eof = b"", False
+        while True:
+            try:
+                d = s.recv(65536)
+            except BlockingIOError:
+                break
+            except ConnectionResetError:
+                eof = True
+                break
+            if not d:
+                eof = True
+                break
+            data += d
+        if not data:
+            if eof:
+                silent += 1
+            else:
+                waiting += 1
+            continue
+        resps = h.split_responses(data)
+        ok = len(resps) == 1 and resps[0][0] == 503 and \
+            resps[0][1].get("retry-after") == "1"
+        if ok:
+            try:
+                ok = json.loads(resps[0][2])["error"]["code"] == "overloaded"
+            except (ValueError, KeyError, TypeError):
+                ok = False
+        if ok:
+            refused += 1
+        else:
+            bad.append((i, data[:200]))
+    return refused, waiting, silent, bad
+
+
+def _pause_times(gw):
+    """Times (s, from the log's millisecond timestamps) of the
+    'pausing accepts for 100 ms' lines, per logging pid."""
+    per_pid = {}
+    for ln in gw.stderr_tail(1 << 22).splitlines():
+        if "pausing accepts for 100 ms" not in ln:
+            continue
+        m = re.match(r"^\d{4}-\d\d-\d\dT(\d\d):(\d\d):(\d\d)\.(\d{3})Z sluice\[(\d+)\]", ln)
+        assert m, "unexpected log line %r" % ln
+        hh, mm, ss, ms, pid = (int(x) for x in m.groups())
+        per_pid.setdefault(pid, []).append(hh * 3600 + mm * 60 + ss + ms / 1000.0)
+    return per_pid
+
+
 @h.skip_under("valgrind")
 @h.timeout(60)
 def test_flood_past_open_file_limit_no_crash_and_service_resumes():
@@ -796,21 +853,22 @@ def test_flood_past_open_file_limit_no_crash_and_service_resumes():
                 for _ in range(N):
                     flood.append(socket.create_connection((h.HOST, gw.port), timeout=5))
                 time.sleep(1.0)
-                refused = 0
-                for s in flood:
-                    s.setblocking(False)
-                    try:
-                        d = s.recv(65536)
-                        if d.startswith(b"HTTP/1.1 503 "):
-                            refused += 1
-                    except (BlockingIOError, ConnectionResetError):
-                        pass
+                refused, waiting, silent, bad = _fd_flood_state(flood)
                 fds = [h.fd_count(w) for w in workers]
-                print("flood of %d with RLIMIT_NOFILE %d: worker fds %r, %d refused with 503"
-                      % (N, NOFILE, fds, refused))
+                print("flood of %d with RLIMIT_NOFILE %d: worker fds %r, %d refused with 503, "
+                      "%d waiting, %d closed silently" % (N, NOFILE, fds, refused, waiting, silent))
                 assert max(fds) >= NOFILE - 2, "the flood did not reach the fd limit: %r" % fds
                 assert h.pid_alive(master) and gw.worker_pids() == workers, \
                     "a process died under the flood: %r -> %r" % (workers, gw.worker_pids())
+                # At the limit a worker refuses a queued connection with a
+                # 503 `overloaded` (with its spare descriptor); it never
+                # drops one without a word.
+                assert not bad, "not a 503 overloaded refusal (first 3): %r" % bad[:3]
+                assert silent == 0, \
+                    "%d connections closed without a response (%d refused with 503)" \
+                    % (silent, refused)
+                assert refused >= 1, "no connection refused with 503 at the fd limit"
+                assert refused + waiting == N
             finally:
                 for s in flood:
                     s.close()
@@ -828,45 +886,61 @@ def test_flood_past_open_file_limit_no_crash_and_service_resumes():
             assert h.pid_alive(master) and gw.worker_pids() == workers
 
 
+# (Not under valgrind: it keeps descriptors at the top of the range for
+# itself and closes, without a word, an accepted one that lands there.)
+@h.skip_under("valgrind")
 @h.timeout(60)
 def test_accept_pause_at_the_open_file_limit_lasts_100ms():
     # Out of descriptors, a worker refuses one queued connection (with its
-    # spare fd) and pauses accepting for 100 ms, as it logs. Over ~1.8 s
-    # that is at most ~20 refusals; the rest wait in the listen queue.
-    NOFILE, N = 64, 300
+    # spare fd, a 503) and pauses accepting for 100 ms, as it logs. The
+    # pauses are read from the log's millisecond timestamps: no two are
+    # closer than the pause (a lower bound that load cannot break: load
+    # only makes a timer late), and PAUSES of them come within a deadline
+    # far longer than PAUSES x 100 ms (a pause of seconds, or a stuck
+    # accept, misses it). Each pause refuses at most one connection.
+    NOFILE, N, PAUSES, DEADLINE = 64, 300, 10, 10.0
 
     def low_nofile():
         resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
     with Stub() as stub:
-        gw = Gateway(stub=stub, workers=1)
+        # (client_header past the deadline: held connections are not
+        # closed silently by their header timeout while the test runs.)
+        gw = Gateway(stub=stub, workers=1, timeouts={"client_header": "60s"})
         gw.preexec_fn = low_nofile
         with gw:
             flood = []
-            t0 = time.monotonic()
             try:
                 for _ in range(N):
                     flood.append(socket.create_connection((h.HOST, gw.port), timeout=5))
-                    time.sleep(0.005)
-                time.sleep(0.3)
-                window = time.monotonic() - t0
-                refused = 0
-                for s in flood:
-                    s.setblocking(False)
-                    try:
-                        if s.recv(65536).startswith(b"HTTP/1.1 503 "):
-                            refused += 1
-                    except (BlockingIOError, ConnectionResetError):
-                        pass
-                pauses = gw.stderr_tail(1 << 20).count("pausing accepts for 100 ms")
+                    time.sleep(0.002)
+                t0 = time.monotonic()
+                while True:
+                    times = _pause_times(gw)
+                    if sum(len(v) for v in times.values()) >= PAUSES + 1 or \
+                            time.monotonic() - t0 > DEADLINE:
+                        break
+                    time.sleep(0.05)
+                refused, waiting, silent, bad = _fd_flood_state(flood)
+                times = _pause_times(gw)
             finally:
                 for s in flood:
                     s.close()
-            bound = int(window / 0.1) + 3
-            print("%.1fs at the fd limit: %d refused, %d pauses logged (bound %d)"
-                  % (window, refused, pauses, bound))
-            assert pauses <= bound and refused <= bound, \
-                "%d refusals and %d 'pausing accepts for 100 ms' in %.1fs: the pause " \
-                "does not last 100 ms" % (refused, pauses, window)
+            assert list(times) == gw.worker_pids(), \
+                "pauses logged by %r, the worker is %r" % (list(times), gw.worker_pids())
+            ts = list(times.values())[0]
+            gaps = [round(b - a, 3) for a, b in zip(ts, ts[1:])]
+            print("%d pauses logged, gaps (s) %r; %d refused, %d waiting, %d closed silently"
+                  % (len(ts), gaps, refused, waiting, silent))
+            assert len(ts) >= PAUSES + 1, \
+                "%d 'pausing accepts for 100 ms' in %.0fs: accepts are not resumed after " \
+                "100 ms (gaps %r)" % (len(ts), DEADLINE, gaps)
+            # ms timestamps truncate: a 100 ms gap may read 99 ms.
+            assert min(gaps) >= 0.099, \
+                "pauses %r apart: the pause is shorter than 100 ms" % gaps
+            assert not bad and silent == 0, \
+                "refusals: %d closed silently, wrong answers %r" % (silent, bad[:3])
+            assert 1 <= refused <= len(ts) + 1, \
+                "%d refused with 503 for %d pauses (one each at most)" % (refused, len(ts))
 
 
 # ---------------------------------------------------------------- soak

@@ -306,6 +306,7 @@ def test_pool_access_log_names_the_replica_and_the_tries():
             assert [ln["tries"] for ln in lines] == [2, 1, 2, 1], lines
 
 
+@h.skip_under("valgrind")
 def test_pool_busy_head_moves_the_request_and_marks_the_replica_busy():
     body = b'{"error":{"message":"busy","type":"server_error","code":"busy"}}'
     with RawUpstream(busy_handler(body, retry_after=5)) as raw, Stub("live") as live:

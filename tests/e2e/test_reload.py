@@ -61,6 +61,7 @@ def _assert_complete(streams, want, what="in-flight stream"):
         assert body == want, "%s %d differs (%d bytes, want %d)" % (what, i, len(body), len(want))
 
 
+@h.skip_under("valgrind")
 def test_reload_raising_max_streams_admits_new_streams_at_once_and_keeps_inflight():
     with Stub() as stub, _gw(stub, tenants={"acme": {"max_streams": 2}}) as gw:
         held = [gw.admit(events=30, interval=100, tag="held", timeout=20) for _ in range(2)]
@@ -86,6 +87,7 @@ def test_reload_raising_max_streams_admits_new_streams_at_once_and_keeps_infligh
         h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
 
 
+@h.skip_under("valgrind")
 @h.timeout(60)
 def test_reload_lowering_max_streams_refuses_until_inflight_below_new_limit():
     with Stub() as stub, _gw(stub, tenants={"acme": {"max_streams": 3}}) as gw:

@@ -10,13 +10,16 @@
  *                      sample in EXAMPLES is a valid configuration.
  *   man/sluice.8       every metric, signal, error code and access log
  *                      "end" value of the contract is documented in its
- *                      section.
+ *                      section; so is every metric family the code can
+ *                      emit (each "sluice_..." name in a string literal of
+ *                      src/ *.c) and every field conn_access_log() writes.
  *
  * The pages are read from $SLUICE_SRCDIR/man (default: ./man). Every
  * mismatch is printed, not only the first, before the test fails.
  */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -514,6 +517,216 @@ test_metrics_documented(void **state)
 	free(page);
 }
 
+/* ---- names derived from the code ---------------------------------------- */
+
+struct names {
+	char **v;
+	size_t n;
+};
+
+static void
+names_add(struct names *ns, const char *s, size_t len)
+{
+	size_t i;
+	char **nv;
+
+	for (i = 0; i < ns->n; i++)
+		if (strlen(ns->v[i]) == len && strncmp(ns->v[i], s, len) == 0)
+			return;
+	nv = realloc(ns->v, (ns->n + 1) * sizeof(*nv));
+	if (nv == NULL || (nv[ns->n] = strndup(s, len)) == NULL)
+		fail_msg("out of memory");
+	ns->v = nv;
+	ns->n++;
+}
+
+static void
+names_free(struct names *ns)
+{
+	size_t i;
+
+	for (i = 0; i < ns->n; i++)
+		free(ns->v[i]);
+	free(ns->v);
+}
+
+static int
+is_name_char(char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+	    ch == '_';
+}
+
+/*
+ * Every "sluice_..." word inside a string literal of C source text
+ * (comments and character constants skipped, escapes honoured, so the
+ * "sluice_x" of "...\nsluice_x %d" counts), as a metric family: the
+ * _bucket, _sum and _count series of a histogram name their family. A word
+ * ending in '_' is a name completed at run time, which this check cannot
+ * follow: it is reported as a problem.
+ */
+static void
+metric_names(const char *file, const char *src, struct names *ns, int *n)
+{
+	static const char *const suffixes[] = { "_bucket", "_sum", "_count" };
+	const char *p = src;
+	int boundary;
+	size_t len, k, sl;
+
+	while (*p != '\0') {
+		if (p[0] == '/' && p[1] == '*') {
+			p = strstr(p + 2, "*/");
+			p = p != NULL ? p + 2 : src + strlen(src);
+		} else if (p[0] == '/' && p[1] == '/') {
+			p += strcspn(p, "\n");
+		} else if (*p == '\'') {
+			for (p++; *p != '\0' && *p != '\''; p++)
+				if (*p == '\\' && p[1] != '\0')
+					p++;
+			if (*p != '\0')
+				p++;
+		} else if (*p == '"') {
+			boundary = 1;
+			for (p++; *p != '\0' && *p != '"';) {
+				if (*p == '\\' && p[1] != '\0') {
+					p += 2;
+					boundary = 1;
+					continue;
+				}
+				if (boundary && strncmp(p, "sluice_", 7) == 0) {
+					for (len = 7; is_name_char(p[len]); len++)
+						;
+					if (p[len - 1] == '_')
+						problem(n, "%s: metric name built at "
+						    "run time from \"%.*s\": name "
+						    "it whole so it can be checked",
+						    file, (int)len, p);
+					else {
+						for (k = 0; k < 3; k++) {
+							sl = strlen(suffixes[k]);
+							if (len > sl && strncmp(p + len -
+							    sl, suffixes[k], sl) == 0) {
+								len -= sl;
+								break;
+							}
+						}
+						names_add(ns, p, len);
+					}
+					p += len;
+					boundary = 0;
+					continue;
+				}
+				boundary = !is_word_char(*p);
+				p++;
+			}
+			if (*p != '\0')
+				p++;
+		} else
+			p++;
+	}
+}
+
+static void
+test_every_metric_in_the_code_documented(void **state)
+{
+	const char *dir = getenv("SLUICE_SRCDIR");
+	char path[4096], rel[512];
+	struct names ns = { NULL, 0 };
+	struct dirent *de;
+	char *page, *text, *src;
+	size_t i, len, files = 0;
+	int n = 0;
+	DIR *d;
+
+	(void)state;
+	if (dir == NULL || dir[0] == '\0')
+		dir = ".";
+	snprintf(path, sizeof(path), "%s/src", dir);
+	if ((d = opendir(path)) == NULL)
+		fail_msg("cannot open %s: %s (set SLUICE_SRCDIR to the source "
+		    "tree)", path, strerror(errno));
+	while ((de = readdir(d)) != NULL) {
+		len = strlen(de->d_name);
+		if (len < 3 || strcmp(de->d_name + len - 2, ".c") != 0)
+			continue;
+		snprintf(rel, sizeof(rel), "src/%s", de->d_name);
+		src = read_page(rel);
+		metric_names(rel, src, &ns, &n);
+		free(src);
+		files++;
+	}
+	closedir(d);
+	/* The scan itself must work: today there are 35 families. */
+	if (files < 10 || ns.n < 30)
+		fail_msg("found %zu metric families in %zu files of %s: the "
+		    "scan is broken", ns.n, files, path);
+	page = read_page(MAIN_PAGE);
+	if ((text = section(page, "ADMIN ENDPOINTS")) == NULL)
+		fail_msg("%s has no ADMIN ENDPOINTS section", MAIN_PAGE);
+	for (i = 0; i < ns.n; i++)
+		if (!line_has(text, ".It Li ", ns.v[i]))
+			problem(&n, "%s: ADMIN ENDPOINTS has no \".It Li %s\" "
+			    "(a metric family src/ emits)", MAIN_PAGE, ns.v[i]);
+	print_message("%zu metric families in src/*.c\n", ns.n);
+	free(text);
+	free(page);
+	names_free(&ns);
+	if (n > 0)
+		fail_msg("%d metric famil(y/ies) of the code not documented "
+		    "in %s", n, MAIN_PAGE);
+}
+
+/*
+ * Every field the access log writes: the "\"NAME\":" of the format in
+ * conn_access_log() (src/relay.c).
+ */
+static void
+test_every_access_log_field_in_the_code_documented(void **state)
+{
+	struct names ns = { NULL, 0 };
+	char *src, *page, *text;
+	const char *p, *end, *q;
+	size_t i, len;
+	int n = 0;
+
+	(void)state;
+	src = read_page("src/relay.c");
+	p = strstr(src, "\nconn_access_log(");
+	if (p == NULL)
+		fail_msg("src/relay.c has no conn_access_log()");
+	end = strstr(p, "\n}\n");
+	if (end == NULL)
+		end = p + strlen(p);
+	for (q = p; (q = strstr(q, "\\\"")) != NULL && q < end; ) {
+		q += 2;
+		for (len = 0; is_name_char(q[len]); len++)
+			;
+		if (len > 0 && strncmp(q + len, "\\\":", 3) == 0) {
+			names_add(&ns, q, len);
+			q += len + 3;
+		}
+	}
+	if (ns.n < 15)
+		fail_msg("found %zu access log fields in conn_access_log(): "
+		    "the scan is broken", ns.n);
+	page = read_page(MAIN_PAGE);
+	if ((text = section(page, "ACCESS LOG")) == NULL)
+		fail_msg("%s has no ACCESS LOG section", MAIN_PAGE);
+	for (i = 0; i < ns.n; i++)
+		if (!line_has(text, ".It Li ", ns.v[i]))
+			problem(&n, "%s: ACCESS LOG has no \".It Li %s\" (a "
+			    "field conn_access_log() writes)", MAIN_PAGE,
+			    ns.v[i]);
+	print_message("%zu access log fields in conn_access_log()\n", ns.n);
+	free(text);
+	free(page);
+	free(src);
+	names_free(&ns);
+	if (n > 0)
+		fail_msg("%d access log field(s) not documented in %s", n,
+		    MAIN_PAGE);
+}
+
 static void
 test_signals_documented(void **state)
 {
@@ -556,7 +769,8 @@ test_access_log_documented(void **state)
 	static const char *const fields[] = {
 		"time", "worker", "peer", "tenant", "method", "path", "status",
 		"bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", "replica",
-		"tries", "prompt_tokens", "completion_tokens", "usage", NULL
+		"tries", "prompt_tokens", "completion_tokens", "usage",
+		"affinity", NULL
 	};
 	static const char *const ends[] = {
 		"done", "client_gone", "upstream_error", "timeout", "stall",
@@ -591,6 +805,8 @@ main(void)
 		cmocka_unit_test(test_no_unknown_key_documented),
 		cmocka_unit_test(test_example_is_valid),
 		cmocka_unit_test(test_metrics_documented),
+		cmocka_unit_test(test_every_metric_in_the_code_documented),
+		cmocka_unit_test(test_every_access_log_field_in_the_code_documented),
 		cmocka_unit_test(test_signals_documented),
 		cmocka_unit_test(test_errors_documented),
 		cmocka_unit_test(test_access_log_documented),
