@@ -101,6 +101,7 @@ NUM(loadm_enabled, UP->load_metrics.enabled)
 NUM(loadm_interval, UP->load_metrics.interval_ms)
 NUM(retries, UP->retries)
 NUM(retry_on, UP->retry_on)
+NUM(busy_max, UP->busy_max_ms)
 NUM(health_enabled, UP->health.enabled)
 NUM(health_interval, UP->health.interval_ms)
 NUM(health_timeout, UP->health.timeout_ms)
@@ -177,6 +178,7 @@ static const struct where wheres[] = {
 	    NULL },
 	{ "upstreams.*.retries", UPSTREAM, ALWAYS, K_NUM, n_retries, NULL },
 	{ "upstreams.*.retry_on", UPSTREAM, ALWAYS, K_BITS, n_retry_on, NULL },
+	{ "upstreams.*.busy_max", UPSTREAM, ALWAYS, K_NUM, n_busy_max, NULL },
 	{ "upstreams.*.health", UPSTREAM, ALWAYS, K_MAPPING, n_health_enabled, NULL },
 	{ "upstreams.*.health.path", UPSTREAM, IF_HEALTH, K_PATH, NULL, s_health_path },
 	{ "upstreams.*.health.interval", UPSTREAM, IF_HEALTH, K_NUM, n_health_interval, NULL },
