@@ -1326,6 +1326,8 @@ test_req_python_extensions_counted(void **state)
 	    "{\"m\":\"\\ud800 \\udfff\",\"stream\":true,"
 	    "\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
 	check_req("{\"s\":\"\xf4\x8f\xbf\xbf \xe0\xa0\x80 \xc2\x80\",\"n\":0}", NULL, 1, 0, 0);
+	/* encoded surrogates: json.loads(bytes) decodes with "surrogatepass" */
+	check_req("{\"a\":\"\xed\xa0\x80\xed\xbf\xbf\"}", NULL, 1, 0, 0);
 }
 
 /* ... and what it refuses is not. */
@@ -1336,7 +1338,8 @@ test_req_invalid_json_not_counted(void **state)
 		"{\"a\":01}", "{\"a\":1.}", "{\"a\":.5}", "{\"a\":-}", "{\"a\":1e}",
 		"{\"a\":+1}", "{\"a\":tru}", "{\"a\":nan}", "{\"a\":\"\x01\"}",
 		"{\"a\":\"\\x\"}", "{\"a\":\"\\u12g4\"}", "{\"a\":\"\\u12\"}",
-		"{\"a\":\"\xc0\x80\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\xf5\x80\x80\x80\"}",
+		"{\"a\":\"\xc0\x80\"}", "{\"a\":\"\xe0\x9f\xbf\"}", "{\"a\":\"\xf5\x80\x80\x80\"}",
+		"{\"a\":\"\xf4\x90\x80\x80\"}", "{\"a\":\"\xed\xa0\"}",
 		"{\"a\":\"\xe2\x82\"}", "{\"a\":\"\xe2\x82", "{\"a\" 1}", "{\"a\":1 \"b\":2}",
 		"{\"a\":[1,]}", "{\"a\":[1}", "{\"a\":{]}", "{1:2}", "{\"a\":1}]",
 		"\xef\xbb{\"a\":1}", "\xef\xbb\xbf\xef\xbb\xbf{}",
