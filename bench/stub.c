@@ -44,7 +44,9 @@
  *
  * Endpoints
  *   POST /v1/chat/completions, POST /v1/completions
- *       body contains "stream": true or "stream":true -> SSE stream, else one JSON
+ *       body contains "stream": true or "stream":true, or is a JSON object whose
+ *       "stream" vLLM reads as true (pydantic's lax bool: 1, 1.0, "1", and "t",
+ *       "y", "on", "yes", "true" in any case) -> SSE stream, else one JSON
  *       completion (Content-Length framed).
  *   GET|POST|PUT|DELETE /v1/echo[?query]
  *       {"method":..,"path":..,"query":..,"headers":[[name,value],..],"body":..}
@@ -127,7 +129,9 @@
  *                       the chunk relays the very bytes of a stream not asked.
  *
  * Usage. A completion body that is a JSON object with "stream_options":
- * {"include_usage":true} (parsed with jansson) asks for usage: counted in
+ * {"include_usage":true} (parsed with jansson; any value vLLM reads as true,
+ * as for "stream" above; 0, "false", "no" and the like are false) asks for
+ * usage: counted in
  * include_usage_requests (global and per tag) whatever else happens to it.
  * A stream that asked (and no X-Stub-Ignore-Usage) has, after the last event and
  * before [DONE], one usage chunk (and with X-Stub-Usage-Null: 1 ,"usage":null
@@ -816,6 +820,7 @@ struct req {
 	struct knobs	 k;
 	int		 stream;
 	int		 include_usage;	/* body: "stream_options":{"include_usage":true} */
+	int		 stream_lax;	/* body: a JSON object whose "stream" vLLM takes for true */
 	int		 send_usage;	/* stream ends with a usage chunk */
 	long long	 prompt_tokens, completion_tokens;	/* what usage reports */
 	int		 status;	/* what we answer, for the log */
@@ -940,7 +945,7 @@ req_reset(struct req *r)
 	r->expect_continue = r->continue_sent = 0;
 	r->route = ROUTE_NOT_FOUND;
 	r->stream = 0;
-	r->include_usage = r->send_usage = 0;
+	r->include_usage = r->send_usage = r->stream_lax = 0;
 	r->prompt_tokens = r->completion_tokens = 0;
 	r->status = 0;
 	r->errmsg[0] = '\0';
@@ -2533,6 +2538,44 @@ route_of(const struct req *r, const char *path, size_t plen)
  * /stub/last and note (and count) whether it asks for the usage chunk, which
  * takes a JSON object body with "stream_options":{"include_usage":true}.
  */
+/*
+ * A bool as vLLM reads one (pydantic, lax mode): true/false, the integers
+ * 1/0, the floats 1.0/0.0, and the strings "1" "0" and, in any case, "t" "y"
+ * "on" "yes" "true" / "f" "n" "no" "off" "false". 1 true, 0 false, -1 a
+ * value the runner refuses (or null, absent: the caller's default).
+ */
+static int
+lax_bool(const json_t *v)
+{
+	static const char *const yes[] = { "t", "y", "on", "yes", "true" };
+	static const char *const no[] = { "f", "n", "no", "off", "false" };
+	const char *s;
+	size_t i;
+
+	if (json_is_boolean(v))
+		return json_is_true(v);
+	if (json_is_integer(v))
+		return json_integer_value(v) == 1 ? 1 : json_integer_value(v) == 0 ? 0 : -1;
+	if (json_is_real(v))
+		return json_real_value(v) == 1.0 ? 1 : json_real_value(v) == 0.0 ? 0 : -1;
+	if (!json_is_string(v))
+		return -1;
+	s = json_string_value(v);
+	if (json_string_length(v) != strlen(s))
+		return -1;
+	if (strcmp(s, "1") == 0)
+		return 1;
+	if (strcmp(s, "0") == 0)
+		return 0;
+	for (i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+		if (strcasecmp(s, yes[i]) == 0)
+			return 1;
+		if (strcasecmp(s, no[i]) == 0)
+			return 0;
+	}
+	return -1;
+}
+
 static void
 req_inspect_body(struct conn *c, const char *path, size_t plen)
 {
@@ -2552,7 +2595,8 @@ req_inspect_body(struct conn *c, const char *path, size_t plen)
 		return;
 	so = json_is_object(root) ? json_object_get(root, "stream_options") : NULL;
 	r->include_usage = json_is_object(so) &&
-	    json_is_true(json_object_get(so, "include_usage"));
+	    lax_bool(json_object_get(so, "include_usage")) == 1;
+	r->stream_lax = json_is_object(root) && lax_bool(json_object_get(root, "stream")) == 1;
 	if (json_is_object(root))
 		req_prompt(ctx, r, root);
 	json_decref(root);
@@ -2607,9 +2651,9 @@ conn_dispatch(struct conn *c)
 		return;
 	}
 	if (r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) {
-		r->stream = r->body.len > 0 &&
+		r->stream = r->stream_lax || (r->body.len > 0 &&
 		    (memmem(r->body.data, r->body.len, "\"stream\": true", 14) != NULL ||
-		    memmem(r->body.data, r->body.len, "\"stream\":true", 13) != NULL);
+		    memmem(r->body.data, r->body.len, "\"stream\":true", 13) != NULL));
 		if (!r->stream && r->k.status == 0 && r->k.events > NONSTREAM_MAX_EVENTS) {
 			snprintf(r->errmsg, sizeof r->errmsg,
 			    "bad X-Stub-Events: want 0..%lld for a non-stream response",

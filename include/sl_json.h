@@ -8,10 +8,12 @@
  *
  * What sl_json_object() accepts is what a Python runner's json.loads
  * accepts (vLLM, SGLang): RFC 8259 JSON, plus a leading UTF-8 BOM, NaN,
- * Infinity, -Infinity, numbers of any size and lone surrogate escapes. It
- * refuses what those runners refuse: invalid UTF-8, raw control characters
- * in strings, bad escapes, leading zeros, trailing garbage, and nesting
- * deeper than SL_JSON_MAXDEPTH (jansson's limit too).
+ * Infinity, -Infinity, numbers of any size, lone surrogate escapes and
+ * UTF-8-encoded surrogates (json.loads(bytes) decodes "surrogatepass"). It
+ * refuses what those runners refuse: other invalid UTF-8, raw control
+ * characters in strings, bad escapes, leading zeros, trailing garbage, and
+ * nesting deeper than SL_JSON_MAXDEPTH (jansson's limit too). It reads
+ * UTF-8 only: a body json.loads would take as UTF-16 or UTF-32 is refused.
  *
  * The walkers (sl_json_skip, sl_json_find, sl_json_first, sl_json_after,
  * sl_json_decode) are for text sl_json_object() validated: they bound every

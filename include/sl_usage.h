@@ -4,11 +4,12 @@
  * Three pure pieces, no I/O, no logging, no globals; the relay calls them
  * from above and owns every buffer it passes in:
  *
- *  1. sl_usage_request(): reads a request body (parsed with jansson) and, for
- *     a streamed request whose client did not ask for usage, builds the body
- *     to send upstream: the original bytes with exactly one member inserted
- *     (or one `false`/`null` value replaced), so the runner sends its usage
- *     chunk. Anything else is forwarded untouched.
+ *  1. sl_usage_request(): reads a request body (validated in one pass that
+ *     builds nothing, sl_json.h), estimates its prompt and, for a streamed
+ *     request whose client did not ask for usage, builds the body to send
+ *     upstream: the original bytes with exactly one member inserted (or one
+ *     false value replaced), so the runner sends its usage chunk. Anything
+ *     else is forwarded untouched.
  *  2. sl_usage_from_json(): the `usage` object of a non-streamed response.
  *  3. struct sl_usage_scan: a streaming scanner over an SSE response body. It builds no JSON tree for ordinary events and allocates nothing
  *     for them; only the `usage` object of the usage event is copied and
@@ -20,8 +21,10 @@
  *     other chunk once asked (vLLM, OpenAI), forwarding every other byte
  *     unchanged.
  *
- * JSON dialect. Request bodies and the usage object are parsed by jansson
- * (RFC 8259, UTF-8 checked, depth bounded by jansson at 2048). Duplicate
+ * JSON dialect. Request bodies are read as a Python runner's json.loads
+ * reads them (sl_json.h), their "stream" and "include_usage" as its
+ * pydantic reads a bool (sl_usage_json_bool()); the usage object is parsed
+ * by jansson (RFC 8259, UTF-8 checked, depth bounded at 2048). Duplicate
  * keys: the last one wins, as in jansson, Python's json (vLLM, TGI's
  * router is Rust/serde: last wins too) and nlohmann::json (llama.cpp); the
  * request editor therefore edits the last `stream_options` / `include_usage`
@@ -50,6 +53,23 @@ struct sl_usage {
 	uint64_t total_tokens;       /* as reported; prompt + completion if absent */
 };
 
+/*
+ * The most prompt or completion tokens one response is believed to have
+ * used: ten times the longest context window of any model served today
+ * (10M tokens), and far enough below 2^64 that no sum of believed counts
+ * wraps a counter. A usage reporting more is a runner's bug or lie: the
+ * caller charges the estimate instead (sluice.yaml(5), usage).
+ */
+#define SL_USAGE_MAX_TOKENS 100000000ULL
+
+/* 1 if u was reported and its prompt and completion counts are believable. */
+static inline int
+sl_usage_sane(const struct sl_usage *u)
+{
+	return u->have && u->prompt_tokens <= SL_USAGE_MAX_TOKENS &&
+	    u->completion_tokens <= SL_USAGE_MAX_TOKENS;
+}
+
 /* ---- 1. request body ---- */
 
 /* What sl_usage_request found; body is owned, free with sl_usage_req_free(). */
@@ -57,6 +77,7 @@ struct sl_usage_req {
 	int counted;         /* the body is a JSON object: count this request */
 	int stream;          /* "stream": true */
 	int client_asked;    /* "stream_options": {"include_usage": true} */
+	uint64_t prompt_est; /* prompt tokens estimated from the body (below) */
 	int injected;        /* body/body_len hold the bytes to send upstream */
 	char *body;          /* malloc'd, NUL-terminated (not counted in body_len) */
 	size_t body_len;
@@ -66,22 +87,41 @@ struct sl_usage_req {
 
 /*
  * Call once per chat/completions or completions request body, before it goes
- * upstream. len is already bounded by max_body_bytes. With inject set, a
+ * upstream. len is already bounded by max_body_bytes. "Streamed" and "asked"
+ * are what a runner reads: "stream" and "include_usage" true as
+ * sl_usage_json_bool() reads them (1, "true", "yes"...). With inject set, a
  * streamed request whose client did not ask for usage gets
  *   no stream_options            -> ,"stream_options":{"include_usage":true}
  *                                   before the top-level closing brace
  *   "stream_options": null       -> that null replaced by {"include_usage":true}
  *   stream_options without it    -> ,"include_usage":true before its closing brace
- *   "include_usage": false|null  -> that value replaced by true
+ *   "include_usage": any false   -> that value replaced by true
+ *                  (false, null, 0, 0.0, "0", "false", "no", "off", "f", "n")
  * (the comma only when the object has members). A stream_options or
- * include_usage of any other type is left alone: the runner answers that
- * request as it sees fit.
+ * include_usage of any other type or value is left alone: the runner
+ * refuses that request (or answers it as it sees fit).
+ * prompt_est, for every counted body: ceil(bytes / 4) of the prompt's text
+ * (the UTF-8 bytes of messages[].content strings, of the "text" string of
+ * each object in a content array, and of "prompt" as a string or the
+ * strings in a "prompt" array) plus one per token id ("prompt" as an array
+ * of integers, or of arrays of them). The caller charges it when no usage
+ * arrives.
  * A body that is not a JSON object (array, scalar, garbage, empty, invalid
  * UTF-8) gives counted = 0 and is forwarded untouched.
  * Returns 0, or -1 when out of memory (out then says "not injected"; the
  * request can still be forwarded untouched). Always initialises *out.
  */
 int sl_usage_request(const char *body, size_t len, int inject, struct sl_usage_req *out);
+
+/*
+ * A JSON value (v[0..len), valid JSON as sl_json_object() takes it) read as
+ * a bool the way vLLM and SGLang read one (pydantic, lax mode): true, 1,
+ * a float equal to 1.0 (1.0, 1e0), and the strings "1", "t", "y", "on",
+ * "yes", "true" (any ASCII case, after unescaping) are true; false, null,
+ * 0, -0, a float equal to 0.0, and "0", "f", "n", "no", "off", "false" are
+ * false. Returns 1 true, 0 false, -1 anything else (a runner refuses it).
+ */
+int sl_usage_json_bool(const char *v, size_t len);
 
 /* Free the new body (if any) and reset *r. Safe on a zeroed struct. */
 void sl_usage_req_free(struct sl_usage_req *r);

@@ -201,10 +201,12 @@ sl_json_find(const char *p, size_t len, size_t open, const char *name,
  * this is a few milliseconds and no memory. What is accepted is what a
  * Python runner's json.loads accepts (vLLM, SGLang, TGI's router reads serde
  * but its Python clients do not care): RFC 8259 JSON, plus a leading UTF-8
- * BOM, NaN, Infinity and -Infinity, numbers of any size and lone surrogate
- * escapes. Refused, as those runners refuse them: invalid UTF-8, raw control
- * characters in strings, bad escapes, trailing garbage, nesting deeper than
- * SL_JSON_MAXDEPTH.
+ * BOM, NaN, Infinity and -Infinity, numbers of any size, lone surrogate
+ * escapes and UTF-8-encoded surrogates (json.loads(bytes) decodes with
+ * "surrogatepass"). Refused, as those runners refuse them: other invalid
+ * UTF-8, raw control characters in strings, bad escapes, trailing garbage,
+ * nesting deeper than SL_JSON_MAXDEPTH. tests/ref/json_ref.c is the
+ * reference fuzz_usage holds this to.
  */
 
 /* The byte after a valid UTF-8 sequence starting at p[k] (>= 0x80), or 0. */
@@ -221,8 +223,10 @@ utf8_seq(const char *s, size_t len, size_t k)
 		n = 2;
 		if (c == 0xe0)
 			lo = 0xa0;
-		else if (c == 0xed)
-			hi = 0x9f;    /* no encoded surrogates */
+		/*
+		 * 0xed: encoded surrogates (ED A0..BF xx) pass, as they do
+		 * json.loads(bytes), which decodes with "surrogatepass".
+		 */
 	} else if (c >= 0xf0 && c <= 0xf4) {
 		n = 3;
 		if (c == 0xf0)

@@ -136,6 +136,7 @@ struct sl_conn {
 	int usage_done;            /* charged (or decided: nothing to charge) */
 	const char *usage_kind;    /* "exact", "estimated" or "none" */
 	uint64_t tok_prompt, tok_completion;
+	uint64_t prompt_est;       /* the request's prompt, estimated */
 	struct sl_usage_scan *scan;  /* streamed: the SSE scanner */
 	char *ubody;               /* not streamed: the body, for its usage */
 	size_t ubody_len, ubody_cap;
@@ -1359,12 +1360,16 @@ conn_usage_request(struct sl_conn *c)
 		r.body = NULL;
 	}
 	c->usage_on = 1;
+	c->prompt_est = r.prompt_est;
 	sl_usage_req_free(&r);
 }
 
 /*
  * Charge the response's tokens to its tenant, once: exact when the usage
- * arrived, else completion tokens estimated from the content relayed.
+ * arrived (and is believable: sl_usage_sane), else estimated: the prompt
+ * from the request body, the completion from the content relayed. A
+ * budget so bounds prefill as well as decode whatever became of the usage
+ * (a runner that ignores the option, a stream cut or left by its client).
  * Called when the response ends, before its last byte is written.
  */
 static void
@@ -1383,7 +1388,7 @@ conn_usage_charge(struct sl_conn *c)
 	memset(&u, 0, sizeof(u));
 	if (c->scan != NULL)
 		sl_usage_scan_result(c->scan, &u, &bytes);
-	if (!u.have && c->keep_json) {
+	if (!sl_usage_sane(&u) && c->keep_json) {
 		/* One JSON body, or what a JSON answer turned out to be. */
 		struct sl_usage j;
 		uint64_t jb = 0;
@@ -1391,21 +1396,23 @@ conn_usage_charge(struct sl_conn *c)
 		if (c->ubody_len > SL_USAGE_MAX_JSON)
 			jb = c->ubody_total;   /* not parsed: all may be content */
 		else if (c->ubody != NULL &&
-		    sl_usage_from_json(c->ubody, c->ubody_len, &j) == 0)
+		    sl_usage_from_json(c->ubody, c->ubody_len, &j) == 0 &&
+		    sl_usage_sane(&j))
 			u = j;
 		else
 			jb = sl_usage_json_content(c->ubody, c->ubody_len);
 		if (jb > bytes)
 			bytes = jb;
 	}
-	if (u.have) {
+	if (sl_usage_sane(&u)) {
 		c->usage_kind = "exact";
 		c->tok_prompt = n[SL_TOKENS_PROMPT] = u.prompt_tokens;
 		c->tok_completion = n[SL_TOKENS_COMPLETION] = u.completion_tokens;
 	} else {
 		c->usage_kind = "estimated";
-		c->tok_completion = n[SL_TOKENS_ESTIMATED] =
-		    sl_usage_estimate(bytes);
+		c->tok_prompt = c->prompt_est;
+		c->tok_completion = sl_usage_estimate(bytes);
+		n[SL_TOKENS_ESTIMATED] = c->tok_prompt + c->tok_completion;
 	}
 	sl_shm_tokens_charge(c->w->shm, c->w->tenant_slot[c->tenant], mono_sec(),
 	    n);
@@ -1437,7 +1444,7 @@ conn_usage_reset(struct sl_conn *c)
 	conn_usage_free(c);
 	c->usage_on = c->usage_done = 0;
 	c->usage_kind = NULL;
-	c->tok_prompt = c->tok_completion = 0;
+	c->tok_prompt = c->tok_completion = c->prompt_est = 0;
 	c->affinity = 0;
 	c->out.cap = c->w->cfg->stream_buffer + CHUNK_FRAMING;
 }

@@ -892,10 +892,17 @@ sl_shm_tokens_charge(struct sl_shm *s, size_t tenant, uint64_t now_sec,
 		return;
 	t = &s->tokens[tenant];
 	for (k = 0; k < SL_TOKENS_KINDS; k++) {
-		if (n[k] > 0)
-			atomic_fetch_add_explicit(&t->total[k], n[k],
-			    memory_order_relaxed);
-		add += n[k];
+		/* Counters saturate: a counter that wraps goes backwards. */
+		if (n[k] > 0) {
+			uint64_t o = atomic_load_explicit(&t->total[k],
+			    memory_order_relaxed), v;
+
+			do
+				v = o > UINT64_MAX - n[k] ? UINT64_MAX : o + n[k];
+			while (!atomic_compare_exchange_weak_explicit(&t->total[k],
+			    &o, v, memory_order_relaxed, memory_order_relaxed));
+		}
+		add = add > UINT64_MAX - n[k] ? UINT64_MAX : add + n[k];
 	}
 	if (add == 0)
 		return;

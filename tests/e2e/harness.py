@@ -254,6 +254,45 @@ def stream_body(model="stub", stream=True):
                        "messages": [{"role": "user", "content": "hello"}]}).encode()
 
 
+# How a stream's bytes go through the relay (issue 22): "injected" through
+# the usage scanner that holds and drops (sluice asked for the usage chunk,
+# the default); the others through the plain path, where the relay itself
+# must pause the upstream: usage off, inject off, a client that asked for
+# usage itself (its chunk passes), and a request that is not counted (a
+# body that is not a JSON object, which the stub still streams for).
+RELAY_PATHS = ("injected", "usage_off", "inject_false", "client_asked", "uncounted")
+_ASKED_USAGE = (7, 3)
+
+
+def relay_path_config(kind):
+    """Gateway config overrides for a RELAY_PATHS kind."""
+    return {"usage_off": {"usage": {"enabled": False}},
+            "inject_false": {"usage": {"inject": False}}}.get(kind, {})
+
+
+def relay_path_request(kind):
+    """(body, extra headers) of a stub stream on a RELAY_PATHS kind."""
+    if kind == "client_asked":
+        body = json.dumps({"model": "stub", "stream": True,
+                           "stream_options": {"include_usage": True},
+                           "messages": [{"role": "user", "content": "hello"}]}).encode()
+        return body, {"X-Stub-Usage": "%d,%d" % _ASKED_USAGE}
+    if kind == "uncounted":
+        return b'{"model":"stub","stream":true,"messages":[]', {}
+    return stream_body(), {}
+
+
+def relay_path_expected(kind, n, size=0):
+    """The bytes the client gets for n events of `size` on a RELAY_PATHS kind."""
+    if kind != "client_asked":
+        return expected_events(n, size)
+    p, c = _ASKED_USAGE
+    usage = ('data: {"id":"chatcmpl-stub","object":"chat.completion.chunk","created":0,'
+             '"model":"stub","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,'
+             '"total_tokens":%d}}\n\n' % (p, c, p + c)).encode()
+    return b"".join(stub_event(i, size) for i in range(n)) + usage + DONE_EVENT
+
+
 def stub_headers(events=None, size=None, interval=None, abort_after=None,
                  status=None, delay=None, hang=False, tag=None):
     h = {}
@@ -1056,14 +1095,16 @@ class Gateway:
             return c.request(method, path, h, body, timeout=timeout)
 
     def open_stream(self, key=ACME_KEY, path="/v1/chat/completions", read_head=True,
-                    timeout=10.0, rcvbuf=None, **stub_kw):
-        """Send a streaming completion on a new connection; returns (client,
-        response-or-None)."""
+                    timeout=10.0, rcvbuf=None, body=None, headers=None, **stub_kw):
+        """Send a streaming completion (body: stream_body() unless given;
+        headers: more request headers) on a new connection; returns
+        (client, response-or-None)."""
         c = self.client(rcvbuf=rcvbuf, timeout=timeout)
         h = dict(bearer(key)) if key else {}
         h["Content-Type"] = "application/json"
         h.update(stub_headers(**stub_kw))
-        c.send("POST", path, h, stream_body())
+        h.update(headers or {})
+        c.send("POST", path, h, stream_body() if body is None else body)
         if not read_head:
             return c, None
         return c, c.read_response(timeout=timeout)

@@ -87,6 +87,38 @@ def test_bad_runner_options_exit_2():
         assert b"usage: sluice-stub" in p.stderr, (args, p.stderr[-300:])
 
 
+# ------------------------------------------------------------------ lax bools (issue 22)
+
+def test_stream_and_include_usage_are_read_as_vllm_reads_a_bool():
+    # vLLM's pydantic (lax mode) streams for "stream": 1, "yes", 1.0 and takes
+    # include_usage 0 or "false" for false; the stub does the same, so the
+    # gateway's reading of them can be tested against it.
+    hd = dict(CT)
+    hd.update(h.stub_headers(events=2, interval=0))
+    hd["X-Stub-Usage"] = "5,2"
+    usage = (b'data: {"id":"chatcmpl-stub","object":"chat.completion.chunk","created":0,'
+             b'"model":"stub","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,'
+             b'"total_tokens":7}}\n\n')
+    with Stub() as stub:
+        for stream, iu, streamed, asked in ((1, None, True, False), ("YES", None, True, False),
+                                            (1.0, None, True, False), (0, None, False, False),
+                                            ("off", None, False, False), (2, None, False, False),
+                                            (True, 0, True, False), (True, "false", True, False),
+                                            (True, "n", True, False), (True, 1, True, True),
+                                            (True, "Yes", True, True)):
+            d = {"model": "stub", "stream": stream, "messages": []}
+            if iu is not None:
+                d["stream_options"] = {"include_usage": iu}
+            r = stub.direct("POST", "/v1/chat/completions", hd, json.dumps(d).encode())
+            assert r.status == 200 and r.complete, (d, r.status)
+            ct = r.header("content-type")
+            assert ct.startswith("text/event-stream" if streamed else "application/json"), (d, ct)
+            if streamed:
+                want = (h.stub_event(0) + h.stub_event(1) + (usage if asked else b"") +
+                        h.DONE_EVENT)
+                assert bytes(r.data) == want, (d, bytes(r.data))
+
+
 # ------------------------------------------------------------------ prefix cache
 
 def test_second_identical_prompt_hits_every_whole_block():

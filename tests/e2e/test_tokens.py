@@ -11,6 +11,7 @@ that did not ask the gateway removes that member too, so it sees the bytes
 of a runner never asked; a client that asked gets it unchanged."""
 
 import json
+import re
 import time
 
 import harness as h
@@ -146,9 +147,10 @@ def _log_line(gw, n):
 
 
 def _check_log(line, usage, prompt=0, completion=0):
-    """Access log usage fields. The contract does not say what prompt_tokens
-    is without exact usage (and completion_tokens for usage "none"): 0 or
-    null are both accepted there."""
+    """Access log usage fields: the runner's counts (exact), or the prompt
+    estimated from the request and the completion from what was relayed
+    (estimated). The contract does not say what they are for usage "none":
+    0 or null are both accepted there."""
     assert line.get("usage") == usage, "access log usage %r, expected %r: %r" % (
         line.get("usage"), usage, line)
     if usage == "exact":
@@ -156,10 +158,9 @@ def _check_log(line, usage, prompt=0, completion=0):
             "access log tokens %r/%r, expected %d/%d: %r" % (
                 line.get("prompt_tokens"), line.get("completion_tokens"), prompt, completion, line)
     elif usage == "estimated":
-        assert line.get("completion_tokens") == completion, \
-            "estimated completion_tokens %r, expected %d: %r" % (
-                line.get("completion_tokens"), completion, line)
-        assert line.get("prompt_tokens") in (0, None), line
+        assert (line.get("prompt_tokens"), line.get("completion_tokens")) == (prompt, completion), \
+            "estimated tokens %r/%r, expected %d/%d: %r" % (
+                line.get("prompt_tokens"), line.get("completion_tokens"), prompt, completion, line)
     else:
         assert line.get("prompt_tokens") in (0, None), line
         assert line.get("completion_tokens") in (0, None), line
@@ -320,13 +321,14 @@ def test_inject_false_forwards_the_body_untouched_and_estimates_streams():
         assert bytes(r.data) == h.expected_events(10, 200), bytes(r.data[:300])
         assert _last(stub) == (CHAT, body)
         # 50 bytes of content ("tok0 ".."tok9 "); the padding is not content.
-        _check_log(_log_line(gw, 1), "estimated", completion=13)
+        # The prompt: "hello", 2.
+        _check_log(_log_line(gw, 1), "estimated", prompt=2, completion=13)
 
         body = _body(COMPL)
         r = _post(gw, body, COMPL, events=3, usage=(50, 50), tag="noinj")
         assert bytes(r.data) == _stream(COMPL, 3), bytes(r.data)
         assert _last(stub) == (COMPL, body)
-        _check_log(_log_line(gw, 2), "estimated", completion=4)
+        _check_log(_log_line(gw, 2), "estimated", prompt=2, completion=4)
 
         # A non-streamed answer carries usage whatever inject says.
         r = _post(gw, _body(CHAT, stream=False), events=2, usage=(5, 2), tag="noinj")
@@ -334,29 +336,31 @@ def test_inject_false_forwards_the_body_untouched_and_estimates_streams():
         _check_log(_log_line(gw, 3), "exact", 5, 2)
 
         assert _tag(stub, "noinj")["include_usage_requests"] == 0, stub.tag("noinj")
-        _expect_tokens(gw, prompt=5, completion=2, estimated=17, window=24)
+        _expect_tokens(gw, prompt=5, completion=2, estimated=21, window=28)
 
 
 def test_stream_without_usage_is_estimated_when_cut_or_ignored():
     with Stub() as stub, _gw(stub) as gw:
-        # Cut by the upstream after 3 of 5 events: no usage arrived.
+        # Cut by the upstream after 3 of 5 events: no usage arrived. The
+        # prompt is estimated from the request ("hello": 2 tokens).
         r = _post(gw, _body(CHAT), events=5, abort_after=3, usage=(40, 5), tag="est")
         assert r.status == 200 and r.cut and not r.complete, (r.status, r.cut, r.complete)
         assert bytes(r.data) == _stream(CHAT, 3, done=False), bytes(r.data)
-        _check_log(_log_line(gw, 1), "estimated", completion=_estimate(_content_bytes(3)))
+        _check_log(_log_line(gw, 1), "estimated", prompt=2,
+                   completion=_estimate(_content_bytes(3)))
 
         # A runner that ignores the option: the client's bytes are exactly
         # those of a runner never asked.
         r = _post(gw, _body(CHAT), events=10, ignore=True, usage=(40, 10), tag="est")
         assert r.status == 200 and r.complete
         assert bytes(r.data) == h.expected_events(10), bytes(r.data[:300])
-        _check_log(_log_line(gw, 2), "estimated", completion=13)
+        _check_log(_log_line(gw, 2), "estimated", prompt=2, completion=13)
 
         # A client that asked, a runner that ignores it (completions: "text").
         r = _post(gw, _body(COMPL, asked=True), COMPL, events=4, ignore=True,
                   usage=(40, 4), tag="est")
         assert bytes(r.data) == _stream(COMPL, 4), bytes(r.data)
-        _check_log(_log_line(gw, 3), "estimated", completion=5)
+        _check_log(_log_line(gw, 3), "estimated", prompt=2, completion=5)
 
         # Cut after the usage chunk, before [DONE]: usage did arrive (exact),
         # and the client that did not ask still never sees it.
@@ -369,10 +373,10 @@ def test_stream_without_usage_is_estimated_when_cut_or_ignored():
         # ("tok0 ... tok6 " is 35 bytes: 9 tokens).
         r = _post(gw, _body(CHAT, stream=False), events=7, ignore=True, tag="est")
         assert r.status == 200 and b'"usage"' not in bytes(r.data), bytes(r.data)
-        _check_log(_log_line(gw, 5), "estimated", completion=9)
+        _check_log(_log_line(gw, 5), "estimated", prompt=2, completion=9)
 
         assert _tag(stub, "est")["include_usage_requests"] == 4
-        est = _estimate(_content_bytes(3)) + 13 + 5 + 9
+        est = _estimate(_content_bytes(3)) + 13 + 5 + 9 + 4 * 2
         _expect_tokens(gw, prompt=8, completion=2, estimated=est, window=10 + est)
 
 
@@ -556,6 +560,104 @@ def test_reload_budget_applies_to_a_request_whose_head_spans_the_reload():
             r = _post(gw, _body(CHAT, stream=False), events=1, tag="acme")
             assert_error(r, 429, "token_budget_exceeded", read=False)
 
+# ---------------------------------------------------------------- prompt tokens in the budget (issue 22)
+#
+# A runner that reports 1,000 prompt tokens for each request; a tenant with a
+# budget of 3,000 tokens a minute. Whatever the client wrote, each admitted
+# request is charged its prompt (the runner's 1,000 when its usage arrives,
+# the estimate from the request's 4,000 bytes of message text when it does
+# not), so the fourth request and every one after it are refused: ten never
+# pass. Before issue 22 each was charged only its completion (1 to 100).
+
+PROMPT_TEXT = "x" * 4000       # ceil(4000 / 4) = 1,000 tokens estimated
+
+
+def _prompt_body(**members):
+    d = {"model": "stub", "messages": [{"role": "user", "content": PROMPT_TEXT}]}
+    d.update(members)
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def _ten_against_a_budget(gw, stub, body, expect, disconnect=False):
+    """Ten requests, one at a time, each reported by the stub as 1,000
+    prompt and 5 completion tokens; expect(line) checks the access log line
+    of an admitted one. The first three are admitted (0, 1,005 and 2,010
+    tokens used before them), the other seven refused for the budget."""
+    statuses = []
+    for i in range(10):
+        hd = _hdrs(events=5, interval=400 if disconnect else 0, usage=(1000, 5), tag="tpm")
+        c = gw.client()
+        try:
+            c.send("POST", CHAT, hd, body)
+            r = c.read_response(timeout=10)
+            if r.status == 200 and disconnect:
+                r.read_events(1, timeout=10)     # the first token, then gone
+            else:
+                r.read_all(timeout=30)
+        finally:
+            c.close()
+        statuses.append(r.status)
+        line = _log_line(gw, i + 1)
+        if r.status == 200:
+            assert r.header("content-type").startswith("text/event-stream"), r.headers
+            if not disconnect:
+                # the usage chunk sluice asked for is the client's only if it asked
+                assert bytes(r.data) == _stream(CHAT, 5), bytes(r.data)
+            expect(line)
+        else:
+            assert_error(r, 429, "token_budget_exceeded", read=False)
+            _check_log(line, "none")
+    assert statuses == [200] * 3 + [429] * 7, statuses
+    assert stub.tag("tpm")["requests"] == 3, stub.tag("tpm")
+
+
+def _exact_1000(line):
+    _check_log(line, "exact", 1000, 5)
+
+
+def test_tokens_stream_1_is_streamed_so_the_runner_is_asked_for_its_usage():
+    # vLLM (pydantic) streams for "stream": 1; so does the stub.
+    body = _prompt_body(stream=1)
+    with Stub() as stub, _gw(stub, tpm=3000) as gw:
+        _ten_against_a_budget(gw, stub, body, _exact_1000)
+        assert _last(stub) == (CHAT, body[:-1] + INJECTED + b"}"), _last(stub)
+        assert _tag(stub, "tpm")["include_usage_requests"] == 3
+        _expect_tokens(gw, prompt=3000, completion=15, estimated=0, window=3015)
+
+
+def test_tokens_include_usage_0_is_read_as_false_and_rewritten():
+    body = _prompt_body(stream=True, stream_options={"include_usage": 0})
+    with Stub() as stub, _gw(stub, tpm=3000) as gw:
+        _ten_against_a_budget(gw, stub, body, _exact_1000)
+        assert _last(stub) == (CHAT, body.replace(b'"include_usage":0', b'"include_usage":true'))
+        assert _tag(stub, "tpm")["include_usage_requests"] == 3
+        _expect_tokens(gw, prompt=3000, completion=15, estimated=0, window=3015)
+
+
+def test_tokens_include_usage_string_false_is_read_as_false_and_rewritten():
+    body = _prompt_body(stream=True, stream_options={"include_usage": "false"})
+    with Stub() as stub, _gw(stub, tpm=3000) as gw:
+        _ten_against_a_budget(gw, stub, body, _exact_1000)
+        assert _last(stub) == (CHAT, body.replace(b'"include_usage":"false"',
+                                                  b'"include_usage":true'))
+        assert _tag(stub, "tpm")["include_usage_requests"] == 3
+        _expect_tokens(gw, prompt=3000, completion=15, estimated=0, window=3015)
+
+
+def test_tokens_a_client_gone_after_the_first_token_is_charged_its_prompt():
+    # The usage would come after the last event: the client leaves after
+    # the first ("tok0 ": 2 tokens), so the prompt is the estimate from
+    # the 4,000 bytes of the message, 1,000, and 1,002 are charged.
+    body = _prompt_body(stream=True)
+
+    def estimated(line):
+        _check_log(line, "estimated", prompt=1000, completion=2)
+
+    with Stub() as stub, _gw(stub, tpm=3000) as gw:
+        _ten_against_a_budget(gw, stub, body, estimated, disconnect=True)
+        _expect_tokens(gw, estimated=3006, window=3006)
+
+
 # ---------------------------------------------------------------- hostile runners and clients
 #
 # A runner that is not the stub: a raw upstream answering each request with
@@ -606,20 +708,39 @@ def _raw_post(gw, body, path=CHAT, headers=None, key=ACME_KEY):
 
 
 def test_tokens_a_stream_is_read_as_the_runner_sends_it_not_as_the_request_asks():
-    # Python runners (vLLM: pydantic) take "stream": "true" or 1 for true and
-    # stream; a runner may answer "stream": true with one JSON body. Each is
-    # counted from what came back, never charged 0.
+    # Python runners (vLLM: pydantic) take "stream": "true", 1, "yes", 1.0
+    # for true and stream: such a request is asked for its usage like one
+    # with true (issue 22), and the chunk is kept from the client. A runner
+    # may answer "stream": true with one JSON body. Each is counted from
+    # what came back, never charged 0.
     sse = _sse(_delta("hello world "), _delta("bye"), _usage_ev(30, 4), h.DONE_EVENT)
+    bodies = (b'{"model":"x","stream":"true","messages":[]}',
+              b'{"model":"x","stream":1,"messages":[]}',
+              b'{"model":"x","stream":"YES","messages":[]}',
+              b'{"model":"x","stream":1e0,"messages":[]}',
+              b'{"model":"x","stream":"\\u0074","messages":[]}')
     with h.RawUpstream(_answer(sse, "text/event-stream")) as up, \
             _gw(None, upstreams={"main": {"url": up.url}}) as gw:
-        for i, body in enumerate((b'{"model":"x","stream":"true","messages":[]}',
-                                  b'{"model":"x","stream":1,"messages":[]}'), 1):
+        for i, body in enumerate(bodies, 1):
+            r = _raw_post(gw, body)
+            assert r.status == 200 and bytes(r.data) == _sse(_delta("hello world "),
+                                                              _delta("bye"), h.DONE_EVENT), \
+                bytes(r.data)
+            assert up.requests[-1].endswith(b"\r\n\r\n" + body[:-1] + INJECTED + b"}"), \
+                up.requests[-1][-200:]
+            _check_log(_log_line(gw, i), "exact", 30, 4)
+        # Values a runner reads as false, or refuses: not streamed, not
+        # edited; what came back (the same stream here) is still counted.
+        for j, body in enumerate((b'{"model":"x","stream":0,"messages":[]}',
+                                  b'{"model":"x","stream":"off","messages":[]}',
+                                  b'{"model":"x","stream":2,"messages":[]}',
+                                  b'{"model":"x","stream":"true ","messages":[]}'),
+                                 len(bodies) + 1):
             r = _raw_post(gw, body)
             assert r.status == 200 and bytes(r.data) == sse, bytes(r.data)
-            # not injected: the body went as it came, the runner's chunk with it
             assert up.requests[-1].endswith(b"\r\n\r\n" + body), up.requests[-1][-200:]
-            _check_log(_log_line(gw, i), "exact", 30, 4)
-        _expect_tokens(gw, prompt=60, completion=8, window=68)
+            _check_log(_log_line(gw, j), "exact", 30, 4)
+        _expect_tokens(gw, prompt=270, completion=36, window=306)
     answer = _json_answer("abcdefghij", (12, 3))
     with h.RawUpstream(_answer(answer)) as up, \
             _gw(None, upstreams={"main": {"url": up.url}}) as gw:
@@ -653,8 +774,8 @@ def test_tokens_a_streamed_request_answered_in_json_without_usage_is_estimated()
             _gw(None, upstreams={"main": {"url": up.url}}) as gw:
         r = _raw_post(gw, _body(CHAT))
         assert r.status == 200 and bytes(r.data) == answer
-        _check_log(_log_line(gw, 1), "estimated", completion=3)
-        _expect_tokens(gw, estimated=3, window=3)
+        _check_log(_log_line(gw, 1), "estimated", prompt=2, completion=3)
+        _expect_tokens(gw, estimated=5, window=5)
 
 
 def test_tokens_a_slow_client_does_not_lose_the_usage_of_a_non_streamed_answer():
@@ -707,8 +828,9 @@ def test_tokens_a_non_streamed_answer_over_the_bound_is_estimated_from_its_bytes
             _gw(None, upstreams={"main": {"url": up.url}}) as gw:
         r = _raw_post(gw, _body(CHAT, stream=False))
         assert r.status == 200 and bytes(r.data) == answer
-        _check_log(_log_line(gw, 1), "estimated", completion=_estimate(len(answer)))
-        _expect_tokens(gw, estimated=_estimate(len(answer)), window=_estimate(len(answer)))
+        est = _estimate(len(answer))
+        _check_log(_log_line(gw, 1), "estimated", prompt=2, completion=est)
+        _expect_tokens(gw, estimated=2 + est, window=2 + est)
 
 
 def test_tokens_a_percent_encoded_path_is_counted_as_the_runner_routes_it():
@@ -749,9 +871,68 @@ def test_tokens_bodies_python_runners_accept_are_counted():
             _gw(None, upstreams={"main": {"url": up.url}}) as gw:
         for i, body in enumerate(bodies, 1):
             r = _raw_post(gw, body)
-            assert r.status == 200
-            line = _log_line(gw, i)
-            assert line["usage"] in ("exact", "estimated"), (body, line)
+            assert r.status == 200 and r.complete, (body, r.status)
+            # counted as the runner reported it, the chunk asked for kept
+            # from the client, the body given the option
+            assert bytes(r.data) == _sse(_delta("abcd"), h.DONE_EVENT), (body, bytes(r.data))
+            assert up.requests[-1].endswith(b"\r\n\r\n" + body[:-1] + INJECTED + b"}"), \
+                (body, up.requests[-1][-200:])
+            _check_log(_log_line(gw, i), "exact", 9, 1)
+        _expect_tokens(gw, prompt=9 * len(bodies), completion=len(bodies),
+                       window=10 * len(bodies))
+
+
+def _told_usage(sock, req):
+    """A runner that reports the usage the request's X-Usage: P,C,T header
+    tells it (streamed or not, as asked), after "abcd"."""
+    p, c, t = re.search(rb"(?im)^x-usage: *(\d+),(\d+),(\d+)\r$", req).groups()
+    usage = b'{"prompt_tokens":%s,"completion_tokens":%s,"total_tokens":%s}' % (p, c, t)
+    if b'"stream":true' in req:
+        body = _sse(_delta("abcd"), b'data: {"choices":[],"usage":' + usage + b"}\n\n",
+                    h.DONE_EVENT)
+        ctype = b"text/event-stream"
+    else:
+        body = (b'{"choices":[{"index":0,"message":{"role":"assistant","content":"abcd"}}],'
+                b'"usage":' + usage + b"}")
+        ctype = b"application/json"
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+                 % (ctype, len(body)) + body)
+
+
+def test_tokens_an_absurd_usage_is_refused_for_the_estimate_and_no_counter_wraps():
+    # A runner reporting 2^63-1 tokens, three times: the counters wrapped and
+    # went backwards. A count over 100,000,000 is refused (sluice.yaml(5)):
+    # the request is charged its estimate, prompt ("hello": 2) plus
+    # completion ("abcd": 1).
+    big = 2 ** 63 - 1
+    kinds = ("prompt", "completion", "estimated")
+    with h.RawUpstream(_told_usage) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        seen = []
+        for i in range(3):
+            r = _raw_post(gw, _body(CHAT), headers={"X-Usage": "%d,%d,%d" % (big, big, big)})
+            assert r.status == 200 and r.complete
+            assert bytes(r.data) == _sse(_delta("abcd"), h.DONE_EVENT), bytes(r.data)
+            _check_log(_log_line(gw, i + 1), "estimated", prompt=2, completion=1)
+            h.wait_metric(gw, TOKENS, 3 * (i + 1), tenant="acme", kind="estimated")
+            m = h.scrape(gw)
+            seen.append(tuple(m.value(TOKENS, tenant="acme", kind=k) for k in kinds))
+        assert seen == [(0, 0, 3), (0, 0, 6), (0, 0, 9)], seen
+        # One count over the bound is enough (total_tokens is not charged,
+        # so not judged); the bound itself is a count.
+        cases = (((big, 1, big), False, "estimated"),
+                 ((1, 100000001, 100000002), True, "estimated"),
+                 ((100000000, 100000000, 200000000), True, "exact"))
+        for j, (usage, stream, kind) in enumerate(cases, 4):
+            r = _raw_post(gw, _body(CHAT, stream=stream),
+                          headers={"X-Usage": "%d,%d,%d" % usage})
+            assert r.status == 200 and r.complete
+            if kind == "exact":
+                _check_log(_log_line(gw, j), "exact", usage[0], usage[1])
+            else:
+                _check_log(_log_line(gw, j), "estimated", prompt=2, completion=1)
+        _expect_tokens(gw, prompt=100000000, completion=100000000, estimated=15,
+                       window=200000015)
 
 
 @h.timeout(90)
@@ -793,7 +974,7 @@ def test_tokens_the_estimate_counts_tool_call_arguments_and_reasoning():
                 _gw(None, upstreams={"main": {"url": up.url}}) as gw:
             r = _raw_post(gw, _body(CHAT))
             assert r.status == 200 and r.complete
-            _check_log(_log_line(gw, 1), "estimated", completion=100)
+            _check_log(_log_line(gw, 1), "estimated", prompt=2, completion=100)
 
 
 def test_tokens_a_usage_event_with_other_fields_first_is_still_removed():

@@ -19,10 +19,16 @@
  *     exactly the reference's output with its listed members cut;
  *   - usage and content bytes do not depend on the reads or on drop;
  *   - the hold buffer never passes SL_USAGE_MAX_EVENT.
- * Editor: an injected body is the input with exactly one of the documented
- * edits at edit_off, parses, and equals the input plus the member; a body
- * that needs the member always gets it (the offset scanner never loses
- * track where jansson did not).
+ * Editor, against the reference reader tests/ref/json_ref.c (what a Python
+ * runner reads: json.loads(bytes), then pydantic's lax bool), and that
+ * reader against jansson wherever jansson reads the body:
+ *   - counted iff the reference reads an object (both ways);
+ *   - stream, client_asked, and the member injected exactly when needed,
+ *     as the reference reads "stream" and "include_usage";
+ *   - an injected body is the input with exactly one of the documented
+ *     edits at edit_off, and the reference reads it as the input plus the
+ *     member;
+ *   - the prompt estimate is the reference's.
  */
 #include "config.h"
 
@@ -30,6 +36,7 @@
 
 #include "fuzz.h"
 #include "sl_usage.h"
+#include "json_ref.h"
 #include "usage_ref.h"
 
 struct result {
@@ -308,41 +315,55 @@ check_scanner(const char *in, size_t len, uint32_t seed)
 
 #define REQ_FLAGS (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)
 
-/*
- * 1 if in has something json.loads takes and jansson refuses: a leading BOM,
- * NaN or Infinity, a surrogate escape, or a number that may overflow a
- * double (an exponent or 300 digits in a row). A loose test, but a body the
- * editor counts while jansson refuses must pass it. (The other way round:
- * jansson skips a raw NUL byte between tokens, json.loads and the editor
- * refuse it.)
- */
-static int
-python_extension(const char *in, size_t len)
+/* UTF-8 bytes of the string value v, if it is one (the estimate's unit). */
+static uint64_t
+ref_text(const struct rj *v)
 {
-	size_t k, run = 0;
-
-	if (len >= 3 && memcmp(in, "\xef\xbb\xbf", 3) == 0)
-		return 1;
-	for (k = 0; k < len; k++) {
-		if (in[k] >= '0' && in[k] <= '9') {
-			if (++run >= 300)
-				return 1;
-			continue;
-		}
-		run = 0;
-		if ((in[k] == 'e' || in[k] == 'E') && k > 0 && in[k - 1] >= '0' &&
-		    in[k - 1] <= '9')
-			return 1;
-		if (len - k >= 3 && (memcmp(in + k, "NaN", 3) == 0 ||
-		    (len - k >= 8 && memcmp(in + k, "Infinity", 8) == 0)))
-			return 1;
-		if (in[k] == '\\' && len - k >= 4 && in[k + 1] == 'u' &&
-		    (in[k + 2] == 'd' || in[k + 2] == 'D'))
-			return 1;
-	}
-	return 0;
+	return v != NULL && v->t == RJ_STR ? v->len : 0;
 }
 
+/* The prompt estimate of sl_usage.h, from the reference tree. */
+static uint64_t
+ref_prompt_estimate(const struct rj *root)
+{
+	const struct rj *msgs = rj_get(root, "messages"), *pr = rj_get(root, "prompt"), *c;
+	uint64_t bytes = 0, ids = 0;
+	size_t i, k;
+
+	if (msgs != NULL && msgs->t == RJ_ARR)
+		for (i = 0; i < msgs->n; i++) {
+			if ((c = rj_get(msgs->kid[i], "content")) == NULL)
+				continue;
+			bytes += ref_text(c);
+			if (c->t == RJ_ARR)
+				for (k = 0; k < c->n; k++)
+					bytes += ref_text(rj_get(c->kid[k], "text"));
+		}
+	if (pr != NULL) {
+		bytes += ref_text(pr);
+		if (pr->t == RJ_ARR)
+			for (i = 0; i < pr->n; i++) {
+				if (pr->kid[i]->t == RJ_STR)
+					bytes += ref_text(pr->kid[i]);
+				else if (pr->kid[i]->t == RJ_ARR)
+					ids += pr->kid[i]->n;
+				else
+					ids++;
+			}
+	}
+	return bytes / 4 + (bytes % 4 != 0) + ids;
+}
+
+/*
+ * The editor against the reference reader (tests/ref/json_ref.h: what a
+ * Python runner reads, decided independently): counted iff it reads an
+ * object, both ways; "stream" and "include_usage" read as its pydantic
+ * reads a bool; the member injected exactly when needed; the new body the
+ * input with one documented edit at edit_off, read by the reference as the
+ * input plus the member; the prompt estimated from the same tree. And the
+ * reference against jansson where jansson reads the body (the reference is
+ * not let off by being wrong the same way as the editor).
+ */
 static void
 check_request(const char *in, size_t len)
 {
@@ -355,43 +376,45 @@ check_request(const char *in, size_t len)
 		"true",
 	};
 	struct sl_usage_req r;
-	json_t *root, *so, *iu, *nroot;
+	struct rj *ref, *nref, *so_new;
+	const struct rj *so, *iu;
+	json_t *root;
 	json_error_t err;
-	int need = 0, ok = 0;
+	int need = 0, ok = 0, obj, stream, asked;
 	size_t k, el;
 	struct sl_usage u;
 
 	(void)sl_usage_from_json(in, len, &u);
 	if (sl_usage_request(in, len, 1, &r) < 0)
 		return;   /* out of memory */
+	ref = rj_parse(in, len);
+	obj = ref != NULL && ref->t == RJ_OBJ;
+	fz_check(r.counted == obj, "counted", "counted %d, the reference reads %s", r.counted,
+	    ref == NULL ? "nothing" : obj ? "an object" : "a non-object");
+
+	/* jansson's reading is the reference's, where jansson has one */
 	root = json_loadb(in, len, REQ_FLAGS, &err);
-	/*
-	 * Every object jansson takes is counted. The editor also takes what a
-	 * Python runner does and jansson does not (a BOM, NaN, Infinity, huge
-	 * numbers, lone surrogates): for those only the edit's shape is checked.
-	 */
-	if (root != NULL && json_is_object(root) && memchr(in, '\0', len) == NULL)
-		fz_check(r.counted, "counted", "jansson parses an object, not counted");
-	else if (root != NULL)
-		fz_check(!r.counted, "counted", "counted a %s", "non-object");
-	if (r.counted && root == NULL) {
-		fz_check(python_extension(in, len), "counted",
-		    "counted a body jansson refuses with none of the Python extensions");
-		if (r.injected)
-			fz_check(r.edit_off + r.edit_del <= len && r.body_len > len - r.edit_del &&
-			    memcmp(r.body, in, r.edit_off) == 0, "edit-bytes",
-			    "the new body does not start as the input");
-		sl_usage_req_free(&r);
-		return;
+	if (root != NULL && memchr(in, '\0', len) == NULL)
+		fz_check(ref != NULL && json_is_object(root) == obj, "ref-jansson",
+		    "jansson reads a%s object, the reference %s", json_is_object(root) ? "n" : " non-",
+		    ref == NULL ? "nothing" : obj ? "an object" : "a non-object");
+	if (!obj) {
+		fz_check(!r.injected, "inject", "injected an uncounted body");
+		goto out;
 	}
-	if (r.counted) {
-		so = json_object_get(root, "stream_options");
-		iu = json_is_object(so) ? json_object_get(so, "include_usage") : NULL;
-		need = json_is_true(json_object_get(root, "stream")) && !json_is_true(iu) &&
-		    (so == NULL || json_is_null(so) ||
-		    (json_is_object(so) && (iu == NULL || json_is_false(iu) || json_is_null(iu))));
-	}
+
+	so = rj_get(ref, "stream_options");
+	iu = so != NULL && so->t == RJ_OBJ ? rj_get(so, "include_usage") : NULL;
+	stream = rj_bool(rj_get(ref, "stream")) == 1;
+	asked = iu != NULL && rj_bool(iu) == 1;
+	need = stream && !asked && (so == NULL || so->t == RJ_NULL ||
+	    (so->t == RJ_OBJ && (iu == NULL || rj_bool(iu) == 0)));
+	fz_check(r.stream == stream && r.client_asked == asked, "facts",
+	    "stream %d asked %d, the reference %d %d", r.stream, r.client_asked, stream, asked);
 	fz_check(r.injected == need, "inject", "injected %d, needed %d", r.injected, need);
+	fz_check(r.prompt_est == ref_prompt_estimate(ref), "prompt-estimate",
+	    "prompt estimated %llu, the reference %llu", (unsigned long long)r.prompt_est,
+	    (unsigned long long)ref_prompt_estimate(ref));
 	if (r.injected) {
 		for (k = 0; k < sizeof(edits) / sizeof(edits[0]) && !ok; k++) {
 			el = strlen(edits[k]);
@@ -403,19 +426,23 @@ check_request(const char *in, size_t len)
 			    len - r.edit_off - r.edit_del) == 0;
 		}
 		fz_check(ok, "edit-bytes", "the new body is not the input with one edit");
-		nroot = json_loadb(r.body, r.body_len, REQ_FLAGS, &err);
-		fz_check(nroot != NULL, "edit-parses", "injected body does not parse");
-		so = json_object_get(root, "stream_options");
-		if (json_is_object(so))
-			json_object_set_new(so, "include_usage", json_true());
-		else
-			json_object_set_new(root, "stream_options",
-			    json_pack("{s:b}", "include_usage", 1));
-		fz_check(json_equal(root, nroot), "edit-equal",
+		nref = rj_parse(r.body, r.body_len);
+		fz_check(nref != NULL && nref->t == RJ_OBJ, "edit-parses",
+		    "injected body is not an object to the reference");
+		/* the input plus the member, as the runner reads both */
+		if (so != NULL && so->t == RJ_OBJ)
+			fz_check(rj_set((struct rj *)so, "include_usage", rj_new_true()) == 0,
+			    "ref", "out of memory");
+		else if ((so_new = rj_new_usage_option()) == NULL ||
+		    rj_set(ref, "stream_options", so_new) < 0)
+			fz_check(0, "ref", "out of memory");
+		fz_check(rj_equal(ref, nref) && rj_equal(nref, ref), "edit-equal",
 		    "injected body is not the input plus the member");
-		json_decref(nroot);
+		rj_free(nref);
 	}
+out:
 	json_decref(root);
+	rj_free(ref);
 	sl_usage_req_free(&r);
 }
 

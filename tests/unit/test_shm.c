@@ -654,6 +654,33 @@ test_hints_answer_only_their_own_hash(void **state)
 	assert_int_equal(sl_shm_hint_get(s, a, &slot, &ended), -1);
 }
 
+/*
+ * Issue 22: a runner reporting 2^63-1 tokens three times made the counter
+ * wrap and go backwards. Counters saturate; so does the window.
+ */
+static void
+test_token_counters_saturate_never_wrap(void **state)
+{
+	struct fx *f = *state;
+	struct sl_shm *s = make(f, 2, 1);
+	uint64_t n[SL_TOKENS_KINDS] = { (uint64_t)INT64_MAX, 1, 0 }, last = 0, v;
+	int i;
+
+	for (i = 0; i < 3; i++) {
+		sl_shm_tokens_charge(s, 0, 1000, n);
+		v = sl_shm_tokens_total(s, 0, SL_TOKENS_PROMPT);
+		assert_true(v >= last);
+		last = v;
+	}
+	assert_true(last == UINT64_MAX);
+	assert_int_equal(sl_shm_tokens_total(s, 0, SL_TOKENS_COMPLETION), 3);
+	v = sl_shm_tokens_window(s, 0, 1000, 0, NULL);
+	assert_true(v > 0);
+	sl_shm_tokens_charge(s, 0, 1000, n);
+	assert_true(sl_shm_tokens_window(s, 0, 1000, 0, NULL) >= v);
+	assert_int_equal(sl_shm_tokens_total(s, 1, SL_TOKENS_PROMPT), 0);
+}
+
 int
 main(void)
 {
@@ -676,6 +703,7 @@ main(void)
 		T(test_killed_worker_slots_reclaimed),
 		T(test_sigkill_at_any_instant_reclaims_exactly),
 		T(test_hints_answer_only_their_own_hash),
+		T(test_token_counters_saturate_never_wrap),
 	};
 #undef T
 

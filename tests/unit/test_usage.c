@@ -1106,12 +1106,132 @@ test_req_untouched_when_asked_not_streamed_or_odd_types(void **state)
 	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":true}}", NULL, 1, 1, 1);
 	check_req("{\"stream\":false}", NULL, 1, 0, 0);
 	check_req("{\"model\":\"m\"}", NULL, 1, 0, 0);
-	check_req("{\"stream\":1}", NULL, 1, 0, 0);
-	check_req("{\"stream\":\"true\"}", NULL, 1, 0, 0);
+	check_req("{\"stream\":0}", NULL, 1, 0, 0);
+	check_req("{\"stream\":\"no\"}", NULL, 1, 0, 0);
+	check_req("{\"stream\":null}", NULL, 1, 0, 0);
 	check_req("{}", NULL, 1, 0, 0);
-	/* types the runner must judge */
+	/* a client that asked with any value a runner reads as true */
+	check_req("{\"stream\":1,\"stream_options\":{\"include_usage\":1}}", NULL, 1, 1, 1);
+	check_req("{\"stream\":\"on\",\"stream_options\":{\"include_usage\":\"Yes\"}}", NULL,
+	    1, 1, 1);
+	/* values the runner refuses: its call */
 	check_req("{\"stream\":true,\"stream_options\":\"x\"}", NULL, 1, 1, 0);
-	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":1}}", NULL, 1, 1, 0);
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":2}}", NULL, 1, 1, 0);
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":\"maybe\"}}", NULL,
+	    1, 1, 0);
+	check_req("{\"stream\":true,\"stream_options\":{\"include_usage\":[]}}", NULL, 1, 1, 0);
+	check_req("{\"stream\":2}", NULL, 1, 0, 0);
+	check_req("{\"stream\":\"true \"}", NULL, 1, 0, 0);
+	check_req("{\"stream\":[true]}", NULL, 1, 0, 0);
+}
+
+/*
+ * Issue 22: a runner streams for any "stream" its pydantic reads as true
+ * and takes any include_usage it reads as false for false; sluice must
+ * read them alike, or such a stream's prompt escapes the budget.
+ */
+static void
+test_req_stream_and_include_usage_read_as_a_python_runner_reads_them(void **state)
+{
+	static const char *const streams[] = {
+		"1", "1.0", "1e0", "0.1e1", "10E-1", "\"1\"", "\"t\"", "\"T\"", "\"y\"",
+		"\"on\"", "\"ON\"", "\"yes\"", "\"True\"", "\"TRUE\"", "\"\\u0074rue\"",
+	};
+	static const char *const falses[] = {
+		"false", "null", "0", "-0", "0.0", "-0.0", "0e9", "\"0\"", "\"f\"", "\"n\"",
+		"\"no\"", "\"NO\"", "\"off\"", "\"false\"", "\"False\"",
+	};
+	char in[256], want[256];
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
+		snprintf(in, sizeof(in), "{\"stream\":%s}", streams[i]);
+		snprintf(want, sizeof(want), "{\"stream\":%s,\"stream_options\":"
+		    "{\"include_usage\":true}}", streams[i]);
+		check_req(in, want, 1, 1, 0);
+		assert_int_equal(sl_usage_json_bool(streams[i], strlen(streams[i])), 1);
+	}
+	for (i = 0; i < sizeof(falses) / sizeof(falses[0]); i++) {
+		snprintf(in, sizeof(in), "{\"stream\":true,\"stream_options\":{\"include_usage\":%s}}",
+		    falses[i]);
+		check_req(in, "{\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+		    1, 1, 0);
+		assert_int_equal(sl_usage_json_bool(falses[i], strlen(falses[i])), 0);
+	}
+	/* refused by the runner: neither */
+	assert_int_equal(sl_usage_json_bool("2", 1), -1);
+	assert_int_equal(sl_usage_json_bool("-1", 2), -1);
+	assert_int_equal(sl_usage_json_bool("1.5", 3), -1);
+	assert_int_equal(sl_usage_json_bool("NaN", 3), -1);
+	assert_int_equal(sl_usage_json_bool("-Infinity", 9), -1);
+	assert_int_equal(sl_usage_json_bool("\"yes \"", 6), -1);
+	assert_int_equal(sl_usage_json_bool("\"truest\"", 8), -1);
+	assert_int_equal(sl_usage_json_bool("\"\"", 2), -1);
+	assert_int_equal(sl_usage_json_bool("{}", 2), -1);
+	assert_int_equal(sl_usage_json_bool("", 0), -1);
+	/* rounded as Python's float() rounds: 1 + 2^-60 is 1.0 */
+	assert_int_equal(sl_usage_json_bool("1.000000000000000000867", 23), 1);
+}
+
+/* The prompt, estimated: ceil(text bytes / 4) + token ids. */
+static void
+test_req_prompt_estimated_from_the_body(void **state)
+{
+	static const struct {
+		const char *body;
+		uint64_t est;
+	} cases[] = {
+		{ "{\"messages\":[{\"role\":\"user\",\"content\":\"12345678\"}]}", 2 },
+		{ "{\"messages\":[{\"content\":\"123\"},{\"content\":\"45678\"}]}", 2 },
+		/* parts: each object's "text" string; images are not text */
+		{ "{\"messages\":[{\"content\":[{\"type\":\"text\",\"text\":\"abcd\"},"
+		  "{\"type\":\"image_url\",\"image_url\":{\"url\":\"http://x/yyyyyyyy\"}},"
+		  "{\"type\":\"text\",\"text\":\"e\"}]}]}", 2 },
+		/* decoded UTF-8 bytes: \u00e9 is 2, \ud83d\ude00 4, \n 1 */
+		{ "{\"messages\":[{\"content\":\"\\u00e9\\ud83d\\ude00\\n\"}]}", 2 },
+		{ "{\"messages\":[{\"content\":null,\"tool_calls\":[]}]}", 0 },
+		{ "{\"messages\":\"not an array\"}", 0 },
+		{ "{\"prompt\":\"123456789\"}", 3 },
+		{ "{\"prompt\":[\"1234\",\"5\"]}", 2 },
+		{ "{\"prompt\":[1,2,3]}", 3 },
+		{ "{\"prompt\":[[1,2],[3],[]]}", 3 },
+		{ "{\"prompt\":\"1234\",\"messages\":[{\"content\":\"5678\"}]}", 2 },
+		/* the last of duplicates, as the runner reads it */
+		{ "{\"prompt\":\"123456789012\",\"prompt\":\"1\"}", 1 },
+		{ "{\"model\":\"m\"}", 0 },
+	};
+	struct sl_usage_req r;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		assert_int_equal(sl_usage_request(cases[i].body, strlen(cases[i].body), 1, &r), 0);
+		assert_int_equal(r.counted, 1);
+		if (r.prompt_est != cases[i].est)
+			fail_msg("%s: prompt estimated %llu, want %llu", cases[i].body,
+			    (unsigned long long)r.prompt_est, (unsigned long long)cases[i].est);
+		sl_usage_req_free(&r);
+	}
+}
+
+/* Issue 22: a usage above the bound is not believed. */
+static void
+test_usage_sane_bound(void **state)
+{
+	struct sl_usage u = { 1, SL_USAGE_MAX_TOKENS, SL_USAGE_MAX_TOKENS, UINT64_MAX };
+
+	(void)state;
+	assert_int_equal(SL_USAGE_MAX_TOKENS, 100000000);
+	assert_true(sl_usage_sane(&u));
+	u.prompt_tokens++;
+	assert_false(sl_usage_sane(&u));
+	u.prompt_tokens = 0;
+	u.completion_tokens = (uint64_t)INT64_MAX;
+	assert_false(sl_usage_sane(&u));
+	u.completion_tokens = 0;
+	u.have = 0;
+	assert_false(sl_usage_sane(&u));
 }
 
 static void
@@ -1206,6 +1326,8 @@ test_req_python_extensions_counted(void **state)
 	    "{\"m\":\"\\ud800 \\udfff\",\"stream\":true,"
 	    "\"stream_options\":{\"include_usage\":true}}", 1, 1, 0);
 	check_req("{\"s\":\"\xf4\x8f\xbf\xbf \xe0\xa0\x80 \xc2\x80\",\"n\":0}", NULL, 1, 0, 0);
+	/* encoded surrogates: json.loads(bytes) decodes with "surrogatepass" */
+	check_req("{\"a\":\"\xed\xa0\x80\xed\xbf\xbf\"}", NULL, 1, 0, 0);
 }
 
 /* ... and what it refuses is not. */
@@ -1216,7 +1338,8 @@ test_req_invalid_json_not_counted(void **state)
 		"{\"a\":01}", "{\"a\":1.}", "{\"a\":.5}", "{\"a\":-}", "{\"a\":1e}",
 		"{\"a\":+1}", "{\"a\":tru}", "{\"a\":nan}", "{\"a\":\"\x01\"}",
 		"{\"a\":\"\\x\"}", "{\"a\":\"\\u12g4\"}", "{\"a\":\"\\u12\"}",
-		"{\"a\":\"\xc0\x80\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\xf5\x80\x80\x80\"}",
+		"{\"a\":\"\xc0\x80\"}", "{\"a\":\"\xe0\x9f\xbf\"}", "{\"a\":\"\xf5\x80\x80\x80\"}",
+		"{\"a\":\"\xf4\x90\x80\x80\"}", "{\"a\":\"\xed\xa0\"}",
 		"{\"a\":\"\xe2\x82\"}", "{\"a\":\"\xe2\x82", "{\"a\" 1}", "{\"a\":1 \"b\":2}",
 		"{\"a\":[1,]}", "{\"a\":[1}", "{\"a\":{]}", "{1:2}", "{\"a\":1}]",
 		"\xef\xbb{\"a\":1}", "\xef\xbb\xbf\xef\xbb\xbf{}",
@@ -1324,6 +1447,9 @@ main(void)
 		cmocka_unit_test(test_req_inject_inside_stream_options),
 		cmocka_unit_test(test_req_include_usage_false_or_null_replaced),
 		cmocka_unit_test(test_req_untouched_when_asked_not_streamed_or_odd_types),
+		cmocka_unit_test(test_req_stream_and_include_usage_read_as_a_python_runner_reads_them),
+		cmocka_unit_test(test_req_prompt_estimated_from_the_body),
+		cmocka_unit_test(test_usage_sane_bound),
 		cmocka_unit_test(test_req_non_objects_not_counted),
 		cmocka_unit_test(test_req_strings_mentioning_stream_options_do_not_confuse),
 		cmocka_unit_test(test_req_duplicate_keys_last_wins),
