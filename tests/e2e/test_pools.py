@@ -1036,8 +1036,10 @@ def test_pool_busy_stub_moves_requests_and_loading_stub_gets_none():
     with Stub("ok") as ok, Stub("busy", args=("--busy", "--busy-retry-after", "30")) as busy, \
             Stub("loading", args=("--slow-start", "60")) as loading, \
             Gateway(pool_config([busy.url, loading.url, ok.url], balance="round_robin",
-                                health={"path": "/health", "interval": "100ms",
-                                        "timeout": "80ms", "fall": 1, "rise": 1})) as gw:
+                                # Probes far apart: a good probe of the busy
+                                # stub (its /health answers 200) ends its mark.
+                                health={"path": "/health", "interval": "20s",
+                                        "timeout": "1s", "fall": 1, "rise": 1})) as gw:
         h.wait_until(lambda: up_of(gw, loading.url) == 0, 10, msg="loading replica out")
         for _ in range(6):
             post_ok(gw)
