@@ -169,7 +169,14 @@ struct sl_cluster_shm {
 	size_t size;
 	_Atomic int32_t mode;
 	_Atomic int32_t live_nodes;  /* last seen; 0: never */
-	char pad[40];
+	/*
+	 * CLOCK_MONOTONIC (ns) at which the master stops trusting the leases
+	 * it last had acknowledged: lease_ttl - 2 x heartbeat after that
+	 * heartbeat (fence_at). A worker checks it on every admission, so a
+	 * master stopped or dead fences its workers on time as well.
+	 */
+	_Atomic int64_t fence_ns;
+	char pad[32];
 	struct row row[];            /* then rows * cells struct cell */
 };
 
@@ -223,6 +230,15 @@ member_fmt(char *dst, size_t len, const char *node, uint64_t epoch, size_t row,
 }
 
 #define MEMBER_MAX 128
+
+static int64_t
+mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+}
 
 static void
 row_err(struct sl_cluster_shm *cs, size_t row, enum cl_err e)
@@ -350,6 +366,7 @@ struct sl_cluster_w {
 	double backoff;
 	int timeouts_in_row;
 	size_t npending;
+	int stale;               /* the master's heartbeat is too old: fenced */
 
 	/*
 	 * Per config tenant: the cluster's token window was found full, and
@@ -875,6 +892,39 @@ fail_verdict(struct sl_cluster_w *cw, int tenant)
 	}
 }
 
+/*
+ * 1 when the master still says the node admits through Redis but its last
+ * acknowledged heartbeat is older than the fence allows: the master is
+ * stopped (SIGSTOP, a debugger, a machine swapping) or dead, nobody renews
+ * the leases this worker would take, and they would expire under streams
+ * still in flight. Checked on every admission; said once per episode.
+ */
+static int
+cw_stale(struct sl_cluster_w *cw)
+{
+	int stale = mono_ns() >= atomic_load_explicit(&cw->cs->fence_ns,
+	    memory_order_acquire);
+
+	if (stale && !cw->stale)
+		sl_warn("cluster: the master's last acknowledged heartbeat is "
+		    "older than lease_ttl - 2 x heartbeat (the master is stopped "
+		    "or dead); refusing cluster admissions");
+	else if (!stale && cw->stale)
+		sl_info("cluster: the master's heartbeat is acknowledged again");
+	cw->stale = stale;
+	return stale;
+}
+
+/* This worker asks Redis now (else on_redis_down decides). */
+static int
+cw_by_redis(const struct sl_cluster_w *cw)
+{
+	return atomic_load_explicit(&cw->cs->mode, memory_order_acquire) ==
+	    MODE_REDIS && cw->ac != NULL && cw->connected &&
+	    mono_ns() < atomic_load_explicit(&cw->cs->fence_ns,
+	    memory_order_acquire);
+}
+
 static void
 wait_free(struct sl_cl_wait *w)
 {
@@ -1053,14 +1103,21 @@ sl_cluster_acquire(struct sl_cluster_w *cw, int tenant, sl_cl_cb *cb,
 	struct sl_cl_wait *w;
 	enum sl_cl_verdict v;
 	int32_t i;
+	int mode = atomic_load_explicit(&cw->cs->mode, memory_order_acquire);
 
 	*lease = -1;
 	*wait = NULL;
+	/*
+	 * Fenced by the master's silence: not on_redis_down, whose local
+	 * modes assume the other nodes share the loss, while here they admit
+	 * the whole max_streams through Redis.
+	 */
+	if (mode == MODE_REDIS && cw_stale(cw))
+		return SL_CL_CLOSED;
 	if ((i = cell_alloc(cw, tenant)) < 0)
 		/* Out of cells (or memory): decided here, without a lease. */
 		return fail_verdict(cw, tenant);
-	if (atomic_load_explicit(&cw->cs->mode, memory_order_relaxed) !=
-	    MODE_REDIS || cw->ac == NULL || !cw->connected ||
+	if (mode != MODE_REDIS || cw->ac == NULL || !cw->connected ||
 	    cw->npending >= MAX_PENDING || (w = calloc(1, sizeof(*w))) == NULL) {
 		v = fail_verdict(cw, tenant);
 		if (v == SL_CL_ADMIT) {
@@ -1130,8 +1187,7 @@ sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
 
 	if (tpm <= 0)
 		return 0;
-	if (atomic_load_explicit(&cw->cs->mode, memory_order_relaxed) ==
-	    MODE_REDIS && cw->ac != NULL && cw->connected)
+	if (cw_by_redis(cw))
 		return -1;   /* the acquire script decides */
 	if (cw->cfg->cluster.on_redis_down != SL_DOWN_LOCAL_SHARE)
 		return tpm;   /* closed refuses anyway */
@@ -1271,6 +1327,8 @@ mono(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+static void cm_publish_fence(struct sl_cluster_m *);
 
 /* Forget the cells and calls of the round out (answered or abandoned). */
 static void
@@ -1587,6 +1645,7 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 	cm->next_hb = cm->last_ack + (double)cm->hb_ms / 1000.0;
 	sl_info("cluster: node %s registered at %s; %d live node(s)", cm->node,
 	    cm->redis, (int)cm->live_seen);
+	cm_publish_fence(cm);
 	atomic_store(&cm->cs->mode, MODE_REDIS);
 out:
 	if (c != NULL)
@@ -1815,6 +1874,7 @@ cm_round_done(struct sl_cluster_m *cm)
 	cm->ack_ttl_ms = cm->round_ttl_ms;
 	cm->ack_hb_ms = cm->round_hb_ms;
 	cm->ever_acked = 1;
+	cm_publish_fence(cm);
 	/*
 	 * Added: a stream admitted without Redis is held now. A stream that
 	 * ended while its lease was being added released it before the add
@@ -1977,6 +2037,14 @@ fence_at(const struct sl_cluster_m *cm)
 
 	return cm->last_ack + (double)(cm->ack_ttl_ms - 2 * cm->ack_hb_ms) /
 	    1000.0 + grace;
+}
+
+/* For the workers' own check (cw_stale): before the mode says "redis". */
+static void
+cm_publish_fence(struct sl_cluster_m *cm)
+{
+	atomic_store_explicit(&cm->cs->fence_ns, (int64_t)(fence_at(cm) * 1e9),
+	    memory_order_release);
 }
 
 double
