@@ -435,10 +435,12 @@ spawn(struct master *m, int slot)
 		sl_err("worker %d has no row; not started", slot);
 		return -1;
 	}
+	sl_cluster_master_row_started(m->cluster, (size_t)row, 1);
 	mpid = getpid();
 	pid = fork();
 	if (pid == -1) {
 		sl_err("fork: %s", strerror(errno));
+		sl_cluster_master_row_started(m->cluster, (size_t)row, 0);
 		return -1;
 	}
 	if (pid == 0) {
