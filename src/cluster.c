@@ -967,13 +967,13 @@ cw_by_redis(const struct sl_cluster_w *cw)
 /*
  * The node admits through Redis again but this worker's own connection is
  * still in its backoff (grown to seconds while Redis was away): connect
- * now rather than admit by on_redis_down meanwhile; at most once every
- * BACKOFF_MIN.
+ * now rather than admit by on_redis_down meanwhile; at most once a second
+ * (a Redis at maxclients takes the master and refuses its workers).
  */
 static void
 cw_reconnect_now(struct sl_cluster_w *cw)
 {
-	if (cw->ac != NULL || ev_time() - cw->connect_tried < BACKOFF_MIN)
+	if (cw->ac != NULL || ev_time() - cw->connect_tried < 1.0)
 		return;
 	ev_timer_stop(cw->loop, &cw->retry);
 	cw_connect(cw);

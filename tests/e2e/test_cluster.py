@@ -580,6 +580,9 @@ def test_node_fences_itself_before_its_leases_expire():
     with Redis() as redis, Stub() as stub, \
             cluster_gw(stub, redis.addr, "gw-a", on_redis_down="closed", lease_ttl="6s",
                        heartbeat="1s", timeout="200ms") as a:
+        # Every worker connected (a worker still loading its scripts when
+        # Redis freezes would make the node say "closed" at once).
+        wait_mode(a, "redis")
         held = hold(a, 2)
         redis.freeze()            # the connection stays up; nothing is acknowledged
         try:
