@@ -12,8 +12,13 @@
  * worker's row, whatever admitted it (Redis or on_redis_down): the master
  * renews the cells' leases every heartbeat (ZADD XX: a lease released a
  * moment ago is never brought back), removes a dead worker's at once, and
- * after Redis was lost re-adds every cell's lease (ZADD without XX) before
- * the node admits through Redis again.
+ * after Redis was lost re-adds every cell's lease (ZADD without XX), then
+ * registers the node; it admits through Redis again once as many nodes
+ * are registered as were live before the loss (or lease_ttl later), so
+ * that no admission is counted against sets missing the leases of nodes
+ * that have not rejoined. The acquire script refuses (-1) a node that
+ * sluice:nodes does not hold: Redis lost its state with the connections
+ * up. Workers check the master's fence deadline on every admission.
  *
  * Workers: one async hiredis connection each (libev adapter), opened after
  * fork, with a deadline per admission and reconnect with backoff (hiredis
@@ -134,6 +139,14 @@ int sl_cluster_master_pollfds(struct sl_cluster_m *, struct pollfd *, int max);
 double sl_cluster_master_timeout(struct sl_cluster_m *, double now);
 void sl_cluster_master_service(struct sl_cluster_m *, const struct pollfd *,
     int n, double now);
+
+/*
+ * Before forking the worker that gets `row` (started 1; 0 if the fork
+ * failed): until it has connected to Redis the node does not say it
+ * admits through Redis (sluice_cluster_up 0).
+ */
+void sl_cluster_master_row_started(struct sl_cluster_m *, size_t row,
+    int started);
 
 /* The worker on `row` is dead: remove its leases, free its cells. */
 void sl_cluster_master_reclaim_row(struct sl_cluster_m *, size_t row);

@@ -10,6 +10,7 @@
 #include <ev.h>
 #include <stddef.h>
 #include <sys/queue.h>
+#include <sys/types.h>
 
 #include "sl_auth.h"
 #include "sl_buf.h"
@@ -36,6 +37,7 @@ struct sl_worker_args {
 	int listen_fd;               /* this worker's SO_REUSEPORT socket */
 	int index;                   /* worker number, for logs */
 	unsigned generation;
+	pid_t master_pid;            /* its parent: a change means it died */
 };
 
 struct sl_worker {

@@ -26,9 +26,14 @@
 /* ---- the scripts ------------------------------------------------------ */
 
 /*
- * KEYS[1] the tenant's lease set, KEYS[2] its token window; ARGV
- * max_streams, member, lease ttl (ms), tokens_per_minute (0: none).
- * The window first: a hash of Redis-clock seconds to the tokens charged
+ * KEYS[1] the tenant's lease set, KEYS[2] its token window, KEYS[3]
+ * sluice:nodes; ARGV max_streams, member, lease ttl (ms),
+ * tokens_per_minute (0: none), node. A node that sluice:nodes does not
+ * hold live is answered -1 before anything else: Redis lost its state
+ * (restarted empty, FLUSHALL) or the node's master stopped renewing, and
+ * the lease set may lack the leases of streams in flight that the nodes
+ * have not added again yet; counting an admission against it would
+ * overshoot. The window next: a hash of Redis-clock seconds to the tokens charged
  * in them; fields 60 s old are dropped; at or over the budget the answer
  * is {tokens, seconds until the window has room}. Then the lease: prune,
  * refuse at max (unless the member is already in: idempotent), add. The
@@ -37,6 +42,8 @@
 static const char acquire_lua[] =
     "local t=redis.call('TIME') "
     "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000) "
+    "local reg=redis.call('ZSCORE',KEYS[3],ARGV[5]) "
+    "if not reg or tonumber(reg)<=now then return -1 end "
     "local b=tonumber(ARGV[4]) "
     "if b>0 then "
     "local s=tonumber(t[1]) local h=redis.call('HGETALL',KEYS[2]) "
@@ -100,15 +107,23 @@ static const char renew_lua[] =
 
 /*
  * KEYS[1] sluice:nodes; ARGV node, ttl (ms), the expiry this node set at
- * its last registration (0: none known). Returns {live nodes, the expiry
- * set now, 1 if the node's entry is live with another expiry than the one
- * this node set: another node registers under the same name}.
+ * its last registration (0: none known), "1" when the node rejoins (its
+ * leases were re-added just before, on the same connection) else "0".
+ * Returns {live nodes, the expiry set now, 1 if the node's entry is live
+ * with another expiry than the one this node set: another node registers
+ * under the same name, 1 if the entry of a node that does not rejoin is
+ * gone}. A gone entry is not added back: Redis lost its state (restarted
+ * empty, FLUSHALL) or the node stalled past lease_ttl, so its leases may
+ * be gone too; it is added by the rejoin after they are, so that a node
+ * counted in sluice:nodes has its leases in the sets.
  */
 static const char register_lua[] =
     "local t=redis.call('TIME') "
     "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000) "
     "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now) "
     "local old=redis.call('ZSCORE',KEYS[1],ARGV[1]) "
+    "if not old and ARGV[4]=='0' then "
+    "return {redis.call('ZCARD',KEYS[1]),0,0,1} end "
     "local mine=tonumber(ARGV[3]) "
     "local clash=0 "
     "if old and mine~=0 and tonumber(old)~=mine then clash=1 end "
@@ -116,7 +131,7 @@ static const char register_lua[] =
     "redis.call('ZADD',KEYS[1],exp,ARGV[1]) "
     "local top=redis.call('ZRANGE',KEYS[1],-1,-1,'WITHSCORES') "
     "redis.call('PEXPIREAT',KEYS[1],top[2]) "
-    "return {redis.call('ZCARD',KEYS[1]),exp,clash}";
+    "return {redis.call('ZCARD',KEYS[1]),exp,clash,0}";
 
 #define NODES_KEY "sluice:nodes"
 
@@ -150,10 +165,18 @@ static const double rtt_bounds[RTT_BUCKETS] = {
 	0.1, 0.25, 0.5, 1.0
 };
 
+/*
+ * A worker row's connection: the node says it admits through Redis only
+ * while no worker of it is ROW_CONNECTING (its admissions would go by
+ * on_redis_down). The master sets ROW_CONNECTING before it forks the
+ * worker and ROW_UNUSED when it is dead; the worker the rest.
+ */
+enum { ROW_UNUSED = 0, ROW_CONNECTING, ROW_READY };
+
 /* Per worker row; written only by its worker (row 0: the master). */
 struct row {
 	_Atomic uint32_t hwm;        /* cells below it may be in use */
-	uint32_t pad;
+	_Atomic uint32_t state;      /* ROW_* */
 	_Atomic uint64_t errors[ERR_MAX];
 	_Atomic uint64_t rtt[RTT_BUCKETS + 1];
 	_Atomic uint64_t rtt_sum_ns;
@@ -169,7 +192,14 @@ struct sl_cluster_shm {
 	size_t size;
 	_Atomic int32_t mode;
 	_Atomic int32_t live_nodes;  /* last seen; 0: never */
-	char pad[40];
+	/*
+	 * CLOCK_MONOTONIC (ns) at which the master stops trusting the leases
+	 * it last had acknowledged: lease_ttl - 2 x heartbeat after that
+	 * heartbeat (fence_at). A worker checks it on every admission, so a
+	 * master stopped or dead fences its workers on time as well.
+	 */
+	_Atomic int64_t fence_ns;
+	char pad[32];
 	struct row row[];            /* then rows * cells struct cell */
 };
 
@@ -223,6 +253,21 @@ member_fmt(char *dst, size_t len, const char *node, uint64_t epoch, size_t row,
 }
 
 #define MEMBER_MAX 128
+
+static int64_t
+mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+}
+
+static void
+row_state(struct sl_cluster_shm *cs, size_t row, uint32_t st)
+{
+	atomic_store_explicit(&cs->row[row].state, st, memory_order_release);
+}
 
 static void
 row_err(struct sl_cluster_shm *cs, size_t row, enum cl_err e)
@@ -348,8 +393,11 @@ struct sl_cluster_w {
 	ev_timer retry;          /* reconnect, or the connect deadline */
 	ev_prepare flush;        /* commands queued this turn go out at its end */
 	double backoff;
+	ev_tstamp connect_tried;  /* the last cw_connect */
 	int timeouts_in_row;
 	size_t npending;
+	int stale;               /* the master's heartbeat is too old: fenced */
+	ev_tstamp unknown_logged; /* Redis did not know the node (-1), logged */
 
 	/*
 	 * Per config tenant: the cluster's token window was found full, and
@@ -418,6 +466,7 @@ cw_drop(struct sl_cluster_w *cw, const char *why)
 	cw->ac = NULL;
 	cw->connected = 0;
 	cw->sha[0] = cw->csha[0] = '\0';
+	row_state(cw->cs, cw->row, ROW_CONNECTING);
 	redisAsyncFree(ac);
 	cw_schedule(cw);
 }
@@ -434,6 +483,7 @@ cw_on_connect(const redisAsyncContext *ac, int status)
 		row_err(cw->cs, cw->row, ERR_CONNECT);
 		cw->ac = NULL;   /* hiredis frees it */
 		cw->connected = 0;
+		row_state(cw->cs, cw->row, ROW_CONNECTING);
 		cw_schedule(cw);
 		return;
 	}
@@ -456,6 +506,7 @@ cw_on_disconnect(const redisAsyncContext *ac, int status)
 	cw->ac = NULL;
 	cw->connected = 0;
 	cw->sha[0] = cw->csha[0] = '\0';
+	row_state(cw->cs, cw->row, ROW_CONNECTING);
 	if (status != REDIS_OK) {
 		row_err(cw->cs, cw->row, ERR_CONNECT);
 		sl_warn("cluster: Redis connection lost: %s", ac->errstr);
@@ -533,6 +584,9 @@ cw_sha_cb(redisAsyncContext *ac, void *r, void *priv)
 	cw->backoff = BACKOFF_MIN;
 	if (reply->type == REDIS_REPLY_STRING && reply->len == 40)
 		memcpy(cw->sha, reply->str, 41);
+	/* Answered (the acquire falls back to EVAL without the sha). */
+	if (reply->type != REDIS_REPLY_ERROR)
+		row_state(cw->cs, cw->row, ROW_READY);
 }
 
 static void
@@ -573,6 +627,7 @@ cw_connect(struct sl_cluster_w *cw)
 	size_t argl[3];
 	double deadline;
 
+	cw->connect_tried = ev_time();
 	if ((ac = redis_open(&cw->addr)) == NULL) {
 		row_err(cw->cs, cw->row, ERR_CONNECT);
 		cw_schedule(cw);
@@ -643,6 +698,7 @@ sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
 	}
 	/* The master reclaimed this row before handing it out. */
 	atomic_store(&cs->row[row].hwm, 0);
+	row_state(cs, row, ROW_CONNECTING);
 	ev_timer_init(&cw->retry, cw_retry_cb, 0.0, 0.0);
 	cw->retry.data = cw;
 	ev_prepare_init(&cw->flush, cw_flush_cb);
@@ -875,6 +931,54 @@ fail_verdict(struct sl_cluster_w *cw, int tenant)
 	}
 }
 
+/*
+ * 1 when the master still says the node admits through Redis but its last
+ * acknowledged heartbeat is older than the fence allows: the master is
+ * stopped (SIGSTOP, a debugger, a machine swapping) or dead, nobody renews
+ * the leases this worker would take, and they would expire under streams
+ * still in flight. Checked on every admission; said once per episode.
+ */
+static int
+cw_stale(struct sl_cluster_w *cw)
+{
+	int stale = mono_ns() >= atomic_load_explicit(&cw->cs->fence_ns,
+	    memory_order_acquire);
+
+	if (stale && !cw->stale)
+		sl_warn("cluster: the master's last acknowledged heartbeat is "
+		    "older than lease_ttl - 2 x heartbeat (the master is stopped "
+		    "or dead); refusing cluster admissions");
+	else if (!stale && cw->stale)
+		sl_info("cluster: the master's heartbeat is acknowledged again");
+	cw->stale = stale;
+	return stale;
+}
+
+/* This worker asks Redis now (else on_redis_down decides). */
+static int
+cw_by_redis(const struct sl_cluster_w *cw)
+{
+	return atomic_load_explicit(&cw->cs->mode, memory_order_acquire) ==
+	    MODE_REDIS && cw->ac != NULL && cw->connected &&
+	    mono_ns() < atomic_load_explicit(&cw->cs->fence_ns,
+	    memory_order_acquire);
+}
+
+/*
+ * The node admits through Redis again but this worker's own connection is
+ * still in its backoff (grown to seconds while Redis was away): connect
+ * now rather than admit by on_redis_down meanwhile; at most once a second
+ * (a Redis at maxclients takes the master and refuses its workers).
+ */
+static void
+cw_reconnect_now(struct sl_cluster_w *cw)
+{
+	if (cw->ac != NULL || ev_time() - cw->connect_tried < 1.0)
+		return;
+	ev_timer_stop(cw->loop, &cw->retry);
+	cw_connect(cw);
+}
+
 static void
 wait_free(struct sl_cl_wait *w)
 {
@@ -992,6 +1096,23 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 		    reply->type == REDIS_REPLY_ERROR ? reply->str : "not an integer");
 		if (!w->decided)
 			wait_decide(w, fail_verdict(cw, w->tenant));
+	} else if (reply->integer == -1) {
+		/*
+		 * sluice:nodes does not hold this node: Redis lost its state
+		 * with the connection up (FLUSHALL) and the master has not
+		 * noticed yet (within a heartbeat). Nothing was added.
+		 */
+		if (ev_now(cw->loop) - cw->unknown_logged >= REFUSAL_QUIET) {
+			cw->unknown_logged = ev_now(cw->loop);
+			sl_warn("cluster: Redis does not know node %s (flushed or "
+			    "restarted); admitting by on_redis_down until the "
+			    "master has re-added its leases",
+			    cw->cfg->cluster.node);
+		}
+		if (!w->decided) {
+			w->replied_full = 1;
+			wait_decide(w, fail_verdict(cw, w->tenant));
+		}
 	} else if (reply->integer == 1) {
 		if (!w->decided) {
 			cell_set(cw, w->cell, CELL_HELD);
@@ -1014,8 +1135,8 @@ static int
 send_acquire(struct sl_cluster_w *cw, struct sl_cl_wait *w, int eval)
 {
 	char member[MEMBER_MAX], max[16], ttl[24], tpm[16];
-	const char *argv[9];
-	size_t argl[9];
+	const char *argv[11];
+	size_t argl[11];
 	int i;
 
 	cw_member(cw, w->cell, member);
@@ -1029,16 +1150,18 @@ send_acquire(struct sl_cluster_w *cw, struct sl_cl_wait *w, int eval)
 		argv[0] = "EVAL";
 		argv[1] = acquire_lua;
 	}
-	argv[2] = "2";
+	argv[2] = "3";
 	argv[3] = cw->keys[w->tenant];
 	argv[4] = cw->tkeys[w->tenant];
-	argv[5] = max;
-	argv[6] = member;
-	argv[7] = ttl;
-	argv[8] = tpm;
-	for (i = 0; i < 9; i++)
+	argv[5] = NODES_KEY;
+	argv[6] = max;
+	argv[7] = member;
+	argv[8] = ttl;
+	argv[9] = tpm;
+	argv[10] = cw->cfg->cluster.node;
+	for (i = 0; i < 11; i++)
 		argl[i] = strlen(argv[i]);
-	if (redisAsyncCommandArgv(cw->ac, acquire_cb, w, 9, argv, argl) !=
+	if (redisAsyncCommandArgv(cw->ac, acquire_cb, w, 11, argv, argl) !=
 	    REDIS_OK)
 		return -1;
 	cw->npending++;
@@ -1053,14 +1176,23 @@ sl_cluster_acquire(struct sl_cluster_w *cw, int tenant, sl_cl_cb *cb,
 	struct sl_cl_wait *w;
 	enum sl_cl_verdict v;
 	int32_t i;
+	int mode = atomic_load_explicit(&cw->cs->mode, memory_order_acquire);
 
 	*lease = -1;
 	*wait = NULL;
+	/*
+	 * Fenced by the master's silence: not on_redis_down, whose local
+	 * modes assume the other nodes share the loss, while here they admit
+	 * the whole max_streams through Redis.
+	 */
+	if (mode == MODE_REDIS && cw_stale(cw))
+		return SL_CL_CLOSED;
+	if (mode == MODE_REDIS && cw->ac == NULL)
+		cw_reconnect_now(cw);
 	if ((i = cell_alloc(cw, tenant)) < 0)
 		/* Out of cells (or memory): decided here, without a lease. */
 		return fail_verdict(cw, tenant);
-	if (atomic_load_explicit(&cw->cs->mode, memory_order_relaxed) !=
-	    MODE_REDIS || cw->ac == NULL || !cw->connected ||
+	if (mode != MODE_REDIS || cw->ac == NULL || !cw->connected ||
 	    cw->npending >= MAX_PENDING || (w = calloc(1, sizeof(*w))) == NULL) {
 		v = fail_verdict(cw, tenant);
 		if (v == SL_CL_ADMIT) {
@@ -1130,8 +1262,7 @@ sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
 
 	if (tpm <= 0)
 		return 0;
-	if (atomic_load_explicit(&cw->cs->mode, memory_order_relaxed) ==
-	    MODE_REDIS && cw->ac != NULL && cw->connected)
+	if (cw_by_redis(cw))
 		return -1;   /* the acquire script decides */
 	if (cw->cfg->cluster.on_redis_down != SL_DOWN_LOCAL_SHARE)
 		return tpm;   /* closed refuses anyway */
@@ -1259,6 +1390,20 @@ struct sl_cluster_m {
 	struct rcall *calls;         /* the round's calls, answered in order */
 	size_t ncalls, call_next;
 	int32_t live_seen;
+	/*
+	 * After a loss (the connection, a fence, the node's registration
+	 * gone) the live count is not trusted below the one known before it
+	 * (floor_live) until lease_ttl after Redis first answered again
+	 * (floor_until; 0: not yet): nodes re-register one by one, and an
+	 * empty sluice:nodes would give every node's local_share the whole
+	 * max_streams. A rejoining node also waits, in its on_redis_down mode,
+	 * for that many nodes (each registers after re-adding its leases)
+	 * before it admits through Redis again.
+	 */
+	int floor_on;
+	int32_t floor_live;
+	double floor_until;
+	int waiting_logged;
 	long long reg_exp;           /* expiry of our last registration; 0: unknown */
 	double clash_logged;         /* when a name clash was last logged */
 };
@@ -1271,6 +1416,8 @@ mono(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+static void cm_publish_fence(struct sl_cluster_m *);
 
 /* Forget the cells and calls of the round out (answered or abandoned). */
 static void
@@ -1287,11 +1434,32 @@ round_free(struct sl_cluster_m *cm)
 	cm->ncalls = cm->call_next = 0;
 }
 
+/* What local_share divides by: the live count, floored after a loss. */
+static void
+cm_publish_live(struct sl_cluster_m *cm)
+{
+	int32_t live = cm->live_seen;
+
+	if (cm->floor_on && cm->floor_until > 0 && mono() >= cm->floor_until)
+		cm->floor_on = 0;
+	if (cm->floor_on && cm->floor_live > live)
+		live = cm->floor_live;
+	atomic_store(&cm->cs->live_nodes, live);
+}
+
 static void
 cm_set_mode(struct sl_cluster_m *cm, int mode, const char *why)
 {
 	if (atomic_load(&cm->cs->mode) == mode)
 		return;
+	if (mode == MODE_DOWN) {
+		/* A loss: keep the count known before it (see floor_live). */
+		if (!cm->floor_on || cm->live_seen > cm->floor_live)
+			cm->floor_live = cm->live_seen;
+		cm->floor_on = cm->floor_live > 0;
+		cm->floor_until = 0;
+		cm->waiting_logged = 0;
+	}
 	atomic_store(&cm->cs->mode, mode);
 	if (mode == MODE_REDIS)
 		sl_info("cluster: admitting through Redis at %s (%d live node(s))",
@@ -1433,13 +1601,30 @@ register_reply(struct sl_cluster_m *cm, const redisReply *r)
 {
 	double now;
 
-	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 4 ||
 	    r->element[0]->type != REDIS_REPLY_INTEGER ||
 	    r->element[1]->type != REDIS_REPLY_INTEGER ||
-	    r->element[2]->type != REDIS_REPLY_INTEGER)
+	    r->element[2]->type != REDIS_REPLY_INTEGER ||
+	    r->element[3]->type != REDIS_REPLY_INTEGER)
 		return -1;
+	if (r->element[3]->integer != 0) {
+		/*
+		 * The node's registration is gone though it did not rejoin:
+		 * Redis lost its state with the connection up (FLUSHALL, a
+		 * failover behind a proxy) or the node stalled past lease_ttl.
+		 * Its leases may be gone too: admit by on_redis_down until the
+		 * next round has re-added them and registered (at once).
+		 */
+		cm_set_mode(cm, MODE_DOWN, "Redis lost this node's registration "
+		    "(flushed, restarted, or the node stalled)");
+		cm->next_hb = 0;
+		cm->reg_exp = 0;
+		return 0;
+	}
 	cm->live_seen = (int32_t)r->element[0]->integer;
-	atomic_store(&cm->cs->live_nodes, cm->live_seen);
+	if (cm->floor_on && cm->floor_until == 0)
+		cm->floor_until = mono() + (double)cm->ttl_ms / 1000.0;
+	cm_publish_live(cm);
 	cm->reg_exp = r->element[1]->integer;
 	if (r->element[2]->integer != 0) {
 		now = mono();
@@ -1568,7 +1753,7 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 		freeReplyObject(r);
 	}
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
-	r = redisCommand(c, "EVAL %s 1 %s %s %s 0", register_lua, NODES_KEY,
+	r = redisCommand(c, "EVAL %s 1 %s %s %s 0 1", register_lua, NODES_KEY,
 	    cm->node, ttl);
 	if (register_reply(cm, r) == -1) {
 		row_err(cm->cs, 0, r == NULL ? ERR_TIMEOUT : ERR_REPLY);
@@ -1587,6 +1772,7 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 	cm->next_hb = cm->last_ack + (double)cm->hb_ms / 1000.0;
 	sl_info("cluster: node %s registered at %s; %d live node(s)", cm->node,
 	    cm->redis, (int)cm->live_seen);
+	cm_publish_fence(cm);
 	atomic_store(&cm->cs->mode, MODE_REDIS);
 out:
 	if (c != NULL)
@@ -1815,6 +2001,7 @@ cm_round_done(struct sl_cluster_m *cm)
 	cm->ack_ttl_ms = cm->round_ttl_ms;
 	cm->ack_hb_ms = cm->round_hb_ms;
 	cm->ever_acked = 1;
+	cm_publish_fence(cm);
 	/*
 	 * Added: a stream admitted without Redis is held now. A stream that
 	 * ended while its lease was being added released it before the add
@@ -1848,11 +2035,27 @@ cm_round_done(struct sl_cluster_m *cm)
 			send_grouped(cm, gone, ngone, NULL, cm_count_cb);
 		free(gone);
 	}
-	if (cm->round_readd) {
+	if (cm->round_readd && cm->reg_exp != 0) {
 		if (cm->nrc > 0)
 			sl_info("cluster: re-added %zu lease(s) of streams in flight",
 			    cm->nrc);
-		cm_set_mode(cm, MODE_REDIS, NULL);
+		/*
+		 * Every node registers after re-adding its leases: once as
+		 * many nodes as before the loss are registered, the sets hold
+		 * their leases again, and an admission counted against them is
+		 * exact. A node gone meanwhile: its leases expired by the end
+		 * of the floor.
+		 */
+		cm_publish_live(cm);
+		if (!cm->floor_on || cm->live_seen >= cm->floor_live)
+			cm_set_mode(cm, MODE_REDIS, NULL);
+		else if (!cm->waiting_logged) {
+			cm->waiting_logged = 1;
+			sl_info("cluster: Redis answers again; %d of the %d node(s) "
+			    "live before are registered: admitting by on_redis_down "
+			    "until the others have re-added their leases (at most "
+			    "lease_ttl)", (int)cm->live_seen, (int)cm->floor_live);
+		}
 	}
 	round_free(cm);
 }
@@ -1908,8 +2111,8 @@ cm_round_register_cb(redisAsyncContext *ac, void *r, void *priv)
 static void
 cm_round(struct sl_cluster_m *cm, double now)
 {
-	const char *argv[7];
-	size_t argl[7], i;
+	const char *argv[8];
+	size_t argl[8], i;
 	char ttl[24], mine[24];
 	struct rvec xx = { NULL, 0, 0 }, add = { NULL, 0, 0 };
 	int readd = atomic_load(&cm->cs->mode) != MODE_REDIS;
@@ -1922,23 +2125,9 @@ cm_round(struct sl_cluster_m *cm, double now)
 	cm->round_out = 0;
 	round_free(cm);
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
-	snprintf(mine, sizeof(mine), "%lld", cm->reg_exp);
+	snprintf(mine, sizeof(mine), "%lld", readd ? 0LL : cm->reg_exp);
 	/* An answer lost on the way must not look like another node's. */
 	cm->reg_exp = 0;
-	argv[0] = "EVAL";
-	argv[1] = register_lua;
-	argv[2] = "1";
-	argv[3] = NODES_KEY;
-	argv[4] = cm->node;
-	argv[5] = ttl;
-	argv[6] = mine;
-	for (i = 0; i < 7; i++)
-		argl[i] = strlen(argv[i]);
-	if (redisAsyncCommandArgv(cm->ac, cm_round_register_cb, cm, 7, argv,
-	    argl) != REDIS_OK)
-		return;
-	cm->round_out = 1;
-	round_call(cm, NULL, 0);
 	collect(cm, readd, &xx, &add);
 	/* Kept until the round is answered: its calls point into them. */
 	cm->rx = xx.v;
@@ -1947,6 +2136,30 @@ cm_round(struct sl_cluster_m *cm, double now)
 	cm->nrc = add.n;
 	cm->round_out += send_grouped(cm, xx.v, xx.n, "XX", cm_round_cb);
 	cm->round_out += send_grouped(cm, add.v, add.n, "ADD", cm_round_cb);
+	/*
+	 * The registration last: Redis runs one connection's commands in
+	 * order, so another node that sees this one registered after a loss
+	 * sees its leases re-added too.
+	 */
+	argv[0] = "EVAL";
+	argv[1] = register_lua;
+	argv[2] = "1";
+	argv[3] = NODES_KEY;
+	argv[4] = cm->node;
+	argv[5] = ttl;
+	argv[6] = mine;
+	argv[7] = readd ? "1" : "0";
+	for (i = 0; i < 8; i++)
+		argl[i] = strlen(argv[i]);
+	if (redisAsyncCommandArgv(cm->ac, cm_round_register_cb, cm, 8, argv,
+	    argl) != REDIS_OK) {
+		cm->round_failed = 1;   /* no heartbeat without it */
+		if (cm->round_out == 0)
+			round_free(cm);
+		return;
+	}
+	cm->round_out++;
+	round_call(cm, NULL, 0);
 }
 
 int
@@ -1977,6 +2190,14 @@ fence_at(const struct sl_cluster_m *cm)
 
 	return cm->last_ack + (double)(cm->ack_ttl_ms - 2 * cm->ack_hb_ms) /
 	    1000.0 + grace;
+}
+
+/* For the workers' own check (cw_stale): before the mode says "redis". */
+static void
+cm_publish_fence(struct sl_cluster_m *cm)
+{
+	atomic_store_explicit(&cm->cs->fence_ns, (int64_t)(fence_at(cm) * 1e9),
+	    memory_order_release);
 }
 
 double
@@ -2102,6 +2323,7 @@ sl_cluster_master_reclaim_row(struct sl_cluster_m *cm, size_t row)
 		n++;
 	}
 	atomic_store(&cs->row[row].hwm, 0);
+	row_state(cs, row, ROW_UNUSED);
 	fold_row(cs, row);
 	if (n > 0) {
 		if (n > 1)
@@ -2116,12 +2338,30 @@ sl_cluster_master_reclaim_row(struct sl_cluster_m *cm, size_t row)
 	free(v);
 }
 
+void
+sl_cluster_master_row_started(struct sl_cluster_m *cm, size_t row, int started)
+{
+	if (cm != NULL && row > 0 && row < cm->cs->rows)
+		row_state(cm->cs, row, started ? ROW_CONNECTING : ROW_UNUSED);
+}
+
+/*
+ * "redis" only while every worker of the node admits through Redis: a
+ * worker whose own connection is not back yet admits by on_redis_down.
+ */
 const char *
 sl_cluster_mode(const struct sl_cluster_m *cm)
 {
-	if (atomic_load(&cm->cs->mode) == MODE_REDIS)
-		return "redis";
-	return sl_redis_down_name(cm->down_mode);
+	const struct sl_cluster_shm *cs = cm->cs;
+	size_t r;
+
+	if (atomic_load(&cs->mode) != MODE_REDIS)
+		return sl_redis_down_name(cm->down_mode);
+	for (r = 1; r < cs->rows; r++)
+		if (atomic_load_explicit(&((struct sl_cluster_shm *)cs)->row[r].state,
+		    memory_order_acquire) == ROW_CONNECTING)
+			return sl_redis_down_name(cm->down_mode);
+	return "redis";
 }
 
 static uint64_t
@@ -2152,8 +2392,9 @@ sl_cluster_render(struct sl_cluster_m *cm, struct sl_str *o)
 	size_t r;
 	int k;
 
-	sl_str_printf(o, "# HELP sluice_cluster_up 1 while this node admits "
-	    "through Redis leases, 0 in its on_redis_down mode.\n"
+	sl_str_printf(o, "# HELP sluice_cluster_up 1 while this node and every "
+	    "worker of it admit through Redis leases, 0 in its on_redis_down "
+	    "mode.\n"
 	    "# TYPE sluice_cluster_up gauge\nsluice_cluster_up %d\n",
 	    strcmp(cur, "redis") == 0);
 	sl_str_printf(o, "# HELP sluice_cluster_mode How this node admits: 1 "

@@ -515,7 +515,7 @@ spawn(struct master *m, int slot)
 	struct sl_worker_args a;
 	struct child *ch;
 	int row, i, rc;
-	pid_t pid;
+	pid_t pid, mpid;
 
 	/* The slot's row was reserved by the reload (or start) that made it. */
 	row = m->slot_row[slot];
@@ -525,9 +525,12 @@ spawn(struct master *m, int slot)
 		sl_err("worker %d has no row; not started", slot);
 		return -1;
 	}
+	sl_cluster_master_row_started(m->cluster, (size_t)row, 1);
+	mpid = getpid();
 	pid = fork();
 	if (pid == -1) {
 		sl_err("fork: %s", strerror(errno));
+		sl_cluster_master_row_started(m->cluster, (size_t)row, 0);
 		return -1;
 	}
 	if (pid == 0) {
@@ -566,6 +569,7 @@ spawn(struct master *m, int slot)
 		a.listen_fd = m->listen_fds[slot];
 		a.index = slot;
 		a.generation = m->cur.id;
+		a.master_pid = mpid;
 		rc = sl_worker_main(&a);
 		_exit(rc);
 	}

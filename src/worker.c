@@ -298,8 +298,12 @@ sl_worker_main(const struct sl_worker_args *a)
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 
-	/* The master may have died between fork and prctl. */
-	if (getppid() == 1)
+	/*
+	 * The master may have died between fork and prctl: then the parent
+	 * is whoever reaps orphans, not always init (a subreaper, a
+	 * container's first process).
+	 */
+	if (getppid() != a->master_pid)
 		return 0;
 
 	ev_prepare_start(w.loop, &w.flush_prep);
