@@ -33,6 +33,7 @@
 #include "sl_buf.h"
 #include "sl_http.h"
 #include "sl_log.h"
+#include "sl_model.h"
 #include "sl_net.h"
 #include "sl_relay.h"
 #include "sl_upstream.h"
@@ -89,6 +90,8 @@ struct sl_conn {
 	int tenant;                /* config index, -1 before auth */
 	int slot_held;
 	int32_t lease;             /* cluster lease; -1: none */
+	size_t up_idx;             /* the request's upstream (conn_route_model) */
+	int model;                 /* its model (cfg->models); -1: none */
 	struct sl_cl_wait *admit_wait;   /* CS_ADMIT: the lease asked for */
 
 	/* Response side. */
@@ -272,11 +275,15 @@ conn_release(struct sl_conn *c)
 	}
 }
 
+/* The upstream of the current request: valid once its body is read. */
 static size_t
 conn_upstream_idx(const struct sl_conn *c)
 {
-	return c->w->cfg->tenants[c->tenant].upstream_idx;
+	return c->up_idx;
 }
+
+/* "X-Sluice-Model: NAME\r\n" for a request routed by model. */
+static int rh_model(struct sl_conn *);
 
 /*
  * The current try ended without a response status of its own (code is
@@ -404,6 +411,20 @@ rh_connection(struct sl_conn *c, int close)
 	    RH_LIT(c, "Connection: keep-alive\r\n\r\n");
 }
 
+static int
+rh_model(struct sl_conn *c)
+{
+	const char *name;
+
+	if (c->model < 0)
+		return 0;
+	name = c->w->cfg->models[c->model].name;
+	if (RH_LIT(c, "X-Sluice-Model: ") == -1 ||
+	    rh_add(c, name, strlen(name)) == -1)
+		return -1;
+	return RH_LIT(c, "\r\n");
+}
+
 /* ---- local responses ------------------------------------------------- */
 
 /*
@@ -453,6 +474,7 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 	}
 	if (status == 405)
 		RH_LIT(c, "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n");
+	rh_model(c);
 	rh_connection(c, close);
 	/*
 	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
@@ -514,6 +536,7 @@ sl_conn_new(struct sl_worker *w, int fd)
 	c->fd = fd;
 	c->tenant = -1;
 	c->lease = -1;
+	c->model = -1;
 	c->replica = c->last_replica = c->retry_next = -1;
 	/*
 	 * Every write is a flush of what the upstream just sent: Nagle would
@@ -989,12 +1012,10 @@ conn_flush(struct sl_conn *c)
 static void
 conn_count_uerr(struct sl_conn *c, enum sl_uerr kind)
 {
-	const struct sl_config *cfg = c->w->cfg;
-
 	if (c->tenant < 0)
 		return;
 	sl_shm_count_uerr(c->w->shm, c->w->row,
-	    c->w->upstream_slot[cfg->tenants[c->tenant].upstream_idx], kind);
+	    c->w->upstream_slot[conn_upstream_idx(c)], kind);
 }
 
 /* ---- timers ---------------------------------------------------------- */
@@ -1165,7 +1186,7 @@ conn_build_head(struct sl_conn *c)
 		    RH_LIT(c, "\r\n") == -1)
 			return -1;
 	}
-	if (RH_LIT(c, "X-Accel-Buffering: no\r\n") == -1)
+	if (RH_LIT(c, "X-Accel-Buffering: no\r\n") == -1 || rh_model(c) == -1)
 		return -1;
 	if (c->uh.is_sse && !c->uh.has_cache_control &&
 	    RH_LIT(c, "Cache-Control: no-cache\r\n") == -1)
@@ -2012,14 +2033,57 @@ fail:
 	return -1;
 }
 
+/*
+ * Choose the request's upstream: its tenant's, or with models: the one the
+ * model its body names resolves to (sl_model.h), the body rewritten for
+ * that target. Returns 0, or -1 when the request was answered here (400,
+ * 404 model_not_found; the slot is given back at once).
+ */
+static int
+conn_route_model(struct sl_conn *c)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	struct sl_route r;
+	const char *ct;
+	size_t ctlen = 0;
+
+	c->model = -1;
+	c->up_idx = cfg->tenants[c->tenant].upstream_idx;
+	if (cfg->models == NULL)
+		return 0;
+	ct = sl_req_header(&c->req, "content-type", &ctlen);
+	if (sl_model_route(c->w->models, cfg, (size_t)c->tenant, c->req.body,
+	    c->req.body_len, ct, ctlen, &r) == -1) {
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
+		return -1;
+	}
+	if (r.status != 0) {
+		conn_error(c, r.status, "invalid_request_error", r.code,
+		    r.message, 0, 0);
+		return -1;
+	}
+	c->model = r.model;
+	c->up_idx = r.upstream;
+	if (r.body != NULL) {
+		free(c->req.body);
+		c->req.body = r.body;
+		c->req.body_len = c->req.body_cap = r.body_len;
+	}
+	return 0;
+}
+
 /* The request is read whole: build its upstream head, choose a replica. */
 static void
 conn_start_upstream(struct sl_conn *c)
 {
 	const struct sl_config *cfg = c->w->cfg;
-	const struct sl_upstream_conf *up = &cfg->upstreams[conn_upstream_idx(c)];
+	const struct sl_upstream_conf *up;
 	int r, retry_after;
 
+	if (conn_route_model(c) == -1)
+		return;
+	up = &cfg->upstreams[conn_upstream_idx(c)];
 	conn_usage_request(c);
 	if (conn_build_upstream_headers(c) == -1) {
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
@@ -2400,6 +2464,7 @@ conn_on_head(struct sl_conn *c)
 
 	c->req_active = 1;
 	c->t_start = ev_now(w->loop);
+	c->model = -1;
 	if (c->req.method == HTTP_TRACE) {
 		/*
 		 * A runner that echoes TRACE would hand the client the head

@@ -108,3 +108,191 @@ def test_check_without_models_still_wants_a_tenant_upstream():
     assert err.splitlines() == [
         "%s:%d:5: tenant 'beta': missing key 'upstream' (there are 2 "
         "upstreams)" % (path, line)], err
+
+
+# ------------------------------------------------------------------ relay
+
+import json  # noqa: E402
+
+ROUTED = """\
+listen: "127.0.0.1:{port}"
+workers: {workers}
+log_level: info
+upstreams:
+  big:
+    url: "{big}"
+  small:
+    url: "{small}"
+models:
+  llama-70b:
+    aliases: ["gpt-4o", "default"]
+    targets:
+      - upstream: big
+        model: "meta-llama/Llama-3.1-70B-Instruct"
+        weight: 90
+      - upstream: small
+        weight: 10
+  llama-8b:
+    aliases: ["tiny"]
+    targets: [{{upstream: small}}]
+tenants:
+  acme:
+    keys: ["sk-acme"]
+    max_streams: 1
+    models: [llama-8b]
+  beta:
+    keys: ["sk-beta"]
+    max_streams: 100
+    upstream: big
+"""
+
+JSON_CT = {"Content-Type": "application/json"}
+
+NOT_FOUND = ('{"error":{"message":"The model \'%s\' does not exist or you do not '
+             'have access to it.","type":"invalid_request_error",'
+             '"code":"model_not_found"}}\n')
+
+
+def _routed(big, small, workers=1):
+    return h.Gateway(ROUTED.format(port=h.free_port(), workers=workers,
+                                   big=big.url, small=small.url))
+
+
+def _echo(c, key, body, path="/v1/echo", headers=None):
+    hd = dict(h.bearer(key), **JSON_CT)
+    hd.update(headers or {})
+    r = c.request("POST", path, hd, body)
+    r.read_all(timeout=10)
+    return r
+
+
+def _echoed(r):
+    """(upstream port, body bytes the upstream received) of a /v1/echo answer."""
+    doc = json.loads(bytes(r.data).decode())
+    host = [v for n, v in doc["headers"] if n.lower() == "host"][0]
+    return int(host.rsplit(":", 1)[1]), doc["body"].encode()
+
+
+def test_weights_split_1000_requests_90_10_and_rewrite_the_model():
+    with h.Stub("big") as big, h.Stub("small") as small, _routed(big, small) as gw:
+        sent = b'{"model":"llama-70b","messages":[{"role":"user","content":"hi"}]}'
+        to_big = sent.replace(b'"llama-70b"', b'"meta-llama/Llama-3.1-70B-Instruct"')
+        n = {big.port: 0, small.port: 0}
+        with gw.client() as c:
+            for _ in range(1000):
+                r = _echo(c, "sk-beta", sent)
+                assert r.status == 200, (r.status, bytes(r.data[:300]))
+                assert r.header("x-sluice-model") == "llama-70b"
+                port, body = _echoed(r)
+                n[port] += 1
+                # big is sent its own name for the model; small the name
+                # the client sent (its target has no model:), untouched.
+                assert body == (to_big if port == big.port else sent), body
+        assert abs(n[big.port] - 900) <= 30 and abs(n[small.port] - 100) <= 30, n
+        assert n[big.port] + n[small.port] == 1000
+
+
+def test_aliases_resolve_and_the_allow_list_holds_for_them():
+    with h.Stub("big") as big, h.Stub("small") as small, _routed(big, small) as gw:
+        with gw.client() as c:
+            # An alias of a listed model: routed, rewritten to its name.
+            r = _echo(c, "sk-acme", b'{"model":"tiny","n":1}')
+            assert r.status == 200, bytes(r.data[:300])
+            assert r.header("x-sluice-model") == "llama-8b"
+            assert _echoed(r) == (small.port, b'{"model":"llama-8b","n":1}')
+            # The escaped key and value count as the plain ones.
+            r = _echo(c, "sk-acme", b'{"mo\\u0064el":"ti\\u006ey"}')
+            assert r.status == 200, bytes(r.data[:300])
+            assert _echoed(r) == (small.port, b'{"mo\\u0064el":"llama-8b"}')
+            # An alias of a model acme may not use, its name, and a name
+            # nobody has: the same 404, and no upstream is asked.
+            before = big.stats()["requests"] + small.stats()["requests"]
+            for name in ("gpt-4o", "llama-70b", "nope"):
+                r = _echo(c, "sk-acme", json.dumps({"model": name}).encode())
+                assert r.status == 404, (name, r.status)
+                assert bytes(r.data) == (NOT_FOUND % name).encode(), bytes(r.data)
+                assert r.header("x-sluice-model") is None
+            assert big.stats()["requests"] + small.stats()["requests"] == before
+        # acme has max_streams 1: each refusal gave its slot back at once.
+        with gw.client() as c:
+            r = _echo(c, "sk-acme", b'{"model":"llama-8b"}')
+            assert r.status == 200, bytes(r.data[:300])
+
+
+def test_requests_without_a_model_and_with_a_bad_one():
+    with h.Stub("big") as big, h.Stub("small") as small, _routed(big, small) as gw:
+        with gw.client() as c:
+            # beta has an upstream: no model, or no JSON, goes there, as is.
+            for body in (b'{"messages":[]}', b"not json", b""):
+                r = _echo(c, "sk-beta", body)
+                assert r.status == 200, (body, r.status, bytes(r.data[:300]))
+                assert r.header("x-sluice-model") is None
+                assert _echoed(r) == (big.port, body)
+            # acme has none: 400.
+            for body, msg in ((b'{"messages":[]}', "you must provide a model parameter"),
+                              (b"", "you must provide a model parameter"),
+                              (b'{"model":', "the request body is not valid JSON")):
+                r = _echo(c, "sk-acme", body)
+                doc = h.assert_error(r, 400, "bad_request", read=False)
+                assert doc["error"]["message"] == msg, doc
+            # A model that is not a string: 400 for everyone.
+            for key in ("sk-acme", "sk-beta"):
+                r = _echo(c, key, b'{"model":["llama-8b"]}')
+                doc = h.assert_error(r, 400, "bad_request", read=False)
+                assert doc["error"]["message"] == "'model' must be a string", doc
+            # Only the first top-level member counts; every one is rewritten.
+            r = _echo(c, "sk-acme", b'{"x":{"model":"nope"},"model":"tiny","model":"gpt-4o"}')
+            assert r.status == 200, bytes(r.data[:300])
+            assert _echoed(r) == (small.port,
+                                  b'{"x":{"model":"nope"},"model":"llama-8b","model":"llama-8b"}')
+            # multipart/form-data: the "model" field.
+            form = (b'--b1\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+                    b'Content-Type: audio/wav\r\n\r\nRIFF\r\n'
+                    b'--b1\r\nContent-Disposition: form-data; name="model"\r\n\r\ntiny\r\n--b1--\r\n')
+            r = _echo(c, "sk-acme", form, headers={
+                "Content-Type": "multipart/form-data; boundary=b1"})
+            assert r.status == 200, bytes(r.data[:300])
+            assert _echoed(r) == (small.port, form.replace(b"\r\n\r\ntiny\r\n",
+                                                           b"\r\n\r\nllama-8b\r\n"))
+
+
+def test_a_streamed_chat_is_routed_rewritten_and_asked_for_usage():
+    with h.Stub("big") as big, h.Stub("small") as small, _routed(big, small) as gw:
+        with gw.client() as c:
+            hd = dict(h.bearer("sk-acme"), **JSON_CT)
+            hd.update(h.stub_headers(events=3, interval=0))
+            r = c.request("POST", "/v1/chat/completions", hd,
+                          h.stream_body(model="tiny"))
+            body = r.read_all(timeout=10)
+            assert r.status == 200
+            assert r.header("x-sluice-model") == "llama-8b"
+            assert bytes(body) == h.expected_events(3)
+        r = small.direct("GET", "/stub/last")
+        r.read_all(timeout=10)
+        assert r.status == 200
+        doc = json.loads(bytes(r.data).decode())
+        assert doc["model"] == "llama-8b"
+        assert doc["stream_options"] == {"include_usage": True}
+        assert big.stats()["requests"] == 0
+
+
+def test_reload_moves_a_model_and_keeps_the_stream_in_flight():
+    with h.Stub("a") as a, h.Stub("b") as b:
+        text = ROUTED.format(port=h.free_port(), workers=1, big=a.url, small=b.url)
+        text = text.replace("  llama-8b:\n", "  stub:\n    targets: [{upstream: big}]\n"
+                            "  llama-8b:\n")
+        with h.Gateway(text, allow_worker_changes=True) as gw:
+            c, r = gw.admit(key="sk-beta", events=20, interval=100, tag="long", timeout=20)
+            r.read_events(2, timeout=5)
+            assert r.header("x-sluice-model") == "stub"
+            h.reload(gw, text.replace("  stub:\n    targets: [{upstream: big}]\n",
+                                      "  stub:\n    targets: [{upstream: small}]\n"))
+            with gw.client() as c2:
+                for _ in range(3):
+                    r2 = _echo(c2, "sk-beta", b'{"model":"stub"}')
+                    assert r2.status == 200
+                    assert _echoed(r2) == (b.port, b'{"model":"stub"}')
+            body = r.read_all(timeout=20)
+            assert r.complete and body == h.expected_events(20)
+            assert a.tag("long")["completed"] == 1
+            assert b.tag("long")["requests"] == 0
