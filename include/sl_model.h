@@ -95,4 +95,14 @@ int sl_model_route(struct sl_models *, const struct sl_config *cfg, size_t t,
     const char *body, size_t len, const char *ctype, size_t ctlen,
     struct sl_route *out);
 
+/*
+ * GET /v1/models and /v1/models/NAME (path: plen bytes, no query), for
+ * tenant t: every model and alias it may use, sorted by id, in OpenAI's
+ * list shape; or one of them. Returns 0 when the path is neither (nothing
+ * set); 200 with *body (malloc'd, caller frees) and *blen; 404 with the
+ * model_not_found message (JSON-escaped) in msg; -1 without memory.
+ */
+int sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
+    size_t plen, char **body, size_t *blen, char *msg, size_t msglen);
+
 #endif

@@ -462,3 +462,132 @@ sl_model_route(struct sl_models *s, const struct sl_config *cfg, size_t t,
 		return -1;
 	return 0;
 }
+
+/* ---- GET /v1/models --------------------------------------------------- */
+
+static int
+cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* One entry of the list, s JSON-escaped; o NULL: only its length. */
+static size_t
+put_entry(char *o, const char *s, long long created)
+{
+	char tail[96];
+	size_t n = (size_t)snprintf(tail, sizeof(tail), ",\"object\":\"model\","
+	    "\"created\":%lld,\"owned_by\":\"sluice\"}", created);
+	size_t q = quoted_len(s);
+
+	if (o != NULL) {
+		memcpy(o, "{\"id\":", 6);
+		put_quoted(o + 6, s);
+		memcpy(o + 6 + q, tail, n);
+	}
+	return 6 + q + n;
+}
+
+/*
+ * The path, percent-decoded, into d (cap bytes); its length, or cap + 1
+ * when it does not fit (or a '%' is not followed by two hex digits: the
+ * runners would not take it either).
+ */
+static size_t
+path_decode(const char *p, size_t len, char *d, size_t cap)
+{
+	size_t i, o = 0;
+
+	for (i = 0; i < len; i++) {
+		int hi, lo;
+		char ch = p[i];
+
+		if (ch == '%') {
+			if (len - i < 3 || (hi = sl_json_hexval(p[i + 1])) < 0 ||
+			    (lo = sl_json_hexval(p[i + 2])) < 0)
+				return cap + 1;
+			ch = (char)(hi << 4 | lo);
+			i += 2;
+		}
+		if (o == cap)
+			return cap + 1;
+		d[o++] = ch;
+	}
+	return o;
+}
+
+int
+sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
+    size_t plen, char **body, size_t *blen, char *msg, size_t msglen)
+{
+	static const char pre[] = "/v1/models";
+	const struct sl_tenant_conf *tc = &cfg->tenants[t];
+	char d[sizeof(pre) + SL_MODEL_NAME_MAX + 1], name[300];
+	const char **ids;
+	size_t dl, n = 0, m, j, len;
+	char *o, *w;
+
+	*body = NULL;
+	*blen = 0;
+	dl = path_decode(path, plen, d, sizeof(d) - 1);
+	if (dl < sizeof(pre) - 1 || memcmp(d, pre, sizeof(pre) - 1) != 0 ||
+	    (dl > sizeof(pre) - 1 && d[sizeof(pre) - 1] != '/'))
+		return 0;
+	if (dl > sizeof(pre) - 1) {
+		/* /v1/models/NAME: one model, by a name the tenant may use. */
+		const char *nm = d + sizeof(pre);
+		size_t nl = dl >= sizeof(d) ? SL_MODEL_NAME_MAX + 1 :
+		    dl - sizeof(pre);
+		int mi = nl > SL_MODEL_NAME_MAX ? -1 :
+		    sl_config_model_find(cfg, nm, nl);
+
+		if (mi < 0 || (tc->allowed != NULL && !tc->allowed[mi])) {
+			escape_name(name, sizeof(name), nm,
+			    nl > SL_MODEL_NAME_MAX ? SL_MODEL_NAME_MAX : nl);
+			snprintf(msg, msglen, "The model '%s' does not exist or "
+			    "you do not have access to it.", name);
+			return 404;
+		}
+		d[sizeof(pre) + nl] = '\0';
+		len = put_entry(NULL, nm, (long long)cfg->loaded_at);
+		if ((o = malloc(len)) == NULL)
+			return -1;
+		put_entry(o, nm, (long long)cfg->loaded_at);
+		*body = o;
+		*blen = len;
+		return 200;
+	}
+	for (m = 0; m < cfg->nmodels; m++)
+		n += 1 + cfg->models[m].naliases;
+	if ((ids = calloc(n ? n : 1, sizeof(*ids))) == NULL)
+		return -1;
+	for (n = 0, m = 0; m < cfg->nmodels; m++) {
+		if (tc->allowed != NULL && !tc->allowed[m])
+			continue;
+		ids[n++] = cfg->models[m].name;
+		for (j = 0; j < cfg->models[m].naliases; j++)
+			ids[n++] = cfg->models[m].aliases[j];
+	}
+	qsort(ids, n, sizeof(*ids), cmp_str);
+	len = sizeof("{\"object\":\"list\",\"data\":[]}") - 1;
+	for (j = 0; j < n; j++)
+		len += (j > 0) + put_entry(NULL, ids[j], (long long)cfg->loaded_at);
+	if ((o = malloc(len)) == NULL) {
+		free(ids);
+		return -1;
+	}
+	w = o;
+	memcpy(w, "{\"object\":\"list\",\"data\":[", 25);
+	w += 25;
+	for (j = 0; j < n; j++) {
+		if (j > 0)
+			*w++ = ',';
+		w += put_entry(w, ids[j], (long long)cfg->loaded_at);
+	}
+	memcpy(w, "]}", 2);
+	w += 2;
+	free(ids);
+	*body = o;
+	*blen = (size_t)(w - o);
+	return 200;
+}

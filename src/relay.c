@@ -499,6 +499,73 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 	conn_after_write(c);
 }
 
+/*
+ * GET /v1/models[/NAME] with models: answered here from the config, for
+ * the tenant's models (sl_model_list): no slot, no upstream. Returns 1 when
+ * the request was answered, 0 when it is not one of these.
+ */
+static int
+conn_models_list(struct sl_conn *c)
+{
+	const char *url, *q;
+	size_t ulen, blen;
+	char *body, msg[400];
+	int st, close;
+
+	if (c->w->cfg->models == NULL || (c->req.method != HTTP_GET &&
+	    c->req.method != HTTP_HEAD))
+		return 0;
+	url = sl_req_url(&c->req, &ulen);
+	if ((q = memchr(url, '?', ulen)) != NULL)
+		ulen = (size_t)(q - url);
+	st = sl_model_list(c->w->cfg, (size_t)c->tenant, url, ulen, &body, &blen,
+	    msg, sizeof(msg));
+	if (st == 0)
+		return 0;
+	if (st != 200) {
+		if (st == 404)
+			conn_error(c, 404, "invalid_request_error",
+			    "model_not_found", msg, 0, 0);
+		else
+			conn_error(c, 503, "server_error", "overloaded",
+			    "out of memory", 1, 0);
+		return 1;
+	}
+	close = c->req.state == SL_REQ_ERROR || !c->req.keep_alive ||
+	    c->w->draining || c->w->cfg->timeouts.keepalive_ms == 0;
+	c->end = "done";
+	c->rh_len = c->rh_off = 0;
+	sl_buf_consume(&c->out, sl_buf_len(&c->out));
+	rh_status_line(c, 200, "OK");
+	RH_LIT(c, "Content-Type: application/json\r\nContent-Length: ");
+	rh_add_uint(c, (unsigned long)blen);
+	RH_LIT(c, "\r\nCache-Control: no-store\r\n");
+	rh_connection(c, close);
+	if (c->req.method != HTTP_HEAD) {
+		/* The list is bounded by the config, not by stream_buffer. */
+		if (c->out.cap < blen)
+			c->out.cap = blen;
+		if (sl_buf_append(&c->out, body, blen) == -1)
+			close = 1;   /* cut short: the length tells the client */
+	}
+	free(body);
+	c->close_after = close;
+	c->head_sent = 1;
+	c->resp_done = 1;
+	c->status = 200;
+	if (c->req.state == SL_REQ_HEAD_DONE) {
+		c->req.discard_body = 1;
+		sl_req_continue(&c->req);
+	}
+	conn_set_state(c, CS_LOCAL);
+	if (conn_flush(c) == -1) {
+		conn_close(c, "client_gone");
+		return 1;
+	}
+	conn_after_write(c);
+	return 1;
+}
+
 void
 sl_conn_refuse(struct sl_worker *w, int fd)
 {
@@ -2501,6 +2568,8 @@ conn_on_head(struct sl_conn *c)
 		    "this tenant is disabled (max_streams: 0)", 0, 0);
 		return;
 	}
+	if (conn_models_list(c))
+		return;   /* answered from the config: no slot, no budget */
 	/*
 	 * The budget the master published last, not this worker's copy: a
 	 * retired worker still admitting a request whose head was in flight

@@ -296,3 +296,65 @@ def test_reload_moves_a_model_and_keeps_the_stream_in_flight():
             assert r.complete and body == h.expected_events(20)
             assert a.tag("long")["completed"] == 1
             assert b.tag("long")["requests"] == 0
+
+
+def _get(c, key, path, method="GET"):
+    r = c.request(method, path, dict(h.bearer(key)) if key else {})
+    r.read_all(timeout=10)
+    return r
+
+
+def test_v1_models_lists_each_tenants_models_and_aliases_sorted():
+    with h.Stub("big") as big, h.Stub("small") as small, _routed(big, small) as gw:
+        with gw.client() as c:
+            r = _get(c, "sk-beta", "/v1/models")
+            assert r.status == 200, bytes(r.data[:300])
+            assert r.header("content-type") == "application/json"
+            doc = json.loads(bytes(r.data).decode())
+            assert doc["object"] == "list"
+            ids = [m["id"] for m in doc["data"]]
+            assert ids == ["default", "gpt-4o", "llama-70b", "llama-8b", "tiny"], ids
+            created = doc["data"][0]["created"]
+            assert isinstance(created, int) and created > 1700000000
+            assert all(m == {"id": m["id"], "object": "model", "created": created,
+                             "owned_by": "sluice"} for m in doc["data"]), doc
+            # acme may use llama-8b only: its name and alias.
+            r = _get(c, "sk-acme", "/v1/models?x=1")
+            assert [m["id"] for m in json.loads(bytes(r.data).decode())["data"]] == \
+                ["llama-8b", "tiny"]
+            # One model, by a name the tenant may use.
+            r = _get(c, "sk-acme", "/v1/models/tiny")
+            assert r.status == 200
+            assert json.loads(bytes(r.data).decode()) == {
+                "id": "tiny", "object": "model", "created": created, "owned_by": "sluice"}
+            for path, name in (("/v1/models/gpt-4o", "gpt-4o"), ("/v1/models/nope", "nope"),
+                               ("/v1/models/ti%6Ey%22", 'tiny\\"')):
+                r = _get(c, "sk-acme", path)
+                assert r.status == 404, path
+                assert bytes(r.data) == (NOT_FOUND % name).encode(), bytes(r.data)
+            # HEAD: the head alone, with the length.
+            r = c.request("HEAD", "/v1/models", dict(h.bearer("sk-beta")))
+            assert r.status == 200 and r.header("content-length") is not None
+            # Still one connection, kept alive throughout.
+            r = _get(c, "sk-beta", "/v1/models")
+            assert r.status == 200
+            # A key is required.
+            r = _get(c, None, "/v1/models")
+            h.assert_error(r, 401, "invalid_api_key", read=False)
+        assert big.stats()["requests"] == 0 and small.stats()["requests"] == 0
+
+
+def test_v1_models_takes_no_slot():
+    with h.Stub("big") as big, h.Stub("small") as small, _routed(big, small) as gw:
+        # acme's one slot is held by a hung request: the list still comes.
+        with gw.client() as held:
+            hd = dict(h.bearer("sk-acme"), **JSON_CT)
+            hd.update(h.stub_headers(hang=True))
+            held.send("POST", "/v1/chat/completions", hd, h.stream_body(model="tiny"))
+            h.wait_until(lambda: small.stats()["inflight"] == 1, 5,
+                         msg="the hung request to reach the stub")
+            with gw.client() as c:
+                r = _get(c, "sk-acme", "/v1/models")
+                assert r.status == 200, bytes(r.data[:300])
+                r = _echo(c, "sk-acme", b'{"model":"tiny"}')
+                h.assert_error(r, 429, "concurrency_limit_exceeded", read=False)

@@ -340,6 +340,46 @@ test_route_without_a_model(void **state)
 	assert_string_equal(r.message, "'model' must be a string");
 }
 
+static void
+test_list_per_tenant_sorted(void **state)
+{
+	struct fx *f = *state;
+	char *body, msg[400], want[512];
+	size_t blen;
+	long long t = (long long)f->cfg->loaded_at;
+
+	assert_int_equal(sl_model_list(f->cfg, 0, "/v1/models", 10, &body, &blen,
+	    msg, sizeof(msg)), 200);
+	snprintf(want, sizeof(want), "{\"object\":\"list\",\"data\":["
+	    "{\"id\":\"gpt-4o\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sluice\"},"
+	    "{\"id\":\"llama-70b\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sluice\"}]}",
+	    t, t);
+	assert_int_equal(blen, strlen(want));
+	assert_memory_equal(body, want, blen);
+	free(body);
+	assert_int_equal(sl_model_list(f->cfg, 1, "/v1/models", 10, &body, &blen,
+	    msg, sizeof(msg)), 200);
+	assert_non_null(memmem(body, blen, "\"id\":\"small\"", 12));
+	free(body);
+	assert_int_equal(sl_model_list(f->cfg, 0, "/v1/models/sm%61ll", 18, &body,
+	    &blen, msg, sizeof(msg)), 404);
+	assert_null(body);
+	assert_string_equal(msg, "The model 'small' does not exist or you do "
+	    "not have access to it.");
+	assert_int_equal(sl_model_list(f->cfg, 1, "/v1/models/small", 16, &body,
+	    &blen, msg, sizeof(msg)), 200);
+	snprintf(want, sizeof(want), "{\"id\":\"small\",\"object\":\"model\","
+	    "\"created\":%lld,\"owned_by\":\"sluice\"}", t);
+	assert_int_equal(blen, strlen(want));
+	assert_memory_equal(body, want, blen);
+	free(body);
+	/* Not these paths: nothing. */
+	assert_int_equal(sl_model_list(f->cfg, 1, "/v1/modelsx", 11, &body,
+	    &blen, msg, sizeof(msg)), 0);
+	assert_int_equal(sl_model_list(f->cfg, 1, "/v1/chat/completions", 20,
+	    &body, &blen, msg, sizeof(msg)), 0);
+}
+
 int
 main(void)
 {
@@ -355,6 +395,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_route_alias_allow_list_and_rewrite,
 		    setup, teardown),
 		cmocka_unit_test_setup_teardown(test_route_without_a_model, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_list_per_tenant_sorted, setup,
 		    teardown),
 	};
 
