@@ -92,6 +92,10 @@ struct sl_conn {
 	int32_t lease;             /* cluster lease; -1: none */
 	size_t up_idx;             /* the request's upstream (conn_route_model) */
 	int model;                 /* its model (cfg->models); -1: none */
+	char *mname;               /* the model as the client named it, for
+	                            * the access log (mname_len bytes); NULL */
+	size_t mname_len;
+	const char *msent;         /* the model sent upstream (config); NULL */
 	struct sl_cl_wait *admit_wait;   /* CS_ADMIT: the lease asked for */
 
 	/* Response side. */
@@ -705,8 +709,8 @@ static void
 conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 {
 	struct sl_worker *w = c->w;
-	char line[2560], path[768], method[32], ts[40], tenant[256];
-	char replica[512];
+	char line[3200], path[768], method[32], ts[40], tenant[256];
+	char replica[512], model[300], umodel[300];
 	const char *url = "", *q;
 	size_t ulen = 0;
 	struct timeval tv;
@@ -735,6 +739,14 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 		strcpy(replica, "-");
 	json_escape(method, sizeof(method), sl_req_method(&c->req),
 	    strlen(sl_req_method(&c->req)));
+	if (c->mname != NULL)
+		json_escape(model, sizeof(model), c->mname, c->mname_len);
+	else
+		strcpy(model, "-");
+	if (c->msent != NULL)
+		json_escape(umodel, sizeof(umodel), c->msent, strlen(c->msent));
+	else
+		strcpy(umodel, "-");
 	gettimeofday(&tv, NULL);
 	gmtime_r(&tv.tv_sec, &tm);
 	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
@@ -745,7 +757,7 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\","
 	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
 	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\","
-	    "\"affinity\":\"%s\"}\n",
+	    "\"affinity\":\"%s\",\"model\":\"%s\",\"upstream_model\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
@@ -753,7 +765,7 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    replica, c->tries, c->tok_prompt, c->tok_completion,
 	    c->usage_kind != NULL ? c->usage_kind : "none",
 	    aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
-	    c->affinity : 0]);
+	    c->affinity : 0], model, umodel);
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line))
@@ -803,6 +815,9 @@ conn_request_end(struct sl_conn *c, const char *end)
 	}
 	conn_access_log(c, end, now);
 	conn_usage_free(c);
+	free(c->mname);
+	c->mname = NULL;
+	c->msent = NULL;
 }
 
 /* Map a close reason to the access log's vocabulary. */
@@ -908,6 +923,7 @@ conn_unref(struct sl_conn *c)
 	if (--c->depth > 0 || !c->dead)
 		return;
 	sl_req_free(&c->req);
+	free(c->mname);
 	sl_buf_free(&c->out);
 	sl_block_put(&c->w->blocks, c->in);
 	conn_usage_free(c);
@@ -2125,6 +2141,14 @@ conn_route_model(struct sl_conn *c)
 		    "cannot start the upstream request", 0, 0);
 		return -1;
 	}
+	/* For the access log: the name as sent (a 404's too), and as sent on. */
+	free(c->mname);
+	c->mname = NULL;
+	if (r.client_len > 0 && (c->mname = malloc(r.client_len)) != NULL) {
+		memcpy(c->mname, r.client, r.client_len);
+		c->mname_len = r.client_len;
+	}
+	c->msent = r.sent;
 	if (r.status != 0) {
 		conn_error(c, r.status, "invalid_request_error", r.code,
 		    r.message, 0, 0);

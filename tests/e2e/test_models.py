@@ -358,3 +358,19 @@ def test_v1_models_takes_no_slot():
                 assert r.status == 200, bytes(r.data[:300])
                 r = _echo(c, "sk-acme", b'{"model":"tiny"}')
                 h.assert_error(r, 429, "concurrency_limit_exceeded", read=False)
+
+
+def test_access_log_says_the_model_as_sent_and_as_sent_upstream():
+    with h.Stub("big") as big, h.Stub("small") as small:
+        log = h.tmpfile("access", ".log")
+        text = ROUTED.format(port=h.free_port(), workers=1, big=big.url,
+                             small=small.url) + 'access_log: "%s"\n' % log
+        with h.Gateway(text) as gw, gw.client() as c:
+            assert _echo(c, "sk-acme", b'{"model":"tiny"}').status == 200
+            assert _echo(c, "sk-acme", b'{"model":"gpt-4o"}').status == 404
+            assert _echo(c, "sk-beta", b'{"n":1}').status == 200
+            assert _echo(c, "sk-beta", b'{"model":"llama-70b"}').status == 200
+            lines = h.wait_access_lines(log, 4)
+        got = [(l["status"], l["model"], l["upstream_model"]) for l in lines]
+        assert got == [(200, "tiny", "llama-8b"), (404, "gpt-4o", "-"), (200, "-", "-"),
+                       (200, "llama-70b", "meta-llama/Llama-3.1-70B-Instruct")], got
