@@ -1884,7 +1884,7 @@ parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
 			continue;
 		if ((m = sl_config_model_find(c->cfg, s, strlen(s))) < 0) {
 			err_at(c, &mn->start_mark, "%s: no model named '%s'%s", path,
-			    s, c->cfg->models == NULL ? " (there is no models: "
+			    s, !c->models_section ? " (there is no models: "
 			    "section)" : "");
 			continue;
 		}

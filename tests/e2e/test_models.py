@@ -374,3 +374,16 @@ def test_access_log_says_the_model_as_sent_and_as_sent_upstream():
         got = [(l["status"], l["model"], l["upstream_model"]) for l in lines]
         assert got == [(200, "tiny", "llama-8b"), (404, "gpt-4o", "-"), (200, "-", "-"),
                        (200, "llama-70b", "meta-llama/Llama-3.1-70B-Instruct")], got
+
+
+def test_an_answer_made_after_routing_names_the_model_too():
+    with h.Stub("big") as big:
+        dead = "http://127.0.0.1:%d" % h.closed_port()
+        with _routed(big, type("S", (), {"url": dead})()) as gw, gw.client() as c:
+            # llama-8b's only target is the dead upstream: 502, named.
+            r = _echo(c, "sk-acme", b'{"model":"tiny"}')
+            h.assert_error(r, 502, "upstream_unreachable", read=False)
+            assert r.header("x-sluice-model") == "llama-8b"
+            # Refused before routing: no model named.
+            r = _echo(c, "sk-acme", b'{"model":"nope"}')
+            assert r.status == 404 and r.header("x-sluice-model") is None
