@@ -116,6 +116,9 @@ struct sl_model_conf {
 	size_t naliases;
 	struct sl_model_target *targets;   /* ntargets >= 1 in a valid config */
 	size_t ntargets;
+	size_t *fallback;      /* models tried, in order, when no target can
+	                        * take a request (indices; no cycle) */
+	size_t nfallback;
 };
 
 /* A slot of the name -> model table (names and aliases). */

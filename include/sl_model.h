@@ -69,12 +69,20 @@ void sl_models_free(struct sl_models *);
 /* Smooth weighted round robin: the index of model m's next target. */
 size_t sl_models_pick(struct sl_models *, size_t m);
 
+/* A form field's bytes in a (rewritten) body, for a later rewrite. */
+struct sl_model_span {
+	int form;              /* 0: a JSON body (found again by reading it) */
+	size_t vs, ve;
+};
+
 /* How a request is routed. */
 struct sl_route {
 	int status;            /* 0: routed; else answer it (400 or 404) */
 	const char *code;      /* with status: "bad_request", "model_not_found" */
 	char message[400];     /* with status: JSON-escaped, for the error body */
 	int model;             /* index into cfg->models; -1: none named */
+	size_t target;         /* routed by model: its target's index */
+	struct sl_model_span span;   /* routed by model: where the model is */
 	size_t upstream;       /* routed: the upstream to use */
 	const char *sent;      /* routed by model: the "model" sent upstream */
 	char *body;            /* routed: a rewritten body (caller frees), or
@@ -94,6 +102,31 @@ struct sl_route {
 int sl_model_route(struct sl_models *, const struct sl_config *cfg, size_t t,
     const char *body, size_t len, const char *ctype, size_t ctlen,
     struct sl_route *out);
+
+/* A model's target. */
+struct sl_model_pick {
+	size_t model, target;
+};
+
+/*
+ * The fallback chain of a request routed to target t0 of model m0, for
+ * tenant: m0's other targets by decreasing weight, then the targets of
+ * each fallback model (the models m0 names, then those they name, breadth
+ * first, each once; one outside the tenant's list is skipped with its own
+ * fallbacks), each model's by decreasing weight. *out (caller frees) holds
+ * *n picks. 0, or -1 without memory.
+ */
+int sl_model_chain(const struct sl_config *cfg, size_t tenant, size_t m0,
+    size_t t0, struct sl_model_pick **out, size_t *n);
+
+/*
+ * Set the model of a body already routed (*body, *len; malloc'd, replaced
+ * when changed) to `to`, for a fallback target: every top-level "model"
+ * member of a JSON body, or the form field at sp (updated). 0, or -1
+ * without memory (the body is unchanged).
+ */
+int sl_model_retarget(char **body, size_t *len, struct sl_model_span *sp,
+    const char *to);
 
 /*
  * GET /v1/models and /v1/models/NAME (path: plen bytes, no query), for

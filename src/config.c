@@ -170,6 +170,10 @@ static const struct key_row keys[] = {
 	    "names no other model uses", 1,
 	    "Other names clients may send for the model." },
 	    0, 0, 0, NOOFF },
+	{ { "models.*.fallback", SL_KEY_LIST, "[]", "model names or aliases", 1,
+	    "Models tried in order when none of this model's targets can take "
+	    "a request, before any response byte." },
+	    0, 0, 0, NOOFF },
 	{ { "models.*.targets", SL_KEY_LIST_OF_MAPS, NULL, "1-64 entries", 1,
 	    "Where the model is served; their weights split its requests." },
 	    0, 0, 1, NOOFF },
@@ -375,6 +379,7 @@ struct ctx {
 	unsigned char *seen;       /* per node: visited (alias detection) */
 	struct strset model_set;   /* models' names and aliases, while parsed */
 	int models_section;        /* the file has a models: key */
+	yaml_node_t **fallback_nodes;   /* per model: its fallback: list */
 	int quiet;                 /* inside an aliased value: errors muted */
 	size_t nnodes;
 };
@@ -1753,6 +1758,13 @@ model_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	} else if (strcmp(key, "targets") == 0) {
 		a->has_targets = 1;
 		parse_targets(c, m, v, path);
+	} else if (strcmp(key, "fallback") == 0) {
+		if (v->type != YAML_SEQUENCE_NODE) {
+			err_at(c, &v->start_mark, "%s: expected a list of strings, "
+			    "got %s", path, type_name(v));
+			return;
+		}
+		c->fallback_nodes[a->idx] = v;   /* resolved once all are named */
 	} else
 		err_at(c, &k->start_mark, "unknown key '%s' in model '%s'", key,
 		    m->name);
@@ -1820,6 +1832,108 @@ build_model_names(struct sl_config *cfg)
 	return 0;
 }
 
+/*
+ * fallback: lists, once every model is named: each entry a model's name or
+ * alias, not the model itself. Then no cycle: a walk from each model along
+ * the lists must not come back to a model on its path; the entry that
+ * closes a cycle is reported.
+ */
+static void
+parse_fallbacks(struct ctx *c)
+{
+	struct sl_config *cfg = c->cfg;
+	yaml_mark_t **marks;
+	size_t m, j, *stack, *pos, sp;
+	unsigned char *state;   /* 0 unseen, 1 on the path, 2 done */
+
+	if ((marks = calloc(cfg->nmodels, sizeof(*marks))) == NULL)
+		goto oom;
+	for (m = 0; m < cfg->nmodels; m++) {
+		yaml_node_t *v = c->fallback_nodes[m];
+		yaml_node_item_t *it;
+		char path[300];
+		size_t n;
+
+		if (v == NULL)
+			continue;
+		snprintf(path, sizeof(path), "models.%s.fallback",
+		    cfg->models[m].name);
+		n = (size_t)(v->data.sequence.items.top -
+		    v->data.sequence.items.start);
+		cfg->models[m].fallback = calloc(n ? n : 1, sizeof(size_t));
+		marks[m] = calloc(n ? n : 1, sizeof(yaml_mark_t));
+		if (cfg->models[m].fallback == NULL || marks[m] == NULL)
+			goto oom_free;
+		for (it = v->data.sequence.items.start;
+		    it < v->data.sequence.items.top; it++) {
+			yaml_node_t *fn = node(c, *it);
+			const char *s;
+			int f;
+
+			if (fn == NULL || (s = want_scalar(c, fn, path)) == NULL)
+				continue;
+			if ((f = sl_config_model_find(cfg, s, strlen(s))) < 0) {
+				err_at(c, &fn->start_mark, "%s: no model named '%s'",
+				    path, s);
+				continue;
+			}
+			marks[m][cfg->models[m].nfallback] = fn->start_mark;
+			cfg->models[m].fallback[cfg->models[m].nfallback++] =
+			    (size_t)f;
+		}
+	}
+	/* Depth-first, iterative: a long chain must not overflow the stack. */
+	state = calloc(cfg->nmodels, 1);
+	stack = calloc(cfg->nmodels, sizeof(*stack));
+	pos = calloc(cfg->nmodels, sizeof(*pos));
+	if (state == NULL || stack == NULL || pos == NULL) {
+		free(state);
+		free(stack);
+		free(pos);
+		goto oom_free;
+	}
+	for (m = 0; m < cfg->nmodels; m++) {
+		if (state[m] != 0)
+			continue;
+		sp = 0;
+		stack[sp] = m;
+		pos[sp++] = 0;
+		state[m] = 1;
+		while (sp > 0) {
+			size_t top = stack[sp - 1], k = pos[sp - 1]++, f;
+
+			if (k == cfg->models[top].nfallback) {
+				state[top] = 2;
+				sp--;
+				continue;
+			}
+			f = cfg->models[top].fallback[k];
+			if (state[f] == 1) {
+				err_at(c, &marks[top][k], "models.%s.fallback: '%s' "
+				    "makes a cycle of fallbacks", cfg->models[top].name,
+				    cfg->models[f].name);
+			} else if (state[f] == 0) {
+				state[f] = 1;
+				stack[sp] = f;
+				pos[sp++] = 0;
+			}
+		}
+	}
+	free(state);
+	free(stack);
+	free(pos);
+	for (j = 0; j < cfg->nmodels; j++)
+		free(marks[j]);
+	free(marks);
+	return;
+oom_free:
+	for (j = 0; j < cfg->nmodels; j++)
+		free(marks[j]);
+	free(marks);
+oom:
+	err_at(c, NULL, "out of memory");
+}
+
 /* models: parsed after upstreams (targets name them), before tenants. */
 static void
 parse_models(struct ctx *c, yaml_node_t *n)
@@ -1845,8 +1959,12 @@ parse_models(struct ctx *c, yaml_node_t *n)
 			    al->data.sequence.items.start);
 	}
 	c->cfg->models = calloc(cnt, sizeof(*c->cfg->models));
-	if (c->cfg->models == NULL || strset_init(&c->model_set, names) == -1) {
+	c->fallback_nodes = calloc(cnt, sizeof(*c->fallback_nodes));
+	if (c->cfg->models == NULL || c->fallback_nodes == NULL ||
+	    strset_init(&c->model_set, names) == -1) {
 		err_at(c, &n->start_mark, "out of memory");
+		free(c->fallback_nodes);
+		c->fallback_nodes = NULL;
 		return;
 	}
 	each_pair(c, n, models_pair, &idx);
@@ -1854,6 +1972,10 @@ parse_models(struct ctx *c, yaml_node_t *n)
 	strset_free(&c->model_set);
 	if (build_model_names(c->cfg) == -1)
 		err_at(c, &n->start_mark, "out of memory");
+	else
+		parse_fallbacks(c);
+	free(c->fallback_nodes);
+	c->fallback_nodes = NULL;
 }
 
 /* tenants.NAME.models: model names (not aliases) of models: */
@@ -2807,6 +2929,7 @@ sl_config_free(struct sl_config *cfg)
 			free(cfg->models[i].targets[j].model);
 		}
 		free(cfg->models[i].targets);
+		free(cfg->models[i].fallback);
 	}
 	free(cfg->models);
 	free(cfg->model_names);

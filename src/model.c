@@ -453,13 +453,20 @@ sl_model_route(struct sl_models *s, const struct sl_config *cfg, size_t t,
 		    "not exist or you do not have access to it.", name);
 		return 0;
 	}
-	tg = &cfg->models[m].targets[sl_models_pick(s, (size_t)m)];
+	out->target = sl_models_pick(s, (size_t)m);
+	tg = &cfg->models[m].targets[out->target];
 	out->model = m;
 	out->upstream = tg->upstream_idx;
 	out->sent = tg->model;
 	if (sl_model_rewrite(body, len, &r, tg->model, &out->body,
 	    &out->body_len) < 0)
 		return -1;
+	if (r.form) {
+		out->span.form = 1;
+		out->span.vs = r.v.vs;
+		out->span.ve = out->body != NULL ? r.v.vs + strlen(tg->model) :
+		    r.v.ve;
+	}
 	return 0;
 }
 
@@ -590,4 +597,115 @@ sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
 	*body = o;
 	*blen = (size_t)(w - o);
 	return 200;
+}
+
+/* ---- fallback ---------------------------------------------------------- */
+
+/* Append model m's targets but `skip`, by decreasing weight, ties in order. */
+static void
+chain_targets(const struct sl_model_conf *mc, size_t m, size_t skip,
+    struct sl_model_pick *out, size_t *n)
+{
+	size_t done = 0, t;
+	int32_t w = INT32_MAX, next;
+
+	/* Weights are 1..1000: walk them from the largest down. */
+	while (done < mc->ntargets) {
+		next = 0;
+		for (t = 0; t < mc->ntargets; t++)
+			if (mc->targets[t].weight < w &&
+			    mc->targets[t].weight > next)
+				next = mc->targets[t].weight;
+		if (next == 0)
+			break;
+		for (t = 0; t < mc->ntargets; t++)
+			if (mc->targets[t].weight == next) {
+				done++;
+				if (t != skip) {
+					out[*n].model = m;
+					out[(*n)++].target = t;
+				}
+			}
+		w = next;
+	}
+}
+
+int
+sl_model_chain(const struct sl_config *cfg, size_t tenant, size_t m0,
+    size_t t0, struct sl_model_pick **out, size_t *n)
+{
+	const struct sl_tenant_conf *tc = &cfg->tenants[tenant];
+	struct sl_model_pick *p;
+	size_t total = 0, m, *queue, qh = 0, qt = 0, j;
+	unsigned char *seen;
+
+	*out = NULL;
+	*n = 0;
+	for (m = 0; m < cfg->nmodels; m++)
+		total += cfg->models[m].ntargets;
+	p = calloc(total ? total : 1, sizeof(*p));
+	queue = calloc(cfg->nmodels, sizeof(*queue));
+	seen = calloc(cfg->nmodels, 1);
+	if (p == NULL || queue == NULL || seen == NULL) {
+		free(p);
+		free(queue);
+		free(seen);
+		return -1;
+	}
+	chain_targets(&cfg->models[m0], m0, t0, p, n);
+	seen[m0] = 1;
+	queue[qt++] = m0;
+	/* Breadth first: a model's own list before its fallbacks' lists. */
+	while (qh < qt) {
+		const struct sl_model_conf *mc = &cfg->models[queue[qh++]];
+
+		for (j = 0; j < mc->nfallback; j++) {
+			size_t f = mc->fallback[j];
+
+			if (seen[f])
+				continue;
+			seen[f] = 1;
+			if (tc->allowed != NULL && !tc->allowed[f])
+				continue;   /* skipped, and its own fallbacks */
+			chain_targets(&cfg->models[f], f, SIZE_MAX, p, n);
+			queue[qt++] = f;
+		}
+	}
+	free(queue);
+	free(seen);
+	*out = p;
+	return 0;
+}
+
+int
+sl_model_retarget(char **body, size_t *len, struct sl_model_span *sp,
+    const char *to)
+{
+	struct sl_model_req r;
+	char *out;
+	size_t olen;
+
+	memset(&r, 0, sizeof(r));
+	if (sp->form) {
+		r.kind = SL_MODEL_NAMED;
+		r.form = 1;
+		r.v.vs = sp->vs;
+		r.v.ve = sp->ve;
+		r.too_long = 1;   /* always rewrite */
+	} else
+		read_json(*body, *len, &r);
+	if (r.kind != SL_MODEL_NAMED)
+		return 0;
+	r.count = r.count ? r.count : 1;
+	r.too_long = 1;
+	if (sl_model_rewrite(*body, *len, &r, to, &out, &olen) < 0)
+		return -1;
+	if (out == NULL)
+		return 0;
+	if (sp->form)
+		sp->ve = sp->vs + strlen(to);
+	free(*body);
+	*body = out;
+	*len = olen;
+	return 0;
 }

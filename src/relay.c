@@ -96,6 +96,15 @@ struct sl_conn {
 	                            * the access log (mname_len bytes); NULL */
 	size_t mname_len;
 	const char *msent;         /* the model sent upstream (config); NULL */
+	size_t mtarget;            /* the target of model it was sent to */
+	struct sl_model_span mspan;   /* where the body names its model */
+	size_t fb_k;               /* next entry of its fallback chain */
+	int tries_base;            /* tries before its upstream's first */
+	int fb_model, fb_target;   /* a busy head's fallback, whose replica
+	                            * is retry_next; -1: none */
+	struct curl_slist **hdr_link;   /* the upstream's header tail hangs
+	                                 * here; NULL: c->hdrs is the tail */
+	int hdr_ct, hdr_accept;
 	struct sl_cl_wait *admit_wait;   /* CS_ADMIT: the lease asked for */
 
 	/* Response side. */
@@ -288,6 +297,7 @@ conn_upstream_idx(const struct sl_conn *c)
 
 /* "X-Sluice-Model: NAME\r\n" for a request routed by model. */
 static int rh_model(struct sl_conn *);
+static int conn_fallback_find(struct sl_conn *, int *, int *);
 
 /*
  * The current try ended without a response status of its own (code is
@@ -338,8 +348,11 @@ conn_abort_upstream(struct sl_conn *c)
 {
 	conn_stop_transfer(c);
 	if (c->retry_next >= 0) {
-		sl_pool_release(c->w->pools, conn_upstream_idx(c), c->retry_next);
+		sl_pool_release(c->w->pools, c->fb_model >= 0 ?
+		    c->w->cfg->models[c->fb_model].targets[c->fb_target].upstream_idx :
+		    conn_upstream_idx(c), c->retry_next);
 		c->retry_next = -1;
+		c->fb_model = -1;
 	}
 	free(c->hdr_block);
 	c->hdr_block = NULL;
@@ -608,6 +621,7 @@ sl_conn_new(struct sl_worker *w, int fd)
 	c->tenant = -1;
 	c->lease = -1;
 	c->model = -1;
+	c->fb_model = -1;
 	c->replica = c->last_replica = c->retry_next = -1;
 	/*
 	 * Every write is a flush of what the upstream just sent: Nagle would
@@ -1340,9 +1354,17 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 		 * sl_conn_upstream_done starts the next try.
 		 */
 		if ((c->status == 429 || c->status == 502 || c->status == 503) &&
-		    (up->retry_on & SL_RETRY_BUSY) && c->tries <= up->retries &&
+		    (up->retry_on & SL_RETRY_BUSY) &&
+		    c->tries - c->tries_base <= up->retries &&
 		    (r2 = sl_pool_pick(c->w->pools, conn_upstream_idx(c),
 		    c->tried, &wait)) >= 0) {
+			c->retry_next = r2;
+			c->busy_code = c->status;
+			return 0;
+		}
+		/* None in this pool: the next target of the fallback chain. */
+		if ((c->status == 429 || c->status == 502 || c->status == 503) &&
+		    (r2 = conn_fallback_find(c, &c->fb_model, &c->fb_target)) >= 0) {
 			c->retry_next = r2;
 			c->busy_code = c->status;
 			return 0;
@@ -1966,6 +1988,10 @@ conn_build_upstream_headers(struct sl_conn *c)
 	*b.link = sl_transfers_header_tail(c->w->xfers, conn_upstream_idx(c),
 	    have_ct, have_accept);
 	c->hdrs = head;
+	/* A fallback to another upstream hangs that one's tail here. */
+	c->hdr_link = b.link == &head ? NULL : b.link;
+	c->hdr_ct = have_ct;
+	c->hdr_accept = have_accept;
 	return 0;
 }
 
@@ -2156,11 +2182,104 @@ conn_route_model(struct sl_conn *c)
 	}
 	c->model = r.model;
 	c->up_idx = r.upstream;
+	c->mtarget = r.target;
+	c->mspan = r.span;
+	c->fb_k = 0;
 	if (r.body != NULL) {
 		free(c->req.body);
 		c->req.body = r.body;
 		c->req.body_len = c->req.body_cap = r.body_len;
 	}
+	return 0;
+}
+
+/*
+ * Fallback (sl_model.h): the next target of the request's chain, after
+ * c->fb_k, that has a replica free now; its slot is taken. Returns the
+ * replica and sets *m, *t, or -1 when none (or not routed by model).
+ * Changes nothing but c->fb_k: safe in a libcurl callback.
+ */
+static int
+conn_fallback_find(struct sl_conn *c, int *m, int *t)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	struct sl_model_pick *p;
+	size_t n;
+	int r = -1, wait;
+
+	if (c->model < 0 || c->head_sent || sl_model_chain(cfg,
+	    (size_t)c->tenant, (size_t)c->model, c->mtarget, &p, &n) == -1)
+		return -1;
+	for (; c->fb_k < n && r < 0; c->fb_k++) {
+		const struct sl_model_target *tg =
+		    &cfg->models[p[c->fb_k].model].targets[p[c->fb_k].target];
+
+		if ((r = sl_pool_pick(c->w->pools, tg->upstream_idx, 0, &wait)) >=
+		    0) {
+			*m = (int)p[c->fb_k].model;
+			*t = (int)p[c->fb_k].target;
+		}
+	}
+	free(p);
+	return r;
+}
+
+/*
+ * Move the request to target t of model m, found by conn_fallback_find:
+ * its upstream, its model in the body, that upstream's header tail. The
+ * current try must be stopped first (its replica is released on the old
+ * upstream). -1 without memory.
+ */
+static int
+conn_fallback_switch(struct sl_conn *c, int m, int t)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	const struct sl_model_target *tg = &cfg->models[m].targets[t];
+	struct curl_slist *tail;
+
+	sl_info("conn %d: model %s falls back to %s (upstream %s)", c->fd,
+	    cfg->models[c->model].name, cfg->models[m].name,
+	    cfg->upstreams[tg->upstream_idx].name);
+	if (sl_model_retarget(&c->req.body, &c->req.body_len, &c->mspan,
+	    tg->model) == -1)
+		return -1;
+	c->req.body_cap = c->req.body_len;
+	c->model = m;
+	c->mtarget = (size_t)t;
+	c->msent = tg->model;
+	c->up_idx = tg->upstream_idx;
+	c->tried = 0;
+	c->tries_base = c->tries;   /* retries: per upstream */
+	tail = sl_transfers_header_tail(c->w->xfers, c->up_idx, c->hdr_ct,
+	    c->hdr_accept);
+	if (c->hdr_link != NULL)
+		*c->hdr_link = tail;
+	else
+		c->hdrs = tail;
+	return 0;
+}
+
+/*
+ * The try in flight (if any) failed so that the runner cannot have
+ * started the request: stop it and start one on the fallback chain.
+ * Returns 0 when a try started, -1 when the caller answers.
+ */
+static int
+conn_fallback(struct sl_conn *c)
+{
+	int m, t, r;
+
+	if ((r = conn_fallback_find(c, &m, &t)) < 0)
+		return -1;
+	conn_stop_transfer(c);
+	if (conn_fallback_switch(c, m, t) == -1) {
+		sl_pool_release(c->w->pools,
+		    c->w->cfg->models[m].targets[t].upstream_idx, r);
+		return -1;
+	}
+	if (conn_try(c, r) == -1)
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
 	return 0;
 }
 
@@ -2184,7 +2303,7 @@ conn_start_upstream(struct sl_conn *c)
 	/* The upstream head is built: the client's is not needed any more. */
 	sl_req_shed_head(&c->req);
 	c->tried = 0;
-	c->tries = 0;
+	c->tries = c->tries_base = 0;
 	if (c->req.method == HTTP_POST && up->balance ==
 	    SL_BALANCE_PREFIX_AFFINITY && c->req.body_len > 0) {
 		int outcome;
@@ -2199,6 +2318,8 @@ conn_start_upstream(struct sl_conn *c)
 	} else
 		r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0,
 		    &retry_after);
+	if (r < 0 && c->model >= 0 && conn_fallback(c) == 0)
+		return;   /* another model's or target's pool took it */
 	if (r < 0) {
 		char msg[160];
 
@@ -2258,7 +2379,7 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 	    SL_CODE_RESET);
 	if (kind == SL_UERR_CONNECT) {
 		if (!(up->retry_on & SL_RETRY_CONNECT))
-			return -1;
+			return conn_fallback(c);
 		why = SL_RETRY_R_CONNECT;
 	} else if (kind == SL_UERR_RESET && c->uh.status == 0 &&
 	    (c->resend_refused || result == CURLE_GOT_NOTHING ||
@@ -2273,11 +2394,11 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 		why = SL_RETRY_R_EMPTY;
 	} else
 		return -1;
-	if (c->tries > up->retries)
-		return -1;
-	if ((r2 = sl_pool_pick(c->w->pools, conn_upstream_idx(c), c->tried,
-	    &wait)) < 0)
-		return -1;
+	/* No replica of this pool may try it again: the fallback chain may. */
+	if (c->tries - c->tries_base > up->retries ||
+	    (r2 = sl_pool_pick(c->w->pools,
+	    conn_upstream_idx(c), c->tried, &wait)) < 0)
+		return why == SL_RETRY_R_CONNECT ? conn_fallback(c) : -1;
 	conn_next_try(c, r2, why);
 	return 0;
 }
@@ -2300,6 +2421,24 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		int r2 = c->retry_next;
 
 		c->retry_next = -1;
+		if (c->fb_model >= 0) {
+			/* A busy head and no other replica: a fallback target. */
+			int m = c->fb_model, t = c->fb_target;
+
+			c->fb_model = -1;
+			conn_stop_transfer(c);
+			if (conn_fallback_switch(c, m, t) == -1) {
+				sl_pool_release(c->w->pools,
+				    c->w->cfg->models[m].targets[t].upstream_idx, r2);
+				conn_error(c, 502, "upstream_error",
+				    "upstream_unreachable",
+				    "cannot start the upstream request", 0, 0);
+			} else if (conn_try(c, r2) == -1)
+				conn_error(c, 502, "upstream_error",
+				    "upstream_unreachable",
+				    "cannot start the upstream request", 0, 0);
+			goto out;
+		}
 		conn_next_try(c, r2, SL_RETRY_R_BUSY);
 		goto out;
 	}

@@ -387,3 +387,103 @@ def test_an_answer_made_after_routing_names_the_model_too():
             # Refused before routing: no model named.
             r = _echo(c, "sk-acme", b'{"model":"nope"}')
             assert r.status == 404 and r.header("x-sluice-model") is None
+
+
+# ------------------------------------------------------------------ fallback
+
+FALLBACK = """\
+listen: "127.0.0.1:{port}"
+workers: 1
+upstreams:
+  primary:
+    replicas: [{{url: "{primary}", max_streams: 1}}]
+    retries: 0
+  backup:
+    url: "{backup}"
+models:
+  big:
+    aliases: [gpt-4o]
+    targets: [{{upstream: primary, model: big-internal}}]
+    fallback: [small]
+  small:
+    targets: [{{upstream: backup, model: small-internal}}]
+tenants:
+  acme:
+    keys: ["sk-acme"]
+    max_streams: 100
+  lim:
+    keys: ["sk-lim"]
+    max_streams: 100
+    models: [big]
+"""
+
+
+def _fallback_gw(primary_url, backup):
+    return h.Gateway(FALLBACK.format(port=h.free_port(), primary=primary_url,
+                                     backup=backup.url))
+
+
+def test_fallback_when_the_primary_pool_is_down():
+    dead = "http://127.0.0.1:%d" % h.closed_port()
+    with h.Stub("backup") as backup, _fallback_gw(dead, backup) as gw, gw.client() as c:
+        r = _echo(c, "sk-acme", b'{"model":"gpt-4o","n":1}')
+        assert r.status == 200, bytes(r.data[:300])
+        assert r.header("x-sluice-model") == "small"
+        assert _echoed(r) == (backup.port, b'{"model":"small-internal","n":1}')
+        # small is not in lim's list: no fallback, today's answer.
+        r = _echo(c, "sk-lim", b'{"model":"gpt-4o"}')
+        h.assert_error(r, 502, "upstream_unreachable", read=False)
+        assert r.header("x-sluice-model") == "big"
+        assert backup.stats()["requests"] == 1
+
+
+def test_fallback_when_the_primary_pool_is_full():
+    with h.Stub("primary") as primary, h.Stub("backup") as backup, \
+            _fallback_gw(primary.url, backup) as gw:
+        with gw.client() as held:
+            hd = dict(h.bearer("sk-acme"), **JSON_CT)
+            hd.update(h.stub_headers(hang=True))
+            held.send("POST", "/v1/chat/completions", hd, h.stream_body(model="big"))
+            h.wait_until(lambda: primary.stats()["inflight"] == 1, 5,
+                         msg="the hung request to hold the primary's one slot")
+            with gw.client() as c:
+                r = _echo(c, "sk-acme", b'{"model":"big"}')
+                assert r.status == 200, bytes(r.data[:300])
+                assert r.header("x-sluice-model") == "small"
+                assert _echoed(r) == (backup.port, b'{"model":"small-internal"}')
+                r = _echo(c, "sk-lim", b'{"model":"big"}')
+                h.assert_error(r, 503, "upstream_unavailable", read=False)
+                assert r.header("x-sluice-model") == "big"
+
+
+def test_fallback_when_the_primary_answers_busy():
+    with h.Stub("primary", args=("--busy", "--busy-status", "503")) as primary, \
+            h.Stub("backup") as backup, _fallback_gw(primary.url, backup) as gw, \
+            gw.client() as c:
+        hd = dict(h.bearer("sk-acme"), **JSON_CT)
+        hd.update(h.stub_headers(events=2, interval=0))
+        r = c.request("POST", "/v1/chat/completions", hd, h.stream_body(model="big"))
+        body = r.read_all(timeout=10)
+        assert r.status == 200, bytes(body[:300])
+        assert r.header("x-sluice-model") == "small"
+        assert bytes(body) == h.expected_events(2)
+        assert primary.stats()["requests"] == 1
+        last = backup.direct("GET", "/stub/last")
+        last.read_all(timeout=10)
+        assert json.loads(bytes(last.data).decode())["model"] == "small-internal"
+
+
+def test_no_fallback_once_a_byte_was_relayed():
+    with h.Stub("primary") as primary, h.Stub("backup") as backup, \
+            _fallback_gw(primary.url, backup) as gw, gw.client() as c:
+        hd = dict(h.bearer("sk-acme"), **JSON_CT)
+        hd.update(h.stub_headers(events=10, interval=0, abort_after=2))
+        c.send("POST", "/v1/chat/completions", hd, h.stream_body(model="big"))
+        r = c.read_response(timeout=10)
+        assert r.status == 200 and r.header("x-sluice-model") == "big"
+        try:
+            r.read_all(timeout=10)
+        except h.StreamCut:
+            pass
+        assert not r.complete
+        assert backup.stats()["requests"] == 0

@@ -2416,7 +2416,15 @@ test_models_errors_report_their_position(void **state)
 	    "  m1:\n"
 	    "    targets: [{upstream: big}]\n"
 	    "    fallback: [m1]\n" MODELS_TENANT,
-	    NAME ":10:5: ", "unknown key 'fallback' in model 'm1'");
+	    NAME ":10:16: ", "models.m1.fallback: 'm1' makes a cycle of fallbacks");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{upstream: big}]\n"
+	    "    fallback: [m2, nope]\n"
+	    "  m2:\n"
+	    "    targets: [{upstream: big}]\n" MODELS_TENANT,
+	    NAME ":10:20: ", "models.m1.fallback: no model named 'nope'");
 	expect_error(f, MODELS_UPSTREAMS
 	    "models:\n"
 	    "  m1:\n"
@@ -2474,6 +2482,45 @@ test_models_tenant_list_names_models(void **state)
 	expect_error(f, "listen: \"127.0.0.1:8080\"\n" MINIMAL_UPSTREAMS_TENANTS
 	    "    models: [m1]\n",
 	    NAME ":9:14: ", "tenants.acme.models: no model named 'm1' (there is no models: section)");
+}
+
+static void
+test_models_fallback_resolves_aliases_and_refuses_cycles(void **state)
+{
+	struct fx *f = *state;
+	static const char *const want[] = {
+		NAME ":16:16: ", "models.c.fallback: 'a' makes a cycle of fallbacks",
+	};
+
+	expect_ok(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  a:\n"
+	    "    targets: [{upstream: big}]\n"
+	    "    fallback: [bee, c]\n"
+	    "  b:\n"
+	    "    aliases: [bee]\n"
+	    "    targets: [{upstream: small}]\n"
+	    "    fallback: [c]\n"
+	    "  c:\n"
+	    "    targets: [{upstream: small}]\n" MODELS_TENANT);
+	assert_int_equal(f->cfg->models[0].nfallback, 2);
+	assert_int_equal(f->cfg->models[0].fallback[0], 1);
+	assert_int_equal(f->cfg->models[0].fallback[1], 2);
+	assert_int_equal(f->cfg->models[1].nfallback, 1);
+	assert_int_equal(f->cfg->models[2].nfallback, 0);
+	/* a -> b -> c -> a: reported where c names a (line 16, col 16). */
+	expect_errors(f, MODELS_UPSTREAMS
+	    "models:\n"                          /* 7 */
+	    "  a:\n"                             /* 8 */
+	    "    targets: [{upstream: big}]\n"   /* 9 */
+	    "    fallback: [b]\n"                /* 10 */
+	    "  b:\n"                             /* 11 */
+	    "    targets: [{upstream: small}]\n" /* 12 */
+	    "    fallback: [c]\n"                /* 13 */
+	    "  c:\n"                             /* 14 */
+	    "    targets: [{upstream: small}]\n" /* 15 */
+	    "    fallback: [a]\n"                /* 16 */
+	    MODELS_TENANT, 1, want);
 }
 
 int
@@ -2596,6 +2643,7 @@ main(void)
 		T(test_models_errors_report_their_position),
 		T(test_models_alias_clash_is_reported_where_it_is),
 		T(test_models_tenant_list_names_models),
+		T(test_models_fallback_resolves_aliases_and_refuses_cycles),
 	};
 #undef T
 

@@ -380,6 +380,97 @@ test_list_per_tenant_sorted(void **state)
 	    &body, &blen, msg, sizeof(msg)), 0);
 }
 
+static const char fb_yaml[] =
+    "listen: \"127.0.0.1:8080\"\n"
+    "upstreams:\n"
+    "  u0: {url: \"http://127.0.0.1:9000\"}\n"
+    "  u1: {url: \"http://127.0.0.1:9001\"}\n"
+    "  u2: {url: \"http://127.0.0.1:9002\"}\n"
+    "models:\n"
+    "  a:\n"
+    "    targets:\n"
+    "      - {upstream: u0, weight: 1}\n"
+    "      - {upstream: u1, weight: 5}\n"
+    "      - {upstream: u2, weight: 5}\n"
+    "    fallback: [b, c]\n"
+    "  b:\n"
+    "    targets: [{upstream: u1}]\n"
+    "    fallback: [d]\n"
+    "  c:\n"
+    "    targets: [{upstream: u2, weight: 2}, {upstream: u0, weight: 3}]\n"
+    "  d:\n"
+    "    targets: [{upstream: u0}]\n"
+    "tenants:\n"
+    "  all: {keys: [k1], max_streams: 1}\n"
+    "  nob: {keys: [k2], max_streams: 1, models: [a, c, d]}\n";
+
+static void
+test_fallback_chain_order(void **state)
+{
+	struct sl_config *cfg;
+	struct sl_errors e = { NULL, 0 };
+	struct sl_model_pick *p;
+	size_t n;
+
+	(void)state;
+	if (sl_config_load_buffer("t", fb_yaml, strlen(fb_yaml), &cfg, &e) != 0) {
+		sl_errors_print(&e, stderr);
+		fail();
+	}
+	/* From a's target 1: its others by weight (2, then 0), then b, c, d. */
+	assert_int_equal(sl_model_chain(cfg, 0, 0, 1, &p, &n), 0);
+	assert_int_equal(n, 6);
+	assert_int_equal(p[0].model, 0);
+	assert_int_equal(p[0].target, 2);
+	assert_int_equal(p[1].model, 0);
+	assert_int_equal(p[1].target, 0);
+	assert_int_equal(p[2].model, 1);   /* b */
+	assert_int_equal(p[3].model, 2);   /* c: weight 3 first */
+	assert_int_equal(p[3].target, 1);
+	assert_int_equal(p[4].model, 2);
+	assert_int_equal(p[4].target, 0);
+	assert_int_equal(p[5].model, 3);   /* d, through b */
+	free(p);
+	/* b is not allowed: skipped, and d, which only b names, with it. */
+	assert_int_equal(sl_model_chain(cfg, 1, 0, 0, &p, &n), 0);
+	assert_int_equal(n, 4);
+	assert_int_equal(p[2].model, 2);
+	assert_int_equal(p[3].model, 2);
+	free(p);
+	sl_config_free(cfg);
+}
+
+static void
+test_retarget_json_and_form(void **state)
+{
+	static const char form[] = "--b\r\nContent-Disposition: form-data; "
+	    "name=\"model\"\r\n\r\nsmall\r\n--b--\r\n";
+	char *body = strdup("{\"model\":\"x\",\"model\":\"y\",\"n\":{\"model\":1}}");
+	size_t len = strlen(body);
+	struct sl_model_span sp = { 0, 0, 0 };
+	const char *at;
+
+	(void)state;
+	assert_int_equal(sl_model_retarget(&body, &len, &sp, "z/z"), 0);
+	assert_int_equal(len, strlen("{\"model\":\"z/z\",\"model\":\"z/z\",\"n\":{\"model\":1}}"));
+	assert_memory_equal(body, "{\"model\":\"z/z\",\"model\":\"z/z\",\"n\":{\"model\":1}}", len);
+	free(body);
+	body = strdup(form);
+	len = strlen(form);
+	at = strstr(form, "small");
+	sp.form = 1;
+	sp.vs = (size_t)(at - form);
+	sp.ve = sp.vs + 5;
+	assert_int_equal(sl_model_retarget(&body, &len, &sp, "big-one"), 0);
+	assert_int_equal(len, strlen(form) + 2);
+	assert_int_equal(sp.ve - sp.vs, 7);
+	assert_memory_equal(body + sp.vs, "big-one\r\n--b--", 14);
+	assert_int_equal(sl_model_retarget(&body, &len, &sp, "s"), 0);
+	assert_memory_equal(body + sp.vs, "s\r\n--b--", 8);
+	assert_int_equal(len, strlen(form) - 4);
+	free(body);
+}
+
 int
 main(void)
 {
@@ -398,6 +489,8 @@ main(void)
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_list_per_tenant_sorted, setup,
 		    teardown),
+		cmocka_unit_test(test_fallback_chain_order),
+		cmocka_unit_test(test_retarget_json_and_form),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
