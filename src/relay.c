@@ -99,6 +99,8 @@ struct sl_conn {
 	size_t mtarget;            /* the target of model it was sent to */
 	struct sl_model_span mspan;   /* where the body names its model */
 	size_t fb_k;               /* next entry of its fallback chain */
+	int mroute;                /* the model and target it was routed to: */
+	size_t troute;             /* its fallback chain's origin */
 	int tries_base;            /* tries before its upstream's first */
 	int fb_model, fb_target;   /* a busy head's fallback, whose replica
 	                            * is retry_next; -1: none */
@@ -2182,7 +2184,8 @@ conn_route_model(struct sl_conn *c)
 	}
 	c->model = r.model;
 	c->up_idx = r.upstream;
-	c->mtarget = r.target;
+	c->mtarget = c->troute = r.target;
+	c->mroute = r.model;
 	c->mspan = r.span;
 	c->fb_k = 0;
 	if (r.body != NULL) {
@@ -2208,7 +2211,7 @@ conn_fallback_find(struct sl_conn *c, int *m, int *t)
 	int r = -1, wait;
 
 	if (c->model < 0 || c->head_sent || sl_model_chain(cfg,
-	    (size_t)c->tenant, (size_t)c->model, c->mtarget, &p, &n) == -1)
+	    (size_t)c->tenant, (size_t)c->mroute, c->troute, &p, &n) == -1)
 		return -1;
 	for (; c->fb_k < n && r < 0; c->fb_k++) {
 		const struct sl_model_target *tg =

@@ -487,3 +487,31 @@ def test_no_fallback_once_a_byte_was_relayed():
             pass
         assert not r.complete
         assert backup.stats()["requests"] == 0
+
+
+def test_fallback_walks_the_whole_chain_once():
+    # big's target is dead; its fallbacks are mid (dead too) and small.
+    # Each failed try moves one step along the chain of the first choice,
+    # not along mid's own (which has no fallback).
+    dead1 = "http://127.0.0.1:%d" % h.closed_port()
+    dead2 = "http://127.0.0.1:%d" % h.closed_port()
+    with h.Stub("backup") as backup:
+        log = h.tmpfile("access", ".log")
+        text = FALLBACK.format(port=h.free_port(), primary=dead1, backup=backup.url)
+        text = text.replace("  backup:\n", '  second:\n    url: "%s"\n    retries: 0\n'
+                            "  backup:\n" % dead2)
+        text = text.replace("    fallback: [small]\n",
+                            "    fallback: [mid, small]\n"
+                            "  mid:\n    targets: [{upstream: second}]\n")
+        text = text.replace("models: [big]", "models: [big, mid, small]")
+        text += 'access_log: "%s"\n' % log
+        with h.Gateway(text) as gw, gw.client() as c:
+            for key in ("sk-acme", "sk-lim"):
+                r = _echo(c, key, b'{"model":"big"}')
+                assert r.status == 200, bytes(r.data[:300])
+                assert r.header("x-sluice-model") == "small"
+                assert _echoed(r) == (backup.port, b'{"model":"small-internal"}')
+            lines = h.wait_access_lines(log, 2)
+        assert [(l["tries"], l["model"], l["upstream_model"]) for l in lines] == \
+            [(3, "big", "small-internal")] * 2, lines
+        assert backup.stats()["requests"] == 2
