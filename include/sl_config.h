@@ -95,6 +95,39 @@ struct sl_cluster_conf {
 	int32_t on_redis_down;     /* enum sl_redis_down */
 };
 
+/*
+ * `models:`: the name a client sends in "model" -> the upstream that
+ * serves it. Without the section, models is NULL and nmodels 0 (requests
+ * go to their tenant's upstream, the body unread).
+ */
+#define SL_MODEL_NAME_MAX 256      /* bytes of a model name or alias */
+#define SL_MAX_TARGETS 64          /* per model */
+
+struct sl_model_target {
+	char *upstream;        /* upstream name, as written */
+	size_t upstream_idx;   /* index into sl_config.upstreams */
+	char *model;           /* sent upstream; default: the model's name */
+	int32_t weight;        /* 1..1000, default 1 */
+};
+
+struct sl_model_conf {
+	char *name;
+	char **aliases;
+	size_t naliases;
+	struct sl_model_target *targets;   /* ntargets >= 1 in a valid config */
+	size_t ntargets;
+	size_t *fallback;      /* models tried, in order, when no target can
+	                        * take a request (indices; no cycle) */
+	size_t nfallback;
+};
+
+/* A slot of the name -> model table (names and aliases). */
+struct sl_model_name {
+	const char *name;      /* borrowed from the model; NULL: empty slot */
+	size_t len;
+	size_t model;          /* index into sl_config.models */
+};
+
 struct sl_tenant_conf {
 	char *name;
 	char **keys;
@@ -102,8 +135,14 @@ struct sl_tenant_conf {
 	int32_t max_streams;
 	int32_t retry_after;   /* seconds */
 	int32_t tokens_per_minute;   /* budget over the last 60 s; 0: none */
-	char *upstream;        /* upstream name, as written */
+	char *upstream;        /* upstream name, as written; NULL: none */
 	size_t upstream_idx;   /* index into sl_config.upstreams */
+	int has_upstream;      /* requests naming no model have an upstream */
+	/*
+	 * `models:` of the tenant: allowed[m] says whether model m (index
+	 * into sl_config.models) may be used. NULL: every model.
+	 */
+	unsigned char *allowed;
 };
 
 struct sl_config {
@@ -144,6 +183,11 @@ struct sl_config {
 	size_t nupstreams;
 	struct sl_tenant_conf *tenants;
 	size_t ntenants;
+	struct sl_model_conf *models;   /* NULL: no `models:` section */
+	size_t nmodels;
+	struct sl_model_name *model_names;   /* open addressing, built once */
+	size_t model_mask;                   /* slots - 1 */
+	int64_t loaded_at;     /* time(NULL) when loaded: /v1/models' created */
 };
 
 /*
@@ -192,6 +236,13 @@ void sl_config_free(struct sl_config *);
 
 /* Find a tenant index by name; -1 if absent. */
 int sl_config_tenant_index(const struct sl_config *, const char *name);
+
+/*
+ * The model a client's name (len bytes, maybe with NUL bytes: compared
+ * whole) or alias stands for, as an index into cfg->models; -1 if none.
+ */
+int sl_config_model_find(const struct sl_config *, const char *name,
+    size_t len);
 
 /* Name of an on_redis_down mode ("local_share", ...). */
 const char *sl_redis_down_name(int mode);

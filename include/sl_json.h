@@ -49,6 +49,21 @@ struct sl_json_member {
 int sl_json_object(const char *p, size_t len, struct sl_json_member *m, size_t nm,
     size_t *open, size_t *close, size_t *nmemb);
 
+/* A top-level member looked for: the span of its FIRST occurrence. */
+struct sl_json_first {
+	const char *name;
+	struct sl_json_span v;   /* valid when count > 0 */
+	size_t count;            /* top-level members of that name */
+};
+
+/*
+ * Validate p[0..len) as one JSON object, as sl_json_object does, and find
+ * the first top-level member named f->name (keys compared with their
+ * escapes decoded: "mo\u0064el" is model), in the same single pass.
+ * 0, or -1: not a JSON object.
+ */
+int sl_json_object_first(const char *p, size_t len, struct sl_json_first *f);
+
 /* The first offset >= i that is not JSON whitespace, or len. */
 size_t sl_json_ws(const char *p, size_t len, size_t i);
 

@@ -16,6 +16,7 @@
 #include "sl_buf.h"
 #include "sl_cluster.h"
 #include "sl_config.h"
+#include "sl_model.h"
 #include "sl_shm.h"
 #include "sl_upstream.h"
 
@@ -47,6 +48,7 @@ struct sl_worker {
 	const size_t *tenant_slot;
 	const size_t *upstream_slot;
 	struct sl_pools *pools;      /* replica choice, per upstream */
+	struct sl_models *models;    /* target choice, per model; NULL: no models: */
 	struct sl_cluster_w *cluster; /* Redis leases; NULL: one node */
 	size_t row;
 	int index;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <yaml.h>
 #include <arpa/inet.h>
@@ -161,6 +162,31 @@ static const struct key_row keys[] = {
 	    "Ask streamed requests' runners for the usage chunk (and hide it "
 	    "from clients that did not ask), so their tokens are exact." },
 	    0, 0, 0, OFF(usage.inject) },
+	{ { "models", SL_KEY_MAP, NULL, "at least one", 1,
+	    "The models clients name in a request body's \"model\", by name; "
+	    "absent: every request goes to its tenant's upstream." },
+	    0, 0, 0, NOOFF },
+	{ { "models.*.aliases", SL_KEY_LIST, "[]",
+	    "names no other model uses", 1,
+	    "Other names clients may send for the model." },
+	    0, 0, 0, NOOFF },
+	{ { "models.*.fallback", SL_KEY_LIST, "[]", "model names or aliases", 1,
+	    "Models tried in order when none of this model's targets can take "
+	    "a request, before any response byte." },
+	    0, 0, 0, NOOFF },
+	{ { "models.*.targets", SL_KEY_LIST_OF_MAPS, NULL, "1-64 entries", 1,
+	    "Where the model is served; their weights split its requests." },
+	    0, 0, 1, NOOFF },
+	{ { "models.*.targets[].upstream", SL_KEY_STRING, NULL,
+	    "an upstream name", 1,
+	    "The upstream (pool) that serves this target." },
+	    0, 0, 1, NOOFF },
+	{ { "models.*.targets[].model", SL_KEY_STRING, "the model's name", NULL,
+	    1, "The \"model\" the upstream is sent for this target." },
+	    0, 0, 0, NOOFF },
+	{ { "models.*.targets[].weight", SL_KEY_INT, "1", "1-1000", 1,
+	    "Share of the model's requests, relative to its other targets." },
+	    1, 1000, 0, NOOFF },
 	{ { "upstreams", SL_KEY_MAP, NULL, "at least one", 1,
 	    "Model runners, by name." },
 	    0, 0, 1, NOOFF },
@@ -275,7 +301,11 @@ static const struct key_row keys[] = {
 	    "across all workers; at or over it 429; 0: none." },
 	    0, 1000000000, 0, NOOFF },
 	{ { "tenants.*.upstream", SL_KEY_STRING, NULL, "an upstream name", 1,
-	    "Upstream serving the tenant; may be omitted when there is one." },
+	    "Upstream serving the tenant's requests that name no model; may be "
+	    "omitted when there is one upstream, or a models: section." },
+	    0, 0, 0, NOOFF },
+	{ { "tenants.*.models", SL_KEY_LIST, "all models", "model names", 1,
+	    "The models the tenant may use, by name; absent: all of them." },
 	    0, 0, 0, NOOFF },
 	{ { NULL, 0, NULL, NULL, 0, NULL }, 0, 0, 0, NOOFF },
 };
@@ -326,6 +356,17 @@ sl_errors_print(const struct sl_errors *e, FILE *fp)
 		fprintf(fp, "%s\n", e->msg[i]);
 }
 
+struct strset_slot {
+	uint64_t hash;
+	const char *s;          /* NULL: empty */
+	size_t a, b;
+};
+
+struct strset {
+	struct strset_slot *slots;
+	size_t mask;
+};
+
 struct ctx {
 	const char *name;
 	const unsigned char *data; /* the text, for positions libyaml omits */
@@ -336,6 +377,9 @@ struct ctx {
 	struct sl_errors *errs;
 	struct sl_config *cfg;
 	unsigned char *seen;       /* per node: visited (alias detection) */
+	struct strset model_set;   /* models' names and aliases, while parsed */
+	int models_section;        /* the file has a models: key */
+	yaml_node_t **fallback_nodes;   /* per model: its fallback: list */
 	int quiet;                 /* inside an aliased value: errors muted */
 	size_t nnodes;
 };
@@ -395,16 +439,6 @@ err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
  * detection in O(n) however many names or keys a file holds: open
  * addressing, power-of-two table at most half full, sized once.
  */
-struct strset_slot {
-	uint64_t hash;
-	const char *s;          /* NULL: empty */
-	size_t a, b;
-};
-
-struct strset {
-	struct strset_slot *slots;
-	size_t mask;
-};
 
 static uint64_t
 str_hash(const char *p)
@@ -1504,6 +1538,488 @@ upstreams_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	}
 }
 
+static int has_control(const char *);
+static size_t map_len(yaml_node_t *);
+static yaml_node_t *find_child(struct ctx *, yaml_node_t *, const char *);
+
+/* ---- models ----------------------------------------------------------- */
+
+/* FNV-1a over len bytes, then a mixer: names from clients may hold NULs. */
+static uint64_t
+mem_hash(const char *p, size_t len)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		h ^= (unsigned char)p[i];
+		h *= 0x100000001b3ULL;
+	}
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	return h;
+}
+
+int
+sl_config_model_find(const struct sl_config *cfg, const char *name, size_t len)
+{
+	size_t i;
+
+	if (cfg->model_names == NULL)
+		return -1;
+	for (i = (size_t)mem_hash(name, len) & cfg->model_mask;
+	    cfg->model_names[i].name != NULL; i = (i + 1) & cfg->model_mask)
+		if (cfg->model_names[i].len == len &&
+		    memcmp(cfg->model_names[i].name, name, len) == 0)
+			return (int)cfg->model_names[i].model;
+	return -1;
+}
+
+/*
+ * A name a client can send and a response header can carry: 1 to
+ * SL_MODEL_NAME_MAX bytes, no control character. Reports at v.
+ */
+static int
+valid_model_name(struct ctx *c, yaml_node_t *v, const char *path,
+    const char *s)
+{
+	if (s[0] == '\0' || strlen(s) > SL_MODEL_NAME_MAX || has_control(s)) {
+		err_at(c, &v->start_mark, "%s: '%s' is not a model name (1-%d "
+		    "bytes, no control characters)", path, s, SL_MODEL_NAME_MAX);
+		return 0;
+	}
+	return 1;
+}
+
+/*
+ * Every name and alias of every model is one name: a second use of one is
+ * reported where it is, with the model that has it first.
+ */
+static void
+model_name_add(struct ctx *c, yaml_node_t *v, const char *path,
+    const char *s, size_t model)
+{
+	const struct strset_slot *first;
+
+	if (c->model_set.slots == NULL || c->quiet ||
+	    (first = strset_add(&c->model_set, s, model, 0)) == NULL)
+		return;
+	err_at(c, &v->start_mark, "%s: '%s' is already the name or an alias of "
+	    "model '%s'", path, s, c->cfg->models[first->a].name);
+}
+
+struct target_arg {
+	struct sl_model_target *t;
+	char prefix[352];               /* "models.NAME.targets[I]" */
+	yaml_node_t *upstream;          /* value node; NULL: no upstream key */
+};
+
+static void
+target_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	struct target_arg *a = arg;
+	const char *key = scalar(k), *s;
+	char path[384];
+	size_t u;
+
+	snprintf(path, sizeof(path), "%s.%s", a->prefix, key);
+	if (strcmp(key, "upstream") == 0) {
+		a->upstream = v;
+		if ((s = want_scalar(c, v, path)) == NULL)
+			return;
+		for (u = 0; u < c->cfg->nupstreams; u++)
+			if (c->cfg->upstreams[u].name != NULL &&
+			    strcmp(c->cfg->upstreams[u].name, s) == 0) {
+				a->t->upstream_idx = u;
+				free(a->t->upstream);
+				a->t->upstream = xstrdup(c, s);
+				return;
+			}
+		err_at(c, &v->start_mark, "%s: no upstream named '%s'", path, s);
+	} else if (strcmp(key, "model") == 0) {
+		if ((s = want_scalar(c, v, path)) == NULL)
+			return;
+		if (s[0] == '\0' || has_control(s)) {
+			err_at(c, &v->start_mark, "%s: must be non-empty, without "
+			    "control characters", path);
+			return;
+		}
+		free(a->t->model);
+		a->t->model = xstrdup(c, s);
+	} else if (strcmp(key, "weight") == 0) {
+		set_value(c, find_key("models.*.targets[].weight"), path, v,
+		    &a->t->weight);
+	} else
+		err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
+}
+
+static void
+parse_targets(struct ctx *c, struct sl_model_conf *m, yaml_node_t *v,
+    const char *path)
+{
+	yaml_node_item_t *items;
+	size_t n, i;
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
+		    path, type_name(v));
+		return;
+	}
+	items = v->data.sequence.items.start;
+	n = (size_t)(v->data.sequence.items.top - items);
+	if (n == 0) {
+		err_at(c, &v->start_mark, "%s: must hold at least one target", path);
+		return;
+	}
+	if (n > SL_MAX_TARGETS) {
+		yaml_node_t *extra = yaml_document_get_node(c->doc,
+		    items[SL_MAX_TARGETS]);
+
+		err_at(c, extra ? &extra->start_mark : &v->start_mark,
+		    "%s: more than %d targets", path, SL_MAX_TARGETS);
+		n = SL_MAX_TARGETS;
+	}
+	if ((m->targets = calloc(n, sizeof(*m->targets))) == NULL) {
+		err_at(c, &v->start_mark, "out of memory");
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		struct target_arg a;
+		yaml_node_t *e;
+		int alias = seen_before(c, items[i]), ok;
+
+		if ((e = node(c, items[i])) == NULL)
+			continue;
+		memset(&a, 0, sizeof(a));
+		a.t = &m->targets[i];
+		a.t->weight = 1;
+		m->ntargets = i + 1;
+		snprintf(a.prefix, sizeof(a.prefix), "%s[%zu]", path, i);
+		c->quiet += alias;
+		require_mapping(c, e, a.prefix, &ok);
+		if (ok) {
+			each_pair(c, e, target_pair, &a);
+			if (a.upstream == NULL)
+				err_at(c, &e->start_mark,
+				    "%s: missing required key 'upstream'", a.prefix);
+		}
+		if (a.t->model == NULL && m->name != NULL)
+			a.t->model = xstrdup(c, m->name);
+		c->quiet -= alias;
+	}
+}
+
+struct model_arg {
+	size_t idx;
+	int has_targets;
+};
+
+static void
+model_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	struct model_arg *a = arg;
+	struct sl_model_conf *m = &c->cfg->models[a->idx];
+	const char *key = scalar(k);
+	char path[300];
+
+	snprintf(path, sizeof(path), "models.%s.%s", m->name, key);
+	if (strcmp(key, "aliases") == 0) {
+		yaml_node_item_t *it;
+		size_t n;
+
+		if (v->type != YAML_SEQUENCE_NODE) {
+			err_at(c, &v->start_mark, "%s: expected a list of strings, "
+			    "got %s", path, type_name(v));
+			return;
+		}
+		n = (size_t)(v->data.sequence.items.top -
+		    v->data.sequence.items.start);
+		if (n == 0)
+			return;
+		if ((m->aliases = calloc(n, sizeof(char *))) == NULL) {
+			err_at(c, NULL, "out of memory");
+			return;
+		}
+		for (it = v->data.sequence.items.start;
+		    it < v->data.sequence.items.top; it++) {
+			yaml_node_t *an = node(c, *it);
+			const char *s;
+
+			if (an == NULL || (s = want_scalar(c, an, path)) == NULL ||
+			    !valid_model_name(c, an, path, s))
+				continue;
+			if ((m->aliases[m->naliases] = xstrdup(c, s)) == NULL)
+				continue;
+			model_name_add(c, an, path, m->aliases[m->naliases],
+			    a->idx);
+			m->naliases++;
+		}
+	} else if (strcmp(key, "targets") == 0) {
+		a->has_targets = 1;
+		parse_targets(c, m, v, path);
+	} else if (strcmp(key, "fallback") == 0) {
+		if (v->type != YAML_SEQUENCE_NODE) {
+			err_at(c, &v->start_mark, "%s: expected a list of strings, "
+			    "got %s", path, type_name(v));
+			return;
+		}
+		c->fallback_nodes[a->idx] = v;   /* resolved once all are named */
+	} else
+		err_at(c, &k->start_mark, "unknown key '%s' in model '%s'", key,
+		    m->name);
+}
+
+static void
+models_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
+{
+	size_t *i = arg;
+	struct model_arg a;
+	struct sl_model_conf *m;
+	char path[320];
+	int ok;
+
+	memset(&a, 0, sizeof(a));
+	a.idx = (*i)++;
+	m = &c->cfg->models[a.idx];
+	m->name = xstrdup(c, scalar(k));
+	snprintf(path, sizeof(path), "models.%s", scalar(k));
+	if (m->name != NULL && valid_model_name(c, k, "models", m->name))
+		model_name_add(c, k, "models", m->name, a.idx);
+	require_mapping(c, v, path, &ok);
+	if (!ok)
+		return;
+	each_pair(c, v, model_pair, &a);
+	if (!a.has_targets)
+		err_at(c, &v->start_mark, "model '%s': missing required key "
+		    "'targets'", scalar(k));
+}
+
+/* The name -> model table, from every name and alias; -1 on ENOMEM. */
+static int
+build_model_names(struct sl_config *cfg)
+{
+	size_t n = 0, size = 8, i, j;
+
+	for (i = 0; i < cfg->nmodels; i++)
+		n += 1 + cfg->models[i].naliases;
+	while (size < 2 * n)
+		size *= 2;
+	if ((cfg->model_names = calloc(size, sizeof(*cfg->model_names))) == NULL)
+		return -1;
+	cfg->model_mask = size - 1;
+	for (i = 0; i < cfg->nmodels; i++)
+		for (j = 0; j <= cfg->models[i].naliases; j++) {
+			const char *s = j == 0 ? cfg->models[i].name :
+			    cfg->models[i].aliases[j - 1];
+			size_t len, h;
+
+			if (s == NULL)
+				continue;
+			len = strlen(s);
+			for (h = (size_t)mem_hash(s, len) & cfg->model_mask;
+			    cfg->model_names[h].name != NULL;
+			    h = (h + 1) & cfg->model_mask)
+				if (cfg->model_names[h].len == len &&
+				    memcmp(cfg->model_names[h].name, s, len) == 0)
+					break;   /* a clash, reported already */
+			if (cfg->model_names[h].name != NULL)
+				continue;
+			cfg->model_names[h].name = s;
+			cfg->model_names[h].len = len;
+			cfg->model_names[h].model = i;
+		}
+	return 0;
+}
+
+/*
+ * fallback: lists, once every model is named: each entry a model's name or
+ * alias, not the model itself. Then no cycle: a walk from each model along
+ * the lists must not come back to a model on its path; the entry that
+ * closes a cycle is reported.
+ */
+static void
+parse_fallbacks(struct ctx *c)
+{
+	struct sl_config *cfg = c->cfg;
+	yaml_mark_t **marks;
+	size_t m, j, *stack, *pos, sp;
+	unsigned char *state;   /* 0 unseen, 1 on the path, 2 done */
+
+	if ((marks = calloc(cfg->nmodels, sizeof(*marks))) == NULL)
+		goto oom;
+	for (m = 0; m < cfg->nmodels; m++) {
+		yaml_node_t *v = c->fallback_nodes[m];
+		yaml_node_item_t *it;
+		char path[300];
+		size_t n;
+
+		if (v == NULL)
+			continue;
+		snprintf(path, sizeof(path), "models.%s.fallback",
+		    cfg->models[m].name);
+		n = (size_t)(v->data.sequence.items.top -
+		    v->data.sequence.items.start);
+		cfg->models[m].fallback = calloc(n ? n : 1, sizeof(size_t));
+		marks[m] = calloc(n ? n : 1, sizeof(yaml_mark_t));
+		if (cfg->models[m].fallback == NULL || marks[m] == NULL)
+			goto oom_free;
+		for (it = v->data.sequence.items.start;
+		    it < v->data.sequence.items.top; it++) {
+			yaml_node_t *fn = node(c, *it);
+			const char *s;
+			int f;
+
+			if (fn == NULL || (s = want_scalar(c, fn, path)) == NULL)
+				continue;
+			if ((f = sl_config_model_find(cfg, s, strlen(s))) < 0) {
+				err_at(c, &fn->start_mark, "%s: no model named '%s'",
+				    path, s);
+				continue;
+			}
+			marks[m][cfg->models[m].nfallback] = fn->start_mark;
+			cfg->models[m].fallback[cfg->models[m].nfallback++] =
+			    (size_t)f;
+		}
+	}
+	/* Depth-first, iterative: a long chain must not overflow the stack. */
+	state = calloc(cfg->nmodels, 1);
+	stack = calloc(cfg->nmodels, sizeof(*stack));
+	pos = calloc(cfg->nmodels, sizeof(*pos));
+	if (state == NULL || stack == NULL || pos == NULL) {
+		free(state);
+		free(stack);
+		free(pos);
+		goto oom_free;
+	}
+	for (m = 0; m < cfg->nmodels; m++) {
+		if (state[m] != 0)
+			continue;
+		sp = 0;
+		stack[sp] = m;
+		pos[sp++] = 0;
+		state[m] = 1;
+		while (sp > 0) {
+			size_t top = stack[sp - 1], k = pos[sp - 1]++, f;
+
+			if (k == cfg->models[top].nfallback) {
+				state[top] = 2;
+				sp--;
+				continue;
+			}
+			f = cfg->models[top].fallback[k];
+			if (state[f] == 1) {
+				err_at(c, &marks[top][k], "models.%s.fallback: '%s' "
+				    "makes a cycle of fallbacks", cfg->models[top].name,
+				    cfg->models[f].name);
+			} else if (state[f] == 0) {
+				state[f] = 1;
+				stack[sp] = f;
+				pos[sp++] = 0;
+			}
+		}
+	}
+	free(state);
+	free(stack);
+	free(pos);
+	for (j = 0; j < cfg->nmodels; j++)
+		free(marks[j]);
+	free(marks);
+	return;
+oom_free:
+	for (j = 0; j < cfg->nmodels; j++)
+		free(marks[j]);
+	free(marks);
+oom:
+	err_at(c, NULL, "out of memory");
+}
+
+/* models: parsed after upstreams (targets name them), before tenants. */
+static void
+parse_models(struct ctx *c, yaml_node_t *n)
+{
+	size_t cnt = map_len(n), idx = 0, names = 0;
+	yaml_node_pair_t *p;
+
+	if (cnt == 0) {
+		err_at(c, &n->start_mark, "models: at least one is required "
+		    "(or no models: section)");
+		return;
+	}
+	/* Room in the name set for every name and alias written. */
+	for (p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top;
+	    p++) {
+		yaml_node_t *v = yaml_document_get_node(c->doc, p->value), *al;
+
+		names++;
+		if (v != NULL && v->type == YAML_MAPPING_NODE &&
+		    (al = find_child(c, v, "aliases")) != NULL &&
+		    al->type == YAML_SEQUENCE_NODE)
+			names += (size_t)(al->data.sequence.items.top -
+			    al->data.sequence.items.start);
+	}
+	c->cfg->models = calloc(cnt, sizeof(*c->cfg->models));
+	c->fallback_nodes = calloc(cnt, sizeof(*c->fallback_nodes));
+	if (c->cfg->models == NULL || c->fallback_nodes == NULL ||
+	    strset_init(&c->model_set, names) == -1) {
+		err_at(c, &n->start_mark, "out of memory");
+		free(c->fallback_nodes);
+		c->fallback_nodes = NULL;
+		return;
+	}
+	each_pair(c, n, models_pair, &idx);
+	c->cfg->nmodels = idx;
+	strset_free(&c->model_set);
+	if (build_model_names(c->cfg) == -1)
+		err_at(c, &n->start_mark, "out of memory");
+	else
+		parse_fallbacks(c);
+	free(c->fallback_nodes);
+	c->fallback_nodes = NULL;
+}
+
+/* tenants.NAME.models: model names (not aliases) of models: */
+static void
+parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
+    const char *path)
+{
+	yaml_node_item_t *it;
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
+		    path, type_name(v));
+		return;
+	}
+	free(t->allowed);
+	if ((t->allowed = calloc(c->cfg->nmodels ? c->cfg->nmodels : 1, 1)) ==
+	    NULL) {
+		err_at(c, NULL, "out of memory");
+		return;
+	}
+	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+	    it++) {
+		yaml_node_t *mn = node(c, *it);
+		const char *s;
+		int m;
+
+		if (mn == NULL || (s = want_scalar(c, mn, path)) == NULL)
+			continue;
+		if ((m = sl_config_model_find(c->cfg, s, strlen(s))) < 0) {
+			err_at(c, &mn->start_mark, "%s: no model named '%s'%s", path,
+			    s, !c->models_section ? " (there is no models: "
+			    "section)" : "");
+			continue;
+		}
+		if (strcmp(c->cfg->models[m].name, s) != 0) {
+			err_at(c, &mn->start_mark, "%s: '%s' is an alias of model "
+			    "'%s': list models by their name", path, s,
+			    c->cfg->models[m].name);
+			continue;
+		}
+		t->allowed[m] = 1;
+	}
+}
+
 /*
  * A key a client can present as "Authorization: Bearer KEY": visible
  * ASCII or UTF-8 (libyaml has checked the encoding), no space, no control
@@ -1583,6 +2099,8 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	} else if (strcmp(key, "upstream") == 0) {
 		set_value(c, find_key("tenants.*.upstream"), path, v, &t->upstream);
 		a->upstream_node = v;
+	} else if (strcmp(key, "models") == 0) {
+		parse_tenant_models(c, t, v, path);
 	} else
 		err_at(c, &k->start_mark, "unknown key '%s' in tenant '%s'", key,
 		    t->name);
@@ -1636,8 +2154,12 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		err_at(c, &v->start_mark,
 		    "tenant '%s': missing required key 'max_streams'", scalar(k));
 	if (t->upstream == NULL) {
+		/* With models: a request naming none gets 400 instead. */
+		if (c->models_section)
+			return;
 		if (c->cfg->nupstreams == 1) {
 			t->upstream_idx = 0;
+			t->has_upstream = 1;
 			return;
 		}
 		if (c->cfg->nupstreams > 1)
@@ -1650,6 +2172,7 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		if (c->cfg->upstreams[u].name != NULL &&
 		    strcmp(c->cfg->upstreams[u].name, t->upstream) == 0) {
 			t->upstream_idx = u;
+			t->has_upstream = 1;
 			return;
 		}
 	err_at(c, &a.upstream_node->start_mark,
@@ -1806,7 +2329,8 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	require_mapping(c, v, path, &ok);
 	if (!ok)
 		return;
-	if (strcmp(path, "upstreams") == 0 || strcmp(path, "tenants") == 0)
+	if (strcmp(path, "upstreams") == 0 || strcmp(path, "tenants") == 0 ||
+	    strcmp(path, "models") == 0)
 		return;   /* second pass: tenants need all upstreams first */
 	{
 		struct map_arg sub = { path, a->present };
@@ -2070,6 +2594,11 @@ load(struct ctx *c, yaml_parser_t *parser)
 			c->cfg->nupstreams = idx;
 		}
 	}
+	if ((n = find_child(c, root, "models")) != NULL) {
+		c->models_section = 1;
+		if (n->type == YAML_MAPPING_NODE)
+			parse_models(c, n);
+	}
 	if ((n = find_child(c, root, "tenants")) != NULL &&
 	    n->type == YAML_MAPPING_NODE) {
 		size_t cnt = map_len(n), idx = 0;
@@ -2217,6 +2746,7 @@ load_buffer(const char *name, const char *data, size_t len, int check_files,
 		return -1;
 	}
 	set_defaults(cfg);
+	cfg->loaded_at = (int64_t)time(NULL);
 	c.cfg = cfg;
 	if (!yaml_parser_initialize(&parser)) {
 		err_at(&c, NULL, "cannot initialise the YAML parser");
@@ -2386,8 +2916,23 @@ sl_config_free(struct sl_config *cfg)
 		free(cfg->tenants[i].keys);
 		free(cfg->tenants[i].name);
 		free(cfg->tenants[i].upstream);
+		free(cfg->tenants[i].allowed);
 	}
 	free(cfg->tenants);
+	for (i = 0; i < cfg->nmodels; i++) {
+		free(cfg->models[i].name);
+		for (j = 0; j < cfg->models[i].naliases; j++)
+			free(cfg->models[i].aliases[j]);
+		free(cfg->models[i].aliases);
+		for (j = 0; j < cfg->models[i].ntargets; j++) {
+			free(cfg->models[i].targets[j].upstream);
+			free(cfg->models[i].targets[j].model);
+		}
+		free(cfg->models[i].targets);
+		free(cfg->models[i].fallback);
+	}
+	free(cfg->models);
+	free(cfg->model_names);
 	free(cfg);
 }
 

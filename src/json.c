@@ -361,9 +361,29 @@ req_scalar(const char *p, size_t len, size_t *i)
  * braces, *nmemb its member count, and each of m[0..nm) found or not.
  * Iterative: the kind of each open container is one bit.
  */
+static int
+object_walk(const char *p, size_t len, struct sl_json_member *m, size_t nm,
+    struct sl_json_first *f, size_t *open, size_t *close, size_t *nmemb);
+
 int
 sl_json_object(const char *p, size_t len, struct sl_json_member *m, size_t nm, size_t *open,
     size_t *close, size_t *nmemb)
+{
+	return object_walk(p, len, m, nm, NULL, open, close, nmemb);
+}
+
+int
+sl_json_object_first(const char *p, size_t len, struct sl_json_first *f)
+{
+	size_t open, close, nmemb;
+
+	return object_walk(p, len, NULL, 0, f, &open, &close, &nmemb);
+}
+
+/* sl_json_object's walk; f, if not NULL, is filled in too. */
+static int
+object_walk(const char *p, size_t len, struct sl_json_member *m, size_t nm,
+    struct sl_json_first *f, size_t *open, size_t *close, size_t *nmemb)
 {
 	uint8_t arr[SL_JSON_MAXDEPTH / 8];
 	enum { S_VALUE, S_KEY_OR_END, S_KEY, S_VALUE_OR_END, S_AFTER } st = S_VALUE;
@@ -374,6 +394,8 @@ sl_json_object(const char *p, size_t len, struct sl_json_member *m, size_t nm, s
 	memset(arr, 0, sizeof(arr));
 	for (j = 0; j < nm; j++)
 		m[j].found = 0;
+	if (f != NULL)
+		f->count = 0;
 	if (len >= 3 && memcmp(p, "\xef\xbb\xbf", 3) == 0)
 		i = 3;
 	i = sl_json_ws(p, len, i);
@@ -454,6 +476,11 @@ value_done:
 					m[j].v.ve = i;
 					m[j].found = 1;
 				}
+			if (f != NULL && sl_json_key_is(p, ks, ke, f->name) &&
+			    f->count++ == 0) {
+				f->v.vs = vs;
+				f->v.ve = i;
+			}
 		}
 		st = S_AFTER;
 	}

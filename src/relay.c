@@ -33,6 +33,7 @@
 #include "sl_buf.h"
 #include "sl_http.h"
 #include "sl_log.h"
+#include "sl_model.h"
 #include "sl_net.h"
 #include "sl_relay.h"
 #include "sl_upstream.h"
@@ -89,6 +90,23 @@ struct sl_conn {
 	int tenant;                /* config index, -1 before auth */
 	int slot_held;
 	int32_t lease;             /* cluster lease; -1: none */
+	size_t up_idx;             /* the request's upstream (conn_route_model) */
+	int model;                 /* its model (cfg->models); -1: none */
+	char *mname;               /* the model as the client named it, for
+	                            * the access log (mname_len bytes); NULL */
+	size_t mname_len;
+	const char *msent;         /* the model sent upstream (config); NULL */
+	size_t mtarget;            /* the target of model it was sent to */
+	struct sl_model_span mspan;   /* where the body names its model */
+	size_t fb_k;               /* next entry of its fallback chain */
+	int mroute;                /* the model and target it was routed to: */
+	size_t troute;             /* its fallback chain's origin */
+	int tries_base;            /* tries before its upstream's first */
+	int fb_model, fb_target;   /* a busy head's fallback, whose replica
+	                            * is retry_next; -1: none */
+	struct curl_slist **hdr_link;   /* the upstream's header tail hangs
+	                                 * here; NULL: c->hdrs is the tail */
+	int hdr_ct, hdr_accept;
 	struct sl_cl_wait *admit_wait;   /* CS_ADMIT: the lease asked for */
 
 	/* Response side. */
@@ -273,11 +291,16 @@ conn_release(struct sl_conn *c)
 	}
 }
 
+/* The upstream of the current request: valid once its body is read. */
 static size_t
 conn_upstream_idx(const struct sl_conn *c)
 {
-	return c->w->cfg->tenants[c->tenant].upstream_idx;
+	return c->up_idx;
 }
+
+/* "X-Sluice-Model: NAME\r\n" for a request routed by model. */
+static int rh_model(struct sl_conn *);
+static int conn_fallback_find(struct sl_conn *, int *, int *);
 
 /*
  * The current try ended without a response status of its own (code is
@@ -328,8 +351,11 @@ conn_abort_upstream(struct sl_conn *c)
 {
 	conn_stop_transfer(c);
 	if (c->retry_next >= 0) {
-		sl_pool_release(c->w->pools, conn_upstream_idx(c), c->retry_next);
+		sl_pool_release(c->w->pools, c->fb_model >= 0 ?
+		    c->w->cfg->models[c->fb_model].targets[c->fb_target].upstream_idx :
+		    conn_upstream_idx(c), c->retry_next);
 		c->retry_next = -1;
+		c->fb_model = -1;
 	}
 	free(c->hdr_block);
 	c->hdr_block = NULL;
@@ -405,6 +431,20 @@ rh_connection(struct sl_conn *c, int close)
 	    RH_LIT(c, "Connection: keep-alive\r\n\r\n");
 }
 
+static int
+rh_model(struct sl_conn *c)
+{
+	const char *name;
+
+	if (c->model < 0)
+		return 0;
+	name = c->w->cfg->models[c->model].name;
+	if (RH_LIT(c, "X-Sluice-Model: ") == -1 ||
+	    rh_add(c, name, strlen(name)) == -1)
+		return -1;
+	return RH_LIT(c, "\r\n");
+}
+
 /* ---- local responses ------------------------------------------------- */
 
 /*
@@ -454,6 +494,7 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 	}
 	if (status == 405)
 		RH_LIT(c, "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n");
+	rh_model(c);
 	rh_connection(c, close);
 	/*
 	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
@@ -476,6 +517,73 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 		return;
 	}
 	conn_after_write(c);
+}
+
+/*
+ * GET /v1/models[/NAME] with models: answered here from the config, for
+ * the tenant's models (sl_model_list): no slot, no upstream. Returns 1 when
+ * the request was answered, 0 when it is not one of these.
+ */
+static int
+conn_models_list(struct sl_conn *c)
+{
+	const char *url, *q;
+	size_t ulen, blen;
+	char *body, msg[400];
+	int st, close;
+
+	if (c->w->cfg->models == NULL || (c->req.method != HTTP_GET &&
+	    c->req.method != HTTP_HEAD))
+		return 0;
+	url = sl_req_url(&c->req, &ulen);
+	if ((q = memchr(url, '?', ulen)) != NULL)
+		ulen = (size_t)(q - url);
+	st = sl_model_list(c->w->cfg, (size_t)c->tenant, url, ulen, &body, &blen,
+	    msg, sizeof(msg));
+	if (st == 0)
+		return 0;
+	if (st != 200) {
+		if (st == 404)
+			conn_error(c, 404, "invalid_request_error",
+			    "model_not_found", msg, 0, 0);
+		else
+			conn_error(c, 503, "server_error", "overloaded",
+			    "out of memory", 1, 0);
+		return 1;
+	}
+	close = c->req.state == SL_REQ_ERROR || !c->req.keep_alive ||
+	    c->w->draining || c->w->cfg->timeouts.keepalive_ms == 0;
+	c->end = "done";
+	c->rh_len = c->rh_off = 0;
+	sl_buf_consume(&c->out, sl_buf_len(&c->out));
+	rh_status_line(c, 200, "OK");
+	RH_LIT(c, "Content-Type: application/json\r\nContent-Length: ");
+	rh_add_uint(c, (unsigned long)blen);
+	RH_LIT(c, "\r\nCache-Control: no-store\r\n");
+	rh_connection(c, close);
+	if (c->req.method != HTTP_HEAD) {
+		/* The list is bounded by the config, not by stream_buffer. */
+		if (c->out.cap < blen)
+			c->out.cap = blen;
+		if (sl_buf_append(&c->out, body, blen) == -1)
+			close = 1;   /* cut short: the length tells the client */
+	}
+	free(body);
+	c->close_after = close;
+	c->head_sent = 1;
+	c->resp_done = 1;
+	c->status = 200;
+	if (c->req.state == SL_REQ_HEAD_DONE) {
+		c->req.discard_body = 1;
+		sl_req_continue(&c->req);
+	}
+	conn_set_state(c, CS_LOCAL);
+	if (conn_flush(c) == -1) {
+		conn_close(c, "client_gone");
+		return 1;
+	}
+	conn_after_write(c);
+	return 1;
 }
 
 void
@@ -515,6 +623,8 @@ sl_conn_new(struct sl_worker *w, int fd)
 	c->fd = fd;
 	c->tenant = -1;
 	c->lease = -1;
+	c->model = -1;
+	c->fb_model = -1;
 	c->replica = c->last_replica = c->retry_next = -1;
 	/*
 	 * Every write is a flush of what the upstream just sent: Nagle would
@@ -616,8 +726,8 @@ static void
 conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 {
 	struct sl_worker *w = c->w;
-	char line[2560], path[768], method[32], ts[40], tenant[256];
-	char replica[512];
+	char line[3200], path[768], method[32], ts[40], tenant[256];
+	char replica[512], model[300], umodel[300];
 	const char *url = "", *q;
 	size_t ulen = 0;
 	struct timeval tv;
@@ -646,6 +756,14 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 		strcpy(replica, "-");
 	json_escape(method, sizeof(method), sl_req_method(&c->req),
 	    strlen(sl_req_method(&c->req)));
+	if (c->mname != NULL)
+		json_escape(model, sizeof(model), c->mname, c->mname_len);
+	else
+		strcpy(model, "-");
+	if (c->msent != NULL)
+		json_escape(umodel, sizeof(umodel), c->msent, strlen(c->msent));
+	else
+		strcpy(umodel, "-");
 	gettimeofday(&tv, NULL);
 	gmtime_r(&tv.tv_sec, &tm);
 	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
@@ -656,7 +774,7 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\","
 	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
 	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\","
-	    "\"affinity\":\"%s\"}\n",
+	    "\"affinity\":\"%s\",\"model\":\"%s\",\"upstream_model\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
@@ -664,7 +782,7 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    replica, c->tries, c->tok_prompt, c->tok_completion,
 	    c->usage_kind != NULL ? c->usage_kind : "none",
 	    aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
-	    c->affinity : 0]);
+	    c->affinity : 0], model, umodel);
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line))
@@ -714,6 +832,9 @@ conn_request_end(struct sl_conn *c, const char *end)
 	}
 	conn_access_log(c, end, now);
 	conn_usage_free(c);
+	free(c->mname);
+	c->mname = NULL;
+	c->msent = NULL;
 }
 
 /* Map a close reason to the access log's vocabulary. */
@@ -819,6 +940,7 @@ conn_unref(struct sl_conn *c)
 	if (--c->depth > 0 || !c->dead)
 		return;
 	sl_req_free(&c->req);
+	free(c->mname);
 	sl_buf_free(&c->out);
 	sl_block_put(&c->w->blocks, c->in);
 	conn_usage_free(c);
@@ -990,12 +1112,10 @@ conn_flush(struct sl_conn *c)
 static void
 conn_count_uerr(struct sl_conn *c, enum sl_uerr kind)
 {
-	const struct sl_config *cfg = c->w->cfg;
-
 	if (c->tenant < 0)
 		return;
 	sl_shm_count_uerr(c->w->shm, c->w->row,
-	    c->w->upstream_slot[cfg->tenants[c->tenant].upstream_idx], kind);
+	    c->w->upstream_slot[conn_upstream_idx(c)], kind);
 }
 
 /* ---- timers ---------------------------------------------------------- */
@@ -1166,7 +1286,7 @@ conn_build_head(struct sl_conn *c)
 		    RH_LIT(c, "\r\n") == -1)
 			return -1;
 	}
-	if (RH_LIT(c, "X-Accel-Buffering: no\r\n") == -1)
+	if (RH_LIT(c, "X-Accel-Buffering: no\r\n") == -1 || rh_model(c) == -1)
 		return -1;
 	if (c->uh.is_sse && !c->uh.has_cache_control &&
 	    RH_LIT(c, "Cache-Control: no-cache\r\n") == -1)
@@ -1237,9 +1357,17 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 		 * sl_conn_upstream_done starts the next try.
 		 */
 		if ((c->status == 429 || c->status == 502 || c->status == 503) &&
-		    (up->retry_on & SL_RETRY_BUSY) && c->tries <= up->retries &&
+		    (up->retry_on & SL_RETRY_BUSY) &&
+		    c->tries - c->tries_base <= up->retries &&
 		    (r2 = sl_pool_pick(c->w->pools, conn_upstream_idx(c),
 		    c->tried, &wait)) >= 0) {
+			c->retry_next = r2;
+			c->busy_code = c->status;
+			return 0;
+		}
+		/* None in this pool: the next target of the fallback chain. */
+		if ((c->status == 429 || c->status == 502 || c->status == 503) &&
+		    (r2 = conn_fallback_find(c, &c->fb_model, &c->fb_target)) >= 0) {
 			c->retry_next = r2;
 			c->busy_code = c->status;
 			return 0;
@@ -1869,6 +1997,10 @@ conn_build_upstream_headers(struct sl_conn *c)
 	*b.link = sl_transfers_header_tail(c->w->xfers, conn_upstream_idx(c),
 	    have_ct, have_accept);
 	c->hdrs = head;
+	/* A fallback to another upstream hangs that one's tail here. */
+	c->hdr_link = b.link == &head ? NULL : b.link;
+	c->hdr_ct = have_ct;
+	c->hdr_accept = have_accept;
 	return 0;
 }
 
@@ -2019,14 +2151,159 @@ fail:
 	return -1;
 }
 
+/*
+ * Choose the request's upstream: its tenant's, or with models: the one the
+ * model its body names resolves to (sl_model.h), the body rewritten for
+ * that target. Returns 0, or -1 when the request was answered here (400,
+ * 404 model_not_found; the slot is given back at once).
+ */
+static int
+conn_route_model(struct sl_conn *c)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	struct sl_route r;
+	const char *ct;
+	size_t ctlen = 0;
+
+	c->model = -1;
+	c->up_idx = cfg->tenants[c->tenant].upstream_idx;
+	if (cfg->models == NULL)
+		return 0;
+	ct = sl_req_header(&c->req, "content-type", &ctlen);
+	if (sl_model_route(c->w->models, cfg, (size_t)c->tenant, c->req.body,
+	    c->req.body_len, ct, ctlen, &r) == -1) {
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
+		return -1;
+	}
+	/* For the access log: the name as sent (a 404's too), and as sent on. */
+	free(c->mname);
+	c->mname = NULL;
+	if (r.client_len > 0 && (c->mname = malloc(r.client_len)) != NULL) {
+		memcpy(c->mname, r.client, r.client_len);
+		c->mname_len = r.client_len;
+	}
+	c->msent = r.sent;
+	if (r.status != 0) {
+		conn_error(c, r.status, "invalid_request_error", r.code,
+		    r.message, 0, 0);
+		return -1;
+	}
+	c->model = r.model;
+	c->up_idx = r.upstream;
+	c->mtarget = c->troute = r.target;
+	c->mroute = r.model;
+	c->mspan = r.span;
+	c->fb_k = 0;
+	if (r.body != NULL) {
+		free(c->req.body);
+		c->req.body = r.body;
+		c->req.body_len = c->req.body_cap = r.body_len;
+	}
+	return 0;
+}
+
+/*
+ * Fallback (sl_model.h): the next target of the request's chain, after
+ * c->fb_k, that has a replica free now; its slot is taken. Returns the
+ * replica and sets *m, *t, or -1 when none (or not routed by model).
+ * Changes nothing but c->fb_k: safe in a libcurl callback.
+ */
+static int
+conn_fallback_find(struct sl_conn *c, int *m, int *t)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	struct sl_model_pick *p;
+	size_t n;
+	int r = -1, wait;
+
+	if (c->model < 0 || c->head_sent || sl_model_chain(cfg,
+	    (size_t)c->tenant, (size_t)c->mroute, c->troute, &p, &n) == -1)
+		return -1;
+	for (; c->fb_k < n && r < 0; c->fb_k++) {
+		const struct sl_model_target *tg =
+		    &cfg->models[p[c->fb_k].model].targets[p[c->fb_k].target];
+
+		if ((r = sl_pool_pick(c->w->pools, tg->upstream_idx, 0, &wait)) >=
+		    0) {
+			*m = (int)p[c->fb_k].model;
+			*t = (int)p[c->fb_k].target;
+		}
+	}
+	free(p);
+	return r;
+}
+
+/*
+ * Move the request to target t of model m, found by conn_fallback_find:
+ * its upstream, its model in the body, that upstream's header tail. The
+ * current try must be stopped first (its replica is released on the old
+ * upstream). -1 without memory.
+ */
+static int
+conn_fallback_switch(struct sl_conn *c, int m, int t)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	const struct sl_model_target *tg = &cfg->models[m].targets[t];
+	struct curl_slist *tail;
+
+	sl_info("conn %d: model %s falls back to %s (upstream %s)", c->fd,
+	    cfg->models[c->model].name, cfg->models[m].name,
+	    cfg->upstreams[tg->upstream_idx].name);
+	if (sl_model_retarget(&c->req.body, &c->req.body_len, &c->mspan,
+	    tg->model) == -1)
+		return -1;
+	c->req.body_cap = c->req.body_len;
+	c->model = m;
+	c->mtarget = (size_t)t;
+	c->msent = tg->model;
+	c->up_idx = tg->upstream_idx;
+	c->tried = 0;
+	c->tries_base = c->tries;   /* retries: per upstream */
+	tail = sl_transfers_header_tail(c->w->xfers, c->up_idx, c->hdr_ct,
+	    c->hdr_accept);
+	if (c->hdr_link != NULL)
+		*c->hdr_link = tail;
+	else
+		c->hdrs = tail;
+	return 0;
+}
+
+/*
+ * The try in flight (if any) failed so that the runner cannot have
+ * started the request: stop it and start one on the fallback chain.
+ * Returns 0 when a try started, -1 when the caller answers.
+ */
+static int
+conn_fallback(struct sl_conn *c)
+{
+	int m, t, r;
+
+	if ((r = conn_fallback_find(c, &m, &t)) < 0)
+		return -1;
+	conn_stop_transfer(c);
+	if (conn_fallback_switch(c, m, t) == -1) {
+		sl_pool_release(c->w->pools,
+		    c->w->cfg->models[m].targets[t].upstream_idx, r);
+		return -1;
+	}
+	if (conn_try(c, r) == -1)
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
+	return 0;
+}
+
 /* The request is read whole: build its upstream head, choose a replica. */
 static void
 conn_start_upstream(struct sl_conn *c)
 {
 	const struct sl_config *cfg = c->w->cfg;
-	const struct sl_upstream_conf *up = &cfg->upstreams[conn_upstream_idx(c)];
+	const struct sl_upstream_conf *up;
 	int r, retry_after;
 
+	if (conn_route_model(c) == -1)
+		return;
+	up = &cfg->upstreams[conn_upstream_idx(c)];
 	conn_usage_request(c);
 	if (conn_build_upstream_headers(c) == -1) {
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
@@ -2036,7 +2313,7 @@ conn_start_upstream(struct sl_conn *c)
 	/* The upstream head is built: the client's is not needed any more. */
 	sl_req_shed_head(&c->req);
 	c->tried = 0;
-	c->tries = 0;
+	c->tries = c->tries_base = 0;
 	if (c->req.method == HTTP_POST && up->balance ==
 	    SL_BALANCE_PREFIX_AFFINITY && c->req.body_len > 0) {
 		int outcome;
@@ -2051,6 +2328,8 @@ conn_start_upstream(struct sl_conn *c)
 	} else
 		r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0,
 		    &retry_after);
+	if (r < 0 && c->model >= 0 && conn_fallback(c) == 0)
+		return;   /* another model's or target's pool took it */
 	if (r < 0) {
 		char msg[160];
 
@@ -2110,7 +2389,7 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 	    SL_CODE_RESET);
 	if (kind == SL_UERR_CONNECT) {
 		if (!(up->retry_on & SL_RETRY_CONNECT))
-			return -1;
+			return conn_fallback(c);
 		why = SL_RETRY_R_CONNECT;
 	} else if (kind == SL_UERR_RESET && c->uh.status == 0 &&
 	    (c->resend_refused || result == CURLE_GOT_NOTHING ||
@@ -2125,11 +2404,11 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 		why = SL_RETRY_R_EMPTY;
 	} else
 		return -1;
-	if (c->tries > up->retries)
-		return -1;
-	if ((r2 = sl_pool_pick(c->w->pools, conn_upstream_idx(c), c->tried,
-	    &wait)) < 0)
-		return -1;
+	/* No replica of this pool may try it again: the fallback chain may. */
+	if (c->tries - c->tries_base > up->retries ||
+	    (r2 = sl_pool_pick(c->w->pools,
+	    conn_upstream_idx(c), c->tried, &wait)) < 0)
+		return why == SL_RETRY_R_CONNECT ? conn_fallback(c) : -1;
 	conn_next_try(c, r2, why);
 	return 0;
 }
@@ -2152,6 +2431,24 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		int r2 = c->retry_next;
 
 		c->retry_next = -1;
+		if (c->fb_model >= 0) {
+			/* A busy head and no other replica: a fallback target. */
+			int m = c->fb_model, t = c->fb_target;
+
+			c->fb_model = -1;
+			conn_stop_transfer(c);
+			if (conn_fallback_switch(c, m, t) == -1) {
+				sl_pool_release(c->w->pools,
+				    c->w->cfg->models[m].targets[t].upstream_idx, r2);
+				conn_error(c, 502, "upstream_error",
+				    "upstream_unreachable",
+				    "cannot start the upstream request", 0, 0);
+			} else if (conn_try(c, r2) == -1)
+				conn_error(c, 502, "upstream_error",
+				    "upstream_unreachable",
+				    "cannot start the upstream request", 0, 0);
+			goto out;
+		}
 		conn_next_try(c, r2, SL_RETRY_R_BUSY);
 		goto out;
 	}
@@ -2407,6 +2704,7 @@ conn_on_head(struct sl_conn *c)
 
 	c->req_active = 1;
 	c->t_start = ev_now(w->loop);
+	c->model = -1;
 	if (c->req.method == HTTP_TRACE) {
 		/*
 		 * A runner that echoes TRACE would hand the client the head
@@ -2443,6 +2741,8 @@ conn_on_head(struct sl_conn *c)
 		    "this tenant is disabled (max_streams: 0)", 0, 0);
 		return;
 	}
+	if (conn_models_list(c))
+		return;   /* answered from the config: no slot, no budget */
 	/*
 	 * The budget the master published last, not this worker's copy: a
 	 * retired worker still admitting a request whose head was in flight

@@ -219,6 +219,10 @@ sl_worker_main(const struct sl_worker_args *a)
 		sl_err("cannot set up the upstream pools");
 		return 1;
 	}
+	if (a->cfg->models != NULL && (w.models = sl_models_new(a->cfg)) == NULL) {
+		sl_err("cannot set up the models' targets");
+		return 1;
+	}
 	w.access_fd = -1;
 	access_log_open(&w);
 	if ((w.keys = sl_keyidx_build(a->cfg)) == NULL) {
@@ -330,6 +334,7 @@ sl_worker_main(const struct sl_worker_args *a)
 		close(w.access_fd);
 	sl_keyidx_free(w.keys);
 	sl_pools_free(w.pools);
+	sl_models_free(w.models);
 	if (w.spare_fd >= 0)
 		close(w.spare_fd);
 	if (w.hup_fd >= 0) {

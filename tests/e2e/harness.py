@@ -1517,7 +1517,8 @@ def wait_metric(gw, name, want, timeout=3.0, **labels):
 
 ACCESS_LOG_FIELDS = ("time", "worker", "peer", "tenant", "method", "path", "status",
                      "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", "replica",
-                     "tries", "prompt_tokens", "completion_tokens", "usage", "affinity")
+                     "tries", "prompt_tokens", "completion_tokens", "usage", "affinity",
+                     "model", "upstream_model")
 
 
 def access_lines(path):

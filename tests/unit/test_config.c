@@ -2277,6 +2277,252 @@ test_tokens_budget_without_usage_is_refused(void **state)
 	    "tokens_per_minute 1000", "budgets need usage");
 }
 
+/* ---- models (issue 23) ----------------------------------------------- */
+
+#define MODELS_UPSTREAMS                                                \
+    "listen: \"127.0.0.1:8080\"\n"                                     \
+    "upstreams:\n"                                                      \
+    "  big:\n"                                                          \
+    "    url: \"http://127.0.0.1:9000\"\n"                              \
+    "  small:\n"                                                        \
+    "    url: \"http://127.0.0.1:9001\"\n"
+
+static void
+test_models_section_loads_every_field(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_model_conf *m;
+	int i;
+
+	expect_ok(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  llama-70b:\n"
+	    "    aliases: [\"gpt-4o\", \"default\"]\n"
+	    "    targets:\n"
+	    "      - upstream: big\n"
+	    "        model: \"meta-llama/Llama-3.1-70B-Instruct\"\n"
+	    "        weight: 90\n"
+	    "      - upstream: small\n"
+	    "        weight: 10\n"
+	    "  llama-8b:\n"
+	    "    targets: [{upstream: small}]\n"
+	    "tenants:\n"
+	    "  acme:\n"
+	    "    keys: [\"k1\"]\n"
+	    "    max_streams: 2\n"
+	    "    models: [llama-8b]\n"
+	    "  beta:\n"
+	    "    keys: [\"k2\"]\n"
+	    "    max_streams: 2\n"
+	    "    upstream: small\n");
+	assert_int_equal(f->cfg->nmodels, 2);
+	m = &f->cfg->models[0];
+	assert_string_equal(m->name, "llama-70b");
+	assert_int_equal(m->naliases, 2);
+	assert_string_equal(m->aliases[0], "gpt-4o");
+	assert_string_equal(m->aliases[1], "default");
+	assert_int_equal(m->ntargets, 2);
+	assert_string_equal(m->targets[0].upstream, "big");
+	assert_int_equal(m->targets[0].upstream_idx, 0);
+	assert_string_equal(m->targets[0].model,
+	    "meta-llama/Llama-3.1-70B-Instruct");
+	assert_int_equal(m->targets[0].weight, 90);
+	assert_int_equal(m->targets[1].upstream_idx, 1);
+	assert_string_equal(m->targets[1].model, "llama-70b");
+	assert_int_equal(m->targets[1].weight, 10);
+	m = &f->cfg->models[1];
+	assert_int_equal(m->naliases, 0);
+	assert_int_equal(m->targets[0].weight, 1);
+	assert_string_equal(m->targets[0].model, "llama-8b");
+	/* The name table: names and aliases, nothing else, bytes compared. */
+	assert_int_equal(sl_config_model_find(f->cfg, "llama-70b", 9), 0);
+	assert_int_equal(sl_config_model_find(f->cfg, "gpt-4o", 6), 0);
+	assert_int_equal(sl_config_model_find(f->cfg, "default", 7), 0);
+	assert_int_equal(sl_config_model_find(f->cfg, "llama-8b", 8), 1);
+	assert_int_equal(sl_config_model_find(f->cfg, "llama-8", 7), -1);
+	assert_int_equal(sl_config_model_find(f->cfg, "llama-8b\0", 9), -1);
+	assert_int_equal(sl_config_model_find(f->cfg,
+	    "meta-llama/Llama-3.1-70B-Instruct", 33), -1);
+	/* acme: no upstream (allowed with models:), one model allowed. */
+	assert_int_equal(f->cfg->tenants[0].has_upstream, 0);
+	assert_non_null(f->cfg->tenants[0].allowed);
+	assert_int_equal(f->cfg->tenants[0].allowed[0], 0);
+	assert_int_equal(f->cfg->tenants[0].allowed[1], 1);
+	assert_int_equal(f->cfg->tenants[1].has_upstream, 1);
+	assert_int_equal(f->cfg->tenants[1].upstream_idx, 1);
+	assert_null(f->cfg->tenants[1].allowed);
+	for (i = 0; i < 2; i++)
+		assert_true(f->cfg->loaded_at > 0);
+}
+
+static void
+test_models_absent_keeps_tenant_upstream_rules(void **state)
+{
+	struct fx *f = *state;
+
+	expect_ok(f, "listen: \"127.0.0.1:8080\"\n" MINIMAL_UPSTREAMS_TENANTS);
+	assert_null(f->cfg->models);
+	assert_int_equal(f->cfg->nmodels, 0);
+	assert_int_equal(f->cfg->tenants[0].has_upstream, 1);
+	assert_int_equal(sl_config_model_find(f->cfg, "x", 1), -1);
+	/* Two upstreams, no models:, a tenant without upstream: refused. */
+	expect_error(f, MODELS_UPSTREAMS
+	    "tenants:\n"
+	    "  acme:\n"                 /* line 8 */
+	    "    keys: [\"k1\"]\n"      /* line 9, col 5 */
+	    "    max_streams: 2\n",
+	    NAME ":9:5: ", "tenant 'acme': missing key 'upstream'");
+}
+
+#define MODELS_TENANT                                                   \
+    "tenants:\n"                                                        \
+    "  acme:\n"                                                         \
+    "    keys: [\"k1\"]\n"                                              \
+    "    max_streams: 2\n"
+
+static void
+test_models_errors_report_their_position(void **state)
+{
+	struct fx *f = *state;
+
+	/* Line 7 is "models:", 8 the first model. */
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{upstream: nope}]\n" MODELS_TENANT,
+	    NAME ":9:26: ", "models.m1.targets[0].upstream: no upstream named 'nope'");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: []\n" MODELS_TENANT,
+	    NAME ":9:14: ", "models.m1.targets: must hold at least one target");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    aliases: [a]\n" MODELS_TENANT,
+	    NAME ":9:5: ", "model 'm1': missing required key 'targets'");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{upstream: big, weight: 1001}]\n" MODELS_TENANT,
+	    NAME ":9:39: ", "models.m1.targets[0].weight: 1001 is out of range 1-1000");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{upstream: big, weight: 0}]\n" MODELS_TENANT,
+	    NAME ":9:39: ", "out of range 1-1000");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{upstream: big}]\n"
+	    "    fallback: [m1]\n" MODELS_TENANT,
+	    NAME ":10:16: ", "models.m1.fallback: 'm1' makes a cycle of fallbacks");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{upstream: big}]\n"
+	    "    fallback: [m2, nope]\n"
+	    "  m2:\n"
+	    "    targets: [{upstream: big}]\n" MODELS_TENANT,
+	    NAME ":10:20: ", "models.m1.fallback: no model named 'nope'");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{upstream: big, port: 1}]\n" MODELS_TENANT,
+	    NAME ":9:31: ", "unknown key 'port' in models.m1.targets[0]");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{model: x}]\n" MODELS_TENANT,
+	    NAME ":9:15: ", "models.m1.targets[0]: missing required key 'upstream'");
+	expect_error(f, MODELS_UPSTREAMS
+	    "models: {}\n" MODELS_TENANT,
+	    NAME ":7:9: ", "models: at least one is required");
+}
+
+static void
+test_models_alias_clash_is_reported_where_it_is(void **state)
+{
+	struct fx *f = *state;
+	static const char *const want[] = {
+		NAME ":10:21: ", "models.m1.aliases: 'm1' is already the name or an alias of model 'm1'",
+		NAME ":13:15: ", "models.m2.aliases: 'a' is already the name or an alias of model 'm1'",
+		NAME ":14:3: ", "models: 'b' is already the name or an alias of model 'm1'",
+	};
+
+	expect_errors(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"                                  /* 8 */
+	    "    targets: [{upstream: big}]\n"         /* 9 */
+	    "    aliases: [a, b, m1]\n"                /* 10: m1 at col 21 */
+	    "  m2:\n"                                  /* 11 */
+	    "    targets: [{upstream: big}]\n"         /* 12 */
+	    "    aliases: [a]\n"                       /* 13: a at col 15 */
+	    "  b:\n"                                   /* 14 */
+	    "    targets: [{upstream: big}]\n"         /* 15 */
+	    MODELS_TENANT, 3, want);
+}
+
+static void
+test_models_tenant_list_names_models(void **state)
+{
+	struct fx *f = *state;
+	static const char *const want[] = {
+		NAME ":15:14: ", "tenants.acme.models: no model named 'nope'",
+		NAME ":15:20: ", "tenants.acme.models: 'a' is an alias of model 'm1'",
+	};
+
+	expect_errors(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  m1:\n"
+	    "    targets: [{upstream: big}]\n"
+	    "    aliases: [a]\n"
+	    MODELS_TENANT
+	    "    models: [nope, a, m1]\n", 2, want);
+	expect_error(f, "listen: \"127.0.0.1:8080\"\n" MINIMAL_UPSTREAMS_TENANTS
+	    "    models: [m1]\n",
+	    NAME ":9:14: ", "tenants.acme.models: no model named 'm1' (there is no models: section)");
+}
+
+static void
+test_models_fallback_resolves_aliases_and_refuses_cycles(void **state)
+{
+	struct fx *f = *state;
+	static const char *const want[] = {
+		NAME ":16:16: ", "models.c.fallback: 'a' makes a cycle of fallbacks",
+	};
+
+	expect_ok(f, MODELS_UPSTREAMS
+	    "models:\n"
+	    "  a:\n"
+	    "    targets: [{upstream: big}]\n"
+	    "    fallback: [bee, c]\n"
+	    "  b:\n"
+	    "    aliases: [bee]\n"
+	    "    targets: [{upstream: small}]\n"
+	    "    fallback: [c]\n"
+	    "  c:\n"
+	    "    targets: [{upstream: small}]\n" MODELS_TENANT);
+	assert_int_equal(f->cfg->models[0].nfallback, 2);
+	assert_int_equal(f->cfg->models[0].fallback[0], 1);
+	assert_int_equal(f->cfg->models[0].fallback[1], 2);
+	assert_int_equal(f->cfg->models[1].nfallback, 1);
+	assert_int_equal(f->cfg->models[2].nfallback, 0);
+	/* a -> b -> c -> a: reported where c names a (line 16, col 16). */
+	expect_errors(f, MODELS_UPSTREAMS
+	    "models:\n"                          /* 7 */
+	    "  a:\n"                             /* 8 */
+	    "    targets: [{upstream: big}]\n"   /* 9 */
+	    "    fallback: [b]\n"                /* 10 */
+	    "  b:\n"                             /* 11 */
+	    "    targets: [{upstream: small}]\n" /* 12 */
+	    "    fallback: [c]\n"                /* 13 */
+	    "  c:\n"                             /* 14 */
+	    "    targets: [{upstream: small}]\n" /* 15 */
+	    "    fallback: [a]\n"                /* 16 */
+	    MODELS_TENANT, 1, want);
+}
+
 int
 main(void)
 {
@@ -2392,6 +2638,12 @@ main(void)
 		T(test_tokens_budget_and_usage_keys),
 		T(test_tokens_bad_values_report_position),
 		T(test_tokens_budget_without_usage_is_refused),
+		T(test_models_section_loads_every_field),
+		T(test_models_absent_keeps_tenant_upstream_rules),
+		T(test_models_errors_report_their_position),
+		T(test_models_alias_clash_is_reported_where_it_is),
+		T(test_models_tenant_list_names_models),
+		T(test_models_fallback_resolves_aliases_and_refuses_cycles),
 	};
 #undef T
 

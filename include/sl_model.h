@@ -1,0 +1,141 @@
+/*
+ * sl_model: route a request by the model its body names (issue 23).
+ *
+ * Pure functions over a request body plus one small per-worker state (the
+ * smooth weighted round robin of each model's targets). relay.c calls
+ * sl_model_route() once per request, after the body is read and before the
+ * upstream is chosen; everything else here is used by it and by tests.
+ *
+ * Where the model is read (sluice.8, MODELS):
+ *   - a JSON object body: its FIRST top-level "model" member, key and value
+ *     compared with their escapes decoded; nested or later ones do not
+ *     count. A member that is not a string is a 400.
+ *   - a multipart/form-data body: its first form field named "model".
+ *   - anything else (no body, not JSON): no model.
+ */
+#ifndef SL_MODEL_H
+#define SL_MODEL_H
+
+#include <stddef.h>
+
+#include "sl_config.h"
+#include "sl_json.h"
+
+enum sl_model_kind {
+	SL_MODEL_NONE = 0,     /* no body, not JSON, no "model" member */
+	SL_MODEL_NAMED,        /* name/len hold it */
+	SL_MODEL_NOT_STRING,   /* "model" is there but not a string */
+	SL_MODEL_BAD_JSON      /* a body that is not a JSON object */
+};
+
+/* What a request body names. */
+struct sl_model_req {
+	enum sl_model_kind kind;
+	char name[SL_MODEL_NAME_MAX + 1];   /* decoded; NUL-terminated */
+	size_t len;            /* bytes of name (may hold NULs) */
+	int too_long;          /* the name had more than SL_MODEL_NAME_MAX
+	                        * bytes: no model has it; name is its start */
+	int form;              /* read from a multipart/form-data field */
+	struct sl_json_span v; /* where its value is in the body (JSON: the
+	                        * string token, quotes included; form: the
+	                        * field's bytes) */
+	size_t count;          /* JSON: top-level "model" members */
+};
+
+/*
+ * Read the model of a request body (len bytes; body may be NULL when len
+ * is 0). ctype is its Content-Type value (ctlen bytes), or NULL.
+ */
+void sl_model_read(const char *body, size_t len, const char *ctype,
+    size_t ctlen, struct sl_model_req *out);
+
+/*
+ * The body sent upstream for target model `to`: every top-level "model"
+ * member of a JSON body (the form field of a multipart one) set to it,
+ * every other byte as it was. Returns 1 and sets *out (malloc'd, caller
+ * frees) and *out_len; 0 when no rewrite is needed (the name the client
+ * sent is `to`, in one member); -1 without memory.
+ */
+int sl_model_rewrite(const char *body, size_t len, const struct sl_model_req *r,
+    const char *to, char **out, size_t *out_len);
+
+/* Per worker: which target each model's next request goes to. */
+struct sl_models;
+
+/* For cfg (which must outlive it); NULL without memory. */
+struct sl_models *sl_models_new(const struct sl_config *cfg);
+void sl_models_free(struct sl_models *);
+
+/* Smooth weighted round robin: the index of model m's next target. */
+size_t sl_models_pick(struct sl_models *, size_t m);
+
+/* A form field's bytes in a (rewritten) body, for a later rewrite. */
+struct sl_model_span {
+	int form;              /* 0: a JSON body (found again by reading it) */
+	size_t vs, ve;
+};
+
+/* How a request is routed. */
+struct sl_route {
+	int status;            /* 0: routed; else answer it (400 or 404) */
+	const char *code;      /* with status: "bad_request", "model_not_found" */
+	char message[400];     /* with status: JSON-escaped, for the error body */
+	int model;             /* index into cfg->models; -1: none named */
+	size_t target;         /* routed by model: its target's index */
+	struct sl_model_span span;   /* routed by model: where the model is */
+	size_t upstream;       /* routed: the upstream to use */
+	const char *sent;      /* routed by model: the "model" sent upstream */
+	char *body;            /* routed: a rewritten body (caller frees), or
+	                        * NULL: send the client's */
+	size_t body_len;
+	char client[SL_MODEL_NAME_MAX + 1];   /* the name the client sent */
+	size_t client_len;
+};
+
+/*
+ * Route tenant t's request (cfg->models must be set): name or alias ->
+ * model -> the tenant's allow-list -> a target (sl_models_pick) -> its
+ * upstream. A request that names no model goes to the tenant's upstream,
+ * or is a 400 when it has none. Returns 0 (out says what to do) or -1
+ * without memory.
+ */
+int sl_model_route(struct sl_models *, const struct sl_config *cfg, size_t t,
+    const char *body, size_t len, const char *ctype, size_t ctlen,
+    struct sl_route *out);
+
+/* A model's target. */
+struct sl_model_pick {
+	size_t model, target;
+};
+
+/*
+ * The fallback chain of a request routed to target t0 of model m0, for
+ * tenant: m0's other targets by decreasing weight, then the targets of
+ * each fallback model (the models m0 names, then those they name, breadth
+ * first, each once; one outside the tenant's list is skipped with its own
+ * fallbacks), each model's by decreasing weight. *out (caller frees) holds
+ * *n picks. 0, or -1 without memory.
+ */
+int sl_model_chain(const struct sl_config *cfg, size_t tenant, size_t m0,
+    size_t t0, struct sl_model_pick **out, size_t *n);
+
+/*
+ * Set the model of a body already routed (*body, *len; malloc'd, replaced
+ * when changed) to `to`, for a fallback target: every top-level "model"
+ * member of a JSON body, or the form field at sp (updated). 0, or -1
+ * without memory (the body is unchanged).
+ */
+int sl_model_retarget(char **body, size_t *len, struct sl_model_span *sp,
+    const char *to);
+
+/*
+ * GET /v1/models and /v1/models/NAME (path: plen bytes, no query), for
+ * tenant t: every model and alias it may use, sorted by id, in OpenAI's
+ * list shape; or one of them. Returns 0 when the path is neither (nothing
+ * set); 200 with *body (malloc'd, caller frees) and *blen; 404 with the
+ * model_not_found message (JSON-escaped) in msg; -1 without memory.
+ */
+int sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
+    size_t plen, char **body, size_t *blen, char *msg, size_t msglen);
+
+#endif

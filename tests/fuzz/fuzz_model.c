@@ -1,0 +1,169 @@
+/*
+ * libFuzzer target for src/model.c (issue 23): where a request's model is
+ * read, and the body rewritten for a target.
+ *
+ * Input: byte 0 picks the mode (bit 0: a multipart/form-data body with
+ * boundary "b", else JSON); the rest is the body.
+ * JSON:
+ *   - a body jansson reads as an object (duplicates allowed) is never
+ *     BAD_JSON; one jansson refuses is BAD_JSON or uses a documented
+ *     Python extension (a BOM, NaN, Infinity, lone surrogates, huge numbers);
+ *   - with one top-level "model": NAMED iff jansson's is a string, and then
+ *     the decoded name is jansson's (cut to SL_MODEL_NAME_MAX, too_long
+ *     set past it); no top-level "model" in jansson: NONE;
+ *   - the rewrite to a target parses whenever the input did, its top-level
+ *     "model" is the target, and with the model set in the input's tree
+ *     both trees are equal; it has the length the spans say.
+ * Multipart: a NAMED field's bytes are the name (or its first
+ * SL_MODEL_NAME_MAX), inside the body; the rewrite is the body with those
+ * bytes replaced.
+ */
+#include "config.h"
+
+#include <jansson.h>
+
+#include "fuzz.h"
+#include "sl_model.h"
+
+#define FLAGS (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)
+#define TARGET "meta/\"L\\3"
+
+/*
+ * Does the text use what Python's json takes and jansson does not: a BOM,
+ * NaN, Infinity, a lone surrogate escape, a NUL escape (in a key), or a
+ * number jansson cannot hold (an exponent, or many digits)?
+ */
+static int
+python_extension(const char *in, size_t len)
+{
+	size_t i, run = 0;
+
+	if ((len >= 3 && memcmp(in, "\xef\xbb\xbf", 3) == 0) ||
+	    memmem(in, len, "NaN", 3) != NULL ||
+	    memmem(in, len, "Infinity", 8) != NULL ||
+	    memmem(in, len, "\\u0000", 6) != NULL)   /* jansson: not in keys */
+		return 1;
+	for (i = 0; i < len; i++) {
+		run = in[i] >= '0' && in[i] <= '9' ? run + 1 : 0;
+		if (run >= 16)
+			return 1;
+		if ((in[i] == 'e' || in[i] == 'E') && i > 0 && in[i - 1] >= '0' &&
+		    in[i - 1] <= '9')
+			return 1;
+		if (in[i] == '\\' && i + 2 < len && in[i + 1] == 'u' &&
+		    (in[i + 2] == 'd' || in[i + 2] == 'D'))
+			return 1;
+	}
+	return 0;
+}
+
+static void
+check_json(const char *in, size_t len)
+{
+	struct sl_model_req r;
+	json_error_t err;
+	json_t *root, *m, *nroot;
+	char *out;
+	size_t olen;
+	int rc;
+
+	sl_model_read(in, len, "application/json", 16, &r);
+	fz_check(r.len <= SL_MODEL_NAME_MAX, "name-bound", "%zu bytes", r.len);
+	/* jansson takes a raw NUL byte where Python's json does not. */
+	root = memchr(in, '\0', len) == NULL ? json_loadb(in, len, FLAGS, &err) :
+	    NULL;
+	if (root == NULL && len > 0 && memchr(in, '\0', len) != NULL)
+		return;
+	if (root != NULL && !json_is_object(root)) {
+		fz_check(r.kind == SL_MODEL_BAD_JSON, "bad-json", "a non-object read");
+		json_decref(root);
+		return;
+	}
+	if (root == NULL) {
+		if (len == 0)   /* no body: no model */
+			fz_check(r.kind == SL_MODEL_NONE, "none", "kind %d for no body",
+			    (int)r.kind);
+		else if (r.kind != SL_MODEL_BAD_JSON)
+			fz_check(python_extension(in, len), "bad-json",
+			    "read a body jansson refuses, with no Python extension");
+		return;
+	}
+	fz_check(r.kind != SL_MODEL_BAD_JSON, "bad-json", "jansson reads it");
+	m = json_object_get(root, "model");
+	if (m == NULL)
+		fz_check(r.kind == SL_MODEL_NONE && r.count == 0, "none",
+		    "kind %d count %zu, jansson has no model", (int)r.kind, r.count);
+	else if (r.count == 1) {
+		fz_check((r.kind == SL_MODEL_NAMED) == json_is_string(m), "string",
+		    "kind %d", (int)r.kind);
+		if (json_is_string(m)) {
+			size_t jl = json_string_length(m);
+
+			fz_check(r.too_long == (jl > SL_MODEL_NAME_MAX) &&
+			    r.len == (jl > SL_MODEL_NAME_MAX ? SL_MODEL_NAME_MAX : jl) &&
+			    memcmp(r.name, json_string_value(m), r.len) == 0,
+			    "name", "decoded name differs from jansson's");
+		}
+	}
+	rc = sl_model_rewrite(in, len, &r, TARGET, &out, &olen);
+	if (rc == 1) {
+		nroot = json_loadb(out, olen, FLAGS, &err);
+		fz_check(nroot != NULL, "rewrite-parses", "%s", err.text);
+		if (nroot != NULL) {
+			fz_check(json_is_string(json_object_get(nroot, "model")) &&
+			    strcmp(json_string_value(json_object_get(nroot, "model")),
+			    TARGET) == 0, "rewrite-model", "not the target");
+			json_object_set_new(root, "model", json_string(TARGET));
+			fz_check(json_equal(root, nroot), "rewrite-equal",
+			    "more than the model changed");
+			json_decref(nroot);
+		}
+		free(out);
+	} else if (rc == 0 && r.kind == SL_MODEL_NAMED)
+		fz_check(r.count == 1 && !r.too_long && json_is_string(m) &&
+		    strcmp(json_string_value(m), TARGET) == 0, "rewrite-needed",
+		    "not rewritten");
+	json_decref(root);
+}
+
+static void
+check_form(const char *in, size_t len)
+{
+	static const char ct[] = "multipart/form-data; boundary=b";
+	struct sl_model_req r;
+	char *out;
+	size_t olen;
+
+	sl_model_read(in, len, ct, sizeof(ct) - 1, &r);
+	if (r.kind == SL_MODEL_NONE)
+		return;
+	fz_check(r.kind == SL_MODEL_NAMED && r.form, "form-kind", "kind %d",
+	    (int)r.kind);
+	fz_check(r.v.vs <= r.v.ve && r.v.ve <= len, "form-span", "%zu..%zu of %zu",
+	    r.v.vs, r.v.ve, len);
+	fz_check(r.len == (r.v.ve - r.v.vs > SL_MODEL_NAME_MAX ? SL_MODEL_NAME_MAX :
+	    r.v.ve - r.v.vs) && memcmp(r.name, in + r.v.vs, r.len) == 0,
+	    "form-name", "the name is not the field's bytes");
+	if (sl_model_rewrite(in, len, &r, TARGET, &out, &olen) == 1) {
+		size_t tl = strlen(TARGET);
+
+		fz_check(olen == len - (r.v.ve - r.v.vs) + tl &&
+		    memcmp(out, in, r.v.vs) == 0 &&
+		    memcmp(out + r.v.vs, TARGET, tl) == 0 &&
+		    memcmp(out + r.v.vs + tl, in + r.v.ve, len - r.v.ve) == 0,
+		    "form-rewrite", "not the body with the field replaced");
+		free(out);
+	}
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size < 1)
+		return 0;
+	if (data[0] & 1)
+		check_form((const char *)data + 1, size - 1);
+	else
+		check_json((const char *)data + 1, size - 1);
+	return 0;
+}

@@ -1,0 +1,497 @@
+/*
+ * Unit tests for routing by model (src/model.c, issue 23): where the model
+ * is read, how the body is rewritten, how targets are chosen and how a
+ * request is routed.
+ */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sl_config.h"
+#include "sl_model.h"
+
+static void
+read_json(const char *body, struct sl_model_req *r)
+{
+	sl_model_read(body, strlen(body), "application/json", 16, r);
+}
+
+static void
+test_read_first_top_level_member(void **state)
+{
+	struct sl_model_req r;
+
+	(void)state;
+	read_json("{\"messages\":[{\"model\":\"nested\"}],\"model\":\"a\","
+	    "\"x\":{\"model\":\"b\"},\"model\":\"c\"}", &r);
+	assert_int_equal(r.kind, SL_MODEL_NAMED);
+	assert_int_equal(r.len, 1);
+	assert_string_equal(r.name, "a");
+	assert_int_equal(r.count, 2);
+	/* Only nested ones: no model. */
+	read_json("{\"x\":{\"model\":\"b\"},\"y\":[\"model\"]}", &r);
+	assert_int_equal(r.kind, SL_MODEL_NONE);
+	assert_int_equal(r.count, 0);
+}
+
+static void
+test_read_decodes_escapes_in_key_and_value(void **state)
+{
+	struct sl_model_req r;
+
+	(void)state;
+	read_json("{\"mo\\u0064el\":\"g\\u0070t-4o\\/x\"}", &r);
+	assert_int_equal(r.kind, SL_MODEL_NAMED);
+	assert_string_equal(r.name, "gpt-4o/x");
+	assert_int_equal(r.len, 8);
+	/* A NUL inside the name is kept, and counted. */
+	read_json("{\"model\":\"a\\u0000b\"}", &r);
+	assert_int_equal(r.len, 3);
+	assert_memory_equal(r.name, "a\0b", 3);
+	/* "model " is another key. */
+	read_json("{\"model \":\"a\"}", &r);
+	assert_int_equal(r.kind, SL_MODEL_NONE);
+}
+
+static void
+test_read_non_string_bad_json_and_no_body(void **state)
+{
+	struct sl_model_req r;
+
+	(void)state;
+	read_json("{\"model\":42}", &r);
+	assert_int_equal(r.kind, SL_MODEL_NOT_STRING);
+	read_json("{\"model\":null}", &r);
+	assert_int_equal(r.kind, SL_MODEL_NOT_STRING);
+	read_json("{\"model\":[\"a\"]}", &r);
+	assert_int_equal(r.kind, SL_MODEL_NOT_STRING);
+	/* The first counts, even when a later one is a string. */
+	read_json("{\"model\":{},\"model\":\"a\"}", &r);
+	assert_int_equal(r.kind, SL_MODEL_NOT_STRING);
+	read_json("{\"model\":\"a\"", &r);
+	assert_int_equal(r.kind, SL_MODEL_BAD_JSON);
+	read_json("[{\"model\":\"a\"}]", &r);
+	assert_int_equal(r.kind, SL_MODEL_BAD_JSON);
+	read_json("{\"model\":\"a\"} x", &r);
+	assert_int_equal(r.kind, SL_MODEL_BAD_JSON);
+	sl_model_read(NULL, 0, NULL, 0, &r);
+	assert_int_equal(r.kind, SL_MODEL_NONE);
+}
+
+static void
+test_read_too_long_name(void **state)
+{
+	char body[SL_MODEL_NAME_MAX + 64];
+	struct sl_model_req r;
+	int n;
+
+	(void)state;
+	n = snprintf(body, sizeof(body), "{\"model\":\"");
+	memset(body + n, 'x', SL_MODEL_NAME_MAX + 1);
+	strcpy(body + n + SL_MODEL_NAME_MAX + 1, "\"}");
+	read_json(body, &r);
+	assert_int_equal(r.kind, SL_MODEL_NAMED);
+	assert_int_equal(r.too_long, 1);
+	assert_int_equal(r.len, SL_MODEL_NAME_MAX);
+	body[n + SL_MODEL_NAME_MAX] = '"';
+	body[n + SL_MODEL_NAME_MAX + 1] = '}';
+	body[n + SL_MODEL_NAME_MAX + 2] = '\0';
+	read_json(body, &r);
+	assert_int_equal(r.too_long, 0);
+	assert_int_equal(r.len, SL_MODEL_NAME_MAX);
+}
+
+#define CT "multipart/form-data; boundary=XyZ"
+
+static void
+test_read_multipart_model_field(void **state)
+{
+	static const char body[] =
+	    "--XyZ\r\n"
+	    "Content-Disposition: form-data; name=\"file\"; filename=\"model\"\r\n"
+	    "Content-Type: audio/wav\r\n\r\n"
+	    "RIFF....\r\n"
+	    "--XyZ\r\n"
+	    "content-disposition: form-data; name=\"model\"\r\n\r\n"
+	    "whisper-1\r\n"
+	    "--XyZ\r\n"
+	    "Content-Disposition: form-data; name=\"model\"\r\n\r\n"
+	    "second\r\n"
+	    "--XyZ--\r\n";
+	struct sl_model_req r;
+	char *out;
+	size_t olen;
+
+	(void)state;
+	sl_model_read(body, sizeof(body) - 1, CT, strlen(CT), &r);
+	assert_int_equal(r.kind, SL_MODEL_NAMED);
+	assert_int_equal(r.form, 1);
+	assert_string_equal(r.name, "whisper-1");
+	assert_int_equal(sl_model_rewrite(body, sizeof(body) - 1, &r,
+	    "openai/whisper-large-v3", &out, &olen), 1);
+	assert_int_equal(olen, sizeof(body) - 1 - 9 + 23);
+	assert_non_null(strstr(out, "name=\"model\"\r\n\r\nopenai/whisper-large-v3\r\n"
+	    "--XyZ\r\n"));
+	assert_memory_equal(out, body, r.v.vs);
+	free(out);
+	/* A quoted boundary; no model field: none. */
+	sl_model_read("--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n"
+	    "1\r\n--b--\r\n", 52, "Multipart/Form-Data; boundary=\"b\"", 34, &r);
+	assert_int_equal(r.kind, SL_MODEL_NONE);
+	/* Not closed: none, never past the end. */
+	sl_model_read("--b\r\nContent-Disposition: form-data; name=model\r\n\r\nab",
+	    53, "multipart/form-data; boundary=b", 31, &r);
+	assert_int_equal(r.kind, SL_MODEL_NONE);
+}
+
+static void
+test_rewrite_sets_every_top_level_model(void **state)
+{
+	static const char one[] = "{ \"model\" : \"gpt-4o\", \"x\":{\"model\":\"k\"}}";
+	static const char two[] = "{\"model\":\"a\",\"mo\\u0064el\":\"b\",\"n\":1}";
+	struct sl_model_req r;
+	char *out;
+	size_t olen;
+
+	(void)state;
+	read_json(one, &r);
+	assert_int_equal(sl_model_rewrite(one, strlen(one), &r, "meta/L\"3\\",
+	    &out, &olen), 1);
+	assert_int_equal(olen, strlen(
+	    "{ \"model\" : \"meta/L\\\"3\\\\\", \"x\":{\"model\":\"k\"}}"));
+	assert_memory_equal(out,
+	    "{ \"model\" : \"meta/L\\\"3\\\\\", \"x\":{\"model\":\"k\"}}", olen);
+	free(out);
+	/* The name the client sent, once: nothing to do. */
+	assert_int_equal(sl_model_rewrite(one, strlen(one), &r, "gpt-4o", &out,
+	    &olen), 0);
+	assert_null(out);
+	/* Escaped as sent but the same name: still nothing. */
+	read_json("{\"model\":\"gpt\\u002d4o\"}", &r);
+	assert_int_equal(sl_model_rewrite("{\"model\":\"gpt\\u002d4o\"}", 23, &r,
+	    "gpt-4o", &out, &olen), 0);
+	/* Two members: both set, even to the same name. */
+	read_json(two, &r);
+	assert_int_equal(sl_model_rewrite(two, strlen(two), &r, "a", &out,
+	    &olen), 1);
+	assert_int_equal(olen, strlen("{\"model\":\"a\",\"mo\\u0064el\":\"a\",\"n\":1}"));
+	assert_memory_equal(out, "{\"model\":\"a\",\"mo\\u0064el\":\"a\",\"n\":1}",
+	    olen);
+	free(out);
+}
+
+static const char yaml[] =
+    "listen: \"127.0.0.1:8080\"\n"
+    "upstreams:\n"
+    "  big: {url: \"http://127.0.0.1:9000\"}\n"
+    "  next: {url: \"http://127.0.0.1:9001\"}\n"
+    "  small: {url: \"http://127.0.0.1:9002\"}\n"
+    "models:\n"
+    "  llama-70b:\n"
+    "    aliases: [gpt-4o]\n"
+    "    targets:\n"
+    "      - {upstream: big, model: \"meta/70b\", weight: 90}\n"
+    "      - {upstream: next, weight: 10}\n"
+    "  llama-8b:\n"
+    "    aliases: [small]\n"
+    "    targets: [{upstream: small}]\n"
+    "tenants:\n"
+    "  acme: {keys: [k1], max_streams: 1, models: [llama-70b]}\n"
+    "  open: {keys: [k2], max_streams: 1, upstream: small}\n";
+
+struct fx {
+	struct sl_config *cfg;
+	struct sl_models *s;
+};
+
+static int
+setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+	struct sl_errors e = { NULL, 0 };
+
+	if (f == NULL || sl_config_load_buffer("t", yaml, strlen(yaml), &f->cfg,
+	    &e) != 0) {
+		sl_errors_print(&e, stderr);
+		sl_errors_free(&e);
+		free(f);
+		return -1;
+	}
+	f->s = sl_models_new(f->cfg);
+	*state = f;
+	return f->s == NULL ? -1 : 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fx *f = *state;
+
+	sl_models_free(f->s);
+	sl_config_free(f->cfg);
+	free(f);
+	return 0;
+}
+
+static void
+test_pick_splits_by_weight_smoothly(void **state)
+{
+	struct fx *f = *state;
+	int n[2] = { 0, 0 }, i, run = 0, longest = 0, last = -1;
+
+	for (i = 0; i < 1000; i++) {
+		int t = (int)sl_models_pick(f->s, 0);
+
+		n[t]++;
+		run = t == last ? run + 1 : 1;
+		last = t;
+		if (t == 1 && run > longest)
+			longest = run;
+	}
+	assert_int_equal(n[0], 900);
+	assert_int_equal(n[1], 100);
+	assert_int_equal(longest, 1);   /* spread, never two in a row */
+	assert_int_equal(sl_models_pick(f->s, 1), 0);
+}
+
+static void
+route(struct fx *f, size_t t, const char *body, struct sl_route *r)
+{
+	assert_int_equal(sl_model_route(f->s, f->cfg, t, body,
+	    body ? strlen(body) : 0, "application/json", 16, r), 0);
+}
+
+static void
+test_route_alias_allow_list_and_rewrite(void **state)
+{
+	struct fx *f = *state;
+	struct sl_route r;
+
+	/* An alias resolves; the first pick goes to big, rewritten. */
+	route(f, 0, "{\"model\":\"gpt-4o\",\"stream\":true}", &r);
+	assert_int_equal(r.status, 0);
+	assert_int_equal(r.model, 0);
+	assert_int_equal(r.upstream, 0);
+	assert_string_equal(r.sent, "meta/70b");
+	assert_string_equal(r.client, "gpt-4o");
+	assert_non_null(r.body);
+	assert_int_equal(r.body_len, strlen("{\"model\":\"meta/70b\",\"stream\":true}"));
+	assert_memory_equal(r.body, "{\"model\":\"meta/70b\",\"stream\":true}",
+	    r.body_len);
+	free(r.body);
+	/* A model outside acme's list, by its name or its alias: 404. */
+	route(f, 0, "{\"model\":\"small\"}", &r);
+	assert_int_equal(r.status, 404);
+	assert_string_equal(r.code, "model_not_found");
+	assert_string_equal(r.message, "The model 'small' does not exist or you "
+	    "do not have access to it.");
+	assert_null(r.body);
+	route(f, 0, "{\"model\":\"llama-8b\"}", &r);
+	assert_int_equal(r.status, 404);
+	/* Unknown: the same answer, the name escaped. */
+	route(f, 1, "{\"model\":\"a\\\"b\\u0001\"}", &r);
+	assert_int_equal(r.status, 404);
+	assert_string_equal(r.message, "The model 'a\\\"b\\u0001' does not "
+	    "exist or you do not have access to it.");
+	/* Without a list: every model; the name as sent, not rewritten. */
+	route(f, 1, "{\"model\":\"llama-8b\"}", &r);
+	assert_int_equal(r.status, 0);
+	assert_int_equal(r.model, 1);
+	assert_int_equal(r.upstream, 2);
+	assert_null(r.body);
+}
+
+static void
+test_route_without_a_model(void **state)
+{
+	struct fx *f = *state;
+	struct sl_route r;
+
+	/* acme has no upstream: 400. */
+	route(f, 0, "{\"messages\":[]}", &r);
+	assert_int_equal(r.status, 400);
+	assert_string_equal(r.code, "bad_request");
+	assert_string_equal(r.message, "you must provide a model parameter");
+	route(f, 0, NULL, &r);
+	assert_int_equal(r.status, 400);
+	assert_string_equal(r.message, "you must provide a model parameter");
+	route(f, 0, "not json", &r);
+	assert_int_equal(r.status, 400);
+	assert_string_equal(r.message, "the request body is not valid JSON");
+	/* open has one: it serves them. */
+	route(f, 1, "not json", &r);
+	assert_int_equal(r.status, 0);
+	assert_int_equal(r.model, -1);
+	assert_int_equal(r.upstream, 2);
+	route(f, 1, NULL, &r);
+	assert_int_equal(r.status, 0);
+	assert_int_equal(r.model, -1);
+	/* A model that is not a string: 400 for everyone. */
+	route(f, 1, "{\"model\":1}", &r);
+	assert_int_equal(r.status, 400);
+	assert_string_equal(r.message, "'model' must be a string");
+}
+
+static void
+test_list_per_tenant_sorted(void **state)
+{
+	struct fx *f = *state;
+	char *body, msg[400], want[512];
+	size_t blen;
+	long long t = (long long)f->cfg->loaded_at;
+
+	assert_int_equal(sl_model_list(f->cfg, 0, "/v1/models", 10, &body, &blen,
+	    msg, sizeof(msg)), 200);
+	snprintf(want, sizeof(want), "{\"object\":\"list\",\"data\":["
+	    "{\"id\":\"gpt-4o\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sluice\"},"
+	    "{\"id\":\"llama-70b\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sluice\"}]}",
+	    t, t);
+	assert_int_equal(blen, strlen(want));
+	assert_memory_equal(body, want, blen);
+	free(body);
+	assert_int_equal(sl_model_list(f->cfg, 1, "/v1/models", 10, &body, &blen,
+	    msg, sizeof(msg)), 200);
+	assert_non_null(memmem(body, blen, "\"id\":\"small\"", 12));
+	free(body);
+	assert_int_equal(sl_model_list(f->cfg, 0, "/v1/models/sm%61ll", 18, &body,
+	    &blen, msg, sizeof(msg)), 404);
+	assert_null(body);
+	assert_string_equal(msg, "The model 'small' does not exist or you do "
+	    "not have access to it.");
+	assert_int_equal(sl_model_list(f->cfg, 1, "/v1/models/small", 16, &body,
+	    &blen, msg, sizeof(msg)), 200);
+	snprintf(want, sizeof(want), "{\"id\":\"small\",\"object\":\"model\","
+	    "\"created\":%lld,\"owned_by\":\"sluice\"}", t);
+	assert_int_equal(blen, strlen(want));
+	assert_memory_equal(body, want, blen);
+	free(body);
+	/* Not these paths: nothing. */
+	assert_int_equal(sl_model_list(f->cfg, 1, "/v1/modelsx", 11, &body,
+	    &blen, msg, sizeof(msg)), 0);
+	assert_int_equal(sl_model_list(f->cfg, 1, "/v1/chat/completions", 20,
+	    &body, &blen, msg, sizeof(msg)), 0);
+}
+
+static const char fb_yaml[] =
+    "listen: \"127.0.0.1:8080\"\n"
+    "upstreams:\n"
+    "  u0: {url: \"http://127.0.0.1:9000\"}\n"
+    "  u1: {url: \"http://127.0.0.1:9001\"}\n"
+    "  u2: {url: \"http://127.0.0.1:9002\"}\n"
+    "models:\n"
+    "  a:\n"
+    "    targets:\n"
+    "      - {upstream: u0, weight: 1}\n"
+    "      - {upstream: u1, weight: 5}\n"
+    "      - {upstream: u2, weight: 5}\n"
+    "    fallback: [b, c]\n"
+    "  b:\n"
+    "    targets: [{upstream: u1}]\n"
+    "    fallback: [d]\n"
+    "  c:\n"
+    "    targets: [{upstream: u2, weight: 2}, {upstream: u0, weight: 3}]\n"
+    "  d:\n"
+    "    targets: [{upstream: u0}]\n"
+    "tenants:\n"
+    "  all: {keys: [k1], max_streams: 1}\n"
+    "  nob: {keys: [k2], max_streams: 1, models: [a, c, d]}\n";
+
+static void
+test_fallback_chain_order(void **state)
+{
+	struct sl_config *cfg;
+	struct sl_errors e = { NULL, 0 };
+	struct sl_model_pick *p;
+	size_t n;
+
+	(void)state;
+	if (sl_config_load_buffer("t", fb_yaml, strlen(fb_yaml), &cfg, &e) != 0) {
+		sl_errors_print(&e, stderr);
+		fail();
+	}
+	/* From a's target 1: its others by weight (2, then 0), then b, c, d. */
+	assert_int_equal(sl_model_chain(cfg, 0, 0, 1, &p, &n), 0);
+	assert_int_equal(n, 6);
+	assert_int_equal(p[0].model, 0);
+	assert_int_equal(p[0].target, 2);
+	assert_int_equal(p[1].model, 0);
+	assert_int_equal(p[1].target, 0);
+	assert_int_equal(p[2].model, 1);   /* b */
+	assert_int_equal(p[3].model, 2);   /* c: weight 3 first */
+	assert_int_equal(p[3].target, 1);
+	assert_int_equal(p[4].model, 2);
+	assert_int_equal(p[4].target, 0);
+	assert_int_equal(p[5].model, 3);   /* d, through b */
+	free(p);
+	/* b is not allowed: skipped, and d, which only b names, with it. */
+	assert_int_equal(sl_model_chain(cfg, 1, 0, 0, &p, &n), 0);
+	assert_int_equal(n, 4);
+	assert_int_equal(p[2].model, 2);
+	assert_int_equal(p[3].model, 2);
+	free(p);
+	sl_config_free(cfg);
+}
+
+static void
+test_retarget_json_and_form(void **state)
+{
+	static const char form[] = "--b\r\nContent-Disposition: form-data; "
+	    "name=\"model\"\r\n\r\nsmall\r\n--b--\r\n";
+	char *body = strdup("{\"model\":\"x\",\"model\":\"y\",\"n\":{\"model\":1}}");
+	size_t len = strlen(body);
+	struct sl_model_span sp = { 0, 0, 0 };
+	const char *at;
+
+	(void)state;
+	assert_int_equal(sl_model_retarget(&body, &len, &sp, "z/z"), 0);
+	assert_int_equal(len, strlen("{\"model\":\"z/z\",\"model\":\"z/z\",\"n\":{\"model\":1}}"));
+	assert_memory_equal(body, "{\"model\":\"z/z\",\"model\":\"z/z\",\"n\":{\"model\":1}}", len);
+	free(body);
+	body = strdup(form);
+	len = strlen(form);
+	at = strstr(form, "small");
+	sp.form = 1;
+	sp.vs = (size_t)(at - form);
+	sp.ve = sp.vs + 5;
+	assert_int_equal(sl_model_retarget(&body, &len, &sp, "big-one"), 0);
+	assert_int_equal(len, strlen(form) + 2);
+	assert_int_equal(sp.ve - sp.vs, 7);
+	assert_memory_equal(body + sp.vs, "big-one\r\n--b--", 14);
+	assert_int_equal(sl_model_retarget(&body, &len, &sp, "s"), 0);
+	assert_memory_equal(body + sp.vs, "s\r\n--b--", 8);
+	assert_int_equal(len, strlen(form) - 4);
+	free(body);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_read_first_top_level_member),
+		cmocka_unit_test(test_read_decodes_escapes_in_key_and_value),
+		cmocka_unit_test(test_read_non_string_bad_json_and_no_body),
+		cmocka_unit_test(test_read_too_long_name),
+		cmocka_unit_test(test_read_multipart_model_field),
+		cmocka_unit_test(test_rewrite_sets_every_top_level_model),
+		cmocka_unit_test_setup_teardown(test_pick_splits_by_weight_smoothly,
+		    setup, teardown),
+		cmocka_unit_test_setup_teardown(test_route_alias_allow_list_and_rewrite,
+		    setup, teardown),
+		cmocka_unit_test_setup_teardown(test_route_without_a_model, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_list_per_tenant_sorted, setup,
+		    teardown),
+		cmocka_unit_test(test_fallback_chain_order),
+		cmocka_unit_test(test_retarget_json_and_form),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
