@@ -649,7 +649,9 @@ valid_addr(const char *s)
 				return 0;
 		}
 	}
-	if (parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
+	/* Digits only: strtoll would take "+8080" and " 8080". */
+	if (colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+	    parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
 		return 0;
 	return 1;
 }

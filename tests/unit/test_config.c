@@ -1029,6 +1029,7 @@ test_invalid_listen_address_reports_value(void **state)
 		{ "listen: \"127.0.0.1:65536\"\n", "'127.0.0.1:65536' is not" },
 		{ "listen: \"127.0.0.1:http\"\n", "'127.0.0.1:http' is not" },
 		{ "listen: \":8080\"\n", "':8080' is not" },
+		{ "listen: \"127.0.0.1:+8080\"\n", "'127.0.0.1:+8080' is not" },
 		{ "listen: \"::1:8080\"\n", "'::1:8080' is not" },
 		{ "listen: \"[::1]\"\n", "'[::1]' is not" },
 		{ "listen: \"[]:80\"\n", "'[]:80' is not" },
