@@ -29,7 +29,7 @@
  * go unchecked.
  */
 
-enum scope { TOP, UPSTREAM, REPLICA, TENANT };
+enum scope { TOP, UPSTREAM, REPLICA, TENANT, MODEL, TARGET };
 enum when { ALWAYS, IF_CLUSTER, IF_URL, IF_HEALTH, IF_LOADM };
 enum kind {
 	K_NUM,        /* range "LO-HI" in the row's unit */
@@ -45,6 +45,10 @@ enum kind {
 	K_KEYS,
 	K_UPSTREAM_REF,
 	K_NO_CRLF,    /* sent in a header line */
+	K_ALIASES,    /* each name finds this model */
+	K_FALLBACK,   /* indices of other models */
+	K_TARGET_UPSTREAM,
+	K_TENANT_MODELS,
 	K_ANY,        /* a string the loader takes as it is */
 	K_MAPPING     /* the rows below it are checked */
 };
@@ -66,6 +70,8 @@ struct where {
 #define UP (&c->upstreams[a])
 #define REP (&c->upstreams[a].replicas[b])
 #define TEN (&c->tenants[a])
+#define MOD (&c->models[a])
+#define TGT (&c->models[a].targets[b])
 
 NUM(workers, c->workers)
 NUM(stream_buffer, c->stream_buffer)
@@ -102,6 +108,10 @@ NUM(loadm_interval, UP->load_metrics.interval_ms)
 NUM(retries, UP->retries)
 NUM(retry_on, UP->retry_on)
 NUM(busy_max, UP->busy_max_ms)
+NUM(ntargets, MOD->ntargets)
+NUM(target_weight, TGT->weight)
+STR(target_upstream, TGT->upstream)
+STR(target_model, TGT->model)
 NUM(health_enabled, UP->health.enabled)
 NUM(health_interval, UP->health.interval_ms)
 NUM(health_timeout, UP->health.timeout_ms)
@@ -195,6 +205,15 @@ static const struct where wheres[] = {
 	{ "tenants.*.retry_after", TENANT, ALWAYS, K_NUM, n_retry_after, NULL },
 	{ "tenants.*.tokens_per_minute", TENANT, ALWAYS, K_NUM, n_tokens_per_minute, NULL },
 	{ "tenants.*.upstream", TENANT, ALWAYS, K_UPSTREAM_REF, NULL, s_upstream },
+	{ "tenants.*.models", TENANT, ALWAYS, K_TENANT_MODELS, NULL, NULL },
+	{ "models", TOP, ALWAYS, K_MAPPING, NULL, NULL },
+	{ "models.*.aliases", MODEL, ALWAYS, K_ALIASES, NULL, NULL },
+	{ "models.*.fallback", MODEL, ALWAYS, K_FALLBACK, NULL, NULL },
+	{ "models.*.targets", MODEL, ALWAYS, K_NUM, n_ntargets, NULL },
+	{ "models.*.targets[].upstream", TARGET, ALWAYS, K_TARGET_UPSTREAM, NULL,
+	    s_target_upstream },
+	{ "models.*.targets[].model", TARGET, ALWAYS, K_ANY, NULL, s_target_model },
+	{ "models.*.targets[].weight", TARGET, ALWAYS, K_NUM, n_target_weight, NULL },
 	{ NULL, TOP, ALWAYS, K_ANY, NULL, NULL }
 };
 
@@ -451,6 +470,13 @@ check_one(const struct sl_config *cfg, const struct sl_key_info *k, const struct
 	case K_UPSTREAM_REF: {
 		const struct sl_tenant_conf *tc = &cfg->tenants[a];
 
+		if (!tc->has_upstream) {
+			/* Only a models: section lets a tenant go without one. */
+			fz_check(s == NULL && cfg->nmodels > 0, "tenant-upstream",
+			    "tenant '%s' has no upstream among %zu, %zu model(s)", tc->name,
+			    cfg->nupstreams, cfg->nmodels);
+			break;
+		}
 		fz_check(tc->upstream_idx < cfg->nupstreams, "tenant-upstream",
 		    "tenant '%s': upstream index %zu of %zu", tc->name, tc->upstream_idx,
 		    cfg->nupstreams);
@@ -468,6 +494,43 @@ check_one(const struct sl_config *cfg, const struct sl_key_info *k, const struct
 		    "CR or LF in %s", k->path);
 		break;
 	case K_ANY:
+		break;
+	case K_ALIASES: {
+		const struct sl_model_conf *mc = &cfg->models[a];
+		size_t i;
+
+		for (i = 0; i < mc->naliases; i++)
+			fz_check(sl_config_model_find(cfg, mc->aliases[i],
+			    strlen(mc->aliases[i])) == (int)a, "model-alias",
+			    "model '%s': alias '%s' finds another model", mc->name,
+			    mc->aliases[i]);
+		fz_check(sl_config_model_find(cfg, mc->name, strlen(mc->name)) == (int)a,
+		    "model-alias", "model '%s' not found by its name", mc->name);
+		break;
+	}
+	case K_FALLBACK: {
+		const struct sl_model_conf *mc = &cfg->models[a];
+		size_t i;
+
+		for (i = 0; i < mc->nfallback; i++)
+			fz_check(mc->fallback[i] < cfg->nmodels && mc->fallback[i] != a,
+			    "model-fallback", "model '%s': fallback #%zu is index %zu of %zu",
+			    mc->name, i, mc->fallback[i], cfg->nmodels);
+		break;
+	}
+	case K_TARGET_UPSTREAM: {
+		const struct sl_model_target *t = &cfg->models[a].targets[b];
+
+		fz_check(t->upstream_idx < cfg->nupstreams && s != NULL &&
+		    strcmp(s, cfg->upstreams[t->upstream_idx].name) == 0, "model-target",
+		    "model '%s': target #%zu names '%s'", cfg->models[a].name, b,
+		    s ? s : "(null)");
+		break;
+	}
+	case K_TENANT_MODELS:
+		if (cfg->tenants[a].allowed != NULL)
+			fz_check(cfg->nmodels > 0, "tenant-models",
+			    "tenant '%s' has a model list without models", cfg->tenants[a].name);
 		break;
 	}
 }
@@ -511,6 +574,15 @@ check_rows(const struct sl_config *cfg)
 		case TENANT:
 			for (a = 0; a < cfg->ntenants; a++)
 				check_one(cfg, k, w, a, 0);
+			break;
+		case MODEL:
+			for (a = 0; a < cfg->nmodels; a++)
+				check_one(cfg, k, w, a, 0);
+			break;
+		case TARGET:
+			for (a = 0; a < cfg->nmodels; a++)
+				for (b = 0; b < cfg->models[a].ntargets; b++)
+					check_one(cfg, k, w, a, b);
 			break;
 		}
 	}
