@@ -49,6 +49,14 @@ struct sl_json_member {
 int sl_json_object(const char *p, size_t len, struct sl_json_member *m, size_t nm,
     size_t *open, size_t *close, size_t *nmemb);
 
+/*
+ * 1 if json.loads(bytes) would decode p[0..len) as UTF-16 or UTF-32 (a BOM
+ * of either, or a NUL among the first bytes: RFC 4627 section 3, as
+ * Python's json.detect_encoding reads it), else 0. Such a body is JSON to
+ * a Python runner but not to sl_json_object(), which reads UTF-8 only.
+ */
+int sl_json_wide(const char *p, size_t len);
+
 /* The first offset >= i that is not JSON whitespace, or len. */
 size_t sl_json_ws(const char *p, size_t len, size_t i);
 
