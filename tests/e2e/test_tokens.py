@@ -1054,6 +1054,16 @@ def test_tokens_a_utf16_or_utf32_body_is_refused_400_not_relayed_uncounted():
             _check_log(_log_line(gw, len(bodies) + i), "exact", 9, 1)
         assert len(up.requests) == 2
         _expect_tokens(gw, prompt=18, completion=2, window=20)
+        # the refusal keeps the connection: the next request on it is served
+        hd = dict(h.bearer(ACME_KEY))
+        hd.update(JSON_CT)
+        with h.Client(gw.port) as c:
+            r = c.request("POST", CHAT, hd, bodies[0][1], timeout=30)
+            assert_error(r, 400, "bad_request")
+            r = c.request("POST", CHAT, hd, doc.encode(), timeout=30)
+            r.read_all(timeout=30)
+            assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
+        assert len(up.requests) == 3
         h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
 
 
