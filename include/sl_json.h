@@ -64,6 +64,14 @@ struct sl_json_first {
  */
 int sl_json_object_first(const char *p, size_t len, struct sl_json_first *f);
 
+/*
+ * 1 if json.loads(bytes) would decode p[0..len) as UTF-16 or UTF-32 (a BOM
+ * of either, or a NUL among the first bytes: RFC 4627 section 3, as
+ * Python's json.detect_encoding reads it), else 0. Such a body is JSON to
+ * a Python runner but not to sl_json_object(), which reads UTF-8 only.
+ */
+int sl_json_wide(const char *p, size_t len);
+
 /* The first offset >= i that is not JSON whitespace, or len. */
 size_t sl_json_ws(const char *p, size_t len, size_t i);
 

@@ -199,7 +199,15 @@ struct sl_cluster_shm {
 	 * master stopped or dead fences its workers on time as well.
 	 */
 	_Atomic int64_t fence_ns;
-	char pad[32];
+	/*
+	 * 1: a worker's acquire found sluice:nodes without this node (a
+	 * FLUSHALL with the connections up) before the master noticed: the
+	 * node admits by on_redis_down and must not say "redis". Cleared by
+	 * the master's next registration that finds its entry (cm_round
+	 * snapshots it when it sends one).
+	 */
+	_Atomic int32_t unknown;
+	char pad[28];
 	struct row row[];            /* then rows * cells struct cell */
 };
 
@@ -1102,6 +1110,7 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 		 * with the connection up (FLUSHALL) and the master has not
 		 * noticed yet (within a heartbeat). Nothing was added.
 		 */
+		atomic_store(&cw->cs->unknown, 1);
 		if (ev_now(cw->loop) - cw->unknown_logged >= REFUSAL_QUIET) {
 			cw->unknown_logged = ev_now(cw->loop);
 			sl_warn("cluster: Redis does not know node %s (flushed or "
@@ -1382,6 +1391,7 @@ struct sl_cluster_m {
 	int round_out;               /* replies the round still waits for */
 	int round_failed;
 	int round_readd;
+	int round_unknown;           /* cs->unknown when the round was sent */
 	double round_t0;
 	struct rcell *rc;            /* cells the round adds (ZADD) */
 	size_t nrc;
@@ -1621,6 +1631,12 @@ register_reply(struct sl_cluster_m *cm, const redisReply *r)
 		cm->reg_exp = 0;
 		return 0;
 	}
+	/*
+	 * Registered and found: a worker's "unknown node" from before this
+	 * round was sent is answered (rejoined, or a late reply).
+	 */
+	if (cm->round_unknown)
+		atomic_store(&cm->cs->unknown, 0);
 	cm->live_seen = (int32_t)r->element[0]->integer;
 	if (cm->floor_on && cm->floor_until == 0)
 		cm->floor_until = mono() + (double)cm->ttl_ms / 1000.0;
@@ -2122,6 +2138,7 @@ cm_round(struct sl_cluster_m *cm, double now)
 	cm->round_hb_ms = cm->hb_ms;
 	cm->round_failed = 0;
 	cm->round_readd = readd;
+	cm->round_unknown = atomic_load(&cm->cs->unknown);
 	cm->round_out = 0;
 	round_free(cm);
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
@@ -2355,7 +2372,8 @@ sl_cluster_mode(const struct sl_cluster_m *cm)
 	const struct sl_cluster_shm *cs = cm->cs;
 	size_t r;
 
-	if (atomic_load(&cs->mode) != MODE_REDIS)
+	if (atomic_load(&cs->mode) != MODE_REDIS ||
+	    atomic_load(&((struct sl_cluster_shm *)cs)->unknown) != 0)
 		return sl_redis_down_name(cm->down_mode);
 	for (r = 1; r < cs->rows; r++)
 		if (atomic_load_explicit(&((struct sl_cluster_shm *)cs)->row[r].state,

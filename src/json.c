@@ -356,6 +356,20 @@ req_scalar(const char *p, size_t len, size_t *i)
 	return 0;
 }
 
+int
+sl_json_wide(const char *p, size_t len)
+{
+	const unsigned char *u = (const unsigned char *)p;
+
+	/* json.detect_encoding(): the UTF-32 and UTF-16 BOMs, then NULs. */
+	if (len >= 2 && ((u[0] == 0xff && u[1] == 0xfe) ||
+	    (u[0] == 0xfe && u[1] == 0xff)))
+		return 1;
+	if (len >= 4 || len == 2)
+		return u[0] == 0 || u[1] == 0;
+	return 0;
+}
+
 /*
  * Validate the whole body as one JSON object; *open and *close at its
  * braces, *nmemb its member count, and each of m[0..nm) found or not.

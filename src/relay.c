@@ -1451,6 +1451,24 @@ usage_path(const char *url, size_t len)
 }
 
 /*
+ * A body a Python runner reads as JSON in UTF-16 or UTF-32 where sluice
+ * reads it (counted paths; prefix_affinity): sluice reads UTF-8 only, so
+ * relayed it would escape tokens_per_minute. RFC 8259 says UTF-8.
+ */
+static int
+conn_body_wide(const struct sl_conn *c, const struct sl_upstream_conf *up)
+{
+	const char *url;
+	size_t ulen;
+
+	if (c->req.method != HTTP_POST || c->req.body == NULL ||
+	    (!c->w->cfg->usage.enabled && up->balance != SL_BALANCE_PREFIX_AFFINITY))
+		return 0;
+	url = sl_req_url(&c->req, &ulen);
+	return usage_path(url, ulen) && sl_json_wide(c->req.body, c->req.body_len);
+}
+
+/*
  * Before the first try: is the request counted, is it streamed, and does
  * the runner have to be asked for the usage chunk (which is then removed
  * from what the client receives)?
@@ -2304,6 +2322,11 @@ conn_start_upstream(struct sl_conn *c)
 	if (conn_route_model(c) == -1)
 		return;
 	up = &cfg->upstreams[conn_upstream_idx(c)];
+	if (conn_body_wide(c, up)) {
+		conn_error(c, 400, "invalid_request_error", "bad_request",
+		    "request body must be UTF-8 JSON", 0, 0);
+		return;
+	}
 	conn_usage_request(c);
 	if (conn_build_upstream_headers(c) == -1) {
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",

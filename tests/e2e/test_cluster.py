@@ -1505,3 +1505,37 @@ def test_master_killed_leaves_workers_that_stop_accepting_and_drain():
                          msg="the orphaned workers to exit")
             close_all(more)
             wait_leases(redis, 0)
+
+
+@h.timeout(90)
+def test_a_worker_told_redis_lost_the_node_turns_cluster_up_0_before_the_heartbeat():
+    """FLUSHALL with the connections up: the first admission after it hears
+    from the acquire script that sluice:nodes lost the node and is decided
+    by on_redis_down. From then on the node must not say it admits
+    through Redis (sluice_cluster_up, /healthz) though its master has not
+    had a heartbeat since (heartbeat 3 s here); it said up until that
+    heartbeat. Once the master has rejoined, it says up again and admits
+    through Redis."""
+    with Redis() as redis, Stub() as stub:
+        gw = cluster_gw(stub, redis.addr, "gw-a", max_streams=4, on_redis_down="closed",
+                        lease_ttl="12s", heartbeat="3s")
+        with gw:
+            wait_mode(gw, "redis")
+            held = hold(gw, 1)
+            for cycle in range(3):
+                wait_leases(redis, 1)
+                assert redis.command("FLUSHALL") == "OK"
+                c, r = try_stream(gw)
+                assert_error(r, 503, "cluster_unavailable", read=False)
+                # at once: no heartbeat can have come in between (3 s)
+                assert mode(gw) == "closed", (cycle, healthz(gw))
+                assert h.scrape(gw).value("sluice_cluster_up") == 0, cycle
+                wait_mode(gw, "redis", timeout=15)
+                wait_leases(redis, 1)
+                held += hold(gw, 1)
+                wait_leases(redis, 2)
+                close_all(held[1:])
+                del held[1:]
+                assert mode(gw) == "redis", cycle
+            close_all(held)
+            wait_leases(redis, 0)

@@ -1011,3 +1011,84 @@ def test_tokens_injection_does_not_turn_on_continuous_usage_stats():
         assert r.status == 200 and r.complete
         assert b'"usage"' not in bytes(r.data), bytes(r.data)
         _check_log(_log_line(gw, 1), "exact", 5, 3)
+
+
+def _python_json_encoding(b):
+    """json.detect_encoding as json.loads(bytes) applies it (RFC 4627 s3,
+    a BOM first): what a Python runner would decode the body as."""
+    return json.detect_encoding(b)
+
+
+def test_tokens_a_utf16_or_utf32_body_is_refused_400_not_relayed_uncounted():
+    # json.loads(bytes) (FastAPI, pydantic) decodes these; sluice reads
+    # UTF-8 only, so relaying them would let their tokens past the budget.
+    doc = json.dumps({"model": "x", "stream": True,
+                      "messages": [{"role": "user", "content": "hello " * 50}]})
+    compl = json.dumps({"model": "x", "stream": False, "prompt": "hello " * 50})
+    bodies = []
+    for enc in ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"):
+        bodies.append((CHAT, doc.encode(enc)))                  # no BOM
+        bodies.append((COMPL, compl.encode(enc)))
+    for enc in ("utf-16", "utf-32"):                             # a BOM first
+        bodies.append((CHAT, doc.encode(enc)))
+    for path, body in bodies:
+        assert _python_json_encoding(body) not in ("utf-8", "utf-8-sig"), body[:8]
+        assert json.loads(body)["model"] == "x"                 # a runner takes it
+    sse = _sse(_delta("abcd"), _usage_ev(9, 1), h.DONE_EVENT)
+    with h.RawUpstream(_answer(sse, "text/event-stream")) as up, \
+            _gw(None, tpm=3000, upstreams={"main": {"url": up.url}},
+                tenants={"acme": {"max_streams": 1}}) as gw:
+        for i, (path, body) in enumerate(bodies, 1):
+            r = _raw_post(gw, body, path)
+            doc_ = assert_error(r, 400, "bad_request", read=False)
+            assert doc_["error"]["message"] == "request body must be UTF-8 JSON", doc_
+            line = _log_line(gw, i)
+            assert line["status"] == 400 and line.get("usage") in ("none", None), line
+        assert up.requests == [], "a UTF-16/32 body reached the runner: %r" % (
+            up.requests[0][-80:],)
+        # max_streams 1: the slot of every refusal was released; a UTF-8
+        # body (with a BOM too) is relayed and counted as before.
+        for i, body in enumerate((doc.encode(), b"\xef\xbb\xbf" + doc.encode()), 1):
+            r = _raw_post(gw, body)
+            assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
+            _check_log(_log_line(gw, len(bodies) + i), "exact", 9, 1)
+        assert len(up.requests) == 2
+        _expect_tokens(gw, prompt=18, completion=2, window=20)
+        # the refusal keeps the connection: the next request on it is served
+        hd = dict(h.bearer(ACME_KEY))
+        hd.update(JSON_CT)
+        with h.Client(gw.port) as c:
+            r = c.request("POST", CHAT, hd, bodies[0][1], timeout=30)
+            assert_error(r, 400, "bad_request")
+            r = c.request("POST", CHAT, hd, doc.encode(), timeout=30)
+            r.read_all(timeout=30)
+            assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
+        assert len(up.requests) == 3
+        h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
+
+
+def test_tokens_a_utf16_body_is_refused_where_prefix_affinity_reads_it_and_relayed_elsewhere():
+    doc = json.dumps({"model": "x", "stream": False, "prompt": "hello " * 50})
+    wide = doc.encode("utf-16-le")
+    with h.RawUpstream(_answer(_json_answer("abcd"))) as up:
+        # usage off: only prefix_affinity reads the body
+        cfg = _config(None, usage={"enabled": False})
+        cfg["upstreams"] = {"main": {"replicas": [{"url": up.url}],
+                                     "balance": "prefix_affinity"}}
+        with Gateway(cfg) as gw:
+            r = _raw_post(gw, wide, COMPL)
+            doc_ = assert_error(r, 400, "bad_request", read=False)
+            assert doc_["error"]["message"] == "request body must be UTF-8 JSON", doc_
+            assert up.requests == []
+        # usage off and no body reader: relayed untouched, as any body
+        cfg = _config(None, upstreams={"main": {"url": up.url}}, usage={"enabled": False})
+        with Gateway(cfg) as gw:
+            r = _raw_post(gw, wide, COMPL)
+            assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
+            assert len(up.requests) == 1 and up.requests[0].endswith(b"\r\n\r\n" + wide)
+        # a path sluice does not count is relayed untouched too
+        cfg = _config(None, upstreams={"main": {"url": up.url}})
+        with Gateway(cfg) as gw:
+            r = _raw_post(gw, wide, "/v1/embeddings")
+            assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
+            assert len(up.requests) == 2 and up.requests[1].endswith(b"\r\n\r\n" + wide)

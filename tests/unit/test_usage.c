@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "sl_json.h"
 #include "sl_usage.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -1414,11 +1415,42 @@ test_from_json_reads_usage(void **state)
 	free(big);
 }
 
+/*
+ * sl_json_wide() against Python's json.detect_encoding(), which
+ * json.loads(bytes) applies: 1 where it answers utf-16* or utf-32*.
+ */
+static void
+test_json_wide_is_what_python_decodes_as_utf16_or_utf32(void **state)
+{
+	static const struct {
+		const char *b;
+		size_t n;
+		int wide;
+	} c[] = {
+		{ "", 0, 0 }, { "{", 1, 0 }, { "{}", 2, 0 },
+		{ "\0{", 2, 1 }, { "{\0", 2, 1 }, { "{\0}", 3, 0 },
+		{ "\0\0\0{", 4, 1 }, { "{\0\0\0", 4, 1 }, { "{\0\"\0", 4, 1 },
+		{ "\0{\0\"", 4, 1 }, { "\xff\xfe", 2, 1 }, { "\xfe\xff", 2, 1 },
+		{ "\xff\xfe\0\0", 4, 1 }, { "\0\0\xfe\xff", 4, 1 },
+		{ "\xef\xbb\xbf{}", 5, 0 }, { "{\"a\":1}", 7, 0 },
+		{ "{}\0\0", 4, 0 }, { "\xff\xfe{", 3, 1 },
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		if (sl_json_wide(c[i].b, c[i].n) != c[i].wide)
+			fail_msg("case %zu: sl_json_wide %d, want %d", i,
+			    sl_json_wide(c[i].b, c[i].n), c[i].wide);
+	}
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_scan_usage_found_at_every_split_kept_byte_identical),
+		cmocka_unit_test(test_json_wide_is_what_python_decodes_as_utf16_or_utf32),
 		cmocka_unit_test(test_scan_drop_removes_exactly_the_usage_event_at_every_split),
 		cmocka_unit_test(test_scan_crlf_and_cr_line_ends),
 		cmocka_unit_test(test_scan_usage_null_events_ignored_estimate_from_content),
