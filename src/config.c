@@ -1342,6 +1342,39 @@ replica_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 }
 
 /*
+ * A list of 1..max entries (replicas, targets): their items in *items and
+ * how many to read, at most max (entries past it reported where the first
+ * of them is); 0 after reporting a value that is not a list, or is empty.
+ * The entries themselves are checked to be mappings by the caller.
+ */
+static size_t
+list_of_maps(struct ctx *c, yaml_node_t *v, const char *path,
+    const char *what, size_t max, yaml_node_item_t **items)
+{
+	size_t n;
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
+		    path, type_name(v));
+		return 0;
+	}
+	*items = v->data.sequence.items.start;
+	n = (size_t)(v->data.sequence.items.top - *items);
+	if (n == 0) {
+		err_at(c, &v->start_mark, "%s: must hold at least one %s", path, what);
+		return 0;
+	}
+	if (n > max) {
+		yaml_node_t *extra = yaml_document_get_node(c->doc, (*items)[max]);
+
+		err_at(c, extra ? &extra->start_mark : &v->start_mark,
+		    "%s: more than %zu %ss", path, max, what);
+		n = max;
+	}
+	return n;
+}
+
+/*
  * replicas: a list of 1..SL_MAX_REPLICAS mappings with distinct URLs
  * (compared after their trailing slashes are stripped).
  */
@@ -1353,25 +1386,8 @@ parse_replicas(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
 	struct strset urls;
 	size_t n, i;
 
-	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
-		    path, type_name(v));
+	if ((n = list_of_maps(c, v, path, "replica", SL_MAX_REPLICAS, &items)) == 0)
 		return;
-	}
-	items = v->data.sequence.items.start;
-	n = (size_t)(v->data.sequence.items.top - items);
-	if (n == 0) {
-		err_at(c, &v->start_mark, "%s: must hold at least one replica", path);
-		return;
-	}
-	if (n > SL_MAX_REPLICAS) {
-		yaml_node_t *extra = yaml_document_get_node(c->doc,
-		    items[SL_MAX_REPLICAS]);
-
-		err_at(c, extra ? &extra->start_mark : &v->start_mark,
-		    "%s: more than %d replicas", path, SL_MAX_REPLICAS);
-		n = SL_MAX_REPLICAS;
-	}
 	u->replicas = calloc(n, sizeof(*u->replicas));
 	if (u->replicas == NULL || strset_init(&urls, n) == -1) {
 		err_at(c, &v->start_mark, "out of memory");
@@ -1663,25 +1679,8 @@ parse_targets(struct ctx *c, struct sl_model_conf *m, yaml_node_t *v,
 	yaml_node_item_t *items;
 	size_t n, i;
 
-	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
-		    path, type_name(v));
+	if ((n = list_of_maps(c, v, path, "target", SL_MAX_TARGETS, &items)) == 0)
 		return;
-	}
-	items = v->data.sequence.items.start;
-	n = (size_t)(v->data.sequence.items.top - items);
-	if (n == 0) {
-		err_at(c, &v->start_mark, "%s: must hold at least one target", path);
-		return;
-	}
-	if (n > SL_MAX_TARGETS) {
-		yaml_node_t *extra = yaml_document_get_node(c->doc,
-		    items[SL_MAX_TARGETS]);
-
-		err_at(c, extra ? &extra->start_mark : &v->start_mark,
-		    "%s: more than %d targets", path, SL_MAX_TARGETS);
-		n = SL_MAX_TARGETS;
-	}
 	if ((m->targets = calloc(n, sizeof(*m->targets))) == NULL) {
 		err_at(c, &v->start_mark, "out of memory");
 		return;
