@@ -53,6 +53,14 @@ python_extension(const char *in, size_t len)
 		if (in[i] == '\\' && i + 2 < len && in[i + 1] == 'u' &&
 		    (in[i + 2] == 'd' || in[i + 2] == 'D'))
 			return 1;
+		/*
+		 * A UTF-8-encoded surrogate (ED A0..BF): json.loads(bytes)
+		 * decodes it (surrogatepass) and so does json.c since the
+		 * tokens change; jansson refuses it.
+		 */
+		if ((unsigned char)in[i] == 0xed && i + 1 < len &&
+		    (unsigned char)in[i + 1] >= 0xa0 && (unsigned char)in[i + 1] <= 0xbf)
+			return 1;
 	}
 	return 0;
 }
