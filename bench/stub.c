@@ -123,6 +123,9 @@
  *   X-Stub-Ignore-Usage 0..1: a runner that does not honour include_usage: the
  *                       stream carries no usage chunk (and a non-stream answer
  *                       no "usage" member).
+ *   X-Stub-Model        0..1: every event names the model, "model":"stub", after
+ *                       "object" (as vLLM names its served model in each chunk);
+ *                       counts toward the size. Off by default.
  *   X-Stub-Usage-Null   0..1: when the usage chunk is sent, every event also ends
  *                       in ,"usage":null (as vLLM and OpenAI do). Off by default,
  *                       so that a gateway that injects include_usage and drops
@@ -753,7 +756,7 @@ tags_free(struct stub *ctx)
 /* The knobs a request sets through X-Stub-* headers; table-driven below. */
 struct knobs {
 	long long events, event_size, interval_ms, abort_after, status, delay_ms, hang, stamp;
-	long long ignore_usage, usage_null;
+	long long ignore_usage, usage_null, model;
 	long long prompt_tokens, completion_tokens;	/* X-Stub-Usage; -1: not given */
 };
 
@@ -772,6 +775,7 @@ static const struct knob_def {
 	{ "X-Stub-Stamp",	0, 1, 0, offsetof(struct knobs, stamp) },
 	{ "X-Stub-Ignore-Usage", 0, 1, 0, offsetof(struct knobs, ignore_usage) },
 	{ "X-Stub-Usage-Null",	0, 1, 0, offsetof(struct knobs, usage_null) },
+	{ "X-Stub-Model",	0, 1, 0, offsetof(struct knobs, model) },
 };
 #define NKNOBS (sizeof knob_defs / sizeof knob_defs[0])
 
@@ -1921,8 +1925,9 @@ resp_stream_event(struct conn *c)
 	else
 		snprintf(choice, sizeof choice, "{\"index\":0,\"delta\":{\"content\":\"tok%lld \"}}",
 		    i);
-	hl = snprintf(head, sizeof head, "data: {\"id\":\"%s\",\"object\":\"%s\","
-	    "\"seq\":%lld%s,\"choices\":[%s],\"pad\":\"", id, obj, i, stamp, choice);
+	hl = snprintf(head, sizeof head, "data: {\"id\":\"%s\",\"object\":\"%s\",%s"
+	    "\"seq\":%lld%s,\"choices\":[%s],\"pad\":\"", id, obj,
+	    c->req.k.model ? "\"model\":\"stub\"," : "", i, stamp, choice);
 	natural = (size_t)hl + tail_len;
 	pad = (size_t)c->req.k.event_size > natural ? (size_t)c->req.k.event_size - natural : 0;
 

@@ -433,3 +433,19 @@ def test_prefills_ring_keeps_the_last_records_and_is_emptied_by_reset():
         assert all(x["lane_ms"] == 0.0 and x["prefill_ms"] == 0.0 for x in recs), recs
         stub.reset()
         assert prefills(stub) == []
+
+
+def test_model_knob_names_the_model_in_each_event_at_the_same_size():
+    with Stub() as stub:
+        hd = dict(CT, **h.stub_headers(events=2, interval=0, size=200))
+        hd["X-Stub-Model"] = "1"
+        r = stub.direct("POST", "/v1/chat/completions", hd, chat_body("hi"))
+        assert r.status == 200 and r.complete
+        plain = expected_events(2, 200)
+        want = plain.replace(b'"object":"chat.completion.chunk",',
+                             b'"object":"chat.completion.chunk","model":"stub",')
+        # The padding makes up for the member: each event is still 200 bytes.
+        want = want.replace(b'"pad":"' + b"x" * 15, b'"pad":"')
+        assert bytes(r.data) == want, bytes(r.data)
+        for ev in bytes(r.data).split(b"\n\n")[:2]:
+            assert len(ev) + 2 == 200, len(ev)
