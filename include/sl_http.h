@@ -141,6 +141,7 @@ struct sl_resp_head {
 	int is_sse;               /* Content-Type: text/event-stream */
 	int is_json;              /* Content-Type: application/json */
 	int has_cache_control;
+	int encoded;              /* a Content-Encoding other than identity */
 	int chunked;              /* a Transfer-Encoding: chunked line seen */
 	int retry_after;          /* first Retry-After in seconds; -1: none */
 	long long content_length; /* -1: none; every line must agree */

@@ -138,4 +138,51 @@ int sl_model_retarget(char **body, size_t *len, struct sl_model_span *sp,
 int sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
     size_t plen, char **body, size_t *blen, char *msg, size_t msglen);
 
+/*
+ * Responses (sl_mrw): when the model's name changed on the way up, the
+ * "model" member of the answer is set back to the name the client sees
+ * (the name it sent, or the fallback model's). Which member: in a JSON
+ * answer, the first top-level "model" member (set when its value is a
+ * string; the rest of the answer then passes unread); in an event stream,
+ * the same in each "data:" line's JSON (a line is read on its own: one
+ * event's JSON split over several data lines is left as it is). Keys are compared as written (no escapes decoded: the
+ * runners write them plain). Every other byte passes unchanged, and the
+ * state carries over reads, so a member split across reads at any byte is
+ * rewritten the same. The state is a few words: copy it to undo a feed
+ * (relay.c does when the stream buffer is full and libcurl will hand the
+ * same bytes over again).
+ */
+struct sl_mrw {
+	const char *lit;       /* the value put: a JSON string, quotes included */
+	size_t litlen;
+	unsigned char sse;     /* an event stream: data lines only */
+	unsigned char line;    /* sse: at a line's start, in data, in another */
+	unsigned char pidx;    /* sse: bytes of "data:" matched */
+	unsigned char in_str, esc, top_obj, phase, kidx, kmatch, is_model, skip;
+	unsigned char done;    /* the member is seen: the rest passes */
+	unsigned depth;
+};
+
+/* A growing output buffer for sl_mrw_feed (reused; free p when done). */
+struct sl_mrw_buf {
+	char *p;
+	size_t len, cap;
+};
+
+void sl_mrw_init(struct sl_mrw *, int sse, const char *lit, size_t litlen);
+
+/*
+ * Feed n bytes of the answer. Returns 0 when they pass unchanged (out is
+ * not touched), 1 when out->p holds what replaces them (out->len bytes,
+ * possibly 0), -1 without memory (the state is then undefined).
+ */
+int sl_mrw_feed(struct sl_mrw *, const char *in, size_t n, struct sl_mrw_buf *out);
+
+/*
+ * The JSON string literal for name (len bytes): quotes, escapes of '"',
+ * '\\' and control bytes. malloc'd (caller frees), *outlen set; NULL
+ * without memory.
+ */
+char *sl_mrw_literal(const char *name, size_t len, size_t *outlen);
+
 #endif

@@ -734,6 +734,7 @@ sl_resp_head_reset(struct sl_resp_head *h)
 	h->reason[0] = '\0';
 	h->len = 0;
 	h->is_sse = h->is_json = h->has_cache_control = h->chunked = 0;
+	h->encoded = 0;
 	h->retry_after = -1;
 	h->content_length = -1;
 	h->conn_len = 0;
@@ -974,6 +975,9 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 		h->is_json = 1;
 	if (sl_http_name_is(p, nl, "cache-control"))
 		h->has_cache_control = 1;
+	if (sl_http_name_is(p, nl, "content-encoding") &&
+	    !(vl == 8 && strncasecmp(v, "identity", 8) == 0))
+		h->encoded = 1;
 	if (sl_http_name_is(p, nl, "retry-after") && h->retry_after < 0)
 		/* The first one. */
 		h->retry_after = sl_http_retry_after(v, (size_t)(p + len - v),

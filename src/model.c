@@ -709,3 +709,259 @@ sl_model_retarget(char **body, size_t *len, struct sl_model_span *sp,
 	*len = olen;
 	return 0;
 }
+
+/* ---- responses: the model's name set back (sl_mrw) ---------------------- */
+
+enum { MRW_L_START = 0, MRW_L_DATA, MRW_L_OTHER };
+/* In a top-level object, between its tokens: what comes next. */
+enum { MRW_P_KEY = 0, MRW_P_INKEY, MRW_P_COLON, MRW_P_VALUE, MRW_P_OTHER };
+
+void
+sl_mrw_init(struct sl_mrw *m, int sse, const char *lit, size_t litlen)
+{
+	memset(m, 0, sizeof(*m));
+	m->lit = lit;
+	m->litlen = litlen;
+	m->sse = sse != 0;
+}
+
+static void
+mrw_json_reset(struct sl_mrw *m)
+{
+	m->in_str = m->esc = m->top_obj = m->phase = m->kidx = m->kmatch = 0;
+	m->is_model = m->skip = m->done = 0;
+	m->depth = 0;
+}
+
+static int
+mrw_put(struct sl_mrw_buf *o, const char *p, size_t n)
+{
+	if (n == 0)
+		return 0;
+	if (o->len + n > o->cap) {
+		size_t nc = o->cap ? o->cap : 4096;
+		char *np;
+
+		while (nc < o->len + n)
+			nc *= 2;
+		if ((np = realloc(o->p, nc)) == NULL)
+			return -1;
+		o->p = np;
+		o->cap = nc;
+	}
+	memcpy(o->p + o->len, p, n);
+	o->len += n;
+	return 0;
+}
+
+/*
+ * The first byte from in[i] on that may end a string or matter to it (a
+ * quote, a backslash or a line end), or n. The one loop most answer
+ * bytes go through.
+ */
+static size_t
+mrw_str_run(const char *in, size_t i, size_t n)
+{
+	while (i < n && in[i] != '"' && in[i] != '\\' && in[i] != '\n' &&
+	    in[i] != '\r')
+		i++;
+	return i;
+}
+
+int
+sl_mrw_feed(struct sl_mrw *m, const char *in, size_t n, struct sl_mrw_buf *out)
+{
+	static const char key[] = "model";
+	size_t i, seg = 0;
+	int changed = m->skip;   /* bytes of a replaced value go */
+	int top;
+
+	out->len = 0;
+	for (i = 0; i < n; i++) {
+		unsigned char ch;
+
+		if (m->done) {
+			/*
+			 * The member is set: a JSON answer's other bytes pass;
+			 * an event's, up to its line's end.
+			 */
+			const char *nl, *cr;
+
+			if (!m->sse)
+				break;
+			nl = memchr(in + i, '\n', n - i);
+			cr = memchr(in + i, '\r', (nl != NULL ? (size_t)(nl - in) :
+			    n) - i);
+			if (cr != NULL)
+				nl = cr;
+			if (nl == NULL)
+				break;
+			i = (size_t)(nl - in);
+		}
+		ch = (unsigned char)in[i];
+		if (m->sse) {
+			if (m->line == MRW_L_START) {
+				if (ch == '\n' || ch == '\r')
+					continue;
+				if (ch == (unsigned char)"data:"[m->pidx]) {
+					if (++m->pidx == 5) {
+						m->line = MRW_L_DATA;
+						mrw_json_reset(m);
+					}
+				} else
+					m->line = MRW_L_OTHER;
+				continue;
+			}
+			if (ch == '\n' || ch == '\r') {
+				if (m->skip)   /* a value cut by the line's end */
+					seg = i;
+				mrw_json_reset(m);
+				m->line = MRW_L_START;
+				m->pidx = 0;
+				continue;
+			}
+			if (m->line == MRW_L_OTHER) {
+				const char *nl = memchr(in + i, '\n', n - i);
+				const char *cr = memchr(in + i, '\r', n - i);
+
+				if (nl == NULL || (cr != NULL && cr < nl))
+					nl = cr;
+				i = (nl != NULL ? (size_t)(nl - in) : n) - 1;
+				continue;
+			}
+		}
+		if (m->skip) {
+			/* In the value replaced: its bytes go, up to its quote. */
+			if (m->esc)
+				m->esc = 0;
+			else if (ch == '\\')
+				m->esc = 1;
+			else if (ch == '"') {
+				m->skip = m->in_str = 0;
+				m->done = 1;
+				seg = i + 1;
+			} else
+				/* on to the next byte that may matter */
+				i = mrw_str_run(in, i + 1, n) - 1;
+			continue;
+		}
+		top = m->depth == 1 && m->top_obj;
+		if (m->in_str) {
+			if (m->esc)
+				m->esc = 0;
+			else if (ch == '\\') {
+				m->esc = 1;
+				m->kmatch = 0;   /* an escaped key is not matched */
+			} else if (ch == '"') {
+				m->in_str = 0;
+				if (top && m->phase == MRW_P_INKEY) {
+					m->is_model = m->kmatch && m->kidx == 5;
+					m->phase = MRW_P_COLON;
+				}
+			} else if (top && m->phase == MRW_P_INKEY) {
+				if (m->kidx < 5 && ch == (unsigned char)key[m->kidx])
+					m->kidx++;
+				else
+					m->kmatch = 0;
+			} else
+				i = mrw_str_run(in, i + 1, n) - 1;
+			continue;
+		}
+		switch (ch) {
+		case '"':
+			if (top && m->phase == MRW_P_KEY) {
+				m->phase = MRW_P_INKEY;
+				m->kidx = 0;
+				m->kmatch = 1;
+			} else if (top && m->phase == MRW_P_VALUE && m->is_model) {
+				/* The value: what came before it, then ours. */
+				if (!changed) {
+					changed = 1;
+					seg = 0;
+				}
+				if (mrw_put(out, in + seg, i - seg) == -1 ||
+				    mrw_put(out, m->lit, m->litlen) == -1)
+					return -1;
+				m->skip = 1;
+				continue;   /* in_str is implied by skip */
+			} else if (top && m->phase == MRW_P_VALUE)
+				m->phase = MRW_P_OTHER;
+			m->in_str = 1;
+			break;
+		case '{':
+		case '[':
+			if (m->depth == 0) {
+				m->top_obj = ch == '{';
+				m->phase = MRW_P_KEY;
+			} else if (top && m->phase == MRW_P_VALUE) {
+				m->phase = MRW_P_OTHER;
+				m->done = m->is_model;   /* not a string: left */
+			}
+			if (m->depth < 1u << 30)
+				m->depth++;
+			break;
+		case '}':
+		case ']':
+			if (m->depth > 0)
+				m->depth--;
+			break;
+		case ':':
+			if (top && m->phase == MRW_P_COLON)
+				m->phase = MRW_P_VALUE;
+			break;
+		case ',':
+			if (top)
+				m->phase = MRW_P_KEY;
+			break;
+		case ' ':
+		case '\t':
+		case '\n':
+		case '\r':
+			break;
+		default:
+			if (top && m->phase == MRW_P_VALUE) {
+				m->phase = MRW_P_OTHER;
+				if (m->is_model)
+					m->done = 1;   /* not a string: left as it is */
+			}
+			break;
+		}
+	}
+	if (!changed)
+		return 0;
+	if (!m->skip && mrw_put(out, in + seg, n - seg) == -1)
+		return -1;
+	return 1;
+}
+
+char *
+sl_mrw_literal(const char *name, size_t len, size_t *outlen)
+{
+	static const char hex[] = "0123456789abcdef";
+	char *o, *p;
+	size_t i;
+
+	if ((o = malloc(len * 6 + 3)) == NULL)
+		return NULL;
+	p = o;
+	*p++ = '"';
+	for (i = 0; i < len; i++) {
+		unsigned char ch = (unsigned char)name[i];
+
+		if (ch == '"' || ch == '\\') {
+			*p++ = '\\';
+			*p++ = (char)ch;
+		} else if (ch < 0x20 || ch == 0x7f) {
+			*p++ = '\\';
+			*p++ = 'u';
+			*p++ = '0';
+			*p++ = '0';
+			*p++ = hex[ch >> 4];
+			*p++ = hex[ch & 15];
+		} else
+			*p++ = (char)ch;
+	}
+	*p++ = '"';
+	*outlen = (size_t)(p - o);
+	return o;
+}

@@ -50,6 +50,8 @@
 
 #define CONN_IN_SIZE SL_BLOCK_SIZE  /* client input buffer (heads stream through) */
 #define CHUNK_FRAMING 32            /* "%zx\r\n" + "\r\n", generously */
+/* The stream buffer's cap when not stretched for one oversized write. */
+#define BASE_CAP(c) ((c)->w->cfg->stream_buffer + CHUNK_FRAMING)
 #define LINGER_SECONDS 2.0
 
 enum conn_state {
@@ -98,6 +100,9 @@ struct sl_conn {
 	const char *msent;         /* the model sent upstream (config); NULL */
 	size_t mtarget;            /* the target of model it was sent to */
 	struct sl_model_span mspan;   /* where the body names its model */
+	int mrw_on;                /* the answer's "model" is set back */
+	struct sl_mrw mrw;         /* to mlit (its JSON literal, malloc'd) */
+	char *mlit;
 	size_t fb_k;               /* next entry of its fallback chain */
 	int mroute;                /* the model and target it was routed to: */
 	size_t troute;             /* its fallback chain's origin */
@@ -194,6 +199,8 @@ static void conn_usage_free(struct sl_conn *);
 static void conn_usage_head(struct sl_conn *);
 static void conn_usage_reset(struct sl_conn *);
 static void conn_unref(struct sl_conn *);
+static void conn_mrw_free(struct sl_conn *);
+static void conn_mrw_head(struct sl_conn *);
 
 /* ---- small helpers --------------------------------------------------- */
 
@@ -835,6 +842,7 @@ conn_request_end(struct sl_conn *c, const char *end)
 	free(c->mname);
 	c->mname = NULL;
 	c->msent = NULL;
+	conn_mrw_free(c);
 }
 
 /* Map a close reason to the access log's vocabulary. */
@@ -941,6 +949,7 @@ conn_unref(struct sl_conn *c)
 		return;
 	sl_req_free(&c->req);
 	free(c->mname);
+	free(c->mlit);
 	sl_buf_free(&c->out);
 	sl_block_put(&c->w->blocks, c->in);
 	conn_usage_free(c);
@@ -1383,6 +1392,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 		if (conn_build_head(c) == -1)
 			break;
 		conn_usage_head(c);
+		conn_mrw_head(c);
 		conn_shed_request(c);
 		if (c->state == CS_UPSTREAM)
 			conn_set_state(c, CS_STREAM);
@@ -1693,6 +1703,51 @@ conn_usage_finish(struct sl_conn *c)
 	conn_usage_charge(c);
 }
 
+/* ---- models: the answer's "model" set back (sl_mrw) ------------------- */
+
+static void
+conn_mrw_free(struct sl_conn *c)
+{
+	c->mrw_on = 0;
+	free(c->mlit);
+	c->mlit = NULL;
+}
+
+/*
+ * The response head of a request routed by model is in: when the name
+ * sent upstream is not the one the client is to see (the name it sent,
+ * or the fallback model's when one answered), a JSON or event-stream
+ * body has its "model" set back. An encoded body (the runner ignored
+ * the identity asked for) is relayed as it is.
+ */
+static void
+conn_mrw_head(struct sl_conn *c)
+{
+	const char *shown;
+	size_t slen;
+
+	conn_mrw_free(c);
+	if (c->model < 0 || c->msent == NULL || !c->body_allowed ||
+	    c->uh.encoded || !(c->uh.is_json || c->uh.is_sse))
+		return;
+	if (c->model == c->mroute && c->mname != NULL) {
+		shown = c->mname;
+		slen = c->mname_len;
+	} else {
+		shown = c->w->cfg->models[c->model].name;
+		slen = strlen(shown);
+	}
+	if (strlen(c->msent) == slen && memcmp(c->msent, shown, slen) == 0)
+		return;   /* the same name: the bytes pass untouched */
+	if ((c->mlit = sl_mrw_literal(shown, slen, &slen)) == NULL) {
+		sl_err("conn %d: no memory to set the answer's model back",
+		    c->fd);
+		return;
+	}
+	sl_mrw_init(&c->mrw, c->uh.is_sse, c->mlit, slen);
+	c->mrw_on = 1;
+}
+
 /* A streamed response through the scanner; see upstream_write_cb. */
 static size_t
 conn_write_scanned(struct sl_conn *c, char *p, size_t n)
@@ -1759,15 +1814,53 @@ conn_write_scanned(struct sl_conn *c, char *p, size_t n)
 	return 1;
 }
 
+static size_t conn_write_body(struct sl_conn *, char *, size_t);
+
 static size_t
 upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 {
+	static struct sl_mrw_buf mb;   /* the worker's: one callback at a time */
 	struct sl_conn *c = arg;
-	size_t n = size * nmemb, hl = 0, total;
-	char hdr[24];
+	size_t n = size * nmemb, r;
+	struct sl_mrw saved;
+	int k;
 
 	if (c->client_gone)
 		return CURL_WRITEFUNC_ERROR;
+	if (!c->mrw_on || !c->head_sent || n == 0)
+		return conn_write_body(c, p, n);
+	/*
+	 * The answer's "model" set back: what the rest of the path sees
+	 * (scanner, kept JSON, the client) is the rewritten bytes. A pause
+	 * undoes the feed: libcurl hands the same bytes over again.
+	 */
+	saved = c->mrw;
+	if ((k = sl_mrw_feed(&c->mrw, p, n, &mb)) == -1) {
+		sl_err("conn %d: cannot buffer the response", c->fd);
+		c->client_gone = 1;
+		return CURL_WRITEFUNC_ERROR;
+	}
+	if (k == 0)
+		r = conn_write_body(c, p, n);
+	else if ((r = conn_write_body(c, mb.p, mb.len)) == mb.len)
+		r = n;   /* (none at all: only bytes of a replaced value) */
+	if (r == CURL_WRITEFUNC_PAUSE)
+		c->mrw = saved;
+	else if (mb.cap > 65536 && k == 1) {
+		free(mb.p);   /* a hostile answer's growth is not kept */
+		mb.p = NULL;
+		mb.len = mb.cap = 0;
+	}
+	return r;
+}
+
+/* The body bytes to relay (rewritten, if so): n when taken. */
+static size_t
+conn_write_body(struct sl_conn *c, char *p, size_t n)
+{
+	size_t hl = 0, total;
+	char hdr[24];
+
 	if (c->scan != NULL)
 		/* events close together: worth a kept template (sl_usage.h) */
 		sl_usage_scan_keep(c->scan,
@@ -1799,7 +1892,7 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 				/* Full: as below, for what the scanner may emit. */
 				c->paused = 1;
 				/* An empty buffer always takes it (stretched). */
-				c->pending = r > c->out.cap ? c->out.cap : r;
+				c->pending = r > BASE_CAP(c) ? BASE_CAP(c) : r;
 				c->t_pause = ev_now(c->w->loop);
 				sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
 				conn_timer_update(c);
@@ -1812,15 +1905,28 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 		hl = sl_http_chunk_header(hdr, sizeof(hdr), n);
 	total = hl + n + (c->chunked ? 2 : 0);
 
+	if (sl_buf_space(&c->out) < total && sl_buf_len(&c->out) == 0 &&
+	    total > c->out.cap)
+		/*
+		 * One read grown past the whole buffer by the model set back
+		 * (a longer name in many small events): an empty buffer takes
+		 * it, stretched until it drains, as the scanner's event is.
+		 */
+		c->out.cap = total;
 	if (sl_buf_space(&c->out) < total) {
 		/*
 		 * Full: take none of it. libcurl keeps the chunk and stops
 		 * reading the socket, so TCP pushes back on the upstream.
 		 * conn_on_write resumes when it fits. (An empty buffer always
-		 * fits one read: cap >= stream_buffer >= CURL_MAX_WRITE_SIZE.)
+		 * fits one read: cap >= stream_buffer >= CURL_MAX_WRITE_SIZE,
+		 * or is stretched for it, above.)
 		 */
 		c->paused = 1;
-		c->pending = total;
+		/*
+		 * An empty buffer always takes it (stretched, above): wait for
+		 * no more room than that, whatever the cap is stretched to now.
+		 */
+		c->pending = total > BASE_CAP(c) ? BASE_CAP(c) : total;
 		c->t_pause = ev_now(c->w->loop);
 		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
 		conn_timer_update(c);
@@ -1946,7 +2052,7 @@ conn_build_upstream_headers(struct sl_conn *c)
 	 * "X-Forwarded-For: " + ", " + peer + NUL on top.
 	 */
 	text = 17 + 2 + plen + 1;
-	if (c->usage_on) {
+	if (c->usage_on || c->model >= 0) {
 		nodes++;
 		text += sizeof(IDENTITY);
 	}
@@ -1990,11 +2096,13 @@ conn_build_upstream_headers(struct sl_conn *c)
 			continue;
 		}
 		/*
-		 * A counted response is read for its usage: the runner must
-		 * not compress it (without the header any coding would be
+		 * A counted response is read for its usage, and one routed by
+		 * model may have its "model" set back: the runner must not
+		 * compress it (without the header any coding would be
 		 * acceptable, RFC 9110 12.5.3, so identity is asked for).
 		 */
-		if (c->usage_on && sl_http_name_is(name, nlen, "accept-encoding"))
+		if ((c->usage_on || c->model >= 0) &&
+		    sl_http_name_is(name, nlen, "accept-encoding"))
 			continue;
 		if (sl_http_name_is(name, nlen, "content-type"))
 			have_ct = 1;
@@ -2002,7 +2110,7 @@ conn_build_upstream_headers(struct sl_conn *c)
 			have_accept = 1;
 		hdr_header(&b, name, nlen, value, vlen);
 	}
-	if (c->usage_on)
+	if (c->usage_on || c->model >= 0)
 		hdr_header(&b, IDENTITY, 15, &IDENTITY[17], sizeof(IDENTITY) - 18);
 	if (nxff > 0) {
 		xff[2 * nxff].iov_base = (void *)(uintptr_t)", ";

@@ -515,3 +515,166 @@ def test_fallback_walks_the_whole_chain_once():
         assert [(l["tries"], l["model"], l["upstream_model"]) for l in lines] == \
             [(3, "big", "small-internal")] * 2, lines
         assert backup.stats()["requests"] == 2
+
+
+# ------------------------------------------- the answer's "model" set back
+
+import socket  # noqa: E402
+import time  # noqa: E402
+
+RENAMED = """\
+listen: "127.0.0.1:{port}"
+workers: 1
+upstreams:
+  up:
+    url: "{up}"
+  dead:
+    url: "{dead}"
+    retries: 0
+models:
+  m1:
+    aliases: ["gpt-4o"]
+    targets: [{{upstream: up, model: "org/Internal-1"}}]
+  m2:
+    targets: [{{upstream: up}}]
+  m3:
+    targets: [{{upstream: dead, model: "gone"}}]
+    fallback: [m1]
+tenants:
+  acme:
+    keys: ["sk-acme"]
+    max_streams: 10
+"""
+
+
+def _answer_events(model, usage):
+    m = json.dumps(model)
+    ev = []
+    for i in range(3):
+        ev.append(('data: {"id":"c1","object":"chat.completion.chunk","model":%s,'
+                   '"choices":[{"index":0,"model":"nested","delta":{"content":'
+                   '"t%d \\"model\\": %s"}}]}\n\n' % (m, i, "x")).encode())
+    if usage:
+        ev.append(('data: {"id":"c1","object":"chat.completion.chunk","model":%s,'
+                   '"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,'
+                   '"total_tokens":8}}\n\n' % m).encode())
+    return b"".join(ev) + b"data: [DONE]\n\n"
+
+
+def _answer_json(model):
+    return ('{"id":"c1","object":"chat.completion","model":%s,"choices":[{"index":0,'
+            '"message":{"role":"assistant","content":"{\\"model\\":\\"no\\"}"},'
+            '"finish_reason":"stop"}],"usage":{"prompt_tokens":5,'
+            '"completion_tokens":3,"total_tokens":8}}' % json.dumps(model)).encode()
+
+
+def _echo_runner(sock, req):
+    """A runner that names in its answer the model it was sent, and writes
+    its answer a byte at a time (each in its own chunk when streamed), so
+    that every member is split across reads."""
+    body = json.loads(req.split(b"\r\n\r\n", 1)[1].decode())
+    model = body["model"]
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if body.get("stream"):
+        usage = (body.get("stream_options") or {}).get("include_usage") is True
+        data = _answer_events(model, usage)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+        for i in range(len(data)):
+            sock.sendall(b"1\r\n" + data[i:i + 1] + b"\r\n")
+            time.sleep(0.0005)
+        sock.sendall(b"0\r\n\r\n")
+    else:
+        data = _answer_json(model)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(data))
+        for i in range(len(data)):
+            sock.sendall(data[i:i + 1])
+            time.sleep(0.0005)
+
+
+def _renamed_gw(up):
+    dead = "http://127.0.0.1:%d" % h.closed_port()
+    return h.Gateway(RENAMED.format(port=h.free_port(), up=up.url, dead=dead))
+
+
+def _chat(c, model, stream, usage=False):
+    body = {"model": model, "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}]}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    hd = dict(h.bearer("sk-acme"), **JSON_CT)
+    r = c.request("POST", "/v1/chat/completions", hd, json.dumps(body).encode())
+    r.read_all(timeout=20)
+    return r
+
+
+def test_the_answers_model_is_the_name_the_client_sent():
+    with h.RawUpstream(_echo_runner) as up, _renamed_gw(up) as gw, gw.client() as c:
+        # An alias, sent upstream as the target's own name: the stream's
+        # events and the JSON answer name the alias again; nothing else
+        # changes (nested members, "model" inside strings). The usage
+        # chunk sluice asked for is still taken out.
+        r = _chat(c, "gpt-4o", True)
+        assert r.status == 200 and r.header("x-sluice-model") == "m1"
+        assert bytes(r.data) == _answer_events("gpt-4o", False), bytes(r.data)
+        r = _chat(c, "gpt-4o", False)
+        assert r.status == 200 and r.header("x-sluice-model") == "m1"
+        assert bytes(r.data) == _answer_json("gpt-4o"), bytes(r.data)
+        # The model's own name: the same, with the client's own usage chunk.
+        r = _chat(c, "m1", True, usage=True)
+        assert bytes(r.data) == _answer_events("m1", True), bytes(r.data)
+        # No rename on the way up (no target model:): the bytes pass as the
+        # runner wrote them.
+        r = _chat(c, "m2", True)
+        assert bytes(r.data) == _answer_events("m2", False), bytes(r.data)
+        r = _chat(c, "m2", False)
+        assert bytes(r.data) == _answer_json("m2"), bytes(r.data)
+        # A fallback answered: its model's name, not the one asked for.
+        for stream in (True, False):
+            r = _chat(c, "m3", stream)
+            assert r.status == 200 and r.header("x-sluice-model") == "m1"
+            want = _answer_events("m1", False) if stream else _answer_json("m1")
+            assert bytes(r.data) == want, bytes(r.data)
+        # What the runner was sent each time.
+        sent = [json.loads(q.split(b"\r\n\r\n", 1)[1])["model"] for q in up.requests]
+        assert sent == ["org/Internal-1"] * 3 + ["m2"] * 2 + ["org/Internal-1"] * 2, sent
+        # and none of it compressed: identity was asked for.
+        for q in up.requests:
+            assert b"\r\nAccept-Encoding: identity\r\n" in q, q
+
+
+LONG_ALIAS = "a-client-facing-alias-" + "x" * 78
+
+
+def _flood_runner(sock, req):
+    """Tiny events, as fast as TCP takes them, each naming the short
+    internal model: set back to a 100-byte alias, one read grows past the
+    whole stream buffer."""
+    data = b"".join(b'data: {"model":"x","seq":%d}\n\n' % i for i in range(20000))
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 b"Connection: close\r\n\r\n" + data + b"data: [DONE]\n\n")
+
+
+def test_a_paused_stream_is_set_back_byte_exact():
+    text = RENAMED.replace('aliases: ["gpt-4o"]', 'aliases: ["%s"]' % LONG_ALIAS)
+    text = text.replace('model: "org/Internal-1"', 'model: "x"')
+    text += ('stream_buffer: "16KiB"\nlimits:\n  client_sndbuf: "16KiB"\n'
+             'admin_listen: "127.0.0.1:%d"\n' % h.free_port())
+    with h.RawUpstream(_flood_runner) as up:
+        dead = "http://127.0.0.1:%d" % h.closed_port()
+        with h.Gateway(text.format(port=h.free_port(), up=up.url, dead=dead)) as gw:
+            c = gw.client(rcvbuf=4096, timeout=30)
+            hd = dict(h.bearer("sk-acme"), **JSON_CT)
+            # Not a chat completion: no usage scanner, the plain path.
+            c.send("POST", "/v1/echo", hd, json.dumps({"model": LONG_ALIAS}).encode())
+            r = c.read_response(timeout=10)
+            assert r.status == 200 and r.header("x-sluice-model") == "m1"
+            h.wait_until(lambda: h.scrape(gw).value("sluice_upstream_pauses_total") > 0,
+                         10, msg="the stream to be paused")
+            body = bytes(r.read_all(timeout=60))
+            want = b"".join(b'data: {"model":"%s","seq":%d}\n\n' % (LONG_ALIAS.encode(), i)
+                            for i in range(20000)) + b"data: [DONE]\n\n"
+            assert len(body) == len(want), (len(body), len(want))
+            assert body == want
+            c.close()

@@ -17,6 +17,12 @@
  * Multipart: a NAMED field's bytes are the name (or its first
  * SL_MODEL_NAME_MAX), inside the body; the rewrite is the body with those
  * bytes replaced.
+ * Answers (sl_mrw, every input; bit 1 of byte 0: an event stream): the
+ * output is the same fed whole, split at any byte (every one, for short
+ * inputs) or fed twice with the state restored in between (a pause); a
+ * JSON answer jansson reads as an object still reads as one with the same
+ * members, each "model" either as it was or the name set back (always the
+ * name when the text has no escape and one top-level model, a string).
  */
 #include "config.h"
 
@@ -164,6 +170,117 @@ check_form(const char *in, size_t len)
 	}
 }
 
+#define SHOWN "gpt-4o \"x\""
+
+/* in fed in pieces ending at cuts[] (then the rest); malloc'd output. */
+static char *
+mrw_pieces(const char *in, size_t len, int sse, const char *lit, size_t litlen,
+    const size_t *cuts, size_t ncuts, int twice, size_t *olen)
+{
+	struct sl_mrw m, saved;
+	struct sl_mrw_buf b = { NULL, 0, 0 };
+	char *out = NULL;
+	size_t at = 0, i, n = 0;
+	int k;
+
+	sl_mrw_init(&m, sse, lit, litlen);
+	for (i = 0; i <= ncuts; i++) {
+		size_t end = i < ncuts ? cuts[i] : len;
+		const char *src;
+		size_t sl;
+		char *no;
+
+		if (twice) {
+			saved = m;
+			fz_check(sl_mrw_feed(&m, in + at, end - at, &b) != -1, "mrw-mem",
+			    "no memory");
+			m = saved;
+		}
+		k = sl_mrw_feed(&m, in + at, end - at, &b);
+		fz_check(k != -1, "mrw-mem", "no memory");
+		src = k == 0 ? in + at : b.p;
+		sl = k == 0 ? end - at : b.len;
+		if ((no = realloc(out, n + sl + 1)) == NULL)
+			abort();
+		out = no;
+		if (sl > 0)
+			memcpy(out + n, src, sl);
+		n += sl;
+		at = end;
+	}
+	free(b.p);
+	if (out == NULL && (out = malloc(1)) == NULL)
+		abort();
+	*olen = n;
+	return out;
+}
+
+static void
+check_mrw(const char *in, size_t len, int sse)
+{
+	size_t litlen, wlen, olen, i, cuts[3];
+	char *lit = sl_mrw_literal(SHOWN, strlen(SHOWN), &litlen), *whole, *o;
+	json_error_t err;
+	json_t *a, *b;
+	struct sl_model_req r;
+
+	if (lit == NULL)
+		abort();
+	whole = mrw_pieces(in, len, sse, lit, litlen, NULL, 0, 0, &wlen);
+	for (i = 0; i <= len; i += len <= 256 ? 1 : len / 61 + 1) {
+		cuts[0] = i;
+		o = mrw_pieces(in, len, sse, lit, litlen, cuts, 1, (i & 1) != 0,
+		    &olen);
+		fz_check(olen == wlen && memcmp(o, whole, wlen) == 0, "mrw-split",
+		    "split at %zu differs", i);
+		free(o);
+	}
+	cuts[0] = len / 4;
+	cuts[1] = len / 2;
+	cuts[2] = len - len / 5;
+	o = mrw_pieces(in, len, sse, lit, litlen, cuts, 3, 1, &olen);
+	fz_check(olen == wlen && memcmp(o, whole, wlen) == 0, "mrw-split",
+	    "three splits differ");
+	free(o);
+	if (!sse && memchr(in, '\0', len) == NULL &&
+	    (a = json_loadb(in, len, FLAGS, &err)) != NULL) {
+		if (json_is_object(a)) {
+			const char *key;
+			json_t *v, *m = json_object_get(a, "model");
+
+			b = json_loadb(whole, wlen, FLAGS, &err);
+			fz_check(b != NULL && json_is_object(b), "mrw-parses", "%s",
+			    b == NULL ? err.text : "not an object");
+			fz_check(json_object_size(a) == json_object_size(b),
+			    "mrw-members", "members differ");
+			json_object_foreach(a, key, v) {
+				json_t *w = json_object_get(b, key);
+
+				if (strcmp(key, "model") != 0) {
+					fz_check(w != NULL && json_equal(v, w),
+					    "mrw-others", "member %s changed", key);
+					continue;
+				}
+				fz_check(w != NULL && (json_equal(v, w) ||
+				    (json_is_string(w) &&
+				    strcmp(json_string_value(w), SHOWN) == 0)),
+				    "mrw-model", "model is neither");
+			}
+			sl_model_read(in, len, "application/json", 16, &r);
+			if (m != NULL && json_is_string(m) && r.count == 1 &&
+			    memchr(in, '\\', len) == NULL)
+				fz_check(json_is_string(json_object_get(b, "model")) &&
+				    strcmp(json_string_value(json_object_get(b,
+				    "model")), SHOWN) == 0, "mrw-set",
+				    "the model was not set back");
+			json_decref(b);
+		}
+		json_decref(a);
+	}
+	free(whole);
+	free(lit);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -173,5 +290,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check_form((const char *)data + 1, size - 1);
 	else
 		check_json((const char *)data + 1, size - 1);
+	check_mrw((const char *)data + 1, size - 1, (data[0] & 2) != 0);
 	return 0;
 }

@@ -471,6 +471,148 @@ test_retarget_json_and_form(void **state)
 	free(body);
 }
 
+/* ---- responses: the model set back (sl_mrw) ---------------------------- */
+
+/* Feed in whole, or split at the given points; the concatenated output. */
+static char *
+mrw_run(int sse, const char *lit, const char *in, const size_t *cuts,
+    size_t ncuts)
+{
+	struct sl_mrw m;
+	struct sl_mrw_buf b = { NULL, 0, 0 };
+	size_t n = strlen(in), at = 0, i, cap = n * 8 + 64, olen = 0;
+	char *out = malloc(cap);
+	int k;
+
+	assert_non_null(out);
+	sl_mrw_init(&m, sse, lit, strlen(lit));
+	for (i = 0; i <= ncuts; i++) {
+		size_t end = i < ncuts ? cuts[i] : n;
+		struct sl_mrw saved = m;
+
+		/* A pause undoes a feed: feeding twice after a restore is one. */
+		k = sl_mrw_feed(&m, in + at, end - at, &b);
+		assert_int_not_equal(k, -1);
+		m = saved;
+		k = sl_mrw_feed(&m, in + at, end - at, &b);
+		assert_int_not_equal(k, -1);
+		if (k == 0) {
+			memcpy(out + olen, in + at, end - at);
+			olen += end - at;
+		} else {
+			assert_true(olen + b.len < cap);
+			memcpy(out + olen, b.p, b.len);
+			olen += b.len;
+		}
+		at = end;
+	}
+	out[olen] = '\0';
+	free(b.p);
+	return out;
+}
+
+/* Whole, and split at every byte and at every pair of bytes: the same. */
+static void
+mrw_check(int sse, const char *lit, const char *in, const char *want)
+{
+	size_t n = strlen(in), i, j, cuts[2];
+	char *o;
+
+	o = mrw_run(sse, lit, in, NULL, 0);
+	assert_string_equal(o, want);
+	free(o);
+	for (i = 0; i <= n; i++) {
+		cuts[0] = i;
+		o = mrw_run(sse, lit, in, cuts, 1);
+		assert_string_equal(o, want);
+		free(o);
+		for (j = i; j <= n; j++) {
+			cuts[1] = j;
+			o = mrw_run(sse, lit, in, cuts, 2);
+			assert_string_equal(o, want);
+			free(o);
+		}
+	}
+}
+
+static void
+test_mrw_json_top_level_only(void **state)
+{
+	(void)state;
+	mrw_check(0, "\"llama\"",
+	    "{\"id\":\"x\",\"model\":\"meta/Llama-3\",\"choices\":[{\"model\":"
+	    "\"keep\",\"text\":\"\\\"model\\\": \\\"no\\\"\"}],\"x\":{\"model\":"
+	    "\"inner\"}}",
+	    "{\"id\":\"x\",\"model\":\"llama\",\"choices\":[{\"model\":"
+	    "\"keep\",\"text\":\"\\\"model\\\": \\\"no\\\"\"}],\"x\":{\"model\":"
+	    "\"inner\"}}");
+	/*
+	 * Spaces, an escaped quote in the value; the first member only (the
+	 * rest of the answer passes unread).
+	 */
+	mrw_check(0, "\"a\\\"b\"",
+	    " { \"modelx\":\"y\",\"mode\":\"y\", \"model\" : \"p\\\"q\\\\\" , "
+	    "\"n\":1, \"model\":\"z\" }\n{\"model\":\"w\"}",
+	    " { \"modelx\":\"y\",\"mode\":\"y\", \"model\" : \"a\\\"b\" , "
+	    "\"n\":1, \"model\":\"z\" }\n{\"model\":\"w\"}");
+	/* A first member that is not a string: left, and so is the rest. */
+	mrw_check(0, "\"L\"", "{\"model\":null,\"model\":\"m\"}",
+	    "{\"model\":null,\"model\":\"m\"}");
+	mrw_check(0, "\"L\"", "{\"model\":{\"a\":1},\"model\":\"m\"}",
+	    "{\"model\":{\"a\":1},\"model\":\"m\"}");
+	/* A value that is a key elsewhere; a top-level array is not an object. */
+	mrw_check(0, "\"L\"",
+	    "[{\"model\":\"in-array\"}]{\"a\":\"model\",\"model\":\"m\"}",
+	    "[{\"model\":\"in-array\"}]{\"a\":\"model\",\"model\":\"L\"}");
+	/* A raw line end in a string (not JSON, but it must not hang). */
+	mrw_check(0, "\"L\"", "{\"a\":\"x\ny\",\"model\":\"m\nn\",\"b\":\"\n\"}",
+	    "{\"a\":\"x\ny\",\"model\":\"L\",\"b\":\"\n\"}");
+	/* An escaped key is not matched (runners write keys plain). */
+	mrw_check(0, "\"L\"", "{\"mo\\u0064el\":\"m\"}", "{\"mo\\u0064el\":\"m\"}");
+}
+
+static void
+test_mrw_sse_data_lines(void **state)
+{
+	(void)state;
+	mrw_check(1, "\"gpt-4o\"",
+	    ": ping\n\nevent: x\r\ndata: {\"model\":\"meta/L\",\"choices\":[]}"
+	    "\r\n\r\ndata:{\"model\":\"meta/L\"}\n\n"
+	    "id: {\"model\":\"no\"}\ndata: [DONE]\n\n",
+	    ": ping\n\nevent: x\r\ndata: {\"model\":\"gpt-4o\",\"choices\":[]}"
+	    "\r\n\r\ndata:{\"model\":\"gpt-4o\"}\n\n"
+	    "id: {\"model\":\"no\"}\ndata: [DONE]\n\n");
+	/* A value cut by the line's end: the line ends, the next is read. */
+	mrw_check(1, "\"n\"",
+	    "data: {\"model\":\"unterminated\ndata: {\"model\":\"b\"}\n",
+	    "data: {\"model\":\"n\"\ndata: {\"model\":\"n\"}\n");
+	/* Each line's first member; a non-data line is not read. */
+	mrw_check(1, "\"L\"",
+	    "data: {\"model\":1,\"model\":\"a\"}\ndata: {\"model\":\"a\","
+	    "\"model\":\"b\"}\r\nretry: {\"model\":\"c\"}\rdata:{\"model\":\"d\"}",
+	    "data: {\"model\":1,\"model\":\"a\"}\ndata: {\"model\":\"L\","
+	    "\"model\":\"b\"}\r\nretry: {\"model\":\"c\"}\rdata:{\"model\":\"L\"}");
+	/* Shorter and longer names: lengths change, nothing else does. */
+	mrw_check(1, "\"a-much-longer-alias-name\"",
+	    "data: {\"model\":\"m\",\"usage\":{\"model\":\"m\"}}\n\n",
+	    "data: {\"model\":\"a-much-longer-alias-name\",\"usage\":"
+	    "{\"model\":\"m\"}}\n\n");
+}
+
+static void
+test_mrw_literal_escapes(void **state)
+{
+	size_t n;
+	char *s;
+
+	(void)state;
+	s = sl_mrw_literal("a\"b\\c\n\x01", 7, &n);
+	assert_non_null(s);
+	assert_int_equal(n, strlen("\"a\\\"b\\\\c\\u000a\\u0001\""));
+	assert_memory_equal(s, "\"a\\\"b\\\\c\\u000a\\u0001\"", n);
+	free(s);
+}
+
 int
 main(void)
 {
@@ -491,6 +633,9 @@ main(void)
 		    teardown),
 		cmocka_unit_test(test_fallback_chain_order),
 		cmocka_unit_test(test_retarget_json_and_form),
+		cmocka_unit_test(test_mrw_json_top_level_only),
+		cmocka_unit_test(test_mrw_sse_data_lines),
+		cmocka_unit_test(test_mrw_literal_escapes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
