@@ -678,3 +678,85 @@ def test_a_paused_stream_is_set_back_byte_exact():
             assert len(body) == len(want), (len(body), len(want))
             assert body == want
             c.close()
+
+
+# --------------------------------------------- with cluster: and prefix affinity
+
+CLUSTER_MODELS = {
+    "llama": {"aliases": ["gpt-4o"],
+              "targets": [{"upstream": "main", "model": "stub-internal"}]},
+    "other": {"targets": [{"upstream": "main"}]},
+}
+
+
+def test_with_cluster_the_tenants_one_lease_holds_whatever_model_it_names():
+    import test_cluster as tc
+    with h.Redis() as redis, h.Stub() as stub:
+        a = tc.cluster_gw(stub, redis.addr, "gw-a", max_streams=1, models=CLUSTER_MODELS)
+        b = tc.cluster_gw(stub, redis.addr, "gw-b", max_streams=1, models=CLUSTER_MODELS)
+        with a, b:
+            tc.wait_nodes([a, b], 2)
+            # An alias on node a: routed, renamed, and the tenant's lease taken.
+            c, r = a.open_stream(key=h.ACME_KEY, body=h.stream_body(model="gpt-4o"),
+                                 events=100000, interval=200, tag="held")
+            assert r.status == 200 and r.header("x-sluice-model") == "llama"
+            tc.wait_leases(redis, 1)
+            # Node b: the limit is the tenant's, across nodes, whatever model
+            # the request names (decided at the head, before the body).
+            r2 = b.request("POST", "/v1/chat/completions", JSON_CT,
+                           h.stream_body(model="other"), key=h.ACME_KEY)
+            h.assert_error(r2, 429, "concurrency_limit_exceeded", read=False)
+            # /v1/models is answered on either node without a lease.
+            for gw in (a, b):
+                r3 = gw.request("GET", "/v1/models", key=h.ACME_KEY, body=b"")
+                assert r3.status == 200
+                assert [m["id"] for m in json.loads(bytes(r3.data))["data"]] == \
+                    ["gpt-4o", "llama", "other"]
+            assert redis.zcard(tc.LEASES) == 1
+            c.close()
+            tc.wait_leases(redis, 0)
+            # The lease is back: node b routes by model, and a fallback-free
+            # alias of llama reaches the runner under its internal name.
+            hd = dict(JSON_CT, **h.stub_headers(events=2, interval=0))
+            r4 = b.request("POST", "/v1/chat/completions", hd,
+                           h.stream_body(model="gpt-4o"), key=h.ACME_KEY)
+            assert r4.status == 200 and r4.header("x-sluice-model") == "llama"
+            assert bytes(r4.data) == h.expected_events(2)
+            last = stub.direct("GET", "/stub/last")
+            last.read_all(timeout=10)
+            assert json.loads(bytes(last.data))["model"] == "stub-internal"
+            tc.wait_leases(redis, 0)
+
+
+def test_with_prefix_affinity_a_models_target_keeps_each_conversation_on_one_replica():
+    import test_routing as tr
+    reps = [tr.LoadReplica("r%d" % i) for i in range(3)]
+    for r in reps:
+        r.__enter__()
+    try:
+        log = h.tmpfile("access", ".log")
+        cfg = tr.pool_config([r.url for r in reps], workers=2, access_log=log,
+                             balance="prefix_affinity")
+        cfg["models"] = {"chat": {"aliases": ["gpt-4o"],
+                                  "targets": [{"upstream": "main", "model": "org/Chat"}]}}
+        with h.Gateway(cfg) as gw:
+            convs = [tr.conversation(70 + k, 3) for k in range(6)]
+            where = {}
+            for t in range(3):
+                for k, conv in enumerate(convs):
+                    body = json.dumps({"model": "gpt-4o" if k % 2 else "chat",
+                                       "messages": conv[t]}).encode()
+                    r = gw.request("POST", "/v1/chat/completions", JSON_CT, body,
+                                   key=h.ACME_KEY)
+                    assert r.status == 200 and r.header("x-sluice-model") == "chat"
+                    where.setdefault(k, []).append(json.loads(bytes(r.data))["replica"])
+            for k, names in where.items():
+                assert len(set(names)) == 1, (k, names)
+            lines = h.wait_access_lines(log, 18)
+            assert [l["upstream_model"] for l in lines] == ["org/Chat"] * 18
+            kinds = [l["affinity"] for l in lines]
+            assert kinds.count("hit") + kinds.count("miss") == 18, kinds
+            assert kinds.count("hit") >= 6, kinds
+    finally:
+        for r in reps:
+            r.__exit__(None, None, None)
