@@ -519,6 +519,7 @@ def test_fallback_walks_the_whole_chain_once():
 
 # ------------------------------------------- the answer's "model" set back
 
+import re  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
 
@@ -760,3 +761,31 @@ def test_with_prefix_affinity_a_models_target_keeps_each_conversation_on_one_rep
     finally:
         for r in reps:
             r.__exit__(None, None, None)
+
+
+def test_an_encoded_or_other_answer_passes_as_the_runner_wrote_it():
+    import gzip
+    answers = {
+        # A runner that ignores the identity it was asked for.
+        "gzip": (b"Content-Type: application/json\r\nContent-Encoding: gzip\r\n",
+                 gzip.compress(b'{"model":"org/Internal-1"}')),
+        # Not JSON, not an event stream.
+        "text": (b"Content-Type: text/plain\r\n", b'{"model":"org/Internal-1"}'),
+    }
+
+    def runner(sock, req):
+        kind = re.search(rb"(?im)^x-kind: (\w+)", req).group(1).decode()
+        head, body = answers[kind]
+        sock.sendall(b"HTTP/1.1 200 OK\r\n" + head + b"Content-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n" % len(body) + body)
+
+    with h.RawUpstream(runner) as up, _renamed_gw(up) as gw, gw.client() as c:
+        for kind, (head, body) in answers.items():
+            r = _echo(c, "sk-acme", b'{"model":"gpt-4o"}', path="/v1/chat/completions",
+                      headers={"X-Kind": kind})
+            assert r.status == 200 and r.header("x-sluice-model") == "m1"
+            assert bytes(r.data) == body, (kind, bytes(r.data))
+        assert r.header("content-encoding") is None
+        r = _echo(c, "sk-acme", b'{"model":"gpt-4o"}', path="/v1/chat/completions",
+                  headers={"X-Kind": "gzip"})
+        assert r.header("content-encoding") == "gzip"
