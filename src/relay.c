@@ -455,16 +455,65 @@ rh_model(struct sl_conn *c)
 /* ---- local responses ------------------------------------------------- */
 
 /*
- * Answer the current request here with an OpenAI-shaped JSON error. When
- * the request body was not read yet, it is read and discarded so the
- * connection can be kept; unless close is set.
+ * Answer the current request here: status, a JSON body of blen bytes, and
+ * the header lines in extra ("Name: value\r\n" each, or ""). When the
+ * request body was not read yet, it is read and discarded so that the
+ * connection can be kept; unless close is set (or the request or worker
+ * says so). A body larger than the stream buffer stretches it: what is
+ * answered here is bounded by the config, not by a client.
+ */
+static void
+conn_local_answer(struct sl_conn *c, int status, const char *extra,
+    const char *body, size_t blen, int close)
+{
+	if (c->req.state == SL_REQ_ERROR || !c->req.keep_alive ||
+	    c->w->draining || c->w->cfg->timeouts.keepalive_ms == 0)
+		close = 1;
+	c->rh_len = c->rh_off = 0;
+	sl_buf_consume(&c->out, sl_buf_len(&c->out));
+	rh_status_line(c, status, sl_http_reason(status));
+	RH_LIT(c, "Content-Type: application/json\r\nContent-Length: ");
+	rh_add_uint(c, (unsigned long)blen);
+	RH_LIT(c, "\r\nCache-Control: no-store\r\n");
+	rh_add(c, extra, strlen(extra));
+	rh_model(c);
+	rh_connection(c, close);
+	/*
+	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
+	 * the client would read this body as the start of its next response.
+	 */
+	if ((!c->req.method_known || c->req.method != HTTP_HEAD) && blen > 0) {
+		if (c->out.cap < blen)
+			c->out.cap = blen;
+		if (sl_buf_append(&c->out, body, blen) == -1)
+			close = 1;   /* cut short: the length tells the client */
+	}
+	c->close_after = close;
+	c->head_sent = 1;
+	c->resp_done = 1;
+	c->status = status;
+	if (c->req.state == SL_REQ_HEAD_DONE) {
+		c->req.discard_body = 1;
+		sl_req_continue(&c->req);
+	}
+	conn_set_state(c, CS_LOCAL);
+	if (conn_flush(c) == -1) {
+		conn_close(c, "client_gone");
+		return;
+	}
+	conn_after_write(c);
+}
+
+/*
+ * Answer the current request here with an OpenAI-shaped JSON error (see
+ * conn_local_answer), its slot and any upstream try given up first.
  */
 static void
 conn_error(struct sl_conn *c, int status, const char *type, const char *code,
     const char *message, int retry_after, int close)
 {
-	char body[512];
-	int blen;
+	char body[512], extra[128];
+	int blen, n = 0;
 
 	if (!c->req_active) {
 		c->req_active = 1;
@@ -485,45 +534,15 @@ conn_error(struct sl_conn *c, int status, const char *type, const char *code,
 	    message, type, code);
 	if (blen < 0 || (size_t)blen >= sizeof(body))
 		blen = 0;
-	if (c->req.state == SL_REQ_ERROR || !c->req.keep_alive ||
-	    c->w->draining || c->w->cfg->timeouts.keepalive_ms == 0)
-		close = 1;
-	c->rh_len = c->rh_off = 0;
-	sl_buf_consume(&c->out, sl_buf_len(&c->out));
-	rh_status_line(c, status, sl_http_reason(status));
-	RH_LIT(c, "Content-Type: application/json\r\nContent-Length: ");
-	rh_add_uint(c, (unsigned long)blen);
-	RH_LIT(c, "\r\nCache-Control: no-store\r\n");
-	if (retry_after > 0) {
-		RH_LIT(c, "Retry-After: ");
-		rh_add_uint(c, (unsigned long)retry_after);
-		RH_LIT(c, "\r\n");
-	}
-	if (status == 405)
-		RH_LIT(c, "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n");
-	rh_model(c);
-	rh_connection(c, close);
-	/*
-	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
-	 * the client would read this body as the start of its next response.
-	 */
-	if (!c->req.method_known || c->req.method != HTTP_HEAD)
-		rh_add(c, body, (size_t)blen);
-	c->close_after = close;
-	c->head_sent = 1;
-	c->resp_done = 1;
-	c->status = status;
-	if (c->req.state == SL_REQ_HEAD_DONE) {
-		c->req.discard_body = 1;
-		sl_req_continue(&c->req);
-	}
-	conn_set_state(c, CS_LOCAL);
+	extra[0] = '\0';
+	if (retry_after > 0)
+		n = snprintf(extra, sizeof(extra), "Retry-After: %d\r\n",
+		    retry_after);
+	if (status == 405 && n >= 0 && (size_t)n < sizeof(extra))
+		snprintf(extra + n, sizeof(extra) - (size_t)n, "Allow: GET, HEAD, "
+		    "POST, PUT, PATCH, DELETE, OPTIONS\r\n");
 	sl_debug("conn %d: %d %s", c->fd, status, code);
-	if (conn_flush(c) == -1) {
-		conn_close(c, "client_gone");
-		return;
-	}
-	conn_after_write(c);
+	conn_local_answer(c, status, extra, body, (size_t)blen, close);
 }
 
 /*
@@ -537,7 +556,7 @@ conn_models_list(struct sl_conn *c)
 	const char *url, *q;
 	size_t ulen, blen;
 	char *body, msg[400];
-	int st, close;
+	int st;
 
 	if (c->w->cfg->models == NULL || (c->req.method != HTTP_GET &&
 	    c->req.method != HTTP_HEAD))
@@ -549,47 +568,17 @@ conn_models_list(struct sl_conn *c)
 	    msg, sizeof(msg));
 	if (st == 0)
 		return 0;
-	if (st != 200) {
-		if (st == 404)
-			conn_error(c, 404, "invalid_request_error",
-			    "model_not_found", msg, 0, 0);
-		else
-			conn_error(c, 503, "server_error", "overloaded",
-			    "out of memory", 1, 0);
-		return 1;
+	if (st == 404)
+		conn_error(c, 404, "invalid_request_error", "model_not_found", msg,
+		    0, 0);
+	else if (st != 200)
+		conn_error(c, 503, "server_error", "overloaded", "out of memory",
+		    1, 0);
+	else {
+		c->end = "done";
+		conn_local_answer(c, 200, "", body, blen, 0);
+		free(body);
 	}
-	close = c->req.state == SL_REQ_ERROR || !c->req.keep_alive ||
-	    c->w->draining || c->w->cfg->timeouts.keepalive_ms == 0;
-	c->end = "done";
-	c->rh_len = c->rh_off = 0;
-	sl_buf_consume(&c->out, sl_buf_len(&c->out));
-	rh_status_line(c, 200, "OK");
-	RH_LIT(c, "Content-Type: application/json\r\nContent-Length: ");
-	rh_add_uint(c, (unsigned long)blen);
-	RH_LIT(c, "\r\nCache-Control: no-store\r\n");
-	rh_connection(c, close);
-	if (c->req.method != HTTP_HEAD) {
-		/* The list is bounded by the config, not by stream_buffer. */
-		if (c->out.cap < blen)
-			c->out.cap = blen;
-		if (sl_buf_append(&c->out, body, blen) == -1)
-			close = 1;   /* cut short: the length tells the client */
-	}
-	free(body);
-	c->close_after = close;
-	c->head_sent = 1;
-	c->resp_done = 1;
-	c->status = 200;
-	if (c->req.state == SL_REQ_HEAD_DONE) {
-		c->req.discard_body = 1;
-		sl_req_continue(&c->req);
-	}
-	conn_set_state(c, CS_LOCAL);
-	if (conn_flush(c) == -1) {
-		conn_close(c, "client_gone");
-		return 1;
-	}
-	conn_after_write(c);
 	return 1;
 }
 

@@ -789,3 +789,21 @@ def test_an_encoded_or_other_answer_passes_as_the_runner_wrote_it():
         r = _echo(c, "sk-acme", b'{"model":"gpt-4o"}', path="/v1/chat/completions",
                   headers={"X-Kind": "gzip"})
         assert r.header("content-encoding") == "gzip"
+
+
+def test_a_kept_connections_next_answer_does_not_name_the_last_ones_model():
+    with h.Stub("big") as big, h.Stub("small") as small, _routed(big, small) as gw:
+        with gw.client() as c:
+            r = _echo(c, "sk-acme", b'{"model":"tiny"}')
+            assert r.status == 200 and r.header("x-sluice-model") == "llama-8b"
+            # The next requests on the same connection are not routed by
+            # model: none of their answers may name one.
+            r = _echo(c, "sk-nobody", b'{"model":"tiny"}')
+            h.assert_error(r, 401, "invalid_api_key", read=False)
+            assert r.header("x-sluice-model") is None
+            r = _get(c, "sk-acme", "/v1/models")
+            assert r.status == 200 and r.header("x-sluice-model") is None
+            r = _echo(c, "sk-beta", b'{"messages":[]}')
+            assert r.status == 200 and r.header("x-sluice-model") is None
+            r = _echo(c, "sk-acme", b'{"model":"tiny"}')
+            assert r.status == 200 and r.header("x-sluice-model") == "llama-8b"
