@@ -1947,6 +1947,12 @@ parse_models(struct ctx *c, yaml_node_t *n)
 		    "(or no models: section)");
 		return;
 	}
+	if (cnt > SL_MAX_MODELS) {
+		/* Each has its own metrics, in a region sized at start. */
+		err_at(c, &n->start_mark, "models: %zu models, at most %d",
+		    cnt, SL_MAX_MODELS);
+		return;
+	}
 	/* Room in the name set for every name and alias written. */
 	for (p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top;
 	    p++) {
