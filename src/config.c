@@ -162,7 +162,7 @@ static const struct key_row keys[] = {
 	    "Ask streamed requests' runners for the usage chunk (and hide it "
 	    "from clients that did not ask), so their tokens are exact." },
 	    0, 0, 0, OFF(usage.inject) },
-	{ { "models", SL_KEY_MAP, NULL, "at least one", 1,
+	{ { "models", SL_KEY_MAP, NULL, "1 to 127 models", 1,
 	    "The models clients name in a request body's \"model\", by name; "
 	    "absent: every request goes to its tenant's upstream." },
 	    0, 0, 0, NOOFF },
