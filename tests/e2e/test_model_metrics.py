@@ -315,7 +315,6 @@ def test_a_json_answer_times_its_first_body_byte():
         _check_hist(m, TPOT, "llama-8b", 0)     # not a stream
 
 
-@h.skip_under("valgrind")
 def test_model_counters_survive_a_reload_and_a_kill_9_of_a_worker():
     with h.Stub("big") as big, h.Stub("small") as small, \
             _routed(big, small, allow_worker_changes=True) as gw:
