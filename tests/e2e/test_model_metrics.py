@@ -404,3 +404,39 @@ def test_check_refuses_more_models_than_the_metrics_have_slots():
     assert rc == 1 and out == "", (rc, out, err)
     # At the section's first model (line 6: listen, upstreams, u, url, models).
     assert err.splitlines() == ["%s:6:3: models: 128 models, at most 127" % path], err
+
+
+def test_a_full_model_table_is_reused_once_no_worker_knows_the_old_models():
+    # 127 models a*, then a reload to 127 others, b*: while the workers of
+    # the first generation may still count under a*, b* count under "-"
+    # (and a warning says so); the next reload gives b* the slots of a*,
+    # zeroed, and a*'s series go.
+    with h.Stub() as stub:
+        def cfg(prefix):
+            return ('listen: "127.0.0.1:%d"\nadmin_listen: "127.0.0.1:%d"\nworkers: 1\n'
+                    'upstreams:\n  u:\n    url: "%s"\nmodels:\n%stenants:\n  acme:\n'
+                    '    keys: ["sk-acme"]\n    max_streams: 10\n'
+                    % (port, admin, stub.url,
+                       "".join("  %s%d:\n    targets: [{upstream: u}]\n" % (prefix, i)
+                               for i in range(127))))
+        port, admin = h.free_port(), h.free_port()
+        with h.Gateway(cfg("a"), allow_worker_changes=True) as gw:
+            assert _post(gw, "sk-acme", b'{"model":"a5"}').status == 200
+            h.wait_metric(gw, REQ, 1, model="a5", code="200")
+            h.reload(gw, cfg("b"))
+            assert "model 'b0': all 127 model metric slots are held" in h.stderr_text(gw)
+            assert _post(gw, "sk-acme", b'{"model":"b5"}').status == 200
+            m = h.wait_metric(gw, REQ, 1, model="-", code="200")
+            assert m.get(REQ, model="a5", code="200") == 1
+            assert m.get(REQ, model="b5", code="200") is None
+            # The first generation is gone: its slots are free again.
+            h.wait_until(lambda: len(gw.worker_pids()) == 1, 10,
+                         msg="the first generation to exit")
+            h.reload(gw, cfg("b"))
+            assert _post(gw, "sk-acme", b'{"model":"b5"}').status == 200
+            m = h.wait_metric(gw, REQ, 1, model="b5", code="200")
+            assert m.get(REQ, model="-", code="200") == 1
+            assert not any(dict(lb)["model"].startswith("a")
+                           for lb in m.series(DUR + "_count")), m.series(DUR + "_count")
+            assert m.get(DUR + "_count", model="b5") == 1
+            assert m.get(DUR + "_count", model="b6") == 0
