@@ -102,6 +102,7 @@ struct sl_cluster_conf {
  */
 #define SL_MODEL_NAME_MAX 256      /* bytes of a model name or alias */
 #define SL_MAX_TARGETS 64          /* per model */
+#define SL_MAX_MODELS 127          /* models: the metrics' slots (sl_shm.h) */
 
 struct sl_model_target {
 	char *upstream;        /* upstream name, as written */

@@ -33,6 +33,8 @@ struct sl_shm *sl_shm_create(size_t max_tenants, size_t max_rows);
 void sl_shm_destroy(struct sl_shm *);
 
 size_t sl_shm_max_tenants(const struct sl_shm *);
+/* Bytes mapped (the region's size, fixed at creation). */
+size_t sl_shm_size(const struct sl_shm *);
 
 /* Master: rows below n may hold data; sums skip the rest. */
 void sl_shm_set_rows_used(struct sl_shm *, size_t n);
@@ -233,16 +235,80 @@ uint64_t sl_shm_hist_bucket(const struct sl_shm *, enum sl_hist, int b);
 double sl_shm_hist_sum(const struct sl_shm *, enum sl_hist);
 
 /*
+ * Models (issue 23): SL_SHM_MODELS slots. Slot 0 is "-": a request that
+ * named no model or an unknown one, or any request without `models:`.
+ * The master gives slots 1.. to model names on start and reload (a model
+ * a reload keeps keeps its slot, and so its counters); a worker is handed
+ * the slot of each model of its configuration. A slot goes to another
+ * name only once no live worker may count under it, zeroed first
+ * (sl_shm_model_reset).
+ *
+ * Requests by status and the latency histograms of each model live in
+ * the per-worker rows (one load and store each, once per request; folded
+ * into row 0 when a worker dies, like the others). Fallbacks, rare, are
+ * shared counters: one atomic add per move.
+ */
+#define SL_SHM_MODELS 128
+void sl_shm_count_model_request(struct sl_shm *, size_t row, size_t model,
+    int status);
+uint64_t sl_shm_model_requests_sum(const struct sl_shm *, size_t model,
+    int slot);
+/* A request moved from model `from` to model `to` (to == from: a target). */
+void sl_shm_count_fallback(struct sl_shm *, size_t from, size_t to);
+uint64_t sl_shm_fallbacks(const struct sl_shm *, size_t from, size_t to);
+
+/*
+ * Per-model histograms, in seconds, with the explicit bucket boundaries of
+ * the OpenTelemetry GenAI semantic conventions (gen_ai.server.*): time to
+ * first token, time per output token, request duration.
+ */
+enum sl_mhist { SL_MHIST_TTFT = 0, SL_MHIST_TPOT, SL_MHIST_DURATION,
+	SL_MHIST_MAX };
+#define SL_MHIST_BOUNDS_MAX 16
+/* The bounds of h, *n of them (at most SL_MHIST_BOUNDS_MAX). */
+const double *sl_shm_mhist_bounds(enum sl_mhist h, int *n);
+void sl_shm_model_observe(struct sl_shm *, size_t row, size_t model,
+    enum sl_mhist, double seconds);
+/* Cumulative count of bucket b (b == the number of bounds: +Inf). */
+uint64_t sl_shm_model_hist_bucket(const struct sl_shm *, size_t model,
+    enum sl_mhist, int b);
+double sl_shm_model_hist_sum(const struct sl_shm *, size_t model,
+    enum sl_mhist);
+/*
+ * Master only: zero every counter of model slot `model` (requests,
+ * histograms, fallbacks from and to it, its tenants' tokens) before the
+ * slot goes to another name. No live worker may count under it.
+ */
+void sl_shm_model_reset(struct sl_shm *, size_t model);
+
+/*
  * Tokens per tenant (usage read from responses): totals by kind, and a
  * sliding window of the last 60 seconds (now_sec: CLOCK_MONOTONIC seconds)
  * for tokens_per_minute. Charged once per response, exact across workers.
+ * The totals are also kept per tenant and model slot: model 0 ("-") in a
+ * cell of the tenant's own, the others in one table shared by all tenants
+ * (SL_SHM_PAIRS_PER_TENANT pairs per tenant of the region's capacity, not
+ * a tenant x model matrix); a pair that finds no room in the table (a
+ * bounded probe) is counted under "-", so the sum over models is always
+ * the tenant's total.
  */
 enum sl_tokens_kind {
 	SL_TOKENS_PROMPT = 0, SL_TOKENS_COMPLETION, SL_TOKENS_ESTIMATED,
 	SL_TOKENS_KINDS
 };
-void sl_shm_tokens_charge(struct sl_shm *, size_t tenant, uint64_t now_sec,
-    const uint64_t n[SL_TOKENS_KINDS]);
+#define SL_SHM_PAIRS_PER_TENANT 2
+void sl_shm_tokens_charge(struct sl_shm *, size_t tenant, size_t model,
+    uint64_t now_sec, const uint64_t n[SL_TOKENS_KINDS]);
+/* The tenant's tokens of kind under model slot model (0: "-"). */
+uint64_t sl_shm_tokens_model(const struct sl_shm *, size_t tenant,
+    size_t model, int kind);
+/*
+ * Walk the tenant x model pairs of the table (model >= 1): start with
+ * *pos = 0; each call fills *tenant, *model and n and returns 1, or
+ * returns 0 at the end. Order: the table's, not sorted.
+ */
+int sl_shm_tokens_next(const struct sl_shm *, size_t *pos, size_t *tenant,
+    size_t *model, uint64_t n[SL_TOKENS_KINDS]);
 /*
  * Tokens charged in the last 60 s. With budget > 0 and the window at or
  * over it, *retry_after (if not NULL) gets the seconds until it is under

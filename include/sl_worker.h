@@ -29,6 +29,8 @@ struct sl_worker_args {
 	struct sl_shm *shm;
 	const size_t *tenant_slot;   /* config tenant index -> shm tenant index */
 	const size_t *upstream_slot; /* config upstream index -> shm upstream index */
+	/* config model index -> shm model slot (sl_shm.h); NULL: no models: */
+	const size_t *model_slot;
 	/* [upstream][replica] -> shared index of the replica (sl_upstream.h) */
 	const size_t *const *replica_slot;
 	/* shared index -> its epoch when the worker was forked (sl_shm.h) */
@@ -47,6 +49,7 @@ struct sl_worker {
 	struct sl_shm *shm;
 	const size_t *tenant_slot;
 	const size_t *upstream_slot;
+	const size_t *model_slot;    /* config model -> shm model slot; NULL */
 	struct sl_pools *pools;      /* replica choice, per upstream */
 	struct sl_models *models;    /* target choice, per model; NULL: no models: */
 	struct sl_cluster_w *cluster; /* Redis leases; NULL: one node */

@@ -162,7 +162,7 @@ static const struct key_row keys[] = {
 	    "Ask streamed requests' runners for the usage chunk (and hide it "
 	    "from clients that did not ask), so their tokens are exact." },
 	    0, 0, 0, OFF(usage.inject) },
-	{ { "models", SL_KEY_MAP, NULL, "at least one", 1,
+	{ { "models", SL_KEY_MAP, NULL, "1 to 127 models", 1,
 	    "The models clients name in a request body's \"model\", by name; "
 	    "absent: every request goes to its tenant's upstream." },
 	    0, 0, 0, NOOFF },
@@ -1945,6 +1945,12 @@ parse_models(struct ctx *c, yaml_node_t *n)
 	if (cnt == 0) {
 		err_at(c, &n->start_mark, "models: at least one is required "
 		    "(or no models: section)");
+		return;
+	}
+	if (cnt > SL_MAX_MODELS) {
+		/* Each has its own metrics, in a region sized at start. */
+		err_at(c, &n->start_mark, "models: %zu models, at most %d",
+		    cnt, SL_MAX_MODELS);
 		return;
 	}
 	/* Room in the name set for every name and alias written. */

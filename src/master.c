@@ -59,6 +59,7 @@ struct gen {
 	size_t *tenant_slot;
 	size_t *upstream_slot;
 	size_t **replica_slot;       /* [upstream][replica] -> shm index */
+	size_t *model_slot;          /* config model -> shm model slot */
 	unsigned id;
 };
 
@@ -89,6 +90,12 @@ struct master {
 	size_t name_ht_mask;         /* capacity - 1, a power of two */
 	char *up_names[SL_SHM_MAX_UPSTREAMS];
 	size_t up_n;
+	/*
+	 * Model slots of the region (sl_shm.h): the name of each (slot 0 is
+	 * "-"; NULL: never used) and the newest generation that maps it.
+	 */
+	char *model_names[SL_SHM_MODELS];
+	unsigned model_gen[SL_SHM_MODELS];
 	struct sl_admin *admin;
 	struct sl_prober *prober;    /* health probes of the current pools */
 	struct sl_cluster_shm *cshm; /* `cluster:` leases; NULL: one node */
@@ -419,6 +426,82 @@ fail:
 	return NULL;
 }
 
+_Static_assert(SL_MAX_MODELS < SL_SHM_MODELS, "slot 0 is \"-\"");
+
+/* Is a worker of generation `gen` or an older one alive? */
+static int
+gen_alive(const struct master *m, unsigned gen)
+{
+	int i;
+
+	for (i = 0; i < MAX_ROWS; i++)
+		if (m->children[i].pid > 0 && m->children[i].gen <= gen)
+			return 1;
+	return 0;
+}
+
+/*
+ * Map every model of cfg to a model slot of the region for generation
+ * gen: the slot it had (a model a reload keeps keeps its counters), else
+ * a slot never used, else the slot of a removed model that no live worker
+ * can count under any more (zeroed first). None left (only when reloads
+ * removed and added models while the workers that knew the removed ones
+ * still drain): the model counts under "-" for this generation, and a
+ * warning says so. Returns the mapping (caller owns), or NULL without
+ * memory.
+ */
+static size_t *
+map_models(struct master *m, const struct sl_config *cfg, unsigned gen)
+{
+	size_t *map, i, j;
+	unsigned char keep[SL_SHM_MODELS];
+
+	if ((map = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*map))) == NULL)
+		return NULL;
+	memset(keep, 0, sizeof(keep));
+	for (i = 0; i < cfg->nmodels; i++)
+		for (j = 1; j < SL_SHM_MODELS; j++)
+			if (m->model_names[j] != NULL &&
+			    strcmp(m->model_names[j], cfg->models[i].name) == 0) {
+				map[i] = j;
+				keep[j] = 1;
+			}
+	for (i = 0; i < cfg->nmodels; i++) {
+		if (map[i] != 0)
+			continue;
+		for (j = 1; j < SL_SHM_MODELS && m->model_names[j] != NULL; j++)
+			;
+		if (j == SL_SHM_MODELS)
+			for (j = 1; j < SL_SHM_MODELS; j++)
+				if (!keep[j] && m->model_gen[j] < m->cur.id &&
+				    !gen_alive(m, m->model_gen[j]))
+					break;
+		if (j == SL_SHM_MODELS) {
+			sl_warn("model '%s': all %d model metric slots are held by "
+			    "models that workers still draining may count; its "
+			    "metrics go under model \"-\" until a later reload",
+			    cfg->models[i].name, SL_SHM_MODELS - 1);
+			continue;
+		}
+		if (m->model_names[j] != NULL) {
+			sl_debug("model slot %zu: '%s' is gone, now '%s'", j,
+			    m->model_names[j], cfg->models[i].name);
+			sl_shm_model_reset(m->shm, j);
+			free(m->model_names[j]);
+		}
+		if ((m->model_names[j] = strdup(cfg->models[i].name)) == NULL) {
+			free(map);
+			return NULL;
+		}
+		map[i] = j;
+		keep[j] = 1;
+	}
+	for (j = 1; j < SL_SHM_MODELS; j++)
+		if (keep[j])
+			m->model_gen[j] = gen;
+	return map;
+}
+
 /* Stable upstream indices for the error counters, like tenants. */
 static size_t *
 map_upstreams(struct master *m, const struct sl_config *cfg)
@@ -562,6 +645,7 @@ spawn(struct master *m, int slot)
 		a.shm = m->shm;
 		a.tenant_slot = m->cur.tenant_slot;
 		a.upstream_slot = m->cur.upstream_slot;
+		a.model_slot = m->cur.model_slot;
 		a.replica_slot = (const size_t *const *)m->cur.replica_slot;
 		a.replica_epoch = m->shm_epoch;
 		a.row = (size_t)row;
@@ -794,7 +878,7 @@ reload(struct master *m)
 {
 	struct sl_config *ncfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
-	size_t *map = NULL, *umap = NULL, **rmap = NULL;
+	size_t *map = NULL, *umap = NULL, **rmap = NULL, *mmap_ = NULL;
 	int rows[SL_MAX_WORKERS], old_rows[SL_MAX_WORKERS];
 	int nw, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
 	struct gen old;
@@ -856,6 +940,13 @@ reload(struct master *m)
 		free(map_tenants(m, m->cur.cfg));   /* the old limits again */
 		goto fail;
 	}
+	if ((mmap_ = map_models(m, ncfg, m->last_gen + 1)) == NULL) {
+		sl_err("reload failed: cannot map the models");
+		free(map_tenants(m, m->cur.cfg));
+		free_replica_map(map_replicas(m, m->cur.cfg, m->cur.id),
+		    m->cur.cfg->nupstreams);
+		goto fail;
+	}
 	old = m->cur;
 	old_nw = m->nworkers;
 	memcpy(old_rows, m->slot_row, sizeof(old_rows));
@@ -863,6 +954,7 @@ reload(struct master *m)
 	m->cur.tenant_slot = map;
 	m->cur.upstream_slot = umap;
 	m->cur.replica_slot = rmap;
+	m->cur.model_slot = mmap_;
 	m->cur.id = ++m->last_gen;
 	m->nworkers = nw;
 	for (s = 0; s < SL_MAX_WORKERS; s++)
@@ -937,6 +1029,7 @@ reload(struct master *m)
 	sl_config_free(old.cfg);
 	free(old.tenant_slot);
 	free(old.upstream_slot);
+	free(old.model_slot);
 	m->reloads_ok++;
 	sl_info("reloaded: generation %u, %d worker(s), %zu tenant(s)",
 	    m->cur.id, nw, ncfg->ntenants);
@@ -950,6 +1043,7 @@ fail:
 		release_row(m, rows[s]);
 	free(map);
 	free(umap);
+	free(mmap_);
 	free_replica_map(rmap, ncfg->nupstreams);
 	sl_config_free(ncfg);
 	m->reloads_failed++;
@@ -1229,32 +1323,97 @@ render_replicas(struct master *m, struct sl_str *o)
 	}
 }
 
-/* Tokens per tenant, read from responses (usage). */
+/* A model slot's label value: its name, "-" for slot 0. */
+static const char *
+model_label(const struct master *m, size_t slot)
+{
+	return slot == 0 || m->model_names[slot] == NULL ? "-" :
+	    m->model_names[slot];
+}
+
+/* A tenant x model pair of the token table, for sorting. */
+struct tok_pair {
+	size_t tenant, model;
+	uint64_t n[SL_TOKENS_KINDS];
+};
+
+static int
+tok_pair_cmp(const void *a, const void *b)
+{
+	const struct tok_pair *x = a, *y = b;
+
+	if (x->tenant != y->tenant)
+		return x->tenant < y->tenant ? -1 : 1;
+	return x->model < y->model ? -1 : x->model > y->model;
+}
+
+/* The table's pairs, sorted by tenant and model (caller frees); *n. */
+static struct tok_pair *
+tok_pairs(struct master *m, size_t *n)
+{
+	struct tok_pair *v = NULL, *nv;
+	size_t pos = 0, cap = 0;
+	struct tok_pair p;
+
+	*n = 0;
+	while (sl_shm_tokens_next(m->shm, &pos, &p.tenant, &p.model, p.n)) {
+		if (*n == cap) {
+			cap = cap ? 2 * cap : 64;
+			if ((nv = realloc(v, cap * sizeof(*v))) == NULL)
+				break;   /* what fits is shown */
+			v = nv;
+		}
+		v[(*n)++] = p;
+	}
+	if (*n > 1)
+		qsort(v, *n, sizeof(*v), tok_pair_cmp);
+	return v;
+}
+
 static void
-render_tokens(struct master *m, struct sl_str *o)
+tok_line(struct master *m, struct sl_str *o, size_t t, size_t model,
+    int kind, uint64_t v)
 {
 	static const char *const kinds[SL_TOKENS_KINDS] = {
 		"prompt", "completion", "estimated"
 	};
+
+	sl_str_printf(o, "sluice_tenant_tokens_total{tenant=\"");
+	label(o, m->shm_names[t]);
+	sl_str_printf(o, "\",model=\"");
+	label(o, model_label(m, model));
+	sl_str_printf(o, "\",kind=\"%s\"} %llu\n", kinds[kind],
+	    (unsigned long long)v);
+}
+
+/* Tokens per tenant and model, read from responses (usage). */
+static void
+render_tokens(struct master *m, struct sl_str *o)
+{
 	struct timespec ts;
-	size_t t;
+	struct tok_pair *pairs;
+	size_t t, np, i = 0;
 	int k;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	pairs = tok_pairs(m, &np);
 	sl_str_printf(o, "# HELP sluice_tenant_tokens_total Tokens used per "
-	    "tenant: prompt and completion as reported by the runner, "
-	    "estimated where no usage arrived.\n"
+	    "tenant and model (\"-\": not routed by model): prompt and "
+	    "completion as reported by the runner, estimated where no usage "
+	    "arrived.\n"
 	    "# TYPE sluice_tenant_tokens_total counter\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
 		if (m->shm_replica[t])
 			continue;
-		for (k = 0; k < SL_TOKENS_KINDS; k++) {
-			sl_str_printf(o, "sluice_tenant_tokens_total{tenant=\"");
-			label(o, m->shm_names[t]);
-			sl_str_printf(o, "\",kind=\"%s\"} %llu\n", kinds[k],
-			    (unsigned long long)sl_shm_tokens_total(m->shm, t, k));
-		}
+		for (k = 0; k < SL_TOKENS_KINDS; k++)
+			tok_line(m, o, t, 0, k, sl_shm_tokens_model(m->shm, t, 0, k));
+		for (; i < np && pairs[i].tenant < t; i++)
+			;
+		for (; i < np && pairs[i].tenant == t; i++)
+			for (k = 0; k < SL_TOKENS_KINDS; k++)
+				tok_line(m, o, t, pairs[i].model, k, pairs[i].n[k]);
 	}
+	free(pairs);
 	sl_str_printf(o, "# HELP sluice_tenant_tokens_window Tokens charged to "
 	    "the tenant in the last 60 s (what tokens_per_minute bounds).\n"
 	    "# TYPE sluice_tenant_tokens_window gauge\n");
@@ -1266,6 +1425,101 @@ render_tokens(struct master *m, struct sl_str *o)
 		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
 		    sl_shm_tokens_window(m->shm, t, (uint64_t)ts.tv_sec, 0, NULL));
 	}
+}
+
+/* Slots worth showing: "-" and every slot that has had a name. */
+static int
+model_shown(const struct master *m, size_t slot)
+{
+	return slot == 0 || m->model_names[slot] != NULL;
+}
+
+static void
+render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
+    const char *name, const char *help)
+{
+	const double *b;
+	size_t j;
+	int i, n;
+
+	b = sl_shm_mhist_bounds(h, &n);
+	sl_str_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+	for (j = 0; j < SL_SHM_MODELS; j++) {
+		if (!model_shown(m, j))
+			continue;
+		for (i = 0; i <= n; i++) {
+			sl_str_printf(o, "%s_bucket{model=\"", name);
+			label(o, model_label(m, j));
+			if (i < n)
+				sl_str_printf(o, "\",le=\"%g\"} ", b[i]);
+			else
+				sl_str_printf(o, "\",le=\"+Inf\"} ");
+			sl_str_printf(o, "%llu\n", (unsigned long long)
+			    sl_shm_model_hist_bucket(m->shm, j, h, i));
+		}
+		sl_str_printf(o, "%s_sum{model=\"", name);
+		label(o, model_label(m, j));
+		sl_str_printf(o, "\"} %.6f\n%s_count{model=\"",
+		    sl_shm_model_hist_sum(m->shm, j, h), name);
+		label(o, model_label(m, j));
+		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
+		    sl_shm_model_hist_bucket(m->shm, j, h, n));
+	}
+}
+
+/* Per model (issue 23): requests, fallbacks, latencies. */
+static void
+render_models(struct master *m, struct sl_str *o)
+{
+	size_t j, k;
+	int c;
+
+	sl_str_printf(o, "# HELP sluice_model_requests_total Requests answered, "
+	    "by the model that answered (\"-\": none named, an unknown one, or "
+	    "no models:) and status.\n"
+	    "# TYPE sluice_model_requests_total counter\n");
+	for (j = 0; j < SL_SHM_MODELS; j++) {
+		if (!model_shown(m, j))
+			continue;
+		for (c = 0; c < SL_NCODES; c++) {
+			uint64_t v = sl_shm_model_requests_sum(m->shm, j, c);
+
+			if (v == 0)
+				continue;
+			sl_str_printf(o, "sluice_model_requests_total{model=\"");
+			label(o, model_label(m, j));
+			sl_str_printf(o, "\",code=\"%s\"} %llu\n",
+			    sl_shm_code_label(c), (unsigned long long)v);
+		}
+	}
+	sl_str_printf(o, "# HELP sluice_model_fallbacks_total Requests moved "
+	    "from one model to a fallback model (to the same model: to another "
+	    "of its targets).\n"
+	    "# TYPE sluice_model_fallbacks_total counter\n");
+	for (j = 0; j < SL_SHM_MODELS; j++)
+		for (k = 0; k < SL_SHM_MODELS; k++) {
+			uint64_t v;
+
+			if (!model_shown(m, j) || !model_shown(m, k) ||
+			    (v = sl_shm_fallbacks(m->shm, j, k)) == 0)
+				continue;
+			sl_str_printf(o, "sluice_model_fallbacks_total{model=\"");
+			label(o, model_label(m, j));
+			sl_str_printf(o, "\",to=\"");
+			label(o, model_label(m, k));
+			sl_str_printf(o, "\"} %llu\n", (unsigned long long)v);
+		}
+	render_model_hist(m, o, SL_MHIST_TTFT,
+	    "sluice_time_to_first_token_seconds", "Time from request head to "
+	    "the first relayed content: an event carrying content, or the "
+	    "first body byte (successful responses).");
+	render_model_hist(m, o, SL_MHIST_TPOT,
+	    "sluice_time_per_output_token_seconds", "(duration - time to first "
+	    "token) / (completion tokens - 1), for successful event streams of "
+	    "2 completion tokens or more.");
+	render_model_hist(m, o, SL_MHIST_DURATION,
+	    "sluice_request_duration_seconds", "Time from request head to the "
+	    "end of the relayed response.");
 }
 
 static void
@@ -1380,6 +1634,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BYTES_OUT),
 	    current_workers(m), m->reloads_ok, m->reloads_failed);
 	render_tokens(m, o);
+	render_models(m, o);
 	render_replicas(m, o);
 	render_hist(o, shm, SL_HIST_TTFB, "sluice_ttfb_seconds",
 	    "Time from request head to the upstream's response head.");
@@ -1472,9 +1727,11 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	m.cur.tenant_slot = map_tenants(&m, cfg);
 	m.cur.upstream_slot = map_upstreams(&m, cfg);
 	m.cur.replica_slot = map_replicas(&m, cfg, m.cur.id);
+	m.cur.model_slot = map_models(&m, cfg, m.cur.id);
 	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL ||
-	    m.cur.replica_slot == NULL)
+	    m.cur.replica_slot == NULL || m.cur.model_slot == NULL)
 		return 1;
+	sl_debug("shared region: %zu bytes", sl_shm_size(m.shm));
 	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
 		sl_err("cannot set up health probes");
 		return 1;
@@ -1652,6 +1909,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	free(m.name_ht);
 	free(m.cur.tenant_slot);
 	free(m.cur.upstream_slot);
+	free(m.cur.model_slot);
 	sl_probe_free(m.prober);
 	free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
 	free(m.shm_replica);
@@ -1660,6 +1918,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	free(m.shm_free);
 	for (cap = 0; cap < m.up_n; cap++)
 		free(m.up_names[cap]);
+	for (cap = 0; cap < SL_SHM_MODELS; cap++)
+		free(m.model_names[cap]);
 	sl_admin_close(m.admin);
 	sl_cluster_master_free(m.cluster);
 	sl_cluster_shm_destroy(m.cshm);

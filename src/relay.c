@@ -172,6 +172,9 @@ struct sl_conn {
 	const char *end;           /* how it ended, when decided early */
 	ev_tstamp t_start;         /* request began (first byte or head) */
 	ev_tstamp t_first;         /* first response byte relayed; 0: none */
+	ev_tstamp t_content;       /* its first content reached the client's
+	                            * buffer (conn_flush); 0: none */
+	int resp_sse;              /* the relayed response is an event stream */
 	ev_tstamp t_pause;         /* current pause began */
 	ev_tstamp paused_total;
 	uint64_t bytes_out;        /* bytes written to the client */
@@ -787,6 +790,37 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	(void)!write(w->access_fd, line, (size_t)n);
 }
 
+/* The shared model slot the request counts under: 0 ("-") when none. */
+static size_t
+conn_model_slot(const struct sl_conn *c)
+{
+	return c->model >= 0 && c->w->model_slot != NULL ?
+	    c->w->model_slot[c->model] : 0;
+}
+
+/*
+ * A relayed response's latencies, under its model (sluice.8): the whole
+ * request; for a successful one, its time to first token (t_content) and,
+ * for an event stream of two completion tokens or more (reported or
+ * estimated), the time per output token after the first.
+ */
+static void
+conn_model_latency(struct sl_conn *c, ev_tstamp now)
+{
+	struct sl_worker *w = c->w;
+	size_t ms = conn_model_slot(c);
+
+	sl_shm_model_observe(w->shm, w->row, ms, SL_MHIST_DURATION,
+	    now - c->t_start);
+	if (c->status / 100 != 2 || c->t_content == 0)
+		return;
+	sl_shm_model_observe(w->shm, w->row, ms, SL_MHIST_TTFT,
+	    c->t_content - c->t_start);
+	if (c->resp_sse && c->usage_done && c->tok_completion >= 2)
+		sl_shm_model_observe(w->shm, w->row, ms, SL_MHIST_TPOT,
+		    (now - c->t_content) / (double)(c->tok_completion - 1));
+}
+
 /*
  * The current request is over, one way or another: count it and log it.
  * Called exactly once per request (req_active guards).
@@ -821,10 +855,12 @@ conn_request_end(struct sl_conn *c, const char *end)
 	    SL_TENANT_NONE(w->shm);
 	conn_usage_charge(c);   /* a client that left: what was relayed */
 	sl_shm_count_request(w->shm, w->row, tslot, c->status);
+	sl_shm_count_model_request(w->shm, w->row, conn_model_slot(c), c->status);
 	if (c->t_first > 0) {
 		/* Relayed responses feed the latency histograms. */
 		sl_shm_observe(w->shm, w->row, SL_HIST_TTFB, c->t_first - c->t_start);
 		sl_shm_observe(w->shm, w->row, SL_HIST_DURATION, now - c->t_start);
+		conn_model_latency(c, now);
 	}
 	conn_access_log(c, end, now);
 	conn_usage_free(c);
@@ -1043,6 +1079,15 @@ conn_flush(struct sl_conn *c)
 		conn_release(c);
 		regain = 1;
 	}
+	/*
+	 * Time to first token: the first relayed body bytes handed to the
+	 * client, or for an event stream sluice scans, the first bytes once
+	 * an event carried content (sl_usage.h: the bytes the estimate
+	 * counts). Once per request: a compare per flush.
+	 */
+	if (c->t_content == 0 && c->t_first > 0 && sl_buf_len(&c->out) > 0 &&
+	    (c->scan == NULL || !c->resp_sse || c->scan->content_bytes > 0))
+		c->t_content = ev_now(c->w->loop);
 	for (;;) {
 		cnt = 0;
 		total = 0;
@@ -1559,8 +1604,8 @@ conn_usage_charge(struct sl_conn *c)
 		c->tok_completion = sl_usage_estimate(bytes);
 		n[SL_TOKENS_ESTIMATED] = c->tok_prompt + c->tok_completion;
 	}
-	sl_shm_tokens_charge(c->w->shm, c->w->tenant_slot[c->tenant], mono_sec(),
-	    n);
+	sl_shm_tokens_charge(c->w->shm, c->w->tenant_slot[c->tenant],
+	    conn_model_slot(c), mono_sec(), n);
 	if (c->w->cluster != NULL)
 		sl_cluster_charge(c->w->cluster, c->tenant, n[SL_TOKENS_PROMPT] +
 		    n[SL_TOKENS_COMPLETION] + n[SL_TOKENS_ESTIMATED]);
@@ -1642,6 +1687,7 @@ conn_usage_keep(struct sl_conn *c, const char *p, size_t n)
 static void
 conn_usage_head(struct sl_conn *c)
 {
+	c->resp_sse = c->uh.is_sse;   /* for the model's latency (conn_flush) */
 	if (!c->usage_on || c->status / 100 != 2 || !c->body_allowed)
 		return;
 	if (c->uh.is_sse && c->scan == NULL &&
@@ -2368,6 +2414,9 @@ conn_fallback_switch(struct sl_conn *c, int m, int t)
 	if (sl_model_retarget(&c->req.body, &c->req.body_len, &c->mspan,
 	    tg->model) == -1)
 		return -1;
+	/* Moved: counted from the model it was at (itself: another target). */
+	sl_shm_count_fallback(c->w->shm, conn_model_slot(c),
+	    c->w->model_slot != NULL ? c->w->model_slot[m] : 0);
 	c->req.body_cap = c->req.body_len;
 	c->model = m;
 	c->mtarget = (size_t)t;
@@ -2824,6 +2873,8 @@ conn_on_head(struct sl_conn *c)
 
 	c->req_active = 1;
 	c->t_start = ev_now(w->loop);
+	c->t_content = 0;
+	c->resp_sse = 0;
 	c->model = -1;
 	if (c->req.method == HTTP_TRACE) {
 		/*

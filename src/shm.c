@@ -64,6 +64,27 @@ struct shm_replica {
 	alignas(SL_CACHELINE) struct sl_shm_replica r;
 };
 
+/* Per row and model slot: what sluice_model_* and the histograms count. */
+struct shm_mstats {
+	_Atomic uint64_t req[SL_NCODES];
+	_Atomic uint64_t hist[SL_MHIST_MAX][SL_MHIST_BOUNDS_MAX + 1];
+	_Atomic uint64_t hist_sum_us[SL_MHIST_MAX];
+};
+
+/*
+ * A tenant x model pair of the token table: key 0 empty, PAIR_DEAD a pair
+ * whose model slot went to another name (skipped, never taken again: a
+ * probe must not stop at it), else PAIR_KEY(tenant, model).
+ */
+struct shm_pair {
+	_Atomic uint64_t key;
+	_Atomic uint64_t n[SL_TOKENS_KINDS];
+};
+#define PAIR_DEAD UINT64_MAX
+#define PAIR_KEY(t, m) (((uint64_t)(t) + 1) << 8 | (uint64_t)(m))
+#define PAIR_PROBES 64
+_Static_assert(SL_SHM_MODELS <= 256, "a pair key holds the model in 8 bits");
+
 struct sl_shm {
 	size_t max_tenants;
 	size_t max_rows;
@@ -78,6 +99,10 @@ struct sl_shm {
 	struct shm_replica *replicas; /* [max_tenants] */
 	struct shm_tokens *tokens;    /* [max_tenants] */
 	_Atomic uint64_t *hints;      /* [SL_SHM_HINTS] affinity hints */
+	struct shm_mstats *mstats;    /* [max_rows * SL_SHM_MODELS] */
+	_Atomic uint64_t *fallbacks;  /* [SL_SHM_MODELS * SL_SHM_MODELS] */
+	struct shm_pair *pairs;       /* [pair_mask + 1] tenant x model tokens */
+	size_t pair_mask;
 };
 
 /*
@@ -105,6 +130,7 @@ struct sl_shm {
 struct shm_tokens {
 	_Atomic uint64_t bucket[TOK_BUCKETS];
 	_Atomic uint64_t total[SL_TOKENS_KINDS];
+	_Atomic uint64_t unrouted[SL_TOKENS_KINDS];   /* model "-" */
 	_Atomic int32_t budget;       /* tokens_per_minute; 0: none */
 };
 
@@ -118,7 +144,8 @@ struct sl_shm *
 sl_shm_create(size_t max_tenants, size_t max_rows)
 {
 	size_t off_tenants, off_held, off_stats, off_tstats, off_ustats, off_sync;
-	size_t off_replicas, off_tokens, off_hints;
+	size_t off_replicas, off_tokens, off_hints, off_mstats, off_fallbacks;
+	size_t off_pairs, npairs;
 	size_t len;
 	char *base;
 	struct sl_shm *s;
@@ -144,7 +171,16 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	    SL_CACHELINE);
 	off_hints = round_up(off_tokens + max_tenants * sizeof(struct shm_tokens),
 	    SL_CACHELINE);
-	len = off_hints + SL_SHM_HINTS * sizeof(uint64_t);
+	off_mstats = round_up(off_hints + SL_SHM_HINTS * sizeof(uint64_t),
+	    SL_CACHELINE);
+	off_fallbacks = round_up(off_mstats +
+	    max_rows * SL_SHM_MODELS * sizeof(struct shm_mstats), SL_CACHELINE);
+	off_pairs = round_up(off_fallbacks +
+	    SL_SHM_MODELS * SL_SHM_MODELS * sizeof(uint64_t), SL_CACHELINE);
+	for (npairs = 1024; npairs < SL_SHM_PAIRS_PER_TENANT * max_tenants;
+	    npairs <<= 1)
+		;
+	len = off_pairs + npairs * sizeof(struct shm_pair);
 
 	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 	    -1, 0);
@@ -164,6 +200,10 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	s->replicas = (struct shm_replica *)(void *)(base + off_replicas);
 	s->tokens = (struct shm_tokens *)(void *)(base + off_tokens);
 	s->hints = (_Atomic uint64_t *)(void *)(base + off_hints);
+	s->mstats = (struct shm_mstats *)(void *)(base + off_mstats);
+	s->fallbacks = (_Atomic uint64_t *)(void *)(base + off_fallbacks);
+	s->pairs = (struct shm_pair *)(void *)(base + off_pairs);
+	s->pair_mask = npairs - 1;
 	return s;
 }
 
@@ -178,6 +218,12 @@ size_t
 sl_shm_max_tenants(const struct sl_shm *s)
 {
 	return s->max_tenants;
+}
+
+size_t
+sl_shm_size(const struct sl_shm *s)
+{
+	return s->map_len;
 }
 
 void
@@ -423,6 +469,24 @@ static uint64_t
 cell_get(const _Atomic uint64_t *v)
 {
 	return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+/* Master, a dead worker's row: add *from into *to and zero *from. */
+static void
+cell_move(_Atomic uint64_t *to, _Atomic uint64_t *from)
+{
+	uint64_t v = cell_get(from);
+
+	if (v != 0) {
+		cell_add(to, v);
+		atomic_store_explicit(from, 0, memory_order_relaxed);
+	}
+}
+
+static struct shm_mstats *
+mcell(const struct sl_shm *s, size_t row, size_t model)
+{
+	return &s->mstats[row * SL_SHM_MODELS + model];
 }
 
 void
@@ -805,6 +869,156 @@ sl_shm_hist_sum(const struct sl_shm *s, enum sl_hist h)
 	return (double)sum / 1e6;
 }
 
+/* ---- models ------------------------------------------------------------ */
+
+/* The OpenTelemetry GenAI semantic conventions' ExplicitBucketBoundaries. */
+static const double ttft_bounds[] = {
+	0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+	2.5, 5.0, 7.5, 10.0
+};
+static const double tpot_bounds[] = {
+	0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5
+};
+static const double duration_bounds[] = {
+	0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+	20.48, 40.96, 81.92
+};
+#define NBOUNDS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+_Static_assert(NBOUNDS(ttft_bounds) <= SL_MHIST_BOUNDS_MAX, "bounds");
+_Static_assert(NBOUNDS(tpot_bounds) <= SL_MHIST_BOUNDS_MAX, "bounds");
+_Static_assert(NBOUNDS(duration_bounds) <= SL_MHIST_BOUNDS_MAX, "bounds");
+
+const double *
+sl_shm_mhist_bounds(enum sl_mhist h, int *n)
+{
+	switch (h) {
+	case SL_MHIST_TTFT:
+		*n = NBOUNDS(ttft_bounds);
+		return ttft_bounds;
+	case SL_MHIST_TPOT:
+		*n = NBOUNDS(tpot_bounds);
+		return tpot_bounds;
+	case SL_MHIST_DURATION:
+		*n = NBOUNDS(duration_bounds);
+		return duration_bounds;
+	default:
+		*n = 0;
+		return NULL;
+	}
+}
+
+void
+sl_shm_count_model_request(struct sl_shm *s, size_t row, size_t model,
+    int status)
+{
+	if (row >= s->max_rows || model >= SL_SHM_MODELS)
+		return;
+	cell_add(&mcell(s, row, model)->req[sl_shm_code_slot(status)], 1);
+}
+
+uint64_t
+sl_shm_model_requests_sum(const struct sl_shm *s, size_t model, int slot)
+{
+	size_t r;
+	uint64_t sum = 0;
+
+	if (model >= SL_SHM_MODELS || slot < 0 || slot >= SL_NCODES)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&mcell(s, r, model)->req[slot]);
+	return sum;
+}
+
+void
+sl_shm_count_fallback(struct sl_shm *s, size_t from, size_t to)
+{
+	if (from < SL_SHM_MODELS && to < SL_SHM_MODELS)
+		atomic_fetch_add_explicit(&s->fallbacks[from * SL_SHM_MODELS + to],
+		    1, memory_order_relaxed);
+}
+
+uint64_t
+sl_shm_fallbacks(const struct sl_shm *s, size_t from, size_t to)
+{
+	if (from >= SL_SHM_MODELS || to >= SL_SHM_MODELS)
+		return 0;
+	return cell_get(&s->fallbacks[from * SL_SHM_MODELS + to]);
+}
+
+void
+sl_shm_model_observe(struct sl_shm *s, size_t row, size_t model,
+    enum sl_mhist h, double seconds)
+{
+	const double *b;
+	int i, n;
+
+	if (row >= s->max_rows || model >= SL_SHM_MODELS ||
+	    (b = sl_shm_mhist_bounds(h, &n)) == NULL)
+		return;
+	if (!(seconds >= 0))
+		seconds = 0;   /* negative, or NaN */
+	for (i = 0; i < n && seconds > b[i]; i++)
+		;
+	cell_add(&mcell(s, row, model)->hist[h][i], 1);
+	cell_add(&mcell(s, row, model)->hist_sum_us[h],
+	    seconds > 1e12 ? (uint64_t)1e18 : (uint64_t)(seconds * 1e6));
+}
+
+uint64_t
+sl_shm_model_hist_bucket(const struct sl_shm *s, size_t model,
+    enum sl_mhist h, int b)
+{
+	size_t r;
+	int i, n;
+	uint64_t sum = 0;
+
+	if (model >= SL_SHM_MODELS || sl_shm_mhist_bounds(h, &n) == NULL ||
+	    b < 0 || b > n)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		for (i = 0; i <= b; i++)
+			sum += cell_get(&mcell(s, r, model)->hist[h][i]);
+	return sum;
+}
+
+double
+sl_shm_model_hist_sum(const struct sl_shm *s, size_t model, enum sl_mhist h)
+{
+	size_t r;
+	uint64_t sum = 0;
+
+	if (model >= SL_SHM_MODELS || h >= SL_MHIST_MAX)
+		return 0;
+	for (r = 0; r < rows_used(s); r++)
+		sum += cell_get(&mcell(s, r, model)->hist_sum_us[h]);
+	return (double)sum / 1e6;
+}
+
+void
+sl_shm_model_reset(struct sl_shm *s, size_t model)
+{
+	size_t r, k, i;
+
+	if (model >= SL_SHM_MODELS)
+		return;
+	for (r = 0; r < s->max_rows; r++)
+		memset((void *)mcell(s, r, model), 0, sizeof(struct shm_mstats));
+	for (k = 0; k < SL_SHM_MODELS; k++) {
+		atomic_store(&s->fallbacks[model * SL_SHM_MODELS + k], 0);
+		atomic_store(&s->fallbacks[k * SL_SHM_MODELS + model], 0);
+	}
+	/* Its pairs are dropped, not reused: a probe must not stop there. */
+	for (i = 0; i <= s->pair_mask; i++) {
+		uint64_t key = atomic_load(&s->pairs[i].key);
+
+		if (key != 0 && key != PAIR_DEAD && (key & 0xff) == model) {
+			atomic_store(&s->pairs[i].key, PAIR_DEAD);
+			for (k = 0; k < SL_TOKENS_KINDS; k++)
+				atomic_store(&s->pairs[i].n[k], 0);
+		}
+	}
+}
+
 void
 sl_shm_retire_stats(struct sl_shm *s, size_t row)
 {
@@ -849,6 +1063,17 @@ sl_shm_retire_stats(struct sl_shm *s, size_t row)
 				    memory_order_relaxed);
 			}
 	}
+	for (u = 0; u < SL_SHM_MODELS; u++) {
+		struct shm_mstats *a = mcell(s, row, u), *b = mcell(s, 0, u);
+
+		for (i = 0; i < SL_NCODES; i++)
+			cell_move(&b->req[i], &a->req[i]);
+		for (h = 0; h < SL_MHIST_MAX; h++) {
+			for (i = 0; i <= SL_MHIST_BOUNDS_MAX; i++)
+				cell_move(&b->hist[h][i], &a->hist[h][i]);
+			cell_move(&b->hist_sum_us[h], &a->hist_sum_us[h]);
+		}
+	}
 	for (u = 0; u < SL_SHM_MAX_UPSTREAMS; u++) {
 		for (i = 0; i < SL_UERR_MAX; i++) {
 			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].err[i];
@@ -879,11 +1104,65 @@ tok_age(uint64_t w, uint64_t now)
 	return (now - (w >> TOK_SHIFT)) & SEC_MASK;
 }
 
+/* Counters saturate: a counter that wraps goes backwards. */
+static void
+sat_add(_Atomic uint64_t *c, uint64_t n)
+{
+	uint64_t o, v;
+
+	if (n == 0)
+		return;
+	o = atomic_load_explicit(c, memory_order_relaxed);
+	do
+		v = o > UINT64_MAX - n ? UINT64_MAX : o + n;
+	while (!atomic_compare_exchange_weak_explicit(c, &o, v,
+	    memory_order_relaxed, memory_order_relaxed));
+}
+
+static uint64_t
+pair_hash(uint64_t key)
+{
+	/* splitmix64's finalizer: tenants and models spread over the table */
+	key ^= key >> 30;
+	key *= UINT64_C(0xbf58476d1ce4e5b9);
+	key ^= key >> 27;
+	key *= UINT64_C(0x94d049bb133111eb);
+	return key ^ (key >> 31);
+}
+
+/*
+ * The pair of (tenant, model) in the table; with take, an empty cell on
+ * its probe becomes it. NULL when it is not there (or no room).
+ */
+static struct shm_pair *
+pair_find(const struct sl_shm *s, size_t tenant, size_t model, int take)
+{
+	uint64_t key = PAIR_KEY(tenant, model), h = pair_hash(key), k;
+	struct shm_pair *p;
+	int i;
+
+	for (i = 0; i < PAIR_PROBES; i++) {
+		p = &s->pairs[(h + (uint64_t)i) & s->pair_mask];
+		k = atomic_load_explicit(&p->key, memory_order_relaxed);
+		if (k == key)
+			return p;
+		if (k != 0)
+			continue;
+		if (!take)
+			return NULL;
+		if (atomic_compare_exchange_strong_explicit(&p->key, &k, key,
+		    memory_order_relaxed, memory_order_relaxed) || k == key)
+			return p;
+	}
+	return NULL;
+}
+
 void
-sl_shm_tokens_charge(struct sl_shm *s, size_t tenant, uint64_t now_sec,
-    const uint64_t n[SL_TOKENS_KINDS])
+sl_shm_tokens_charge(struct sl_shm *s, size_t tenant, size_t model,
+    uint64_t now_sec, const uint64_t n[SL_TOKENS_KINDS])
 {
 	struct shm_tokens *t;
+	struct shm_pair *p = NULL;
 	_Atomic uint64_t *b;
 	uint64_t add = 0, w, nw, sec = now_sec & SEC_MASK;
 	int k;
@@ -891,21 +1170,16 @@ sl_shm_tokens_charge(struct sl_shm *s, size_t tenant, uint64_t now_sec,
 	if (tenant >= s->max_tenants)
 		return;
 	t = &s->tokens[tenant];
-	for (k = 0; k < SL_TOKENS_KINDS; k++) {
-		/* Counters saturate: a counter that wraps goes backwards. */
-		if (n[k] > 0) {
-			uint64_t o = atomic_load_explicit(&t->total[k],
-			    memory_order_relaxed), v;
-
-			do
-				v = o > UINT64_MAX - n[k] ? UINT64_MAX : o + n[k];
-			while (!atomic_compare_exchange_weak_explicit(&t->total[k],
-			    &o, v, memory_order_relaxed, memory_order_relaxed));
-		}
+	for (k = 0; k < SL_TOKENS_KINDS; k++)
 		add = add > UINT64_MAX - n[k] ? UINT64_MAX : add + n[k];
-	}
 	if (add == 0)
 		return;
+	if (model > 0 && model < SL_SHM_MODELS)
+		p = pair_find(s, tenant, model, 1);
+	for (k = 0; k < SL_TOKENS_KINDS; k++) {
+		sat_add(&t->total[k], n[k]);
+		sat_add(p != NULL ? &p->n[k] : &t->unrouted[k], n[k]);
+	}
 	if (add > TOK_MASK)
 		add = TOK_MASK;
 	b = &t->bucket[now_sec % TOK_BUCKETS];
@@ -982,4 +1256,40 @@ sl_shm_tokens_total(const struct sl_shm *s, size_t tenant, int kind)
 		return 0;
 	return atomic_load_explicit(&((struct shm_tokens *)&s->tokens[tenant])->total[kind],
 	    memory_order_relaxed);
+}
+
+uint64_t
+sl_shm_tokens_model(const struct sl_shm *s, size_t tenant, size_t model,
+    int kind)
+{
+	const struct shm_pair *p;
+
+	if (tenant >= s->max_tenants || kind < 0 || kind >= SL_TOKENS_KINDS ||
+	    model >= SL_SHM_MODELS)
+		return 0;
+	if (model == 0)
+		return cell_get(&s->tokens[tenant].unrouted[kind]);
+	p = pair_find(s, tenant, model, 0);
+	return p != NULL ? cell_get(&p->n[kind]) : 0;
+}
+
+int
+sl_shm_tokens_next(const struct sl_shm *s, size_t *pos, size_t *tenant,
+    size_t *model, uint64_t n[SL_TOKENS_KINDS])
+{
+	uint64_t key;
+	int k;
+
+	for (; *pos <= s->pair_mask; (*pos)++) {
+		key = cell_get(&s->pairs[*pos].key);
+		if (key == 0 || key == PAIR_DEAD)
+			continue;
+		*tenant = (size_t)(key >> 8) - 1;
+		*model = (size_t)(key & 0xff);
+		for (k = 0; k < SL_TOKENS_KINDS; k++)
+			n[k] = cell_get(&s->pairs[*pos].n[k]);
+		(*pos)++;
+		return 1;
+	}
+	return 0;
 }

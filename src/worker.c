@@ -214,6 +214,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.shm = a->shm;
 	w.tenant_slot = a->tenant_slot;
 	w.upstream_slot = a->upstream_slot;
+	w.model_slot = a->model_slot;
 	if ((w.pools = sl_pools_new(a->cfg, a->shm, a->row,
 	    a->replica_slot, a->replica_epoch)) == NULL) {
 		sl_err("cannot set up the upstream pools");

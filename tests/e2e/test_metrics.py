@@ -462,13 +462,14 @@ def test_metrics_escape_odd_tenant_names_in_every_tenant_family():
                 assert r.read_all() and r.status == 200, r.status
         for i, name in enumerate(ODD_TENANTS):
             h.wait_metric(gw, "sluice_tenant_tokens_total", i + 1, tenant=name,
-                          kind="completion")
+                          model="-", kind="completion")
         m = h.scrape(gw)   # strict: every line parses, no duplicate series
         for i, name in enumerate(ODD_TENANTS):
             assert m.get("sluice_tenant_streams", tenant=name) == 0, name
             assert m.get("sluice_tenant_max_streams", tenant=name) == 5, name
             assert m.get("sluice_requests_total", tenant=name, code="200") == 1, name
-            assert m.get("sluice_tenant_tokens_total", tenant=name, kind="prompt") == 3
+            assert m.get("sluice_tenant_tokens_total", tenant=name, model="-",
+                         kind="prompt") == 3
             assert m.get("sluice_tenant_tokens_window", tenant=name) == 4 + i, name
 
 

@@ -172,11 +172,11 @@ def _expect_tokens(gw, prompt=0, completion=0, estimated=0, window=None, tenant=
     want = {"prompt": prompt, "completion": completion, "estimated": estimated}
     for kind, v in want.items():
         if v:
-            h.wait_metric(gw, TOKENS, v, tenant=tenant, kind=kind)
+            h.wait_metric(gw, TOKENS, v, tenant=tenant, model="-", kind=kind)
     if window is not None:
         h.wait_metric(gw, WINDOW, window, timeout=4.0, tenant=tenant)
     m = h.scrape(gw)
-    got = {k: m.value(TOKENS, tenant=tenant, kind=k) for k in want}
+    got = {k: m.value(TOKENS, tenant=tenant, model="-", kind=k) for k in want}
     assert got == want, "%s{tenant=%s}: %r, expected %r" % (TOKENS, tenant, got, want)
     assert m.types.get(TOKENS) == "counter", m.types.get(TOKENS)
     assert m.types.get(WINDOW) == "gauge", m.types.get(WINDOW)
@@ -243,7 +243,7 @@ def test_streamed_usage_is_counted_exactly_and_the_injected_chunk_never_reaches_
             bytes(direct.data)
         # beta has used nothing
         m = h.scrape(gw)
-        assert m.value(TOKENS, tenant="beta", kind="prompt") == 0
+        assert m.value(TOKENS, tenant="beta", model="-", kind="prompt") == 0
 
 
 def test_non_streamed_usage_is_counted_exactly_and_the_body_is_untouched():
@@ -914,9 +914,11 @@ def test_tokens_an_absurd_usage_is_refused_for_the_estimate_and_no_counter_wraps
             assert r.status == 200 and r.complete
             assert bytes(r.data) == _sse(_delta("abcd"), h.DONE_EVENT), bytes(r.data)
             _check_log(_log_line(gw, i + 1), "estimated", prompt=2, completion=1)
-            h.wait_metric(gw, TOKENS, 3 * (i + 1), tenant="acme", kind="estimated")
+            h.wait_metric(gw, TOKENS, 3 * (i + 1), tenant="acme", model="-",
+                          kind="estimated")
             m = h.scrape(gw)
-            seen.append(tuple(m.value(TOKENS, tenant="acme", kind=k) for k in kinds))
+            seen.append(tuple(m.value(TOKENS, tenant="acme", model="-", kind=k)
+                              for k in kinds))
         assert seen == [(0, 0, 3), (0, 0, 6), (0, 0, 9)], seen
         # One count over the bound is enough (total_tokens is not charged,
         # so not judged); the bound itself is a count.

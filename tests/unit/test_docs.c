@@ -502,7 +502,11 @@ test_metrics_documented(void **state)
 		"sluice_cluster_up", "sluice_cluster_mode", "sluice_cluster_nodes",
 		"sluice_cluster_leases", "sluice_cluster_rtt_seconds",
 		"sluice_cluster_errors_total", "sluice_tenant_tokens_total",
-		"sluice_tenant_tokens_window", NULL
+		"sluice_tenant_tokens_window", "sluice_model_requests_total",
+		"sluice_model_fallbacks_total",
+		"sluice_time_to_first_token_seconds",
+		"sluice_time_per_output_token_seconds",
+		"sluice_request_duration_seconds", NULL
 	};
 	static const char *const kinds[] = {
 		"connect", "timeout", "reset", "bad_response", "idle", NULL

@@ -667,7 +667,7 @@ test_token_counters_saturate_never_wrap(void **state)
 	int i;
 
 	for (i = 0; i < 3; i++) {
-		sl_shm_tokens_charge(s, 0, 1000, n);
+		sl_shm_tokens_charge(s, 0, 0, 1000, n);
 		v = sl_shm_tokens_total(s, 0, SL_TOKENS_PROMPT);
 		assert_true(v >= last);
 		last = v;
@@ -676,9 +676,240 @@ test_token_counters_saturate_never_wrap(void **state)
 	assert_int_equal(sl_shm_tokens_total(s, 0, SL_TOKENS_COMPLETION), 3);
 	v = sl_shm_tokens_window(s, 0, 1000, 0, NULL);
 	assert_true(v > 0);
-	sl_shm_tokens_charge(s, 0, 1000, n);
+	sl_shm_tokens_charge(s, 0, 0, 1000, n);
 	assert_true(sl_shm_tokens_window(s, 0, 1000, 0, NULL) >= v);
 	assert_int_equal(sl_shm_tokens_total(s, 1, SL_TOKENS_PROMPT), 0);
+}
+
+/* ---- models (issue 23) --------------------------------------------------- */
+
+/* A dead worker's model counters and histograms move to row 0, exactly. */
+static void
+test_model_counters_survive_a_dead_row(void **state)
+{
+	struct sl_shm *s = make(*state, 2, 3);
+	int n;
+
+	sl_shm_count_model_request(s, 1, 3, 200);
+	sl_shm_count_model_request(s, 1, 3, 200);
+	sl_shm_count_model_request(s, 2, 3, 404);
+	sl_shm_count_model_request(s, 2, 0, 200);
+	sl_shm_model_observe(s, 1, 3, SL_MHIST_TTFT, 0.03);
+	sl_shm_model_observe(s, 2, 3, SL_MHIST_TTFT, 20.0);
+	sl_shm_model_observe(s, 1, 3, SL_MHIST_DURATION, 1.0);
+	sl_shm_retire_stats(s, 1);
+	assert_int_equal(sl_shm_model_requests_sum(s, 3, sl_shm_code_slot(200)), 2);
+	assert_int_equal(sl_shm_model_requests_sum(s, 3, sl_shm_code_slot(404)), 1);
+	assert_int_equal(sl_shm_model_requests_sum(s, 0, sl_shm_code_slot(200)), 1);
+	assert_int_equal(sl_shm_model_requests_sum(s, 1, sl_shm_code_slot(200)), 0);
+	sl_shm_mhist_bounds(SL_MHIST_TTFT, &n);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 3, SL_MHIST_TTFT, 3), 0);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 3, SL_MHIST_TTFT, 4), 1);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 3, SL_MHIST_TTFT, n - 1), 1);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 3, SL_MHIST_TTFT, n), 2);
+	assert_true(sl_shm_model_hist_sum(s, 3, SL_MHIST_TTFT) > 20.029 &&
+	    sl_shm_model_hist_sum(s, 3, SL_MHIST_TTFT) < 20.031);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 3, SL_MHIST_DURATION, 14), 1);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 3, SL_MHIST_TPOT, 13), 0);
+	/* Row 1 was zeroed: a new worker on it starts from nothing. */
+	sl_shm_retire_stats(s, 1);
+	assert_int_equal(sl_shm_model_requests_sum(s, 3, sl_shm_code_slot(200)), 2);
+	/* Out of range: ignored. */
+	sl_shm_count_model_request(s, 3, 3, 200);
+	sl_shm_count_model_request(s, 0, SL_SHM_MODELS, 200);
+	assert_int_equal(sl_shm_model_requests_sum(s, SL_SHM_MODELS, 0), 0);
+}
+
+/* The OpenTelemetry GenAI buckets; a value on a bound falls in it. */
+static void
+test_model_histograms_use_the_genai_bounds(void **state)
+{
+	static const double ttft[] = { 0.001, 0.005, 0.01, 0.02, 0.04, 0.06,
+	    0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0 };
+	static const double tpot[] = { 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
+	    0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5 };
+	static const double dur[] = { 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64,
+	    1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92 };
+	struct sl_shm *s = make(*state, 1, 1);
+	const double *b;
+	int n, i;
+
+	b = sl_shm_mhist_bounds(SL_MHIST_TTFT, &n);
+	assert_int_equal(n, 16);
+	assert_memory_equal(b, ttft, sizeof(ttft));
+	b = sl_shm_mhist_bounds(SL_MHIST_TPOT, &n);
+	assert_int_equal(n, 13);
+	assert_memory_equal(b, tpot, sizeof(tpot));
+	b = sl_shm_mhist_bounds(SL_MHIST_DURATION, &n);
+	assert_int_equal(n, 14);
+	assert_memory_equal(b, dur, sizeof(dur));
+	for (i = 0; i < 13; i++)
+		sl_shm_model_observe(s, 0, 1, SL_MHIST_TPOT, tpot[i]);
+	sl_shm_model_observe(s, 0, 1, SL_MHIST_TPOT, -1.0);   /* as 0 */
+	sl_shm_model_observe(s, 0, 1, SL_MHIST_TPOT, 3.0);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 1, SL_MHIST_TPOT, 0), 2);
+	for (i = 1; i < 13; i++)
+		assert_int_equal(sl_shm_model_hist_bucket(s, 1, SL_MHIST_TPOT, i),
+		    i + 2);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 1, SL_MHIST_TPOT, 13), 15);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 1, SL_MHIST_TPOT, 14), 0);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 2, SL_MHIST_TPOT, 13), 0);
+}
+
+/* The tokens of each tenant and model; together, the tenant's total. */
+static void
+test_tokens_per_model_add_up_to_the_tenant(void **state)
+{
+	struct sl_shm *s = make(*state, 4, 1);
+	uint64_t a[SL_TOKENS_KINDS] = { 10, 2, 0 }, b[SL_TOKENS_KINDS] = { 0, 0, 7 };
+	uint64_t seen[4][SL_SHM_MODELS][SL_TOKENS_KINDS], n[SL_TOKENS_KINDS];
+	size_t pos = 0, t, m, pairs = 0;
+	int k;
+
+	sl_shm_tokens_charge(s, 0, 0, 1000, a);
+	sl_shm_tokens_charge(s, 0, 3, 1000, a);
+	sl_shm_tokens_charge(s, 0, 3, 1001, b);
+	sl_shm_tokens_charge(s, 0, 127, 1001, b);
+	sl_shm_tokens_charge(s, 1, 3, 1001, a);
+	sl_shm_tokens_charge(s, 2, SL_SHM_MODELS, 1001, a);   /* as "-" */
+	assert_int_equal(sl_shm_tokens_model(s, 0, 0, SL_TOKENS_PROMPT), 10);
+	assert_int_equal(sl_shm_tokens_model(s, 0, 3, SL_TOKENS_PROMPT), 10);
+	assert_int_equal(sl_shm_tokens_model(s, 0, 3, SL_TOKENS_ESTIMATED), 7);
+	assert_int_equal(sl_shm_tokens_model(s, 0, 127, SL_TOKENS_ESTIMATED), 7);
+	assert_int_equal(sl_shm_tokens_model(s, 0, 4, SL_TOKENS_PROMPT), 0);
+	assert_int_equal(sl_shm_tokens_model(s, 1, 3, SL_TOKENS_COMPLETION), 2);
+	assert_int_equal(sl_shm_tokens_model(s, 1, 0, SL_TOKENS_COMPLETION), 0);
+	assert_int_equal(sl_shm_tokens_model(s, 2, 0, SL_TOKENS_PROMPT), 10);
+	assert_int_equal(sl_shm_tokens_total(s, 0, SL_TOKENS_PROMPT), 20);
+	assert_int_equal(sl_shm_tokens_total(s, 0, SL_TOKENS_ESTIMATED), 14);
+	/* The window is the tenant's, whatever the model (tokens_per_minute). */
+	assert_int_equal(sl_shm_tokens_window(s, 0, 1001, 0, NULL), 12 + 12 + 7 + 7);
+	memset(seen, 0, sizeof(seen));
+	while (sl_shm_tokens_next(s, &pos, &t, &m, n)) {
+		assert_true(t < 4 && m > 0 && m < SL_SHM_MODELS);
+		for (k = 0; k < SL_TOKENS_KINDS; k++)
+			seen[t][m][k] += n[k];
+		pairs++;
+	}
+	assert_int_equal(pairs, 3);
+	assert_int_equal(seen[0][3][SL_TOKENS_PROMPT], 10);
+	assert_int_equal(seen[0][3][SL_TOKENS_ESTIMATED], 7);
+	assert_int_equal(seen[0][127][SL_TOKENS_ESTIMATED], 7);
+	assert_int_equal(seen[1][3][SL_TOKENS_COMPLETION], 2);
+}
+
+/*
+ * The pair table is bounded (SL_SHM_PAIRS_PER_TENANT per tenant of the
+ * capacity): past it, a pair's tokens count under "-", and each tenant's
+ * models still add up to its total.
+ */
+static void
+test_token_pairs_past_the_table_count_under_dash(void **state)
+{
+	size_t tenants = 1000, t, m, pos = 0, pairs = 0, tt, mm;
+	struct sl_shm *s = make(*state, tenants, 1);
+	uint64_t one[SL_TOKENS_KINDS] = { 1, 0, 0 }, n[SL_TOKENS_KINDS];
+	uint64_t *sum = calloc(tenants, sizeof(*sum));
+
+	assert_non_null(sum);
+	for (t = 0; t < tenants; t++)
+		for (m = 1; m <= 8; m++)
+			sl_shm_tokens_charge(s, t, m, 1000, one);
+	while (sl_shm_tokens_next(s, &pos, &tt, &mm, n)) {
+		assert_int_equal(n[SL_TOKENS_PROMPT], 1);
+		sum[tt] += n[SL_TOKENS_PROMPT];
+		pairs++;
+	}
+	/* 8000 pairs, a table of 2048: full, the rest under "-". */
+	assert_true(pairs <= 2048 && pairs > 1024);
+	for (t = 0; t < tenants; t++) {
+		assert_int_equal(sum[t] + sl_shm_tokens_model(s, t, 0,
+		    SL_TOKENS_PROMPT), 8);
+		assert_int_equal(sl_shm_tokens_total(s, t, SL_TOKENS_PROMPT), 8);
+	}
+	free(sum);
+}
+
+/* A slot given to another name starts from zero; the others keep theirs. */
+static void
+test_model_reset_zeroes_only_that_slot(void **state)
+{
+	struct sl_shm *s = make(*state, 2, 2);
+	uint64_t a[SL_TOKENS_KINDS] = { 5, 1, 0 }, n[SL_TOKENS_KINDS];
+	size_t pos = 0, t, m, pairs = 0;
+
+	sl_shm_count_model_request(s, 1, 2, 200);
+	sl_shm_count_model_request(s, 1, 3, 200);
+	sl_shm_model_observe(s, 0, 2, SL_MHIST_DURATION, 0.5);
+	sl_shm_model_observe(s, 1, 3, SL_MHIST_DURATION, 0.5);
+	sl_shm_count_fallback(s, 2, 3);
+	sl_shm_count_fallback(s, 3, 2);
+	sl_shm_count_fallback(s, 3, 3);
+	sl_shm_count_fallback(s, 3, 4);
+	sl_shm_tokens_charge(s, 0, 2, 1000, a);
+	sl_shm_tokens_charge(s, 0, 3, 1000, a);
+	sl_shm_tokens_charge(s, 1, 2, 1000, a);
+	sl_shm_model_reset(s, 2);
+	assert_int_equal(sl_shm_model_requests_sum(s, 2, sl_shm_code_slot(200)), 0);
+	assert_int_equal(sl_shm_model_requests_sum(s, 3, sl_shm_code_slot(200)), 1);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 2, SL_MHIST_DURATION, 14), 0);
+	assert_int_equal(sl_shm_model_hist_bucket(s, 3, SL_MHIST_DURATION, 14), 1);
+	assert_int_equal(sl_shm_fallbacks(s, 2, 3), 0);
+	assert_int_equal(sl_shm_fallbacks(s, 3, 2), 0);
+	assert_int_equal(sl_shm_fallbacks(s, 3, 3), 1);
+	assert_int_equal(sl_shm_fallbacks(s, 3, 4), 1);
+	assert_int_equal(sl_shm_tokens_model(s, 0, 2, SL_TOKENS_PROMPT), 0);
+	assert_int_equal(sl_shm_tokens_model(s, 0, 3, SL_TOKENS_PROMPT), 5);
+	while (sl_shm_tokens_next(s, &pos, &t, &m, n))
+		pairs++;
+	assert_int_equal(pairs, 1);
+	/* The new model's first tokens make a new pair. */
+	sl_shm_tokens_charge(s, 1, 2, 1000, a);
+	assert_int_equal(sl_shm_tokens_model(s, 1, 2, SL_TOKENS_COMPLETION), 1);
+	assert_int_equal(sl_shm_tokens_total(s, 1, SL_TOKENS_COMPLETION), 2);
+}
+
+/* Workers claim pairs and add tokens at once: every token is counted. */
+#define PAIR_KIDS 4
+#define PAIR_ITERS 3000
+static void
+test_token_pairs_exact_across_processes(void **state)
+{
+	struct fx *f = *state;
+	struct sl_shm *s = make(f, 64, 1);
+	uint64_t one[SL_TOKENS_KINDS] = { 1, 2, 0 };
+	size_t i, t, m;
+	int st, j;
+
+	for (i = 0; i < PAIR_KIDS; i++) {
+		pid_t pid = fork();
+
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			for (j = 0; j < PAIR_ITERS; j++)
+				sl_shm_tokens_charge(s, (size_t)j % 64,
+				    1 + (size_t)j % 5, 1000, one);
+			_exit(0);
+		}
+		f->kids[f->nkids++] = pid;
+	}
+	for (i = 0; i < f->nkids; i++) {
+		assert_int_equal(waitpid(f->kids[i], &st, 0), f->kids[i]);
+		f->kids[i] = 0;
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	for (t = 0; t < 64; t++)
+		for (m = 1; m <= 5; m++) {
+			uint64_t want = 0;
+
+			for (j = 0; j < PAIR_ITERS; j++)
+				want += (size_t)j % 64 == t && 1 + (size_t)j % 5 == m;
+			assert_int_equal(sl_shm_tokens_model(s, t, m,
+			    SL_TOKENS_PROMPT), PAIR_KIDS * want);
+			assert_int_equal(sl_shm_tokens_model(s, t, m,
+			    SL_TOKENS_COMPLETION), 2 * PAIR_KIDS * want);
+		}
+	assert_int_equal(sl_shm_tokens_model(s, 0, 0, SL_TOKENS_PROMPT), 0);
 }
 
 int
@@ -704,6 +935,12 @@ main(void)
 		T(test_sigkill_at_any_instant_reclaims_exactly),
 		T(test_hints_answer_only_their_own_hash),
 		T(test_token_counters_saturate_never_wrap),
+		T(test_model_counters_survive_a_dead_row),
+		T(test_model_histograms_use_the_genai_bounds),
+		T(test_tokens_per_model_add_up_to_the_tenant),
+		T(test_token_pairs_past_the_table_count_under_dash),
+		T(test_model_reset_zeroes_only_that_slot),
+		T(test_token_pairs_exact_across_processes),
 	};
 #undef T
 
