@@ -161,6 +161,9 @@ void sl_queue_set_tenant(struct sl_queue *, size_t tenant, int32_t weight,
  */
 void sl_queue_close_pool(struct sl_queue *, size_t row, size_t pool);
 
+/* The pool's queue timeout now, ms (a reload's applies to waiters). */
+int32_t sl_queue_timeout_ms(const struct sl_queue *, size_t pool);
+
 /*
  * Anyone, lock-free: waiters of pool right now (seq_cst). The path with
  * no queue in use reads only this before sl_pool_pick.

@@ -555,6 +555,14 @@ sl_queue_close_pool(struct sl_queue *q, size_t row, size_t pool)
 }
 
 int32_t
+sl_queue_timeout_ms(const struct sl_queue *q, size_t pool)
+{
+	if (q == NULL || pool >= q->npools)
+		return 0;
+	return atomic_load(&((struct sl_queue *)q)->pools[pool].timeout_ms);
+}
+
+int32_t
 sl_queue_waiting(const struct sl_queue *q, size_t pool)
 {
 	if (q == NULL || pool >= q->npools)
@@ -847,8 +855,12 @@ sl_queue_reclaim_rows(struct sl_queue *q, const size_t *rows, size_t n)
 	for (i = 0; i < n; i++)
 		if (rows[i] < q->nrows && rows[i] != SL_QUEUE_ROW)
 			dead[rows[i]] = 1;
+	/*
+	 * A dead row that held the lock makes this an owner-dead lock: the
+	 * repair runs first. Otherwise the lists are whole (every change to
+	 * them and to the queue row's held cells is under the lock).
+	 */
 	q_lock(q, SL_QUEUE_ROW);
-	repair(q, SL_QUEUE_ROW);
 	for (i = 0; i < q->nentries; i++) {
 		e = &q->e[i];
 		s = atomic_load(&e->state);
