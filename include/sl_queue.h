@@ -45,9 +45,9 @@
  * waiters); a slab of entries (tenant, pool, worker row, enqueue time and
  * order, state, the granted slot, a generation so that a stale handle is
  * refused); per worker row the list of grants not yet collected and a
- * wake flag. Each row has an eventfd made by sl_queue_create (in the
- * master, before fork): a grant writes it once per batch, the worker
- * watches it with ev_io.
+ * wake flag. Each row has an eventfd made by the master before it forks
+ * the first workers of a config with a queue (sl_queue_enable_wake): a
+ * grant writes it once per batch, the worker watches it with ev_io.
  *
  * Where a granted slot is: replica slots are counted in sl_shm (in-flight
  * per replica index, held per worker row, reclaimed when a worker dies).
@@ -134,12 +134,20 @@ struct sl_queue_grant {
  * Master, before fork: a zeroed queue for npools pools (indices the
  * master keeps stable across reloads), ntenants tenant indices (sl_shm's
  * index space), nentries waiters at most across all pools, and nrows
- * worker rows (sl_shm's), with one eventfd per row. Every pool starts
- * without a queue. NULL (errno) on failure.
+ * worker rows (sl_shm's). Every pool starts without a queue. NULL
+ * (errno) on failure.
  */
 struct sl_queue *sl_queue_create(struct sl_shm *, size_t npools,
     size_t ntenants, size_t nentries, size_t nrows);
 void sl_queue_destroy(struct sl_queue *);
+
+/*
+ * Master, before forking the first workers of a config with a queue: one
+ * eventfd per row (a grant wakes its row's worker through it). Made once,
+ * kept for the master's life (nrows descriptors in every process, so a
+ * config without queue costs none). 0, or -1 (errno; those made stay).
+ */
+int sl_queue_enable_wake(struct sl_queue *);
 
 /* Worker: the fd to watch (EV_READ) for grants to its row; -1 if none. */
 int sl_queue_wake_fd(const struct sl_queue *, size_t row);

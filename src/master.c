@@ -423,31 +423,43 @@ fail:
 
 /*
  * The fair queue follows cfg (start and reload): each pool's queue, each
- * tenant's weight and priority, at once for the requests waiting; a pool
- * the reload removed answers its waiters 503 upstream_unavailable.
+ * tenant's weight and priority, at once for the requests waiting, before
+ * the workers that use them start; with close_removed (once the reload
+ * cannot fail any more), a pool the reload removed answers its waiters
+ * 503 upstream_unavailable.
  */
 #define QUEUE_ENTRIES_MIN 1024
 #define QUEUE_ENTRIES_MAX 65536
 
 static void
 publish_queue(struct master *m, const struct sl_config *cfg,
-    const size_t *tmap, const size_t *umap)
+    const size_t *tmap, const size_t *umap, int close_removed)
 {
 	unsigned char kept[SL_SHM_MAX_UPSTREAMS];
 	size_t i;
+	int wake = 1;
 
 	memset(kept, 0, sizeof(kept));
+	for (i = 0; i < cfg->nupstreams; i++)
+		if (cfg->upstreams[i].queue.enabled &&
+		    sl_queue_enable_wake(m->queue) == -1) {
+			sl_err("cannot make the fair queue's eventfds: %s; "
+			    "requests to a full pool get 503 at once",
+			    strerror(errno));
+			wake = 0;
+			break;
+		}
 	for (i = 0; i < cfg->nupstreams; i++) {
 		const struct sl_upstream_conf *u = &cfg->upstreams[i];
 
 		kept[umap[i]] = 1;
 		sl_queue_set_pool(m->queue, umap[i],
-		    u->queue.enabled ? u->queue.max : 0,
+		    u->queue.enabled && wake ? u->queue.max : 0,
 		    (int32_t)u->queue.timeout_ms,
 		    u->queue.fairness == SL_FAIRNESS_FIFO ? SL_QUEUE_FIFO :
 		    SL_QUEUE_TOKENS);
 	}
-	for (i = 0; i < m->up_n; i++)
+	for (i = 0; close_removed && i < m->up_n; i++)
 		if (!kept[i])
 			sl_queue_close_pool(m->queue, SL_QUEUE_ROW, i);
 	for (i = 0; i < cfg->ntenants; i++)
@@ -895,6 +907,7 @@ reload(struct master *m)
 		free(map_tenants(m, m->cur.cfg));   /* the old limits again */
 		goto fail;
 	}
+	publish_queue(m, ncfg, map, umap, 0);
 	old = m->cur;
 	old_nw = m->nworkers;
 	memcpy(old_rows, m->slot_row, sizeof(old_rows));
@@ -930,13 +943,14 @@ reload(struct master *m)
 		free(map_tenants(m, old.cfg));
 		free_replica_map(map_replicas(m, old.cfg, old.id),
 		    old.cfg->nupstreams);
+		publish_queue(m, old.cfg, old.tenant_slot, old.upstream_slot, 0);
 		sl_err("reload failed: cannot start worker %d of the new "
 		    "generation; keeping generation %u", started, m->cur.id);
 		goto fail;
 	}
 	config_warn_permissions(m->path);
 	sl_log_set_level(ncfg->log_level);
-	publish_queue(m, ncfg, map, umap);
+	publish_queue(m, ncfg, map, umap, 1);
 	sl_cluster_master_reconf(m->cluster, ncfg);
 	/* Rows kept for a respawn that will not happen now go back. */
 	for (s = 0; s < old_nw; s++)
@@ -1591,7 +1605,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			sl_err("cannot map the fair queue: %s", strerror(errno));
 			return 1;
 		}
-		publish_queue(&m, cfg, m.cur.tenant_slot, m.cur.upstream_slot);
+		publish_queue(&m, cfg, m.cur.tenant_slot, m.cur.upstream_slot, 0);
 	}
 	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
 		sl_err("cannot set up health probes");

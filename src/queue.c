@@ -213,9 +213,6 @@ sl_queue_create(struct sl_shm *shm, size_t npools, size_t ntenants,
 		free_push(q, (int32_t)i);
 	for (i = 0; i < ntenants; i++)
 		atomic_store(&q->tenants[i].weight, 1);
-	for (i = 0; i < nrows; i++)
-		if ((q->fds[i] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) == -1)
-			goto fail;
 	return q;
 fail:
 	sl_queue_destroy(q);
@@ -237,6 +234,18 @@ sl_queue_destroy(struct sl_queue *q)
 	free(q->fds);
 	free(q->to_wake);
 	free(q);
+}
+
+int
+sl_queue_enable_wake(struct sl_queue *q)
+{
+	size_t i;
+
+	for (i = 0; i < q->nrows; i++)
+		if (q->fds[i] < 0 &&
+		    (q->fds[i] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) == -1)
+			return -1;
+	return 0;
 }
 
 int
@@ -650,8 +659,10 @@ sl_queue_collect(struct sl_queue *q, size_t row, struct sl_queue_grant *out,
 
 	if (row >= q->nrows || row == SL_QUEUE_ROW)
 		return 0;
-	rd = read(q->fds[row], &buf, sizeof(buf));
-	(void)rd;
+	if (q->fds[row] >= 0) {
+		rd = read(q->fds[row], &buf, sizeof(buf));
+		(void)rd;
+	}
 	q_lock(q, row);
 	atomic_store(&q->rows[row].wake, 0);
 	while (n < max && (i = q->rows[row].head) != NIL) {

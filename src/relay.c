@@ -3264,6 +3264,21 @@ conn_queue_granted(struct sl_worker *w, const struct sl_queue_grant *g)
 }
 
 void
+sl_conn_queue_tick(struct sl_worker *w)
+{
+	struct sl_conn *c, *next;
+
+	/*
+	 * A waiter's deadline reads its pool's timeout now: re-arm each
+	 * one, so that a reload that shortened it applies within a second.
+	 */
+	for (c = TAILQ_FIRST(&w->queued); c != NULL; c = next) {
+		next = TAILQ_NEXT(c, qentry);
+		conn_timer_update(c);
+	}
+}
+
+void
 sl_conn_queue_event(struct sl_worker *w)
 {
 	struct sl_queue_grant g[32];

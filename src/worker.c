@@ -193,6 +193,7 @@ gauge_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	 */
 	for (u = 0; w->queue != NULL && u < w->cfg->nupstreams; u++)
 		sl_pool_pump(w->pools, u);
+	sl_conn_queue_tick(w);
 }
 
 static void

@@ -290,3 +290,35 @@ def test_inject_priority_adds_the_tenants_negated_priority_as_last_member():
             body = b'{"model": "stub", "stream": false, "messages": []}'
             r = gw.request("POST", "/v1/chat/completions", dict(CT), body, key=BETA_KEY)
             assert last_body(s1) == body
+
+
+@h.timeout(90)
+def test_queue_reload_applies_timeout_at_once_and_a_removed_pool_answers_its_waiters():
+    with Stub("r1") as s1, Stub("r2") as s2:
+        cfg = queue_config([(s1.url, 1)], {"max": 10, "timeout": "60s"})
+        cfg["upstreams"]["other"] = {"url": s2.url, "api_key": UPSTREAM_KEY}
+        with Gateway(cfg, allow_worker_changes=True) as gw:
+            held = hold(gw, 1)
+            a, _ = gw.open_stream(events=1, interval=0, read_head=False, timeout=20)
+            wait_waiting(gw, 1)
+            # A shorter timeout applies to the waiter already there.
+            cfg["upstreams"]["main"]["queue"]["timeout"] = "100ms"
+            h.reload(gw, cfg)
+            r = a.read_response(timeout=10)
+            assert_error(r, 503, "queue_timeout")
+            a.close()
+            assert outcome(gw, "timeout") == 1
+            cfg["upstreams"]["main"]["queue"]["timeout"] = "60s"
+            h.reload(gw, cfg)
+            c, _ = gw.open_stream(events=1, interval=0, read_head=False, timeout=20)
+            wait_waiting(gw, 1)
+            # The pool is removed: its waiter gets 503 upstream_unavailable.
+            cfg2 = dict(cfg)
+            cfg2["upstreams"] = {"other": cfg["upstreams"]["other"]}
+            for t in cfg2["tenants"].values():
+                t["upstream"] = "other"
+            h.reload(gw, cfg2)
+            r = c.read_response(timeout=10)
+            assert_error(r, 503, "upstream_unavailable")
+            close_all(held + [c])
+            assert s1.stats()["requests"] == 1

@@ -58,7 +58,7 @@ setup(void **state)
 	if (f->shm == NULL)
 		return -1;
 	f->q = sl_queue_create(f->shm, 4, NIDX, 256, NROWS);
-	if (f->q == NULL)
+	if (f->q == NULL || sl_queue_enable_wake(f->q) == -1)
 		return -1;
 	sl_shm_set_limit(f->shm, REP, 2);
 	sl_shm_set_limit(f->shm, REP2, 2);
