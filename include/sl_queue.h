@@ -26,8 +26,8 @@
  *
  * Who goes next: the highest priority band (the tenant's `priority`) with
  * a waiter; within it, with fairness tokens, the tenant whose service
- * counter is lowest (fifo: whose oldest waiter is oldest); within a
- * tenant, its oldest waiter. A tenant's counter grows by
+ * counter is lowest, of equal ones the tenant with fewer waiters (fifo:
+ * whose oldest waiter is oldest); within a tenant, its oldest waiter. A tenant's counter grows by
  * cost * 1000 / weight as its tokens are charged (sl_queue_charge), in
  * milli-tokens; a tenant that starts waiting after having had no waiter
  * in the pool is lifted to the lowest counter among the pool's waiting

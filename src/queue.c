@@ -429,7 +429,12 @@ q_unlock(struct sl_queue *q)
 
 /*
  * The pool's next waiter: highest priority band, then (tokens) lowest
- * counter or (fifo) oldest head, then oldest. NIL when nobody waits.
+ * counter, then fewer waiters, or (fifo) nothing more; then the oldest.
+ * NIL when nobody waits. Fewer waiters breaks a tie of counters the way
+ * the issue's latecomer wants it: a tenant lifted on arrival to the
+ * counter of one with 40 waiters goes first, although the other's
+ * running streams have not been charged yet (tokens are counted when a
+ * response ends, after its slot went on).
  */
 static int32_t
 best(const struct sl_queue *q, size_t pool)
@@ -437,7 +442,7 @@ best(const struct sl_queue *q, size_t pool)
 	const struct q_pool *p = &q->pools[pool];
 	int fifo = atomic_load_explicit(&p->fairness, memory_order_relaxed) ==
 	    SL_QUEUE_FIFO;
-	int32_t t, win = NIL, band, wband = 0;
+	int32_t t, win = NIL, band, wband = 0, n, wn = 0;
 	uint64_t v, wv = 0;
 
 	for (t = p->active; t != NIL; t = cell(q, pool, (size_t)t)->next) {
@@ -447,12 +452,16 @@ best(const struct sl_queue *q, size_t pool)
 		band = atomic_load_explicit(&q->tenants[t].priority,
 		    memory_order_relaxed);
 		v = fifo ? 0 : service(q, pool, (size_t)t);
+		n = fifo ? 0 : atomic_load_explicit(&c->nwait,
+		    memory_order_relaxed);
 		if (win == NIL || band > wband ||
 		    (band == wband && (v < wv ||
-		    (v == wv && seq < q->e[win].seq)))) {
+		    (v == wv && (n < wn ||
+		    (n == wn && seq < q->e[win].seq)))))) {
 			win = c->head;
 			wband = band;
 			wv = v;
+			wn = n;
 		}
 	}
 	return win;

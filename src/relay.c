@@ -2520,6 +2520,13 @@ conn_start_upstream(struct sl_conn *c)
 		    retry_after, 0);
 		return;
 	}
+	if (c->w->queue != NULL && up->queue.enabled) {
+		/* Served now: its prompt counts now, as a waiter's would. */
+		sl_queue_charge(c->w->queue, c->w->upstream_slot[
+		    conn_upstream_idx(c)], c->w->tenant_slot[c->tenant],
+		    c->prompt_est);
+		c->q_charged = c->prompt_est;
+	}
 	if (conn_try(c, r) == -1)
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
 		    "cannot start the upstream request", 0, 0);

@@ -322,3 +322,33 @@ def test_queue_reload_applies_timeout_at_once_and_a_removed_pool_answers_its_wai
             assert_error(r, 503, "upstream_unavailable")
             close_all(held + [c])
             assert s1.stats()["requests"] == 1
+
+
+@h.timeout(120)
+def test_queue_latecomer_tenant_goes_next_not_behind_40_waiters():
+    with Stub("r1") as s1, Stub("r2") as s2:
+        cfg = queue_config([(s1.url, 2), (s2.url, 2)], {"max": 100, "timeout": "60s"})
+        with Gateway(cfg) as gw:
+            held = []
+            for i in range(4):
+                # They end one after the other, normally (charged, then free).
+                c, r = gw.open_stream(events=5 * (i + 1), interval=200, timeout=20)
+                assert r.status == 200, r.status
+                held.append(c)
+            waiters = []
+            for _ in range(40):
+                c, _ = gw.open_stream(events=100, interval=100, read_head=False,
+                                      timeout=30, tag="acmew")
+                waiters.append(c)
+            wait_waiting(gw, 40)
+            b, _ = gw.open_stream(key=BETA_KEY, events=100, interval=100,
+                                  read_head=False, timeout=30, tag="beta")
+            wait_waiting(gw, 1, tenant="beta")
+            rb = b.read_response(timeout=20)
+            assert rb.status == 200, rb.status
+            # beta's was the first dispatched: no acme waiter ran before it.
+            assert s1.tag("acmew")["requests"] + s2.tag("acmew")["requests"] == 0, \
+                (s1.tag("acmew"), s2.tag("acmew"))
+            assert waiting(gw) == 40
+            close_all(waiters + [b] + held)
+            h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme", timeout=10)

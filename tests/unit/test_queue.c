@@ -191,19 +191,39 @@ test_queue_order_band_then_counter_then_age(void **state)
 	got = collect_one(f, 2, NULL);
 	assert_int_equal(got, c1);
 
-	/* Band 0: TA and TB both at 10000: the oldest head (a1). */
-	assert_int_equal(take_and_offer(f, 3, REP), 1);
-	assert_int_equal(collect_one(f, 1, NULL), a1);
-	/* TA charged for a1's tokens: TB is now the least served. */
+	/* Band 0: TA charged more: TB is the least served. */
 	sl_queue_charge(f->q, POOL, TA, 5);
 	assert_int_equal(take_and_offer(f, 3, REP), 1);
 	assert_int_equal(collect_one(f, 2, NULL), b1);
+	/* TA alone: its oldest first. */
+	assert_int_equal(take_and_offer(f, 3, REP), 1);
+	assert_int_equal(collect_one(f, 1, NULL), a1);
 	assert_int_equal(take_and_offer(f, 3, REP), 1);
 	assert_int_equal(collect_one(f, 1, NULL), a2);
 	/* Nobody waits: the slot stays with its holder. */
 	assert_int_equal(take_and_offer(f, 3, REP), 0);
 	assert_int_equal(sl_shm_inflight(f->shm, REP), 0);
 	assert_int_equal(sl_queue_outcomes(f->q, POOL, SL_QUEUE_O_DISPATCHED), 4);
+	assert_consistent(f->q);
+}
+
+/* Equal counters: fewer waiters first; equal waiters too: the oldest. */
+static void
+test_queue_tie_goes_to_fewer_waiters_then_oldest(void **state)
+{
+	struct fx *f = *state;
+	uint64_t a1, b1, c1;
+
+	a1 = enq(f->q, 1, TA, 0, 0);
+	enq(f->q, 1, TA, 1, 0);
+	b1 = enq(f->q, 2, TB, 2, 0);
+	c1 = enq(f->q, 2, TC, 3, 0);
+	assert_int_equal(take_and_offer(f, 3, REP), 1);
+	assert_int_equal(collect_one(f, 2, NULL), b1);   /* 1 waiter, older */
+	assert_int_equal(take_and_offer(f, 3, REP), 1);
+	assert_int_equal(collect_one(f, 2, NULL), c1);   /* 1 waiter vs 2 */
+	assert_int_equal(take_and_offer(f, 3, REP), 1);
+	assert_int_equal(collect_one(f, 1, NULL), a1);
 	assert_consistent(f->q);
 }
 
@@ -232,7 +252,7 @@ test_queue_latecomer_goes_next_without_banked_credit(void **state)
 	/* Lifted to the lowest waiting counter: the flooder's. */
 	assert_int_equal(sl_queue_service(f->q, POOL, TB),
 	    sl_queue_service(f->q, POOL, TA));
-	sl_queue_charge(f->q, POOL, TA, 20);   /* its streams go on */
+	/* Equal counters: the tenant with 1 waiter before the one with 36. */
 	assert_int_equal(take_and_offer(f, 3, REP), 1);
 	assert_int_equal(collect_one(f, 2, NULL), b);
 	/* Then TA's 36 (TB has no waiter). */
@@ -713,6 +733,9 @@ main(void)
 		    setup, teardown),
 		cmocka_unit_test_setup_teardown(
 		    test_queue_order_band_then_counter_then_age, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+		    test_queue_tie_goes_to_fewer_waiters_then_oldest, setup,
+		    teardown),
 		cmocka_unit_test_setup_teardown(
 		    test_queue_latecomer_goes_next_without_banked_credit, setup,
 		    teardown),
