@@ -246,6 +246,11 @@ uint64_t sl_queue_outcomes(const struct sl_queue *, size_t pool,
     enum sl_queue_outcome);
 /* Sum of the waits of dispatched waiters, ms. */
 uint64_t sl_queue_wait_ms_sum(const struct sl_queue *, size_t pool);
+/*
+ * Dispatched waiters that waited at most sl_shm_hist_bounds()[b] seconds
+ * (cumulative; b == SL_HIST_BUCKETS: all of them).
+ */
+uint64_t sl_queue_wait_bucket(const struct sl_queue *, size_t pool, int b);
 
 /*
  * Tests and the master's "shm check": take the lock and verify every

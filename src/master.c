@@ -1323,6 +1323,35 @@ render_queue(struct master *m, struct sl_str *o)
 			    m->cur.upstream_slot[u], (enum sl_queue_outcome)k));
 		}
 	}
+	sl_str_printf(o, "# HELP sluice_queue_wait_seconds Time a request "
+	    "dispatched from the pool's queue waited there.\n"
+	    "# TYPE sluice_queue_wait_seconds histogram\n");
+	for (u = 0; u < cfg->nupstreams; u++) {
+		size_t qp = m->cur.upstream_slot[u];
+		const double *b = sl_shm_hist_bounds();
+		int i;
+
+		if (!cfg->upstreams[u].queue.enabled)
+			continue;
+		for (i = 0; i <= SL_HIST_BUCKETS; i++) {
+			sl_str_printf(o, "sluice_queue_wait_seconds_bucket{upstream=\"");
+			label(o, cfg->upstreams[u].name);
+			if (i < SL_HIST_BUCKETS)
+				sl_str_printf(o, "\",le=\"%g\"} ", b[i]);
+			else
+				sl_str_printf(o, "\",le=\"+Inf\"} ");
+			sl_str_printf(o, "%llu\n", (unsigned long long)
+			    sl_queue_wait_bucket(m->queue, qp, i));
+		}
+		sl_str_printf(o, "sluice_queue_wait_seconds_sum{upstream=\"");
+		label(o, cfg->upstreams[u].name);
+		sl_str_printf(o, "\"} %.3f\n",
+		    (double)sl_queue_wait_ms_sum(m->queue, qp) / 1000.0);
+		sl_str_printf(o, "sluice_queue_wait_seconds_count{upstream=\"");
+		label(o, cfg->upstreams[u].name);
+		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
+		    sl_queue_wait_bucket(m->queue, qp, SL_HIST_BUCKETS));
+	}
 	sl_str_printf(o, "# HELP sluice_tenant_service The tenant's service "
 	    "counter in the pool's queue: (prompt + 2 x completion tokens) / "
 	    "weight.\n"

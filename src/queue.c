@@ -43,6 +43,7 @@ struct q_pool {
 	uint64_t vref;                /* counter of the last dispatched tenant */
 	_Atomic uint64_t out[SL_QUEUE_O_MAX];
 	_Atomic uint64_t wait_ms;
+	_Atomic uint64_t wait_hist[SL_HIST_BUCKETS + 1];   /* dispatched */
 };
 
 /* One pool and tenant. */
@@ -656,6 +657,19 @@ sl_queue_offer(struct sl_queue *q, size_t row, size_t pool, size_t slot,
 	return 1;
 }
 
+/* A dispatched waiter's wait, in sl_shm's histogram buckets (seconds). */
+static void
+observe_wait(struct q_pool *p, int64_t ms)
+{
+	const double *b = sl_shm_hist_bounds();
+	double sec = ms > 0 ? (double)ms / 1000.0 : 0;
+	int i;
+
+	for (i = 0; i < SL_HIST_BUCKETS && sec > b[i]; i++)
+		;
+	atomic_fetch_add(&p->wait_hist[i], 1);
+}
+
 size_t
 sl_queue_collect(struct sl_queue *q, size_t row, struct sl_queue_grant *out,
     size_t max, int64_t now_ms)
@@ -690,6 +704,7 @@ sl_queue_collect(struct sl_queue *q, size_t row, struct sl_queue_grant *out,
 			    SL_QUEUE_O_DISPATCHED], 1);
 			atomic_fetch_add(&q->pools[e->pool].wait_ms,
 			    out[n].waited_ms > 0 ? (uint64_t)out[n].waited_ms : 0);
+			observe_wait(&q->pools[e->pool], out[n].waited_ms);
 		} else
 			out[n].slot = SL_QUEUE_CLOSED;
 		free_push(q, i);
@@ -948,6 +963,19 @@ void
 sl_queue_lock_for_test(struct sl_queue *q, size_t row)
 {
 	q_lock(q, row);
+}
+
+uint64_t
+sl_queue_wait_bucket(const struct sl_queue *q, size_t pool, int b)
+{
+	uint64_t n = 0;
+	int i;
+
+	if (pool >= q->npools || b < 0 || b > SL_HIST_BUCKETS)
+		return 0;
+	for (i = 0; i <= b; i++)
+		n += atomic_load(&((struct sl_queue *)q)->pools[pool].wait_hist[i]);
+	return n;
 }
 
 uint64_t

@@ -80,6 +80,8 @@ def test_queue_waiters_get_slots_freed_in_either_worker_and_nothing_leaks():
             assert s1.tag("w")["max_inflight"] + s2.tag("w")["max_inflight"] <= 1 + 1
             assert s1.stats()["max_inflight"] <= 1 and s2.stats()["max_inflight"] <= 1
             assert outcome(gw, "dispatched") == 8
+            assert h.scrape(gw).value("sluice_queue_wait_seconds_count",
+                                      upstream="main") == 8
             wait_waiting(gw, 0)
             close_all(held[1:])
             close_all(waiters)

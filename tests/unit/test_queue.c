@@ -317,6 +317,33 @@ test_queue_fifo_is_oldest_across_tenants(void **state)
 	assert_int_equal(collect_one(f, 1, NULL), a);
 }
 
+/* A dispatched waiter's wait lands in its bucket (sl_shm's bounds). */
+static void
+test_queue_wait_histogram_counts_dispatched_waits(void **state)
+{
+	struct fx *f = *state;
+	struct sl_queue_grant g[2];
+	const double *b = sl_shm_hist_bounds();
+	int i, le025 = -1, le05 = -1;
+
+	for (i = 0; i < SL_HIST_BUCKETS; i++) {
+		if (b[i] == 0.25)
+			le025 = i;
+		if (b[i] == 0.5)
+			le05 = i;
+	}
+	assert_true(le025 >= 0 && le05 >= 0);
+	enq(f->q, 1, TA, 1000, 0);
+	assert_int_equal(take_and_offer(f, 3, REP), 1);
+	assert_int_equal(sl_queue_collect(f->q, 1, g, 2, 1300), 1);
+	assert_int_equal(g[0].waited_ms, 300);
+	sl_shm_release(f->shm, 1, g[0].slot);
+	assert_int_equal(sl_queue_wait_bucket(f->q, POOL, le025), 0);
+	assert_int_equal(sl_queue_wait_bucket(f->q, POOL, le05), 1);
+	assert_int_equal(sl_queue_wait_bucket(f->q, POOL, SL_HIST_BUCKETS), 1);
+	assert_int_equal(sl_queue_wait_ms_sum(f->q, POOL), 300);
+}
+
 /* Client gone: waiting leaves; granted passes its slot on; stale: -1. */
 static void
 test_queue_cancel_waiting_and_granted(void **state)
@@ -743,6 +770,9 @@ main(void)
 		    setup, teardown),
 		cmocka_unit_test_setup_teardown(
 		    test_queue_fifo_is_oldest_across_tenants, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+		    test_queue_wait_histogram_counts_dispatched_waits, setup,
+		    teardown),
 		cmocka_unit_test_setup_teardown(
 		    test_queue_cancel_waiting_and_granted, setup, teardown),
 		cmocka_unit_test_setup_teardown(
