@@ -398,3 +398,58 @@ def test_queue_weights_3_to_1_share_a_flooded_pool_within_5_percent():
             assert sum(done.values()) == 400, done
             assert 285 <= done["acme"] <= 315, done
             assert s1.stats()["max_inflight"] <= 2 and s2.stats()["max_inflight"] <= 2
+
+
+@h.skip_under("valgrind")
+@h.timeout(180)
+def test_queue_reload_changing_weights_mid_flood_applies_to_waiters():
+    import threading
+    with Stub("r1") as s1, Stub("r2") as s2:
+        cfg = queue_config([(s1.url, 2), (s2.url, 2)], {"max": 200, "timeout": "60s"},
+                           acme={"weight": 1}, beta={"weight": 1})
+        with Gateway(cfg, allow_worker_changes=True) as gw:
+            lock = threading.Lock()
+            done = {"acme": 0, "beta": 0}
+            phase = {"counting": False}
+            stop = threading.Event()
+            errors = []
+
+            def loop(tenant, key):
+                while not stop.is_set():
+                    try:
+                        r = gw.request("POST", "/v1/chat/completions",
+                                       dict(CT, **h.stub_headers(events=4, interval=5)),
+                                       h.stream_body(), key=key, timeout=60)
+                    except Exception as e:  # noqa: BLE001 - reported below
+                        errors.append(repr(e))
+                        return
+                    if r.status != 200:
+                        errors.append(r.status)
+                        return
+                    with lock:
+                        if phase["counting"] and sum(done.values()) < 400:
+                            done[tenant] += 1
+                        if sum(done.values()) >= 400:
+                            stop.set()
+            threads = [threading.Thread(target=loop, args=("acme", ACME_KEY))
+                       for _ in range(12)]
+            threads += [threading.Thread(target=loop, args=("beta", BETA_KEY))
+                        for _ in range(12)]
+            for t in threads:
+                t.start()
+            try:
+                h.wait_until(lambda: outcome(gw, "dispatched") >= 100, 60,
+                             msg="the flood is queued")
+                cfg["tenants"]["acme"]["weight"] = 3
+                h.reload(gw, cfg, timeout=20)
+                with lock:
+                    phase["counting"] = True
+            except BaseException:
+                stop.set()
+                raise
+            finally:
+                for t in threads:
+                    t.join(120)
+            assert not errors, errors[:5]
+            assert sum(done.values()) == 400, done
+            assert 280 <= done["acme"] <= 320, done
