@@ -88,6 +88,19 @@
  *
  * What the caller does (relay/upstream; the master for settings and
  * reclaim) is written at each function.
+ *
+ * Not done yet (issue 24): bench/fairness and its RESULTS.md table; the
+ * access log's queued_ms (conn_access_log); a request that a busy head
+ * or a connect failure moves to another replica after its dispatch is
+ * retried as before (sl_pool_pick), never queued again; tokens of a
+ * stream its client left are charged after its slot went on (conn_close
+ * releases before conn_request_end charges). Known costs: one lock for
+ * every pool (a lock per pool would split it); the entries are sized at
+ * start (the sum of queue.max, 1024..65536), so a reload that raises
+ * max past it gets queue_full early; sl_queue_expire and the repair scan
+ * every entry; a worker of an older generation whose config has no
+ * queue for a pool gives its slots back instead of handing them over
+ * (the waiters get them within a second, by the pump).
  */
 #ifndef SL_QUEUE_H
 #define SL_QUEUE_H
