@@ -23,6 +23,12 @@ enum sl_balance {
 	SL_BALANCE_PREFIX_AFFINITY     /* longest cached prompt prefix */
 };
 
+/* upstreams.*.queue.fairness */
+enum sl_fairness {
+	SL_FAIRNESS_TOKENS = 0,        /* default: weighted least-served first */
+	SL_FAIRNESS_FIFO
+};
+
 /* upstreams.*.retry_on, a bit set. */
 #define SL_RETRY_CONNECT 0x1u      /* no connection could be made */
 #define SL_RETRY_BUSY    0x2u      /* a 429, 502 or 503 response head */
@@ -69,6 +75,13 @@ struct sl_upstream_conf {
 		char *path;             /* default "/metrics" */
 		uint64_t interval_ms;   /* default 250ms, >= 50ms */
 	} load_metrics;
+	struct {
+		int enabled;            /* a `queue:` mapping is present */
+		int32_t max;            /* waiters, all workers; default 1000 */
+		uint64_t timeout_ms;    /* longest wait; default 30s */
+		int32_t fairness;       /* enum sl_fairness */
+	} queue;
+	int inject_priority;    /* add "priority": -P to JSON bodies */
 	struct {
 		int32_t failures;       /* consecutive failures -> ejected; 0: off */
 		uint64_t duration_ms;   /* first ejection; doubled, capped at 5 min */
@@ -136,6 +149,8 @@ struct sl_tenant_conf {
 	int32_t max_streams;
 	int32_t retry_after;   /* seconds */
 	int32_t tokens_per_minute;   /* budget over the last 60 s; 0: none */
+	int32_t weight;        /* share of a saturated pool, 1..1000, default 1 */
+	int32_t priority;      /* queue band, -100..100, default 0; < 0: shed */
 	char *upstream;        /* upstream name, as written; NULL: none */
 	size_t upstream_idx;   /* index into sl_config.upstreams */
 	int has_upstream;      /* requests naming no model have an upstream */

@@ -40,6 +40,12 @@ void sl_conn_gauges(struct sl_worker *);
 /* w->hup_fd is readable: close the connections whose client left. */
 void sl_conn_hup_event(struct sl_worker *);
 
+/* The fair queue's eventfd of w's row is readable: start granted waiters. */
+void sl_conn_queue_event(struct sl_worker *);
+
+/* Once a second: waiters' deadlines follow their pool's timeout now. */
+void sl_conn_queue_tick(struct sl_worker *);
+
 /* Refuse a connection over max_connections with a 503 and close it. */
 void sl_conn_refuse(struct sl_worker *, int fd);
 /* At max_connections: close the longest idle kept-alive connection; 1 if one was. */

@@ -54,6 +54,18 @@ enum sl_admit sl_shm_try_acquire(struct sl_shm *, size_t row, size_t tenant);
 /* Give back a slot taken by sl_shm_try_acquire on the same row. */
 void sl_shm_release(struct sl_shm *, size_t row, size_t tenant);
 
+/*
+ * For the fair queue (sl_queue.h), whose granted slots are held by a row
+ * of their own, written only under the queue's lock: move one slot of
+ * index idx from row `from` to row `to` (in-flight unchanged), or give
+ * back one held by `row`, inside the admission window of row `win`, the
+ * caller's own row: a worker killed inside leaves its window open and the
+ * master reconciles idx against the live rows (the queue's row is one).
+ */
+void sl_shm_move(struct sl_shm *, size_t win, size_t from, size_t to,
+    size_t idx);
+void sl_shm_release_as(struct sl_shm *, size_t win, size_t row, size_t idx);
+
 /* Slots row currently holds for tenant (master: after the worker died). */
 int32_t sl_shm_held(const struct sl_shm *, size_t row, size_t tenant);
 

@@ -70,8 +70,39 @@ int sl_pool_pick_prompt(struct sl_pools *, size_t u, const char *body,
 #define SL_POOL_AFFINITY_ENTRIES 65536
 #define SL_POOL_MAX_BLOCKS 4096
 
-/* Give back the slot taken by sl_pool_pick. */
+/*
+ * Give back the slot taken by sl_pool_pick (or collected from the fair
+ * queue). With waiters in u's queue the slot is handed to the next of
+ * them instead, anywhere (sl_queue.h), when its replica may still take a
+ * stream.
+ */
 void sl_pool_release(struct sl_pools *, size_t u, int r);
+
+/*
+ * The fair queue (sl_queue.h): q and, per upstream of the config, its
+ * pool index in q (the master's stable upstream index). Borrowed. Without
+ * it, or for an upstream without `queue:`, nothing waits.
+ */
+struct sl_queue;
+void sl_pools_set_queue(struct sl_pools *, struct sl_queue *q,
+    const size_t *pool_index);
+
+/*
+ * May a request for u wait (sl_pool_pick found nothing)? 1 when u has a
+ * queue and a replica up and not ejected: it is full (or busy) now and
+ * will free. 0: answer 503 upstream_unavailable at once.
+ */
+int sl_pool_queueable(struct sl_pools *, size_t u);
+
+/*
+ * While u's queue has waiters, hand each slot free now to the next of
+ * them. After enqueueing (the slot a releaser gave back just before must
+ * not stay idle) and once a second (a replica back up, a cap raised).
+ */
+void sl_pool_pump(struct sl_pools *, size_t u);
+
+/* Replica of u whose shared index is slot (a granted slot), or -1. */
+int sl_pool_replica_of(const struct sl_pools *, size_t u, size_t slot);
 
 /* Base URL of replica r of upstream u ("http://host:port", no '/'). */
 const char *sl_pool_url(const struct sl_pools *, size_t u, int r);

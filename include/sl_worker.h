@@ -17,6 +17,7 @@
 #include "sl_cluster.h"
 #include "sl_config.h"
 #include "sl_model.h"
+#include "sl_queue.h"
 #include "sl_shm.h"
 #include "sl_upstream.h"
 
@@ -37,6 +38,7 @@ struct sl_worker_args {
 	const uint32_t *replica_epoch;
 	size_t row;                  /* this worker's shm row */
 	struct sl_cluster_shm *cluster_shm;   /* NULL: no `cluster:` */
+	struct sl_queue *queue;      /* the fair queue (sl_queue.h) */
 	int listen_fd;               /* this worker's SO_REUSEPORT socket */
 	int index;                   /* worker number, for logs */
 	unsigned generation;
@@ -53,6 +55,9 @@ struct sl_worker {
 	struct sl_pools *pools;      /* replica choice, per upstream */
 	struct sl_models *models;    /* target choice, per model; NULL: no models: */
 	struct sl_cluster_w *cluster; /* Redis leases; NULL: one node */
+	struct sl_queue *queue;      /* the fair queue; NULL: none */
+	ev_io queue_io;              /* its eventfd for this row: grants */
+	TAILQ_HEAD(, sl_conn) queued;    /* connections in CS_QUEUED */
 	size_t row;
 	int index;
 	int access_fd;               /* -1: access log off */

@@ -252,6 +252,28 @@ static const struct key_row keys[] = {
 	    "Longest a replica's Retry-After (429 or 503) keeps it out; also "
 	    "the most a 503 upstream_unavailable's Retry-After says." },
 	    SEC, HOUR, 0, NOOFF },
+	{ { "upstreams.*.queue", SL_KEY_MAP, NULL, NULL, 1,
+	    "When every replica that could take a request is at its "
+	    "max_streams, the request waits here for a slot; absent: 503 "
+	    "upstream_unavailable at once." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.queue.max", SL_KEY_INT, "1000", "1-1000000", 1,
+	    "Requests waiting for the pool, all workers together; past it 503 "
+	    "queue_full." },
+	    1, 1000000, 0, NOOFF },
+	{ { "upstreams.*.queue.timeout", SL_KEY_DURATION, "30s", "10ms-1h", 1,
+	    "Longest wait; past it 503 queue_timeout." },
+	    10, HOUR, 0, NOOFF },
+	{ { "upstreams.*.queue.fairness", SL_KEY_STRING, "tokens",
+	    "tokens or fifo", 1,
+	    "Who goes next within a priority band: tokens, the tenant least "
+	    "served by weight; fifo, the oldest request." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.inject_priority", SL_KEY_BOOL, "false", "true or false",
+	    1,
+	    "Add \"priority\": -P (P: the tenant's priority) to JSON request "
+	    "bodies, for vLLM --scheduling-policy priority." },
+	    0, 0, 0, NOOFF },
 	{ { "upstreams.*.health", SL_KEY_MAP, NULL, NULL, 1,
 	    "Active health probe of every replica; absent: no probe." },
 	    0, 0, 0, NOOFF },
@@ -300,6 +322,14 @@ static const struct key_row keys[] = {
 	    "Budget of prompt plus completion tokens over the last 60 s, "
 	    "across all workers; at or over it 429; 0: none." },
 	    0, 1000000000, 0, NOOFF },
+	{ { "tenants.*.weight", SL_KEY_INT, "1", "1-1000", 1,
+	    "Share of a saturated pool's queue against the other tenants "
+	    "waiting in the same priority band." },
+	    1, 1000, 0, NOOFF },
+	{ { "tenants.*.priority", SL_KEY_INT, "0", "-100-100", 1,
+	    "Queue band: a higher band always goes first; below 0 the tenant "
+	    "never waits (503 at once when the pool is full)." },
+	    (uint64_t)-100, 100, 0, NOOFF },
 	{ { "tenants.*.upstream", SL_KEY_STRING, NULL, "an upstream name", 1,
 	    "Upstream serving the tenant's requests that name no model; may be "
 	    "omitted when there is one upstream, or a models: section." },
@@ -1113,6 +1143,9 @@ static const struct field upstream_fields[] = {
 	{ "upstreams.*.affinity.max_imbalance", UOFF(affinity.max_imbalance) },
 	{ "upstreams.*.load_metrics.path", UOFF(load_metrics.path) },
 	{ "upstreams.*.load_metrics.interval", UOFF(load_metrics.interval_ms) },
+	{ "upstreams.*.queue.max", UOFF(queue.max) },
+	{ "upstreams.*.queue.timeout", UOFF(queue.timeout_ms) },
+	{ "upstreams.*.inject_priority", UOFF(inject_priority) },
 	{ "upstreams.*.eject.failures", UOFF(eject.failures) },
 	{ "upstreams.*.eject.duration", UOFF(eject.duration_ms) },
 	{ "upstreams.*.eject.max_percent", UOFF(eject.max_percent) },
@@ -1178,6 +1211,9 @@ fields_default(struct ctx *c, const struct field *tab, void *base)
 			if (parse_hundredths(row->info.def, &i) == 0)
 				*(int32_t *)dst = (int32_t)i;
 			break;
+		case SL_KEY_BOOL:
+			*(int *)dst = strcmp(row->info.def, "true") == 0;
+			break;
 		default:
 			break;
 		}
@@ -1208,6 +1244,8 @@ upstream_defaults(struct ctx *c, struct sl_upstream_conf *u)
 	}
 	u->health.enabled = 0;
 	u->load_metrics.enabled = 0;
+	u->queue.enabled = 0;
+	u->queue.fairness = SL_FAIRNESS_TOKENS;
 }
 
 /* A node reached twice is an alias (prescan() reported it). */
@@ -1231,7 +1269,24 @@ valid_probe_path(const char *s)
 	return 1;
 }
 
-/* health: and eject: keys. */
+static void
+parse_fairness(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
+    const char *path)
+{
+	const char *s = want_scalar(c, v, path);
+
+	if (s == NULL)
+		return;
+	if (strcmp(s, "tokens") == 0)
+		u->queue.fairness = SL_FAIRNESS_TOKENS;
+	else if (strcmp(s, "fifo") == 0)
+		u->queue.fairness = SL_FAIRNESS_FIFO;
+	else
+		err_at(c, &v->start_mark, "%s: '%s' must be one of tokens, fifo",
+		    path, s);
+}
+
+/* health:, eject:, affinity:, load_metrics: and queue: keys. */
 struct section_arg {
 	struct sl_upstream_conf *u;
 	const char *section;            /* "health" or "eject" */
@@ -1249,6 +1304,10 @@ section_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	snprintf(pattern, sizeof(pattern), "upstreams.*.%s", a->section);
 	snprintf(path, sizeof(path), "upstreams.%s.%s.%s", a->u->name, a->section,
 	    key);
+	if (strcmp(a->section, "queue") == 0 && strcmp(key, "fairness") == 0) {
+		parse_fairness(c, a->u, v, path);
+		return;
+	}
 	if ((f = find_field(upstream_fields, pattern, key)) == NULL) {
 		err_at(c, &k->start_mark, "unknown key '%s' in upstreams.%s.%s",
 		    key, a->u->name, a->section);
@@ -1311,6 +1370,8 @@ parse_section(struct ctx *c, struct sl_upstream_conf *u, const char *section,
 		check_probe_times(c, &a);
 	} else if (strcmp(section, "load_metrics") == 0)
 		u->load_metrics.enabled = 1;
+	else if (strcmp(section, "queue") == 0)
+		u->queue.enabled = 1;
 }
 
 /* One entry of replicas:. */
@@ -1511,7 +1572,8 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	} else if (strcmp(key, "retry_on") == 0) {
 		parse_retry_on(c, u, v, path);
 	} else if (strcmp(key, "health") == 0 || strcmp(key, "eject") == 0 ||
-	    strcmp(key, "affinity") == 0 || strcmp(key, "load_metrics") == 0) {
+	    strcmp(key, "affinity") == 0 || strcmp(key, "load_metrics") == 0 ||
+	    strcmp(key, "queue") == 0) {
 		parse_section(c, u, key, v, path);
 	} else if ((f = find_field(upstream_fields, "upstreams.*", key)) != NULL) {
 		set_value(c, find_key(f->path), path, v, (char *)u + f->off);
@@ -2103,6 +2165,10 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	} else if (strcmp(key, "tokens_per_minute") == 0) {
 		set_value(c, find_key("tenants.*.tokens_per_minute"), path, v,
 		    &t->tokens_per_minute);
+	} else if (strcmp(key, "weight") == 0) {
+		set_value(c, find_key("tenants.*.weight"), path, v, &t->weight);
+	} else if (strcmp(key, "priority") == 0) {
+		set_value(c, find_key("tenants.*.priority"), path, v, &t->priority);
 	} else if (strcmp(key, "upstream") == 0) {
 		set_value(c, find_key("tenants.*.upstream"), path, v, &t->upstream);
 		a->upstream_node = v;
@@ -2149,6 +2215,8 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		    "in the access log and metrics");
 	t->retry_after = 1;
 	t->max_streams = -1;
+	t->weight = 1;
+	t->priority = 0;
 	snprintf(path, sizeof(path), "tenants.%s", scalar(k));
 	require_mapping(c, v, path, &ok);
 	if (!ok)

@@ -27,6 +27,7 @@
 #include "sl_master.h"
 #include "sl_probe.h"
 #include "sl_net.h"
+#include "sl_queue.h"
 #include "sl_shm.h"
 #include "sl_upstream.h"
 #include "sl_worker.h"
@@ -100,6 +101,7 @@ struct master {
 	struct sl_prober *prober;    /* health probes of the current pools */
 	struct sl_cluster_shm *cshm; /* `cluster:` leases; NULL: one node */
 	struct sl_cluster_m *cluster;
+	struct sl_queue *queue;      /* the pools' fair queue (sl_queue.h) */
 	size_t rows_hwm;
 	int *listen_fds;
 	int nlisten;
@@ -502,6 +504,52 @@ map_models(struct master *m, const struct sl_config *cfg, unsigned gen)
 	return map;
 }
 
+/*
+ * The fair queue follows cfg (start and reload): each pool's queue, each
+ * tenant's weight and priority, at once for the requests waiting, before
+ * the workers that use them start; with close_removed (once the reload
+ * cannot fail any more), a pool the reload removed answers its waiters
+ * 503 upstream_unavailable.
+ */
+#define QUEUE_ENTRIES_MIN 1024
+#define QUEUE_ENTRIES_MAX 65536
+
+static void
+publish_queue(struct master *m, const struct sl_config *cfg,
+    const size_t *tmap, const size_t *umap, int close_removed)
+{
+	unsigned char kept[SL_SHM_MAX_UPSTREAMS];
+	size_t i;
+	int wake = 1;
+
+	memset(kept, 0, sizeof(kept));
+	for (i = 0; i < cfg->nupstreams; i++)
+		if (cfg->upstreams[i].queue.enabled &&
+		    sl_queue_enable_wake(m->queue) == -1) {
+			sl_err("cannot make the fair queue's eventfds: %s; "
+			    "requests to a full pool get 503 at once",
+			    strerror(errno));
+			wake = 0;
+			break;
+		}
+	for (i = 0; i < cfg->nupstreams; i++) {
+		const struct sl_upstream_conf *u = &cfg->upstreams[i];
+
+		kept[umap[i]] = 1;
+		sl_queue_set_pool(m->queue, umap[i],
+		    u->queue.enabled && wake ? u->queue.max : 0,
+		    (int32_t)u->queue.timeout_ms,
+		    u->queue.fairness == SL_FAIRNESS_FIFO ? SL_QUEUE_FIFO :
+		    SL_QUEUE_TOKENS);
+	}
+	for (i = 0; close_removed && i < m->up_n; i++)
+		if (!kept[i])
+			sl_queue_close_pool(m->queue, SL_QUEUE_ROW, i);
+	for (i = 0; i < cfg->ntenants; i++)
+		sl_queue_set_tenant(m->queue, tmap[i], cfg->tenants[i].weight,
+		    cfg->tenants[i].priority);
+}
+
 /* Stable upstream indices for the error counters, like tenants. */
 static size_t *
 map_upstreams(struct master *m, const struct sl_config *cfg)
@@ -650,6 +698,7 @@ spawn(struct master *m, int slot)
 		a.replica_epoch = m->shm_epoch;
 		a.row = (size_t)row;
 		a.cluster_shm = m->cshm;
+		a.queue = m->queue;
 		a.listen_fd = m->listen_fds[slot];
 		a.index = slot;
 		a.generation = m->cur.id;
@@ -719,6 +768,8 @@ reap(struct master *m)
 		return;
 	/* The workers are gone: their held slots go back to their tenants. */
 	reclaimed = sl_shm_reclaim_rows(m->shm, rows, n);
+	/* Then their waiters leave and the slots granted to them go on. */
+	sl_queue_reclaim_rows(m->queue, rows, n);
 	for (i = 0; i < n; i++) {
 		struct child *ch = dead[i].ch;
 
@@ -947,6 +998,7 @@ reload(struct master *m)
 		    m->cur.cfg->nupstreams);
 		goto fail;
 	}
+	publish_queue(m, ncfg, map, umap, 0);
 	old = m->cur;
 	old_nw = m->nworkers;
 	memcpy(old_rows, m->slot_row, sizeof(old_rows));
@@ -983,12 +1035,14 @@ reload(struct master *m)
 		free(map_tenants(m, old.cfg));
 		free_replica_map(map_replicas(m, old.cfg, old.id),
 		    old.cfg->nupstreams);
+		publish_queue(m, old.cfg, old.tenant_slot, old.upstream_slot, 0);
 		sl_err("reload failed: cannot start worker %d of the new "
 		    "generation; keeping generation %u", started, m->cur.id);
 		goto fail;
 	}
 	config_warn_permissions(m->path);
 	sl_log_set_level(ncfg->log_level);
+	publish_queue(m, ncfg, map, umap, 1);
 	sl_cluster_master_reconf(m->cluster, ncfg);
 	/* Rows kept for a respawn that will not happen now go back. */
 	for (s = 0; s < old_nw; s++)
@@ -1370,6 +1424,96 @@ tok_pairs(struct master *m, size_t *n)
 	return v;
 }
 
+/*
+ * The fair queue of each pool that has one (sl_queue.h): waiters per
+ * tenant, outcomes, and the tenants' service counters, in tokens.
+ */
+static void
+render_queue(struct master *m, struct sl_str *o)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	size_t u, t, k;
+
+	sl_str_printf(o, "# HELP sluice_queue_waiting Requests waiting in the "
+	    "pool's fair queue, per tenant, all workers.\n"
+	    "# TYPE sluice_queue_waiting gauge\n");
+	for (u = 0; u < cfg->nupstreams; u++) {
+		if (!cfg->upstreams[u].queue.enabled)
+			continue;
+		for (t = 0; t < cfg->ntenants; t++) {
+			sl_str_printf(o, "sluice_queue_waiting{upstream=\"");
+			label(o, cfg->upstreams[u].name);
+			sl_str_printf(o, "\",tenant=\"");
+			label(o, cfg->tenants[t].name);
+			sl_str_printf(o, "\"} %d\n", (int)sl_queue_waiting_tenant(
+			    m->queue, m->cur.upstream_slot[u], m->cur.tenant_slot[t]));
+		}
+	}
+	sl_str_printf(o, "# HELP sluice_queue_total Requests that met a full "
+	    "pool with a queue, by outcome.\n"
+	    "# TYPE sluice_queue_total counter\n");
+	for (u = 0; u < cfg->nupstreams; u++) {
+		if (!cfg->upstreams[u].queue.enabled)
+			continue;
+		for (k = 0; k < SL_QUEUE_O_MAX; k++) {
+			sl_str_printf(o, "sluice_queue_total{upstream=\"");
+			label(o, cfg->upstreams[u].name);
+			sl_str_printf(o, "\",outcome=\"%s\"} %llu\n",
+			    sl_queue_outcome_label((enum sl_queue_outcome)k),
+			    (unsigned long long)sl_queue_outcomes(m->queue,
+			    m->cur.upstream_slot[u], (enum sl_queue_outcome)k));
+		}
+	}
+	sl_str_printf(o, "# HELP sluice_queue_wait_seconds Time a request "
+	    "dispatched from the pool's queue waited there.\n"
+	    "# TYPE sluice_queue_wait_seconds histogram\n");
+	for (u = 0; u < cfg->nupstreams; u++) {
+		size_t qp = m->cur.upstream_slot[u];
+		const double *b = sl_shm_hist_bounds();
+		int i;
+
+		if (!cfg->upstreams[u].queue.enabled)
+			continue;
+		for (i = 0; i <= SL_HIST_BUCKETS; i++) {
+			sl_str_printf(o, "sluice_queue_wait_seconds_bucket{upstream=\"");
+			label(o, cfg->upstreams[u].name);
+			if (i < SL_HIST_BUCKETS)
+				sl_str_printf(o, "\",le=\"%g\"} ", b[i]);
+			else
+				sl_str_printf(o, "\",le=\"+Inf\"} ");
+			sl_str_printf(o, "%llu\n", (unsigned long long)
+			    sl_queue_wait_bucket(m->queue, qp, i));
+		}
+		sl_str_printf(o, "sluice_queue_wait_seconds_sum{upstream=\"");
+		label(o, cfg->upstreams[u].name);
+		sl_str_printf(o, "\"} %.3f\n",
+		    (double)sl_queue_wait_ms_sum(m->queue, qp) / 1000.0);
+		sl_str_printf(o, "sluice_queue_wait_seconds_count{upstream=\"");
+		label(o, cfg->upstreams[u].name);
+		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
+		    sl_queue_wait_bucket(m->queue, qp, SL_HIST_BUCKETS));
+	}
+	sl_str_printf(o, "# HELP sluice_tenant_service The tenant's service "
+	    "counter in the pool's queue: (prompt + 2 x completion tokens) / "
+	    "weight.\n"
+	    "# TYPE sluice_tenant_service counter\n");
+	for (u = 0; u < cfg->nupstreams; u++) {
+		if (!cfg->upstreams[u].queue.enabled)
+			continue;
+		for (t = 0; t < cfg->ntenants; t++) {
+			uint64_t v = sl_queue_service(m->queue,
+			    m->cur.upstream_slot[u], m->cur.tenant_slot[t]);
+
+			sl_str_printf(o, "sluice_tenant_service{upstream=\"");
+			label(o, cfg->upstreams[u].name);
+			sl_str_printf(o, "\",tenant=\"");
+			label(o, cfg->tenants[t].name);
+			sl_str_printf(o, "\"} %llu.%03u\n",
+			    (unsigned long long)(v / 1000), (unsigned)(v % 1000));
+		}
+	}
+}
+
 static void
 tok_line(struct master *m, struct sl_str *o, size_t t, size_t model,
     int kind, uint64_t v)
@@ -1635,6 +1779,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	    current_workers(m), m->reloads_ok, m->reloads_failed);
 	render_tokens(m, o);
 	render_models(m, o);
+	render_queue(m, o);
 	render_replicas(m, o);
 	render_hist(o, shm, SL_HIST_TTFB, "sluice_ttfb_seconds",
 	    "Time from request head to the upstream's response head.");
@@ -1732,6 +1877,22 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	    m.cur.replica_slot == NULL || m.cur.model_slot == NULL)
 		return 1;
 	sl_debug("shared region: %zu bytes", sl_shm_size(m.shm));
+	{
+		size_t qn = 0;
+
+		for (s = 0; (size_t)s < cfg->nupstreams; s++)
+			if (cfg->upstreams[s].queue.enabled)
+				qn += (size_t)cfg->upstreams[s].queue.max;
+		qn = qn < QUEUE_ENTRIES_MIN ? QUEUE_ENTRIES_MIN :
+		    qn > QUEUE_ENTRIES_MAX ? QUEUE_ENTRIES_MAX : qn;
+		m.queue = sl_queue_create(m.shm, SL_SHM_MAX_UPSTREAMS, cap, qn,
+		    MAX_ROWS);
+		if (m.queue == NULL) {
+			sl_err("cannot map the fair queue: %s", strerror(errno));
+			return 1;
+		}
+		publish_queue(&m, cfg, m.cur.tenant_slot, m.cur.upstream_slot, 0);
+	}
 	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
 		sl_err("cannot set up health probes");
 		return 1;
@@ -1924,6 +2085,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sl_cluster_master_free(m.cluster);
 	sl_cluster_shm_destroy(m.cshm);
 	sl_config_free(m.cur.cfg);
+	sl_queue_destroy(m.queue);
 	sl_shm_destroy(m.shm);
 	curl_global_cleanup();
 	return rc;

@@ -35,6 +35,7 @@
 #include "sl_log.h"
 #include "sl_model.h"
 #include "sl_net.h"
+#include "sl_queue.h"
 #include "sl_relay.h"
 #include "sl_upstream.h"
 #include "sl_json.h"
@@ -61,11 +62,13 @@ enum conn_state {
 	CS_UPSTREAM,   /* request sent upstream, waiting for its response head */
 	CS_STREAM,     /* relaying the upstream response */
 	CS_LOCAL,      /* writing a response made here (errors) */
-	CS_LINGER      /* response sent, reading until EOF before closing */
+	CS_LINGER,     /* response sent, reading until EOF before closing */
+	CS_QUEUED      /* body read, waiting in the fair queue for a replica */
 };
 
 static const char *const state_names[] = {
-	"head", "admit", "body", "upstream", "stream", "local", "linger"
+	"head", "admit", "body", "upstream", "stream", "local", "linger",
+	"queued"
 };
 
 struct sl_conn {
@@ -113,6 +116,14 @@ struct sl_conn {
 	                                 * here; NULL: c->hdrs is the tail */
 	int hdr_ct, hdr_accept;
 	struct sl_cl_wait *admit_wait;   /* CS_ADMIT: the lease asked for */
+
+	/* CS_QUEUED: its place in the fair queue (sl_queue.h). */
+	uint64_t qhandle;          /* 0: not waiting */
+	size_t qpool;              /* the queue's pool index */
+	ev_tstamp t_queued;
+	int q_retry_after;         /* for its 503 queue_timeout */
+	uint64_t q_charged;        /* tokens charged when it was dispatched */
+	TAILQ_ENTRY(sl_conn) qentry;   /* on w->queued */
 
 	/* Response side. */
 	char *rh;                  /* response head being written */
@@ -197,6 +208,7 @@ static int conn_flush(struct sl_conn *);
 static void conn_after_write(struct sl_conn *);
 static void conn_timer_update(struct sl_conn *);
 static void conn_usage_charge(struct sl_conn *);
+static void conn_queue_charge(struct sl_conn *);
 static uint64_t mono_sec(void);
 static void conn_usage_free(struct sl_conn *);
 static void conn_usage_head(struct sl_conn *);
@@ -355,10 +367,25 @@ conn_stop_transfer(struct sl_conn *c)
 	}
 }
 
+/*
+ * A waiting request leaves the fair queue (why: gone or timeout); a slot
+ * granted to it meanwhile goes on to the next waiter. Acts once.
+ */
+static void
+conn_queue_leave(struct sl_conn *c, enum sl_queue_outcome why)
+{
+	if (c->qhandle == 0)
+		return;
+	sl_queue_cancel(c->w->queue, c->w->row, c->qhandle, why);
+	TAILQ_REMOVE(&c->w->queued, c, qentry);
+	c->qhandle = 0;
+}
+
 /* Stop the upstream side of the request. Never call from a libcurl callback. */
 static void
 conn_abort_upstream(struct sl_conn *c)
 {
+	conn_queue_leave(c, SL_QUEUE_O_GONE);
 	conn_stop_transfer(c);
 	if (c->retry_next >= 0) {
 		sl_pool_release(c->w->pools, c->fb_model >= 0 ?
@@ -1207,6 +1234,10 @@ conn_deadline(struct sl_conn *c)
 		return c->t_req + ms(cfg->timeouts.client_header_ms);
 	case CS_LINGER:
 		return c->t_client + LINGER_SECONDS;
+	case CS_QUEUED:
+		/* The pool's timeout now: a reload's applies to waiters. */
+		return c->t_queued +
+		    ms((uint64_t)sl_queue_timeout_ms(c->w->queue, c->qpool));
 	}
 	return 0;
 }
@@ -1289,6 +1320,17 @@ conn_timer_event(struct sl_conn *c)
 			conn_close(c, "upstream_idle");
 		}
 		return;
+	case CS_QUEUED: {
+		char msg[160];
+
+		conn_queue_leave(c, SL_QUEUE_O_TIMEOUT);
+		snprintf(msg, sizeof(msg), "no replica of upstream '%s' became "
+		    "free within the queue's timeout",
+		    c->w->cfg->upstreams[conn_upstream_idx(c)].name);
+		conn_error(c, 503, "server_error", "queue_timeout", msg,
+		    c->q_retry_after, 0);
+		return;
+	}
 	case CS_ADMIT:
 	case CS_LOCAL:
 	case CS_LINGER:
@@ -1609,6 +1651,25 @@ conn_usage_charge(struct sl_conn *c)
 	if (c->w->cluster != NULL)
 		sl_cluster_charge(c->w->cluster, c->tenant, n[SL_TOKENS_PROMPT] +
 		    n[SL_TOKENS_COMPLETION] + n[SL_TOKENS_ESTIMATED]);
+	conn_queue_charge(c);
+}
+
+/*
+ * The fair queue's service counter of the tenant in the request's pool
+ * grows by prompt + 2 x completion tokens, less what its dispatch from
+ * the queue charged (the prompt's estimate).
+ */
+static void
+conn_queue_charge(struct sl_conn *c)
+{
+	size_t u = conn_upstream_idx(c);
+	uint64_t cost = c->tok_prompt + 2 * c->tok_completion;
+
+	if (c->w->queue == NULL || !c->w->cfg->upstreams[u].queue.enabled ||
+	    cost <= c->q_charged)
+		return;
+	sl_queue_charge(c->w->queue, c->w->upstream_slot[u],
+	    c->w->tenant_slot[c->tenant], cost - c->q_charged);
 }
 
 /* The request is over: what only its accounting needed goes. */
@@ -2457,6 +2518,92 @@ conn_fallback(struct sl_conn *c)
 	return 0;
 }
 
+/*
+ * upstreams.*.inject_priority: a JSON object body gets "priority": -P (P:
+ * the tenant's priority) as its last member, which is the one a Python
+ * runner reads (duplicates: the last wins), so that vLLM's
+ * --scheduling-policy priority (lower first) orders its own queue as the
+ * fair queue does. Anything else goes unchanged. -1 without memory.
+ */
+static int
+conn_inject_priority(struct sl_conn *c, const struct sl_upstream_conf *up)
+{
+	size_t open, close, nmemb, len = c->req.body_len;
+	char ins[40], *nb;
+	int n;
+
+	if (!up->inject_priority || c->req.method != HTTP_POST ||
+	    c->req.body == NULL || len == 0 ||
+	    sl_json_object(c->req.body, len, NULL, 0, &open, &close,
+	    &nmemb) == -1)
+		return 0;
+	n = snprintf(ins, sizeof(ins), "%s\"priority\":%d",
+	    nmemb > 0 ? "," : "", -(int)c->w->cfg->tenants[c->tenant].priority);
+	if (n < 0 || (size_t)n >= sizeof(ins) ||
+	    (nb = malloc(len + (size_t)n + 1)) == NULL)
+		return -1;
+	memcpy(nb, c->req.body, close);
+	memcpy(nb + close, ins, (size_t)n);
+	memcpy(nb + close + n, c->req.body + close, len - close);
+	nb[len + (size_t)n] = '\0';
+	free(c->req.body);
+	c->req.body = nb;
+	c->req.body_len = c->req.body_cap = len + (size_t)n;
+	return 0;
+}
+
+/* Does the request's pool have a queue with waiters now? */
+static int
+conn_queue_in_use(const struct sl_conn *c)
+{
+	size_t u = conn_upstream_idx(c);
+
+	return c->w->queue != NULL && c->w->cfg->upstreams[u].queue.enabled &&
+	    sl_queue_waiting(c->w->queue, c->w->upstream_slot[u]) > 0;
+}
+
+/*
+ * Every replica of the request's pool that could take it is full: wait
+ * in the fair queue (CS_QUEUED), holding the tenant slot. Returns 0 when
+ * waiting or answered (503 queue_full); -1 when it may not wait (tenant
+ * priority below 0, no queue): the caller answers upstream_unavailable.
+ */
+static int
+conn_enqueue(struct sl_conn *c, int retry_after)
+{
+	struct sl_worker *w = c->w;
+	size_t u = conn_upstream_idx(c), qp = w->upstream_slot[u];
+	uint64_t h;
+	char msg[160];
+
+	switch (sl_queue_enqueue(w->queue, w->row, qp,
+	    w->tenant_slot[c->tenant], sl_mono_ms(), c->prompt_est, &h)) {
+	case SL_QUEUE_OK:
+		break;
+	case SL_QUEUE_FULL:
+		snprintf(msg, sizeof(msg), "every replica of upstream '%s' is "
+		    "full and its queue too", w->cfg->upstreams[u].name);
+		conn_error(c, 503, "server_error", "queue_full", msg,
+		    retry_after, 0);
+		return 0;
+	default:
+		return -1;
+	}
+	c->qhandle = h;
+	c->qpool = qp;
+	c->t_queued = ev_now(w->loop);
+	c->q_retry_after = retry_after > 0 ? retry_after : 1;
+	TAILQ_INSERT_TAIL(&w->queued, c, qentry);
+	conn_set_state(c, CS_QUEUED);
+	/*
+	 * Counted as waiting, look again: a slot given back just before we
+	 * were counted is taken now and offered (to the best waiter, maybe
+	 * this one: its grant comes through the eventfd like any other).
+	 */
+	sl_pool_pump(w->pools, u);
+	return 0;
+}
+
 /* The request is read whole: build its upstream head, choose a replica. */
 static void
 conn_start_upstream(struct sl_conn *c)
@@ -2474,7 +2621,8 @@ conn_start_upstream(struct sl_conn *c)
 		return;
 	}
 	conn_usage_request(c);
-	if (conn_build_upstream_headers(c) == -1) {
+	if (conn_inject_priority(c, up) == -1 ||
+	    conn_build_upstream_headers(c) == -1) {
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
 		    "cannot start the upstream request", 0, 0);
 		return;
@@ -2483,7 +2631,12 @@ conn_start_upstream(struct sl_conn *c)
 	sl_req_shed_head(&c->req);
 	c->tried = 0;
 	c->tries = c->tries_base = 0;
-	if (c->req.method == HTTP_POST && up->balance ==
+	c->q_charged = 0;
+	if (conn_queue_in_use(c)) {
+		/* Others wait for this pool: no overtaking them. */
+		r = -1;
+		retry_after = 1;
+	} else if (c->req.method == HTTP_POST && up->balance ==
 	    SL_BALANCE_PREFIX_AFFINITY && c->req.body_len > 0) {
 		int outcome;
 
@@ -2499,6 +2652,9 @@ conn_start_upstream(struct sl_conn *c)
 		    &retry_after);
 	if (r < 0 && c->model >= 0 && conn_fallback(c) == 0)
 		return;   /* another model's or target's pool took it */
+	if (r < 0 && sl_pool_queueable(c->w->pools, conn_upstream_idx(c)) &&
+	    conn_enqueue(c, retry_after) == 0)
+		return;   /* waiting, or answered 503 queue_full */
 	if (r < 0) {
 		char msg[160];
 
@@ -2509,6 +2665,13 @@ conn_start_upstream(struct sl_conn *c)
 		conn_error(c, 503, "server_error", "upstream_unavailable", msg,
 		    retry_after, 0);
 		return;
+	}
+	if (c->w->queue != NULL && up->queue.enabled) {
+		/* Served now: its prompt counts now, as a waiter's would. */
+		sl_queue_charge(c->w->queue, c->w->upstream_slot[
+		    conn_upstream_idx(c)], c->w->tenant_slot[c->tenant],
+		    c->prompt_est);
+		c->q_charged = c->prompt_est;
 	}
 	if (conn_try(c, r) == -1)
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",
@@ -3197,6 +3360,94 @@ conn_write_event(struct sl_conn *c)
 }
 
 /* ---- worker-wide ----------------------------------------------------- */
+
+/* The upstream of w's config whose queue pool index is qp, or -1. */
+static int64_t
+queue_upstream(const struct sl_worker *w, size_t qp)
+{
+	size_t u;
+
+	for (u = 0; u < w->cfg->nupstreams; u++)
+		if (w->upstream_slot[u] == qp)
+			return (int64_t)u;
+	return -1;
+}
+
+/* A grant for one of w's waiters: its request starts on that replica. */
+static void
+conn_queue_granted(struct sl_worker *w, const struct sl_queue_grant *g)
+{
+	struct sl_conn *c;
+	int64_t u;
+	int r = -1;
+
+	TAILQ_FOREACH(c, &w->queued, qentry)
+		if (c->qhandle == g->handle)
+			break;
+	u = queue_upstream(w, g->pool);
+	if (g->slot != SL_QUEUE_CLOSED && u >= 0)
+		r = sl_pool_replica_of(w->pools, (size_t)u, g->slot);
+	if (c == NULL) {
+		/* Cannot happen (a waiter that leaves cancels): pass it on. */
+		if (r >= 0)
+			sl_pool_release(w->pools, (size_t)u, r);
+		else if (g->slot != SL_QUEUE_CLOSED)
+			sl_shm_release(w->shm, w->row, g->slot);
+		return;
+	}
+	TAILQ_REMOVE(&w->queued, c, qentry);
+	c->qhandle = 0;
+	c->q_charged = c->prompt_est;   /* sl_queue_enqueue's dispatch cost */
+	c->depth++;
+	if (r < 0 || (size_t)u != conn_upstream_idx(c)) {
+		/*
+		 * The pool was removed by a reload, or the slot is of a
+		 * replica this generation does not know.
+		 */
+		if (g->slot != SL_QUEUE_CLOSED) {
+			if (r >= 0)
+				sl_pool_release(w->pools, (size_t)u, r);
+			else
+				sl_shm_release(w->shm, w->row, g->slot);
+		}
+		conn_error(c, 503, "server_error", "upstream_unavailable",
+		    "the upstream was removed by a reload", 1, 0);
+	} else if (conn_try(c, r) == -1)
+		conn_error(c, 502, "upstream_error", "upstream_unreachable",
+		    "cannot start the upstream request", 0, 0);
+	conn_unref(c);
+}
+
+void
+sl_conn_queue_tick(struct sl_worker *w)
+{
+	struct sl_conn *c, *next;
+
+	/*
+	 * A waiter's deadline reads its pool's timeout now: re-arm each
+	 * one, so that a reload that shortened it applies within a second.
+	 */
+	for (c = TAILQ_FIRST(&w->queued); c != NULL; c = next) {
+		next = TAILQ_NEXT(c, qentry);
+		conn_timer_update(c);
+	}
+}
+
+void
+sl_conn_queue_event(struct sl_worker *w)
+{
+	struct sl_queue_grant g[32];
+	size_t n, i;
+
+	if (w->queue == NULL)
+		return;
+	do {
+		n = sl_queue_collect(w->queue, w->row, g, 32, sl_mono_ms());
+		for (i = 0; i < n; i++)
+			conn_queue_granted(w, &g[i]);
+	} while (n == 32);
+	sl_conn_flush_dirty(w);
+}
 
 void
 sl_conn_drain_all(struct sl_worker *w)

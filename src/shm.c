@@ -341,6 +341,46 @@ sl_shm_release(struct sl_shm *s, size_t row, size_t tenant)
 	window_leave(s, row, seq);
 }
 
+/*
+ * A slot changes holder without being given back: to's held count first,
+ * then from's, inside win's window, so that a worker killed between the
+ * two leaves its row in the window and the master reconciles the index
+ * (the live rows, the queue's row among them, say who holds it). The
+ * caller is the only writer of from's and to's cells (its own row, or the
+ * queue's row under the queue's lock).
+ */
+void
+sl_shm_move(struct sl_shm *s, size_t win, size_t from, size_t to, size_t idx)
+{
+	_Atomic int32_t *h;
+	uint32_t seq;
+
+	if (idx >= s->max_tenants || win >= s->max_rows ||
+	    from >= s->max_rows || to >= s->max_rows || from == to)
+		return;
+	seq = window_enter(s, win, idx);
+	h = held_cell(s, to, idx);
+	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) + 1);
+	h = held_cell(s, from, idx);
+	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) - 1);
+	window_leave(s, win, seq);
+}
+
+void
+sl_shm_release_as(struct sl_shm *s, size_t win, size_t row, size_t idx)
+{
+	_Atomic int32_t *h;
+	uint32_t seq;
+
+	if (idx >= s->max_tenants || win >= s->max_rows || row >= s->max_rows)
+		return;
+	seq = window_enter(s, win, idx);
+	h = held_cell(s, row, idx);
+	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) - 1);
+	atomic_fetch_sub(&s->tenants[idx].inflight, 1);
+	window_leave(s, win, seq);
+}
+
 int32_t
 sl_shm_held(const struct sl_shm *s, size_t row, size_t tenant)
 {

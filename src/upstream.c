@@ -14,6 +14,7 @@
 
 #include "sl_affinity.h"
 #include "sl_log.h"
+#include "sl_queue.h"
 #include "sl_upstream.h"
 
 #define EJECT_MAX_MS (5 * 60 * 1000)   /* ejection backoff cap: 5 min */
@@ -37,6 +38,8 @@ struct sl_pools {
 	uint64_t rng;
 	struct sl_affinity *aff;     /* NULL: no upstream uses prefix_affinity */
 	uint64_t *hashes;            /* [SL_POOL_MAX_BLOCKS] one request's */
+	struct sl_queue *q;          /* NULL: no fair queue */
+	const size_t *qpool;         /* [n] the queue's pool index of u */
 };
 
 int64_t
@@ -655,10 +658,123 @@ sl_pool_pick_prompt(struct sl_pools *ps, size_t u, const char *body,
 }
 
 void
+sl_pools_set_queue(struct sl_pools *ps, struct sl_queue *q,
+    const size_t *pool_index)
+{
+	ps->q = q;
+	ps->qpool = pool_index;
+}
+
+/* Upstream u waits in the fair queue: its queue pool index, else -1. */
+static int64_t
+queue_pool(const struct sl_pools *ps, size_t u)
+{
+	if (ps->q == NULL || ps->qpool == NULL || u >= ps->n ||
+	    !ps->p[u].conf->queue.enabled)
+		return -1;
+	return (int64_t)ps->qpool[u];
+}
+
+/*
+ * While u's queue has waiters: take any slot free now and hand it to the
+ * best of them. A slot taken and refused (nobody waits any more) goes
+ * back.
+ */
+void
+sl_pool_pump(struct sl_pools *ps, size_t u)
+{
+	int64_t qp = queue_pool(ps, u);
+	int r, wait, n = 0;
+
+	if (qp < 0)
+		return;
+	while (n++ < 64 && sl_queue_waiting(ps->q, (size_t)qp) > 0) {
+		if ((r = pick(ps, u, 0, NULL, 0, &wait, NULL)) < 0)
+			return;
+		if (!sl_queue_offer(ps->q, ps->row, (size_t)qp, ps->p[u].slot[r],
+		    sl_mono_ms())) {
+			sl_shm_release(ps->shm, ps->row, ps->p[u].slot[r]);
+			return;
+		}
+	}
+}
+
+int
+sl_pool_queueable(struct sl_pools *ps, size_t u)
+{
+	struct pool *p;
+	int64_t now = sl_mono_ms();
+	size_t r;
+
+	if (queue_pool(ps, u) < 0)
+		return 0;
+	p = &ps->p[u];
+	for (r = 0; r < p->conf->nreplicas && r < 64; r++) {
+		struct sl_shm_replica *h = sl_shm_replica(ps->shm, p->slot[r]);
+
+		if (h == NULL || reused(ps, p, r) ||
+		    atomic_load_explicit(&h->down, memory_order_relaxed) != 0 ||
+		    atomic_load_explicit(&h->ejected_until_ms,
+		    memory_order_relaxed) > now)
+			continue;
+		/* Up and not ejected: full (or busy) now, free later. */
+		return 1;
+	}
+	return 0;
+}
+
+int
+sl_pool_replica_of(const struct sl_pools *ps, size_t u, size_t slot)
+{
+	size_t r;
+
+	if (u >= ps->n)
+		return -1;
+	for (r = 0; r < ps->p[u].conf->nreplicas; r++)
+		if (ps->p[u].slot[r] == slot && !reused(ps, &ps->p[u], r))
+			return (int)r;
+	return -1;
+}
+
+/*
+ * The slot of replica r is free. With waiters in u's queue it goes to the
+ * next of them without being released, if r may still take a stream (up,
+ * not ejected nor busy, not over a cap a reload lowered); else it goes
+ * back, and then (a waiter may have come meanwhile: each side looks after
+ * its own step) a free slot is taken and offered.
+ */
+void
 sl_pool_release(struct sl_pools *ps, size_t u, int r)
 {
-	if (u < ps->n && r >= 0 && (size_t)r < ps->p[u].conf->nreplicas)
-		sl_shm_release(ps->shm, ps->row, ps->p[u].slot[r]);
+	struct pool *p;
+	struct sl_shm_replica *h;
+	int64_t qp, now;
+	size_t idx;
+
+	if (u >= ps->n || r < 0 || (size_t)r >= ps->p[u].conf->nreplicas)
+		return;
+	p = &ps->p[u];
+	idx = p->slot[r];
+	if ((qp = queue_pool(ps, u)) < 0) {
+		sl_shm_release(ps->shm, ps->row, idx);
+		return;
+	}
+	if (sl_queue_waiting(ps->q, (size_t)qp) > 0) {
+		now = sl_mono_ms();
+		h = sl_shm_replica(ps->shm, idx);
+		if (h != NULL && !reused(ps, p, (size_t)r) &&
+		    atomic_load_explicit(&h->down, memory_order_relaxed) == 0 &&
+		    atomic_load_explicit(&h->ejected_until_ms,
+		    memory_order_relaxed) <= now &&
+		    atomic_load_explicit(&h->busy_until_ms,
+		    memory_order_relaxed) <= now &&
+		    sl_shm_inflight(ps->shm, idx) <= sl_shm_limit(ps->shm, idx) &&
+		    sl_queue_offer(ps->q, ps->row, (size_t)qp, idx, now))
+			return;
+	}
+	sl_shm_release(ps->shm, ps->row, idx);
+	if (sl_queue_waiting(ps->q, (size_t)qp) > 0)
+		sl_pool_pump(ps, u);
 }
 
 const char *

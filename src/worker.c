@@ -173,12 +173,27 @@ flush_cb(struct ev_loop *loop, ev_prepare *p, int revents)
 }
 
 static void
+queue_cb(struct ev_loop *loop, ev_io *io, int revents)
+{
+	sl_conn_queue_event(io->data);
+}
+
+static void
 gauge_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct sl_worker *w = t->data;
+	size_t u;
 
 	sl_conn_gauges(w);
 	sl_transfers_reap(w->xfers);
+	/*
+	 * A slot no release handed over (a replica back up, a cap a reload
+	 * raised, one a worker of an older generation gave back) goes to
+	 * the queues' waiters within a second.
+	 */
+	for (u = 0; w->queue != NULL && u < w->cfg->nupstreams; u++)
+		sl_pool_pump(w->pools, u);
+	sl_conn_queue_tick(w);
 }
 
 static void
@@ -220,6 +235,10 @@ sl_worker_main(const struct sl_worker_args *a)
 		sl_err("cannot set up the upstream pools");
 		return 1;
 	}
+	w.queue = a->queue;
+	TAILQ_INIT(&w.queued);
+	if (w.queue != NULL)
+		sl_pools_set_queue(w.pools, w.queue, a->upstream_slot);
 	if (a->cfg->models != NULL && (w.models = sl_models_new(a->cfg)) == NULL) {
 		sl_err("cannot set up the models' targets");
 		return 1;
@@ -318,6 +337,12 @@ sl_worker_main(const struct sl_worker_args *a)
 		ev_io_start(w.loop, &w.hup_io);
 	}
 	ev_io_start(w.loop, &w.accept_io);
+	if (w.queue != NULL && sl_queue_wake_fd(w.queue, a->row) >= 0) {
+		ev_io_init(&w.queue_io, queue_cb, sl_queue_wake_fd(w.queue,
+		    a->row), EV_READ);
+		w.queue_io.data = &w;
+		ev_io_start(w.loop, &w.queue_io);
+	}
 	/*
 	 * Ready: the name tells ps(1) and the tests that setup is done (the
 	 * master's admin socket was closed before sl_worker_main was called).
@@ -327,6 +352,8 @@ sl_worker_main(const struct sl_worker_args *a)
 	ev_run(w.loop, 0);
 
 	sl_conn_close_all(&w);
+	if (w.queue != NULL)
+		ev_io_stop(w.loop, &w.queue_io);
 	sl_conn_gauges(&w);
 	sl_cluster_worker_free(w.cluster);   /* after the last release */
 	sl_transfers_free(w.xfers);

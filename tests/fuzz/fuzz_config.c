@@ -117,6 +117,13 @@ NUM(health_interval, UP->health.interval_ms)
 NUM(health_timeout, UP->health.timeout_ms)
 NUM(fall, UP->health.fall)
 NUM(rise, UP->health.rise)
+NUM(queue_enabled, UP->queue.enabled)
+NUM(queue_max, UP->queue.max)
+NUM(queue_timeout, UP->queue.timeout_ms)
+NUM(queue_fairness, UP->queue.fairness)
+NUM(inject_priority, UP->inject_priority)
+NUM(tenant_weight, TEN->weight)
+NUM(tenant_priority, TEN->priority)
 NUM(eject_failures, UP->eject.failures)
 NUM(eject_duration, UP->eject.duration_ms)
 NUM(eject_max_percent, UP->eject.max_percent)
@@ -189,6 +196,11 @@ static const struct where wheres[] = {
 	{ "upstreams.*.retries", UPSTREAM, ALWAYS, K_NUM, n_retries, NULL },
 	{ "upstreams.*.retry_on", UPSTREAM, ALWAYS, K_BITS, n_retry_on, NULL },
 	{ "upstreams.*.busy_max", UPSTREAM, ALWAYS, K_NUM, n_busy_max, NULL },
+	{ "upstreams.*.queue", UPSTREAM, ALWAYS, K_MAPPING, n_queue_enabled, NULL },
+	{ "upstreams.*.queue.max", UPSTREAM, ALWAYS, K_NUM, n_queue_max, NULL },
+	{ "upstreams.*.queue.timeout", UPSTREAM, ALWAYS, K_NUM, n_queue_timeout, NULL },
+	{ "upstreams.*.queue.fairness", UPSTREAM, ALWAYS, K_ONE_OF, n_queue_fairness, NULL },
+	{ "upstreams.*.inject_priority", UPSTREAM, ALWAYS, K_ONE_OF, n_inject_priority, NULL },
 	{ "upstreams.*.health", UPSTREAM, ALWAYS, K_MAPPING, n_health_enabled, NULL },
 	{ "upstreams.*.health.path", UPSTREAM, IF_HEALTH, K_PATH, NULL, s_health_path },
 	{ "upstreams.*.health.interval", UPSTREAM, IF_HEALTH, K_NUM, n_health_interval, NULL },
@@ -204,6 +216,8 @@ static const struct where wheres[] = {
 	{ "tenants.*.max_streams", TENANT, ALWAYS, K_NUM, n_max_streams, NULL },
 	{ "tenants.*.retry_after", TENANT, ALWAYS, K_NUM, n_retry_after, NULL },
 	{ "tenants.*.tokens_per_minute", TENANT, ALWAYS, K_NUM, n_tokens_per_minute, NULL },
+	{ "tenants.*.weight", TENANT, ALWAYS, K_NUM, n_tenant_weight, NULL },
+	{ "tenants.*.priority", TENANT, ALWAYS, K_NUM, n_tenant_priority, NULL },
 	{ "tenants.*.upstream", TENANT, ALWAYS, K_UPSTREAM_REF, NULL, s_upstream },
 	{ "tenants.*.models", TENANT, ALWAYS, K_TENANT_MODELS, NULL, NULL },
 	{ "models", TOP, ALWAYS, K_MAPPING, NULL, NULL },
@@ -248,6 +262,11 @@ bound(enum sl_key_type type, const char *s, size_t len, int64_t *out)
 		v = (uint64_t)(d * 100 + 0.5);
 		break;
 	default:
+		/* An integer may be negative (tenants.*.priority: -100-100). */
+		if (buf[0] == '-') {
+			*out = strtoll(buf, &end, 10);
+			return *end == '\0' && buf[1] >= '0' && buf[1] <= '9';
+		}
 		v = strtoull(buf, &end, 10);
 		if (*end != '\0' || buf[0] < '0' || buf[0] > '9')
 			return 0;
@@ -262,7 +281,8 @@ range_of(const struct sl_key_info *k, int64_t *lo, int64_t *hi, const char **res
 {
 	const char *r = k->range, *dash, *e;
 
-	if (r == NULL || (dash = strchr(r, '-')) == NULL)
+	/* The dash between the bounds, not a low bound's minus sign. */
+	if (r == NULL || r[0] == '\0' || (dash = strchr(r + 1, '-')) == NULL)
 		return 0;
 	e = dash + 1 + strcspn(dash + 1, " ");
 	if (rest != NULL)

@@ -1126,6 +1126,104 @@ test_upstream_url_with_query_rejected(void **state)
     "      - url: \"http://10.0.0.1:8000\"\n" /* 7 */                   \
     "      - url: \"http://10.0.0.2:8000\"\n" /* 8 */
 
+/* ---- fair queue (issue 24) ---------------------------------------------- */
+
+static void
+test_queue_keys_default_and_parse(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_upstream_conf *u;
+	const struct sl_tenant_conf *t;
+
+	expect_ok(f, POOL_TWO_REPLICAS);
+	u = &f->cfg->upstreams[0];
+	t = &f->cfg->tenants[0];
+	assert_int_equal(u->queue.enabled, 0);
+	assert_int_equal(u->queue.max, 1000);
+	assert_int_equal(u->queue.timeout_ms, 30000);
+	assert_int_equal(u->queue.fairness, SL_FAIRNESS_TOKENS);
+	assert_int_equal(u->inject_priority, 0);
+	assert_int_equal(t->weight, 1);
+	assert_int_equal(t->priority, 0);
+
+	expect_ok(f, POOL_TWO_REPLICAS
+	    "    queue: {max: 5, timeout: 250ms, fairness: fifo}\n"
+	    "    inject_priority: true\n"
+	    "  other:\n"
+	    "    url: \"http://10.0.0.3:8000\"\n"
+	    "    queue: {}\n");
+	u = &f->cfg->upstreams[0];
+	assert_int_equal(u->queue.enabled, 1);
+	assert_int_equal(u->queue.max, 5);
+	assert_int_equal(u->queue.timeout_ms, 250);
+	assert_int_equal(u->queue.fairness, SL_FAIRNESS_FIFO);
+	assert_int_equal(u->inject_priority, 1);
+	u = &f->cfg->upstreams[1];
+	assert_int_equal(u->queue.enabled, 1);
+	assert_int_equal(u->queue.max, 1000);
+	assert_int_equal(u->queue.fairness, SL_FAIRNESS_TOKENS);
+	assert_int_equal(u->inject_priority, 0);
+}
+
+static void
+test_tenant_weight_and_priority_parse(void **state)
+{
+	struct fx *f = *state;
+
+	expect_ok(f,
+	    "listen: \"127.0.0.1:8080\"\n"
+	    "upstreams: {main: {url: \"http://127.0.0.1:9000\"}}\n"
+	    "tenants:\n"
+	    "  a: {keys: [k1], max_streams: 2, weight: 1000, priority: -100}\n"
+	    "  b: {keys: [k2], max_streams: 2, weight: 3, priority: 100}\n");
+	assert_int_equal(f->cfg->tenants[0].weight, 1000);
+	assert_int_equal(f->cfg->tenants[0].priority, -100);
+	assert_int_equal(f->cfg->tenants[1].weight, 3);
+	assert_int_equal(f->cfg->tenants[1].priority, 100);
+}
+
+static void
+test_queue_errors_name_file_line_col(void **state)
+{
+	struct fx *f = *state;
+	const char *want[] = {
+		NAME ":9:18: ", "upstreams.llama.queue.max: 0 is out of range 1-1000000",
+		NAME ":9:30: ", "upstreams.llama.queue.timeout: 5ms is out of range "
+		    "10ms-1h",
+		NAME ":9:45: ", "upstreams.llama.queue.fairness: 'lifo' must be one of "
+		    "tokens, fifo",
+		NAME ":9:51: ", "unknown key 'size' in upstreams.llama.queue",
+		NAME ":10:22: ", "upstreams.llama.inject_priority: 'yes' must be true "
+		    "or false",
+	};
+
+	/*        col 5      18          30            45    51 */
+	expect_errors(f, POOL_TWO_REPLICAS
+	    "    queue: {max: 0, timeout: 5ms, fairness: lifo, size: 1}\n" /* 9 */
+	    "    inject_priority: yes\n",                                  /* 10 */
+	    5, want);
+}
+
+static void
+test_tenant_weight_priority_out_of_range(void **state)
+{
+	struct fx *f = *state;
+	const char *want[] = {
+		NAME ":4:43: ", "tenants.a.weight: 0 is out of range 1-1000",
+		NAME ":4:56: ", "tenants.a.priority: 101 is out of range -100-100",
+		NAME ":5:43: ", "tenants.b.weight: 1001 is out of range 1-1000",
+		NAME ":5:59: ", "tenants.b.priority: -101 is out of range -100-100",
+	};
+
+	expect_errors(f,
+	    "listen: \"127.0.0.1:8080\"\n"                              /* 1 */
+	    "upstreams: {main: {url: \"http://127.0.0.1:9000\"}}\n"      /* 2 */
+	    "tenants:\n"                                                 /* 3 */
+	    "  a: {keys: [k1], max_streams: 2, weight: 0, priority: 101}\n"
+	    "  b: {keys: [k2], max_streams: 2, weight: 1001, priority: -101}\n",
+	    4, want);
+}
+
 /* What every upstream gets when it writes none of the pool keys. */
 static void
 assert_pool_defaults(const struct sl_upstream_conf *u)
@@ -2587,6 +2685,10 @@ main(void)
 		T(test_invalid_admin_listen_reports_value),
 		T(test_upstream_url_scheme_checked),
 		T(test_upstream_url_with_query_rejected),
+		T(test_queue_keys_default_and_parse),
+		T(test_tenant_weight_and_priority_parse),
+		T(test_queue_errors_name_file_line_col),
+		T(test_tenant_weight_priority_out_of_range),
 		T(test_url_alone_is_a_pool_of_one_with_defaults),
 		T(test_pool_parses_every_field),
 		T(test_pool_without_health_or_eject_takes_defaults),

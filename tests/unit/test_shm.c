@@ -101,6 +101,39 @@ test_create_rejects_zero_sizes(void **state)
 	assert_int_equal(errno, EINVAL);
 }
 
+/*
+ * The fair queue's hand-over: a slot moves from a worker's row to the
+ * queue's row (0) and on to another worker's without in-flight moving;
+ * a dead row's reclaim then touches only what that row still holds.
+ */
+static void
+test_move_keeps_inflight_and_reclaim_sees_new_holder(void **state)
+{
+	struct sl_shm *s = make(*state, 2, 4);
+	size_t dead = 1;
+
+	sl_shm_set_limit(s, 1, 2);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 1), SL_ADMIT_OK);
+	assert_int_equal(sl_shm_try_acquire(s, 1, 1), SL_ADMIT_OK);
+	sl_shm_move(s, 1, 1, 0, 1);
+	assert_int_equal(sl_shm_inflight(s, 1), 2);
+	assert_int_equal(sl_shm_held(s, 1, 1), 1);
+	assert_int_equal(sl_shm_held(s, 0, 1), 1);
+	sl_shm_move(s, 2, 0, 2, 1);
+	assert_int_equal(sl_shm_held(s, 0, 1), 0);
+	assert_int_equal(sl_shm_held(s, 2, 1), 1);
+	assert_int_equal(sl_shm_try_acquire(s, 3, 1), SL_ADMIT_FULL);
+	/* Row 1 dies: its one slot comes back, row 2's stays. */
+	assert_int_equal(sl_shm_reclaim_rows(s, &dead, 1), 1);
+	assert_int_equal(sl_shm_inflight(s, 1), 1);
+	sl_shm_move(s, 2, 2, 0, 1);
+	sl_shm_release_as(s, 3, 0, 1);
+	assert_int_equal(sl_shm_inflight(s, 1), 0);
+	assert_int_equal(sl_shm_held(s, 0, 1), 0);
+	assert_int_equal(sl_shm_held(s, 2, 1), 0);
+	assert_int_equal(sl_shm_held(s, 3, 1), 0);
+}
+
 static void
 test_acquire_up_to_limit_then_full(void **state)
 {
@@ -920,6 +953,7 @@ main(void)
 		T(test_new_region_is_zeroed),
 		T(test_create_rejects_zero_sizes),
 		T(test_acquire_up_to_limit_then_full),
+		T(test_move_keeps_inflight_and_reclaim_sees_new_holder),
 		T(test_release_frees_exactly_one_slot),
 		T(test_tenants_are_independent),
 		T(test_raised_limit_applies_to_next_acquire),
