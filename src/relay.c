@@ -121,6 +121,7 @@ struct sl_conn {
 	uint64_t qhandle;          /* 0: not waiting */
 	size_t qpool;              /* the queue's pool index */
 	ev_tstamp t_queued;
+	ev_tstamp queued_total;    /* seconds this request waited (queued_ms) */
 	int q_retry_after;         /* for its 503 queue_timeout */
 	uint64_t q_charged;        /* tokens charged when it was dispatched */
 	TAILQ_ENTRY(sl_conn) qentry;   /* on w->queued */
@@ -379,6 +380,7 @@ conn_queue_leave(struct sl_conn *c, enum sl_queue_outcome why)
 	sl_queue_cancel(c->w->queue, c->w->row, c->qhandle, why);
 	TAILQ_REMOVE(&c->w->queued, c, qentry);
 	c->qhandle = 0;
+	c->queued_total += ev_now(c->w->loop) - c->t_queued;
 }
 
 /* Stop the upstream side of the request. Never call from a libcurl callback. */
@@ -797,14 +799,16 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "{\"time\":\"%s.%03dZ\",\"worker\":%d,\"peer\":\"%s\","
 	    "\"tenant\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
 	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.3f,"
-	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"end\":\"%s\","
+	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"queued_ms\":%.3f,"
+	    "\"end\":\"%s\","
 	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
 	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\","
 	    "\"affinity\":\"%s\",\"model\":\"%s\",\"upstream_model\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
-	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0, end,
+	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0,
+	    c->queued_total * 1000.0, end,
 	    replica, c->tries, c->tok_prompt, c->tok_completion,
 	    c->usage_kind != NULL ? c->usage_kind : "none",
 	    aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
@@ -1047,7 +1051,7 @@ conn_response_done(struct sl_conn *c)
 	c->upstream_bad = 0;
 	c->pending = 0;
 	c->end = NULL;
-	c->t_first = c->t_pause = c->paused_total = 0;
+	c->t_first = c->t_pause = c->paused_total = c->queued_total = 0;
 	c->bytes_out = 0;
 	c->sends = c->resend_refused = c->no_fds = 0;
 	c->tried = 0;
@@ -3397,6 +3401,7 @@ conn_queue_granted(struct sl_worker *w, const struct sl_queue_grant *g)
 	}
 	TAILQ_REMOVE(&w->queued, c, qentry);
 	c->qhandle = 0;
+	c->queued_total += ev_now(w->loop) - c->t_queued;
 	c->q_charged = c->prompt_est;   /* sl_queue_enqueue's dispatch cost */
 	c->depth++;
 	if (r < 0 || (size_t)u != conn_upstream_idx(c)) {

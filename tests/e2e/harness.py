@@ -1516,7 +1516,8 @@ def wait_metric(gw, name, want, timeout=3.0, **labels):
 # ---------------------------------------------------------------- access log
 
 ACCESS_LOG_FIELDS = ("time", "worker", "peer", "tenant", "method", "path", "status",
-                     "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "end", "replica",
+                     "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "queued_ms", "end",
+                     "replica",
                      "tries", "prompt_tokens", "completion_tokens", "usage", "affinity",
                      "model", "upstream_model")
 

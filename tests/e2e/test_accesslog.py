@@ -57,10 +57,11 @@ def _check_line(line, nworkers=2):
         assert isinstance(line[k], str) and line[k], (k, line)
     for k in ("status", "bytes_out"):
         assert isinstance(line[k], int) and line[k] >= 0, (k, line)
-    for k in ("ttfb_ms", "duration_ms", "paused_ms"):
+    for k in ("ttfb_ms", "duration_ms", "paused_ms", "queued_ms"):
         assert isinstance(line[k], (int, float)) and line[k] >= 0, (k, line)
     assert line["ttfb_ms"] <= line["duration_ms"] + 0.1, line
     assert line["paused_ms"] <= line["duration_ms"] + 0.1, line
+    assert line["queued_ms"] <= line["duration_ms"] + 0.1, line
 
 
 def test_access_log_has_one_json_line_per_request_with_the_documented_fields():
@@ -93,7 +94,7 @@ def test_access_log_has_one_json_line_per_request_with_the_documented_fields():
         assert 290 <= line["ttfb_ms"], "ttfb_ms %r with a 300 ms head delay" % line["ttfb_ms"]
         assert line["duration_ms"] >= line["ttfb_ms"] + 350, \
             "duration_ms %r for 5 events 100 ms apart" % line["duration_ms"]
-        assert line["paused_ms"] == 0, line
+        assert line["paused_ms"] == 0 and line["queued_ms"] == 0, line
         # One line per request on a keep-alive connection, in order.
         c = gw.client()
         for key, want_tenant, want in ((ACME_KEY2, "acme", 200), (BETA_KEY, "beta", 200),

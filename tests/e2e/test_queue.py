@@ -101,6 +101,7 @@ def test_queue_waiters_get_slots_freed_in_either_worker_and_nothing_leaks():
 def test_queue_full_and_timeout_answer_503_with_retry_after_and_reach_no_upstream():
     with Stub("r1") as s1:
         cfg = queue_config([(s1.url, 1)], {"max": 1, "timeout": "500ms"})
+        cfg["access_log"] = alog = h.tmpfile("access", ".log")
         with Gateway(cfg) as gw:
             held = hold(gw, 1)
             a, _ = gw.open_stream(events=1, interval=0, read_head=False, timeout=10)
@@ -117,6 +118,49 @@ def test_queue_full_and_timeout_answer_503_with_retry_after_and_reach_no_upstrea
             wait_waiting(gw, 0)
             close_all(held)
             h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
+            # queued_ms: the waiter waited its whole timeout, the refused
+            # one (queue full) and the held stream not at all.
+            lines = h.wait_access_lines(alog, 3)
+            assert len(lines) == 3, lines
+            by = sorted((ln["status"], ln["end"], ln["queued_ms"]) for ln in lines)
+            assert by[0][:2] == (200, "client_gone") and by[0][2] == 0, by
+            full = [ln for ln in lines if ln["status"] == 503 and ln["queued_ms"] == 0]
+            assert len(full) == 1 and full[0]["end"] == "rejected", lines
+            timed = [ln for ln in lines if ln["status"] == 503 and ln is not full[0]]
+            assert len(timed) == 1 and timed[0]["end"] == "rejected", lines
+            assert timed[0]["queued_ms"] >= 500, timed[0]
+            assert timed[0]["queued_ms"] <= timed[0]["duration_ms"] + 0.1, timed[0]
+            assert timed[0]["ttfb_ms"] == 0 and timed[0]["tries"] == 0, timed[0]
+
+
+@h.timeout(60)
+def test_queue_access_log_queued_ms_is_the_wait_of_a_dispatched_waiter():
+    hold_s = 1.0
+    with Stub("r1") as s1:
+        cfg = queue_config([(s1.url, 1)], {"max": 10, "timeout": "30s"})
+        cfg["access_log"] = alog = h.tmpfile("access", ".log")
+        with Gateway(cfg) as gw:
+            held = hold(gw, 1)
+            a, _ = gw.open_stream(events=2, interval=0, read_head=False, timeout=20)
+            wait_waiting(gw, 1)
+            # The waiter is queued by now: the slot frees hold_s later.
+            time.sleep(hold_s)
+            close_all(held)
+            r = a.read_response(timeout=20)
+            assert r.status == 200, r.status
+            r.read_all(timeout=20)
+            assert bytes(r.data) == expected_events(2)
+            lines = h.wait_access_lines(alog, 2)
+            assert len(lines) == 2, lines
+            first = [ln for ln in lines if ln["end"] == "client_gone"]
+            served = [ln for ln in lines if ln["end"] == "done"]
+            assert len(first) == 1 and len(served) == 1, lines
+            assert first[0]["queued_ms"] == 0, first[0]
+            assert served[0]["status"] == 200 and served[0]["tries"] == 1, served[0]
+            assert served[0]["queued_ms"] >= hold_s * 1000, served[0]
+            assert served[0]["queued_ms"] <= served[0]["duration_ms"] + 0.1, served[0]
+            # ttfb_ms counts from the complete request head too: the wait is in it.
+            assert served[0]["ttfb_ms"] >= served[0]["queued_ms"], served[0]
 
 
 @h.timeout(60)
