@@ -6,6 +6,7 @@
  */
 #include "config.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -725,14 +726,6 @@ sl_mrw_init(struct sl_mrw *m, int sse, const char *lit, size_t litlen)
 	m->sse = sse != 0;
 }
 
-static void
-mrw_json_reset(struct sl_mrw *m)
-{
-	m->in_str = m->esc = m->top_obj = m->phase = m->kidx = m->kmatch = 0;
-	m->is_model = m->skip = m->done = 0;
-	m->depth = 0;
-}
-
 static int
 mrw_put(struct sl_mrw_buf *o, const char *p, size_t n)
 {
@@ -755,163 +748,336 @@ mrw_put(struct sl_mrw_buf *o, const char *p, size_t n)
 }
 
 /*
- * The first byte from in[i] on that may end a string or matter to it (a
- * quote, a backslash or a line end), or n. The one loop most answer
- * bytes go through.
+ * The first byte from in[i] on that may end a string or matter inside it
+ * (a quote, a backslash; in an event stream a line end too), or n: found
+ * with memchr, so a long string (a token's text, padding) costs little.
  */
 static size_t
-mrw_str_run(const char *in, size_t i, size_t n)
+mrw_str_end(const char *in, size_t i, size_t n, int sse)
 {
-	while (i < n && in[i] != '"' && in[i] != '\\' && in[i] != '\n' &&
-	    in[i] != '\r')
-		i++;
-	return i;
+	const char *q = memchr(in + i, '"', n - i);
+	size_t e = q != NULL ? (size_t)(q - in) : n;
+
+	if ((q = memchr(in + i, '\\', e - i)) != NULL)
+		e = (size_t)(q - in);
+	if (sse) {
+		if ((q = memchr(in + i, '\n', e - i)) != NULL)
+			e = (size_t)(q - in);
+		if ((q = memchr(in + i, '\r', e - i)) != NULL)
+			e = (size_t)(q - in);
+	}
+	return e;
 }
 
+/* The first line end ('\n' or '\r') from in[i] on, or n. */
+static size_t
+mrw_line_end(const char *in, size_t i, size_t n)
+{
+	const char *q = memchr(in + i, '\n', n - i);
+	size_t e = q != NULL ? (size_t)(q - in) : n;
+
+	if ((q = memchr(in + i, '\r', e - i)) != NULL)
+		e = (size_t)(q - in);
+	return e;
+}
+
+/*
+ * The end of the string whose opening quote is p[i]: the index of its
+ * closing quote (one not escaped: after an even run of backslashes), or
+ * -1 when it does not end before len.
+ */
+static ptrdiff_t
+mrw_str_close(const char *p, size_t i, size_t len)
+{
+	size_t k = i + 1, b;
+	const char *q;
+
+	while ((q = memchr(p + k, '"', len - k)) != NULL) {
+		for (b = 0; q - b - 1 >= p + i + 1 && q[-(ptrdiff_t)b - 1] == '\\'; b++)
+			;
+		if (b % 2 == 0)
+			return q - p;
+		k = (size_t)(q - p) + 1;
+	}
+	return -1;
+}
+
+/*
+ * The common case of an event stream: a data line whose end is in this
+ * read, read from its start. The same rules as the state machine below,
+ * token by token: 1 and the value's quotes at [*vs, *ve) when its first
+ * top-level "model" member is a string; 0 when the line has none (or not
+ * a string); -1 when a string does not end in the line (the machine
+ * decides those).
+ */
+static int
+mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
+{
+	unsigned depth = 0, top_obj = 0, phase = MRW_P_KEY, is_model = 0;
+	size_t i;
+	ptrdiff_t j;
+
+	for (i = 0; i < len; i++) {
+		int top = depth == 1 && top_obj;
+
+		switch (p[i]) {
+		case '"':
+			if ((j = mrw_str_close(p, i, len)) < 0)
+				return -1;
+			if (top && phase == MRW_P_KEY) {
+				is_model = j - (ptrdiff_t)i == 6 &&
+				    memcmp(p + i + 1, "model", 5) == 0;
+				phase = MRW_P_COLON;
+			} else if (top && phase == MRW_P_VALUE) {
+				if (is_model) {
+					*vs = i;
+					*ve = (size_t)j + 1;
+					return 1;
+				}
+				phase = MRW_P_OTHER;
+			}
+			i = (size_t)j;
+			break;
+		case '{':
+		case '[':
+			if (depth == 0) {
+				top_obj = p[i] == '{';
+				phase = MRW_P_KEY;
+			} else if (top && phase == MRW_P_VALUE) {
+				if (is_model)
+					return 0;   /* not a string: left */
+				phase = MRW_P_OTHER;
+			}
+			if (depth < 1u << 30)
+				depth++;
+			break;
+		case '}':
+		case ']':
+			if (depth > 0)
+				depth--;
+			break;
+		case ':':
+			if (top && phase == MRW_P_COLON)
+				phase = MRW_P_VALUE;
+			break;
+		case ',':
+			if (top)
+				phase = MRW_P_KEY;
+			break;
+		case ' ':
+		case '\t':
+			break;
+		default:
+			if (top && phase == MRW_P_VALUE) {
+				if (is_model)
+					return 0;
+				phase = MRW_P_OTHER;
+			}
+			break;
+		}
+	}
+	return 0;
+}
+
+/*
+ * One state machine, fed any split of the answer; the state lives in
+ * locals while a feed runs (stored back at its end). Strings are crossed
+ * with memchr and a key is compared whole when all of it is in this read;
+ * otherwise byte by byte, with the same outcome (fuzz_model checks every
+ * split against the whole).
+ */
 int
 sl_mrw_feed(struct sl_mrw *m, const char *in, size_t n, struct sl_mrw_buf *out)
 {
 	static const char key[] = "model";
-	size_t i, seg = 0;
-	int changed = m->skip;   /* bytes of a replaced value go */
-	int top;
+	const int sse = m->sse;
+	unsigned line = m->line, pidx = m->pidx, in_str = m->in_str;
+	unsigned esc = m->esc, top_obj = m->top_obj, phase = m->phase;
+	unsigned kidx = m->kidx, kmatch = m->kmatch, is_model = m->is_model;
+	unsigned skip = m->skip, done = m->done, depth = m->depth;
+	size_t i = 0, j, seg = 0;
+	int changed = skip, top, rc = 1;   /* bytes of a replaced value go */
+
+#define MRW_RESET() do {						\
+	in_str = esc = top_obj = phase = kidx = kmatch = 0;		\
+	is_model = skip = done = 0;					\
+	depth = 0;							\
+} while (0)
 
 	out->len = 0;
-	for (i = 0; i < n; i++) {
+	while (i < n) {
 		unsigned char ch;
 
-		if (m->done) {
+		if (done) {
 			/*
 			 * The member is set: a JSON answer's other bytes pass;
 			 * an event's, up to its line's end.
 			 */
-			const char *nl, *cr;
-
-			if (!m->sse)
+			if (!sse || (i = mrw_line_end(in, i, n)) == n)
 				break;
-			nl = memchr(in + i, '\n', n - i);
-			cr = memchr(in + i, '\r', (nl != NULL ? (size_t)(nl - in) :
-			    n) - i);
-			if (cr != NULL)
-				nl = cr;
-			if (nl == NULL)
-				break;
-			i = (size_t)(nl - in);
 		}
 		ch = (unsigned char)in[i];
-		if (m->sse) {
-			if (m->line == MRW_L_START) {
-				if (ch == '\n' || ch == '\r')
+		if (sse) {
+			if (line == MRW_L_START) {
+				if (ch == '\n' || ch == '\r') {
+					i++;
 					continue;
-				if (ch == (unsigned char)"data:"[m->pidx]) {
-					if (++m->pidx == 5) {
-						m->line = MRW_L_DATA;
-						mrw_json_reset(m);
+				}
+				if (pidx == 0 && n - i >= 5 &&
+				    memcmp(in + i, "data:", 5) == 0) {
+					size_t le = mrw_line_end(in, i + 5, n), vs, ve;
+					int r = le == n ? -1 : mrw_line_fast(in + i + 5,
+					    le - i - 5, &vs, &ve);
+
+					line = MRW_L_DATA;
+					MRW_RESET();
+					if (r == 1) {
+						if (!changed) {
+							changed = 1;
+							seg = 0;
+						}
+						if (mrw_put(out, in + seg, i + 5 + vs -
+						    seg) == -1 || mrw_put(out, m->lit,
+						    m->litlen) == -1) {
+							rc = -1;
+							goto end;
+						}
+						seg = i + 5 + ve;
+					}
+					/* decided: on to the line's end */
+					i = r == -1 ? i + 5 : le;
+					continue;
+				}
+				if (ch == (unsigned char)"data:"[pidx]) {
+					if (++pidx == 5) {
+						line = MRW_L_DATA;
+						MRW_RESET();
 					}
 				} else
-					m->line = MRW_L_OTHER;
+					line = MRW_L_OTHER;
+				i++;
 				continue;
 			}
 			if (ch == '\n' || ch == '\r') {
-				if (m->skip)   /* a value cut by the line's end */
+				if (skip)   /* a value cut by the line's end */
 					seg = i;
-				mrw_json_reset(m);
-				m->line = MRW_L_START;
-				m->pidx = 0;
+				MRW_RESET();
+				line = MRW_L_START;
+				pidx = 0;
+				i++;
 				continue;
 			}
-			if (m->line == MRW_L_OTHER) {
-				const char *nl = memchr(in + i, '\n', n - i);
-				const char *cr = memchr(in + i, '\r', n - i);
-
-				if (nl == NULL || (cr != NULL && cr < nl))
-					nl = cr;
-				i = (nl != NULL ? (size_t)(nl - in) : n) - 1;
+			if (line == MRW_L_OTHER) {
+				i = mrw_line_end(in, i, n);
 				continue;
 			}
 		}
-		if (m->skip) {
-			/* In the value replaced: its bytes go, up to its quote. */
-			if (m->esc)
-				m->esc = 0;
-			else if (ch == '\\')
-				m->esc = 1;
-			else if (ch == '"') {
-				m->skip = m->in_str = 0;
-				m->done = 1;
-				seg = i + 1;
-			} else
-				/* on to the next byte that may matter */
-				i = mrw_str_run(in, i + 1, n) - 1;
-			continue;
-		}
-		top = m->depth == 1 && m->top_obj;
-		if (m->in_str) {
-			if (m->esc)
-				m->esc = 0;
-			else if (ch == '\\') {
-				m->esc = 1;
-				m->kmatch = 0;   /* an escaped key is not matched */
-			} else if (ch == '"') {
-				m->in_str = 0;
-				if (top && m->phase == MRW_P_INKEY) {
-					m->is_model = m->kmatch && m->kidx == 5;
-					m->phase = MRW_P_COLON;
-				}
-			} else if (top && m->phase == MRW_P_INKEY) {
-				if (m->kidx < 5 && ch == (unsigned char)key[m->kidx])
-					m->kidx++;
+		if (skip || in_str) {
+			top = depth == 1 && top_obj;
+			if (esc) {
+				esc = 0;
+				i++;
+				continue;
+			}
+			if (!skip && top && phase == MRW_P_INKEY && kmatch) {
+				/* A key that may be "model": byte by byte. */
+				if (ch == '\\') {
+					esc = 1;
+					kmatch = 0;   /* an escaped key is not matched */
+				} else if (ch == '"') {
+					in_str = 0;
+					is_model = kidx == 5;
+					phase = MRW_P_COLON;
+				} else if (kidx < 5 && ch == (unsigned char)key[kidx])
+					kidx++;
 				else
-					m->kmatch = 0;
+					kmatch = 0;
+				i++;
+				continue;
+			}
+			if ((j = mrw_str_end(in, i, n, sse)) == n) {
+				i = n;
+				break;
+			}
+			if (in[j] == '\\') {
+				esc = 1;
+				kmatch = 0;
+				i = j + 1;
+			} else if (in[j] == '"') {
+				if (skip) {
+					/* the end of the value replaced */
+					skip = 0;
+					done = 1;
+					seg = j + 1;
+				} else if (top && phase == MRW_P_INKEY) {
+					is_model = 0;
+					phase = MRW_P_COLON;
+				}
+				in_str = 0;
+				i = j + 1;
 			} else
-				i = mrw_str_run(in, i + 1, n) - 1;
+				i = j;   /* a line end: above */
 			continue;
 		}
+		top = depth == 1 && top_obj;
 		switch (ch) {
 		case '"':
-			if (top && m->phase == MRW_P_KEY) {
-				m->phase = MRW_P_INKEY;
-				m->kidx = 0;
-				m->kmatch = 1;
-			} else if (top && m->phase == MRW_P_VALUE && m->is_model) {
+			if (top && phase == MRW_P_KEY) {
+				if (n - i >= 7) {
+					/* the whole key is here: compare it */
+					if (memcmp(in + i + 1, "model\"", 6) == 0) {
+						is_model = 1;
+						phase = MRW_P_COLON;
+						i += 7;
+						continue;
+					}
+					kmatch = 0;
+				} else
+					kmatch = 1;
+				phase = MRW_P_INKEY;
+				kidx = 0;
+			} else if (top && phase == MRW_P_VALUE && is_model) {
 				/* The value: what came before it, then ours. */
 				if (!changed) {
 					changed = 1;
 					seg = 0;
 				}
 				if (mrw_put(out, in + seg, i - seg) == -1 ||
-				    mrw_put(out, m->lit, m->litlen) == -1)
-					return -1;
-				m->skip = 1;
-				continue;   /* in_str is implied by skip */
-			} else if (top && m->phase == MRW_P_VALUE)
-				m->phase = MRW_P_OTHER;
-			m->in_str = 1;
+				    mrw_put(out, m->lit, m->litlen) == -1) {
+					rc = -1;
+					goto end;
+				}
+				skip = 1;   /* in_str is implied by skip */
+				i++;
+				continue;
+			} else if (top && phase == MRW_P_VALUE)
+				phase = MRW_P_OTHER;
+			in_str = 1;
 			break;
 		case '{':
 		case '[':
-			if (m->depth == 0) {
-				m->top_obj = ch == '{';
-				m->phase = MRW_P_KEY;
-			} else if (top && m->phase == MRW_P_VALUE) {
-				m->phase = MRW_P_OTHER;
-				m->done = m->is_model;   /* not a string: left */
+			if (depth == 0) {
+				top_obj = ch == '{';
+				phase = MRW_P_KEY;
+			} else if (top && phase == MRW_P_VALUE) {
+				phase = MRW_P_OTHER;
+				done = is_model;   /* not a string: left */
 			}
-			if (m->depth < 1u << 30)
-				m->depth++;
+			if (depth < 1u << 30)
+				depth++;
 			break;
 		case '}':
 		case ']':
-			if (m->depth > 0)
-				m->depth--;
+			if (depth > 0)
+				depth--;
 			break;
 		case ':':
-			if (top && m->phase == MRW_P_COLON)
-				m->phase = MRW_P_VALUE;
+			if (top && phase == MRW_P_COLON)
+				phase = MRW_P_VALUE;
 			break;
 		case ',':
 			if (top)
-				m->phase = MRW_P_KEY;
+				phase = MRW_P_KEY;
 			break;
 		case ' ':
 		case '\t':
@@ -919,19 +1085,31 @@ sl_mrw_feed(struct sl_mrw *m, const char *in, size_t n, struct sl_mrw_buf *out)
 		case '\r':
 			break;
 		default:
-			if (top && m->phase == MRW_P_VALUE) {
-				m->phase = MRW_P_OTHER;
-				if (m->is_model)
-					m->done = 1;   /* not a string: left as it is */
+			if (top && phase == MRW_P_VALUE) {
+				phase = MRW_P_OTHER;
+				done = is_model;   /* not a string: left */
 			}
 			break;
 		}
+		i++;
 	}
-	if (!changed)
-		return 0;
-	if (!m->skip && mrw_put(out, in + seg, n - seg) == -1)
-		return -1;
-	return 1;
+	if (changed && !skip && mrw_put(out, in + seg, n - seg) == -1)
+		rc = -1;
+end:
+#undef MRW_RESET
+	m->line = (unsigned char)line;
+	m->pidx = (unsigned char)pidx;
+	m->in_str = (unsigned char)in_str;
+	m->esc = (unsigned char)esc;
+	m->top_obj = (unsigned char)top_obj;
+	m->phase = (unsigned char)phase;
+	m->kidx = (unsigned char)kidx;
+	m->kmatch = (unsigned char)kmatch;
+	m->is_model = (unsigned char)is_model;
+	m->skip = (unsigned char)skip;
+	m->done = (unsigned char)done;
+	m->depth = depth;
+	return rc == -1 ? -1 : changed;
 }
 
 char *
