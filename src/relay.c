@@ -123,7 +123,8 @@ struct sl_conn {
 	ev_tstamp t_queued;
 	ev_tstamp queued_total;    /* seconds this request waited (queued_ms) */
 	int q_retry_after;         /* for its 503 queue_timeout */
-	uint64_t q_charged;        /* tokens charged when it was dispatched */
+	uint64_t q_charged;        /* tokens charged to its pool's service
+	                            * counter so far (fair queue) */
 	TAILQ_ENTRY(sl_conn) qentry;   /* on w->queued */
 
 	/* Response side. */
@@ -210,6 +211,7 @@ static void conn_after_write(struct sl_conn *);
 static void conn_timer_update(struct sl_conn *);
 static void conn_usage_charge(struct sl_conn *);
 static void conn_queue_charge(struct sl_conn *);
+static void conn_queue_charge_running(struct sl_conn *);
 static uint64_t mono_sec(void);
 static void conn_usage_free(struct sl_conn *);
 static void conn_usage_head(struct sl_conn *);
@@ -1119,6 +1121,7 @@ conn_flush(struct sl_conn *c)
 	if (c->t_content == 0 && c->t_first > 0 && sl_buf_len(&c->out) > 0 &&
 	    (c->scan == NULL || !c->resp_sse || c->scan->content_bytes > 0))
 		c->t_content = ev_now(c->w->loop);
+	conn_queue_charge_running(c);
 	for (;;) {
 		cnt = 0;
 		total = 0;
@@ -1674,6 +1677,35 @@ conn_queue_charge(struct sl_conn *c)
 		return;
 	sl_queue_charge(c->w->queue, c->w->upstream_slot[u],
 	    c->w->tenant_slot[c->tenant], cost - c->q_charged);
+	c->q_charged = cost;   /* a flush after it charges nothing more */
+}
+
+/*
+ * A running stream's service grows as its tokens are relayed, not only
+ * when it ends (VTC charges output as it is produced): at each flush, the
+ * prompt's estimate and 2 x the completion estimated from the content
+ * relayed so far (sl_usage_estimate), less what was charged. Without it a
+ * tenant's running streams did not count until they ended, and a flooder
+ * with many of them looked less served than it was (bench/fairness).
+ * The response's end charges what the usage says beyond it.
+ */
+static void
+conn_queue_charge_running(struct sl_conn *c)
+{
+	size_t u;
+	uint64_t cost;
+
+	if (c->w->queue == NULL || c->scan == NULL || c->tenant < 0)
+		return;
+	u = conn_upstream_idx(c);
+	if (!c->w->cfg->upstreams[u].queue.enabled)
+		return;
+	cost = c->prompt_est + 2 * sl_usage_estimate(c->scan->content_bytes);
+	if (cost <= c->q_charged)
+		return;
+	sl_queue_charge(c->w->queue, c->w->upstream_slot[u],
+	    c->w->tenant_slot[c->tenant], cost - c->q_charged);
+	c->q_charged = cost;
 }
 
 /* The request is over: what only its accounting needed goes. */
