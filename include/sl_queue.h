@@ -89,12 +89,11 @@
  * What the caller does (relay/upstream; the master for settings and
  * reclaim) is written at each function.
  *
- * Not done yet (issue 24): the issue's share and TTFT targets (a first,
- * shortened bench/fairness run in bench/RESULTS.md: B and C get 24.7 %
- * and 24.6 % of the tokens, not a third; a likely cause is that a running
- * stream's completion is charged only when it ends, so a flooder's eight
- * running streams lag in its counter: charge them as they are relayed);
- * the full 90 s run with nginx and its chart; a request that a busy head
+ * Not done yet (issue 24): the issue's TTFT target (shortened
+ * bench/fairness runs in bench/RESULTS.md: shares 36.6/30.6/32.8 % once
+ * running streams are charged as they are relayed, but B's p99 wait is
+ * still one stream's length, the shares swinging in 4 s steps); the full
+ * 90 s run with nginx and its chart; a request that a busy head
  * or a connect failure moves to another replica after its dispatch is
  * retried as before (sl_pool_pick), never queued again; tokens of a
  * stream its client left are charged after its slot went on (conn_close

@@ -497,3 +497,31 @@ def test_queue_reload_changing_weights_mid_flood_applies_to_waiters():
             assert not errors, errors[:5]
             assert sum(done.values()) == 400, done
             assert 280 <= done["acme"] <= 320, done
+
+
+def test_queue_a_running_stream_is_charged_as_it_is_relayed():
+    # VTC charges output as it is produced: a tenant's service counter must
+    # grow while its stream runs, not only when it ends (otherwise a
+    # flooder's running streams do not count and it looks less served).
+    with Stub("r1") as s1:
+        cfg = queue_config([(s1.url, 1)], {"max": 10, "timeout": "20s"}, workers=1)
+        with Gateway(cfg) as gw:
+            def service():
+                return h.scrape(gw).value("sluice_tenant_service", upstream="main",
+                                          tenant="acme")
+
+            c, r = gw.open_stream(events=60, interval=50, timeout=20, tag="run")
+            assert r.status == 200
+            r.read_events(5, timeout=10)
+            first = service()
+            r.read_events(25, timeout=10)
+            second = service()
+            assert s1.tag("run")["completed"] == 0, "the stream ended too soon"
+            assert 0 < first < second, (first, second)
+            r.read_all(timeout=20)
+            h.wait_until(lambda: s1.tag("run")["completed"] == 1, 5, msg="stream end")
+            # At the end the usage's exact count is charged beyond the
+            # estimate: 2 x 60 completion tokens in all, and the prompt.
+            h.wait_until(lambda: service() >= 120 + 1, 5,
+                         msg="the end charge (now %r)" % service())
+            c.close()
