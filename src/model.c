@@ -803,6 +803,59 @@ mrw_str_close(const char *p, size_t i, size_t len)
 }
 
 /*
+ * A byte outside strings, other than a quote, by the rules both readers
+ * below share: nesting, and where a top-level object is between its
+ * tokens. Returns 1 when it starts a "model" value that is not a string
+ * (left as it is: that line, or the answer, is done).
+ */
+static inline int
+mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
+    unsigned *phase, unsigned is_model)
+{
+	int top = *depth == 1 && *top_obj;
+
+	switch (ch) {
+	case '{':
+	case '[':
+		if (*depth == 0) {
+			*top_obj = ch == '{';
+			*phase = MRW_P_KEY;
+		} else if (top && *phase == MRW_P_VALUE) {
+			*phase = MRW_P_OTHER;
+			if (is_model)
+				return 1;
+		}
+		if (*depth < 1u << 30)
+			(*depth)++;
+		return 0;
+	case '}':
+	case ']':
+		if (*depth > 0)
+			(*depth)--;
+		return 0;
+	case ':':
+		if (top && *phase == MRW_P_COLON)
+			*phase = MRW_P_VALUE;
+		return 0;
+	case ',':
+		if (top)
+			*phase = MRW_P_KEY;
+		return 0;
+	case ' ':
+	case '\t':
+	case '\n':
+	case '\r':
+		return 0;
+	default:
+		if (top && *phase == MRW_P_VALUE) {
+			*phase = MRW_P_OTHER;
+			return is_model != 0;
+		}
+		return 0;
+	}
+}
+
+/*
  * The common case of an event stream: a data line whose end is in this
  * read, read from its start. The same rules as the state machine below,
  * token by token: 1 and the value's quotes at [*vs, *ve) when its first
@@ -838,41 +891,10 @@ mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
 			}
 			i = (size_t)j;
 			break;
-		case '{':
-		case '[':
-			if (depth == 0) {
-				top_obj = p[i] == '{';
-				phase = MRW_P_KEY;
-			} else if (top && phase == MRW_P_VALUE) {
-				if (is_model)
-					return 0;   /* not a string: left */
-				phase = MRW_P_OTHER;
-			}
-			if (depth < 1u << 30)
-				depth++;
-			break;
-		case '}':
-		case ']':
-			if (depth > 0)
-				depth--;
-			break;
-		case ':':
-			if (top && phase == MRW_P_COLON)
-				phase = MRW_P_VALUE;
-			break;
-		case ',':
-			if (top)
-				phase = MRW_P_KEY;
-			break;
-		case ' ':
-		case '\t':
-			break;
 		default:
-			if (top && phase == MRW_P_VALUE) {
-				if (is_model)
-					return 0;
-				phase = MRW_P_OTHER;
-			}
+			if (mrw_struct((unsigned char)p[i], &depth, &top_obj, &phase,
+			    is_model))
+				return 0;   /* not a string: left */
 			break;
 		}
 	}
@@ -1054,41 +1076,9 @@ sl_mrw_feed(struct sl_mrw *m, const char *in, size_t n, struct sl_mrw_buf *out)
 				phase = MRW_P_OTHER;
 			in_str = 1;
 			break;
-		case '{':
-		case '[':
-			if (depth == 0) {
-				top_obj = ch == '{';
-				phase = MRW_P_KEY;
-			} else if (top && phase == MRW_P_VALUE) {
-				phase = MRW_P_OTHER;
-				done = is_model;   /* not a string: left */
-			}
-			if (depth < 1u << 30)
-				depth++;
-			break;
-		case '}':
-		case ']':
-			if (depth > 0)
-				depth--;
-			break;
-		case ':':
-			if (top && phase == MRW_P_COLON)
-				phase = MRW_P_VALUE;
-			break;
-		case ',':
-			if (top)
-				phase = MRW_P_KEY;
-			break;
-		case ' ':
-		case '\t':
-		case '\n':
-		case '\r':
-			break;
 		default:
-			if (top && phase == MRW_P_VALUE) {
-				phase = MRW_P_OTHER;
-				done = is_model;   /* not a string: left */
-			}
+			if (mrw_struct(ch, &depth, &top_obj, &phase, is_model))
+				done = 1;   /* not a string: left */
 			break;
 		}
 		i++;
