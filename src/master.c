@@ -1147,6 +1147,38 @@ render_hist(struct sl_str *o, struct sl_shm *shm, enum sl_hist h,
 	    (unsigned long long)sl_shm_hist_bucket(shm, h, SL_HIST_BUCKETS));
 }
 
+/*
+ * One labelled series of a histogram: NAME_bucket{LABEL="V",le=...} for
+ * the n bounds b and +Inf (cum: n + 1 cumulative counts), then NAME_sum
+ * (printed with prec decimals) and NAME_count.
+ */
+#define SERIES_BUCKETS_MAX 16
+_Static_assert(SL_HIST_BUCKETS <= SERIES_BUCKETS_MAX &&
+    SL_MHIST_BOUNDS_MAX <= SERIES_BUCKETS_MAX, "a series' buckets fit");
+
+static void
+render_hist_series(struct sl_str *o, const char *name, const char *lname,
+    const char *lvalue, const double *b, int n, const uint64_t *cum,
+    double sum, int prec)
+{
+	int i;
+
+	for (i = 0; i <= n; i++) {
+		sl_str_printf(o, "%s_bucket{%s=\"", name, lname);
+		label(o, lvalue);
+		if (i < n)
+			sl_str_printf(o, "\",le=\"%g\"} ", b[i]);
+		else
+			sl_str_printf(o, "\",le=\"+Inf\"} ");
+		sl_str_printf(o, "%llu\n", (unsigned long long)cum[i]);
+	}
+	sl_str_printf(o, "%s_sum{%s=\"", name, lname);
+	label(o, lvalue);
+	sl_str_printf(o, "\"} %.*f\n%s_count{%s=\"", prec, sum, name, lname);
+	label(o, lvalue);
+	sl_str_printf(o, "\"} %llu\n", (unsigned long long)cum[n]);
+}
+
 /* {upstream="U",replica="URL" */
 static void
 replica_labels(struct sl_str *o, const char *metric, const char *up,
@@ -1469,29 +1501,16 @@ render_queue(struct master *m, struct sl_str *o)
 	    "# TYPE sluice_queue_wait_seconds histogram\n");
 	for (u = 0; u < cfg->nupstreams; u++) {
 		size_t qp = m->cur.upstream_slot[u];
-		const double *b = sl_shm_hist_bounds();
+		uint64_t cum[SERIES_BUCKETS_MAX + 1];
 		int i;
 
 		if (!cfg->upstreams[u].queue.enabled)
 			continue;
-		for (i = 0; i <= SL_HIST_BUCKETS; i++) {
-			sl_str_printf(o, "sluice_queue_wait_seconds_bucket{upstream=\"");
-			label(o, cfg->upstreams[u].name);
-			if (i < SL_HIST_BUCKETS)
-				sl_str_printf(o, "\",le=\"%g\"} ", b[i]);
-			else
-				sl_str_printf(o, "\",le=\"+Inf\"} ");
-			sl_str_printf(o, "%llu\n", (unsigned long long)
-			    sl_queue_wait_bucket(m->queue, qp, i));
-		}
-		sl_str_printf(o, "sluice_queue_wait_seconds_sum{upstream=\"");
-		label(o, cfg->upstreams[u].name);
-		sl_str_printf(o, "\"} %.3f\n",
-		    (double)sl_queue_wait_ms_sum(m->queue, qp) / 1000.0);
-		sl_str_printf(o, "sluice_queue_wait_seconds_count{upstream=\"");
-		label(o, cfg->upstreams[u].name);
-		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
-		    sl_queue_wait_bucket(m->queue, qp, SL_HIST_BUCKETS));
+		for (i = 0; i <= SL_HIST_BUCKETS; i++)
+			cum[i] = sl_queue_wait_bucket(m->queue, qp, i);
+		render_hist_series(o, "sluice_queue_wait_seconds", "upstream",
+		    cfg->upstreams[u].name, sl_shm_hist_bounds(), SL_HIST_BUCKETS,
+		    cum, (double)sl_queue_wait_ms_sum(m->queue, qp) / 1000.0, 3);
 	}
 	sl_str_printf(o, "# HELP sluice_tenant_service The tenant's service "
 	    "counter in the pool's queue: (prompt + 2 x completion tokens) / "
@@ -1582,6 +1601,7 @@ static void
 render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
     const char *name, const char *help)
 {
+	uint64_t cum[SERIES_BUCKETS_MAX + 1];
 	const double *b;
 	size_t j;
 	int i, n;
@@ -1591,23 +1611,10 @@ render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
 	for (j = 0; j < SL_SHM_MODELS; j++) {
 		if (!model_shown(m, j))
 			continue;
-		for (i = 0; i <= n; i++) {
-			sl_str_printf(o, "%s_bucket{model=\"", name);
-			label(o, model_label(m, j));
-			if (i < n)
-				sl_str_printf(o, "\",le=\"%g\"} ", b[i]);
-			else
-				sl_str_printf(o, "\",le=\"+Inf\"} ");
-			sl_str_printf(o, "%llu\n", (unsigned long long)
-			    sl_shm_model_hist_bucket(m->shm, j, h, i));
-		}
-		sl_str_printf(o, "%s_sum{model=\"", name);
-		label(o, model_label(m, j));
-		sl_str_printf(o, "\"} %.6f\n%s_count{model=\"",
-		    sl_shm_model_hist_sum(m->shm, j, h), name);
-		label(o, model_label(m, j));
-		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
-		    sl_shm_model_hist_bucket(m->shm, j, h, n));
+		for (i = 0; i <= n; i++)
+			cum[i] = sl_shm_model_hist_bucket(m->shm, j, h, i);
+		render_hist_series(o, name, "model", model_label(m, j), b, n, cum,
+		    sl_shm_model_hist_sum(m->shm, j, h), 6);
 	}
 }
 
