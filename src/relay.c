@@ -668,7 +668,7 @@ sl_conn_new(struct sl_worker *w, int fd)
 	sl_net_peer(fd, c->peer, sizeof(c->peer));
 	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
 	    w->cfg->limits.max_body_bytes);
-	sl_buf_init(&c->out, w->cfg->stream_buffer + CHUNK_FRAMING);
+	sl_buf_init(&c->out, BASE_CAP(c));
 	c->out.pool = &w->blocks;
 	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
 	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
@@ -1177,7 +1177,7 @@ conn_flush(struct sl_conn *c)
 	 */
 	sl_buf_release(&c->out);
 	if (sl_buf_len(&c->out) == 0)
-		c->out.cap = c->w->cfg->stream_buffer + CHUNK_FRAMING;
+		c->out.cap = BASE_CAP(c);
 	if (c->rh != NULL && c->rh_off == c->rh_len) {
 		free(c->rh);
 		c->rh = NULL;
@@ -1733,7 +1733,7 @@ conn_usage_reset(struct sl_conn *c)
 	c->usage_kind = NULL;
 	c->tok_prompt = c->tok_completion = c->prompt_est = 0;
 	c->affinity = 0;
-	c->out.cap = c->w->cfg->stream_buffer + CHUNK_FRAMING;
+	c->out.cap = BASE_CAP(c);
 }
 
 /*
