@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "sl_tls.h"
+
 #define SL_WORKERS_AUTO 0          /* workers: auto (resolved by the master) */
 #define SL_MAX_WORKERS 64
 
@@ -187,7 +189,9 @@ struct sl_config {
 		uint64_t max_connections;   /* per worker */
 		uint64_t upstream_rcvbuf;   /* SO_RCVBUF upstream; 0: kernel's */
 		uint64_t client_sndbuf;     /* SO_SNDBUF to clients; 0: kernel's */
+		uint64_t h2_max_streams;    /* per HTTP/2 connection */
 	} limits;
+	struct sl_tls_conf tls;
 
 	struct sl_cluster_conf cluster;
 	struct {

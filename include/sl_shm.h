@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sl_tls.h"
+
 struct sl_shm;
 
 enum sl_admit {
@@ -97,6 +99,8 @@ enum sl_stat {
 	SL_STAT_BYTES_OUT,
 	SL_STAT_PAUSES,
 	SL_STAT_IDLE_CLOSED,   /* connections closed with no request byte */
+	SL_STAT_TLS_ERR_FIRST, /* failed handshakes, by enum sl_tls_err */
+	SL_STAT_TLS_ERR_LAST = SL_STAT_TLS_ERR_FIRST + SL_TLS_E_MAX - 1,
 	/* gauges (dropped when a worker dies) */
 	SL_STAT_G_FIRST,
 	SL_STAT_PAUSED_STREAMS = SL_STAT_G_FIRST,

@@ -119,6 +119,27 @@ static const struct key_row keys[] = {
 	    "fall behind in kernel buffers before its upstream is paused; 0: "
 	    "the kernel autotunes it." },
 	    0, 64 * MIB, 0, OFF(limits.client_sndbuf) },
+	{ { "limits.h2_max_streams", SL_KEY_INT, "100", "1-1000", 1,
+	    "HTTP/2 streams one client connection may have open at once "
+	    "(SETTINGS_MAX_CONCURRENT_STREAMS)." },
+	    1, 1000, 0, OFF(limits.h2_max_streams) },
+	{ { "tls", SL_KEY_MAP, NULL, NULL, 1,
+	    "TLS on the listener: present, it speaks TLS only; absent, plain "
+	    "HTTP. A reload takes a new certificate for new connections." },
+	    0, 0, 0, NOOFF },
+	{ { "tls.cert", SL_KEY_STRING, NULL, "path of a PEM file", 1,
+	    "Certificate chain, leaf first; checked by sluice -t and at every "
+	    "load (readable, valid now; a warning within 14 days of expiry)." },
+	    0, 0, 0, OFF(tls.cert) },
+	{ { "tls.key", SL_KEY_STRING, NULL, "path of a PEM file", 1,
+	    "Private key of the leaf; must match it." },
+	    0, 0, 0, OFF(tls.key) },
+	{ { "tls.min_version", SL_KEY_STRING, "TLSv1.2", "TLSv1.2 or TLSv1.3", 1,
+	    "Oldest protocol version a client may use." },
+	    0, 0, 0, OFF(tls.min_version) },
+	{ { "tls.alpn", SL_KEY_LIST, "[h2, http/1.1]", "h2, http/1.1", 1,
+	    "Application protocols offered by ALPN, in order of preference." },
+	    0, 0, 0, NOOFF },
 	{ { "cluster", SL_KEY_MAP, NULL, NULL, 0,
 	    "One per-tenant limit across several sluice nodes, through Redis "
 	    "leases; absent: this node alone." },
@@ -929,7 +950,8 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 			    path, s, row->info.range);
 			return;
 		}
-		if (row->off == OFF(limits.max_connections))
+		if (row->off == OFF(limits.max_connections) ||
+		    row->off == OFF(limits.h2_max_streams))
 			*(uint64_t *)dst = (uint64_t)i;
 		else
 			*(int32_t *)dst = (int32_t)i;
@@ -2366,6 +2388,95 @@ check_cluster(struct ctx *c, yaml_node_t *root)
 	}
 }
 
+/* tls.alpn: a list of h2 and http/1.1, each once, in preference order. */
+static void
+parse_alpn(struct ctx *c, yaml_node_t *v, const char *path)
+{
+	struct sl_tls_conf *t = &c->cfg->tls;
+	yaml_node_item_t *it;
+	int n = 0;
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
+		    type_name(v));
+		return;
+	}
+	t->alpn[0] = t->alpn[1] = SL_ALPN_NONE;
+	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+	    it++) {
+		yaml_node_t *w = node(c, *it);
+		const char *s;
+		int p;
+
+		if (w == NULL || (s = want_scalar(c, w, path)) == NULL)
+			continue;
+		if (strcmp(s, "h2") == 0)
+			p = SL_ALPN_H2;
+		else if (strcmp(s, "http/1.1") == 0)
+			p = SL_ALPN_HTTP11;
+		else {
+			err_at(c, &w->start_mark,
+			    "%s: '%s' must be h2 or http/1.1", path, s);
+			continue;
+		}
+		if (n > 0 && t->alpn[0] == p) {
+			err_at(c, &w->start_mark, "%s: '%s' is listed twice", path, s);
+			continue;
+		}
+		t->alpn[n++] = p;
+	}
+	if (n == 0 && v->data.sequence.items.start == v->data.sequence.items.top)
+		err_at(c, &v->start_mark, "%s: at least one protocol is required",
+		    path);
+}
+
+/*
+ * After the top level is read: the whole `tls:` block. With files checked
+ * (sluice -t, start, reload) the certificate and key are loaded into the
+ * context the listener will use, so a pair that cannot serve fails here,
+ * at the line that names it.
+ */
+static void
+check_tls(struct ctx *c, yaml_node_t *root)
+{
+	struct sl_tls_conf *t = &c->cfg->tls;
+	yaml_node_t *map, *at;
+	char err[PATH_MAX + 256], warn[PATH_MAX + 256];
+
+	map = find_child(c, root, "tls");
+	if (map == NULL || map->type != YAML_MAPPING_NODE)
+		return;
+	t->enabled = 1;
+	if (t->alpn[0] == SL_ALPN_NONE) {
+		t->alpn[0] = SL_ALPN_H2;
+		t->alpn[1] = SL_ALPN_HTTP11;
+	}
+	if (t->cert == NULL)
+		err_at(c, &map->start_mark, "tls: missing required key 'cert'");
+	if (t->key == NULL)
+		err_at(c, &map->start_mark, "tls: missing required key 'key'");
+	if (t->min_version != NULL && strcmp(t->min_version, "TLSv1.2") != 0 &&
+	    strcmp(t->min_version, "TLSv1.3") != 0) {
+		at = find_child(c, map, "min_version");
+		err_at(c, at != NULL ? &at->start_mark : &map->start_mark,
+		    "tls.min_version: '%s' must be TLSv1.2 or TLSv1.3",
+		    t->min_version);
+	}
+	if (!c->check_files || t->cert == NULL || t->key == NULL ||
+	    c->errs->n > 0)
+		return;
+	t->ctx = sl_tls_ctx_new(t, err, sizeof(err), warn, sizeof(warn));
+	if (t->ctx == NULL) {
+		at = find_child(c, map, strncmp(err, "tls.key", 7) == 0 ?
+		    "key" : "cert");
+		err_at(c, at != NULL ? &at->start_mark : &map->start_mark, "%s",
+		    err);
+		return;
+	}
+	if (warn[0] != '\0')
+		t->warning = xstrdup(c, warn);
+}
+
 /* ---- top level ------------------------------------------------------- */
 
 static void
@@ -2386,6 +2497,10 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		return;
 	}
 	a->present[row - keys] = 1;
+	if (strcmp(path, "tls.alpn") == 0) {
+		parse_alpn(c, v, path);
+		return;
+	}
 	if (row->info.type != SL_KEY_MAP) {
 		set_value(c, row, path, v, (char *)c->cfg + row->off);
 		if (row->off == OFF(cluster.redis) && c->cfg->cluster.redis != NULL &&
@@ -2696,6 +2811,7 @@ load(struct ctx *c, yaml_parser_t *parser)
 	}
 
 	check_cluster(c, root);
+	check_tls(c, root);
 	if (!c->cfg->usage.enabled) {
 		/* A budget nobody counts for would silently never refuse. */
 		for (i = 0; i < c->cfg->ntenants; i++)
@@ -2974,6 +3090,11 @@ sl_config_free(struct sl_config *cfg)
 	free(cfg->cluster.redis);
 	free(cfg->cluster.password);
 	free(cfg->cluster.node);
+	free(cfg->tls.cert);
+	free(cfg->tls.key);
+	free(cfg->tls.min_version);
+	free(cfg->tls.warning);
+	sl_tls_ctx_free(cfg->tls.ctx);
 	for (i = 0; i < cfg->nupstreams; i++) {
 		free(cfg->upstreams[i].name);
 		free(cfg->upstreams[i].url);

@@ -81,6 +81,8 @@ main(int argc, char **argv)
 		/* As the master warns at start and reload; not an error. */
 		if (sl_config_permission_warning(path, warn, sizeof(warn)))
 			fprintf(stderr, "sluice: warning: %s\n", warn);
+		if (cfg->tls.warning != NULL)
+			fprintf(stderr, "sluice: warning: %s\n", cfg->tls.warning);
 		printf("%s: ok\n", path);
 		sl_config_free(cfg);
 		return 0;

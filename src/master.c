@@ -858,12 +858,14 @@ open_listeners(struct master *m, const char *addr, int from, int to)
 }
 
 static void
-config_warn_permissions(const char *path)
+config_warn_permissions(const char *path, const struct sl_config *cfg)
 {
 	char msg[PATH_MAX + 128];
 
 	if (sl_config_permission_warning(path, msg, sizeof(msg)))
 		sl_warn("%s", msg);
+	if (cfg->tls.warning != NULL)
+		sl_warn("%s", cfg->tls.warning);
 }
 
 /* Is a worker of generation gen alive (not yet reaped) on slot s? */
@@ -1040,7 +1042,7 @@ reload(struct master *m)
 		    "generation; keeping generation %u", started, m->cur.id);
 		goto fail;
 	}
-	config_warn_permissions(m->path);
+	config_warn_permissions(m->path, ncfg);
 	sl_log_set_level(ncfg->log_level);
 	publish_queue(m, ncfg, map, umap, 1);
 	sl_cluster_master_reconf(m->cluster, ncfg);
@@ -1753,8 +1755,10 @@ render_metrics(struct master *m, struct sl_str *o)
 	    "clients in stream buffers.\n"
 	    "# TYPE sluice_stream_buffer_bytes gauge\n"
 	    "sluice_stream_buffer_bytes %llu\n"
-	    "# HELP sluice_connections Open client connections.\n"
-	    "# TYPE sluice_connections gauge\nsluice_connections %llu\n"
+	    "# HELP sluice_connections Open client connections by protocol.\n"
+	    "# TYPE sluice_connections gauge\n"
+	    "sluice_connections{proto=\"h1\"} %llu\n"
+	    "sluice_connections{proto=\"h2\"} 0\n"
 	    "# HELP sluice_upstream_streams Upstream transfers in progress.\n"
 	    "# TYPE sluice_upstream_streams gauge\nsluice_upstream_streams %llu\n"
 	    "# HELP sluice_admitted_total Requests admitted.\n"
@@ -1784,6 +1788,14 @@ render_metrics(struct master *m, struct sl_str *o)
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_IDLE_CLOSED),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BYTES_OUT),
 	    current_workers(m), m->reloads_ok, m->reloads_failed);
+	sl_str_printf(o, "# HELP sluice_tls_handshake_errors_total TLS "
+	    "handshakes that failed, by reason; no request was read.\n"
+	    "# TYPE sluice_tls_handshake_errors_total counter\n");
+	for (k = 0; k < SL_TLS_E_MAX; k++)
+		sl_str_printf(o, "sluice_tls_handshake_errors_total{reason=\"%s\"} "
+		    "%llu\n", sl_tls_err_name((enum sl_tls_err)k),
+		    (unsigned long long)sl_shm_stat_sum(shm,
+		    (enum sl_stat)(SL_STAT_TLS_ERR_FIRST + k)));
 	render_tokens(m, o);
 	render_models(m, o);
 	render_queue(m, o);
@@ -1848,7 +1860,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	m.cur.cfg = cfg;
 	m.cur.id = m.last_gen = 1;
 	sl_log_init(cfg->log_level, "master");
-	config_warn_permissions(path);
+	config_warn_permissions(path, cfg);
 
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
 		sl_err("curl_global_init failed");

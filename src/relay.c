@@ -37,6 +37,7 @@
 #include "sl_net.h"
 #include "sl_queue.h"
 #include "sl_relay.h"
+#include "sl_tls.h"
 #include "sl_upstream.h"
 #include "sl_json.h"
 #include "sl_usage.h"
@@ -90,6 +91,11 @@ struct sl_conn {
 	ev_tstamp t_body;          /* when its body began to be read */
 	int reading;               /* rio active */
 	int hup_watched;           /* in w->hup_fd while not reading */
+	void *ssl;                 /* TLS (sl_tls.h); NULL: plain */
+	int tls_hs;                /* its handshake is not done */
+	int tls_seen;              /* a byte of it arrived */
+	int tls_rwant;             /* a handshake or read waits for the
+	                            * socket to take bytes (wio) */
 
 	/* Admission. */
 	int tenant;                /* config index, -1 before auth */
@@ -219,6 +225,7 @@ static void conn_usage_reset(struct sl_conn *);
 static void conn_unref(struct sl_conn *);
 static void conn_mrw_free(struct sl_conn *);
 static void conn_mrw_head(struct sl_conn *);
+static void conn_tls_failed(struct sl_conn *, enum sl_tls_err);
 
 /* ---- small helpers --------------------------------------------------- */
 
@@ -257,6 +264,20 @@ conn_hup_unwatch(struct sl_conn *c)
 	}
 }
 
+/*
+ * Plaintext OpenSSL already holds (the rest of a record longer than the
+ * input buffer took) does not make the socket readable again: feed the
+ * read watcher once more. Only while it is started: stopping it (or the
+ * close) clears the fed event, so it never outlives the connection.
+ */
+static void
+conn_tls_feed(struct sl_conn *c)
+{
+	if (c->ssl != NULL && c->reading && !c->tls_hs && !c->dead &&
+	    sl_tls_pending(c->ssl))
+		ev_feed_event(c->w->loop, &c->rio, EV_READ);
+}
+
 static void
 conn_read_start(struct sl_conn *c)
 {
@@ -264,7 +285,74 @@ conn_read_start(struct sl_conn *c)
 	if (!c->reading) {
 		ev_io_start(c->w->loop, &c->rio);
 		c->reading = 1;
+		conn_tls_feed(c);
 	}
+}
+
+/*
+ * The transport: plain socket calls, or TLS. Both answer as read(2) and
+ * writev(2) do: bytes, 0 at the peer's end (read), or -1 with errno
+ * (EAGAIN: try when the socket is ready; anything else: the client is
+ * gone). A TLS read that must write first (a handshake message) asks for
+ * the write watcher (tls_rwant).
+ */
+static ssize_t
+conn_recv(struct sl_conn *c, void *buf, size_t len)
+{
+	ssize_t n;
+
+	if (c->ssl == NULL)
+		return read(c->fd, buf, len);
+	n = sl_tls_read(c->ssl, buf, len);
+	if (n >= 0)
+		return n;
+	switch (n) {
+	case SL_TLS_CLOSED:
+		return 0;
+	case SL_TLS_WANT_WRITE:
+		c->tls_rwant = 1;
+		ev_io_start(c->w->loop, &c->wio);
+		/* FALLTHROUGH */
+	case SL_TLS_WANT_READ:
+		errno = EAGAIN;
+		return -1;
+	default:
+		errno = EPROTO;
+		return -1;
+	}
+}
+
+static ssize_t
+conn_send(struct sl_conn *c, const struct iovec *iov, int cnt)
+{
+	ssize_t n;
+
+	if (c->ssl == NULL)
+		return writev(c->fd, iov, cnt);
+	n = sl_tls_writev(c->ssl, iov, cnt);
+	if (n >= 0)
+		return n;
+	errno = n == SL_TLS_WANT_WRITE || n == SL_TLS_WANT_READ ? EAGAIN :
+	    EPIPE;
+	return -1;
+}
+
+/* A few bytes now or never (100 Continue): they fit any socket buffer. */
+static void
+conn_send_small(struct sl_conn *c, const char *p, size_t n)
+{
+	struct iovec v = { (void *)p, n };
+
+	(void)conn_send(c, &v, 1);
+}
+
+/* Half-close: TLS says close_notify first. */
+static void
+conn_shut_wr(struct sl_conn *c)
+{
+	if (c->ssl != NULL && !c->tls_hs)
+		sl_tls_close_notify(c->ssl);
+	shutdown(c->fd, SHUT_WR);
 }
 
 static void
@@ -625,6 +713,12 @@ sl_conn_refuse(struct sl_worker *w, int fd)
 	char resp[512];
 	int n;
 
+	if (w->cfg->tls.ctx != NULL) {
+		/* No words before a handshake: the refusal is the close. */
+		close(fd);
+		sl_shm_count_request(w->shm, w->row, SL_TENANT_NONE(w->shm), 503);
+		return;
+	}
 	n = snprintf(resp, sizeof(resp),
 	    "HTTP/1.1 503 Service Unavailable\r\n"
 	    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
@@ -651,6 +745,14 @@ sl_conn_new(struct sl_worker *w, int fd)
 	}
 	c->w = w;
 	c->fd = fd;
+	if (w->cfg->tls.ctx != NULL) {
+		if ((c->ssl = sl_tls_new(w->cfg->tls.ctx, fd)) == NULL) {
+			free(c);
+			sl_conn_refuse(w, fd);
+			return;
+		}
+		c->tls_hs = 1;
+	}
 	c->tenant = -1;
 	c->lease = -1;
 	c->model = -1;
@@ -805,7 +907,8 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "\"end\":\"%s\","
 	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
 	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\","
-	    "\"affinity\":\"%s\",\"model\":\"%s\",\"upstream_model\":\"%s\"}\n",
+	    "\"affinity\":\"%s\",\"model\":\"%s\",\"upstream_model\":\"%s\","
+	    "\"proto\":\"h1\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
@@ -978,9 +1081,16 @@ conn_close(struct sl_conn *c, const char *why)
 	conn_release(c);
 	conn_request_end(c, end_of(why));
 	conn_read_stop(c);
+	ev_io_stop(w->loop, &c->rio);   /* and any event fed to it */
 	conn_hup_unwatch(c);
 	ev_io_stop(w->loop, &c->wio);
 	ev_timer_stop(w->loop, &c->timer);
+	if (c->ssl != NULL) {
+		if (!c->client_gone && !c->tls_hs)
+			sl_tls_close_notify(c->ssl);
+		sl_tls_free(c->ssl);
+		c->ssl = NULL;
+	}
 	close(c->fd);
 	c->fd = -1;
 	TAILQ_REMOVE(&w->conns, c, entry);
@@ -1031,7 +1141,7 @@ conn_response_done(struct sl_conn *c)
 			 * closing now could reset the connection and destroy the
 			 * response in flight. Half-close and read to EOF first.
 			 */
-			shutdown(c->fd, SHUT_WR);
+			conn_shut_wr(c);
 			c->in_len = 0;
 			conn_set_state(c, CS_LINGER);
 			conn_read_start(c);
@@ -1135,7 +1245,7 @@ conn_flush(struct sl_conn *c)
 			total += iov[cnt++].iov_len;
 		if (cnt == 0)
 			break;
-		n = writev(c->fd, iov, cnt);
+		n = conn_send(c, iov, cnt);
 		if (n == -1) {
 			if (errno == EINTR)
 				continue;
@@ -1168,7 +1278,7 @@ conn_flush(struct sl_conn *c)
 		if (regain && sl_shm_try_acquire(c->w->shm, c->w->row,
 		    c->w->tenant_slot[c->tenant]) == SL_ADMIT_OK)
 			c->slot_held = 1;
-	} else
+	} else if (!c->tls_rwant)
 		ev_io_stop(c->w->loop, &c->wio);
 	/*
 	 * Nothing kept that waits for nothing: a slow stream holds no
@@ -1287,6 +1397,10 @@ conn_timer_event(struct sl_conn *c)
 	case CS_HEAD:
 		if (c->nreq > 0 && c->req.head_bytes == 0 && c->in_len == 0) {
 			conn_close(c, "keepalive");
+			return;
+		}
+		if (c->tls_hs && c->tls_seen) {
+			conn_tls_failed(c, SL_TLS_E_TIMEOUT);
 			return;
 		}
 		if (c->req.head_bytes == 0 && c->in_len == 0) {
@@ -3194,7 +3308,7 @@ conn_admitted(struct sl_conn *c)
 		 */
 		e = sl_req_header(&c->req, "expect", &elen);
 		if (e != NULL && elen == 12 && strncasecmp(e, "100-continue", 12) == 0)
-			(void)!write(c->fd, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+			conn_send_small(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
 	}
 	sl_req_continue(&c->req);
 	c->t_body = ev_now(c->w->loop);
@@ -3297,8 +3411,86 @@ conn_on_read(struct ev_loop *loop, ev_io *io, int revents)
 
 	c->depth++;
 	conn_read_event(c);
+	conn_tls_feed(c);
 	conn_in_release(c);
 	conn_unref(c);
+}
+
+/*
+ * A handshake that failed (or timed out): counted by why, no request.
+ * Plain HTTP to the TLS port gets a plain 400 that says so, as nginx
+ * does: the operator's curl http:// then explains itself. What the client
+ * sent is read first, so the close does not reset the answer away.
+ */
+static void
+conn_tls_failed(struct sl_conn *c, enum sl_tls_err why)
+{
+	static const char body[] =
+	    "{\"error\":{\"message\":\"this port speaks TLS: use https://\","
+	    "\"type\":\"invalid_request_error\",\"code\":\"plain_http_to_tls\"}}\n";
+	char sink[4096];
+	int n;
+
+	sl_debug("conn %d: TLS handshake failed: %s", c->fd,
+	    sl_tls_err_name(why));
+	sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_TLS_ERR_FIRST + why, 1);
+	if (why == SL_TLS_E_HTTP) {
+		while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
+			;
+		n = snprintf(sink, sizeof(sink), "HTTP/1.1 400 Bad Request\r\n"
+		    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+		    "Connection: close\r\n\r\n%s", sizeof(body) - 1, body);
+		(void)!write(c->fd, sink, (size_t)n);
+		shutdown(c->fd, SHUT_WR);
+	}
+	c->client_gone = 1;
+	conn_close(c, "tls");
+}
+
+/* Drive the handshake: 1 done, 0 waiting for the socket, -1 closed. */
+static int
+conn_tls_handshake(struct sl_conn *c)
+{
+	enum sl_tls_err why = SL_TLS_E_OTHER;
+	int r;
+	char b;
+
+	if (!c->tls_seen) {
+		/*
+		 * A connection closed before its first byte is a preconnect
+		 * or a health check that gave up, not a failed handshake.
+		 */
+		r = (int)recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+		if (r == 0 || (r == -1 && errno != EAGAIN && errno != EINTR)) {
+			c->client_gone = 1;
+			conn_close(c, "client_gone");
+			return -1;
+		}
+		if (r == -1)
+			return 0;
+		c->tls_seen = 1;
+	}
+	r = sl_tls_handshake(c->ssl, &why);
+	c->tls_rwant = 0;
+	switch (r) {
+	case 1:
+		c->tls_hs = 0;
+		ev_io_stop(c->w->loop, &c->wio);
+		/* The request head's time begins once the channel is up. */
+		c->t_req = ev_now(c->w->loop);
+		conn_timer_update(c);
+		return 1;
+	case SL_TLS_WANT_WRITE:
+		c->tls_rwant = 1;
+		ev_io_start(c->w->loop, &c->wio);
+		return 0;
+	case SL_TLS_WANT_READ:
+		ev_io_stop(c->w->loop, &c->wio);
+		return 0;
+	default:
+		conn_tls_failed(c, why);
+		return -1;
+	}
 }
 
 static void
@@ -3308,9 +3500,11 @@ conn_read_event(struct sl_conn *c)
 	ssize_t n;
 	char sink[4096];
 
+	if (c->tls_hs && conn_tls_handshake(c) <= 0)
+		return;
 	if (c->state == CS_LINGER) {
 		do
-			n = read(c->fd, sink, sizeof(sink));
+			n = conn_recv(c, sink, sizeof(sink));
 		while (n > 0);
 		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
 			conn_close(c, "done");
@@ -3333,7 +3527,7 @@ conn_read_event(struct sl_conn *c)
 		conn_close(c, "client_gone");
 		return;
 	}
-	n = read(c->fd, c->in + c->in_len, CONN_IN_SIZE - c->in_len);
+	n = conn_recv(c, c->in + c->in_len, CONN_IN_SIZE - c->in_len);
 	if (n == 0 || (n == -1 && errno != EAGAIN && errno != EWOULDBLOCK &&
 	    errno != EINTR)) {
 		c->client_gone = 1;
@@ -3387,6 +3581,14 @@ conn_maybe_resume(struct sl_conn *c)
 static void
 conn_write_event(struct sl_conn *c)
 {
+	if (c->tls_rwant) {
+		/* A handshake or a read waited for room: it goes on first. */
+		c->tls_rwant = 0;
+		conn_read_event(c);
+		conn_tls_feed(c);
+		if (c->dead || c->tls_rwant)
+			return;
+	}
 	if (conn_flush(c) == -1) {
 		conn_close(c, "client_gone");
 		return;
@@ -3505,7 +3707,8 @@ sl_conn_drain_all(struct sl_worker *w)
 		if (c->state != CS_HEAD || c->nreq == 0 ||
 		    c->req.head_bytes != 0 || c->in_len != 0)
 			continue;
-		if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+		if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1 ||
+		    (c->ssl != NULL && sl_tls_pending(c->ssl)))
 			continue;
 		conn_close(c, "drain");
 	}

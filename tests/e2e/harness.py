@@ -16,6 +16,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import tempfile
@@ -468,7 +469,9 @@ class Response:
 class Client:
     """HTTP/1.1 over one raw TCP connection, with keep-alive."""
 
-    def __init__(self, port, host=HOST, timeout=10.0, rcvbuf=None, connect=True):
+    def __init__(self, port, host=HOST, timeout=10.0, rcvbuf=None, connect=True,
+                 tls=None, server_hostname="localhost"):
+        """tls: an ssl.SSLContext (TLSFiles.context()) to speak TLS."""
         self.host = host
         self.port = port
         self.timeout = timeout
@@ -482,6 +485,8 @@ class Client:
         self.sock.settimeout(timeout)
         if connect:
             self.sock.connect((host, port))
+            if tls is not None:
+                self.sock = tls.wrap_socket(self.sock, server_hostname=server_hostname)
 
     # low level
     def _recv(self, deadline):
@@ -868,6 +873,8 @@ class Gateway:
 
     preexec_fn = None
     config_mode = None
+    tls = None          # an ssl.SSLContext: client(), request() and
+                        # open_stream() speak TLS (the listener has tls:)
 
     def __init__(self, config=None, stub=None, allow_worker_changes=False,
                  name="gateway", **overrides):
@@ -1083,6 +1090,7 @@ class Gateway:
 
     # clients
     def client(self, **kw):
+        kw.setdefault("tls", self.tls)
         c = Client(self.port, **kw)
         self.clients.append(c)
         return c
@@ -1091,7 +1099,7 @@ class Gateway:
         """One request on a fresh connection, whole response read."""
         h = dict(bearer(key)) if key else {}
         h.update(headers or {})
-        with Client(self.port) as c:
+        with Client(self.port, tls=self.tls) as c:
             return c.request(method, path, h, body, timeout=timeout)
 
     def open_stream(self, key=ACME_KEY, path="/v1/chat/completions", read_head=True,
@@ -1219,6 +1227,70 @@ def run_sluice(args, timeout=10):
         _unregister(p.pid)
     return p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
+
+
+# ---------------------------------------------------------------- TLS
+
+class TLSFiles:
+    """A throw-away CA and leaves it signed, made with openssl(1) in this
+    test's directory. leaf() makes a certificate and key (PEM, key mode
+    0600) for localhost and 127.0.0.1 unless told other names; days < 0
+    makes one that expired."""
+
+    def __init__(self, name="tls"):
+        self.dir = tempfile.mkdtemp(prefix=name + "-", dir=tmpdir())
+        self.ca_key = os.path.join(self.dir, "ca.key")
+        self.ca = os.path.join(self.dir, "ca.pem")
+        self._openssl("req", "-x509", "-newkey", "ec", "-pkeyopt",
+                      "ec_paramgen_curve:P-256", "-nodes", "-keyout", self.ca_key,
+                      "-out", self.ca, "-days", "30", "-subj", "/CN=sluice test CA")
+        self._n = 0
+
+    def _openssl(self, *args):
+        p = subprocess.run(["openssl"] + list(args), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        if p.returncode != 0:
+            raise HarnessError("openssl %s: %s" % (args[0], p.stderr.decode()[-500:]))
+        return p.stdout
+
+    def leaf(self, cn="localhost", days=30, sans=("DNS:localhost", "IP:127.0.0.1")):
+        """(cert path, key path) of a new leaf signed by the CA."""
+        self._n += 1
+        base = os.path.join(self.dir, "leaf%d" % self._n)
+        key, csr, cert, ext = base + ".key", base + ".csr", base + ".pem", base + ".ext"
+        self._openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                      "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=" + cn)
+        os.chmod(key, 0o600)
+        with open(ext, "w") as f:
+            f.write("subjectAltName=%s\n" % ",".join(sans))
+        self._openssl("x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key,
+                      "-CAcreateserial", "-out", cert, "-days", str(days),
+                      "-extfile", ext)
+        return cert, key
+
+    def context(self, alpn=None):
+        """A client context that trusts the CA (and offers alpn, a list)."""
+        ctx = ssl.create_default_context(cafile=self.ca)
+        if alpn:
+            ctx.set_alpn_protocols(alpn)
+        return ctx
+
+
+def tls_gateway(files, stub=None, cert=None, **overrides):
+    """A Gateway whose listener speaks TLS with a leaf of files (or
+    cert=(cert, key)); its clients trust files' CA."""
+    cert, key = cert or files.leaf()
+    tls = dict({"cert": cert, "key": key}, **overrides.pop("tls", {}))
+    gw = Gateway(stub=stub, tls=tls, **overrides)
+    gw.tls = files.context()
+    return gw
+
+
+def peer_cert_der(port, files, server_hostname="localhost"):
+    """The DER certificate the listener presents to a new connection."""
+    with socket.create_connection((HOST, port), timeout=5) as s:
+        with files.context().wrap_socket(s, server_hostname=server_hostname) as t:
+            return t.getpeercert(binary_form=True)
 
 
 # ---------------------------------------------------------------- reload
@@ -1519,7 +1591,7 @@ ACCESS_LOG_FIELDS = ("time", "worker", "peer", "tenant", "method", "path", "stat
                      "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "queued_ms", "end",
                      "replica",
                      "tries", "prompt_tokens", "completion_tokens", "usage", "affinity",
-                     "model", "upstream_model")
+                     "model", "upstream_model", "proto")
 
 
 def access_lines(path):

@@ -30,7 +30,7 @@
  */
 
 enum scope { TOP, UPSTREAM, REPLICA, TENANT, MODEL, TARGET };
-enum when { ALWAYS, IF_CLUSTER, IF_URL, IF_HEALTH, IF_LOADM };
+enum when { ALWAYS, IF_CLUSTER, IF_URL, IF_HEALTH, IF_LOADM, IF_TLS };
 enum kind {
 	K_NUM,        /* range "LO-HI" in the row's unit */
 	K_ONE_OF,     /* range lists N words: value in 0..N-1 */
@@ -50,6 +50,7 @@ enum kind {
 	K_TARGET_UPSTREAM,
 	K_TENANT_MODELS,
 	K_ANY,        /* a string the loader takes as it is */
+	K_TLS_FILE,   /* a path, present whenever tls: is */
 	K_MAPPING     /* the rows below it are checked */
 };
 
@@ -89,6 +90,16 @@ NUM(max_body_bytes, c->limits.max_body_bytes)
 NUM(max_connections, c->limits.max_connections)
 NUM(upstream_rcvbuf, c->limits.upstream_rcvbuf)
 NUM(client_sndbuf, c->limits.client_sndbuf)
+NUM(h2_max_streams, c->limits.h2_max_streams)
+NUM(tls_enabled, c->tls.enabled)
+/* TLSv1.2 (absent too) is 0, TLSv1.3 is 1: the range's word order. */
+NUM(tls_min_version, c->tls.min_version != NULL &&
+    strcmp(c->tls.min_version, "TLSv1.3") == 0)
+/* h2 is bit 0, http/1.1 bit 1, as the range lists them. */
+NUM(tls_alpn, (c->tls.alpn[0] ? 1 << (c->tls.alpn[0] - 1) : 0) |
+    (c->tls.alpn[1] ? 1 << (c->tls.alpn[1] - 1) : 0))
+STR(tls_cert, c->tls.cert)
+STR(tls_key, c->tls.key)
 NUM(cluster_enabled, c->cluster.enabled)
 NUM(lease_ttl, c->cluster.lease_ttl_ms)
 NUM(heartbeat, c->cluster.heartbeat_ms)
@@ -166,6 +177,12 @@ static const struct where wheres[] = {
 	{ "limits.max_connections", TOP, ALWAYS, K_NUM, n_max_connections, NULL },
 	{ "limits.upstream_rcvbuf", TOP, ALWAYS, K_NUM, n_upstream_rcvbuf, NULL },
 	{ "limits.client_sndbuf", TOP, ALWAYS, K_NUM, n_client_sndbuf, NULL },
+	{ "limits.h2_max_streams", TOP, ALWAYS, K_NUM, n_h2_max_streams, NULL },
+	{ "tls", TOP, ALWAYS, K_MAPPING, n_tls_enabled, NULL },
+	{ "tls.cert", TOP, IF_TLS, K_TLS_FILE, NULL, s_tls_cert },
+	{ "tls.key", TOP, IF_TLS, K_TLS_FILE, NULL, s_tls_key },
+	{ "tls.min_version", TOP, ALWAYS, K_ONE_OF, n_tls_min_version, NULL },
+	{ "tls.alpn", TOP, IF_TLS, K_BITS, n_tls_alpn, NULL },
 	{ "cluster", TOP, ALWAYS, K_MAPPING, n_cluster_enabled, NULL },
 	{ "cluster.redis", TOP, IF_CLUSTER, K_REDIS, NULL, s_redis },
 	{ "cluster.password", TOP, IF_CLUSTER, K_ANY, NULL, s_password },
@@ -430,6 +447,10 @@ check_one(const struct sl_config *cfg, const struct sl_key_info *k, const struct
 		if (!up->load_metrics.enabled)
 			return;
 		break;
+	case IF_TLS:
+		if (!cfg->tls.enabled)
+			return;
+		break;
 	case ALWAYS:
 		break;
 	}
@@ -514,6 +535,9 @@ check_one(const struct sl_config *cfg, const struct sl_key_info *k, const struct
 		    "CR or LF in %s", k->path);
 		break;
 	case K_ANY:
+		break;
+	case K_TLS_FILE:
+		fz_check(s != NULL, "tls-file", "tls: without %s", k->path);
 		break;
 	case K_ALIASES: {
 		const struct sl_model_conf *mc = &cfg->models[a];
