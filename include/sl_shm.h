@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sl_h2.h"
 #include "sl_tls.h"
 
 struct sl_shm;
@@ -101,12 +102,16 @@ enum sl_stat {
 	SL_STAT_IDLE_CLOSED,   /* connections closed with no request byte */
 	SL_STAT_TLS_ERR_FIRST, /* failed handshakes, by enum sl_tls_err */
 	SL_STAT_TLS_ERR_LAST = SL_STAT_TLS_ERR_FIRST + SL_TLS_E_MAX - 1,
+	SL_STAT_H2_ERR_FIRST,  /* HTTP/2 protocol errors, by enum sl_h2_err */
+	SL_STAT_H2_ERR_LAST = SL_STAT_H2_ERR_FIRST + SL_H2_E_MAX - 1,
 	/* gauges (dropped when a worker dies) */
 	SL_STAT_G_FIRST,
 	SL_STAT_PAUSED_STREAMS = SL_STAT_G_FIRST,
 	SL_STAT_BUFFERED_BYTES,
 	SL_STAT_CONNECTIONS,
 	SL_STAT_STREAMS,
+	SL_STAT_H2_CONNECTIONS,
+	SL_STAT_H2_STREAMS,
 	SL_STAT_MAX
 };
 void sl_shm_stat_add(struct sl_shm *, size_t row, enum sl_stat, uint64_t n);

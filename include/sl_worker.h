@@ -22,6 +22,7 @@
 #include "sl_upstream.h"
 
 struct sl_conn;
+struct sl_h2;
 struct sl_worker;
 
 /* What the master hands a worker at fork. Borrowed, never freed by the worker. */
@@ -84,8 +85,13 @@ struct sl_worker {
 	ev_timer drain_timer;
 	int draining;
 
-	size_t nconns;
-	TAILQ_HEAD(, sl_conn) conns;
+	size_t nconns;               /* HTTP/1.x and HTTP/2 connections */
+	TAILQ_HEAD(, sl_conn) conns;     /* exchanges (an HTTP/1.x connection
+	                                  * is its one exchange) */
+	TAILQ_HEAD(, sl_h2) h2s;         /* HTTP/2 connections (h2.c) */
+	size_t nh2;
+	/* Hand a TLS connection whose ALPN chose h2 to its framing. */
+	void (*h2_start)(struct sl_worker *, int fd, void *ssl, const char *peer);
 	TAILQ_HEAD(, sl_conn) dirty;     /* connections with bytes to flush */
 	TAILQ_HEAD(, sl_conn) idle;      /* kept alive, oldest first (relay.c) */
 	ev_prepare flush_prep;

@@ -1758,7 +1758,9 @@ render_metrics(struct master *m, struct sl_str *o)
 	    "# HELP sluice_connections Open client connections by protocol.\n"
 	    "# TYPE sluice_connections gauge\n"
 	    "sluice_connections{proto=\"h1\"} %llu\n"
-	    "sluice_connections{proto=\"h2\"} 0\n"
+	    "sluice_connections{proto=\"h2\"} %llu\n"
+	    "# HELP sluice_h2_streams Open HTTP/2 streams with a request.\n"
+	    "# TYPE sluice_h2_streams gauge\nsluice_h2_streams %llu\n"
 	    "# HELP sluice_upstream_streams Upstream transfers in progress.\n"
 	    "# TYPE sluice_upstream_streams gauge\nsluice_upstream_streams %llu\n"
 	    "# HELP sluice_admitted_total Requests admitted.\n"
@@ -1781,7 +1783,10 @@ render_metrics(struct master *m, struct sl_str *o)
 	    "sluice_reloads_total{result=\"failed\"} %u\n",
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_PAUSED_STREAMS),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BUFFERED_BYTES),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_CONNECTIONS),
+	    (unsigned long long)(sl_shm_stat_sum(shm, SL_STAT_CONNECTIONS) -
+	    sl_shm_stat_sum(shm, SL_STAT_H2_CONNECTIONS)),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_H2_CONNECTIONS),
+	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_H2_STREAMS),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_STREAMS),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_ADMITTED),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_PAUSES),
@@ -1796,6 +1801,14 @@ render_metrics(struct master *m, struct sl_str *o)
 		    "%llu\n", sl_tls_err_name((enum sl_tls_err)k),
 		    (unsigned long long)sl_shm_stat_sum(shm,
 		    (enum sl_stat)(SL_STAT_TLS_ERR_FIRST + k)));
+	sl_str_printf(o, "# HELP sluice_h2_protocol_errors_total HTTP/2 "
+	    "connections or streams ended by the protocol's rules, by reason.\n"
+	    "# TYPE sluice_h2_protocol_errors_total counter\n");
+	for (k = 0; k < SL_H2_E_MAX; k++)
+		sl_str_printf(o, "sluice_h2_protocol_errors_total{reason=\"%s\"} "
+		    "%llu\n", sl_h2_err_name((enum sl_h2_err)k),
+		    (unsigned long long)sl_shm_stat_sum(shm,
+		    (enum sl_stat)(SL_STAT_H2_ERR_FIRST + k)));
 	render_tokens(m, o);
 	render_models(m, o);
 	render_queue(m, o);

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "sl_buf.h"
+#include "sl_exchange.h"
 #include "sl_http.h"
 #include "sl_log.h"
 #include "sl_model.h"
@@ -55,6 +56,11 @@
 /* The stream buffer's cap when not stretched for one oversized write. */
 #define BASE_CAP(c) ((c)->w->cfg->stream_buffer + CHUNK_FRAMING)
 #define LINGER_SECONDS 2.0
+/*
+ * An exchange of an HTTP/2 stream gives the client's window back once it
+ * buffers less than this of its request: at most about two windows wait.
+ */
+#define XIN_LOW (64 * 1024)
 
 enum conn_state {
 	CS_HEAD,       /* waiting for or reading a request head */
@@ -92,6 +98,19 @@ struct sl_conn {
 	int reading;               /* rio active */
 	int hup_watched;           /* in w->hup_fd while not reading */
 	void *ssl;                 /* TLS (sl_tls.h); NULL: plain */
+	int handed_over;           /* fd and ssl now belong to HTTP/2 */
+
+	/*
+	 * An exchange of an HTTP/2 stream (sl_exchange.h): no socket of its
+	 * own; request bytes arrive in xin, the response leaves through fr.
+	 */
+	const struct sl_framing *fr;   /* NULL: HTTP/1.x on fd */
+	void *fr_ctx;              /* its stream; NULL once the stream ended */
+	char *xin;                 /* request bytes not yet fed */
+	size_t xin_len, xin_off, xin_cap;
+	size_t xin_raw;            /* flow-controlled bytes not yet given back */
+	int x_responded;           /* the head went to the framing */
+	int x_eof;                 /* the body's end was pulled */
 	int tls_hs;                /* its handshake is not done */
 	int tls_seen;              /* a byte of it arrived */
 	int tls_rwant;             /* a handshake or read waits for the
@@ -235,6 +254,14 @@ conn_set_state(struct sl_conn *c, enum conn_state s)
 	sl_debug("conn %d: %s -> %s", c->fd, state_names[c->state], state_names[s]);
 	c->state = s;
 	conn_timer_update(c);
+	/*
+	 * A stream's exchange that can take input again (admitted after a
+	 * wait, say) goes on with what its client already sent: no socket
+	 * will say so.
+	 */
+	if (c->fr != NULL && c->reading && c->xin_off < c->xin_len &&
+	    (s == CS_HEAD || s == CS_BODY || s == CS_LOCAL))
+		ev_feed_event(c->w->loop, &c->rio, EV_READ);
 }
 
 /*
@@ -281,6 +308,13 @@ conn_tls_feed(struct sl_conn *c)
 static void
 conn_read_start(struct sl_conn *c)
 {
+	if (c->fr != NULL) {
+		/* A stream: what waits in xin is fed from its own event. */
+		c->reading = 1;
+		if (c->xin_off < c->xin_len && !c->dead)
+			ev_feed_event(c->w->loop, &c->rio, EV_READ);
+		return;
+	}
 	conn_hup_unwatch(c);
 	if (!c->reading) {
 		ev_io_start(c->w->loop, &c->rio);
@@ -343,13 +377,16 @@ conn_send_small(struct sl_conn *c, const char *p, size_t n)
 {
 	struct iovec v = { (void *)p, n };
 
-	(void)conn_send(c, &v, 1);
+	if (c->fr == NULL)   /* HTTP/2 has no 100 Continue to send */
+		(void)conn_send(c, &v, 1);
 }
 
 /* Half-close: TLS says close_notify first. */
 static void
 conn_shut_wr(struct sl_conn *c)
 {
+	if (c->fr != NULL)
+		return;
 	if (c->ssl != NULL && !c->tls_hs)
 		sl_tls_close_notify(c->ssl);
 	shutdown(c->fd, SHUT_WR);
@@ -359,7 +396,7 @@ static void
 conn_read_stop(struct sl_conn *c)
 {
 	if (c->reading) {
-		ev_io_stop(c->w->loop, &c->rio);
+		ev_io_stop(c->w->loop, &c->rio);   /* a fed event too */
 		c->reading = 0;
 	}
 }
@@ -908,7 +945,7 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
 	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\","
 	    "\"affinity\":\"%s\",\"model\":\"%s\",\"upstream_model\":\"%s\","
-	    "\"proto\":\"h1\"}\n",
+	    "\"proto\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
 	    tenant, method, path, c->status, c->bytes_out,
 	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
@@ -917,7 +954,7 @@ conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
 	    replica, c->tries, c->tok_prompt, c->tok_completion,
 	    c->usage_kind != NULL ? c->usage_kind : "none",
 	    aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
-	    c->affinity : 0], model, umodel);
+	    c->affinity : 0], model, umodel, c->fr != NULL ? "h2" : "h1");
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line))
@@ -1085,21 +1122,33 @@ conn_close(struct sl_conn *c, const char *why)
 	conn_hup_unwatch(c);
 	ev_io_stop(w->loop, &c->wio);
 	ev_timer_stop(w->loop, &c->timer);
-	if (c->ssl != NULL) {
-		if (!c->client_gone && !c->tls_hs)
-			sl_tls_close_notify(c->ssl);
-		sl_tls_free(c->ssl);
-		c->ssl = NULL;
+	if (c->fr != NULL) {
+		/* A stream: it is reset if it is still open (cut if the
+		 * response was not whole); the connection goes on. */
+		if (c->fr_ctx != NULL) {
+			if (c->xin_raw > 0)
+				c->fr->consume(c->fr_ctx, c->xin_raw);
+			c->fr->reset(c->fr_ctx, !c->x_eof);
+			c->fr_ctx = NULL;
+		}
+	} else {
+		if (c->ssl != NULL) {
+			if (!c->client_gone && !c->tls_hs)
+				sl_tls_close_notify(c->ssl);
+			sl_tls_free(c->ssl);
+			c->ssl = NULL;
+		}
+		if (!c->handed_over)
+			close(c->fd);
+		c->fd = -1;
+		w->nconns--;
 	}
-	close(c->fd);
-	c->fd = -1;
 	TAILQ_REMOVE(&w->conns, c, entry);
 	if (c->dirty) {
 		TAILQ_REMOVE(&w->dirty, c, dirty_entry);
 		c->dirty = 0;
 	}
 	conn_idle_unlist(c);
-	w->nconns--;
 	if (w->draining && w->nconns == 0)
 		ev_break(w->loop, EVBREAK_ALL);
 	c->depth++;
@@ -1116,6 +1165,7 @@ conn_unref(struct sl_conn *c)
 	if (--c->depth > 0 || !c->dead)
 		return;
 	sl_req_free(&c->req);
+	free(c->xin);
 	free(c->mname);
 	free(c->mlit);
 	sl_buf_free(&c->out);
@@ -1188,6 +1238,8 @@ conn_response_done(struct sl_conn *c)
 static void
 conn_after_write(struct sl_conn *c)
 {
+	if (c->fr != NULL)
+		return;   /* a stream ends when its framing closes it */
 	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0)
 		return;
 	if (!c->resp_done)
@@ -1196,6 +1248,42 @@ conn_after_write(struct sl_conn *c)
 	    !c->close_after)
 		return;   /* still discarding the refused request's body */
 	conn_response_done(c);
+}
+
+/*
+ * A stream's flush: the head, once, to the framing, which pulls the body
+ * as the client's window allows (sl_exchange_pull); later, a word that
+ * more waits. -1 when the stream is gone.
+ */
+static int
+conn_x_flush(struct sl_conn *c)
+{
+	int body;
+
+	if (c->fr_ctx == NULL) {
+		c->client_gone = 1;
+		return -1;
+	}
+	if (!c->x_responded) {
+		if (c->rh_len == 0)
+			return 0;   /* no head yet */
+		body = !(c->resp_done && sl_buf_len(&c->out) == 0);
+		if (c->fr->respond(c->fr_ctx, c->rh, c->rh_len, body) == -1) {
+			c->client_gone = 1;
+			return -1;
+		}
+		c->x_responded = 1;
+		c->x_eof = !body;
+		c->bytes_out += c->rh_len;
+		free(c->rh);
+		c->rh = NULL;
+		c->rh_len = c->rh_off = c->rh_cap = 0;
+		c->t_client = ev_now(c->w->loop);
+		return 0;
+	}
+	if (sl_buf_len(&c->out) > 0 || c->resp_done)
+		c->fr->resume(c->fr_ctx);
+	return 0;
 }
 
 /*
@@ -1218,7 +1306,7 @@ conn_flush(struct sl_conn *c)
 	 * after the write. If the client does not take it all, the slot is
 	 * taken back below (the bytes left still count).
 	 */
-	if (c->resp_done && c->slot_held) {
+	if (c->resp_done && c->slot_held && c->fr == NULL) {
 		conn_release(c);
 		regain = 1;
 	}
@@ -1232,6 +1320,8 @@ conn_flush(struct sl_conn *c)
 	    (c->scan == NULL || !c->resp_sse || c->scan->content_bytes > 0))
 		c->t_content = ev_now(c->w->loop);
 	conn_queue_charge_running(c);
+	if (c->fr != NULL)
+		return conn_x_flush(c);
 	for (;;) {
 		cnt = 0;
 		total = 0;
@@ -1470,9 +1560,10 @@ conn_build_head(struct sl_conn *c)
 
 	c->body_allowed = !(method == HTTP_HEAD || c->status < 200 ||
 	    c->status == 204 || c->status == 304);
-	c->chunked = c->body_allowed && c->req.http_major == 1 &&
-	    c->req.http_minor >= 1;
-	if (c->body_allowed && !c->chunked)
+	/* HTTP/2 frames the body itself. */
+	c->chunked = c->fr == NULL && c->body_allowed &&
+	    c->req.http_major == 1 && c->req.http_minor >= 1;
+	if (c->fr == NULL && c->body_allowed && !c->chunked)
 		c->close_after = 1;   /* HTTP/1.0: the body ends at close */
 	if (!c->req.keep_alive || c->w->draining ||
 	    c->w->cfg->timeouts.keepalive_ms == 0)
@@ -3404,6 +3495,47 @@ conn_process_input(struct sl_conn *c)
 
 static void conn_read_event(struct sl_conn *);
 
+/*
+ * A stream's request bytes into the input buffer, as a socket's reads
+ * would put them, while the exchange takes them; then the client's window
+ * opens again for what was taken (all of it once little waits).
+ */
+static void
+conn_x_drain(struct sl_conn *c)
+{
+	size_t k, space;
+
+	while (!c->dead && c->reading && c->xin_off < c->xin_len &&
+	    (c->state == CS_HEAD || c->state == CS_BODY || c->state == CS_LOCAL)) {
+		if (c->in == NULL && (c->in = sl_block_get(&c->w->blocks)) == NULL) {
+			sl_err("conn %d: out of memory for its input", c->fd);
+			conn_close(c, "client_gone");
+			return;
+		}
+		space = CONN_IN_SIZE - c->in_len;
+		if (space == 0)
+			break;
+		k = c->xin_len - c->xin_off;
+		if (k > space)
+			k = space;
+		memcpy(c->in + c->in_len, c->xin + c->xin_off, k);
+		c->in_len += k;
+		c->xin_off += k;
+		if (c->state == CS_BODY)
+			c->t_req = ev_now(c->w->loop);   /* body: idle, not total */
+		conn_process(c);
+	}
+	if (c->dead)
+		return;
+	if (c->xin_off == c->xin_len)
+		c->xin_off = c->xin_len = 0;
+	if (c->xin_raw > 0 && c->fr_ctx != NULL &&
+	    c->xin_len - c->xin_off < XIN_LOW) {
+		c->fr->consume(c->fr_ctx, c->xin_raw);
+		c->xin_raw = 0;
+	}
+}
+
 static void
 conn_on_read(struct ev_loop *loop, ev_io *io, int revents)
 {
@@ -3476,6 +3608,17 @@ conn_tls_handshake(struct sl_conn *c)
 	case 1:
 		c->tls_hs = 0;
 		ev_io_stop(c->w->loop, &c->wio);
+		if (sl_tls_alpn(c->ssl) == SL_ALPN_H2 && c->w->h2_start != NULL) {
+			/* HTTP/2 takes the socket and the TLS state over. */
+			void *ssl = c->ssl;
+
+			c->ssl = NULL;
+			c->handed_over = 1;
+			conn_read_stop(c);
+			c->w->h2_start(c->w, c->fd, ssl, c->peer);
+			conn_close(c, "h2");
+			return -1;
+		}
 		/* The request head's time begins once the channel is up. */
 		c->t_req = ev_now(c->w->loop);
 		conn_timer_update(c);
@@ -3500,6 +3643,10 @@ conn_read_event(struct sl_conn *c)
 	ssize_t n;
 	char sink[4096];
 
+	if (c->fr != NULL) {
+		conn_x_drain(c);
+		return;
+	}
 	if (c->tls_hs && conn_tls_handshake(c) <= 0)
 		return;
 	if (c->state == CS_LINGER) {
@@ -3781,4 +3928,133 @@ sl_conn_close_all(struct sl_worker *w)
 
 	while ((c = TAILQ_FIRST(&w->conns)) != NULL)
 		conn_close(c, "drained");
+}
+
+/* ---- exchanges of HTTP/2 streams (sl_exchange.h) ---------------------- */
+
+struct sl_conn *
+sl_exchange_open(struct sl_worker *w, const struct sl_framing *fr, void *ctx,
+    int fd, const char *peer)
+{
+	struct sl_conn *c;
+
+	if ((c = calloc(1, sizeof(*c))) == NULL)
+		return NULL;
+	c->w = w;
+	c->fd = fd;
+	c->fr = fr;
+	c->fr_ctx = ctx;
+	c->tenant = -1;
+	c->lease = -1;
+	c->model = -1;
+	c->fb_model = -1;
+	c->replica = c->last_replica = c->retry_next = -1;
+	snprintf(c->peer, sizeof(c->peer), "%s", peer);
+	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
+	    w->cfg->limits.max_body_bytes);
+	sl_buf_init(&c->out, BASE_CAP(c));
+	c->out.pool = &w->blocks;
+	/* Never started: input is fed to rio by the framing's bytes. */
+	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
+	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
+	ev_init(&c->timer, conn_on_timer);
+	c->rio.data = c->wio.data = c->timer.data = c;
+	TAILQ_INSERT_TAIL(&w->conns, c, entry);
+	c->state = CS_HEAD;
+	c->t_req = ev_now(w->loop);
+	c->reading = 1;
+	conn_timer_update(c);
+	return c;
+}
+
+int
+sl_exchange_input(struct sl_conn *c, const void *p, size_t n, size_t raw)
+{
+	size_t keep = c->xin_len - c->xin_off;
+	/* A head, about two windows and their chunk framing, with room. */
+	size_t max = c->w->cfg->limits.max_header_bytes + 4 * XIN_LOW;
+
+	if (c->dead)
+		return -1;
+	if (keep + n > max) {
+		sl_err("conn %d: stream sent past its window", c->fd);
+		return -1;
+	}
+	if (c->xin_off > 0 && c->xin_len + n > c->xin_cap) {
+		memmove(c->xin, c->xin + c->xin_off, keep);
+		c->xin_off = 0;
+		c->xin_len = keep;
+	}
+	if (c->xin_len + n > c->xin_cap) {
+		size_t cap = c->xin_cap ? c->xin_cap : 1024;
+		char *nb;
+
+		while (cap < c->xin_len + n)
+			cap *= 2;
+		if ((nb = realloc(c->xin, cap)) == NULL)
+			return -1;
+		c->xin = nb;
+		c->xin_cap = cap;
+	}
+	memcpy(c->xin + c->xin_len, p, n);
+	c->xin_len += n;
+	c->xin_raw += raw;
+	if (c->reading)
+		ev_feed_event(c->w->loop, &c->rio, EV_READ);
+	return 0;
+}
+
+size_t
+sl_exchange_pull(struct sl_conn *c, uint8_t *buf, size_t len, int *eof)
+{
+	struct iovec iov[2];
+	size_t n = 0;
+
+	*eof = 0;
+	while (n < len && sl_buf_len(&c->out) > 0) {
+		size_t took = 0, m;
+		int k = sl_buf_iov(&c->out, iov), i;
+
+		for (i = 0; i < k && n + took < len; i++) {
+			m = iov[i].iov_len;
+			if (m > len - n - took)
+				m = len - n - took;
+			memcpy(buf + n + took, iov[i].iov_base, m);
+			took += m;
+		}
+		sl_buf_consume(&c->out, took);
+		n += took;
+	}
+	if (n > 0) {
+		c->t_client = ev_now(c->w->loop);
+		c->bytes_out += (uint64_t)n;
+		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_BYTES_OUT,
+		    (uint64_t)n);
+		/* Room made: a paused upstream may go on (after this send). */
+		conn_mark_dirty(c);
+	}
+	if (sl_buf_len(&c->out) == 0) {
+		sl_buf_release(&c->out);
+		c->out.cap = BASE_CAP(c);
+		if (c->resp_done) {
+			*eof = 1;
+			c->x_eof = 1;
+		}
+	}
+	return n;
+}
+
+void
+sl_exchange_closed(struct sl_conn *c, int done)
+{
+	c->depth++;
+	c->fr_ctx = NULL;
+	if (done) {
+		conn_request_end(c, c->state == CS_LOCAL ? "rejected" : "done");
+		conn_close(c, "done");
+	} else {
+		c->client_gone = 1;
+		conn_close(c, "client_gone");
+	}
+	conn_unref(c);
 }

@@ -57,10 +57,9 @@ asn1_date(const ASN1_TIME *t, char *out, size_t len)
 }
 
 /*
- * ALPN: the first protocol of ours (in tls.alpn order) the client offers.
- * arg carries our list: alpn[0] | alpn[1] << 4. HTTP/2 framing is not
- * built yet, so h2 is never chosen: a client offering h2 and http/1.1
- * gets http/1.1; one offering only h2 is refused (no_application_protocol).
+ * ALPN: the first protocol of ours (in tls.alpn order) the client offers;
+ * none in common is refused (no_application_protocol). arg carries our
+ * list: alpn[0] | alpn[1] << 4.
  */
 static int
 alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
@@ -77,10 +76,8 @@ alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
 
 		if (p == SL_ALPN_NONE)
 			break;
-		if (p != SL_ALPN_HTTP11)
-			continue;   /* h2: not built */
-		name = "http/1.1";
-		nlen = 8;
+		name = p == SL_ALPN_H2 ? "h2" : "http/1.1";
+		nlen = p == SL_ALPN_H2 ? 2 : 8;
 		for (i = 0; i < inlen; i += 1u + in[i])
 			if (in[i] == nlen && i + 1 + nlen <= inlen &&
 			    memcmp(in + i + 1, name, nlen) == 0) {

@@ -17,6 +17,7 @@
 
 #include <http_parser.h>
 
+#include "sl_h2.h"
 #include "sl_log.h"
 #include "sl_relay.h"
 #include "sl_worker.h"
@@ -82,6 +83,7 @@ drain_timeout_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	struct sl_worker *w = t->data;
 
 	sl_warn("drain timeout: cutting %zu connection(s)", w->nconns);
+	sl_h2_close_all(w);
 	sl_conn_close_all(w);
 	ev_break(loop, EVBREAK_ALL);
 }
@@ -115,6 +117,7 @@ sig_drain_cb(struct ev_loop *loop, ev_signal *s, int revents)
 		w->listen_fd = -1;
 	}
 	sl_conn_drain_all(w);
+	sl_h2_drain_all(w);
 	if (w->nconns == 0) {
 		ev_break(loop, EVBREAK_ALL);
 		return;
@@ -178,13 +181,25 @@ queue_cb(struct ev_loop *loop, ev_io *io, int revents)
 	sl_conn_queue_event(io->data);
 }
 
+/* The connection gauges, HTTP/2's apart (relay.c cannot see them). */
+static void
+h2_gauges(struct sl_worker *w)
+{
+	uint64_t conns, streams;
+
+	sl_conn_gauges(w);
+	sl_h2_counts(w, &conns, &streams);
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_H2_CONNECTIONS, conns);
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_H2_STREAMS, streams);
+}
+
 static void
 gauge_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct sl_worker *w = t->data;
 	size_t u;
 
-	sl_conn_gauges(w);
+	h2_gauges(w);
 	sl_transfers_reap(w->xfers);
 	/*
 	 * A slot no release handed over (a replica back up, a cap a reload
@@ -201,6 +216,7 @@ sig_quit_cb(struct ev_loop *loop, ev_signal *s, int revents)
 {
 	struct sl_worker *w = s->data;
 
+	sl_h2_close_all(w);
 	sl_conn_close_all(w);
 	ev_break(loop, EVBREAK_ALL);
 }
@@ -253,6 +269,8 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.index = a->index;
 	w.listen_fd = a->listen_fd;
 	TAILQ_INIT(&w.conns);
+	TAILQ_INIT(&w.h2s);
+	w.h2_start = sl_h2_start;
 	TAILQ_INIT(&w.dirty);
 	TAILQ_INIT(&w.idle);
 	ev_prepare_init(&w.flush_prep, flush_cb);
@@ -351,10 +369,11 @@ sl_worker_main(const struct sl_worker_args *a)
 	sl_debug("worker started (row %zu)", w.row);
 	ev_run(w.loop, 0);
 
+	sl_h2_close_all(&w);
 	sl_conn_close_all(&w);
 	if (w.queue != NULL)
 		ev_io_stop(w.loop, &w.queue_io);
-	sl_conn_gauges(&w);
+	h2_gauges(&w);
 	sl_cluster_worker_free(w.cluster);   /* after the last release */
 	sl_transfers_free(w.xfers);
 	sl_blocks_free(&w.blocks);
