@@ -19,8 +19,9 @@ enum sl_h2_err {
 	SL_H2_E_COMPRESSION,      /* HPACK that does not decode */
 	SL_H2_E_REFUSED_STREAM,   /* more open streams than h2_max_streams */
 	SL_H2_E_STREAM_CLOSED,    /* frames on a closed stream */
-	SL_H2_E_FLOOD,            /* SETTINGS, PING or empty frames flood, rapid
-	                           * reset, CONTINUATION flood */
+	SL_H2_E_FLOOD,            /* SETTINGS, PING or empty frames flood,
+	                           * CONTINUATION flood */
+	SL_H2_E_RAPID_RESET,      /* streams reset past nghttp2's rate limit */
 	SL_H2_E_HEADER_SIZE,      /* a header list over max_header_bytes */
 	SL_H2_E_BAD_PREFACE,      /* not the HTTP/2 connection preface */
 	SL_H2_E_SETTINGS_TIMEOUT,

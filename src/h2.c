@@ -73,13 +73,15 @@ struct sl_h2 {
 	size_t nexch;             /* streams with an exchange */
 	ev_tstamp t_active;       /* last time a stream ended or began */
 	ev_tstamp t_wmove;        /* last time output moved */
+	uint64_t resets;          /* RST_STREAM frames the client sent */
+	int counted;              /* its end is counted already */
 	int goaway;
 	int depth, dead;
 };
 
 static const char *const err_names[SL_H2_E_MAX] = {
 	"protocol", "flow_control", "frame_size", "compression",
-	"refused_stream", "stream_closed", "flood", "header_size",
+	"refused_stream", "stream_closed", "flood", "rapid_reset", "header_size",
 	"bad_preface", "settings_timeout", "other"
 };
 
@@ -92,6 +94,7 @@ sl_h2_err_name(enum sl_h2_err e)
 static void h2_close(struct sl_h2 *);
 static void h2_want_send(struct sl_h2 *);
 static void h2_timer_update(struct sl_h2 *);
+static int h2_send(struct sl_h2 *);
 static ssize_t h2_read_data(nghttp2_session *, int32_t, uint8_t *, size_t,
     uint32_t *, nghttp2_data_source *, void *);
 
@@ -432,6 +435,8 @@ on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 	int end = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
 
 	(void)s;
+	if (f->hd.type == NGHTTP2_RST_STREAM)
+		h->resets++;
 	if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA)
 		return 0;
 	if ((st = stream_of(h, f->hd.stream_id)) == NULL)
@@ -485,7 +490,16 @@ on_frame_send(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 	(void)s;
 	switch (f->hd.type) {
 	case NGHTTP2_GOAWAY:
-		if ((e = code_err(f->goaway.error_code)) >= 0)
+		if (h->counted)
+			break;
+		/*
+		 * nghttp2 (1.52 with Debian's CVE-2023-44487 fix) ends a
+		 * rapid reset with INTERNAL_ERROR: told apart by the resets.
+		 */
+		if (f->goaway.error_code == NGHTTP2_INTERNAL_ERROR &&
+		    h->resets >= 1000)
+			h2_count(h, SL_H2_E_RAPID_RESET);
+		else if ((e = code_err(f->goaway.error_code)) >= 0)
 			h2_count(h, (enum sl_h2_err)e);
 		else if (f->goaway.error_code != NGHTTP2_NO_ERROR)
 			h2_count(h, SL_H2_E_OTHER);
@@ -624,6 +638,30 @@ h2_send(struct sl_h2 *h)
 	return 0;
 }
 
+/*
+ * nghttp2 gave up on the connection (not the preface; a flood): counted,
+ * a last GOAWAY that says why if the socket takes it, closed.
+ */
+static void
+h2_fatal(struct sl_h2 *h, ssize_t rv)
+{
+	uint32_t code = NGHTTP2_PROTOCOL_ERROR;
+
+	if (rv == NGHTTP2_ERR_BAD_CLIENT_MAGIC)
+		h2_count(h, SL_H2_E_BAD_PREFACE);
+	else if (rv == NGHTTP2_ERR_FLOODED ||
+	    rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) {
+		h2_count(h, SL_H2_E_FLOOD);
+		code = NGHTTP2_ENHANCE_YOUR_CALM;
+	} else
+		h2_count(h, SL_H2_E_OTHER);
+	h->counted = 1;   /* the GOAWAY below is not counted again */
+	if (rv != NGHTTP2_ERR_BAD_CLIENT_MAGIC &&
+	    nghttp2_session_terminate_session(h->s, code) == 0)
+		h2_send(h);
+	h2_close(h);
+}
+
 static void
 h2_read(struct sl_h2 *h)
 {
@@ -636,13 +674,7 @@ h2_read(struct sl_h2 *h)
 		if (n > 0) {
 			rv = nghttp2_session_mem_recv(h->s, buf, (size_t)n);
 			if (rv < 0) {
-				if (rv == NGHTTP2_ERR_BAD_CLIENT_MAGIC)
-					h2_count(h, SL_H2_E_BAD_PREFACE);
-				else if (rv == NGHTTP2_ERR_FLOODED)
-					h2_count(h, SL_H2_E_FLOOD);
-				else
-					h2_count(h, SL_H2_E_OTHER);
-				h2_close(h);
+				h2_fatal(h, rv);
 				return;
 			}
 			if ((size_t)n < sizeof(buf) && !sl_tls_pending(h->ssl))

@@ -1,0 +1,434 @@
+"""HTTP/2 to clients (issue 25): curl, nghttp and Node's http2 client (one
+connection, many streams) against a TLS listener with a throw-away CA, and
+a raw-frame client for the hostile cases. Exact answers and counters."""
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import time
+
+import harness as h
+from harness import ACME_KEY, BETA_KEY, Stub, TLSFiles, expected_events
+
+JS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "js")
+
+
+def _gw(files, stub, **kw):
+    kw.setdefault("admin_listen", "%s:%d" % (h.HOST, h.free_port()))
+    return h.tls_gateway(files, stub=stub, **kw)
+
+
+def _curl(args, timeout=30):
+    p = subprocess.run(["curl", "-sS"] + list(args), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
+
+
+def _stream_req(events, key=ACME_KEY, hold=False, **extra):
+    hd = {"authorization": "Bearer " + key, "content-type": "application/json",
+          "x-stub-events": str(events), "x-stub-interval-ms": "0"}
+    hd.update({k.lower(): str(v) for k, v in extra.pop("headers", {}).items()})
+    s = {"path": "/v1/chat/completions", "headers": hd, "body": h.stream_body().decode()}
+    if hold:
+        s["hold"] = True
+    s.update(extra)
+    return s
+
+
+class H2Client:
+    """tests/js/h2_client.cjs: one HTTP/2 connection, the given streams."""
+
+    def __init__(self, gw, files, streams):
+        node = shutil.which("node")
+        assert node, "node is not installed (./quickstart installs the test tools)"
+        spec = h.tmpfile("h2spec", ".json")
+        with open(spec, "w") as f:
+            json.dump({"port": gw.port, "ca": files.ca, "streams": streams}, f)
+        self.p = subprocess.Popen([node, os.path.join(JS, "h2_client.cjs"), spec],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        h._register(self.p.pid)
+
+    def line(self, timeout=30):
+        deadline = time.monotonic() + timeout
+        while True:
+            if time.monotonic() > deadline:
+                raise AssertionError("h2 client said nothing for %ss" % timeout)
+            line = self.p.stdout.readline()
+            if not line:
+                raise AssertionError("h2 client exited: %s" % self.p.stderr.read()[-2000:])
+            ev = json.loads(line)
+            if ev["event"] == "session_error":
+                raise AssertionError("h2 session error: %s" % ev["error"])
+            return ev
+
+    def go(self):
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+
+    def close(self):
+        if self.p.poll() is None:
+            h.kill_pid(self.p.pid)
+        self.p.wait(timeout=5)
+        h._unregister(self.p.pid)
+
+
+def _run(gw, files, streams, timeout=30):
+    c = H2Client(gw, files, streams)
+    try:
+        return c.line(timeout)["streams"]
+    finally:
+        c.close()
+
+
+def test_curl_speaks_http2_and_http11_on_the_same_listener():
+    files = TLSFiles()
+    log = h.tmpfile("access", ".log")
+    with Stub() as stub, _gw(files, stub, access_log=log) as gw:
+        base = ["--cacert", files.ca, "--resolve", "localhost:%d:127.0.0.1" % gw.port,
+                "-H", "Authorization: Bearer " + ACME_KEY, "-H", "Content-Type: application/json",
+                "-H", "X-Stub-Events: 7", "--data-binary", h.stream_body().decode(),
+                "-w", "|%{http_code}|%{http_version}",
+                "https://localhost:%d/v1/chat/completions" % gw.port]
+        for flag, version in (("--http2", b"2"), ("--http1.1", b"1.1")):
+            rc, out, err = _curl([flag] + base)
+            assert rc == 0, err
+            assert out == expected_events(7) + b"|200|" + version, out[-200:]
+        lines = h.wait_access_lines(log, 2)
+        assert [(x["proto"], x["status"], x["end"], x["tenant"]) for x in lines] == \
+            [("h2", 200, "done", "acme"), ("h1", 200, "done", "acme")]
+        # Errors keep their shape over HTTP/2.
+        rc, out, err = _curl(["--http2", "--cacert", files.ca, "--resolve",
+                              "localhost:%d:127.0.0.1" % gw.port, "-H",
+                              "Authorization: Bearer sk-nope", "-w", "|%{http_code}",
+                              "https://localhost:%d/v1/models" % gw.port])
+        body, code = out.rsplit(b"|", 1)
+        assert code == b"401", out
+        assert json.loads(body)["error"]["code"] == "invalid_api_key", body
+
+
+def test_fifty_streams_on_one_connection_one_read_slowly():
+    """49 streams finish whole while one, whose client reads nothing, fills
+    its window and buffer: its upstream is paused (the metric says so), and
+    once read it is byte-exact."""
+    files = TLSFiles()
+    with Stub() as stub, _gw(files, stub, stream_buffer="16KiB",
+                             limits={"upstream_rcvbuf": "16KiB"}) as gw:
+        n, size = 200, 2000          # 400 KB for the slow one: past any window
+        streams = [_stream_req(20, tag="fast") for _ in range(49)]
+        streams.insert(17, _stream_req(n, hold=True, headers={"X-Stub-Event-Size": size}))
+        c = H2Client(gw, files, streams)
+        try:
+            ready = c.line(60)["streams"]
+            fast = [r for i, r in enumerate(ready) if i != 17]
+            assert [r["status"] for r in fast] == [200] * 49
+            assert all(r["body"].encode("latin1") == expected_events(20) for r in fast)
+            assert ready[17] is None
+            m = h.wait_metric(gw, "sluice_upstream_paused_streams", 1, timeout=5)
+            assert m.value("sluice_h2_streams") == 1
+            assert m.value("sluice_connections", proto="h2") == 1
+            c.go()
+            done = c.line(60)["streams"]
+            slow = done[17]
+            assert slow["status"] == 200 and slow["error"] is None, slow["error"]
+            assert slow["body"].encode("latin1") == expected_events(n, size)
+        finally:
+            c.close()
+        m = h.scrape(gw)
+        assert m.value("sluice_requests_total", tenant="acme", code="200") == 50
+        assert m.value("sluice_upstream_pauses_total") >= 1
+
+
+def test_a_429_on_one_stream_leaves_the_others_streaming():
+    files = TLSFiles()
+    with Stub() as stub, _gw(files, stub, tenants={"acme": {"max_streams": 2}}) as gw:
+        streams = [_stream_req(30, headers={"X-Stub-Interval-Ms": 20}) for _ in range(3)]
+        got = _run(gw, files, streams)
+        codes = sorted(r["status"] for r in got)
+        assert codes == [200, 200, 429], codes
+        for r in got:
+            if r["status"] == 429:
+                assert r["headers"]["retry-after"] == "1"
+                assert json.loads(r["body"])["error"]["code"] == "concurrency_limit_exceeded", r
+            else:
+                assert r["body"].encode("latin1") == expected_events(30)
+        h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
+
+
+def test_a_reset_stream_frees_its_slot_and_stops_its_upstream():
+    files = TLSFiles()
+    log = h.tmpfile("access", ".log")
+    with Stub() as stub, _gw(files, stub, access_log=log,
+                             tenants={"acme": {"max_streams": 1}}) as gw:
+        # A long stream, reset by the client after its first bytes.
+        streams = [_stream_req(500, headers={"X-Stub-Interval-Ms": 20}, reset_after=1)]
+        got = _run(gw, files, streams)
+        assert got[0]["status"] == 200, got
+        assert got[0]["error"] == "RST_8", got[0]["error"]
+        assert got[0]["bytes"] < len(expected_events(500)), got[0]["bytes"]
+        lines = h.wait_access_lines(log, 1)
+        assert (lines[0]["proto"], lines[0]["end"]) == ("h2", "client_gone")
+        h.wait_until(lambda: stub.stats()["aborted_by_client"] == 1, 5,
+                     msg="the upstream transfer to stop")
+        h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
+        # The slot is free: the tenant's next stream is admitted.
+        got = _run(gw, files, [_stream_req(3)])
+        assert got[0]["status"] == 200
+
+
+def test_a_large_request_body_over_http2_reaches_the_runner_whole():
+    """Bodies with and without content-length, larger than the stream's
+    window, through an exchange that opens the window as it reads."""
+    files = TLSFiles()
+    with Stub() as stub, _gw(files, stub) as gw:
+        content = "y" * 300000
+        body = json.dumps({"model": "stub", "stream": True,
+                           "messages": [{"role": "user", "content": content}]})
+        with_cl = _stream_req(2, headers={"content-length": len(body)})
+        with_cl["body"] = body
+        without = _stream_req(2)
+        without["body"] = body
+        got = _run(gw, files, [with_cl, without])
+        assert [r["status"] for r in got] == [200, 200], [r["body"][:200] for r in got]
+        st = stub.stats()
+        assert st["requests"] == 2, st
+
+
+def test_nghttp_fifty_concurrent_streams():
+    if shutil.which("nghttp") is None:
+        raise AssertionError("nghttp is not installed (./quickstart installs nghttp2-client)")
+    files = TLSFiles()
+    with Stub() as stub, _gw(files, stub) as gw:
+        path = h.tmpfile("body", ".json")
+        with open(path, "wb") as f:
+            f.write(h.stream_body())
+        p = subprocess.run(["nghttp", "-n", "-s", "-m", "50", "--no-verify-peer",
+                            "-d", path, "-H", "authorization: Bearer " + ACME_KEY,
+                            "-H", "content-type: application/json", "-H", "x-stub-events: 10",
+                            "https://127.0.0.1:%d/v1/chat/completions" % gw.port],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr[-1000:]
+        rows = [ln.split() for ln in p.stdout.splitlines() if "/v1/chat/completions" in ln]
+        assert len(rows) == 50, p.stdout[-2000:]
+        assert [r[4] for r in rows] == ["200"] * 50, p.stdout[-2000:]
+        m = h.wait_metric(gw, "sluice_requests_total", 50, tenant="acme", code="200")
+        assert m.value("sluice_h2_protocol_errors_total", reason="protocol") == 0
+
+
+# ---------------------------------------------------------------- raw frames
+
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = \
+    0, 1, 3, 4, 6, 7, 8, 9
+END_STREAM, END_HEADERS = 0x1, 0x4
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def frame(ftype, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + \
+        struct.pack(">I", sid) + payload
+
+
+def _hint(n, prefix_bits):
+    top = (1 << prefix_bits) - 1
+    if n < top:
+        return bytes([n])
+    out = [top]
+    n -= top
+    while n >= 128:
+        out.append((n & 127) | 128)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def hpack(headers):
+    """Literal fields without indexing, no Huffman: any decoder takes it."""
+    out = b""
+    for k, v in headers:
+        k, v = k.encode(), v.encode()
+        out += b"\x00" + _hint(len(k), 7) + k + _hint(len(v), 7) + v
+    return out
+
+
+def req_headers(port, key=ACME_KEY, method="GET", path="/v1/models"):
+    return hpack([(":method", method), (":scheme", "https"), (":path", path),
+                  (":authority", "localhost:%d" % port), ("authorization", "Bearer " + key)])
+
+
+class Raw:
+    """A TLS connection that says h2 and sends what it is told."""
+
+    def __init__(self, gw, files, preface=True):
+        ctx = files.context(alpn=["h2"])
+        s = socket.create_connection((h.HOST, gw.port), timeout=5)
+        self.s = ctx.wrap_socket(s, server_hostname="localhost")
+        assert self.s.selected_alpn_protocol() == "h2"
+        self.buf = b""
+        if preface:
+            self.s.sendall(PREFACE + frame(SETTINGS, 0, 0))
+
+    def send(self, data):
+        try:
+            self.s.sendall(data)
+            return True
+        except (OSError, ssl.SSLError):
+            return False
+
+    def frames(self, timeout=5.0):
+        """Every frame until the server closes (or timeout): [(type, flags,
+        sid, payload)]."""
+        out = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.s.settimeout(max(0.05, deadline - time.monotonic()))
+                d = self.s.recv(65536)
+            except (socket.timeout, TimeoutError):
+                break
+            except (OSError, ssl.SSLError):
+                d = b""
+            if not d:
+                break
+            self.buf += d
+            while len(self.buf) >= 9:
+                n = struct.unpack(">I", b"\0" + self.buf[:3])[0]
+                if len(self.buf) < 9 + n:
+                    break
+                t, fl = self.buf[3], self.buf[4]
+                sid = struct.unpack(">I", self.buf[5:9])[0] & 0x7fffffff
+                out.append((t, fl, sid, self.buf[9:9 + n]))
+                self.buf = self.buf[9 + n:]
+        return out
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+def goaway_code(frames):
+    for t, _, _, p in frames:
+        if t == GOAWAY:
+            return struct.unpack(">I", p[4:8])[0]
+    return None
+
+
+def rst_codes(frames):
+    return {sid: struct.unpack(">I", p[:4])[0] for t, _, sid, p in frames if t == RST_STREAM}
+
+
+def test_hostile_http2_clients_end_in_goaway_or_rst_and_are_counted():
+    files = TLSFiles()
+    with Stub() as stub, _gw(files, stub, limits={"h2_max_streams": 2},
+                             tenants={"acme": {"max_streams": 10}}) as gw:
+        port = gw.port
+        # More streams than h2_max_streams: the third is refused.
+        r = Raw(gw, files)
+        hang = req_headers(port, method="POST", path="/v1/chat/completions")
+        stub_hang = hpack([("content-type", "application/json"), ("x-stub-hang", "1")])
+        body = h.stream_body()
+        for sid in (1, 3, 5):
+            r.send(frame(HEADERS, END_HEADERS, sid, hang + stub_hang) +
+                   frame(DATA, END_STREAM, sid, body))
+        fr = r.frames(2)
+        assert rst_codes(fr).get(5) == 7, fr           # REFUSED_STREAM
+        r.close()
+        # A window update past 2^31-1: FLOW_CONTROL_ERROR.
+        r = Raw(gw, files)
+        r.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 0x7fffffff)) +
+               frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 0x7fffffff)))
+        assert goaway_code(r.frames(3)) == 3, "FLOW_CONTROL_ERROR expected"
+        r.close()
+        # Not the preface.
+        r = Raw(gw, files, preface=False)
+        r.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 64)
+        r.frames(3)
+        r.close()
+        # Rapid reset: streams opened and reset at once, past the limit.
+        r = Raw(gw, files)
+        get = req_headers(port)
+        batch = b"".join(frame(HEADERS, END_HEADERS | END_STREAM, sid, get) +
+                         frame(RST_STREAM, 0, sid, struct.pack(">I", 8))
+                         for sid in range(1, 2 * 1100, 2))
+        r.send(batch)
+        assert goaway_code(r.frames(5)) == 2, "INTERNAL_ERROR (nghttp2's answer) expected"
+        r.close()
+        # A CONTINUATION flood: a header block in more than 8 pieces.
+        r = Raw(gw, files)
+        block = req_headers(port) + hpack([("x-pad", "p" * 10)] * 20)
+        pieces = [block[i:i + 16] for i in range(0, len(block), 16)]
+        data = frame(HEADERS, END_STREAM, 1, pieces[0])
+        for k, piece in enumerate(pieces[1:]):
+            data += frame(CONTINUATION, END_HEADERS if k == len(pieces) - 2 else 0, 1, piece)
+        r.send(data)
+        assert goaway_code(r.frames(3)) == 11, "ENHANCE_YOUR_CALM expected"
+        r.close()
+        # An HPACK bomb: one small field repeated into a header list far over
+        # max_header_bytes (32 KiB): the stream is reset, the connection lives.
+        r = Raw(gw, files)
+        bomb = req_headers(port) + b"\x40" + _hint(5, 7) + b"x-big" + _hint(3000, 7) + \
+            b"b" * 3000 + b"\xbe" * 40            # indexed: dynamic entry 62, 40 times
+        r.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, bomb) +
+               frame(HEADERS, END_HEADERS | END_STREAM, 3, get))
+        fr = r.frames(2)
+        assert 1 in rst_codes(fr), fr
+        assert any(t == HEADERS and sid == 3 for t, _, sid, _ in fr), \
+            "the next stream on the same connection is answered"
+        r.close()
+        m = h.scrape(gw)
+        got = {k: m.value("sluice_h2_protocol_errors_total", reason=k) for k in
+               ("refused_stream", "flow_control", "bad_preface", "flood", "rapid_reset",
+                "header_size")}
+        assert got["refused_stream"] >= 1 and got["flow_control"] == 1, got
+        assert got["bad_preface"] == 1 and got["header_size"] == 1, got
+        assert got["rapid_reset"] == 1 and got["flood"] == 1, got
+        # Nothing of it cost a good client anything.
+        rc, out, err = _curl(["--http2", "--cacert", files.ca, "--resolve",
+                              "localhost:%d:127.0.0.1" % port, "-H",
+                              "Authorization: Bearer " + ACME_KEY, "-o", "/dev/null",
+                              "-w", "%{http_code} %{http_version}",
+                              "https://localhost:%d/v1/models" % port])
+        assert out == b"200 2", (out, err)
+        h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme", timeout=5)
+
+
+def test_a_client_that_never_opens_its_window_is_cut_by_the_stall_timeout():
+    files = TLSFiles()
+    log = h.tmpfile("access", ".log")
+    with Stub() as stub, _gw(files, stub, access_log=log, stream_buffer="16KiB",
+                             timeouts={"client_stall": "1s"}) as gw:
+        r = Raw(gw, files, preface=False)
+        # Initial window 0: not one body byte may be sent to this client.
+        r.send(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 0)))
+        hd = req_headers(gw.port, method="POST", path="/v1/chat/completions") + \
+            hpack([("content-type", "application/json"), ("x-stub-events", "100"),
+                   ("x-stub-event-size", "1000")])
+        r.send(frame(HEADERS, END_HEADERS, 1, hd) + frame(DATA, END_STREAM, 1, h.stream_body()))
+        fr = r.frames(4)
+        assert rst_codes(fr).get(1) == 2, fr            # INTERNAL_ERROR: cut
+        lines = h.wait_access_lines(log, 1)
+        assert (lines[0]["proto"], lines[0]["end"], lines[0]["status"]) == ("h2", "stall", 200)
+        h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme")
+        r.close()
+
+
+def test_drain_sends_goaway_and_lets_open_streams_finish():
+    files = TLSFiles()
+    with Stub() as stub, _gw(files, stub, drain_timeout="10s") as gw:
+        c = H2Client(gw, files, [_stream_req(20, headers={"X-Stub-Interval-Ms": 50}, hold=True)])
+        try:
+            h.wait_metric(gw, "sluice_h2_streams", 1, timeout=5)
+            os.kill(gw.pid, 15)
+            c.line(10)
+            c.go()
+            done = c.line(20)["streams"]
+            assert done[0]["status"] == 200
+            assert done[0]["body"].encode("latin1") == expected_events(20)
+        finally:
+            c.close()
+        assert gw.wait_exit(10) == 0
