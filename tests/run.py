@@ -18,7 +18,9 @@ watchdog, 120).
 $SLUICE_UNDER names the tools the gateway runs under (comma separated:
 "sanitizers", "valgrind"). A test decorated @harness.skip_under("valgrind")
 measures something such a tool distorts (RSS, fd counts, timing): it is
-reported as SKIP with its reason and counted in ", N skipped".
+reported as SKIP with its reason and counted in ", N skipped"; so is a
+test that calls harness.skip(REASON) at run time (a tool it needs is not
+installed).
 A test decorated @harness.pending("REASON") pins a known defect whose fix
 is another change's: it is reported as SKIP with the reason unless
 $SLUICE_RUN_PENDING is set.
@@ -290,6 +292,9 @@ def child_main(fn, test, result_path):
         func()
         res = {"ok": True, "message": ""}
     except BaseException as e:  # noqa: B902 - report everything
+        if harness is not None and isinstance(e, harness.Skip):
+            res = {"ok": True, "message": "", "skip": str(e) or "skipped"}
+            return 0
         msg = "%s: %s" % (type(e).__name__, e) if not isinstance(e, AssertionError) \
             else (str(e) or "AssertionError")
         frames = traceback.extract_tb(e.__traceback__)
@@ -353,6 +358,11 @@ def run_e2e(tests, default_timeout, verbose, results):
         else:
             ok, msg = res["ok"], res["message"]
         where = (res or {}).get("where") or []
+        if ok and res.get("skip"):
+            results["skipped"] += 1
+            out("SKIP %s (%s)" % (name, res["skip"]))
+            shutil.rmtree(tmp, ignore_errors=True)
+            continue
         if ok:
             results["passed"] += 1
             out("PASS %s (%.1fs)" % (name, elapsed))

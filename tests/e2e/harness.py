@@ -48,6 +48,18 @@ def skip_under(*tools):
     return wrap
 
 
+class Skip(Exception):
+    """Raised by skip(): the test cannot run on this machine (a tool it
+    needs is not installed). tests/run.py reports it as SKIP with the
+    reason, counted in ", N skipped", never as a pass."""
+
+
+def skip(reason):
+    """End the test as skipped, saying why (decided at run time; for what
+    is known before, see skip_under and pending)."""
+    raise Skip(reason)
+
+
 def pending(reason):
     """Mark a test that pins a known defect whose fix belongs to another
     change (the reason says where). tests/run.py reads the decorator
