@@ -62,7 +62,8 @@ def test_readme_images_and_links_exist():
     """Every relative link and image of README.md and of the documents it
     sends a newcomer to points at a file in the repository."""
     missing = []
-    for doc in ("README.md", "bench/RESULTS.md", "bench/HISTORY.md", "tests/README.md"):
+    for doc in ("README.md", "bench/RESULTS.md", "bench/HISTORY.md", "bench/README.md",
+                "tests/README.md"):
         base = os.path.dirname(doc)
         for target in LINK_RE.findall(read(doc)):
             if re.match(r"^[a-z]+:", target) or target.startswith("#"):
