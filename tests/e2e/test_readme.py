@@ -84,7 +84,7 @@ def quickstart_targets():
     text = read("quickstart")
     m = re.search(r'^case "\$\{1:-\}" in\n(.*?)^esac', text, re.M | re.S)
     assert m, "quickstart has no top-level case statement"
-    return set(w for label in re.findall(r"^([a-z|]+)\)", m.group(1), re.M)
+    return set(w.strip() for label in re.findall(r"^\s*([a-z][a-z| -]*)\)", m.group(1), re.M)
                for w in label.split("|"))
 
 
