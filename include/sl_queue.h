@@ -90,7 +90,7 @@
  * reclaim) is written at each function.
  *
  * Not done yet (issue 24): the issue's TTFT target (shortened
- * bench/fairness runs in bench/RESULTS.md: shares 36.6/30.6/32.8 % once
+ * bench/fairness runs in bench/HISTORY.md: shares 36.6/30.6/32.8 % once
  * running streams are charged as they are relayed, but B's p99 wait is
  * still one stream's length, the shares swinging in 4 s steps); the full
  * 90 s run with nginx and its chart; a request that a busy head
