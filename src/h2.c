@@ -545,6 +545,46 @@ on_stream_close(nghttp2_session *s, int32_t id, uint32_t code, void *ud)
 
 /* ---- the connection --------------------------------------------------- */
 
+/*
+ * The transport: TLS, or the plain socket when ssl is NULL (only the fuzz
+ * target does that: the listener never offers h2c). Results as sl_tls's.
+ */
+static ssize_t
+h2_recv(struct sl_h2 *h, void *buf, size_t len)
+{
+	ssize_t n;
+
+	if (h->ssl != NULL)
+		return sl_tls_read(h->ssl, buf, len);
+	n = read(h->fd, buf, len);
+	if (n > 0)
+		return n;
+	if (n == 0)
+		return SL_TLS_CLOSED;
+	return errno == EAGAIN || errno == EINTR ? SL_TLS_WANT_READ : SL_TLS_ERROR;
+}
+
+static ssize_t
+h2_write(struct sl_h2 *h, const void *p, size_t len)
+{
+	struct iovec v = { (void *)p, len };
+	ssize_t n;
+
+	if (h->ssl != NULL)
+		return sl_tls_writev(h->ssl, &v, 1);
+	n = write(h->fd, p, len);
+	if (n > 0)
+		return n;
+	return n == -1 && (errno == EAGAIN || errno == EINTR) ?
+	    SL_TLS_WANT_WRITE : SL_TLS_ERROR;
+}
+
+static int
+h2_pending(struct sl_h2 *h)
+{
+	return h->ssl != NULL && sl_tls_pending(h->ssl);
+}
+
 static void
 h2_unref(struct sl_h2 *h)
 {
@@ -570,8 +610,7 @@ h2_send(struct sl_h2 *h)
 {
 	for (;;) {
 		if (h->woff < h->wlen) {
-			struct iovec v = { h->wbuf + h->woff, h->wlen - h->woff };
-			ssize_t n = sl_tls_writev(h->ssl, &v, 1);
+			ssize_t n = h2_write(h, h->wbuf + h->woff, h->wlen - h->woff);
 
 			if (n > 0) {
 				h->woff += (size_t)n;
@@ -669,7 +708,7 @@ h2_read(struct sl_h2 *h)
 	int i;
 
 	for (i = 0; i < 8 && !h->dead; i++) {
-		ssize_t n = sl_tls_read(h->ssl, buf, sizeof(buf)), rv;
+		ssize_t n = h2_recv(h, buf, sizeof(buf)), rv;
 
 		if (n > 0) {
 			rv = nghttp2_session_mem_recv(h->s, buf, (size_t)n);
@@ -677,7 +716,7 @@ h2_read(struct sl_h2 *h)
 				h2_fatal(h, rv);
 				return;
 			}
-			if ((size_t)n < sizeof(buf) && !sl_tls_pending(h->ssl))
+			if ((size_t)n < sizeof(buf) && !h2_pending(h))
 				return;
 			continue;
 		}
@@ -691,7 +730,7 @@ h2_read(struct sl_h2 *h)
 		h2_close(h);   /* the client closed, or TLS failed */
 		return;
 	}
-	if (!h->dead && sl_tls_pending(h->ssl))
+	if (!h->dead && h2_pending(h))
 		ev_feed_event(h->w->loop, &h->rio, EV_READ);   /* its turn again */
 }
 
@@ -873,7 +912,7 @@ sl_h2_start(struct sl_worker *w, int fd, void *ssl, const char *peer)
 	w->nh2++;
 	ev_io_start(w->loop, &h->rio);
 	/* The client's preface may already be in OpenSSL's hands. */
-	if (sl_tls_pending(ssl))
+	if (h2_pending(h))
 		ev_feed_event(w->loop, &h->rio, EV_READ);
 	h2_want_send(h);   /* our SETTINGS */
 	h2_timer_update(h);

@@ -29,13 +29,14 @@ tenants:
 """
 
 
-def _run_sdk(base_url, key):
+def _run_sdk(base_url, key, env=None):
     node = shutil.which("node")
     assert node, "node is not installed (./quickstart installs the test tools)"
     assert os.path.isdir(os.path.join(JS, "node_modules", "openai")), \
         "tests/js/node_modules/openai is missing: run ./quickstart build"
     p = subprocess.run([node, os.path.join(JS, "openai_sdk.mjs"), base_url, key],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, **(env or {})))
     assert p.returncode == 0, "node exited %d: %s" % (p.returncode, p.stderr[-2000:])
     return json.loads(p.stdout)
 
@@ -44,10 +45,28 @@ def test_the_openai_sdk_lists_streams_and_reads_errors_through_sluice():
     with h.Stub() as stub:
         with h.Gateway(CONFIG.format(port=h.free_port(), stub=stub.url)) as gw:
             out = _run_sdk("http://127.0.0.1:%d/v1" % gw.port, "sk-acme")
-        assert stub.stats()["requests"] == 2
-        last = stub.direct("GET", "/stub/last")
-        last.read_all(timeout=10)
-        assert json.loads(bytes(last.data))["model"] == "org/Llama-Internal"
+        _check(out, stub)
+
+
+def test_the_openai_sdk_over_tls():
+    """The same, to a TLS listener: the SDK trusts the test CA the way a
+    user's deployment would trust its own (NODE_EXTRA_CA_CERTS)."""
+    files = h.TLSFiles()
+    cert, key = files.leaf()
+    config = CONFIG + "tls:\n  cert: %s\n  key: %s\n" % (cert, key)
+    with h.Stub() as stub:
+        with h.Gateway(config.format(port=h.free_port(), stub=stub.url)) as gw:
+            out = _run_sdk("https://localhost:%d/v1" % gw.port, "sk-acme",
+                           env={"NODE_EXTRA_CA_CERTS": files.ca})
+        _check(out, stub)
+
+
+def _check(out, stub):
+    """What the SDK saw, exactly; stub: the runner (still running)."""
+    assert stub.stats()["requests"] == 2
+    last = stub.direct("GET", "/stub/last")
+    last.read_all(timeout=10)
+    assert json.loads(bytes(last.data))["model"] == "org/Llama-Internal"
     created = out["models"][0]["created"]
     assert out["models"] == [
         {"id": "gpt-4o", "object": "model", "created": created, "owned_by": "sluice"},
