@@ -432,3 +432,37 @@ def test_drain_sends_goaway_and_lets_open_streams_finish():
         finally:
             c.close()
         assert gw.wait_exit(10) == 0
+
+
+def _browser(gw, n):
+    node = shutil.which("node")
+    if not os.path.exists("/usr/bin/chromium") or node is None or \
+            not os.path.isdir(os.path.join(JS, "node_modules", "playwright-core")):
+        h.skip("chromium, node or tests/js/node_modules/playwright-core missing "
+               "(./quickstart build installs them)")
+    shot = os.path.join(os.environ.get("SLUICE_BUILD_DIR", h.tmpdir()),
+                        "h2-browser-%d.png" % gw.port)
+    p = subprocess.run([node, os.path.join(JS, "h2_browser.mjs"),
+                        "https://localhost:%d" % gw.port, ACME_KEY, str(n), shot],
+                       capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout)
+
+
+@h.skip_under("valgrind")
+def test_a_browser_opens_twenty_streams_at_once_over_http2_and_six_over_http11():
+    """Chromium holds 6 HTTP/1.1 connections per origin: the 7th stream of
+    a chat UI waits for one of the first six to end. Over HTTP/2 all 20
+    share one connection and each gets its first event at once. Each stream
+    sends an event at once and two more 1.5 s apart; what is counted is how
+    many streams had their first event before the first stream ended."""
+    files = TLSFiles()
+    with Stub() as stub:
+        for alpn, want, proto in ((["h2", "http/1.1"], 20, "h2"), (["http/1.1"], 6, "http/1.1")):
+            with _gw(files, stub, tls={"alpn": alpn}) as gw:
+                out = _browser(gw, 20)
+                assert out["protocol"] == proto, out["protocol"]
+                assert all(e is not None for e in out["ends"]), out
+                first_end = min(out["ends"])
+                early = sum(1 for f in out["firsts"] if f is not None and f < first_end)
+                assert early == want, (proto, early, out)

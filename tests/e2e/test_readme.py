@@ -120,7 +120,7 @@ def test_readme_test_time_claim_is_quickstarts():
     # The fuzzing part: the number of targets run.sh runs, for quickstart's default.
     m = re.search(r"the (\d+) fuzz targets for (\d+) s each", readme)
     assert m, "README does not say how many fuzz targets run for how long"
-    targets = re.search(r'^targets=\$\{FUZZ_TARGETS:-([a-z_ ]+)\}$',
+    targets = re.search(r'^targets=\$\{FUZZ_TARGETS:-([a-z0-9_ ]+)\}$',
                         read("tests/fuzz/run.sh"), re.M)
     assert targets, "tests/fuzz/run.sh lists no default targets"
     assert int(m.group(1)) == len(targets.group(1).split()), (m.group(0), targets.group(1))
