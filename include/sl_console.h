@@ -2,9 +2,10 @@
  * sl_console: what the operator's console on the admin listener needs
  * beside the master's own state (sluice.8, ADMIN ENDPOINTS):
  *
- *  - the page: src/console.html, console.css and console.js, embedded in
- *    the binary at build time (Makefile.am turns them into a C array), so
- *    it works offline and fetches nothing but itself and /status.json;
+ *  - the page: src/console.html, console.css, console.js and favicon.svg,
+ *    embedded in the binary at build time (Makefile.am turns each into a
+ *    C array), so it works offline and fetches nothing but its own files
+ *    and /status.json;
  *  - a window of samples of cumulative counters, one a second, from which
  *    the "last minute" numbers of /status.json are differences;
  *  - a quantile read from histogram bucket counts, and a JSON string
@@ -22,7 +23,7 @@
 
 /* One file of the page. */
 struct sl_console_asset {
-	const char *path;            /* "/", "/console.css", "/console.js" */
+	const char *path;            /* "/", "/console.css", ... */
 	const char *content_type;
 	const unsigned char *data;
 	size_t len;

@@ -58,6 +58,18 @@ def pending(reason):
     return wrap
 
 
+class Skip(Exception):
+    """Raised by skip(): tests/run.py reports the test as SKIP with the
+    reason instead of PASS or FAIL."""
+
+
+def skip(reason):
+    """Skip this test at run time because something it needs is missing
+    here (say what, and how to install it); CI installs everything, so a
+    skip there is a failure of the setup, not of sluice."""
+    raise Skip(reason)
+
+
 def timeout(seconds):
     """Decorator: per-test watchdog budget read by tests/run.py."""
     def deco(fn):
