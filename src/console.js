@@ -8,7 +8,7 @@
   const TIMEOUT_MS = 2500;
   const KEEP_MS = 5 * 60 * 1000;
   const SVG = "http://www.w3.org/2000/svg";
-  const SPARK_W = 120, SPARK_H = 18;
+  const SPARK_W = 100, SPARK_H = 18;
 
   const $ = (id) => document.getElementById(id);
   const history = new Map();      // "t:NAME" or "r:UPSTREAM URL" -> [[ms, streams]...]
@@ -69,10 +69,13 @@
     const h = history.get(key) || [];
     if (!h.length) return s;
     const now = h[h.length - 1][0];
+    // Five minutes once the page has them; until then the time it has
+    // (at least one minute), so a fresh page shows a line, not a dot.
+    const span = Math.min(KEEP_MS, Math.max(60 * 1000, now - h[0][0]));
     let top = 1;
     for (const p of h) top = Math.max(top, p[1]);
     if (cap && cap <= top * 1.5) top = Math.max(top, cap);
-    const x = (t) => SPARK_W - (now - t) / KEEP_MS * SPARK_W;
+    const x = (t) => SPARK_W - (now - t) / span * SPARK_W;
     const y = (v) => SPARK_H - 1 - v / top * (SPARK_H - 2);
     const pts = h.map((p) => x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1));
     const area = document.createElementNS(SVG, "polygon");
@@ -191,6 +194,7 @@
       tr.dataset.upstream = r.upstream;
       tr.dataset.url = r.url;
       if (r.state !== "up") tr.classList.add(r.state);
+      if (r.max_streams !== null && r.streams >= r.max_streams) tr.classList.add("full");
       tr.appendChild(el("td", "l upstream", r.upstream));
       const url = el("td", "l url", r.url.replace(/^https?:\/\//, ""));
       url.title = r.url;
@@ -293,8 +297,8 @@
     if (stale) {
       banner.hidden = false;
       banner.textContent = "gateway not answering since " + hhmmss(failingSince) +
-        " (" + failReason + ")" + (last ? " — data below is stale, last received " +
-        hhmmss(lastOk) : " — no data yet");
+        (last ? " — data below is stale (last received " + hhmmss(lastOk) + "; " +
+        failReason + ")" : " — no data yet (" + failReason + ")");
       $("live").textContent = "stale";
     } else {
       banner.hidden = true;

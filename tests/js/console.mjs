@@ -70,6 +70,22 @@ function snapshot() {
       th.closest("table").id + ":" + th.dataset.key + (th.classList.contains("desc") ? ":desc" : "")),
     tenants, replicas, models,
     modelsHidden: document.getElementById("models").hidden,
+    layout: {
+      width: window.innerWidth,
+      scrollWidth: document.documentElement.scrollWidth,
+      replicasPanel: (() => {
+        const sc = document.querySelector("#replicas-panel .scroll");
+        const t = document.getElementById("replicas");
+        return { table: t.offsetHeight, visible: sc.clientHeight, scrollWidth: sc.scrollWidth,
+                 width: sc.clientWidth };
+      })(),
+      tenantsPanel: (() => {
+        const sc = document.querySelector("#tenants-panel .scroll");
+        const r = document.querySelector("#tenants tbody tr");
+        return { visible: sc.clientHeight, scrollWidth: sc.scrollWidth, width: sc.clientWidth,
+                 rowHeight: r ? r.offsetHeight : 0 };
+      })(),
+    },
   };
 }
 
