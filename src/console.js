@@ -92,6 +92,11 @@
     const line = document.createElementNS(SVG, "polyline");
     line.setAttribute("points", pts.join(" "));
     s.appendChild(line);
+    const dot = document.createElementNS(SVG, "circle");   // now
+    dot.setAttribute("cx", SPARK_W - 1.5);
+    dot.setAttribute("cy", y(h[h.length - 1][1]).toFixed(1));
+    dot.setAttribute("r", 1.5);
+    s.appendChild(dot);
     return s;
   }
 
