@@ -70,8 +70,8 @@
     if (!h.length) return s;
     const now = h[h.length - 1][0];
     // Five minutes once the page has them; until then the time it has
-    // (at least one minute), so a fresh page shows a line, not a dot.
-    const span = Math.min(KEEP_MS, Math.max(60 * 1000, now - h[0][0]));
+    // (at least 30 seconds), so a fresh page shows a line, not a dot.
+    const span = Math.min(KEEP_MS, Math.max(30 * 1000, now - h[0][0]));
     let top = 1;
     for (const p of h) top = Math.max(top, p[1]);
     if (cap && cap <= top * 1.5) top = Math.max(top, cap);
@@ -154,6 +154,7 @@
     for (const t of sorted(rows, "tenants")) {
       const tr = el("tr");
       tr.dataset.tenant = t.name;
+      flash(tr, "t:" + t.name);
       if (atCap(t)) tr.classList.add("at-cap");
       if (filter && !t.name.toLowerCase().includes(filter)) tr.classList.add("hidden");
       const name = el("td", "l name", t.name);
@@ -198,6 +199,7 @@
       const tr = el("tr");
       tr.dataset.upstream = r.upstream;
       tr.dataset.url = r.url;
+      flash(tr, "r:" + r.upstream + " " + r.url);
       if (r.state !== "up") tr.classList.add(r.state);
       if (r.max_streams !== null && r.streams >= r.max_streams) tr.classList.add("full");
       tr.appendChild(el("td", "l upstream", r.upstream));
@@ -267,10 +269,37 @@
     for (const r of bad) {
       const a = el("span", "a " + r.state, r.state + ": " + r.upstream + " " +
         r.url.replace(/^https?:\/\//, ""));
+      a.addEventListener("click", () => reveal("#replicas tbody tr", (tr) =>
+        tr.dataset.upstream === r.upstream && tr.dataset.url === r.url));
       frag.appendChild(a);
     }
-    for (const n of caps) frag.appendChild(el("span", "a cap", "at cap: " + n));
+    for (const n of caps) {
+      const a = el("span", "a cap", "at cap: " + n);
+      a.addEventListener("click", () => {
+        $("filter").value = "";
+        draw();
+        reveal("#tenants tbody tr", (tr) => tr.dataset.tenant === n);
+      });
+      frag.appendChild(a);
+    }
     alerts.replaceChildren(frag);
+  }
+
+  // An alert's row, scrolled into view and outlined for two seconds (the
+  // tables are redrawn every second: the mark is kept by key).
+  const flashed = new Map();
+  function reveal(rows, match) {
+    for (const tr of document.querySelectorAll(rows))
+      if (match(tr)) {
+        tr.scrollIntoView({ block: "center" });
+        flashed.set(tr.dataset.tenant !== undefined ? "t:" + tr.dataset.tenant :
+          "r:" + tr.dataset.upstream + " " + tr.dataset.url, Date.now() + 2000);
+        tr.classList.add("flash");
+      }
+  }
+  function flash(tr, key) {
+    if ((flashed.get(key) || 0) > Date.now()) tr.classList.add("flash");
+    else flashed.delete(key);
   }
 
   function drawHeader(st) {

@@ -531,6 +531,10 @@ def test_console_in_chromium_shows_streams_caps_a_down_replica_and_a_stopped_gat
                 snap = br.snapshot()["snapshot"]
                 assert [t["name"] for t in snap["tenants"]] == ["gamma", "acme", "beta"]
 
+                # The alert of a tenant at its cap leads to its row.
+                br.do(op="click", selector="#alerts .a.cap")
+                snap = br.snapshot()["snapshot"]
+                assert "flash" in row(snap, "acme")["classes"], row(snap, "acme")
                 br.do(op="screenshot", path=os.path.join(build_dir(), "console-live.png"))
 
                 # A replica killed shows down within its probe time.
