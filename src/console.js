@@ -352,6 +352,9 @@
       for (const t of st.tenants) remember("t:" + t.name, now, t.streams);
       for (const u of st.upstreams)
         for (const rep of u.replicas) remember("r:" + u.name + " " + rep.url, now, rep.streams);
+      // A tenant or replica a reload removed: forgotten after five minutes.
+      for (const [k, h] of history)
+        if (h[h.length - 1][0] < now - KEEP_MS) history.delete(k);
       last = st;
       lastOk = now;
       failingSince = 0;
