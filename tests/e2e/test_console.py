@@ -207,6 +207,31 @@ def test_status_json_marks_the_429s_of_a_tenant_at_its_cap():
             assert s.stats()["requests"] == 2
 
 
+@h.skip_under("valgrind")
+@h.timeout(150)
+def test_status_json_last_minute_numbers_forget_what_is_older_than_a_minute():
+    with Stub() as s:
+        with Gateway(console_config([s.url])) as gw:
+            held = hang(gw, [s], "cap", 2)
+            assert post(gw, events=1, interval=0).status == 429
+            close_all(held)
+            r = post(gw, events=1, interval=0, tag="done")
+            assert r.status == 200 and r.complete
+            t0 = time.monotonic()
+            # The two held ones never had an answer: one try counted.
+            doc = wait_status(gw, lambda d: replica(d, s.url)["requests_last_minute"] == 1,
+                              msg="the try answered")
+            assert tenant(doc, "acme")["rejected_last_minute"] == 1
+            time.sleep(max(0.0, 45 - (time.monotonic() - t0)))
+            doc = status(gw)[0]                  # well inside the minute
+            assert tenant(doc, "acme")["rejected_last_minute"] == 1, doc
+            assert replica(doc, s.url)["requests_last_minute"] == 1, doc
+            doc = wait_status(gw, lambda d: tenant(d, "acme")["rejected_last_minute"] == 0,
+                              timeout=30, msg="the 429 to leave the last minute")
+            assert replica(doc, s.url)["requests_last_minute"] == 0, doc
+            assert doc["uptime_seconds"] >= 60, doc
+
+
 def test_status_json_counts_tokens_of_the_last_minute_against_the_budget():
     with Stub() as s:
         with Gateway(console_config([s.url])) as gw:
