@@ -215,6 +215,8 @@ def test_status_json_last_minute_numbers_forget_what_is_older_than_a_minute():
             held = hang(gw, [s], "cap", 2)
             assert post(gw, events=1, interval=0).status == 429
             close_all(held)
+            wait_status(gw, lambda d: tenant(d, "acme")["streams"] == 0,
+                        msg="the held streams to end")
             r = post(gw, events=1, interval=0, tag="done")
             assert r.status == 200 and r.complete
             t0 = time.monotonic()
