@@ -157,5 +157,8 @@ void sl_cluster_master_close_in_child(struct sl_cluster_m *);
 /* Metrics (sluice_cluster_*) and the /healthz line. */
 void sl_cluster_render(struct sl_cluster_m *, struct sl_str *);
 const char *sl_cluster_mode(const struct sl_cluster_m *);
+/* Live nodes last seen in Redis; leases this node holds (O(streams)). */
+int sl_cluster_nodes(const struct sl_cluster_m *);
+uint64_t sl_cluster_leases(const struct sl_cluster_m *);
 
 #endif

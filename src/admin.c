@@ -196,12 +196,21 @@ build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
 		h(arg, method, path, &r);
 		if (r.status == 0) {
 			r.status = 404;
-			sl_str_printf(&r.body, "not found: try /metrics or /healthz\n");
+			sl_str_printf(&r.body, "not found: try /, /status.json, "
+			    "/metrics or /healthz\n");
 		}
 	}
+	/*
+	 * Every answer, the console's page first: this origin only (no
+	 * inline script or style, nothing from elsewhere), never framed,
+	 * never cached, never sniffed into another type.
+	 */
 	sl_str_printf(&out,
 	    "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-	    "Cache-Control: no-store\r\n%sConnection: close\r\n\r\n",
+	    "Cache-Control: no-store\r\n"
+	    "Content-Security-Policy: default-src 'self'\r\n"
+	    "X-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY\r\n"
+	    "Referrer-Policy: no-referrer\r\n%sConnection: close\r\n\r\n",
 	    r.status, sl_http_reason(r.status),
 	    r.content_type ? r.content_type : "text/plain; charset=utf-8",
 	    r.body.len,

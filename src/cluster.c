@@ -2398,6 +2398,18 @@ leases_held(const struct sl_cluster_shm *cs)
 	return n;
 }
 
+int
+sl_cluster_nodes(const struct sl_cluster_m *cm)
+{
+	return (int)atomic_load(&cm->cs->live_nodes);
+}
+
+uint64_t
+sl_cluster_leases(const struct sl_cluster_m *cm)
+{
+	return leases_held(cm->cs);
+}
+
 void
 sl_cluster_render(struct sl_cluster_m *cm, struct sl_str *o)
 {
@@ -2422,10 +2434,10 @@ sl_cluster_render(struct sl_cluster_m *cm, struct sl_str *o)
 		    strcmp(cur, modes[k]) == 0);
 	sl_str_printf(o, "# HELP sluice_cluster_nodes Live nodes last seen in "
 	    "Redis.\n# TYPE sluice_cluster_nodes gauge\nsluice_cluster_nodes %d\n",
-	    (int)atomic_load(&cs->live_nodes));
+	    sl_cluster_nodes(cm));
 	sl_str_printf(o, "# HELP sluice_cluster_leases Leases this node holds "
 	    "for its streams in flight.\n# TYPE sluice_cluster_leases gauge\n"
-	    "sluice_cluster_leases %" PRIu64 "\n", leases_held(cs));
+	    "sluice_cluster_leases %" PRIu64 "\n", sl_cluster_leases(cm));
 	memset(b, 0, sizeof(b));
 	for (r = 0; r < cs->rows; r++) {
 		for (k = 0; k <= RTT_BUCKETS; k++)

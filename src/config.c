@@ -57,7 +57,8 @@ static const struct key_row keys[] = {
 	    "Number of worker processes; auto means one per CPU." },
 	    1, SL_MAX_WORKERS, 0, OFF(workers) },
 	{ { "admin_listen", SL_KEY_ADDR, NULL, "host:port or [v6]:port", 0,
-	    "Address of the admin listener (/metrics, /healthz); unset: none." },
+	    "Address of the admin listener (the console at /, /status.json, "
+	    "/metrics, /healthz); unset: none." },
 	    0, 0, 0, OFF(admin_listen) },
 	{ { "stream_buffer", SL_KEY_SIZE, "64KiB", "16KiB-1GiB", 1,
 	    "Per-stream bound on response bytes waiting for a slow client; "

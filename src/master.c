@@ -23,6 +23,7 @@
 
 #include "sl_admin.h"
 #include "sl_cluster.h"
+#include "sl_console.h"
 #include "sl_log.h"
 #include "sl_master.h"
 #include "sl_probe.h"
@@ -116,6 +117,15 @@ struct master {
 	 */
 	int slot_row[SL_MAX_WORKERS];
 	unsigned last_gen;           /* generation ids are never reused */
+	double started;              /* now_s() at start: uptime_seconds */
+	/*
+	 * The console's window (admin_listen only): the counters behind its
+	 * "last minute" numbers, sampled once a second (console_sample).
+	 */
+	struct sl_window *window;
+	double next_sample;
+	uint64_t *sample;            /* scratch for a sample */
+	size_t sample_cap;
 	int stopping;                /* 1 drain, 2 quit */
 	double stop_deadline;
 	unsigned reloads_ok, reloads_failed;
@@ -1226,9 +1236,29 @@ value_ejected(struct sl_shm *shm, size_t slot, int64_t now)
 }
 
 /*
- * The runner's own load as load_metrics last scraped it, for replicas of
- * upstreams that scrape and whose sample is fresh (4 intervals).
+ * The runner's own load as load_metrics last scraped it: 1 and the
+ * replica's queue and KV-cache use (per mille; each -1 when its page
+ * lacks it) when the upstream scrapes and the sample is fresh (4
+ * intervals), else 0.
  */
+static int
+replica_load(struct master *m, const struct sl_upstream_conf *up,
+    size_t slot, int64_t now, int32_t *waiting, int32_t *kv)
+{
+	struct sl_shm_replica *h = sl_shm_replica(m->shm, slot);
+	int64_t at;
+
+	if (!up->load_metrics.enabled || h == NULL)
+		return 0;
+	at = atomic_load(&h->lm_at_ms);
+	if (at == 0 || now - at > 4 * (int64_t)up->load_metrics.interval_ms)
+		return 0;
+	*waiting = atomic_load(&h->lm_waiting);
+	*kv = atomic_load(&h->lm_kv);
+	return 1;
+}
+
+/* The runner's own load, for replicas with a fresh sample (replica_load). */
 static void
 replica_load_gauges(struct master *m, struct sl_str *o, int64_t now)
 {
@@ -1251,19 +1281,12 @@ replica_load_gauges(struct master *m, struct sl_str *o, int64_t now)
 			if (!up->load_metrics.enabled)
 				continue;
 			for (r = 0; r < up->nreplicas; r++) {
-				struct sl_shm_replica *h = sl_shm_replica(m->shm,
-				    m->cur.replica_slot[u][r]);
-				int64_t at;
-				int32_t v;
+				int32_t waiting, kv, v;
 
-				if (h == NULL)
+				if (!replica_load(m, up, m->cur.replica_slot[u][r],
+				    now, &waiting, &kv))
 					continue;
-				at = atomic_load(&h->lm_at_ms);
-				if (at == 0 || now - at >
-				    4 * (int64_t)up->load_metrics.interval_ms)
-					continue;
-				v = atomic_load(g == 0 ? &h->lm_waiting :
-				    &h->lm_kv);
+				v = g == 0 ? waiting : kv;
 				if (v < 0)
 					continue;
 				replica_labels(o, name, up->name,
@@ -1821,6 +1844,284 @@ render_metrics(struct master *m, struct sl_str *o)
 		sl_cluster_render(m->cluster, o);
 }
 
+/*
+ * The console (sluice.8, ADMIN ENDPOINTS): /status.json is read from the
+ * shared region like /metrics, by the same readers, and costs O(tenants
+ * + replicas) (a tenant's waiters: once per pool with a queue, at most
+ * SL_SHM_MAX_UPSTREAMS). Its "last minute" numbers are the counters now
+ * minus a sample of them taken a minute ago: the loop samples them once a
+ * second into a window of CONSOLE_SAMPLES (console_sample). A sample is
+ * MODEL_VALUES counters per model slot, then INDEX_VALUES per shared
+ * index handed out (tenants and replicas).
+ */
+#define CONSOLE_SAMPLES 61
+#define CONSOLE_SAMPLE_S 1.0
+#define CONSOLE_SPAN_S 60.0
+#define MODEL_VALUES (2 + SL_MHIST_BOUNDS_MAX)  /* requests, TTFT buckets */
+#define INDEX_VALUES 2
+#define INDEX_OFF (SL_SHM_MODELS * MODEL_VALUES)
+
+/* A status slot that is a replica's failure: 5xx, or no status at all. */
+static int
+code_is_error(int slot)
+{
+	const char *l = sl_shm_code_label(slot);
+
+	return l[0] == '5' || l[0] < '0' || l[0] > '9';
+}
+
+/*
+ * The counters of shared index j: a tenant's refusals by admission (429
+ * at max_streams or tokens_per_minute); a replica's tries and its failed
+ * ones (code_is_error).
+ */
+static void
+index_counters(struct master *m, size_t j, uint64_t v[INDEX_VALUES])
+{
+	int c;
+
+	v[0] = v[1] = 0;
+	if (!m->shm_replica[j]) {
+		for (c = 0; c < SL_REJECT_MAX; c++)
+			v[0] += sl_shm_rejected_sum(m->shm, j,
+			    (enum sl_reject_reason)c);
+		return;
+	}
+	for (c = 0; c < SL_NCODES; c++) {
+		uint64_t n = sl_shm_requests_sum(m->shm, j, c);
+
+		v[0] += n;
+		if (code_is_error(c))
+			v[1] += n;
+	}
+}
+
+/* Requests answered under model slot `slot`, then its TTFT buckets. */
+static void
+model_counters(struct master *m, size_t slot, uint64_t v[MODEL_VALUES])
+{
+	int c, i, n;
+
+	memset(v, 0, MODEL_VALUES * sizeof(*v));
+	sl_shm_mhist_bounds(SL_MHIST_TTFT, &n);
+	for (c = 0; c < SL_NCODES; c++)
+		v[0] += sl_shm_model_requests_sum(m->shm, slot, c);
+	for (i = 0; i <= n; i++)
+		v[1 + i] = sl_shm_model_hist_bucket(m->shm, slot, SL_MHIST_TTFT, i);
+}
+
+/* Take the console's sample of now (the loop, once a second). */
+static void
+console_sample(struct master *m, double now)
+{
+	size_t n = INDEX_OFF + m->shm_ntenants * INDEX_VALUES, j;
+
+	if (n > m->sample_cap) {
+		uint64_t *ns = realloc(m->sample, n * sizeof(*ns));
+
+		if (ns == NULL)
+			return;         /* the next second tries again */
+		m->sample = ns;
+		m->sample_cap = n;
+	}
+	memset(m->sample, 0, n * sizeof(*m->sample));
+	for (j = 1; j < SL_SHM_MODELS; j++)
+		if (m->model_names[j] != NULL)
+			model_counters(m, j, m->sample + j * MODEL_VALUES);
+	for (j = 0; j < m->shm_ntenants; j++)
+		if (m->shm_names[j] != NULL)
+			index_counters(m, j,
+			    m->sample + INDEX_OFF + j * INDEX_VALUES);
+	sl_window_push(m->window, now, m->sample, n);
+}
+
+struct since {                   /* the sample a minute ago */
+	const uint64_t *v;
+	size_t n;
+};
+
+static uint64_t
+last_minute(const struct since *b, size_t i, uint64_t cur)
+{
+	return sl_window_delta(b->v, b->n, i, cur);
+}
+
+static void
+status_tenants(struct master *m, struct sl_str *o, const struct since *b)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	struct timespec ts;
+	size_t t, u;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	sl_str_printf(o, "\"tenants\":[");
+	for (t = 0; t < cfg->ntenants; t++) {
+		const struct sl_tenant_conf *tc = &cfg->tenants[t];
+		size_t j = m->cur.tenant_slot[t];
+		uint64_t v[INDEX_VALUES];
+		long waiting = 0;
+
+		index_counters(m, j, v);
+		for (u = 0; u < cfg->nupstreams; u++)
+			if (cfg->upstreams[u].queue.enabled)
+				waiting += sl_queue_waiting_tenant(m->queue,
+				    m->cur.upstream_slot[u], j);
+		sl_str_printf(o, "%s{\"name\":", t > 0 ? "," : "");
+		sl_console_json_str(o, tc->name);
+		sl_str_printf(o, ",\"streams\":%d,\"max_streams\":%d,"
+		    "\"waiting\":%ld,\"tokens_last_minute\":%llu,"
+		    "\"tokens_per_minute\":",
+		    (int)sl_shm_inflight(m->shm, j), (int)sl_shm_limit(m->shm, j),
+		    waiting, (unsigned long long)sl_shm_tokens_window(m->shm, j,
+		    (uint64_t)ts.tv_sec, 0, NULL));
+		if (tc->tokens_per_minute > 0)
+			sl_str_printf(o, "%d", (int)tc->tokens_per_minute);
+		else
+			sl_str_printf(o, "null");
+		sl_str_printf(o, ",\"rejected_last_minute\":%llu}",
+		    (unsigned long long)last_minute(b, INDEX_OFF +
+		    j * INDEX_VALUES, v[0]));
+	}
+	sl_str_printf(o, "]");
+}
+
+static void
+status_replica(struct master *m, struct sl_str *o, const struct since *b,
+    size_t u, size_t r, int64_t now)
+{
+	const struct sl_upstream_conf *up = &m->cur.cfg->upstreams[u];
+	size_t j = m->cur.replica_slot[u][r];
+	uint64_t v[INDEX_VALUES];
+	int32_t waiting = -1, kv = -1;
+
+	index_counters(m, j, v);
+	replica_load(m, up, j, now, &waiting, &kv);
+	sl_str_printf(o, "%s{\"url\":", r > 0 ? "," : "");
+	sl_console_json_str(o, up->replicas[r].url);
+	sl_str_printf(o, ",\"up\":%s,\"ejected\":%s,\"busy\":%s,\"streams\":%ld,"
+	    "\"max_streams\":", value_up(m->shm, j, now) ? "true" : "false",
+	    value_ejected(m->shm, j, now) ? "true" : "false",
+	    value_busy(m->shm, j, now) ? "true" : "false",
+	    value_streams(m->shm, j, now));
+	if (up->replicas[r].max_streams > 0)
+		sl_str_printf(o, "%d", (int)up->replicas[r].max_streams);
+	else
+		sl_str_printf(o, "null");
+	if (waiting >= 0)
+		sl_str_printf(o, ",\"queue\":%d", (int)waiting);
+	else
+		sl_str_printf(o, ",\"queue\":null");
+	if (kv >= 0)
+		sl_str_printf(o, ",\"kv_cache\":%d.%03d", (int)kv / 1000,
+		    (int)kv % 1000);
+	else
+		sl_str_printf(o, ",\"kv_cache\":null");
+	sl_str_printf(o, ",\"requests_last_minute\":%llu,"
+	    "\"errors_last_minute\":%llu}",
+	    (unsigned long long)last_minute(b, INDEX_OFF + j * INDEX_VALUES, v[0]),
+	    (unsigned long long)last_minute(b, INDEX_OFF + j * INDEX_VALUES + 1,
+	    v[1]));
+}
+
+static void
+status_upstreams(struct master *m, struct sl_str *o, const struct since *b)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	int64_t now = sl_mono_ms();
+	size_t u, r;
+
+	sl_str_printf(o, "\"upstreams\":[");
+	for (u = 0; u < cfg->nupstreams; u++) {
+		sl_str_printf(o, "%s{\"name\":", u > 0 ? "," : "");
+		sl_console_json_str(o, cfg->upstreams[u].name);
+		sl_str_printf(o, ",\"replicas\":[");
+		for (r = 0; r < cfg->upstreams[u].nreplicas; r++)
+			status_replica(m, o, b, u, r, now);
+		sl_str_printf(o, "],\"waiting\":%d}",
+		    cfg->upstreams[u].queue.enabled ? (int)sl_queue_waiting(
+		    m->queue, m->cur.upstream_slot[u]) : 0);
+	}
+	sl_str_printf(o, "]");
+}
+
+/* A latency in ms, or null for none (sl_console_quantile: -1). */
+static void
+json_ms(struct sl_str *o, double seconds)
+{
+	if (seconds < 0)
+		sl_str_printf(o, "null");
+	else
+		sl_str_printf(o, "%.1f", seconds * 1000.0);
+}
+
+static void
+status_models(struct master *m, struct sl_str *o, const struct since *b)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	const double *bounds;
+	size_t i;
+	int k, n;
+
+	bounds = sl_shm_mhist_bounds(SL_MHIST_TTFT, &n);
+	sl_str_printf(o, ",\"models\":[");
+	for (i = 0; i < cfg->nmodels; i++) {
+		size_t slot = m->cur.model_slot[i], off = slot * MODEL_VALUES;
+		uint64_t v[MODEL_VALUES], d[MODEL_VALUES];
+
+		model_counters(m, slot, v);
+		for (k = 0; k < MODEL_VALUES; k++)
+			d[k] = last_minute(b, off + (size_t)k, v[k]);
+		sl_str_printf(o, "%s{\"name\":", i > 0 ? "," : "");
+		sl_console_json_str(o, cfg->models[i].name);
+		sl_str_printf(o, ",\"ttft_p50_ms\":");
+		json_ms(o, sl_console_quantile(bounds, n, d + 1, 0.5));
+		sl_str_printf(o, ",\"ttft_p99_ms\":");
+		json_ms(o, sl_console_quantile(bounds, n, d + 1, 0.99));
+		sl_str_printf(o, ",\"requests_last_minute\":%llu}",
+		    (unsigned long long)d[0]);
+	}
+	sl_str_printf(o, "]");
+}
+
+static void
+render_status(struct master *m, struct sl_str *o)
+{
+	const struct sl_config *cfg = m->cur.cfg;
+	double now = now_s();
+	struct since b;
+	char host[256];
+
+	b.v = sl_window_since(m->window, now - CONSOLE_SPAN_S, &b.n);
+	if (cfg->cluster.enabled && cfg->cluster.node != NULL)
+		snprintf(host, sizeof(host), "%s", cfg->cluster.node);
+	else if (gethostname(host, sizeof(host) - 1) == -1)
+		snprintf(host, sizeof(host), "-");
+	host[sizeof(host) - 1] = '\0';
+	sl_str_printf(o, "{\"node\":");
+	sl_console_json_str(o, host);
+	sl_str_printf(o, ",\"version\":");
+	sl_console_json_str(o, PACKAGE_VERSION);
+	sl_str_printf(o, ",\"uptime_seconds\":%lld,\"generation\":%u,"
+	    "\"workers\":%d,", (long long)(now - m->started), m->cur.id,
+	    current_workers(m));
+	status_tenants(m, o, &b);
+	sl_str_printf(o, ",");
+	status_upstreams(m, o, &b);
+	if (cfg->models != NULL)
+		status_models(m, o, &b);
+	sl_str_printf(o, ",\"cluster\":");
+	if (m->cluster == NULL)
+		sl_str_printf(o, "null");
+	else {
+		sl_str_printf(o, "{\"mode\":");
+		sl_console_json_str(o, sl_cluster_mode(m->cluster));
+		sl_str_printf(o, ",\"nodes\":%d,\"leases\":%llu}",
+		    sl_cluster_nodes(m->cluster),
+		    (unsigned long long)sl_cluster_leases(m->cluster));
+	}
+	sl_str_printf(o, "}\n");
+}
+
 /* A lease's tenant, by shared index (the cluster renews by name). */
 static const char *
 shm_tenant_name(void *arg, size_t tslot)
@@ -1837,8 +2138,10 @@ admin_handle(void *arg, const char *method, const char *path,
     struct sl_admin_resp *r)
 {
 	struct master *m = arg;
+	const struct sl_console_asset *page = sl_console_asset(path);
 
-	if (strcmp(path, "/healthz") != 0 && strcmp(path, "/metrics") != 0)
+	if (strcmp(path, "/healthz") != 0 && strcmp(path, "/metrics") != 0 &&
+	    strcmp(path, "/status.json") != 0 && page == NULL)
 		return;
 	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
 		r->status = 405;
@@ -1855,8 +2158,17 @@ admin_handle(void *arg, const char *method, const char *path,
 		return;
 	}
 	r->status = 200;
-	r->content_type = "text/plain; version=0.0.4; charset=utf-8";
-	render_metrics(m, &r->body);
+	if (page != NULL) {
+		r->content_type = page->content_type;
+		sl_str_printf(&r->body, "%.*s", (int)page->len,
+		    (const char *)page->data);
+	} else if (strcmp(path, "/status.json") == 0) {
+		r->content_type = "application/json";
+		render_status(m, &r->body);
+	} else {
+		r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+		render_metrics(m, &r->body);
+	}
 }
 
 int
@@ -1869,6 +2181,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	size_t cap;
 
 	memset(&m, 0, sizeof(m));
+	m.started = now_s();
 	m.path = path;
 	m.cur.cfg = cfg;
 	m.cur.id = m.last_gen = 1;
@@ -1956,6 +2269,13 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			sl_err("admin_listen %s", err);
 			return 1;
 		}
+		if ((m.window = sl_window_new(CONSOLE_SAMPLES)) == NULL) {
+			sl_err("cannot set up the console: %s", strerror(errno));
+			return 1;
+		}
+		/* Every counter is 0 yet: the first minute counts from here. */
+		console_sample(&m, now_s());
+		m.next_sample = now_s() + CONSOLE_SAMPLE_S;
 	}
 
 	sigemptyset(&block);
@@ -2047,6 +2367,17 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		if (m.admin != NULL) {
 			double at = sl_admin_timeout(m.admin, now_s());
 
+			if (now_s() >= m.next_sample) {
+				console_sample(&m, now_s());
+				/* Late (a long reload): from now, not in a burst. */
+				m.next_sample += CONSOLE_SAMPLE_S;
+				if (m.next_sample <= now_s())
+					m.next_sample = now_s() + CONSOLE_SAMPLE_S;
+			}
+			if (at < 0 || m.next_sample - now_s() < at)
+				at = m.next_sample - now_s() > 0 ?
+				    m.next_sample - now_s() : 0;
+
 			npfd = sl_admin_pollfds(m.admin, pfd, SL_ADMIN_POLLFDS,
 			    now_s());
 			if (at >= 0 && (timeout < 0 || at < timeout))
@@ -2114,6 +2445,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (cap = 0; cap < SL_SHM_MODELS; cap++)
 		free(m.model_names[cap]);
 	sl_admin_close(m.admin);
+	sl_window_free(m.window);
+	free(m.sample);
 	sl_cluster_master_free(m.cluster);
 	sl_cluster_shm_destroy(m.cshm);
 	sl_config_free(m.cur.cfg);

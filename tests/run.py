@@ -18,9 +18,9 @@ watchdog, 120).
 $SLUICE_UNDER names the tools the gateway runs under (comma separated:
 "sanitizers", "valgrind"). A test decorated @harness.skip_under("valgrind")
 measures something such a tool distorts (RSS, fd counts, timing): it is
-reported as SKIP with its reason and counted in ", N skipped"; so is a
-test that calls harness.skip(REASON) at run time (a tool it needs is not
-installed).
+reported as SKIP with its reason and counted in ", N skipped".
+A test that calls harness.skip("REASON") at run time (something it needs is
+missing here, e.g. a browser) is reported the same way.
 A test decorated @harness.pending("REASON") pins a known defect whose fix
 is another change's: it is reported as SKIP with the reason unless
 $SLUICE_RUN_PENDING is set.
@@ -292,16 +292,17 @@ def child_main(fn, test, result_path):
         func()
         res = {"ok": True, "message": ""}
     except BaseException as e:  # noqa: B902 - report everything
-        if harness is not None and isinstance(e, harness.Skip):
-            res = {"ok": True, "message": "", "skip": str(e) or "skipped"}
-            return 0
-        msg = "%s: %s" % (type(e).__name__, e) if not isinstance(e, AssertionError) \
-            else (str(e) or "AssertionError")
-        frames = traceback.extract_tb(e.__traceback__)
-        where = ["%s:%d in %s" % (os.path.basename(f.filename), f.lineno, f.name)
-                 for f in frames if os.path.dirname(os.path.abspath(f.filename)) == E2E_DIR]
-        res = {"ok": False, "message": msg, "where": where,
-               "traceback": "".join(traceback.format_exception(e))}
+        if harness is not None and isinstance(e, getattr(harness, "Skip", ())):
+            res = {"ok": True, "message": "", "skip": str(e)}
+        else:
+            msg = "%s: %s" % (type(e).__name__, e) if not isinstance(e, AssertionError) \
+                else (str(e) or "AssertionError")
+            frames = traceback.extract_tb(e.__traceback__)
+            where = ["%s:%d in %s" % (os.path.basename(f.filename), f.lineno, f.name)
+                     for f in frames
+                     if os.path.dirname(os.path.abspath(f.filename)) == E2E_DIR]
+            res = {"ok": False, "message": msg, "where": where,
+                   "traceback": "".join(traceback.format_exception(e))}
     finally:
         if harness is not None:
             try:
@@ -362,8 +363,7 @@ def run_e2e(tests, default_timeout, verbose, results):
             results["skipped"] += 1
             out("SKIP %s (%s)" % (name, res["skip"]))
             shutil.rmtree(tmp, ignore_errors=True)
-            continue
-        if ok:
+        elif ok:
             results["passed"] += 1
             out("PASS %s (%.1fs)" % (name, elapsed))
             if verbose and log.strip():

@@ -307,7 +307,8 @@ def test_counters_survive_kill_9_of_a_worker_and_never_go_backwards():
 def test_unknown_admin_path_is_404_and_other_methods_405():
     with Stub() as stub, _admin_gw(stub) as gw:
         port = h.admin_port(gw)
-        for path in ("/", "/metricsx", "/v1/chat/completions", "/healthz/x"):
+        for path in ("/index.html", "/metricsx", "/v1/chat/completions", "/healthz/x",
+                     "/status.jsonx", "/console.js/x"):
             r = h.admin_request(port, "GET", path)
             assert r.status == 404, "GET %s: %d" % (path, r.status)
         r = h.admin_request(port, "POST", "/metrics")
@@ -327,7 +328,8 @@ def test_admin_listener_exposes_no_api_key():
         port = h.admin_port(gw)
         secrets = [ACME_KEY, ACME_KEY2, BETA_KEY, UPSTREAM_KEY, "sk-presented-but-unknown"]
         for method, path in (("GET", "/metrics"), ("GET", "/healthz"), ("HEAD", "/metrics"),
-                             ("GET", "/nope"), ("POST", "/metrics"), ("GET", "/metrics?x")):
+                             ("GET", "/nope"), ("POST", "/metrics"), ("GET", "/metrics?x"),
+                             ("GET", "/"), ("GET", "/status.json"), ("GET", "/console.js")):
             raw = h.admin_request(port, method, path).raw
             for s in secrets:
                 assert s.encode() not in raw, "%s %s exposes %r" % (method, path, s)
