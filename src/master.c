@@ -1698,6 +1698,32 @@ render_models(struct master *m, struct sl_str *o)
 	    "end of the relayed response.");
 }
 
+static const char *
+tls_reason(int k)
+{
+	return sl_tls_err_name((enum sl_tls_err)k);
+}
+
+static const char *
+h2_reason(int k)
+{
+	return sl_h2_err_name((enum sl_h2_err)k);
+}
+
+/* A counter family by reason: n per-worker stats from first, summed. */
+static void
+render_reasons(struct sl_str *o, struct sl_shm *shm, const char *name,
+    const char *help, int first, int n, const char *(*reason)(int))
+{
+	int k;
+
+	sl_str_printf(o, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+	for (k = 0; k < n; k++)
+		sl_str_printf(o, "%s{reason=\"%s\"} %llu\n", name, reason(k),
+		    (unsigned long long)sl_shm_stat_sum(shm,
+		    (enum sl_stat)(first + k)));
+}
+
 static void
 render_metrics(struct master *m, struct sl_str *o)
 {
@@ -1816,22 +1842,12 @@ render_metrics(struct master *m, struct sl_str *o)
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_IDLE_CLOSED),
 	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BYTES_OUT),
 	    current_workers(m), m->reloads_ok, m->reloads_failed);
-	sl_str_printf(o, "# HELP sluice_tls_handshake_errors_total TLS "
-	    "handshakes that failed, by reason; no request was read.\n"
-	    "# TYPE sluice_tls_handshake_errors_total counter\n");
-	for (k = 0; k < SL_TLS_E_MAX; k++)
-		sl_str_printf(o, "sluice_tls_handshake_errors_total{reason=\"%s\"} "
-		    "%llu\n", sl_tls_err_name((enum sl_tls_err)k),
-		    (unsigned long long)sl_shm_stat_sum(shm,
-		    (enum sl_stat)(SL_STAT_TLS_ERR_FIRST + k)));
-	sl_str_printf(o, "# HELP sluice_h2_protocol_errors_total HTTP/2 "
-	    "connections or streams ended by the protocol's rules, by reason.\n"
-	    "# TYPE sluice_h2_protocol_errors_total counter\n");
-	for (k = 0; k < SL_H2_E_MAX; k++)
-		sl_str_printf(o, "sluice_h2_protocol_errors_total{reason=\"%s\"} "
-		    "%llu\n", sl_h2_err_name((enum sl_h2_err)k),
-		    (unsigned long long)sl_shm_stat_sum(shm,
-		    (enum sl_stat)(SL_STAT_H2_ERR_FIRST + k)));
+	render_reasons(o, shm, "sluice_tls_handshake_errors_total", "TLS "
+	    "handshakes that failed, by reason; no request was read.",
+	    SL_STAT_TLS_ERR_FIRST, SL_TLS_E_MAX, tls_reason);
+	render_reasons(o, shm, "sluice_h2_protocol_errors_total", "HTTP/2 "
+	    "connections or streams ended by the protocol's rules, by reason.",
+	    SL_STAT_H2_ERR_FIRST, SL_H2_E_MAX, h2_reason);
 	render_tokens(m, o);
 	render_models(m, o);
 	render_queue(m, o);

@@ -769,6 +769,34 @@ sl_conn_refuse(struct sl_worker *w, int fd)
 
 /* ---- connection lifecycle -------------------------------------------- */
 
+/*
+ * What every exchange starts with, on a socket of its own (HTTP/1.x) or on
+ * a stream (fd is its connection's, for the logs; rio is then never
+ * started, only fed).
+ */
+static void
+conn_init(struct sl_conn *c, struct sl_worker *w, int fd)
+{
+	c->w = w;
+	c->fd = fd;
+	c->tenant = -1;
+	c->lease = -1;
+	c->model = -1;
+	c->fb_model = -1;
+	c->replica = c->last_replica = c->retry_next = -1;
+	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
+	    w->cfg->limits.max_body_bytes);
+	sl_buf_init(&c->out, BASE_CAP(c));
+	c->out.pool = &w->blocks;
+	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
+	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
+	ev_init(&c->timer, conn_on_timer);
+	c->rio.data = c->wio.data = c->timer.data = c;
+	TAILQ_INSERT_TAIL(&w->conns, c, entry);
+	c->state = CS_HEAD;
+	c->t_req = ev_now(w->loop);
+}
+
 void
 sl_conn_new(struct sl_worker *w, int fd)
 {
@@ -780,8 +808,6 @@ sl_conn_new(struct sl_worker *w, int fd)
 		sl_conn_refuse(w, fd);
 		return;
 	}
-	c->w = w;
-	c->fd = fd;
 	if (w->cfg->tls.ctx != NULL) {
 		if ((c->ssl = sl_tls_new(w->cfg->tls.ctx, fd)) == NULL) {
 			free(c);
@@ -790,11 +816,6 @@ sl_conn_new(struct sl_worker *w, int fd)
 		}
 		c->tls_hs = 1;
 	}
-	c->tenant = -1;
-	c->lease = -1;
-	c->model = -1;
-	c->fb_model = -1;
-	c->replica = c->last_replica = c->retry_next = -1;
 	/*
 	 * Every write is a flush of what the upstream just sent: Nagle would
 	 * hold a token back until the previous one is acknowledged (40 ms with
@@ -805,18 +826,8 @@ sl_conn_new(struct sl_worker *w, int fd)
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF,
 		    &(int){ (int)w->cfg->limits.client_sndbuf }, sizeof(int));
 	sl_net_peer(fd, c->peer, sizeof(c->peer));
-	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
-	    w->cfg->limits.max_body_bytes);
-	sl_buf_init(&c->out, BASE_CAP(c));
-	c->out.pool = &w->blocks;
-	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
-	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
-	ev_init(&c->timer, conn_on_timer);
-	c->rio.data = c->wio.data = c->timer.data = c;
-	TAILQ_INSERT_TAIL(&w->conns, c, entry);
+	conn_init(c, w, fd);
 	w->nconns++;
-	c->state = CS_HEAD;
-	c->t_req = ev_now(w->loop);
 	conn_read_start(c);
 	conn_timer_update(c);
 }
@@ -3940,28 +3951,10 @@ sl_exchange_open(struct sl_worker *w, const struct sl_framing *fr, void *ctx,
 
 	if ((c = calloc(1, sizeof(*c))) == NULL)
 		return NULL;
-	c->w = w;
-	c->fd = fd;
 	c->fr = fr;
 	c->fr_ctx = ctx;
-	c->tenant = -1;
-	c->lease = -1;
-	c->model = -1;
-	c->fb_model = -1;
-	c->replica = c->last_replica = c->retry_next = -1;
 	snprintf(c->peer, sizeof(c->peer), "%s", peer);
-	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
-	    w->cfg->limits.max_body_bytes);
-	sl_buf_init(&c->out, BASE_CAP(c));
-	c->out.pool = &w->blocks;
-	/* Never started: input is fed to rio by the framing's bytes. */
-	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
-	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
-	ev_init(&c->timer, conn_on_timer);
-	c->rio.data = c->wio.data = c->timer.data = c;
-	TAILQ_INSERT_TAIL(&w->conns, c, entry);
-	c->state = CS_HEAD;
-	c->t_req = ev_now(w->loop);
+	conn_init(c, w, fd);
 	c->reading = 1;
 	conn_timer_update(c);
 	return c;
