@@ -1038,14 +1038,18 @@ conn_request_end(struct sl_conn *c, const char *end)
 	tslot = c->tenant >= 0 ? w->tenant_slot[c->tenant] :
 	    SL_TENANT_NONE(w->shm);
 	conn_usage_charge(c);   /* a client that left: what was relayed */
-	sl_shm_count_request(w->shm, w->row, tslot, c->status);
-	sl_shm_count_model_request(w->shm, w->row, conn_model_slot(c), c->status);
+	/*
+	 * Latencies before the request counters: whoever sees the request
+	 * counted (a scrape, a test waiting on it) sees its latencies too.
+	 */
 	if (c->t_first > 0) {
 		/* Relayed responses feed the latency histograms. */
 		sl_shm_observe(w->shm, w->row, SL_HIST_TTFB, c->t_first - c->t_start);
 		sl_shm_observe(w->shm, w->row, SL_HIST_DURATION, now - c->t_start);
 		conn_model_latency(c, now);
 	}
+	sl_shm_count_request(w->shm, w->row, tslot, c->status);
+	sl_shm_count_model_request(w->shm, w->row, conn_model_slot(c), c->status);
 	conn_access_log(c, end, now);
 	conn_usage_free(c);
 	free(c->mname);
