@@ -69,4 +69,12 @@ void sl_buf_consume(struct sl_buf *, size_t n);
 /* Copy up to n bytes from the front into p without consuming; returns count. */
 size_t sl_buf_peek(const struct sl_buf *, void *p, size_t n);
 
+/*
+ * An unbounded byte array (*p, *cap) with room for need bytes: its capacity
+ * doubles from first (or from what it has). 0, or -1 when out of memory
+ * (*p and *cap unchanged). The growable strings outside the stream buffer
+ * (an HTTP/2 head, a stream's request bytes, output batches) share it.
+ */
+int sl_bytes_reserve(char **p, size_t *cap, size_t need, size_t first);
+
 #endif

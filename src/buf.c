@@ -223,3 +223,21 @@ sl_buf_peek(const struct sl_buf *b, void *p, size_t n)
 	}
 	return done;
 }
+
+int
+sl_bytes_reserve(char **p, size_t *cap, size_t need, size_t first)
+{
+	size_t nc;
+	char *np;
+
+	if (need <= *cap)
+		return 0;
+	nc = *cap ? *cap : first;
+	while (nc < need)
+		nc *= 2;
+	if ((np = realloc(*p, nc)) == NULL)
+		return -1;
+	*p = np;
+	*cap = nc;
+	return 0;
+}

@@ -30,6 +30,7 @@
 #include <ev.h>
 #include <nghttp2/nghttp2.h>
 
+#include "sl_buf.h"
 #include "sl_exchange.h"
 #include "sl_h2.h"
 #include "sl_log.h"
@@ -300,17 +301,8 @@ on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 static int
 head_add(struct h2_stream *st, const char *p, size_t n)
 {
-	if (st->hlen + n > st->hcap) {
-		size_t cap = st->hcap ? st->hcap : 512;
-		char *nb;
-
-		while (cap < st->hlen + n)
-			cap *= 2;
-		if ((nb = realloc(st->head, cap)) == NULL)
-			return -1;
-		st->head = nb;
-		st->hcap = cap;
-	}
+	if (sl_bytes_reserve(&st->head, &st->hcap, st->hlen + n, 512) == -1)
+		return -1;
 	memcpy(st->head + st->hlen, p, n);
 	st->hlen += n;
 	return 0;
@@ -636,18 +628,10 @@ h2_send(struct sl_h2 *h)
 			}
 			if (k == 0)
 				break;
-			if (h->wlen + (size_t)k > h->wcap) {
-				size_t cap = h->wcap ? h->wcap : OUT_BATCH;
-				char *nb;
-
-				while (cap < h->wlen + (size_t)k)
-					cap *= 2;
-				if ((nb = realloc(h->wbuf, cap)) == NULL) {
-					h2_close(h);
-					return -1;
-				}
-				h->wbuf = nb;
-				h->wcap = cap;
+			if (sl_bytes_reserve(&h->wbuf, &h->wcap,
+			    h->wlen + (size_t)k, OUT_BATCH) == -1) {
+				h2_close(h);
+				return -1;
 			}
 			memcpy(h->wbuf + h->wlen, d, (size_t)k);
 			h->wlen += (size_t)k;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "sl_buf.h"
 #include "sl_model.h"
 
 /* ---- reading the model ------------------------------------------------ */
@@ -731,17 +732,8 @@ mrw_put(struct sl_mrw_buf *o, const char *p, size_t n)
 {
 	if (n == 0)
 		return 0;
-	if (o->len + n > o->cap) {
-		size_t nc = o->cap ? o->cap : 4096;
-		char *np;
-
-		while (nc < o->len + n)
-			nc *= 2;
-		if ((np = realloc(o->p, nc)) == NULL)
-			return -1;
-		o->p = np;
-		o->cap = nc;
-	}
+	if (sl_bytes_reserve(&o->p, &o->cap, o->len + n, 4096) == -1)
+		return -1;
 	memcpy(o->p + o->len, p, n);
 	o->len += n;
 	return 0;

@@ -3982,17 +3982,8 @@ sl_exchange_input(struct sl_conn *c, const void *p, size_t n, size_t raw)
 		c->xin_off = 0;
 		c->xin_len = keep;
 	}
-	if (c->xin_len + n > c->xin_cap) {
-		size_t cap = c->xin_cap ? c->xin_cap : 1024;
-		char *nb;
-
-		while (cap < c->xin_len + n)
-			cap *= 2;
-		if ((nb = realloc(c->xin, cap)) == NULL)
-			return -1;
-		c->xin = nb;
-		c->xin_cap = cap;
-	}
+	if (sl_bytes_reserve(&c->xin, &c->xin_cap, c->xin_len + n, 1024) == -1)
+		return -1;
 	memcpy(c->xin + c->xin_len, p, n);
 	c->xin_len += n;
 	c->xin_raw += raw;
