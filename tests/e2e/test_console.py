@@ -289,8 +289,12 @@ def test_status_json_counts_queued_requests_per_tenant_and_pool():
             for key in (ACME_KEY, ACME_KEY, BETA_KEY):
                 c, _ = gw.open_stream(key=key, events=1, interval=0, read_head=False)
                 waiters.append(c)
-            doc = wait_status(gw, lambda d: d["upstreams"][0]["waiting"] == 3,
-                              msg="three waiters")
+            # The pool's and the tenants' counts move a moment apart (each
+            # one atomic, read without a lock): wait for all three.
+            doc = wait_status(gw, lambda d: d["upstreams"][0]["waiting"] == 3 and
+                              tenant(d, "acme")["waiting"] == 2 and
+                              tenant(d, "beta")["waiting"] == 1,
+                              msg="three waiters, two of acme, one of beta")
             assert tenant(doc, "acme")["waiting"] == 2
             assert tenant(doc, "beta")["waiting"] == 1
             assert tenant(doc, "acme")["streams"] == 2     # a waiter holds its slot
