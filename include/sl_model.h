@@ -10,8 +10,19 @@
  *   - a JSON object body: its FIRST top-level "model" member, key and value
  *     compared with their escapes decoded; nested or later ones do not
  *     count. A member that is not a string is a 400.
- *   - a multipart/form-data body: its first form field named "model".
+ *   - a multipart/form-data body: its form field named "model", read
+ *     strictly (read_form in model.c): a body a runner could read another
+ *     way is AMBIGUOUS - no boundary or two, a preamble, a delimiter
+ *     followed by more than CRLF or "--", a part head that is not plain
+ *     "name: value" lines, two Content-Disposition headers, name*=, a
+ *     name that is "model" only once decoded or case-folded, two "model"
+ *     fields, a part or body that does not end.
+ *   - an application/x-www-form-urlencoded body: no model, but AMBIGUOUS
+ *     when a key decodes to "model" (sluice does not read forms).
+ *   - a body json.loads reads as UTF-16/32 (sl_json_wide): AMBIGUOUS.
  *   - anything else (no body, not JSON): no model.
+ * An AMBIGUOUS body is a 400 for every tenant: sluice routes and checks
+ * the allow-list by the model, and never passes on one it could not read.
  */
 #ifndef SL_MODEL_H
 #define SL_MODEL_H
@@ -25,7 +36,8 @@ enum sl_model_kind {
 	SL_MODEL_NONE = 0,     /* no body, not JSON, no "model" member */
 	SL_MODEL_NAMED,        /* name/len hold it */
 	SL_MODEL_NOT_STRING,   /* "model" is there but not a string */
-	SL_MODEL_BAD_JSON      /* a body that is not a JSON object */
+	SL_MODEL_BAD_JSON,     /* a body that is not a JSON object */
+	SL_MODEL_AMBIGUOUS     /* a body a runner may read otherwise: why */
 };
 
 /* What a request body names. */
@@ -40,6 +52,7 @@ struct sl_model_req {
 	                        * string token, quotes included; form: the
 	                        * field's bytes) */
 	size_t count;          /* JSON: top-level "model" members */
+	const char *why;       /* AMBIGUOUS: what (static, no quotes) */
 };
 
 /*

@@ -38,6 +38,14 @@ name_sink(void *arg, const unsigned char *b, size_t n)
 	return 0;
 }
 
+/* Refuse: the body cannot be read the one way every reader would. */
+static void
+ambiguous(struct sl_model_req *r, const char *why)
+{
+	r->kind = SL_MODEL_AMBIGUOUS;
+	r->why = why;
+}
+
 static void
 read_json(const char *body, size_t len, struct sl_model_req *r)
 {
@@ -45,7 +53,15 @@ read_json(const char *body, size_t len, struct sl_model_req *r)
 	struct name_sink s = { r };
 
 	if (sl_json_object_first(body, len, &f) < 0) {
-		r->kind = SL_MODEL_BAD_JSON;
+		/*
+		 * json.loads(bytes) reads UTF-16 and UTF-32 too (a Python
+		 * runner would find the model sluice cannot): refused.
+		 */
+		if (sl_json_wide(body, len))
+			ambiguous(r, "a JSON body in UTF-16 or UTF-32 (sluice "
+			    "reads UTF-8, as RFC 8259 requires)");
+		else
+			r->kind = SL_MODEL_BAD_JSON;
 		return;
 	}
 	r->count = f.count;
@@ -61,128 +77,383 @@ read_json(const char *body, size_t len, struct sl_model_req *r)
 	r->name[r->len] = '\0';
 }
 
-/* Case-insensitive: does p[0..n) start with lit? */
 static int
-starts_ci(const char *p, size_t n, const char *lit)
+is_tchar(unsigned char c)
 {
-	size_t l = strlen(lit);
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+	    (c >= '0' && c <= '9') || (c != '\0' &&
+	    strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
 
-	return n >= l && strncasecmp(p, lit, l) == 0;
+static size_t
+ows(const char *v, size_t n, size_t i)
+{
+	while (i < n && (v[i] == ' ' || v[i] == '\t'))
+		i++;
+	return i;
 }
 
 /*
- * A parameter's value in a header value (";"-separated, name=value or
- * name="value", names case-insensitive): its span in v, or -1. A quoted
- * value is taken between its quotes (backslash escapes are not expected
- * in a boundary or a field name).
+ * Does s[0..n), percent-decoded ('+' as a space too when plus), without
+ * the whitespace around it, read "model" in any case? Some reader may take
+ * such a field name for "model": sluice refuses it rather than read it as
+ * another field.
  */
 static int
-header_param(const char *v, size_t n, const char *name, size_t *vs, size_t *ve)
+decodes_to_model(const char *s, size_t n, int plus)
 {
-	size_t i = 0, nl = strlen(name);
+	char d[32];
+	size_t i, o = 0, a = 0;
+	int hi, lo;
 
-	while (i < n) {
-		size_t k;
+	for (i = 0; i < n; i++) {
+		char ch = s[i];
 
-		while (i < n && v[i] != ';')
-			i++;
-		if (i >= n)
-			return -1;
-		i++;
-		while (i < n && (v[i] == ' ' || v[i] == '\t'))
-			i++;
-		if (n - i > nl && strncasecmp(v + i, name, nl) == 0 &&
-		    v[i + nl] == '=') {
-			k = i + nl + 1;
-			if (k < n && v[k] == '"') {
-				*vs = ++k;
-				while (k < n && v[k] != '"')
-					k++;
-				if (k >= n)
-					return -1;
-				*ve = k;
-			} else {
-				*vs = k;
-				while (k < n && v[k] != ';' && v[k] != ' ' &&
-				    v[k] != '\t')
-					k++;
-				*ve = k;
-			}
-			return 0;
+		if (ch == '+' && plus)
+			ch = ' ';
+		else if (ch == '%' && n - i >= 3 &&
+		    (hi = sl_json_hexval(s[i + 1])) >= 0 &&
+		    (lo = sl_json_hexval(s[i + 2])) >= 0) {
+			ch = (char)(hi << 4 | lo);
+			i += 2;
 		}
+		if (o == sizeof(d))
+			return 0;
+		d[o++] = ch;
 	}
-	return -1;
+	while (a < o && (d[a] == ' ' || d[a] == '\t'))
+		a++;
+	while (o > a && (d[o - 1] == ' ' || d[o - 1] == '\t'))
+		o--;
+	return o - a == 5 && strncasecmp(d + a, "model", 5) == 0;
 }
 
 /*
- * multipart/form-data (RFC 7578): the first part whose Content-Disposition
- * names the field "model".
+ * A header value's main part (before its parameters) is `type`, compared
+ * case-insensitively?
+ */
+static int
+media_type_is(const char *v, size_t n, const char *type)
+{
+	size_t l = strlen(type), i = ows(v, n, 0);
+
+	if (n - i < l || strncasecmp(v + i, type, l) != 0)
+		return 0;
+	i = ows(v, n, i + l);
+	return i == n || v[i] == ';';
+}
+
+/*
+ * One parameter of a header value (Content-Type, a part's
+ * Content-Disposition): name=value after a ';'.
+ */
+struct hparam {
+	size_t ns, ne;          /* its name */
+	size_t vs, ve;          /* its value, without quotes */
+	int escapes;            /* a backslash in a quoted value */
+};
+
+/*
+ * The next parameter of v from *i (0 at the start: the main value is
+ * skipped). 1 with *p set, 0 at the end, -1 when the value cannot be read
+ * unambiguously. Python runners (python-multipart's parse_options_header,
+ * the email package) drop whitespace around names, '=' and values, keep
+ * the last of a repeated name and decode RFC 2231's name*=; RFC 9110 reads
+ * quoted-pairs. What those readings could disagree on is refused: a value
+ * that is neither a token nor one quoted-string, an escaped quote or
+ * backslash (the email package counts quotes, RFC 9110 unescapes), a
+ * parameter without '=', a comma or quote in the main value.
+ */
+static int
+next_param(const char *v, size_t n, size_t *i, struct hparam *p)
+{
+	size_t k = *i;
+
+	if (k == 0)
+		for (; k < n && v[k] != ';'; k++)
+			if (v[k] == '"' || v[k] == ',')
+				return -1;
+	k = ows(v, n, k);
+	if (k >= n)
+		return 0;
+	if (v[k] != ';')
+		return -1;
+	k = ows(v, n, k + 1);
+	if (k >= n)
+		return 0;   /* a trailing ';' */
+	memset(p, 0, sizeof(*p));
+	p->ns = k;
+	while (k < n && is_tchar((unsigned char)v[k]))
+		k++;
+	p->ne = k;
+	k = ows(v, n, k);
+	if (p->ne == p->ns || k >= n || v[k] != '=')
+		return -1;
+	k = ows(v, n, k + 1);
+	if (k < n && v[k] == '"') {
+		p->vs = ++k;
+		for (; k < n && v[k] != '"'; k++) {
+			if (v[k] != '\\')
+				continue;
+			p->escapes = 1;
+			if (k + 1 < n && (v[k + 1] == '"' || v[k + 1] == '\\'))
+				return -1;
+		}
+		if (k >= n)
+			return -1;   /* no closing quote */
+		p->ve = k++;
+	} else {
+		p->vs = k;
+		while (k < n && is_tchar((unsigned char)v[k]))
+			k++;
+		if ((p->ve = k) == p->vs)
+			return -1;
+	}
+	k = ows(v, n, k);
+	if (k < n && v[k] != ';')
+		return -1;
+	*i = k;
+	return 1;
+}
+
+/* Is the parameter's name `name` (case-insensitive)? */
+static int
+param_is(const char *v, const struct hparam *p, const char *name)
+{
+	size_t l = strlen(name);
+
+	return p->ne - p->ns == l && strncasecmp(v + p->ns, name, l) == 0;
+}
+
+/* `name*`, `name*0`, `name*0*`: RFC 2231 / 8187, which sluice does not decode. */
+static int
+param_starred(const char *v, const struct hparam *p, const char *name)
+{
+	size_t l = strlen(name);
+
+	return p->ne - p->ns > l && strncasecmp(v + p->ns, name, l) == 0 &&
+	    v[p->ns + l] == '*';
+}
+
+/*
+ * A part's head, b[hs..he) (lines that each end in CRLF): *is_model when
+ * its Content-Disposition names the field "model". 0, or -1 with r set to
+ * SL_MODEL_AMBIGUOUS.
+ */
+static int
+read_part_head(const char *b, size_t hs, size_t he, int *is_model,
+    struct sl_model_req *r)
+{
+	size_t k = hs;
+	int cd = 0, coded = 0;
+
+	*is_model = 0;
+	while (k < he) {
+		const char *line = b + k, *v;
+		size_t ll = (size_t)((const char *)memmem(line, he - k, "\r\n", 2) -
+		    line), c, vl, i;
+		struct hparam p;
+		int rc, names = 0;
+
+		k += ll + 2;
+		if (memchr(line, '\r', ll) != NULL || memchr(line, '\n', ll) != NULL) {
+			ambiguous(r, "a part header with a bare CR or LF");
+			return -1;
+		}
+		for (c = 0; c < ll && is_tchar((unsigned char)line[c]); c++)
+			;
+		if (c == 0 || c == ll || line[c] != ':') {
+			ambiguous(r, ll > 0 && (line[0] == ' ' || line[0] == '\t') ?
+			    "a folded part header" : "a part header that is not "
+			    "name: value");
+			return -1;
+		}
+		v = line + c + 1;
+		vl = ll - c - 1;
+		if (c == 25 && strncasecmp(line, "content-transfer-encoding", 25) ==
+		    0) {
+			i = ows(v, vl, 0);
+			coded |= !(media_type_is(v + i, vl - i, "7bit") ||
+			    media_type_is(v + i, vl - i, "8bit") ||
+			    media_type_is(v + i, vl - i, "binary"));
+			continue;
+		}
+		if (!(c == 19 && strncasecmp(line, "content-disposition", 19) == 0))
+			continue;
+		if (cd++) {
+			ambiguous(r, "a part with two Content-Disposition headers");
+			return -1;
+		}
+		for (i = 0; (rc = next_param(v, vl, &i, &p)) == 1;) {
+			if (param_starred(v, &p, "name")) {
+				ambiguous(r, "an encoded form field name (name*=), "
+				    "which sluice does not decode");
+				return -1;
+			}
+			if (!param_is(v, &p, "name"))
+				continue;
+			if (names++) {
+				ambiguous(r, "a part that names its field twice");
+				return -1;
+			}
+			if (p.escapes) {
+				ambiguous(r, "a form field name with a backslash");
+				return -1;
+			}
+			if (p.ve - p.vs == 5 && memcmp(v + p.vs, "model", 5) == 0)
+				*is_model = 1;
+			else if (decodes_to_model(v + p.vs, p.ve - p.vs, 0)) {
+				ambiguous(r, "a form field name that is 'model' "
+				    "only when decoded, trimmed or case-folded");
+				return -1;
+			}
+		}
+		if (rc < 0) {
+			ambiguous(r, "a Content-Disposition sluice cannot read "
+			    "unambiguously");
+			return -1;
+		}
+	}
+	if (*is_model && coded) {
+		ambiguous(r, "a 'model' field with a Content-Transfer-Encoding");
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * multipart/form-data (RFC 7578), read strictly: the body opens with its
+ * boundary, every "CRLF--boundary" in it is a delimiter followed by CRLF
+ * or "--", every part head is "name: value" lines, and the field "model"
+ * appears at most once. python-multipart (vLLM's transcriptions, through
+ * Starlette) keeps the last field of a name and its own reading of the
+ * rest; whatever it or another reader could read otherwise is refused.
  */
 static void
 read_form(const char *body, size_t len, const char *ctype, size_t ctlen,
     struct sl_model_req *r)
 {
-	char delim[80];
-	size_t bs, be, dl, i;
-	const char *p;
+	char delim[4 + 70];
+	size_t bs = 0, be = 0, dl, i = 0, ms = 0, me = 0, n;
+	struct hparam p;
+	int rc, nb = 0, nmodel = 0;
 
-	if (header_param(ctype, ctlen, "boundary", &bs, &be) < 0 ||
-	    be - bs < 1 || be - bs > 70)
+	while ((rc = next_param(ctype, ctlen, &i, &p)) == 1) {
+		if (param_starred(ctype, &p, "boundary")) {
+			ambiguous(r, "an encoded boundary (boundary*=)");
+			return;
+		}
+		if (!param_is(ctype, &p, "boundary"))
+			continue;
+		if (nb++) {
+			ambiguous(r, "a Content-Type with two boundary parameters");
+			return;
+		}
+		if (p.escapes) {
+			ambiguous(r, "a boundary with a backslash");
+			return;
+		}
+		bs = p.vs;
+		be = p.ve;
+	}
+	if (rc < 0) {
+		ambiguous(r, "a Content-Type sluice cannot read unambiguously");
 		return;
+	}
+	if (nb == 0 || be - bs < 1 || be - bs > 70) {
+		ambiguous(r, "a multipart/form-data body without a boundary of "
+		    "1 to 70 characters");
+		return;
+	}
 	dl = 4 + (be - bs);
 	memcpy(delim, "\r\n--", 4);
 	memcpy(delim + 4, ctype + bs, be - bs);
-	/* The first delimiter may open the body, without its CRLF. */
-	if (len >= dl - 2 && memcmp(body, delim + 2, dl - 2) == 0)
+	/* No preamble: readers differ on one (python-multipart refuses it). */
+	if (len >= dl && memcmp(body, delim, dl) == 0)
+		i = dl;
+	else if (len >= dl - 2 && memcmp(body, delim + 2, dl - 2) == 0)
 		i = dl - 2;
-	else if ((p = memmem(body, len, delim, dl)) != NULL)
-		i = (size_t)(p - body) + dl;
-	else
+	else {
+		ambiguous(r, "a multipart body that does not open with its "
+		    "boundary");
 		return;
+	}
 	for (;;) {
-		size_t hs, he, ve, k;
-		int is_model = 0;
+		size_t hs, he, cs;
+		const char *q;
+		int is_model;
 
 		if (len - i >= 2 && body[i] == '-' && body[i + 1] == '-')
-			return;   /* the closing delimiter */
-		if ((p = memmem(body + i, len - i, "\r\n", 2)) == NULL)
+			break;   /* the close delimiter; the epilogue is no part */
+		if (len - i < 2 || body[i] != '\r' || body[i + 1] != '\n') {
+			ambiguous(r, len - i < 2 ? "a multipart body that ends "
+			    "without its close delimiter" : body[i] == '\n' ?
+			    "a line that ends in LF alone, not CRLF" : "a "
+			    "boundary followed by more than CRLF or '--'");
 			return;
-		hs = (size_t)(p - body) + 2;
-		if ((p = memmem(body + hs - 2, len - hs + 2, "\r\n\r\n", 4)) ==
-		    NULL)
-			return;
-		he = (size_t)(p - body) + 2;   /* past the last header's CRLF */
-		for (k = hs; k < he;) {
-			const char *eol = memmem(body + k, he - k, "\r\n", 2);
-			size_t ll = (size_t)(eol - (body + k)), vs, vend;
-
-			if (starts_ci(body + k, ll, "content-disposition:") &&
-			    header_param(body + k, ll, "name", &vs, &vend) == 0 &&
-			    vend - vs == 5 && memcmp(body + k + vs, "model", 5) == 0)
-				is_model = 1;
-			k += ll + 2;
 		}
-		k = he + 2;   /* the content */
-		if ((p = memmem(body + k, len - k, delim, dl)) == NULL)
+		hs = i + 2;
+		if (len - hs >= 2 && body[hs] == '\r' && body[hs + 1] == '\n')
+			he = hs;   /* no header lines */
+		else if ((q = memmem(body + hs, len - hs, "\r\n\r\n", 4)) != NULL)
+			he = (size_t)(q - body) + 2;
+		else {
+			ambiguous(r, "a part whose head does not end");
 			return;
-		ve = (size_t)(p - body);
+		}
+		if (read_part_head(body, hs, he, &is_model, r) < 0)
+			return;
+		cs = he + 2;
+		if ((q = memmem(body + cs, len - cs, delim, dl)) == NULL) {
+			ambiguous(r, "a part that does not end with the boundary");
+			return;
+		}
 		if (is_model) {
-			size_t n = ve - k;
-
-			r->kind = SL_MODEL_NAMED;
-			r->form = 1;
-			r->v.vs = k;
-			r->v.ve = ve;
-			if (n > SL_MODEL_NAME_MAX) {
-				n = SL_MODEL_NAME_MAX;
-				r->too_long = 1;
+			if (nmodel++) {
+				ambiguous(r, "more than one 'model' form field");
+				return;
 			}
-			memcpy(r->name, body + k, n);
-			r->name[n] = '\0';
-			r->len = n;
+			ms = cs;
+			me = (size_t)(q - body);
+		}
+		i = (size_t)(q - body) + dl;
+	}
+	if (nmodel == 0)
+		return;
+	r->kind = SL_MODEL_NAMED;
+	r->form = 1;
+	r->v.vs = ms;
+	r->v.ve = me;
+	if ((n = me - ms) > SL_MODEL_NAME_MAX) {
+		n = SL_MODEL_NAME_MAX;
+		r->too_long = 1;
+	}
+	memcpy(r->name, body + ms, n);
+	r->name[n] = '\0';
+	r->len = n;
+}
+
+/*
+ * application/x-www-form-urlencoded: sluice reads no model from it, and a
+ * runner's form reader (Starlette) would; a key that decodes to "model"
+ * (in any case) is refused.
+ */
+static void
+read_urlencoded(const char *b, size_t len, struct sl_model_req *r)
+{
+	size_t i = 0, s, k;
+
+	while (i < len) {
+		for (s = i; i < len && b[i] != '&' && b[i] != ';'; i++)
+			;
+		for (k = s; k < i && b[k] != '='; k++)
+			;
+		if (decodes_to_model(b + s, k - s, 1)) {
+			ambiguous(r, "a 'model' in an application/"
+			    "x-www-form-urlencoded body, which sluice does not read");
 			return;
 		}
-		i = ve + dl;
+		i++;
 	}
 }
 
@@ -193,8 +464,13 @@ sl_model_read(const char *body, size_t len, const char *ctype, size_t ctlen,
 	memset(out, 0, sizeof(*out));
 	if (len == 0 || body == NULL)
 		return;
-	if (ctype != NULL && starts_ci(ctype, ctlen, "multipart/form-data")) {
+	if (ctype != NULL && media_type_is(ctype, ctlen, "multipart/form-data")) {
 		read_form(body, len, ctype, ctlen, out);
+		return;
+	}
+	if (ctype != NULL && media_type_is(ctype, ctlen,
+	    "application/x-www-form-urlencoded")) {
+		read_urlencoded(body, len, out);
 		return;
 	}
 	read_json(body, len, out);
@@ -427,6 +703,13 @@ sl_model_route(struct sl_models *s, const struct sl_config *cfg, size_t t,
 	switch (r.kind) {
 	case SL_MODEL_NOT_STRING:
 		refuse(out, 400, "bad_request", "'model' must be a string");
+		return 0;
+	case SL_MODEL_AMBIGUOUS:
+		/* Whatever the tenant's upstream: unread is unchecked. */
+		snprintf(out->message, sizeof(out->message), "the request body "
+		    "cannot be read unambiguously: %s", r.why);
+		out->status = 400;
+		out->code = "bad_request";
 		return 0;
 	case SL_MODEL_BAD_JSON:
 	case SL_MODEL_NONE:

@@ -2630,6 +2630,33 @@ fail:
 }
 
 /*
+ * Where the body decides the route and the allow-list: a head that leaves
+ * its reading open. Two Content-Type headers (which one a runner takes is
+ * its own choice), or a body in a Content-Encoding sluice does not undo
+ * (a runner that did would read a model sluice never saw). NULL, or what
+ * is wrong, for the 400.
+ */
+static const char *
+conn_body_unreadable(const struct sl_conn *c)
+{
+	const char *name, *value;
+	size_t i, nlen, vlen;
+	int ncts = 0;
+
+	for (i = 0; sl_req_header_at(&c->req, i, &name, &nlen, &value,
+	    &vlen) == 0; i++) {
+		if (sl_http_name_is(name, nlen, "content-type") && ncts++)
+			return "two Content-Type headers";
+		if (c->req.body_len > 0 &&
+		    sl_http_name_is(name, nlen, "content-encoding") &&
+		    !(vlen == 8 && strncasecmp(value, "identity", 8) == 0))
+			return "a Content-Encoding, which sluice does not decode "
+			    "to read the model";
+	}
+	return NULL;
+}
+
+/*
  * Choose the request's upstream: its tenant's, or with models: the one the
  * model its body names resolves to (sl_model.h), the body rewritten for
  * that target. Returns 0, or -1 when the request was answered here (400,
@@ -2640,7 +2667,7 @@ conn_route_model(struct sl_conn *c)
 {
 	const struct sl_config *cfg = c->w->cfg;
 	struct sl_route r;
-	const char *ct;
+	const char *ct, *why;
 	size_t ctlen = 0;
 
 	c->model = -1;
@@ -2648,6 +2675,15 @@ conn_route_model(struct sl_conn *c)
 	if (cfg->models == NULL)
 		return 0;
 	ct = sl_req_header(&c->req, "content-type", &ctlen);
+	if ((why = conn_body_unreadable(c)) != NULL) {
+		char msg[200];
+
+		snprintf(msg, sizeof(msg), "the request body cannot be read "
+		    "unambiguously: %s", why);
+		conn_error(c, 400, "invalid_request_error", "bad_request", msg,
+		    0, 0);
+		return -1;
+	}
 	if (sl_model_route(c->w->models, cfg, (size_t)c->tenant, c->req.body,
 	    c->req.body_len, ct, ctlen, &r) == -1) {
 		conn_error(c, 502, "upstream_error", "upstream_unreachable",

@@ -123,8 +123,8 @@ test_read_multipart_model_field(void **state)
 	    "content-disposition: form-data; name=\"model\"\r\n\r\n"
 	    "whisper-1\r\n"
 	    "--XyZ\r\n"
-	    "Content-Disposition: form-data; name=\"model\"\r\n\r\n"
-	    "second\r\n"
+	    "Content-Disposition: form-data; name=\"language\"\r\n\r\n"
+	    "en\r\n"
 	    "--XyZ--\r\n";
 	struct sl_model_req r;
 	char *out;
@@ -142,13 +142,157 @@ test_read_multipart_model_field(void **state)
 	    "--XyZ\r\n"));
 	assert_memory_equal(out, body, r.v.vs);
 	free(out);
-	/* A quoted boundary; no model field: none. */
-	sl_model_read("--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n"
-	    "1\r\n--b--\r\n", 52, "Multipart/Form-Data; boundary=\"b\"", 34, &r);
+	/* A quoted boundary, spaces around '=' (Python drops them); no model. */
+#define READ_S(b, ct) sl_model_read(b, sizeof(b) - 1, ct, sizeof(ct) - 1, &r)
+	READ_S("--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n"
+	    "1\r\n--b--\r\n", "Multipart/Form-Data; boundary = \"b\"");
 	assert_int_equal(r.kind, SL_MODEL_NONE);
-	/* Not closed: none, never past the end. */
-	sl_model_read("--b\r\nContent-Disposition: form-data; name=model\r\n\r\nab",
-	    53, "multipart/form-data; boundary=b", 31, &r);
+	/* name = "model", as the email package reads it; an epilogue. */
+	READ_S("\r\n--b\r\nContent-Disposition: form-data; name = \"model\""
+	    "\r\n\r\ntiny\r\n--b--\r\nepilogue --b\r\n",
+	    "multipart/form-data; boundary=b");
+	assert_int_equal(r.kind, SL_MODEL_NAMED);
+	assert_string_equal(r.name, "tiny");
+	/* A part without headers, an empty form. */
+	READ_S("--b\r\n\r\nx\r\n--b--", "multipart/form-data;boundary=b");
+	assert_int_equal(r.kind, SL_MODEL_NONE);
+	READ_S("--b--\r\n", "multipart/form-data; boundary=b");
+	assert_int_equal(r.kind, SL_MODEL_NONE);
+#undef READ_S
+}
+
+/*
+ * Issue 31: every multipart body a runner could read another way than
+ * sluice is refused, whatever the tenant (SL_MODEL_AMBIGUOUS).
+ */
+static void
+test_read_multipart_refuses_what_readers_read_differently(void **state)
+{
+	static const struct {
+		const char *ct, *body, *why;
+	} cases[] = {
+		/* the black-box report: a second field, last wins in Python */
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
+		  "whisper-small\r\n--b\r\nContent-Disposition: form-data; "
+		  "name=\"model\"\r\n\r\nwhisper-large-private\r\n--b--\r\n",
+		  "more than one 'model' form field" },
+		{ "multipart/form-data; boundary=XX; boundary=YY",
+		  "--YY\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
+		  "p\r\n--YY--\r\n", "a Content-Type with two boundary parameters" },
+		{ "multipart/form-data; boundary=b; BOUNDARY=c", "--b--",
+		  "a Content-Type with two boundary parameters" },
+		{ "multipart/form-data; boundary*=utf-8''b", "--b--",
+		  "an encoded boundary (boundary*=)" },
+		{ "multipart/form-data", "--b--",
+		  "a multipart/form-data body without a boundary of 1 to 70 "
+		  "characters" },
+		{ "multipart/form-data; boundary=\"b", "--b--",
+		  "a Content-Type sluice cannot read unambiguously" },
+		{ "multipart/form-data; boundary=\"b\\\"c\"", "--b--",
+		  "a Content-Type sluice cannot read unambiguously" },
+		{ "multipart/form-data; boundary", "--b--",
+		  "a Content-Type sluice cannot read unambiguously" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name*=utf-8''model\r\n\r\n"
+		  "p\r\n--b--\r\n", "an encoded form field name (name*=), which "
+		  "sluice does not decode" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name*0=\"mo\"; "
+		  "name*1=\"del\"\r\n\r\np\r\n--b--\r\n", "an encoded form field "
+		  "name (name*=), which sluice does not decode" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"x\"; name=\"model\""
+		  "\r\n\r\np\r\n--b--\r\n", "a part that names its field twice" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"x\"\r\n"
+		  "Content-Disposition: form-data; name=\"model\"\r\n\r\np\r\n--b--",
+		  "a part with two Content-Disposition headers" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\nContent-Disposition: form-data; name=\"model\"\n\np\n--b--\n",
+		  "a line that ends in LF alone, not CRLF" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"model\"\n\np\r\n"
+		  "--b--\r\n", "a part whose head does not end" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nX: 1\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
+		  "p\r\n--b--\r\n", "a part header with a bare CR or LF" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data;\r\n name=\"model\"\r\n\r\n"
+		  "p\r\n--b--\r\n", "a folded part header" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition : form-data; name=\"model\"\r\n\r\n"
+		  "p\r\n--b--\r\n", "a part header that is not name: value" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"Model\"\r\n\r\n"
+		  "p\r\n--b--\r\n", "a form field name that is 'model' only when "
+		  "decoded, trimmed or case-folded" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"mod%65l\"\r\n\r\n"
+		  "p\r\n--b--\r\n", "a form field name that is 'model' only when "
+		  "decoded, trimmed or case-folded" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\" model\"\r\n\r\n"
+		  "p\r\n--b--\r\n", "a form field name that is 'model' only when "
+		  "decoded, trimmed or case-folded" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"mo\\del\"\r\n\r\n"
+		  "p\r\n--b--\r\n", "a form field name with a backslash" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=<model>\r\n\r\n"
+		  "p\r\n--b--\r\n", "a Content-Disposition sluice cannot read "
+		  "unambiguously" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"model\"x\r\n\r\n"
+		  "p\r\n--b--\r\n", "a Content-Disposition sluice cannot read "
+		  "unambiguously" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n"
+		  "Content-Transfer-Encoding: base64\r\n\r\ncA==\r\n--b--\r\n",
+		  "a 'model' field with a Content-Transfer-Encoding" },
+		/* a delimiter followed by something else: data to Python */
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\n"
+		  "x\r\n--bX\r\n--b\r\nContent-Disposition: form-data; "
+		  "name=\"model\"\r\n\r\np\r\n--b--", "a boundary followed by more "
+		  "than CRLF or '--'" },
+		{ "multipart/form-data; boundary=b",
+		  "preamble\r\n--b\r\nContent-Disposition: form-data; "
+		  "name=\"model\"\r\n\r\np\r\n--b--", "a multipart body that does "
+		  "not open with its boundary" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\np",
+		  "a part that does not end with the boundary" },
+		{ "multipart/form-data; boundary=b",
+		  "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\np\r\n--b",
+		  "a multipart body that ends without its close delimiter" },
+		{ "application/x-www-form-urlencoded", "a=1&mod%65l=p",
+		  "a 'model' in an application/x-www-form-urlencoded body, which "
+		  "sluice does not read" },
+		{ "application/x-www-form-urlencoded", "a=1;+MODEL+=p",
+		  "a 'model' in an application/x-www-form-urlencoded body, which "
+		  "sluice does not read" },
+		{ "application/json", "\xff\xfe{\0\"\0m\0\"\0:\0\"\0p\0\"\0}\0",
+		  "a JSON body in UTF-16 or UTF-32 (sluice reads UTF-8, as RFC "
+		  "8259 requires)" },
+	};
+	struct sl_model_req r;
+	size_t i, bl;
+
+	(void)state;
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		bl = strlen(cases[i].body);
+		if (cases[i].why[0] == 'a' && strstr(cases[i].why, "UTF-16"))
+			bl = 20;
+		sl_model_read(cases[i].body, bl, cases[i].ct, strlen(cases[i].ct),
+		    &r);
+		if (r.kind != SL_MODEL_AMBIGUOUS)
+			fail_msg("case %zu: kind %d", i, (int)r.kind);
+		assert_string_equal(r.why, cases[i].why);
+	}
+	/* A urlencoded body without a model key names none. */
+	sl_model_read("a=1&models=2", 12, "application/x-www-form-urlencoded",
+	    33, &r);
 	assert_int_equal(r.kind, SL_MODEL_NONE);
 }
 
@@ -622,6 +766,7 @@ main(void)
 		cmocka_unit_test(test_read_non_string_bad_json_and_no_body),
 		cmocka_unit_test(test_read_too_long_name),
 		cmocka_unit_test(test_read_multipart_model_field),
+		cmocka_unit_test(test_read_multipart_refuses_what_readers_read_differently),
 		cmocka_unit_test(test_rewrite_sets_every_top_level_model),
 		cmocka_unit_test_setup_teardown(test_pick_splits_by_weight_smoothly,
 		    setup, teardown),
