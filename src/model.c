@@ -343,6 +343,14 @@ read_form(const char *body, size_t len, const char *ctype, size_t ctlen,
 			ambiguous(r, "an encoded boundary (boundary*=)");
 			return;
 		}
+		if (param_starred(ctype, &p, "charset") || (param_is(ctype, &p,
+		    "charset") && !(p.ve - p.vs == 5 && strncasecmp(ctype + p.vs,
+		    "utf-8", 5) == 0) && !(p.ve - p.vs == 8 &&
+		    strncasecmp(ctype + p.vs, "us-ascii", 8) == 0))) {
+			/* Starlette decodes names and values by it (UTF-16...) */
+			ambiguous(r, "a form charset other than UTF-8");
+			return;
+		}
 		if (!param_is(ctype, &p, "boundary"))
 			continue;
 		if (nb++) {
@@ -457,6 +465,18 @@ read_urlencoded(const char *b, size_t len, struct sl_model_req *r)
 	}
 }
 
+/* Does p[0..n) hold lit, in any case? */
+static int
+contains_ci(const char *p, size_t n, const char *lit)
+{
+	size_t l = strlen(lit), i;
+
+	for (i = 0; i + l <= n; i++)
+		if (strncasecmp(p + i, lit, l) == 0)
+			return 1;
+	return 0;
+}
+
 void
 sl_model_read(const char *body, size_t len, const char *ctype, size_t ctlen,
     struct sl_model_req *out)
@@ -464,6 +484,17 @@ sl_model_read(const char *body, size_t len, const char *ctype, size_t ctlen,
 	memset(out, 0, sizeof(*out));
 	if (len == 0 || body == NULL)
 		return;
+	/*
+	 * A form type anywhere but as the plain main type: the email package
+	 * reads "multipart/form-data=x; boundary=b" as a form, say.
+	 */
+	if (ctype != NULL && !media_type_is(ctype, ctlen, "multipart/form-data") &&
+	    !media_type_is(ctype, ctlen, "application/x-www-form-urlencoded") &&
+	    (contains_ci(ctype, ctlen, "multipart/form-data") ||
+	    contains_ci(ctype, ctlen, "x-www-form-urlencoded"))) {
+		ambiguous(out, "a Content-Type sluice cannot read unambiguously");
+		return;
+	}
 	if (ctype != NULL && media_type_is(ctype, ctlen, "multipart/form-data")) {
 		read_form(body, len, ctype, ctlen, out);
 		return;

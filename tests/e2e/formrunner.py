@@ -178,7 +178,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             how, model = served_model(body, ctype)
             status, doc = 200, {"served": model, "read": how}
-        except (ParseError, ValueError) as e:
+        except Exception as e:   # Starlette: 400, or 500 (a TypeError)
             status, doc = 400, {"error": str(e)}
         self.server.seen.append((body, ctype))
         out = json.dumps(doc).encode()

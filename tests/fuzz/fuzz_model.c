@@ -14,9 +14,14 @@
  *   - the rewrite to a target parses whenever the input did, its top-level
  *     "model" is the target, and with the model set in the input's tree
  *     both trees are equal; it has the length the spans say.
- * Multipart: a NAMED field's bytes are the name (or its first
- * SL_MODEL_NAME_MAX), inside the body; the rewrite is the body with those
- * bytes replaced.
+ * Multipart (bit 0; with bit 2 the Content-Type is the input up to its
+ * first LF, else "multipart/form-data; boundary=b"): sluice refuses the
+ * body (AMBIGUOUS, with a reason), or the model it checked is the one a
+ * last-wins reader (tests/ref/form_ref.c: python-multipart and Starlette)
+ * serves - the same bytes, or none when sluice read none - under a charset
+ * that reader decodes as sluice does; a NAMED field's bytes are the name
+ * (or its first SL_MODEL_NAME_MAX), inside the body; the rewrite is the
+ * body with those bytes replaced.
  * Answers (sl_mrw, every input; bit 1 of byte 0: an event stream): the
  * output is the same fed whole, split at any byte (every one, for short
  * inputs) or fed twice with the state restored in between (a pause); a
@@ -28,6 +33,7 @@
 
 #include <jansson.h>
 
+#include "form_ref.h"
 #include "fuzz.h"
 #include "sl_model.h"
 
@@ -97,6 +103,9 @@ check_json(const char *in, size_t len)
 		if (len == 0)   /* no body: no model */
 			fz_check(r.kind == SL_MODEL_NONE, "none", "kind %d for no body",
 			    (int)r.kind);
+		else if (r.kind == SL_MODEL_AMBIGUOUS)
+			fz_check(sl_json_wide(in, len), "wide",
+			    "refused as ambiguous, but not UTF-16 or UTF-32");
 		else if (r.kind != SL_MODEL_BAD_JSON)
 			fz_check(python_extension(in, len), "bad-json",
 			    "read a body jansson refuses, with no Python extension");
@@ -140,19 +149,41 @@ check_json(const char *in, size_t len)
 	json_decref(root);
 }
 
+/*
+ * A form under Content-Type ct: sluice refuses it, or the model it checks
+ * is the model a last-wins reader (tests/ref/form_ref.c: python-multipart
+ * and Starlette) serves, and the rewrite replaces exactly its bytes.
+ */
 static void
-check_form(const char *in, size_t len)
+check_form(const char *ct, size_t ctlen, const char *in, size_t len)
 {
-	static const char ct[] = "multipart/form-data; boundary=b";
 	struct sl_model_req r;
+	struct form_ref f;
 	char *out;
 	size_t olen;
+	int ref;
 
-	sl_model_read(in, len, ct, sizeof(ct) - 1, &r);
-	if (r.kind == SL_MODEL_NONE)
+	sl_model_read(in, len, ct, ctlen, &r);
+	if (r.kind == SL_MODEL_AMBIGUOUS) {
+		fz_check(r.why != NULL && *r.why != '\0', "form-why", "no reason");
 		return;
-	fz_check(r.kind == SL_MODEL_NAMED && r.form, "form-kind", "kind %d",
-	    (int)r.kind);
+	}
+	ref = form_ref_read(ct, ctlen, in, len, &f);
+	if (ref == 0 && f.is_form) {
+		fz_check(!f.charset_other, "form-charset",
+		    "read under a charset Starlette decodes otherwise");
+		if (r.kind == SL_MODEL_NAMED)
+			fz_check(f.found && (f.file || (f.vs == r.v.vs &&
+			    f.ve == r.v.ve)), "form-last-wins", "sluice checked "
+			    "%zu..%zu, the runner serves %s %zu..%zu", r.v.vs, r.v.ve,
+			    f.found ? "the field at" : "none", f.vs, f.ve);
+		else
+			fz_check(!f.found, "form-unread", "sluice read no model "
+			    "(kind %d), the runner serves %zu..%zu", (int)r.kind,
+			    f.vs, f.ve);
+	}
+	if (r.kind != SL_MODEL_NAMED || !r.form)
+		return;
 	fz_check(r.v.vs <= r.v.ve && r.v.ve <= len, "form-span", "%zu..%zu of %zu",
 	    r.v.vs, r.v.ve, len);
 	fz_check(r.len == (r.v.ve - r.v.vs > SL_MODEL_NAME_MAX ? SL_MODEL_NAME_MAX :
@@ -286,9 +317,19 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 1)
 		return 0;
-	if (data[0] & 1)
-		check_form((const char *)data + 1, size - 1);
-	else
+	if ((data[0] & 5) == 5) {
+		/* The Content-Type too: up to the first LF, the body after it. */
+		const char *in = (const char *)data + 1, *nl = memchr(in, '\n',
+		    size - 1);
+		size_t cl = nl != NULL ? (size_t)(nl - in) : size - 1;
+
+		check_form(in, cl, nl != NULL ? nl + 1 : in + cl,
+		    size - 1 - cl - (nl != NULL));
+	} else if (data[0] & 1) {
+		static const char ct[] = "multipart/form-data; boundary=b";
+
+		check_form(ct, sizeof(ct) - 1, (const char *)data + 1, size - 1);
+	} else
 		check_json((const char *)data + 1, size - 1);
 	check_mrw((const char *)data + 1, size - 1, (data[0] & 2) != 0);
 	return 0;
