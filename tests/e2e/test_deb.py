@@ -56,6 +56,13 @@ def _git_status(src):
                   if line and "__pycache__" not in line and not line.endswith(".pyc"))
 
 
+def _admin_listen(path):
+    """The admin_listen a configuration file sets (its uncommented line), or None."""
+    found = re.findall(r'^admin_listen:\s*"?([^"\s#]+)"?\s*(?:#.*)?$', _read(path), re.M)
+    assert len(found) <= 1, "%s sets admin_listen %d times" % (path, len(found))
+    return found[0] if found else None
+
+
 def _unit_keys(text):
     keys = {}
     for line in text.split("\n"):
@@ -195,6 +202,10 @@ def test_deb_package_builds_lintian_clean_with_program_man_pages_conffile_user_a
     assert stat.S_IMODE(os.stat(root + CONF).st_mode) == 0o640
     assert _read(root + CONF, "rb") == _read(os.path.join(src, "etc", "sluice.yaml"), "rb"), \
         "the packaged %s is not etc/sluice.yaml" % CONF
+    # Installed from the package, the console is on, on loopback only.
+    assert _admin_listen(root + CONF) == "127.0.0.1:9090", \
+        "the packaged %s has admin_listen %r, not \"127.0.0.1:9090\"" % (
+            CONF, _admin_listen(root + CONF))
     for page, rel in (("man8/sluice.8.gz", "man/sluice.8"),
                       ("man5/sluice.yaml.5.gz", "man/sluice.yaml.5")):
         with gzip.open(root + "/usr/share/man/" + page, "rb") as g:

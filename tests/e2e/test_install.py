@@ -52,6 +52,14 @@ def _make(builddir, *targets, destdir):
                                                       err[-2000:])
 
 
+def _admin_listen(path):
+    """The admin_listen a configuration file sets (its uncommented line), or None."""
+    with open(path) as f:
+        found = re.findall(r'^admin_listen:\s*"?([^"\s#]+)"?\s*(?:#.*)?$', f.read(), re.M)
+    assert len(found) <= 1, "%s sets admin_listen %d times" % (path, len(found))
+    return found[0] if found else None
+
+
 def _files_under(d):
     found = []
     for root, _, files in os.walk(d):
@@ -94,6 +102,11 @@ def test_make_install_puts_program_man_pages_and_sample_under_the_prefix_and_uni
     rc, out, err = _run([installed["program"], "-t", "-c", installed["sample"]], timeout=10)
     assert rc == 0, "installed sample fails sluice -t (%d): %s%s" % (rc, out, err)
     assert out == "%s: ok\n" % installed["sample"], "sluice -t printed %r" % out
+    # The console is on as installed, on loopback only (issue 31): an
+    # operator opens http://127.0.0.1:9090/ on the machine.
+    assert _admin_listen(installed["sample"]) == "127.0.0.1:9090", \
+        "the installed sample's admin_listen is %r, not \"127.0.0.1:9090\"" % \
+        _admin_listen(installed["sample"])
     rc, out, err = _run([installed["program"], "-V"], timeout=10)
     assert rc == 0 and out.strip(), (rc, out, err)
     # Nothing else is installed.
