@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """The Debian package (debian/, `./quickstart deb`): built from the tree
 with dpkg-buildpackage, unpacked into a throw-away root (never the real
 one), its files, modes, conffile and unit checked, the shipped binary run
@@ -206,6 +207,12 @@ def test_deb_package_builds_lintian_clean_with_program_man_pages_conffile_user_a
     assert _admin_listen(root + CONF) == "127.0.0.1:9090", \
         "the packaged %s has admin_listen %r, not \"127.0.0.1:9090\"" % (
             CONF, _admin_listen(root + CONF))
+    # The license, once: debian/copyright, machine-readable, naming it.
+    assert _read(root + "/usr/share/doc/sluice/copyright", "rb") == \
+        _read(os.path.join(src, "debian", "copyright"), "rb")
+    assert "\nLicense: BSD-2-Clause\n" in _read(root + "/usr/share/doc/sluice/copyright")
+    assert not os.path.exists(root + "/usr/share/doc/sluice/LICENSE"), \
+        "the package carries LICENSE beside its copyright file"
     for page, rel in (("man8/sluice.8.gz", "man/sluice.8"),
                       ("man5/sluice.yaml.5.gz", "man/sluice.yaml.5")):
         with gzip.open(root + "/usr/share/man/" + page, "rb") as g:

@@ -1,5 +1,7 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """`make install` / `make uninstall` with DESTDIR, the installed sample
-config, the man pages (lint clean, they render) and the systemd unit."""
+config and LICENSE, the man pages (lint clean, they render) and the systemd
+unit."""
 
 import os
 import re
@@ -80,6 +82,7 @@ def test_make_install_puts_program_man_pages_and_sample_under_the_prefix_and_uni
         "sluice.8": os.path.join(v["mandir"], "man8", "sluice.8"),
         "sluice.yaml.5": os.path.join(v["mandir"], "man5", "sluice.yaml.5"),
         "sample": os.path.join(v["sysconfdir"], "sluice", "sluice.yaml"),
+        "LICENSE": os.path.join(v["docdir"], "LICENSE"),
     }
     if prefix == "/usr/local":
         assert want == {
@@ -87,6 +90,7 @@ def test_make_install_puts_program_man_pages_and_sample_under_the_prefix_and_uni
             "sluice.8": "/usr/local/share/man/man8/sluice.8",
             "sluice.yaml.5": "/usr/local/share/man/man5/sluice.yaml.5",
             "sample": "/usr/local/etc/sluice/sluice.yaml",
+            "LICENSE": "/usr/local/share/doc/sluice/LICENSE",
         }, want
     installed = {k: destdir + p for k, p in want.items()}
     for k, p in installed.items():
@@ -95,7 +99,7 @@ def test_make_install_puts_program_man_pages_and_sample_under_the_prefix_and_uni
     assert os.access(installed["program"], os.X_OK)
     src = _srcdir()
     for k, rel in (("sluice.8", "man/sluice.8"), ("sluice.yaml.5", "man/sluice.yaml.5"),
-                   ("sample", "etc/sluice.yaml")):
+                   ("sample", "etc/sluice.yaml"), ("LICENSE", "LICENSE")):
         with open(installed[k], "rb") as a, open(os.path.join(src, rel), "rb") as b:
             assert a.read() == b.read(), "installed %s differs from %s" % (k, rel)
     # The installed program checks the installed sample.
