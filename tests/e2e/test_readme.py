@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """README.md stays true: its layout names every source file, every file,
 image and link it points to exists, its commands are quickstart's, its
 configuration passes `sluice -t`, and its test-time claim agrees with
