@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Regenerate the build system (configure, Makefile.in) from configure.ac and Makefile.am.
 set -e
 cd "$(dirname "$0")"

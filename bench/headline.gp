@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 # The chart of README.md's headline table: five results of sluice, nginx and
 # HAProxy, each from the latest run in bench/RESULTS.md (the figures below are
 # copied from there; change both together). Run from the repository's root:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sluice-load: a closed-loop load generator for SSE streams and finite
  * HTTP requests, on one libev loop.

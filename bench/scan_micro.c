@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * scan-micro: CPU cost of the SSE usage scanner per byte, the reference
  * (byte-at-a-time) scanner of tests/ref against src/usage.c, in one run.

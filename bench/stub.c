@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sluice-stub: an OpenAI-compatible model-runner stub for tests and benchmarks.
  *

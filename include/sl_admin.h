@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_admin: the admin listener (GET /healthz, GET /metrics), served by the
  * master from its ppoll() loop. Tiny, non-blocking, one request per

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_affinity: prompt-prefix affinity for balance: prefix_affinity.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_auth: API key -> tenant lookup. A hash index over every key of the
  * configuration, so a request costs one hash and one constant-time compare

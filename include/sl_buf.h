@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_buf: a bounded byte ring. The only place response bytes wait in the
  * gateway. Memory is allocated lazily and grows by doubling up to `cap`

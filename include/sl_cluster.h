@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_cluster: one per-tenant limit across several sluice nodes, through
  * Redis leases (`cluster:` in the config; sluice.8, CLUSTER).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_config: the YAML configuration, parsed, validated and owned as one
  * immutable value. Parse, validate, then swap: a caller never sees a half

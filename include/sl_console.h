@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_console: what the operator's console on the admin listener needs
  * beside the master's own state (sluice.8, ADMIN ENDPOINTS):

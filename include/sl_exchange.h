@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_exchange: one request and its response, apart from the framing that
  * carries them. An HTTP/1.x connection carries one exchange at a time on

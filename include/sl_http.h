@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_http: the client request parser, a thin wrapper around http-parser
  * 2.9.4 (kept behind this interface so it can be swapped for llhttp).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * JSON text without a tree: validation and walks over request bodies.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_loadmetrics: a model runner's load, read from its Prometheus page.
  *

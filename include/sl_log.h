@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_log: the error log (stderr). One line per message:
  *   2026-11-30T05:00:00.123Z sluice[1234]: warn: message

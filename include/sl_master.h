@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_master: the master process. Owns the listen sockets and the shared
  * region, forks and reaps workers, reclaims a dead worker's slots, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_queue: the fair queue of the upstream pools (issue 24), shared by the
  * master and every worker.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_relay: one client connection, an explicit state machine from accept
  * to close: read the head, authenticate, admit, read the body, relay the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_tls: the listener's TLS (OpenSSL 3), below the framing.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_usage: token usage from OpenAI-compatible requests and responses.
  *

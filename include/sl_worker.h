@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_worker: one worker process. It owns its connections from accept to
  * close, one libev loop, a few libcurl multi handles (shards: upstream

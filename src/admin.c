@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The admin listener. It runs in the master, which must stay responsive to
  * signals and child exits, and it must answer a /healthz probe however many

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Prompt-prefix affinity: block hashes, the per-worker LRU table and
  * rendezvous hashing declared in sl_affinity.h.

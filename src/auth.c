@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * API key index: open addressing, power-of-two table at most half full,
  * built once per worker from the configuration it was forked with.

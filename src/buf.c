@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Bounded byte ring. Memory grows by doubling from SL_BUF_MIN_ALLOC up to
  * cap, so a stream whose client keeps up never holds more than a few KiB,

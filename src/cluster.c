@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Cluster admission through Redis leases. See sl_cluster.h for the model;
  * sluice.8 (CLUSTER) for what an operator sees and the overshoot bounds.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Configuration: YAML (libyaml document API) -> struct sl_config.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The operator's console: the embedded page, the window of samples behind
  * the "last minute" numbers, quantiles and JSON strings (sl_console.h).

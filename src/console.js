@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // sluice console: polls /status.json once a second, keeps the last five
 // minutes in the page, and draws it. Nothing else is fetched; everything is
 // built with DOM calls (no HTML from data), so names show as text.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * HTTP/2 framing: nghttp2 over a TLS connection whose ALPN chose h2.
  *

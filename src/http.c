@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Client request parsing on top of http-parser 2.9.4. See sl_http.h.
  */

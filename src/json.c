@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * JSON text without a tree: see sl_json.h. One pass to validate a request
  * body, then walks over the validated text by offset.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Engine load from a Prometheus text page: see sl_loadmetrics.h.
  *

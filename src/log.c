@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Error log on stderr. Each line is formatted whole and written with one
  * write(2), so lines from the master and workers never interleave.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The master never serves traffic. It opens one SO_REUSEPORT listen socket
  * per worker slot before forking (a respawned worker inherits its slot's

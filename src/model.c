@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Routing by model (issue 23): read the model a request body names, route
  * it through models:, rewrite the body for the chosen target. See

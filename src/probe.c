@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Active health probes of pool replicas, run by the master through
  * libcurl's multi interface (see sl_probe.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The fair queue of the upstream pools: see sl_queue.h for the design.
  *

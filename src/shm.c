@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The shared region: tenant counters, per-worker held counts and stat rows.
  * See sl_shm.h for the layout rules. Relaxed atomics suffice: the counters

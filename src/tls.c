@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The listener's TLS: OpenSSL 3 contexts made from `tls:`, and the
  * non-blocking transport calls of one connection (sl_tls.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Upstream pools: replica choice and what a try's outcome means for a
  * replica. See sl_upstream.h.

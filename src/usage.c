@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Token usage: the request editor, the non-streamed usage reader and the SSE
  * scanner declared in sl_usage.h.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * A worker process: one libev loop driving client sockets, the libcurl
  * multi handle (multi_socket API: one ev_io per curl socket, one ev_timer

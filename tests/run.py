@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-2-Clause
 """The single test runner of sluice (`make check` calls it).
 
 1. Runs each cmocka unit-test binary listed in $UNIT_TESTS and counts its

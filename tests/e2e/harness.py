@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Helpers shared by the end-to-end tests.
 
 Everything here talks to real processes over 127.0.0.1: the built `sluice`

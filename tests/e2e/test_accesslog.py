@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """The access log: one JSON line per request with the documented fields, the
 right `end` for every way a request ends, never a key, SIGUSR1 reopen."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Per-tenant admission: exact max_streams across workers, 429 + Retry-After."""
 
 import threading

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Tenants are found by `Authorization: Bearer KEY`; everything else is 401
 (or 404 off /v1/) and the upstream is never contacted."""
 

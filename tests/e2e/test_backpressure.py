@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """A client that stops reading: the gateway buffers at most stream_buffer,
 pauses the upstream (TCP pushes back on the runner), and loses nothing."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Bounded chaos under load: three tenants stream through two workers while
 a random worker is killed with SIGKILL every ~2 s and the master reloads
 every second. Nothing may be over-admitted, leaked, or corrupted: every

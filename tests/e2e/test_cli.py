@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Command line: `sluice [-c FILE] [-t] [-V] [-h]` and config checking."""
 
 import os

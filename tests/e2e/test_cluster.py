@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """cluster: one per-tenant limit across sluice nodes through Redis leases
 (issue 12; sluice.8 CLUSTER). Real redis-server, real gateways, real stub,
 all on 127.0.0.1."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """The operator's console (issue 26): GET / and GET /status.json on
 admin_listen.
 

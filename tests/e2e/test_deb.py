@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """The Debian package (debian/, `./quickstart deb`): built from the tree
 with dpkg-buildpackage, unpacked into a throw-away root (never the real
 one), its files, modes, conffile and unit checked, the shipped binary run
@@ -54,6 +55,13 @@ def _git_status(src):
     # tests/e2e/__pycache__ and the like come and go with the test run itself.
     return sorted(line for line in out.split("\n")
                   if line and "__pycache__" not in line and not line.endswith(".pyc"))
+
+
+def _admin_listen(path):
+    """The admin_listen a configuration file sets (its uncommented line), or None."""
+    found = re.findall(r'^admin_listen:\s*"?([^"\s#]+)"?\s*(?:#.*)?$', _read(path), re.M)
+    assert len(found) <= 1, "%s sets admin_listen %d times" % (path, len(found))
+    return found[0] if found else None
 
 
 def _unit_keys(text):
@@ -195,6 +203,16 @@ def test_deb_package_builds_lintian_clean_with_program_man_pages_conffile_user_a
     assert stat.S_IMODE(os.stat(root + CONF).st_mode) == 0o640
     assert _read(root + CONF, "rb") == _read(os.path.join(src, "etc", "sluice.yaml"), "rb"), \
         "the packaged %s is not etc/sluice.yaml" % CONF
+    # Installed from the package, the console is on, on loopback only.
+    assert _admin_listen(root + CONF) == "127.0.0.1:9090", \
+        "the packaged %s has admin_listen %r, not \"127.0.0.1:9090\"" % (
+            CONF, _admin_listen(root + CONF))
+    # The license, once: debian/copyright, machine-readable, naming it.
+    assert _read(root + "/usr/share/doc/sluice/copyright", "rb") == \
+        _read(os.path.join(src, "debian", "copyright"), "rb")
+    assert "\nLicense: BSD-2-Clause\n" in _read(root + "/usr/share/doc/sluice/copyright")
+    assert not os.path.exists(root + "/usr/share/doc/sluice/LICENSE"), \
+        "the package carries LICENSE beside its copyright file"
     for page, rel in (("man8/sluice.8.gz", "man/sluice.8"),
                       ("man5/sluice.yaml.5.gz", "man/sluice.yaml.5")):
         with gzip.open(root + "/usr/share/man/" + page, "rb") as g:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Faults on either side: every one ends visibly and gives its slot back."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """HTTP/2 to clients (issue 25): curl, nghttp and Node's http2 client (one
 connection, many streams) against a TLS listener with a throw-away CA, and
 a raw-frame client for the hostile cases. Exact answers and counters."""

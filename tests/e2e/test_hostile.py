@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Hostile input and hostile peers: request smuggling and header rules, a
 malformed or resetting upstream, clients that half-close, reset, dribble,
 stop reading or flood. Each refusal is the exact status with a JSON error,

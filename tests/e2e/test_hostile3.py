@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Third black-box pass: request trailers, upstream heads that lie about
 their framing, hop-by-hop headers named by the upstream, and upstream URLs
 that no connection can use. Each test failed on 8a007f1 and pins the exact

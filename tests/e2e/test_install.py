@@ -1,5 +1,7 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """`make install` / `make uninstall` with DESTDIR, the installed sample
-config, the man pages (lint clean, they render) and the systemd unit."""
+config and LICENSE, the man pages (lint clean, they render) and the systemd
+unit."""
 
 import os
 import re
@@ -52,6 +54,14 @@ def _make(builddir, *targets, destdir):
                                                       err[-2000:])
 
 
+def _admin_listen(path):
+    """The admin_listen a configuration file sets (its uncommented line), or None."""
+    with open(path) as f:
+        found = re.findall(r'^admin_listen:\s*"?([^"\s#]+)"?\s*(?:#.*)?$', f.read(), re.M)
+    assert len(found) <= 1, "%s sets admin_listen %d times" % (path, len(found))
+    return found[0] if found else None
+
+
 def _files_under(d):
     found = []
     for root, _, files in os.walk(d):
@@ -72,6 +82,7 @@ def test_make_install_puts_program_man_pages_and_sample_under_the_prefix_and_uni
         "sluice.8": os.path.join(v["mandir"], "man8", "sluice.8"),
         "sluice.yaml.5": os.path.join(v["mandir"], "man5", "sluice.yaml.5"),
         "sample": os.path.join(v["sysconfdir"], "sluice", "sluice.yaml"),
+        "LICENSE": os.path.join(v["docdir"], "LICENSE"),
     }
     if prefix == "/usr/local":
         assert want == {
@@ -79,6 +90,7 @@ def test_make_install_puts_program_man_pages_and_sample_under_the_prefix_and_uni
             "sluice.8": "/usr/local/share/man/man8/sluice.8",
             "sluice.yaml.5": "/usr/local/share/man/man5/sluice.yaml.5",
             "sample": "/usr/local/etc/sluice/sluice.yaml",
+            "LICENSE": "/usr/local/share/doc/sluice/LICENSE",
         }, want
     installed = {k: destdir + p for k, p in want.items()}
     for k, p in installed.items():
@@ -87,13 +99,18 @@ def test_make_install_puts_program_man_pages_and_sample_under_the_prefix_and_uni
     assert os.access(installed["program"], os.X_OK)
     src = _srcdir()
     for k, rel in (("sluice.8", "man/sluice.8"), ("sluice.yaml.5", "man/sluice.yaml.5"),
-                   ("sample", "etc/sluice.yaml")):
+                   ("sample", "etc/sluice.yaml"), ("LICENSE", "LICENSE")):
         with open(installed[k], "rb") as a, open(os.path.join(src, rel), "rb") as b:
             assert a.read() == b.read(), "installed %s differs from %s" % (k, rel)
     # The installed program checks the installed sample.
     rc, out, err = _run([installed["program"], "-t", "-c", installed["sample"]], timeout=10)
     assert rc == 0, "installed sample fails sluice -t (%d): %s%s" % (rc, out, err)
     assert out == "%s: ok\n" % installed["sample"], "sluice -t printed %r" % out
+    # The console is on as installed, on loopback only (issue 31): an
+    # operator opens http://127.0.0.1:9090/ on the machine.
+    assert _admin_listen(installed["sample"]) == "127.0.0.1:9090", \
+        "the installed sample's admin_listen is %r, not \"127.0.0.1:9090\"" % \
+        _admin_listen(installed["sample"])
     rc, out, err = _run([installed["program"], "-V"], timeout=10)
     assert rc == 0 and out.strip(), (rc, out, err)
     # Nothing else is installed.

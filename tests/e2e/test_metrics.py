@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """The admin listener: /healthz, and /metrics values that match exactly what
 the test did (Prometheus text format, counters that never go backwards)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Models, metrics (issue 23): requests by the model that answered, fallbacks
 between models, tokens by tenant and model, and the time to first token,
 time per output token and request duration histograms per model, in the

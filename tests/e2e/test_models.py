@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Models: route by the request body's "model" (issue 23).
 
 `sluice -t` on models: sections, then routing end to end against stub

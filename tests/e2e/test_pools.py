@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Upstream pools (issue 10): several model-runner replicas per upstream.
 
 Real processes on 127.0.0.1: stub replicas (several Stub instances) and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Fair queueing per pool (issue 24): a request whose pool's replicas are all
 at their max_streams waits for a slot instead of 503 upstream_unavailable.
 

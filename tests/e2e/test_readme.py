@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """README.md stays true: its layout names every source file, every file,
 image and link it points to exists, its commands are quickstart's, its
 configuration passes `sluice -t`, and its test-time claim agrees with
@@ -152,3 +153,36 @@ def test_readme_test_time_claim_is_quickstarts():
         assert took / 2 <= said <= took * 2, \
             "README says %s took %d min; the last full run (build/suite-times) took %d min" % (
                 what, said // 60, took // 60)
+
+
+def _words_after(text, var):
+    m = re.search(r'^%s="([^"]*)"' % var, text, re.M)
+    assert m, "quickstart has no %s=\"...\"" % var
+    return set(m.group(1).split())
+
+
+def test_tests_readme_by_hand_install_list_is_what_configure_and_quickstart_need():
+    """tests/README.md's `apt-get install` lines under "Building by hand"
+    name every package quickstart installs (PKGS, DEB_PKGS) and every one
+    configure.ac asks for, and nothing else."""
+    text = read("tests/README.md")
+    m = re.search(r"^## Building by hand\n.*?^```sh\n(.*?)^```$", text, re.M | re.S)
+    assert m, "tests/README.md has no '## Building by hand' section with a ```sh block"
+    listed = set()
+    for cmd in re.findall(r"^apt-get install ((?:.*\\\n)*.*)$", m.group(1), re.M):
+        listed |= set(cmd.replace("\\\n", " ").split())
+    assert listed, "no apt-get install line under 'Building by hand'"
+    quickstart = read("quickstart")
+    # Node.js comes with npm when quickstart finds no npm (js_deps).
+    need = _words_after(quickstart, "PKGS") | _words_after(quickstart, "DEB_PKGS") | \
+        {"nodejs", "npm"}
+    configure = set(re.findall(r"apt-get install ([a-z0-9][a-z0-9.+-]*)", read("configure.ac")))
+    assert configure, "configure.ac names no package to apt-get install"
+    assert configure <= _words_after(quickstart, "PKGS"), \
+        "configure.ac asks for packages quickstart's PKGS lacks: %s" % sorted(
+            configure - _words_after(quickstart, "PKGS"))
+    assert need - listed == set(), \
+        "tests/README.md's by-hand install lacks %s" % sorted(need - listed)
+    assert listed - need == set(), \
+        "tests/README.md's by-hand install names %s, which quickstart does not install" % sorted(
+            listed - need)

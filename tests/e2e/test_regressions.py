@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Regression tests for the relay defects of issue 9: each one failed on
 b649610 and pins the behaviour the fix promises. Real processes on
 loopback; misbehaving upstreams are small raw-socket servers below."""

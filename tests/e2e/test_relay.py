@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Relaying requests and SSE streams through the gateway, byte for byte."""
 
 import json

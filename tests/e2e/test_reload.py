@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """SIGHUP: limits apply at once, a broken file changes nothing, tenants come
 and go, and a reload never cuts a stream (not even one longer than
 drain_timeout, not even under load with a reload every 200 ms)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Inference-aware routing (issue 14): runner load signals and prompt-prefix
 affinity.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Real client SDKs against sluice: the OpenAI Node SDK (tests/js, installed
 by ./quickstart) lists models, streams a chat under an alias, and reads
 sluice's own errors as the typed exceptions its users catch."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Secrets stay secret: a client's API key never reaches an upstream, a log
 or the admin listener; a tenant's key only ever reaches its own upstream;
 keys match exactly; the operator is warned about a world-readable config."""

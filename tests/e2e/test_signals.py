@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """SIGTERM: stop accepting, drain in-flight streams up to drain_timeout, exit 0."""
 
 import os

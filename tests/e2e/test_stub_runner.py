@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """The stub as a model runner (issue 14): --batch, --prefix-cache, --block,
 --ttft-base-ms, --ttft-ms-per-kib, --prefill-mode, GET /metrics and
 GET /stub/prefills.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """TLS on the listener (issue 25): a throw-away CA made with openssl(1),
 curl and Python's ssl module as clients, exact answers and counters."""
 

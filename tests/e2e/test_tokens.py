@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Issue 13, tokens: usage read from the response (exact when the runner
 reports it, estimated as ceil(content bytes / 4) when it does not), the
 usage option injected upstream and its chunk kept from clients that did not

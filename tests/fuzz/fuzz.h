@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Shared by the libFuzzer targets in tests/fuzz (one translation unit each,
  * so the few non-static definitions here are defined once per program).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * fuzz_config: the configuration loader, bytes -> config or errors.
  *

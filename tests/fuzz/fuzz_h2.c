@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * fuzz_h2: HTTP/2 frames after the handshake, into h2.c's connection.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * libFuzzer target for src/loadmetrics.c and the prompt side of
  * src/affinity.c.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * libFuzzer target for src/model.c (issue 23): where a request's model is
  * read, and the body rewritten for a target.

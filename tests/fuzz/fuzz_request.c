@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * fuzz_request: the client request path (sl_req_* over http-parser).
  *

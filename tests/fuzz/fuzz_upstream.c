@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * fuzz_upstream: the upstream response path, as libcurl hands it over.
  *

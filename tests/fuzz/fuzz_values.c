@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * fuzz_values: sl_parse_size() and sl_parse_duration_ms() on any string.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Run the libFuzzer targets for a bounded time each; usable from CI.
 #
 #   tests/fuzz/run.sh [SECONDS] [BUILD_DIR]

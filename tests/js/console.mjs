@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Drive sluice's console (GET / on admin_listen) in headless Chromium for
 // tests/e2e/test_console.py. A line protocol: one JSON command per line on
 // stdin, one JSON answer per line on stdout ({"ok": true, ...} or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // A real browser's view of HTTP/2 (tests/e2e/test_h2.py): headless Chromium
 // (Debian's, driven by playwright-core) opens N fetch() streams at once to
 // one origin and notes when each gets its first event and when each ends.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // An HTTP/2 client for the end-to-end tests: Node's http2 (nghttp2 inside),
 // one connection, many streams at once.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Drive sluice with the real OpenAI Node SDK (tests/e2e/test_sdk.py).
 // Usage: node openai_sdk.mjs BASE_URL API_KEY
 // Prints one JSON document: what the SDK saw, for the test to check exactly.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The reference reader declared in json_ref.h: decode, then descend.
  * Deliberately plain: the bytes are first decoded to code points (the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * A reference reader of request bodies for the fuzz targets: what a Python
  * runner does with the bytes of a body (FastAPI: json.loads(bytes), then

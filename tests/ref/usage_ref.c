@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Reference SSE usage scanner: src/usage.c at dc4cb72, renamed (see
  * usage_ref.h). Keep it as it is: it is the behaviour being preserved;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The SSE usage scanner of src/usage.c as it was at dc4cb72 (one byte at a
  * time, with an eight-byte SWAR skip inside strings), kept verbatim under

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for src/affinity.c: which text of a request is hashed, the
  * chained block hashes (shared prefixes share exactly their hashes, values

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for the bounded byte ring (src/buf.c): order, the hard cap,
  * lazy and capped allocation, wrap-around against a reference model, and a

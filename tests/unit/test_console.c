@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for src/console.c: the window of samples behind the console's
  * "last minute" numbers, the quantile of bucket deltas, JSON strings, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Docs and code cannot drift: the man pages are checked against the tables
  * and contracts the code and the issues define.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for the client request parser (src/http.c over http-parser
  * 2.9.4): the two stops (HEAD_DONE, DONE), bodies, split feeds, limits and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for src/loadmetrics.c: each engine's real page (fixtures in
  * tests/unit/fixtures, as vLLM 0.6 / 0.9 / 0.11, TGI 2 and llama.cpp's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for routing by model (src/model.c, issue 23): where the model
  * is read, how the body is rewritten, how targets are chosen and how a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for the fair queue (src/queue.c): who goes next (priority
  * band, service counter, age), weights, lift on arrival, cancel, expiry,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for the shared admission region (src/shm.c): exact limits,
  * per-row held counts, reclaim of a dead worker's row, stats, and real

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for replica choice and outcomes (src/upstream.c, the pools
  * part): least_loaded by weight, caps, tried replicas, busy marks, passive

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * Unit tests for src/usage.c: the request editor (exact bytes out), the
  * non-streamed usage reader, and the SSE scanner fed at every split point
