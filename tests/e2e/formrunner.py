@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """A model runner that reads request bodies as a Python runner does.
 
 vLLM serves /v1/audio/transcriptions through FastAPI: Starlette reads the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """The model allow-list against bodies a runner reads otherwise (issue 31).
 
 A tenant may use whisper-small, not whisper-large-private. Every body here

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The reference form reader (form_ref.h): Python's readings, ported as
  * they are written, for clarity over speed. Strings are malloc'd copies.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * A reference reader of multipart/form-data for fuzz_model: what a Python
  * runner serves from a form (vLLM's transcriptions: FastAPI, Starlette,
