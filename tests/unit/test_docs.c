@@ -31,6 +31,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_config.h"
 
 #define YAML_PAGE "man/sluice.yaml.5"
@@ -817,5 +819,5 @@ main(void)
 		cmocka_unit_test(test_synopsis),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

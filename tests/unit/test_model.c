@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_config.h"
 #include "sl_model.h"
 
@@ -683,5 +685,5 @@ main(void)
 		cmocka_unit_test(test_mrw_literal_escapes),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

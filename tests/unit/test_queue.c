@@ -26,6 +26,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_queue.h"
 #include "sl_shm.h"
 
@@ -796,5 +798,5 @@ main(void)
 		    teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }
