@@ -133,6 +133,27 @@ struct sl_model_pick {
 int sl_model_chain(const struct sl_config *cfg, size_t tenant, size_t m0,
     size_t t0, struct sl_model_pick **out, size_t *n);
 
+/* Why a request's target cannot serve it, as relay.c knows it. */
+enum sl_fb_cause {
+	SL_FB_NO_REPLICA,   /* no replica of its upstream can take it now */
+	SL_FB_CONNECT,      /* its tries failed to connect (retries spent) */
+	SL_FB_BUSY,         /* a replica answered 429, 502 or 503 before any
+	                     * body, and no other replica may try it */
+	SL_FB_STARTED       /* a try failed after the request was written (a
+	                     * close with no response, a timeout, a bad head):
+	                     * the runner may have started on it */
+};
+
+/*
+ * Whether a request may go on to its fallback chain (sluice.8, Fallback):
+ * only one routed by model, only before the first byte of an answer went
+ * to its client (answered: its response head was built, here or from an
+ * upstream; nothing can be taken back or retried once bytes left), and
+ * only for a cause where no runner can have started on it. 1 or 0. Ask it
+ * before every fallback: it is the rule, and test_model pins it.
+ */
+int sl_model_may_fall_back(int routed, int answered, enum sl_fb_cause why);
+
 /*
  * Set the model of a body already routed (*body, *len; malloc'd, replaced
  * when changed) to `to`, for a fallback target: every top-level "model"

@@ -995,6 +995,22 @@ sl_model_chain(const struct sl_config *cfg, size_t tenant, size_t m0,
 }
 
 int
+sl_model_may_fall_back(int routed, int answered, enum sl_fb_cause why)
+{
+	if (!routed || answered)
+		return 0;
+	switch (why) {
+	case SL_FB_NO_REPLICA:
+	case SL_FB_CONNECT:
+	case SL_FB_BUSY:
+		return 1;
+	case SL_FB_STARTED:
+		break;
+	}
+	return 0;
+}
+
+int
 sl_model_retarget(char **body, size_t *len, struct sl_model_span *sp,
     const char *to)
 {

@@ -451,7 +451,8 @@ conn_upstream_idx(const struct sl_conn *c)
 
 /* "X-Sluice-Model: NAME\r\n" for a request routed by model. */
 static int rh_model(struct sl_conn *);
-static int conn_fallback_find(struct sl_conn *, int *, int *);
+static int conn_fallback_find(struct sl_conn *, enum sl_fb_cause, int *,
+    int *);
 
 /*
  * The current try ended without a response status of its own (code is
@@ -1680,7 +1681,8 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 		}
 		/* None in this pool: the next target of the fallback chain. */
 		if ((c->status == 429 || c->status == 502 || c->status == 503) &&
-		    (r2 = conn_fallback_find(c, &c->fb_model, &c->fb_target)) >= 0) {
+		    (r2 = conn_fallback_find(c, SL_FB_BUSY, &c->fb_model,
+		    &c->fb_target)) >= 0) {
 			c->retry_next = r2;
 			c->busy_code = c->status;
 			return 0;
@@ -2721,19 +2723,22 @@ conn_route_model(struct sl_conn *c)
 /*
  * Fallback (sl_model.h): the next target of the request's chain, after
  * c->fb_k, that has a replica free now; its slot is taken. Returns the
- * replica and sets *m, *t, or -1 when none (or not routed by model).
- * Changes nothing but c->fb_k: safe in a libcurl callback.
+ * replica and sets *m, *t, or -1 when none, or when the request may not
+ * fall back for `why` (sl_model_may_fall_back: routed by model, nothing
+ * of an answer sent, no runner started on it). Changes nothing but
+ * c->fb_k: safe in a libcurl callback.
  */
 static int
-conn_fallback_find(struct sl_conn *c, int *m, int *t)
+conn_fallback_find(struct sl_conn *c, enum sl_fb_cause why, int *m, int *t)
 {
 	const struct sl_config *cfg = c->w->cfg;
 	struct sl_model_pick *p;
 	size_t n;
 	int r = -1, wait;
 
-	if (c->model < 0 || c->head_sent || sl_model_chain(cfg,
-	    (size_t)c->tenant, (size_t)c->mroute, c->troute, &p, &n) == -1)
+	if (!sl_model_may_fall_back(c->model >= 0, c->head_sent, why) ||
+	    sl_model_chain(cfg, (size_t)c->tenant, (size_t)c->mroute,
+	    c->troute, &p, &n) == -1)
 		return -1;
 	for (; c->fb_k < n && r < 0; c->fb_k++) {
 		const struct sl_model_target *tg =
@@ -2788,16 +2793,16 @@ conn_fallback_switch(struct sl_conn *c, int m, int t)
 }
 
 /*
- * The try in flight (if any) failed so that the runner cannot have
- * started the request: stop it and start one on the fallback chain.
- * Returns 0 when a try started, -1 when the caller answers.
+ * The try in flight (if any) failed for `why`: when the request may fall
+ * back, stop it and start one on the fallback chain. Returns 0 when a try
+ * started, -1 when the caller answers.
  */
 static int
-conn_fallback(struct sl_conn *c)
+conn_fallback(struct sl_conn *c, enum sl_fb_cause why)
 {
 	int m, t, r;
 
-	if ((r = conn_fallback_find(c, &m, &t)) < 0)
+	if ((r = conn_fallback_find(c, why, &m, &t)) < 0)
 		return -1;
 	conn_stop_transfer(c);
 	if (conn_fallback_switch(c, m, t) == -1) {
@@ -2943,7 +2948,7 @@ conn_start_upstream(struct sl_conn *c)
 	} else
 		r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0,
 		    &retry_after);
-	if (r < 0 && c->model >= 0 && conn_fallback(c) == 0)
+	if (r < 0 && c->model >= 0 && conn_fallback(c, SL_FB_NO_REPLICA) == 0)
 		return;   /* another model's or target's pool took it */
 	if (r < 0 && sl_pool_queueable(c->w->pools, conn_upstream_idx(c)) &&
 	    conn_enqueue(c, retry_after) == 0)
@@ -3014,7 +3019,7 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 	    SL_CODE_RESET);
 	if (kind == SL_UERR_CONNECT) {
 		if (!(up->retry_on & SL_RETRY_CONNECT))
-			return conn_fallback(c);
+			return conn_fallback(c, SL_FB_CONNECT);
 		why = SL_RETRY_R_CONNECT;
 	} else if (kind == SL_UERR_RESET && c->uh.status == 0 &&
 	    (c->resend_refused || result == CURLE_GOT_NOTHING ||
@@ -3025,15 +3030,16 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 		 * `empty` sends it to another replica.
 		 */
 		if (!(up->retry_on & SL_RETRY_EMPTY))
-			return -1;
+			return conn_fallback(c, SL_FB_STARTED);
 		why = SL_RETRY_R_EMPTY;
 	} else
-		return -1;
+		return conn_fallback(c, SL_FB_STARTED);
 	/* No replica of this pool may try it again: the fallback chain may. */
 	if (c->tries - c->tries_base > up->retries ||
 	    (r2 = sl_pool_pick(c->w->pools,
 	    conn_upstream_idx(c), c->tried, &wait)) < 0)
-		return why == SL_RETRY_R_CONNECT ? conn_fallback(c) : -1;
+		return conn_fallback(c, why == SL_RETRY_R_CONNECT ?
+		    SL_FB_CONNECT : SL_FB_STARTED);
 	conn_next_try(c, r2, why);
 	return 0;
 }

@@ -6,6 +6,10 @@
    tests from the `[       OK ] NAME` / `[  FAILED  ] NAME` lines. When
    $UNIT_TESTS_MISSING says why they were not built (no cmocka at configure
    time), that is printed as a FAIL and counted as one failure.
+   With -k, each binary runs only its cases whose name BINARY::CASE
+   contains one of the substrings (tests/unit/unit.h reads them from
+   $SLUICE_TEST_FILTER); a binary none of whose cases match runs none and
+   counts nothing.
 2. Discovers tests/e2e/test_*.py and runs every top-level `test_*`
    function, in file order, each in its own process group with a watchdog.
    The e2e tests start $SLUICE_BIN and $STUB_BIN on 127.0.0.1.
@@ -13,7 +17,8 @@
    and something passed.
 
 Options: -k SUBSTR (repeatable; run only tests whose name contains one of
-them), --unit-only, --e2e-only, -v, --timeout SECONDS (default per-test
+them: FILE::TEST for an end-to-end test, BINARY::CASE for a unit test
+case), --unit-only, --e2e-only, -v, --timeout SECONDS (default per-test
 watchdog, 120).
 
 $SLUICE_UNDER names the tools the gateway runs under (comma separated:
@@ -159,6 +164,8 @@ def run_in_group(argv, env, timeout, stdout_path):
 OK_RE = re.compile(r"^\[\s+OK\s+\]\s+(\S.*?)\s*$")
 FAIL_RE = re.compile(r"^\[\s+FAILED\s+\]\s+(\S.*?)\s*$")
 SUMMARY_RE = re.compile(r"^\d+ test\(s\)")
+# tests/unit/unit.h, when $SLUICE_TEST_FILTER is set: how many cases it chose.
+FILTER_RE = re.compile(r"^\[\s+FILTER\s+\]\s+(\d+) of (\d+) test\(s\)")
 
 
 def failure_blocks(text, failed):
@@ -178,15 +185,20 @@ def failure_blocks(text, failed):
 
 
 def run_unit(binaries, filters, verbose, results):
+    """Each binary, its cases selected by filters (every case when there
+    are none, or when one is empty: it is in every name)."""
+    if "" in filters:
+        filters = []
     for path in binaries:
         name = os.path.basename(path)
-        if filters and not any(f in name for f in filters):
-            continue
         if not os.access(path, os.X_OK):
             out("FAIL %s: not an executable file" % name)
             results["failed"] += 1
             continue
         env = dict(os.environ, CMOCKA_MESSAGE_OUTPUT="STDOUT")
+        env.pop("SLUICE_TEST_FILTER", None)
+        if filters:
+            env["SLUICE_TEST_FILTER"] = "\n".join(filters)
         fd, log = tempfile.mkstemp(prefix="sluice-unit-", suffix=".log")
         os.close(fd)
         try:
@@ -197,7 +209,12 @@ def run_unit(binaries, filters, verbose, results):
             os.unlink(log)
         oks = []
         failed = []
+        selected = None
         for line in text.splitlines():
+            m = FILTER_RE.match(line)
+            if m:
+                selected = int(m.group(1))
+                continue
             m = OK_RE.match(line)
             if m:
                 oks.append(m.group(1))
@@ -215,7 +232,10 @@ def run_unit(binaries, filters, verbose, results):
             problem = "killed by signal %s" % signal.Signals(-rc).name
         elif rc != 0 and not failed:
             problem = "exit status %d without FAILED lines" % rc
-        elif rc == 0 and not oks and not failed:
+        elif filters and selected is None:
+            problem = "ran without reading -k (its main() must return " \
+                "sl_unit_run(tests), tests/unit/unit.h)"
+        elif rc == 0 and not oks and not failed and selected != 0:
             problem = "ran no tests"
         if problem and not failed:
             nfail = 1
@@ -235,6 +255,9 @@ def run_unit(binaries, filters, verbose, results):
                 out("FAIL %s::%s" % (name, t))
         if failed:
             out(indent(failure_blocks(text, failed) if not problem else tail(text, 80)))
+        elif selected == 0:
+            if verbose:
+                out("---- %s: no case matches -k" % name)
         else:
             out("PASS %s (%d tests, %.1fs)" % (name, len(oks), elapsed))
 
@@ -399,7 +422,8 @@ def main(argv):
         return child_main(argv[2], argv[3], argv[4])
     ap = argparse.ArgumentParser(description="Run sluice's unit and end-to-end tests.")
     ap.add_argument("-k", action="append", default=[], metavar="SUBSTR",
-                    help="run only tests whose name contains SUBSTR (repeatable)")
+                    help="run only tests whose name contains SUBSTR (repeatable): "
+                    "FILE::TEST for end-to-end tests, BINARY::CASE for unit test cases")
     ap.add_argument("--unit-only", action="store_true")
     ap.add_argument("--e2e-only", action="store_true")
     ap.add_argument("-v", action="store_true", help="verbose")

@@ -418,6 +418,212 @@ def test_a_client_that_never_opens_its_window_is_cut_by_the_stall_timeout():
         r.close()
 
 
+# ------------------------------------------- request bodies and flow control
+
+SETTINGS_INITIAL_WINDOW_SIZE = 4
+DEFAULT_WINDOW = 65535            # RFC 9113 6.9.2: until SETTINGS say otherwise
+XIN_LOW = 64 * 1024               # relay.c: an exchange gives the window back
+                                  # while less than this of its input waits
+CONN_IN_SIZE = 4096               # relay.c: the exchange's input block
+RSS_PER_STREAM_KB = 1536          # a refused stream's bytes (~400 KiB), its
+                                  # TLS and nghttp2 state, allocator slack
+
+
+class _DeafRunner:
+    """A model runner that accepts connections and never reads a byte."""
+
+    def __enter__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((h.HOST, 0))
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+        self.url = "http://%s:%d" % (h.HOST, self.sock.getsockname()[1])
+        self.conns = []
+        return self
+
+    def accept(self):
+        """Takes what waits in the backlog (called from the test's loop)."""
+        while True:
+            try:
+                self.conns.append(self.sock.accept()[0])
+            except (BlockingIOError, OSError):
+                return
+
+    def __exit__(self, *exc):
+        for c in self.conns + [self.sock]:
+            c.close()
+        return False
+
+
+class _Upload:
+    """One HTTP/2 connection sending one request body (stream 1, without
+    content-length: the exchange gets it chunked) as fast as sluice's flow
+    control allows. `granted` counts what sluice allowed: the stream window
+    its SETTINGS gave plus every WINDOW_UPDATE for the stream."""
+
+    CHUNK = b"x" * 16384
+
+    def __init__(self, gw, files, total):
+        self.r = Raw(gw, files)
+        self.total = total
+        self.sent = 0
+        self.window = DEFAULT_WINDOW      # the stream's initial window (SETTINGS)
+        self.granted = DEFAULT_WINDOW
+        self.swin = self.cwin = DEFAULT_WINDOW
+        self.answered = False             # a response HEADERS on stream 1
+        self.body = b""                   # the response's DATA
+        self.reset = None                 # RST_STREAM code, if any
+        self.t_moved = time.monotonic()   # the window grew or bytes went
+        hd = req_headers(gw.port, method="POST", path="/v1/chat/completions") + \
+            hpack([("content-type", "application/json")])
+        self.r.send(frame(HEADERS, END_HEADERS, 1, hd))
+
+    def _frames(self):
+        self.r.s.settimeout(0.005)
+        try:
+            d = self.r.s.recv(65536)
+        except (socket.timeout, TimeoutError, ssl.SSLWantReadError):
+            d = None
+        if d == b"":
+            raise AssertionError("sluice closed an upload's connection")
+        self.r.buf += d or b""
+        while len(self.r.buf) >= 9:
+            n = struct.unpack(">I", b"\0" + self.r.buf[:3])[0]
+            if len(self.r.buf) < 9 + n:
+                return
+            t, fl = self.r.buf[3], self.r.buf[4]
+            sid = struct.unpack(">I", self.r.buf[5:9])[0] & 0x7fffffff
+            p, self.r.buf = self.r.buf[9:9 + n], self.r.buf[9 + n:]
+            yield t, fl, sid, p
+
+    def pump(self):
+        """Read what sluice sent, then send what the windows allow."""
+        for t, fl, sid, p in self._frames():
+            if t == SETTINGS and not fl & 1:
+                for i in range(0, len(p) - 5, 6):
+                    k, v = struct.unpack(">HI", p[i:i + 6])
+                    if k == SETTINGS_INITIAL_WINDOW_SIZE:
+                        self.swin += v - self.window
+                        self.granted += v - self.window
+                        self.window = v
+                self.r.send(frame(SETTINGS, 1, 0))
+            elif t == WINDOW_UPDATE:
+                inc = struct.unpack(">I", p)[0] & 0x7fffffff
+                if sid == 0:
+                    self.cwin += inc
+                else:
+                    self.swin += inc
+                    self.granted += inc
+                self.t_moved = time.monotonic()
+            elif t == HEADERS and sid == 1:
+                self.answered = True
+            elif t == DATA and sid == 1:
+                self.body += p
+            elif t == RST_STREAM and sid == 1:
+                self.reset = struct.unpack(">I", p[:4])[0]
+        self.r.s.settimeout(10)       # a send waits for sluice to read
+        while self.reset is None and self.sent < self.total:
+            k = min(len(self.CHUNK), self.swin, self.cwin, self.total - self.sent)
+            if k <= 0:
+                return
+            end = END_STREAM if self.sent + k == self.total else 0
+            assert self.r.send(frame(DATA, end, 1, self.CHUNK[:k])), "send failed"
+            self.sent += k
+            self.swin -= k
+            self.cwin -= k
+            self.t_moved = time.monotonic()
+
+
+def _push(uploads, refused, quiet, deadline_s=60.0, runner=None):
+    """Pump every upload until each settled: its whole body sent, or (those
+    in refused) answered and no window given for `quiet` seconds."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        for u in uploads:
+            u.pump()
+        if runner is not None:
+            runner.accept()
+        now = time.monotonic()
+        if all(u.sent == u.total or (u in refused and u.answered and
+                                     now - u.t_moved >= quiet) for u in uploads):
+            return
+        assert now < deadline, "uploads still moving after %ss: %r" % (
+            deadline_s, [(u.sent, u.granted, u.answered) for u in uploads])
+
+
+def _window_bound(max_body, window):
+    """What a client may send on a stream whose exchange takes no more:
+    what the exchange took (max_body_bytes and the input block that found
+    it too large), the input block it still fills, less than XIN_LOW
+    waiting when its window was last given back, and that one window."""
+    return max_body + 2 * CONN_IN_SIZE + XIN_LOW + window
+
+
+def test_a_stream_whose_body_sluice_stops_taking_gets_no_more_window():
+    """Request windows open as the exchange takes the bytes, not as they
+    arrive (nghttp2_option_set_no_auto_window_update in h2.c). Three
+    clients push 4 MiB bodies that the exchange stops taking once it has
+    refused them past max_body_bytes (256 KiB): each can send only about
+    two windows more, not the 4 MiB. A fourth, within the limit, goes
+    whole although its runner reads nothing: the exchange takes a body
+    whole before the runner is asked, so only the exchange opens windows."""
+    files = TLSFiles()
+    max_body, big, small = 256 * 1024, 4 << 20, 192 * 1024
+    quiet = 3.0 if "valgrind" in os.environ.get("SLUICE_UNDER", "") else 1.0
+    with _DeafRunner() as runner, \
+            _gw(files, None, upstream_url=runner.url, workers=1,
+                limits={"max_body_bytes": "256KiB"}) as gw:
+        over = [_Upload(gw, files, big) for _ in range(3)]
+        within = _Upload(gw, files, small)
+        try:
+            _push(over + [within], over, quiet, runner=runner)
+            got = [(u.sent, u.granted) for u in over]
+            print("initial window %d; over the limit (sent, granted): %r; within: %r"
+                  % (over[0].window, got, (within.sent, within.granted)))
+            assert over[0].window == DEFAULT_WINDOW, over[0].window
+            bound = _window_bound(max_body, over[0].window)
+            for u in over:
+                assert u.answered and b'"request_too_large"' in u.body, (u.body[:200], u.reset)
+                assert max_body < u.sent <= u.granted <= bound, \
+                    "sent %d, granted %d: bound %d (max_body_bytes %d), body %d" % (
+                        u.sent, u.granted, bound, max_body, big)
+            assert within.sent == small and not within.answered, \
+                (within.sent, within.answered, within.body[:200])
+        finally:
+            for u in over + [within]:
+                u.r.close()
+
+
+@h.skip_under("sanitizers", "valgrind")
+def test_http2_bodies_sluice_does_not_take_leave_its_memory_bounded():
+    """Twelve clients push 8 MiB bodies (96 MiB) past max_body_bytes
+    (256 KiB): the worker holds of each its refused body, its input and a
+    window (about 400 KiB), and its RSS grows by that and the connection's
+    state, not by what the clients tried to send."""
+    files = TLSFiles()
+    n, big, max_body = 12, 8 << 20, 256 * 1024
+    with _DeafRunner() as runner, \
+            _gw(files, None, upstream_url=runner.url, workers=1,
+                limits={"max_body_bytes": "256KiB"}) as gw:
+        worker = gw.worker_pids()[0]
+        base = gw.rss_kb(worker)
+        ups = [_Upload(gw, files, big) for _ in range(n)]
+        try:
+            _push(ups, ups, 1.0, runner=runner)
+            growth = gw.rss_kb(worker) - base
+            sent = sum(u.sent for u in ups)
+            print("worker RSS growth %d KiB (base %d KiB); %d bytes sent of %d"
+                  % (growth, base, sent, n * big))
+            assert sent <= n * _window_bound(max_body, ups[0].window), \
+                "%d bytes sent of %d" % (sent, n * big)
+            assert growth < n * RSS_PER_STREAM_KB, \
+                "worker RSS grew by %d KiB holding %d refused streams (bound %d)" % (
+                    growth, n, n * RSS_PER_STREAM_KB)
+        finally:
+            for u in ups:
+                u.r.close()
+
+
 def test_drain_sends_goaway_and_lets_open_streams_finish():
     files = TLSFiles()
     with Stub() as stub, _gw(files, stub, drain_timeout="10s") as gw:

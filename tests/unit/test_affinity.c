@@ -18,6 +18,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include <jansson.h>
 
 #include "sl_affinity.h"
@@ -720,5 +722,5 @@ main(void)
 		cmocka_unit_test(test_rendezvous_ties_go_to_the_lowest_index),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_auth.h"
 #include "sl_config.h"
 
@@ -107,5 +109,5 @@ main(void)
 		cmocka_unit_test(test_empty_config_finds_nothing),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

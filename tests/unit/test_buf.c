@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_buf.h"
 
 /* The buffer under test, freed by the teardown even when an assert fails. */
@@ -517,5 +519,5 @@ main(void)
 	};
 #undef T
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

@@ -22,6 +22,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_config.h"
 
 #define NAME "t.yaml"
@@ -2751,5 +2753,5 @@ main(void)
 	};
 #undef T
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_console.h"
 
 static void
@@ -166,5 +168,5 @@ main(void)
 		cmocka_unit_test(test_the_page_is_embedded_and_names_only_its_own_files),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

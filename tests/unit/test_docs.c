@@ -32,6 +32,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_config.h"
 
 #define YAML_PAGE "man/sluice.yaml.5"
@@ -818,5 +820,5 @@ main(void)
 		cmocka_unit_test(test_synopsis),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

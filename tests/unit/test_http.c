@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_http.h"
 
 #define MAX_HEAD 4096
@@ -1057,5 +1059,5 @@ main(void)
 	};
 #undef T
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

@@ -20,6 +20,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_loadmetrics.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -469,5 +471,5 @@ main(void)
 		cmocka_unit_test(test_very_long_lines),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

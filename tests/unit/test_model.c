@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_config.h"
 #include "sl_model.h"
 
@@ -585,6 +587,48 @@ test_fallback_chain_order(void **state)
 	sl_config_free(cfg);
 }
 
+/*
+ * The fallback rule (sluice.8, Fallback): a request moves to another
+ * target only before the first byte of an answer went to its client, and
+ * only when no runner can have started on it. relay.c asks
+ * sl_model_may_fall_back before every fallback; what follows pins it.
+ */
+static const enum sl_fb_cause fb_causes[] = {
+	SL_FB_NO_REPLICA, SL_FB_CONNECT, SL_FB_BUSY, SL_FB_STARTED
+};
+
+static void
+test_fallback_never_after_the_first_byte_of_an_answer(void **state)
+{
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(fb_causes) / sizeof(fb_causes[0]); i++)
+		assert_int_equal(sl_model_may_fall_back(1, 1, fb_causes[i]), 0);
+}
+
+static void
+test_fallback_only_where_no_runner_can_have_started(void **state)
+{
+	(void)state;
+	assert_int_equal(sl_model_may_fall_back(1, 0, SL_FB_NO_REPLICA), 1);
+	assert_int_equal(sl_model_may_fall_back(1, 0, SL_FB_CONNECT), 1);
+	assert_int_equal(sl_model_may_fall_back(1, 0, SL_FB_BUSY), 1);
+	assert_int_equal(sl_model_may_fall_back(1, 0, SL_FB_STARTED), 0);
+}
+
+static void
+test_fallback_only_for_a_request_routed_by_model(void **state)
+{
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(fb_causes) / sizeof(fb_causes[0]); i++) {
+		assert_int_equal(sl_model_may_fall_back(0, 0, fb_causes[i]), 0);
+		assert_int_equal(sl_model_may_fall_back(0, 1, fb_causes[i]), 0);
+	}
+}
+
 static void
 test_retarget_json_and_form(void **state)
 {
@@ -778,11 +822,14 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_list_per_tenant_sorted, setup,
 		    teardown),
 		cmocka_unit_test(test_fallback_chain_order),
+		cmocka_unit_test(test_fallback_never_after_the_first_byte_of_an_answer),
+		cmocka_unit_test(test_fallback_only_where_no_runner_can_have_started),
+		cmocka_unit_test(test_fallback_only_for_a_request_routed_by_model),
 		cmocka_unit_test(test_retarget_json_and_form),
 		cmocka_unit_test(test_mrw_json_top_level_only),
 		cmocka_unit_test(test_mrw_sse_data_lines),
 		cmocka_unit_test(test_mrw_literal_escapes),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

@@ -27,6 +27,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_queue.h"
 #include "sl_shm.h"
 
@@ -797,5 +799,5 @@ main(void)
 		    teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

@@ -23,6 +23,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_shm.h"
 
 /* The region under test, destroyed by the teardown even on failure. */
@@ -979,5 +981,5 @@ main(void)
 	};
 #undef T
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_shm.h"
 #include "sl_upstream.h"
 
@@ -292,5 +294,5 @@ main(void)
 		T(test_busy_mark_is_capped_at_busy_max),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "sl_json.h"
 #include "sl_usage.h"
 
@@ -1493,5 +1495,5 @@ main(void)
 		cmocka_unit_test(test_from_json_reads_usage),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return sl_unit_run(tests);
 }
