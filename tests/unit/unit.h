@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The main() of every unit test binary: `return sl_unit_run(tests);`.
  *
