@@ -588,8 +588,13 @@ use_slot(struct shared *sh)
 	m = atomic_load(&sh->max_seen);
 	while (n > m && !atomic_compare_exchange_weak(&sh->max_seen, &m, n))
 		;
-	if (rand() % 4 == 0)
-		usleep((useconds_t)(rand() % 200));
+	/*
+	 * Held for a moment every time, so that the four processes contend
+	 * for the three slots even when they barely overlap (under valgrind,
+	 * which runs one thread at a time, a slot held for no time was
+	 * mostly taken by the fast path and the queue was hardly used).
+	 */
+	usleep((useconds_t)(100 + rand() % 200));
 	atomic_fetch_sub(&sh->in_use, 1);
 }
 
