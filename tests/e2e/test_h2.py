@@ -5,6 +5,7 @@ a raw-frame client for the hostile cases. Exact answers and counters."""
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import struct
@@ -466,3 +467,240 @@ def test_a_browser_opens_twenty_streams_at_once_over_http2_and_six_over_http11()
                 first_end = min(out["ends"])
                 early = sum(1 for f in out["firsts"] if f is not None and f < first_end)
                 assert early == want, (proto, early, out)
+
+
+# ---------------------------------------------------------------- reload stress
+
+_STATIC_STATUS = {8: 200, 9: 204, 10: 206, 11: 304, 12: 400, 13: 404, 14: 500}
+_HUFF_DIGITS = {"00000": "0", "00001": "1", "00010": "2", "011001": "3", "011010": "4",
+                "011011": "5", "011100": "6", "011101": "7", "011110": "8", "011111": "9"}
+
+
+def _hpack_status(block):
+    """:status of a response header block (nghttp2 puts it first): a static
+    entry, or a literal (name: static entry 8) of digits; None otherwise."""
+    b = block[0]
+    if b & 0x80:
+        return _STATIC_STATUS.get(b & 0x7f)
+    if b not in (0x48, 0x08, 0x18):
+        return None
+    huff, n = block[1] & 0x80, block[1] & 0x7f
+    raw = block[2:2 + n]
+    if not huff:
+        return int(raw)
+    bits, code, out = "".join("{:08b}".format(x) for x in raw), "", ""
+    for bit in bits:
+        code += bit
+        if code in _HUFF_DIGITS:
+            out, code = out + _HUFF_DIGITS[code], ""
+    return int(out) if out else None
+
+
+class _H2Conn:
+    """One HTTP/2 connection (TLS, ALPN h2), many streams, frame by frame,
+    read at the client's own pace through a small socket buffer (RCVBUF):
+    what the server writes waits in its kernel. Each stream's window is
+    WINDOW bytes; what is read is given back at once (stream and
+    connection, as browsers and SDKs do), except on a held stream, whose
+    window stays shut until release() opens it wide. Records each stream's
+    status, body, END_STREAM or RST, and the GOAWAY, in arrival order."""
+
+    WINDOW = 1024
+    RCVBUF = 4096
+
+    def __init__(self, gw, files):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.RCVBUF)
+        s.settimeout(10)
+        s.connect((h.HOST, gw.port))
+        self.s = files.context(alpn=["h2"]).wrap_socket(s, server_hostname="localhost")
+        assert self.s.selected_alpn_protocol() == "h2"
+        self.buf = b""
+        self.st = {}
+        self.held = set()
+        self.order = []              # ("end", sid), ("rst", sid), ("goaway", last)
+        self.goaway = None           # (last stream id, error code)
+        self.closed = None           # "eof", or the error that ended the socket
+        self._send(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, self.WINDOW)) +
+                   frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 24)))
+
+    def _send(self, data):
+        try:
+            self.s.sendall(data)
+        except (OSError, ssl.SSLError):
+            pass                     # pump() sees the socket's end
+
+    def open(self, sid, block, body, hold=False):
+        self.st[sid] = {"status": None, "body": b"", "end": False, "rst": None}
+        if hold:
+            self.held.add(sid)
+        self._send(frame(HEADERS, END_HEADERS, sid, block) + frame(DATA, END_STREAM, sid, body))
+
+    def release(self, sid):
+        self.held.discard(sid)
+        self._send(frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", 1 << 24)))
+
+    def _frame(self, t, fl, sid, p):
+        st = self.st.get(sid)
+        if t == SETTINGS and not fl & 1:
+            self._send(frame(SETTINGS, 1, 0))
+        elif t == HEADERS and st is not None:
+            if st["status"] is None:
+                st["status"] = _hpack_status(p)
+            if fl & END_STREAM:
+                st["end"] = True
+                self.order.append(("end", sid))
+        elif t == DATA and st is not None:
+            st["body"] += p
+            if p:
+                give = frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", len(p)))
+                if sid not in self.held and not fl & END_STREAM:
+                    give += frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", len(p)))
+                self._send(give)
+            if fl & END_STREAM:
+                st["end"] = True
+                self.order.append(("end", sid))
+        elif t == RST_STREAM and st is not None:
+            st["rst"] = struct.unpack(">I", p[:4])[0]
+            self.order.append(("rst", sid))
+        elif t == GOAWAY:
+            last, code = struct.unpack(">II", p[:8])
+            self.goaway = (last & 0x7fffffff, code)
+            self.order.append(("goaway", self.goaway[0]))
+
+    def pump(self, until, what, timeout=30.0, poll=1.0):
+        """Read and answer frames until until() holds (asked at least every
+        poll seconds) or the socket ends; timeout is a watchdog, not a time
+        limit: past it the state is reported."""
+        deadline = time.monotonic() + timeout
+        while not until() and self.closed is None:
+            if time.monotonic() > deadline:
+                raise AssertionError("waiting for %s: streams %r, goaway %r" % (
+                    what, {k: dict(v, body=len(v["body"])) for k, v in self.st.items()},
+                    self.goaway))
+            try:
+                self.s.settimeout(poll)
+                d = self.s.recv(65536)
+            except (socket.timeout, TimeoutError):
+                continue
+            except (OSError, ssl.SSLError) as e:
+                self.closed = repr(e)
+                break
+            if not d:
+                self.closed = "eof"
+                break
+            self.buf += d
+            while len(self.buf) >= 9:
+                n = struct.unpack(">I", b"\0" + self.buf[:3])[0]
+                if len(self.buf) < 9 + n:
+                    break
+                t, fl = self.buf[3], self.buf[4]
+                sid = struct.unpack(">I", self.buf[5:9])[0] & 0x7fffffff
+                p, self.buf = self.buf[9:9 + n], self.buf[9 + n:]
+                self._frame(t, fl, sid, p)
+        return until()
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+@h.timeout(150)
+def test_reload_retires_h2_connections_with_running_queued_and_refused_streams_whole():
+    """Issue 31, defect 3. sluice.8: a retired worker finishes every stream
+    in flight. One worker, a pool of max_streams 2 with queue max 3; on each
+    of many HTTP/2 connections two long streams run (their windows shut, so
+    they are still running when the worker retires), three wait in the
+    queue and a fourth is refused 503 queue_full; then SIGHUP. After the
+    GOAWAY the windows open wide, in odd rounds only once the runner has
+    sent all of both long streams (the waiters are served meanwhile): the
+    rest of each goes out at once and waits in the kernel for a client that
+    reads at its own pace and answers each DATA frame with WINDOW_UPDATE.
+    Every admitted stream must end byte-exact with data: [DONE] and
+    END_STREAM, every waiter be served, and no slot stay held."""
+    slow = "valgrind" in os.environ.get("SLUICE_UNDER", "")
+    rounds = 12 if slow else 120
+    scale = 10 if slow else 1
+    files = TLSFiles()
+    with Stub() as stub:
+        cfg = h.gateway_config(None, workers=1, log_level="info",
+                               admin_listen="%s:%d" % (h.HOST, h.free_port()))
+        cfg["upstreams"] = {"main": {
+            "replicas": [{"url": stub.url, "max_streams": 2}],
+            "api_key": h.UPSTREAM_KEY, "queue": {"max": 3, "timeout": "60s"}}}
+        cert, key = files.leaf()
+        cfg["tls"] = {"cert": cert, "key": key}
+        with h.Gateway(cfg, allow_worker_changes=True) as gw:
+            gw.tls = files.context()
+            body = h.stream_body()
+            base = req_headers(gw.port, method="POST", path="/v1/chat/completions") + \
+                hpack([("content-type", "application/json")])
+
+            def block(events, size, interval, tag):
+                return base + hpack([("x-stub-events", str(events)),
+                                     ("x-stub-event-size", str(size)),
+                                     ("x-stub-interval-ms", str(interval * scale)),
+                                     ("x-stub-tag", tag)])
+            # Each within the stream buffer: the runner can send it all while
+            # its window is shut.
+            running = {1: (16, 2500), 3: (20, 2500)}          # events, size
+            want = {s: expected_events(n, z) for s, (n, z) in running.items()}
+            waiters = (5, 7, 9, 11)
+            checked = 0
+            t0 = time.monotonic()
+            for k in range(rounds):
+                c = _H2Conn(gw, files)
+                try:
+                    for s, (n, z) in running.items():
+                        c.open(s, block(n, z, 5, "run"), body, hold=True)
+                    c.pump(lambda: all(c.st[s]["status"] for s in running),
+                           "the heads of the running streams")
+                    for s in waiters:
+                        c.open(s, block(2, 0, 0, "wait"), body)
+                    c.pump(lambda: any(c.st[s]["end"] for s in waiters), "the refusal")
+                    refused = [s for s in waiters if c.st[s]["end"]]
+                    assert len(refused) == 1 and c.st[refused[0]]["status"] == 503, \
+                        (k, c.st)
+                    assert json.loads(c.st[refused[0]]["body"])["error"]["code"] == \
+                        "queue_full", c.st[refused[0]]
+                    served = [s for s in waiters if s not in refused]
+                    assert not any(c.st[s]["end"] for s in running), (k, c.order)
+                    h.kill_pid(gw.pid, signal.SIGHUP)
+                    c.pump(lambda: c.goaway is not None, "GOAWAY")
+                    if k % 2:
+                        c.pump(lambda: stub.tag("run")["completed"] == 2 * (k + 1) and
+                               all(c.st[s]["end"] for s in served),
+                               "the runner to send both running streams", poll=0.01)
+                    c.release(1)
+                    c.release(3)
+                    c.pump(lambda: False, "the server to close")
+                    assert c.goaway[1] == 0 and c.goaway[0] >= 11, (k, c.goaway)
+                    ok = dict(want)
+                    ok.update((s, expected_events(2)) for s in served)
+                    for s, w in ok.items():
+                        st = c.st[s]
+                        assert st["status"] == 200 and st["rst"] is None and st["end"] \
+                            and st["body"] == w, \
+                            "round %d, stream %d: status %r, rst %r, END_STREAM %r, %d " \
+                            "of %d bytes, ends with %r; the connection: %s, frames %r" % (
+                                k, s, st["status"], st["rst"], st["end"], len(st["body"]),
+                                len(w), st["body"][-20:], c.closed, c.order)
+                    checked += len(waiters) + len(running)
+                finally:
+                    c.close()
+                h.wait_until(lambda: h.reload_results(gw) == (k + 1, 0), 10,
+                             msg="reload %d logged" % (k + 1))
+                h.wait_workers_ready(gw, 1)
+            elapsed = time.monotonic() - t0
+            m = h.wait_metric(gw, "sluice_tenant_streams", 0, timeout=5, tenant="acme")
+            assert m.value("sluice_queue_waiting", upstream="main", tenant="acme") == 0
+            assert m.value("sluice_replica_streams", upstream="main", replica=stub.url) == 0
+            assert m.value("sluice_queue_total", upstream="main", outcome="full") == rounds
+            assert m.value("sluice_queue_total", upstream="main",
+                           outcome="dispatched") == 3 * rounds
+            assert m.value("sluice_requests_total", tenant="acme", code="200") == 5 * rounds
+            print("h2 reload stress: checked %d streams over %d reloads in %.1fs "
+                  "(%d rounds with both running streams sent whole before their "
+                  "windows opened)" % (checked, rounds, elapsed, rounds // 2))
