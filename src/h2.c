@@ -25,8 +25,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/queue.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <linux/sockios.h>
 
 #include <ev.h>
 #include <nghttp2/nghttp2.h>
@@ -41,6 +45,8 @@
 
 #define OUT_BATCH 16384           /* frames gathered before one write */
 #define MAX_HEADERS 128           /* response header lines turned into nv */
+#define LINGER_SECONDS 2.0        /* a closing connection's look at what the
+                                   * client has not taken yet (h2_linger) */
 
 struct h2_stream {
 	TAILQ_ENTRY(h2_stream) entry;
@@ -78,6 +84,10 @@ struct sl_h2 {
 	uint64_t resets;          /* RST_STREAM frames the client sent */
 	int counted;              /* its end is counted already */
 	int goaway;
+	int linger;               /* the session is over, the client still
+	                           * reads: h2_linger */
+	ev_tstamp t_linger;       /* its next look */
+	size_t outq;              /* bytes the kernel held for the client then */
 	int depth, dead;
 };
 
@@ -94,6 +104,7 @@ sl_h2_err_name(enum sl_h2_err e)
 }
 
 static void h2_close(struct sl_h2 *);
+static void h2_linger(struct sl_h2 *);
 static void h2_want_send(struct sl_h2 *);
 static void h2_timer_update(struct sl_h2 *);
 static int h2_send(struct sl_h2 *);
@@ -591,13 +602,16 @@ h2_unref(struct sl_h2 *h)
 static void
 h2_want_send(struct sl_h2 *h)
 {
-	if (h->dead || h->send_fed)
+	if (h->dead || h->linger || h->send_fed)
 		return;
 	h->send_fed = 1;
 	ev_feed_event(h->w->loop, &h->wio, EV_WRITE);
 }
 
-/* Write what nghttp2 has, in batches; -1 when the connection closed. */
+/*
+ * Write what nghttp2 has, in batches; -1 when the connection closed, or
+ * its session is over and it lingers.
+ */
 static int
 h2_send(struct sl_h2 *h)
 {
@@ -651,11 +665,14 @@ h2_send(struct sl_h2 *h)
 		h->wcap = 0;
 	}
 	if (!nghttp2_session_want_read(h->s) && !nghttp2_session_want_write(h->s)) {
-		h2_close(h);
+		if (TAILQ_EMPTY(&h->streams))
+			h2_linger(h);
+		else
+			h2_close(h);
 		return -1;
 	}
 	if (h->goaway && TAILQ_EMPTY(&h->streams)) {
-		h2_close(h);
+		h2_linger(h);
 		return -1;
 	}
 	h2_timer_update(h);
@@ -719,6 +736,90 @@ h2_read(struct sl_h2 *h)
 		ev_feed_event(h->w->loop, &h->rio, EV_READ);   /* its turn again */
 }
 
+/* Bytes the kernel still holds for the client (not yet acknowledged). */
+static size_t
+h2_outq(struct sl_h2 *h)
+{
+	int q = 0;
+
+	if (ioctl(h->fd, SIOCOUTQ, &q) == -1 || q < 0)
+		return 0;
+	return (size_t)q;
+}
+
+/*
+ * The session is over (GOAWAY sent and its last stream ended, or nghttp2
+ * wants nothing more) and every byte of it is with the kernel. Closing the
+ * socket now would lose what the kernel still holds for a client that
+ * reads at its own pace: its frames (WINDOW_UPDATE for the DATA it is still
+ * reading) would reach a closed socket, which the kernel answers with a
+ * reset, dropping the rest, the last stream's last DATA and END_STREAM
+ * (issue 31). So the connection says it is done (close_notify, then FIN
+ * after the last byte) and reads, discarding, until the client closes too,
+ * or until a look every LINGER_SECONDS finds that the client has taken
+ * every byte, or that what it has not taken did not move for
+ * timeouts.client_stall. Until then it counts as open: a draining worker
+ * waits for it.
+ */
+static void
+h2_linger(struct sl_h2 *h)
+{
+	struct ev_loop *loop = h->w->loop;
+
+	sl_debug("h2 %d: session over, lingering", h->fd);
+	h->linger = 1;
+	h->rwant = 0;
+	ev_io_stop(loop, &h->wio);   /* and a send fed to it */
+	if (h->ssl != NULL)
+		sl_tls_close_notify(h->ssl);
+	shutdown(h->fd, SHUT_WR);
+	nghttp2_session_del(h->s);
+	h->s = NULL;
+	free(h->wbuf);
+	h->wbuf = NULL;
+	h->wlen = h->woff = h->wcap = 0;
+	h->outq = h2_outq(h);
+	h->t_wmove = ev_now(loop);
+	h->t_linger = h->t_wmove + LINGER_SECONDS;
+	h2_timer_update(h);
+}
+
+/* Lingering: what the client sends is read and dropped, its end awaited. */
+static void
+h2_linger_read(struct sl_h2 *h)
+{
+	static uint8_t sink[16384];
+	int i;
+
+	for (i = 0; i < 8; i++) {
+		ssize_t n = read(h->fd, sink, sizeof(sink));
+
+		if (n > 0)
+			continue;
+		if (n == -1 && (errno == EAGAIN || errno == EINTR))
+			return;
+		h2_close(h);   /* the client closed too, or is gone */
+		return;
+	}
+}
+
+/* Lingering, at a look: does the client still take what it was sent? */
+static int
+h2_linger_more(struct sl_h2 *h)
+{
+	ev_tstamp now = ev_now(h->w->loop);
+	size_t q = h2_outq(h);
+
+	if (q == 0)
+		return 0;
+	if (q != h->outq) {
+		h->outq = q;
+		h->t_wmove = now;
+	}
+	return now < h->t_wmove +
+	    (double)h->w->cfg->timeouts.client_stall_ms / 1000.0;
+}
+
 static void
 h2_on_read(struct ev_loop *loop, ev_io *io, int revents)
 {
@@ -727,9 +828,13 @@ h2_on_read(struct ev_loop *loop, ev_io *io, int revents)
 	(void)loop;
 	(void)revents;
 	h->depth++;
-	h2_read(h);
-	if (!h->dead)
-		h2_send(h);
+	if (h->linger)
+		h2_linger_read(h);
+	else {
+		h2_read(h);
+		if (!h->dead)
+			h2_send(h);
+	}
 	h2_unref(h);
 }
 
@@ -742,6 +847,10 @@ h2_on_write(struct ev_loop *loop, ev_io *io, int revents)
 	(void)revents;
 	h->depth++;
 	h->send_fed = 0;
+	if (h->linger) {
+		h2_unref(h);
+		return;
+	}
 	if (h->rwant) {
 		h->rwant = 0;
 		h2_read(h);
@@ -765,7 +874,9 @@ h2_timer_update(struct sl_h2 *h)
 	if (h->dead)
 		return;
 	ev_timer_stop(h->w->loop, &h->timer);
-	if (h->woff < h->wlen)
+	if (h->linger)
+		d = h->t_linger;
+	else if (h->woff < h->wlen)
 		d = h->t_wmove + (double)cfg->timeouts.client_stall_ms / 1000.0;
 	else if (h->nexch == 0)
 		d = h->t_active + (double)(TAILQ_EMPTY(&h->streams) ?
@@ -785,7 +896,13 @@ h2_on_timer(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)loop;
 	(void)revents;
 	h->depth++;
-	if (h->woff < h->wlen) {
+	if (h->linger) {
+		if (h2_linger_more(h)) {
+			h->t_linger = ev_now(loop) + LINGER_SECONDS;
+			h2_timer_update(h);
+		} else
+			h2_close(h);
+	} else if (h->woff < h->wlen) {
 		sl_info("h2 %d: client stalled, connection cut", h->fd);
 		h2_close(h);
 	} else if (h->nexch == 0) {
@@ -922,7 +1039,7 @@ sl_h2_drain_all(struct sl_worker *w)
 
 	for (h = TAILQ_FIRST(&w->h2s); h != NULL; h = next) {
 		next = TAILQ_NEXT(h, entry);
-		if (h->goaway)
+		if (h->goaway || h->linger)
 			continue;
 		h->goaway = 1;
 		nghttp2_submit_goaway(h->s, NGHTTP2_FLAG_NONE,

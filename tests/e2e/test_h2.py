@@ -814,9 +814,6 @@ class _H2Conn:
             pass
 
 
-@h.pending("issue 31 defect 3: a retired worker closes an HTTP/2 connection whose "
-           "client still sends (WINDOW_UPDATE), the kernel resets it and drops the last "
-           "DATA; the lingering close that fixes it is not landed yet")
 @h.timeout(150)
 def test_reload_retires_h2_connections_with_running_queued_and_refused_streams_whole():
     """Issue 31, defect 3. sluice.8: a retired worker finishes every stream
