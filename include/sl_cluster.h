@@ -77,6 +77,22 @@ struct sl_cluster_w *sl_cluster_worker_new(struct ev_loop *,
 void sl_cluster_worker_free(struct sl_cluster_w *);
 
 /*
+ * A worker the master just started (a reload, a respawn) while the node
+ * admits through Redis waits for its own Redis connection before it
+ * accepts: until then it would admit by on_redis_down (503 with closed,
+ * local admissions past the cluster's limit with local_share), and the
+ * node's /healthz would say so, for the moment a connection takes.
+ * Returns 1 when the worker may accept now; else 0, and cb(arg) is called
+ * once, from the loop, when its connection first answers. cb NULL cancels.
+ * The caller bounds the wait (cluster.timeout) and then calls
+ * sl_cluster_worker_await_end, after which the worker admits as any worker
+ * without a connection does.
+ */
+int sl_cluster_worker_await(struct sl_cluster_w *, void (*cb)(void *),
+    void *arg);
+void sl_cluster_worker_await_end(struct sl_cluster_w *);
+
+/*
  * Admit a request of config tenant `tenant` whose node slot is already
  * held. Returns a verdict at once, or SL_CL_PENDING: then cb(arg, verdict)
  * is called exactly once, from the loop (a reply or a timer), unless

@@ -77,7 +77,9 @@ struct sl_worker {
 	 */
 	int hup_fd;
 	ev_io hup_io;
-	ev_timer accept_retry;
+	ev_timer accept_retry;       /* also bounds accept_await */
+	int accept_await;            /* not accepting until Redis answers
+	                              * (sl_cluster_worker_await) */
 
 	struct sl_transfers *xfers;  /* libcurl multi shards, easy handles */
 	struct sl_blocks blocks;     /* 4 KiB blocks: input and stream buffers */

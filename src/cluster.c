@@ -169,10 +169,14 @@ static const double rtt_bounds[RTT_BUCKETS] = {
 /*
  * A worker row's connection: the node says it admits through Redis only
  * while no worker of it is ROW_CONNECTING (its admissions would go by
- * on_redis_down). The master sets ROW_CONNECTING before it forks the
- * worker and ROW_UNUSED when it is dead; the worker the rest.
+ * on_redis_down). The master sets ROW_STARTING before it forks the
+ * worker and ROW_UNUSED when it is dead; the worker the rest. A STARTING
+ * worker does not accept yet (sl_cluster_worker_await): it admits nothing,
+ * by Redis or otherwise, so the node's mode does not count it; it turns
+ * READY at its connection's first answer, or CONNECTING when it starts
+ * accepting without one.
  */
-enum { ROW_UNUSED = 0, ROW_CONNECTING, ROW_READY };
+enum { ROW_UNUSED = 0, ROW_CONNECTING, ROW_READY, ROW_STARTING };
 
 /* Per worker row; written only by its worker (row 0: the master). */
 struct row {
@@ -406,6 +410,8 @@ struct sl_cluster_w {
 	int timeouts_in_row;
 	size_t npending;
 	int stale;               /* the master's heartbeat is too old: fenced */
+	void (*ready_cb)(void *);  /* sl_cluster_worker_await's, once */
+	void *ready_arg;
 	ev_tstamp unknown_logged; /* Redis did not know the node (-1), logged */
 
 	/*
@@ -594,8 +600,43 @@ cw_sha_cb(redisAsyncContext *ac, void *r, void *priv)
 	if (reply->type == REDIS_REPLY_STRING && reply->len == 40)
 		memcpy(cw->sha, reply->str, 41);
 	/* Answered (the acquire falls back to EVAL without the sha). */
-	if (reply->type != REDIS_REPLY_ERROR)
+	if (reply->type != REDIS_REPLY_ERROR) {
+		void (*cb)(void *) = cw->ready_cb;
+
 		row_state(cw->cs, cw->row, ROW_READY);
+		cw->ready_cb = NULL;
+		if (cb != NULL)
+			cb(cw->ready_arg);   /* it only starts a watcher */
+	}
+}
+
+int
+sl_cluster_worker_await(struct sl_cluster_w *cw, void (*cb)(void *), void *arg)
+{
+	cw->ready_cb = NULL;
+	if (cb == NULL)
+		return 1;
+	if (atomic_load_explicit(&cw->cs->row[cw->row].state,
+	    memory_order_acquire) != ROW_STARTING)
+		return 1;
+	if (atomic_load_explicit(&cw->cs->mode, memory_order_acquire) !=
+	    MODE_REDIS) {
+		/* The node admits by on_redis_down anyway: so does this one. */
+		row_state(cw->cs, cw->row, ROW_CONNECTING);
+		return 1;
+	}
+	cw->ready_cb = cb;
+	cw->ready_arg = arg;
+	return 0;
+}
+
+void
+sl_cluster_worker_await_end(struct sl_cluster_w *cw)
+{
+	cw->ready_cb = NULL;
+	if (atomic_load_explicit(&cw->cs->row[cw->row].state,
+	    memory_order_acquire) == ROW_STARTING)
+		row_state(cw->cs, cw->row, ROW_CONNECTING);
 }
 
 static void
@@ -707,7 +748,8 @@ sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
 	}
 	/* The master reclaimed this row before handing it out. */
 	atomic_store(&cs->row[row].hwm, 0);
-	row_state(cs, row, ROW_CONNECTING);
+	if (atomic_load(&cs->row[row].state) != ROW_STARTING)
+		row_state(cs, row, ROW_CONNECTING);
 	ev_timer_init(&cw->retry, cw_retry_cb, 0.0, 0.0);
 	cw->retry.data = cw;
 	ev_prepare_init(&cw->flush, cw_flush_cb);
@@ -2360,7 +2402,7 @@ void
 sl_cluster_master_row_started(struct sl_cluster_m *cm, size_t row, int started)
 {
 	if (cm != NULL && row > 0 && row < cm->cs->rows)
-		row_state(cm->cs, row, started ? ROW_CONNECTING : ROW_UNUSED);
+		row_state(cm->cs, row, started ? ROW_STARTING : ROW_UNUSED);
 }
 
 /*

@@ -74,8 +74,26 @@ accept_retry_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct sl_worker *w = t->data;
 
+	(void)revents;
+	if (w->accept_await) {
+		/* cluster.timeout without an answer from Redis: accept anyway. */
+		w->accept_await = 0;
+		sl_cluster_worker_await_end(w->cluster);
+	}
 	if (!w->draining)
 		ev_io_start(loop, &w->accept_io);
+}
+
+/* The worker's Redis connection answered: accept (sl_cluster_worker_await). */
+static void
+accept_ready(void *arg)
+{
+	struct sl_worker *w = arg;
+
+	w->accept_await = 0;
+	ev_timer_stop(w->loop, &w->accept_retry);
+	if (!w->draining)
+		ev_io_start(w->loop, &w->accept_io);
 }
 
 static void
@@ -112,6 +130,10 @@ sig_drain_cb(struct ev_loop *loop, ev_signal *s, int revents)
 	w->draining = 1;
 	ev_io_stop(loop, &w->accept_io);
 	ev_timer_stop(loop, &w->accept_retry);
+	if (w->accept_await) {
+		w->accept_await = 0;
+		(void)sl_cluster_worker_await(w->cluster, NULL, NULL);
+	}
 	if (w->listen_fd >= 0) {
 		/* The master keeps the socket: its queue waits for successors. */
 		close(w->listen_fd);
@@ -355,7 +377,14 @@ sl_worker_main(const struct sl_worker_args *a)
 		w.hup_io.data = &w;
 		ev_io_start(w.loop, &w.hup_io);
 	}
-	ev_io_start(w.loop, &w.accept_io);
+	if (w.cluster != NULL && !sl_cluster_worker_await(w.cluster,
+	    accept_ready, &w)) {
+		w.accept_await = 1;
+		ev_timer_set(&w.accept_retry,
+		    (double)a->cfg->cluster.timeout_ms / 1000.0, 0.0);
+		ev_timer_start(w.loop, &w.accept_retry);
+	} else
+		ev_io_start(w.loop, &w.accept_io);
 	if (w.queue != NULL && sl_queue_wake_fd(w.queue, a->row) >= 0) {
 		ev_io_init(&w.queue_io, queue_cb, sl_queue_wake_fd(w.queue,
 		    a->row), EV_READ);

@@ -1167,9 +1167,6 @@ def test_reload_removing_cluster_keeps_the_running_fail_mode_and_timing():
         close_all(held)
 
 
-@h.pending("after the reload /healthz says closed for a moment before redis "
-           "(a new worker answers before its Redis connection is up); fails on this "
-           "machine with the binary of 456f02c too, not investigated yet")
 @h.timeout(60)
 def test_reload_to_a_shorter_heartbeat_does_not_fence_a_healthy_node():
     """A reload from heartbeat 10s / lease_ttl 30s to 1s / 3s: the next
