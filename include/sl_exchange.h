@@ -73,7 +73,9 @@ size_t sl_exchange_pull(struct sl_conn *, uint8_t *buf, size_t len, int *eof);
 /*
  * The stream is closed: done (the whole response went out) or not (the
  * client reset it, or its connection is gone). The exchange ends here.
+ * Returns how many flow-controlled body bytes it held and never gave back
+ * through consume(): the framing returns them to its connection's window.
  */
-void sl_exchange_closed(struct sl_conn *, int done);
+size_t sl_exchange_closed(struct sl_conn *, int done);
 
 #endif

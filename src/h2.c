@@ -8,9 +8,11 @@
  * turning a decoded head into request bytes, pulling response bytes as the
  * stream's window allows, flow control on the request side (a stream's
  * window opens again only as its exchange takes the bytes, so a client
- * cannot make sluice hold more than a window per stream), the protocol's
- * limits (h2_max_streams, header list size, nghttp2's flood and rapid reset
- * limits set explicitly) and their counters.
+ * cannot make sluice hold more than a window per stream; one answered
+ * before its body ended is reset without error, and what it held goes back
+ * to the connection's window, so it costs the other streams nothing), the
+ * protocol's limits (h2_max_streams, header list size, nghttp2's flood and
+ * rapid reset limits set explicitly) and their counters.
  *
  * nghttp2 is driven in memory (mem_recv/mem_send): reads and writes go
  * through sl_tls like the HTTP/1.1 connection's. Nothing calls mem_send
@@ -476,11 +478,19 @@ on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id,
 	if (st->chunked) {
 		n = snprintf(line, sizeof(line), "%zx\r\n", len);
 		if (sl_exchange_input(st->x, line, (size_t)n, 0) == -1 ||
-		    sl_exchange_input(st->x, data, len, len) == -1 ||
-		    sl_exchange_input(st->x, "\r\n", 2, 0) == -1)
-			return 0;
-	} else
-		sl_exchange_input(st->x, data, len, len);
+		    sl_exchange_input(st->x, data, len, len) == -1)
+			goto refused;
+		sl_exchange_input(st->x, "\r\n", 2, 0);
+	} else if (sl_exchange_input(st->x, data, len, len) == -1)
+		goto refused;
+	return 0;
+refused:
+	/*
+	 * The exchange took none of it (it will never count it as taken): the
+	 * connection's window gets it back now, so that other streams do not
+	 * pay for this one; the stream's stays shut, which keeps its bound.
+	 */
+	nghttp2_session_consume_connection(s, len);
 	return 0;
 }
 
@@ -491,7 +501,6 @@ on_frame_send(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 	struct h2_stream *st;
 	int e;
 
-	(void)s;
 	switch (f->hd.type) {
 	case NGHTTP2_GOAWAY:
 		if (h->counted)
@@ -514,9 +523,23 @@ on_frame_send(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 		break;
 	case NGHTTP2_HEADERS:
 	case NGHTTP2_DATA:
-		if ((f->hd.flags & NGHTTP2_FLAG_END_STREAM) &&
-		    (st = stream_of(h, f->hd.stream_id)) != NULL)
-			st->ended = 1;
+		if (!(f->hd.flags & NGHTTP2_FLAG_END_STREAM) ||
+		    (st = stream_of(h, f->hd.stream_id)) == NULL)
+			break;
+		st->ended = 1;
+		/*
+		 * The response is complete and the request is not (an answer
+		 * given before its body ended: 413, 400, 401, 429; an exchange
+		 * takes a body whole before it asks a runner, so nothing else
+		 * ends first). RFC 9113 8.1: ask the client to stop sending,
+		 * without error. Until it does, the stream's window stays shut
+		 * and what it held is given back to the connection as the stream
+		 * closes (on_stream_close), and nghttp2 gives back the
+		 * connection's window for DATA on a closed stream itself.
+		 */
+		if (nghttp2_session_get_stream_remote_close(s, st->id) == 0)
+			nghttp2_submit_rst_stream(s, NGHTTP2_FLAG_NONE, st->id,
+			    NGHTTP2_NO_ERROR);
 		break;
 	default:
 		break;
@@ -531,15 +554,20 @@ on_stream_close(nghttp2_session *s, int32_t id, uint32_t code, void *ud)
 	struct h2_stream *st = stream_of(h, id);
 	struct sl_conn *x;
 
-	(void)s;
 	if (st == NULL)
 		return 0;
 	nghttp2_session_set_stream_user_data(h->s, id, NULL);
 	TAILQ_REMOVE(&h->streams, st, entry);
 	if ((x = st->x) != NULL) {
+		size_t held;
+
 		st->x = NULL;
 		h->nexch--;
-		sl_exchange_closed(x, code == NGHTTP2_NO_ERROR && st->ended);
+		held = sl_exchange_closed(x, code == NGHTTP2_NO_ERROR && st->ended);
+		/* Body bytes it never took: no longer the stream's, still the
+		 * connection's window. */
+		if (held > 0)
+			nghttp2_session_consume_connection(s, held);
 	}
 	h->t_active = ev_now(h->w->loop);
 	stream_free(st);

@@ -4075,11 +4075,14 @@ sl_exchange_pull(struct sl_conn *c, uint8_t *buf, size_t len, int *eof)
 	return n;
 }
 
-void
+size_t
 sl_exchange_closed(struct sl_conn *c, int done)
 {
+	size_t held = c->xin_raw;
+
 	c->depth++;
 	c->fr_ctx = NULL;
+	c->xin_raw = 0;
 	if (done) {
 		conn_request_end(c, c->state == CS_LOCAL ? "rejected" : "done");
 		conn_close(c, "done");
@@ -4088,4 +4091,5 @@ sl_exchange_closed(struct sl_conn *c, int done)
 		conn_close(c, "client_gone");
 	}
 	conn_unref(c);
+	return held;
 }

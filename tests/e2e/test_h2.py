@@ -421,6 +421,7 @@ def test_a_client_that_never_opens_its_window_is_cut_by_the_stall_timeout():
 
 # ------------------------------------------- request bodies and flow control
 
+SETTINGS_HEADER_TABLE_SIZE = 1
 SETTINGS_INITIAL_WINDOW_SIZE = 4
 DEFAULT_WINDOW = 65535            # RFC 9113 6.9.2: until SETTINGS say otherwise
 XIN_LOW = 64 * 1024               # relay.c: an exchange gives the window back
@@ -911,3 +912,117 @@ def test_reload_retires_h2_connections_with_running_queued_and_refused_streams_w
             print("h2 reload stress: checked %d streams over %d reloads in %.1fs "
                   "(%d rounds with both running streams sent whole before their "
                   "windows opened)" % (checked, rounds, elapsed, rounds // 2))
+
+
+# ------------------------------------- an early answer on a shared connection
+
+class _Uploads(_H2Conn):
+    """_H2Conn whose streams send their request bodies as sluice's windows
+    allow (16 KiB DATA frames, round robin, the last with END_STREAM), and
+    stop sending on a stream once it is reset, as RFC 9113 8.1 asks. Its
+    HPACK table size is 0, so every :status is one _hpack_status reads."""
+
+    WINDOW = 1 << 20
+    RCVBUF = 1 << 20
+    CHUNK = 16384
+
+    def __init__(self, gw, files):
+        self.out = {}                    # sid -> [body, bytes sent, window]
+        self.initial = DEFAULT_WINDOW    # the stream window sluice's SETTINGS give
+        self.cwin = DEFAULT_WINDOW       # the connection's
+        super().__init__(gw, files)
+        self._send(frame(SETTINGS, 0, 0, struct.pack(">HI", SETTINGS_HEADER_TABLE_SIZE, 0)))
+
+    def open(self, sid, block, body, hold=False):
+        self.st[sid] = {"status": None, "body": b"", "end": False, "rst": None}
+        self.out[sid] = [body, 0, self.initial]
+        self._send(frame(HEADERS, END_HEADERS, sid, block))
+        self._flow()
+
+    def _frame(self, t, fl, sid, p):
+        if t == SETTINGS and not fl & 1:
+            for i in range(0, len(p) - 5, 6):
+                k, v = struct.unpack(">HI", p[i:i + 6])
+                if k == SETTINGS_INITIAL_WINDOW_SIZE:
+                    for o in self.out.values():
+                        o[2] += v - self.initial
+                    self.initial = v
+        elif t == WINDOW_UPDATE:
+            inc = struct.unpack(">I", p)[0] & 0x7fffffff
+            if sid == 0:
+                self.cwin += inc
+            elif sid in self.out:
+                self.out[sid][2] += inc
+        elif t == HEADERS:
+            while p and p[0] & 0xe0 == 0x20:
+                p = p[1:]                # the table size update (to 0): one byte
+        super()._frame(t, fl, sid, p)
+        if t in (SETTINGS, WINDOW_UPDATE):
+            self._flow()
+
+    def _flow(self):
+        moved = True
+        while moved:
+            moved = False
+            for sid, o in self.out.items():
+                body, off, win = o
+                k = min(self.CHUNK, win, self.cwin, len(body) - off)
+                if self.st[sid]["rst"] is not None or k <= 0:
+                    continue
+                end = END_STREAM if off + k == len(body) else 0
+                self._send(frame(DATA, end, sid, body[off:off + k]))
+                o[1] += k
+                o[2] -= k
+                self.cwin -= k
+                moved = True
+
+
+def test_a_stream_answered_before_its_body_ended_is_reset_and_costs_the_others_nothing():
+    """RFC 9113 8.1: once a stream's response is complete although its
+    request body is not (413 past max_body_bytes), sluice resets it with
+    NO_ERROR, and what the client sent for it is given back to the
+    connection's window. On one connection two 8 MiB bodies over the 2 MiB
+    limit (one with content-length, found at once; one without, found as it
+    arrives) share the connection with three 1 MiB bodies within it: these
+    reach the runner byte for byte and are answered 200, not 408 after the
+    refused streams held the connection's window."""
+    files = TLSFiles()
+    big, small = 8 << 20, 1 << 20
+    with Stub() as stub, _gw(files, stub, limits={"max_body_bytes": "2MiB"}) as gw:
+        c = _Uploads(gw, files)
+        try:
+            echo = req_headers(gw.port, method="POST", path="/v1/echo") + \
+                hpack([("content-type", "application/octet-stream")])
+            over = {1: b"o" * big, 3: b"p" * big}
+            within = {s: os.urandom(small // 2).hex().encode() for s in (5, 7, 9)}
+            c.open(1, echo, over[1])
+            c.open(3, echo + hpack([("content-length", str(big))]), over[3])
+            for s in (5, 7):
+                c.open(s, echo + hpack([("content-length", str(small))]), within[s])
+            c.open(9, echo, within[9])
+
+            def settled(s):
+                st = c.st[s]
+                return st["rst"] is not None or (st["end"] and st["status"] != 413)
+            c.pump(lambda: all(settled(s) for s in c.st), "every stream to settle",
+                   timeout=90)
+            got = {s: (st["status"], st["end"], st["rst"]) for s, st in c.st.items()}
+            print("streams (status, END_STREAM, RST_STREAM code): %r; body bytes sent: %r"
+                  % (got, {s: o[1] for s, o in c.out.items()}))
+            for s in over:
+                st = c.st[s]
+                assert (st["status"], st["end"], st["rst"]) == (413, True, 0), (s, got)
+                assert json.loads(st["body"])["error"]["code"] == "request_too_large", st
+                assert c.order.index(("end", s)) < c.order.index(("rst", s)), c.order
+                assert c.out[s][1] < big, (s, c.out[s][1])
+            for s, body in within.items():
+                st = c.st[s]
+                assert (st["status"], st["end"], st["rst"]) == (200, True, None), (s, got)
+                assert c.out[s][1] == small, (s, c.out[s][1])
+                assert json.loads(st["body"])["body"].encode() == body, \
+                    "stream %d: the runner got other bytes" % s
+            assert c.closed is None, c.closed
+        finally:
+            c.close()
+        h.wait_metric(gw, "sluice_tenant_streams", 0, tenant="acme", timeout=5)
+        assert stub.stats()["requests"] == 3, stub.stats()

@@ -190,7 +190,7 @@ check_body(const struct sl_conn *x)
 	}
 }
 
-void
+size_t
 sl_exchange_closed(struct sl_conn *x, int done)
 {
 	(void)done;
@@ -199,6 +199,7 @@ sl_exchange_closed(struct sl_conn *x, int done)
 	nopen--;
 	free(x->in.p);
 	free(x);
+	return 0;   /* this fake gives every byte back as it arrives */
 }
 
 static void
