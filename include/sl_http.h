@@ -115,6 +115,9 @@ const char *sl_http_bearer(const char *value, size_t vlen, size_t *len);
 /* 1 if header name (nlen bytes) is hop-by-hop (RFC 9110 7.6.1 plus legacy ones). */
 int sl_http_is_hop_by_hop(const char *name, size_t nlen);
 
+/* 1 if ch is an RFC 9110 token character (header names, parameters). */
+int sl_http_is_tchar(unsigned char ch);
+
 /* 1 if header name (nlen bytes) is `want` (lower case), ignoring case. */
 int sl_http_name_is(const char *name, size_t nlen, const char *want);
 

@@ -41,6 +41,9 @@ enum sl_model_kind {
 	SL_MODEL_AMBIGUOUS     /* a body a runner may read otherwise: why */
 };
 
+/* The 400's message for an AMBIGUOUS body (relay.c's head checks too). */
+#define SL_MODEL_AMBIGUOUS_MSG "the request body cannot be read unambiguously: "
+
 /* What a request body names. */
 struct sl_model_req {
 	enum sl_model_kind kind;

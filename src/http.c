@@ -140,12 +140,12 @@ arena_add(struct sl_req *r, const char *p, size_t n)
 	return 0;
 }
 
-/* RFC 9110 token characters, for header names. */
-static int
-is_tchar(unsigned char ch)
+int
+sl_http_is_tchar(unsigned char ch)
 {
 	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-	    (ch >= '0' && ch <= '9') || strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+	    (ch >= '0' && ch <= '9') || (ch != '\0' &&
+	    strchr("!#$%&'*+-.^_`|~", ch) != NULL);
 }
 
 static int
@@ -208,7 +208,7 @@ on_header_field(http_parser *p, const char *at, size_t n)
 	}
 	h = &r->headers[r->nheaders - 1];
 	for (size_t i = 0; i < n; i++)
-		if (!is_tchar((unsigned char)at[i])) {
+		if (!sl_http_is_tchar((unsigned char)at[i])) {
 			/* e.g. "Content-Length : 3": framing and lookups disagree */
 			req_fail(r, 400, "invalid header name");
 			return -1;
@@ -938,7 +938,7 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 		return SL_RH_BAD;
 	nl = (size_t)(colon - p);
 	for (i = 0; i < nl; i++)
-		if (!is_tchar((unsigned char)p[i]))
+		if (!sl_http_is_tchar((unsigned char)p[i]))
 			return SL_RH_BAD;
 	v = colon + 1;
 	while (v < p + len && (*v == ' ' || *v == '\t'))

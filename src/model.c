@@ -15,6 +15,7 @@
 #include <strings.h>
 
 #include "sl_buf.h"
+#include "sl_http.h"
 #include "sl_model.h"
 
 /* ---- reading the model ------------------------------------------------ */
@@ -78,14 +79,6 @@ read_json(const char *body, size_t len, struct sl_model_req *r)
 	r->name[r->len] = '\0';
 }
 
-static int
-is_tchar(unsigned char c)
-{
-	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-	    (c >= '0' && c <= '9') || (c != '\0' &&
-	    strchr("!#$%&'*+-.^_`|~", c) != NULL);
-}
-
 static size_t
 ows(const char *v, size_t n, size_t i)
 {
@@ -126,7 +119,7 @@ decodes_to_model(const char *s, size_t n, int plus)
 		a++;
 	while (o > a && (d[o - 1] == ' ' || d[o - 1] == '\t'))
 		o--;
-	return o - a == 5 && strncasecmp(d + a, "model", 5) == 0;
+	return sl_http_name_is(d + a, o - a, "model");
 }
 
 /*
@@ -184,7 +177,7 @@ next_param(const char *v, size_t n, size_t *i, struct hparam *p)
 		return 0;   /* a trailing ';' */
 	memset(p, 0, sizeof(*p));
 	p->ns = k;
-	while (k < n && is_tchar((unsigned char)v[k]))
+	while (k < n && sl_http_is_tchar((unsigned char)v[k]))
 		k++;
 	p->ne = k;
 	k = ows(v, n, k);
@@ -205,7 +198,7 @@ next_param(const char *v, size_t n, size_t *i, struct hparam *p)
 		p->ve = k++;
 	} else {
 		p->vs = k;
-		while (k < n && is_tchar((unsigned char)v[k]))
+		while (k < n && sl_http_is_tchar((unsigned char)v[k]))
 			k++;
 		if ((p->ve = k) == p->vs)
 			return -1;
@@ -221,9 +214,7 @@ next_param(const char *v, size_t n, size_t *i, struct hparam *p)
 static int
 param_is(const char *v, const struct hparam *p, const char *name)
 {
-	size_t l = strlen(name);
-
-	return p->ne - p->ns == l && strncasecmp(v + p->ns, name, l) == 0;
+	return sl_http_name_is(v + p->ns, p->ne - p->ns, name);
 }
 
 /* `name*`, `name*0`, `name*0*`: RFC 2231 / 8187, which sluice does not decode. */
@@ -261,7 +252,7 @@ read_part_head(const char *b, size_t hs, size_t he, int *is_model,
 			ambiguous(r, "a part header with a bare CR or LF");
 			return -1;
 		}
-		for (c = 0; c < ll && is_tchar((unsigned char)line[c]); c++)
+		for (c = 0; c < ll && sl_http_is_tchar((unsigned char)line[c]); c++)
 			;
 		if (c == 0 || c == ll || line[c] != ':') {
 			ambiguous(r, ll > 0 && (line[0] == ' ' || line[0] == '\t') ?
@@ -271,15 +262,14 @@ read_part_head(const char *b, size_t hs, size_t he, int *is_model,
 		}
 		v = line + c + 1;
 		vl = ll - c - 1;
-		if (c == 25 && strncasecmp(line, "content-transfer-encoding", 25) ==
-		    0) {
+		if (sl_http_name_is(line, c, "content-transfer-encoding")) {
 			i = ows(v, vl, 0);
 			coded |= !(media_type_is(v + i, vl - i, "7bit") ||
 			    media_type_is(v + i, vl - i, "8bit") ||
 			    media_type_is(v + i, vl - i, "binary"));
 			continue;
 		}
-		if (!(c == 19 && strncasecmp(line, "content-disposition", 19) == 0))
+		if (!sl_http_name_is(line, c, "content-disposition"))
 			continue;
 		if (cd++) {
 			ambiguous(r, "a part with two Content-Disposition headers");
@@ -345,9 +335,9 @@ read_form(const char *body, size_t len, const char *ctype, size_t ctlen,
 			return;
 		}
 		if (param_starred(ctype, &p, "charset") || (param_is(ctype, &p,
-		    "charset") && !(p.ve - p.vs == 5 && strncasecmp(ctype + p.vs,
-		    "utf-8", 5) == 0) && !(p.ve - p.vs == 8 &&
-		    strncasecmp(ctype + p.vs, "us-ascii", 8) == 0))) {
+		    "charset") && !sl_http_name_is(ctype + p.vs, p.ve - p.vs,
+		    "utf-8") && !sl_http_name_is(ctype + p.vs, p.ve - p.vs,
+		    "us-ascii"))) {
 			/* Starlette decodes names and values by it (UTF-16...) */
 			ambiguous(r, "a form charset other than UTF-8");
 			return;
@@ -738,8 +728,8 @@ sl_model_route(struct sl_models *s, const struct sl_config *cfg, size_t t,
 		return 0;
 	case SL_MODEL_AMBIGUOUS:
 		/* Whatever the tenant's upstream: unread is unchecked. */
-		snprintf(out->message, sizeof(out->message), "the request body "
-		    "cannot be read unambiguously: %s", r.why);
+		snprintf(out->message, sizeof(out->message), "%s%s",
+		    SL_MODEL_AMBIGUOUS_MSG, r.why);
 		out->status = 400;
 		out->code = "bad_request";
 		return 0;

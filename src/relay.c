@@ -2681,8 +2681,7 @@ conn_route_model(struct sl_conn *c)
 	if ((why = conn_body_unreadable(c)) != NULL) {
 		char msg[200];
 
-		snprintf(msg, sizeof(msg), "the request body cannot be read "
-		    "unambiguously: %s", why);
+		snprintf(msg, sizeof(msg), "%s%s", SL_MODEL_AMBIGUOUS_MSG, why);
 		conn_error(c, 400, "invalid_request_error", "bad_request", msg,
 		    0, 0);
 		return -1;

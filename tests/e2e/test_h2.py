@@ -261,6 +261,20 @@ def req_headers(port, key=ACME_KEY, method="GET", path="/v1/models"):
                   (":authority", "localhost:%d" % port), ("authorization", "Bearer " + key)])
 
 
+def _split_frames(buf):
+    """The whole HTTP/2 frames at the start of buf, each (type, flags,
+    stream id, payload), and the bytes after them."""
+    out = []
+    while len(buf) >= 9:
+        n = struct.unpack(">I", b"\0" + buf[:3])[0]
+        if len(buf) < 9 + n:
+            break
+        sid = struct.unpack(">I", buf[5:9])[0] & 0x7fffffff
+        out.append((buf[3], buf[4], sid, buf[9:9 + n]))
+        buf = buf[9 + n:]
+    return out, buf
+
+
 class Raw:
     """A TLS connection that says h2 and sends what it is told."""
 
@@ -296,14 +310,8 @@ class Raw:
             if not d:
                 break
             self.buf += d
-            while len(self.buf) >= 9:
-                n = struct.unpack(">I", b"\0" + self.buf[:3])[0]
-                if len(self.buf) < 9 + n:
-                    break
-                t, fl = self.buf[3], self.buf[4]
-                sid = struct.unpack(">I", self.buf[5:9])[0] & 0x7fffffff
-                out.append((t, fl, sid, self.buf[9:9 + n]))
-                self.buf = self.buf[9 + n:]
+            frames, self.buf = _split_frames(self.buf)
+            out.extend(frames)
         return out
 
     def close(self):
@@ -798,13 +806,8 @@ class _H2Conn:
                 self.closed = "eof"
                 break
             self.buf += d
-            while len(self.buf) >= 9:
-                n = struct.unpack(">I", b"\0" + self.buf[:3])[0]
-                if len(self.buf) < 9 + n:
-                    break
-                t, fl = self.buf[3], self.buf[4]
-                sid = struct.unpack(">I", self.buf[5:9])[0] & 0x7fffffff
-                p, self.buf = self.buf[9:9 + n], self.buf[9 + n:]
+            frames, self.buf = _split_frames(self.buf)
+            for t, fl, sid, p in frames:
                 self._frame(t, fl, sid, p)
         return until()
 

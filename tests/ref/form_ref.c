@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "form_ref.h"
+#include "sl_json.h"
 
 struct s {
 	char *p;
@@ -125,18 +126,6 @@ quoted(struct s x)
 	return r;
 }
 
-static int
-hexv(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* urllib.parse.unquote(s, encoding="latin-1"): %XX decoded, the rest kept. */
 static struct s
 pct_decode(struct s x)
@@ -144,9 +133,9 @@ pct_decode(struct s x)
 	size_t i, o = 0;
 
 	for (i = 0; i < x.n; i++) {
-		if (x.p[i] == '%' && i + 2 < x.n && hexv(x.p[i + 1]) >= 0 &&
-		    hexv(x.p[i + 2]) >= 0) {
-			x.p[o++] = (char)(hexv(x.p[i + 1]) << 4 | hexv(x.p[i + 2]));
+		if (x.p[i] == '%' && i + 2 < x.n && sl_json_hexval(x.p[i + 1]) >= 0 &&
+		    sl_json_hexval(x.p[i + 2]) >= 0) {
+			x.p[o++] = (char)(sl_json_hexval(x.p[i + 1]) << 4 | sl_json_hexval(x.p[i + 2]));
 			i += 2;
 		} else
 			x.p[o++] = x.p[i];
