@@ -1730,7 +1730,11 @@ class RawUpstream:
     produce. For each connection it reads one request (head and a
     Content-Length body), records it in `requests`, and calls
     handler(sock, request_bytes) in the connection's thread; the socket is
-    closed when the handler returns. Every wait is bounded."""
+    closed when the handler returns. Every wait is bounded. A handler that
+    frames a whole answer (Content-Length, chunked) says `Connection: close`
+    unless the test is about reuse: otherwise the gateway may pool the
+    connection and send the next request on it just as it closes, and a
+    POST is rightly not sent twice (502)."""
 
     def __init__(self, handler, read_timeout=5.0):
         self.handler = handler

@@ -151,7 +151,7 @@ def test_bare_lf_line_endings_are_accepted_and_never_forwarded():
     # rebuilds the upstream request, so the runner only ever sees CRLF.
     def answer(sock, req):
         sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 2\r\n\r\nok")
+                     b"Content-Length: 2\r\nConnection: close\r\n\r\nok")
     with RawUpstream(answer) as up, Gateway(upstream_url=up.url, workers=1) as gw:
         for data in (b"GET /v1/lf HTTP/1.1\nHost: x\nAuthorization: Bearer " +
                      ACME_KEY.encode() + b"\nX-A: 1\n\n",
@@ -361,7 +361,7 @@ def test_upstream_header_with_bare_lf_is_split_never_relayed_raw():
     # line with CRLF, so no lone LF (or CR) ever reaches the client.
     def answer(sock, req):
         sock.sendall(b"HTTP/1.1 200 OK\r\nX-Bad: a\nInjected: 1\r\nContent-Type: text/plain\n"
-                     b"Content-Length: 2\r\n\r\nok")
+                     b"Content-Length: 2\r\nConnection: close\r\n\r\nok")
     with RawUpstream(answer) as up, _raw_gateway(up) as gw:
         raw, _ = h.exchange_raw(gw.port, b"GET /v1/lf HTTP/1.1\r\nHost: x\r\n" + AUTH +
                                 b"Connection: close\r\n\r\n", timeout=5)
@@ -456,7 +456,7 @@ def test_upstream_reset_mid_stream_is_visibly_cut_and_frees_slot():
     def answer(sock, req):
         if b" /v1/rst " not in req.split(b"\r\n", 1)[0]:
             sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 2\r\n\r\nok")
+                         b"Content-Length: 2\r\nConnection: close\r\n\r\nok")
             return
         sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")

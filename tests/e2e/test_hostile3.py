@@ -38,7 +38,7 @@ def _slots_back(gw):
 
 @h.timeout(30)
 def test_chunked_request_trailers_are_dropped_never_forwarded_as_headers():
-    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
     with RawUpstream(_answer(ok)) as up, \
             Gateway(upstream_url=up.url, workers=1) as gw:
         with h.Client(gw.port) as c:
@@ -65,7 +65,7 @@ def _chunked_body_refused(body, status, code, message, te=b"Transfer-Encoding: c
     """A chunked POST (`te`: its Transfer-Encoding lines) with `body` is
     refused with status, code and message, the connection closed, no
     upstream contacted, no slot left."""
-    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
     with RawUpstream(_answer(ok)) as up, \
             Gateway(upstream_url=up.url, workers=1,
                     admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:

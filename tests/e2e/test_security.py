@@ -59,7 +59,7 @@ def test_client_key_never_reaches_the_upstream_in_any_header():
     # the raw bytes the upstream receives hold no key at all.
     def answer(sock, req):
         sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 2\r\n\r\n{}")
+                     b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
     with RawUpstream(answer) as up, Gateway(upstream_url=up.url,
                                             upstreams={"main": {"api_key": None}}) as gw:
         for key in CLIENT_KEYS:

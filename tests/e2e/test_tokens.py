@@ -690,8 +690,8 @@ def _answer(body, ctype="application/json", pace=None):
     """A RawUpstream handler sending one 200 with body (in pieces of `pace`
     bytes when given, so the gateway sees many reads)."""
     def handler(sock, req):
-        sock.sendall(("HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
-                      % (ctype, len(body))).encode())
+        sock.sendall(("HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                      "Connection: close\r\n\r\n" % (ctype, len(body))).encode())
         step = pace or len(body) or 1
         for i in range(0, len(body), step):
             sock.sendall(body[i:i + step])
@@ -760,7 +760,7 @@ def test_tokens_a_stream_without_an_event_stream_type_is_read_as_the_request_ask
         def handler(sock, req, ctype=ctype):
             sock.sendall(b"HTTP/1.1 200 OK\r\n" +
                          (b"Content-Type: %s\r\n" % ctype.encode() if ctype else b"") +
-                         b"Content-Length: %d\r\n\r\n" % len(sse) + sse)
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(sse) + sse)
         with h.RawUpstream(handler) as up, \
                 _gw(None, upstreams={"main": {"url": up.url}}) as gw:
             r = _raw_post(gw, _body(CHAT))
@@ -896,8 +896,8 @@ def _told_usage(sock, req):
         body = (b'{"choices":[{"index":0,"message":{"role":"assistant","content":"abcd"}}],'
                 b'"usage":' + usage + b"}")
         ctype = b"application/json"
-    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
-                 % (ctype, len(body)) + body)
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                 b"Connection: close\r\n\r\n" % (ctype, len(body)) + body)
 
 
 def test_tokens_an_absurd_usage_is_refused_for_the_estimate_and_no_counter_wraps():
