@@ -18,6 +18,8 @@ struct sl_str {
 };
 void sl_str_printf(struct sl_str *, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Append n bytes of p (a label, a run of text): no format to parse. */
+void sl_str_append(struct sl_str *, const char *p, size_t n);
 void sl_str_free(struct sl_str *);
 
 struct sl_admin_resp {

@@ -16,6 +16,8 @@
 
 #define SL_WORKERS_AUTO 0          /* workers: auto (resolved by the master) */
 #define SL_MAX_WORKERS 64
+#define SL_MAX_TENANTS 1000000      /* limits.max_tenants at most */
+#define SL_MAX_UPSTREAMS 64         /* upstreams: (SL_SHM_MAX_UPSTREAMS) */
 
 enum sl_log_level { SL_LOG_ERROR = 0, SL_LOG_WARN, SL_LOG_INFO, SL_LOG_DEBUG };
 
@@ -191,6 +193,7 @@ struct sl_config {
 		uint64_t upstream_rcvbuf;   /* SO_RCVBUF upstream; 0: kernel's */
 		uint64_t client_sndbuf;     /* SO_SNDBUF to clients; 0: kernel's */
 		uint64_t h2_max_streams;    /* per HTTP/2 connection */
+		uint64_t max_tenants;       /* room at start (sl_shm) */
 	} limits;
 	struct sl_tls_conf tls;
 

@@ -52,15 +52,22 @@ int sl_window_push(struct sl_window *, double at, const uint64_t *v, size_t n);
  * The oldest sample taken at or after `since` (*n: its length), or NULL
  * when there is none: what "over the last minute" subtracts.
  */
-const uint64_t *sl_window_since(const struct sl_window *, double since,
+const uint32_t *sl_window_since(const struct sl_window *, double since,
     size_t *n);
 
 /*
- * cur minus element i of base (base_n elements, NULL: none), 0 for an
- * element base does not have. A counter that went backwards (an index
- * reset for reuse) counts from zero: cur.
+ * Elements i..i+n of every sample read 0 from now on: the counters of an
+ * index given to another name start again from 0.
  */
-uint64_t sl_window_delta(const uint64_t *base, size_t base_n, size_t i,
+void sl_window_forget(struct sl_window *, size_t i, size_t n);
+
+/*
+ * cur minus element i of base (base_n elements, NULL: none), 0 for an
+ * element base does not have, modulo 2^32 (samples keep 32 bits: a
+ * counter that passed a multiple of 2^32 in between is still exact). An
+ * index reset for reuse is forgotten first (sl_window_forget).
+ */
+uint64_t sl_window_delta(const uint32_t *base, size_t base_n, size_t i,
     uint64_t cur);
 
 /*

@@ -178,6 +178,12 @@ void sl_queue_set_pool(struct sl_queue *, size_t pool, int32_t max,
     int32_t timeout_ms, enum sl_queue_fairness);
 void sl_queue_set_tenant(struct sl_queue *, size_t tenant, int32_t weight,
     int32_t priority);
+/*
+ * The shared index `tenant` goes to another name (master, under row's
+ * window, nothing of it waiting): its service counters, weight and
+ * priority start again from zero, as a new tenant's do.
+ */
+void sl_queue_forget_tenant(struct sl_queue *, size_t row, size_t tenant);
 
 /*
  * Master: a reload removed the pool: no queue any more, and every waiter

@@ -3,11 +3,19 @@
  * sl_shm: the region shared by the master and all workers.
  *
  * Created once by the master before forking, MAP_SHARED|MAP_ANONYMOUS; its
- * size is fixed for the master's life (tenant and worker-row capacity), so a
- * reload never remaps. Per tenant: limit and in-flight counters, each on its
- * own cache line. Per worker row and tenant: the number of slots that worker
- * holds (written only by that worker), which the master subtracts when the
- * worker dies. Per worker row: stat counters written only by that worker.
+ * size is fixed for the master's life (index and worker-row capacity), so a
+ * reload never remaps. The capacity is reserved, not committed
+ * (MAP_NORESERVE): a page costs memory once written, and nothing writes or
+ * reads a page that no index in use needs, so a capacity of a million
+ * indices costs what the indices in use cost.
+ *
+ * Per index (a tenant, or a pool replica): limit, in-flight count, epoch,
+ * token budget and window, and its request counters, shared by the
+ * workers (536 bytes). Per worker row and index: the number of slots that
+ * worker holds (written only by that worker, 4 bytes, on a page written
+ * only when the row served the index), which the master subtracts when
+ * the worker dies. Per worker row: stat counters written only by that
+ * worker.
  *
  * Only lock-free C11 atomics live here; no locks, no pointers.
  */
@@ -29,10 +37,12 @@ enum sl_admit {
 };
 
 /*
- * Map a new zeroed region for max_tenants tenants and max_rows worker rows.
- * Returns NULL (errno set) on failure. Call before fork(); children inherit
- * the mapping.
+ * Map a new zeroed region for max_tenants indices (tenants and replicas,
+ * at most SL_SHM_MAX_INDICES) and max_rows worker rows. Returns NULL
+ * (errno set) on failure. Call before fork(); children inherit the
+ * mapping.
  */
+#define SL_SHM_MAX_INDICES ((1u << 21) - 1)
 struct sl_shm *sl_shm_create(size_t max_tenants, size_t max_rows);
 void sl_shm_destroy(struct sl_shm *);
 
@@ -42,6 +52,8 @@ size_t sl_shm_size(const struct sl_shm *);
 
 /* Master: rows below n may hold data; sums skip the rest. */
 void sl_shm_set_rows_used(struct sl_shm *, size_t n);
+/* Master: indices below n were handed out; walks skip the rest. */
+void sl_shm_set_indices_used(struct sl_shm *, size_t n);
 size_t sl_shm_max_rows(const struct sl_shm *);
 
 /* Publish a tenant's limit (master, on start and reload). 0 retires it. */
@@ -332,9 +344,9 @@ uint64_t sl_shm_tokens_model(const struct sl_shm *, size_t tenant,
 int sl_shm_tokens_next(const struct sl_shm *, size_t *pos, size_t *tenant,
     size_t *model, uint64_t n[SL_TOKENS_KINDS]);
 /*
- * Tokens charged in the last 60 s. With budget > 0 and the window at or
- * over it, *retry_after (if not NULL) gets the seconds until it is under
- * (1..60); else 0.
+ * Tokens charged in the last 58 to 60 s (2-second buckets, sl_shm.c).
+ * With budget > 0 and the window at or over it, *retry_after (if not
+ * NULL) gets the seconds until it is under (1..60); else 0.
  */
 uint64_t sl_shm_tokens_window(const struct sl_shm *, size_t tenant,
     uint64_t now_sec, uint64_t budget, int *retry_after);

@@ -31,6 +31,7 @@ struct sl_worker_args {
 	const struct sl_config *cfg;
 	struct sl_shm *shm;
 	const size_t *tenant_slot;   /* config tenant index -> shm tenant index */
+	const struct sl_keyidx *keys;   /* API key -> config tenant index */
 	const size_t *upstream_slot; /* config upstream index -> shm upstream index */
 	/* config model index -> shm model slot (sl_shm.h); NULL: no models: */
 	const size_t *model_slot;
@@ -52,6 +53,12 @@ struct sl_worker {
 	const struct sl_config *cfg;
 	struct sl_shm *shm;
 	const size_t *tenant_slot;
+	/*
+	 * Shared index -> its epoch when this worker was forked: an index
+	 * whose epoch moved since was given to another tenant or replica
+	 * after a reload removed ours (sl_shm.h).
+	 */
+	const uint32_t *index_epoch;
 	const size_t *upstream_slot;
 	const size_t *model_slot;    /* config model -> shm model slot; NULL */
 	struct sl_pools *pools;      /* replica choice, per upstream */
@@ -63,7 +70,7 @@ struct sl_worker {
 	size_t row;
 	int index;
 	int access_fd;               /* -1: access log off */
-	struct sl_keyidx *keys;      /* API key -> tenant */
+	const struct sl_keyidx *keys;   /* API key -> tenant: the master's */
 	ev_timer gauge_timer;
 	ev_signal sig_usr1;
 

@@ -51,6 +51,25 @@ struct sl_admin {
 };
 
 void
+sl_str_append(struct sl_str *s, const char *p, size_t n)
+{
+	if (s->cap - s->len <= n) {
+		size_t ncap = s->cap ? s->cap * 2 : 4096;
+		char *np;
+
+		while (ncap <= s->len + n)
+			ncap *= 2;
+		if ((np = realloc(s->p, ncap)) == NULL)
+			return;
+		s->p = np;
+		s->cap = ncap;
+	}
+	memcpy(s->p + s->len, p, n);
+	s->len += n;
+	s->p[s->len] = '\0';
+}
+
+void
 sl_str_printf(struct sl_str *s, const char *fmt, ...)
 {
 	va_list ap;

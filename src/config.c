@@ -121,6 +121,11 @@ static const struct key_row keys[] = {
 	    "fall behind in kernel buffers before its upstream is paused; 0: "
 	    "the kernel autotunes it." },
 	    0, 64 * MIB, 0, OFF(limits.client_sndbuf) },
+	{ { "limits.max_tenants", SL_KEY_INT, "100000", "1-1000000", 0,
+	    "Tenants the gateway has room for, fixed at start: a reload may "
+	    "name up to this many, old and new tenants alike, with no restart. "
+	    "Room costs no memory until a tenant uses it." },
+	    1, SL_MAX_TENANTS, 0, OFF(limits.max_tenants) },
 	{ { "limits.h2_max_streams", SL_KEY_INT, "100", "1-1000", 1,
 	    "HTTP/2 streams one client connection may have open at once "
 	    "(SETTINGS_MAX_CONCURRENT_STREAMS)." },
@@ -953,7 +958,8 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 			return;
 		}
 		if (row->off == OFF(limits.max_connections) ||
-		    row->off == OFF(limits.h2_max_streams))
+		    row->off == OFF(limits.h2_max_streams) ||
+		    row->off == OFF(limits.max_tenants))
 			*(uint64_t *)dst = (uint64_t)i;
 		else
 			*(int32_t *)dst = (int32_t)i;
@@ -2780,6 +2786,10 @@ load(struct ctx *c, yaml_parser_t *parser)
 
 		if (cnt == 0)
 			err_at(c, &n->start_mark, "upstreams: at least one is required");
+		/* What the shared region has room for (sl_shm.h): as at start. */
+		if (cnt > SL_MAX_UPSTREAMS)
+			err_at(c, &n->start_mark, "upstreams: %zu upstreams, at "
+			    "most %d", cnt, SL_MAX_UPSTREAMS);
 		c->cfg->upstreams = calloc(cnt ? cnt : 1, sizeof(*c->cfg->upstreams));
 		if (c->cfg->upstreams != NULL) {
 			each_pair(c, n, upstreams_pair, &idx);
@@ -2797,6 +2807,10 @@ load(struct ctx *c, yaml_parser_t *parser)
 
 		if (cnt == 0)
 			err_at(c, &n->start_mark, "tenants: at least one is required");
+		if (cnt > c->cfg->limits.max_tenants)
+			err_at(c, &n->start_mark, "tenants: %zu tenants, "
+			    "limits.max_tenants is %llu", cnt,
+			    (unsigned long long)c->cfg->limits.max_tenants);
 		c->cfg->tenants = calloc(cnt ? cnt : 1, sizeof(*c->cfg->tenants));
 		c->key_marks_tenant = calloc(cnt ? cnt : 1, sizeof(yaml_mark_t *));
 		if (c->cfg->tenants != NULL && c->key_marks_tenant != NULL) {

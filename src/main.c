@@ -7,6 +7,9 @@
 #include "config.h"
 
 #include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +46,17 @@ main(int argc, char **argv)
 	struct sl_config *cfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
 	int ch, test = 0;
+
+#ifdef __GLIBC__
+	/*
+	 * Large blocks from mmap, always: glibc raises this threshold when a
+	 * large block is freed (reading a big configuration frees many), and
+	 * then the tables sized by limits.max_tenants would come from the
+	 * heap, zeroed page by page, instead of as pages that cost nothing
+	 * until an index uses them.
+	 */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
 
 	while ((ch = getopt(argc, argv, "c:tVh")) != -1) {
 		switch (ch) {

@@ -9,12 +9,16 @@
 #include "config.h"
 
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -23,6 +27,7 @@
 #include <curl/curl.h>
 
 #include "sl_admin.h"
+#include "sl_auth.h"
 #include "sl_cluster.h"
 #include "sl_console.h"
 #include "sl_log.h"
@@ -43,7 +48,21 @@
  */
 #define MAX_ROWS (2 * SL_MAX_WORKERS + 1)
 #define WORKER_ROWS (MAX_ROWS - 1)
-#define MIN_TENANT_CAPACITY 256
+/*
+ * The region's index space: tenants (limits.max_tenants, twice over, so
+ * that a reload may name max_tenants new ones while as many removed ones
+ * finish their streams) and pool replicas. Reserved, not committed
+ * (sl_shm.h): room costs nothing until an index is used.
+ */
+#define REPLICA_ROOM (SL_MAX_UPSTREAMS * SL_MAX_REPLICAS)
+_Static_assert(SL_MAX_UPSTREAMS == SL_SHM_MAX_UPSTREAMS, "upstream room");
+/* The console's samples (console_sample). */
+#define CONSOLE_SAMPLES 13
+#define CONSOLE_SAMPLE_S 5.0
+#define CONSOLE_SPAN_S 60.0
+#define MODEL_VALUES (2 + SL_MHIST_BOUNDS_MAX)  /* requests, TTFT buckets */
+#define INDEX_VALUES 2
+#define INDEX_OFF (SL_SHM_MODELS * MODEL_VALUES)
 #define RESPAWN_BACKOFF_S 1.0        /* a worker that dies young waits this */
 #define LISTEN_BACKLOG 4096
 
@@ -63,6 +82,12 @@ struct gen {
 	size_t *upstream_slot;
 	size_t **replica_slot;       /* [upstream][replica] -> shm index */
 	size_t *model_slot;          /* config model -> shm model slot */
+	/*
+	 * API key -> tenant, built here once per generation and shared by
+	 * its workers (copy-on-write pages never written): one index, not one
+	 * per worker.
+	 */
+	struct sl_keyidx *keys;
 	unsigned id;
 };
 
@@ -87,10 +112,14 @@ struct master {
 	unsigned *shm_gen;
 	uint32_t *shm_epoch;         /* the region's epochs, as forked workers see */
 	unsigned char *shm_free;
+	size_t *free_stack;          /* the indices given back, [shm_nfree] */
 	size_t shm_nfree;
 	size_t shm_ntenants;         /* indices handed out so far */
+	size_t shm_tenants_live;     /* tenant indices not free */
+	size_t max_tenants;          /* limits.max_tenants at start */
 	size_t *name_ht;             /* open addressing: shm index + 1, 0 empty */
 	size_t name_ht_mask;         /* capacity - 1, a power of two */
+	size_t name_ht_n;            /* names in it */
 	char *up_names[SL_SHM_MAX_UPSTREAMS];
 	size_t up_n;
 	/*
@@ -121,7 +150,7 @@ struct master {
 	double started;              /* now_s() at start: uptime_seconds */
 	/*
 	 * The console's window (admin_listen only): the counters behind its
-	 * "last minute" numbers, sampled once a second (console_sample).
+	 * "last minute" numbers, sampled every CONSOLE_SAMPLE_S (console_sample).
 	 */
 	struct sl_window *window;
 	double next_sample;
@@ -131,6 +160,42 @@ struct master {
 	double stop_deadline;
 	unsigned reloads_ok, reloads_failed;
 };
+
+/*
+ * Give the pages of freed memory back: reading a configuration of
+ * 100,000 tenants builds a YAML tree several times its size, freed once
+ * read, and a heap that keeps those pages makes every worker forked next
+ * share (and count) them. glibc only: elsewhere a no-op.
+ */
+static void
+heap_trim(void)
+{
+#ifdef __GLIBC__
+	malloc_trim(0);
+#endif
+}
+
+/*
+ * Zeroed memory for an array sized by the region's room (limits.max_tenants):
+ * its own mapping, so that its pages cost nothing until an index in use
+ * writes them. calloc could hand out the heap's free top (a big
+ * configuration's parse leaves one) and zero all of it.
+ */
+static void *
+reserve(size_t n)
+{
+	void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE,
+	    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void
+unreserve(void *p, size_t n)
+{
+	if (p != NULL)
+		munmap(p, n ? n : 1);
+}
 
 static volatile sig_atomic_t got_hup, got_term, got_quit, got_chld, got_usr1;
 
@@ -193,8 +258,11 @@ name_hash(const char *s)
 
 /*
  * Slot of name in the name table: its entry, or the empty slot where it
- * goes. The table is at least twice the tenant capacity and names are
- * removed only by rebuilding it (name_table_rebuild), so a probe ends.
+ * goes. The table is kept at most half full (name_table_grow) and names
+ * are removed only by rebuilding it (name_table_rebuild), so a probe
+ * ends. It grows with the names, not with the region's room: a table
+ * sized for a million names, written at random, would cost its whole size
+ * at ten thousand.
  */
 static size_t *
 name_slot(struct master *m, const char *name)
@@ -214,22 +282,44 @@ name_table_rebuild(struct master *m)
 	size_t j;
 
 	memset(m->name_ht, 0, (m->name_ht_mask + 1) * sizeof(*m->name_ht));
+	m->name_ht_n = 0;
 	for (j = 0; j < m->shm_ntenants; j++)
-		if (m->shm_names[j] != NULL)
+		if (m->shm_names[j] != NULL) {
 			*name_slot(m, m->shm_names[j]) = j + 1;
+			m->name_ht_n++;
+		}
+}
+
+/* Room for one more name: double the table past half full. -1: no memory. */
+static int
+name_table_grow(struct master *m)
+{
+	size_t size = m->name_ht_mask + 1, *ht;
+
+	if (m->name_ht != NULL && 2 * (m->name_ht_n + 1) <= size)
+		return 0;
+	if (m->name_ht != NULL)
+		size *= 2;
+	if ((ht = calloc(size, sizeof(*ht))) == NULL)
+		return -1;
+	free(m->name_ht);
+	m->name_ht = ht;
+	m->name_ht_mask = size - 1;
+	name_table_rebuild(m);
+	return 0;
 }
 
 /*
- * Give back the indices of replicas that reloads removed, once nothing
- * can touch them any more: not mapped by the current generation (nor a
- * newer one that failed to start), retired (limit 0: nothing admitted),
- * nothing in flight and no worker row holding a slot (a dead worker's row
- * is reclaimed at its reaping). Their counters, health and affinity hints
- * are zeroed and their epoch bumped: a draining worker that still maps
- * one (it may retry onto any replica it knows) sees the new epoch and
- * leaves it alone (sl_shm.h).
- * Until then a retired index stays reserved, and sluice_replica_streams
- * shows its streams under its old URL. Returns the indices given back.
+ * Give back the indices of tenants and replicas that reloads removed,
+ * once nothing can touch them any more: not mapped by the current
+ * generation (nor a newer one that failed to start), retired (limit 0:
+ * nothing admitted), nothing in flight and no worker row holding a slot
+ * (a dead worker's row is reclaimed at its reaping). Their counters,
+ * health and affinity hints are zeroed and their epoch bumped: a
+ * draining worker that still maps one (a removed tenant's key, a replica
+ * it may retry onto) sees the new epoch and leaves it alone (sl_shm.h).
+ * Until then a retired index stays reserved, and its streams are shown
+ * under its old name. Returns the indices given back.
  */
 static size_t
 reuse_retired(struct master *m)
@@ -237,11 +327,10 @@ reuse_retired(struct master *m)
 	unsigned char *drop;
 	size_t j, n = 0;
 
-	if ((drop = calloc(sl_shm_max_tenants(m->shm), 1)) == NULL)
+	if ((drop = reserve(sl_shm_max_tenants(m->shm))) == NULL)
 		return 0;
 	for (j = 0; j < m->shm_ntenants; j++)
-		if (m->shm_replica[j] && !m->shm_free[j] &&
-		    m->shm_gen[j] < m->cur.id &&
+		if (!m->shm_free[j] && m->shm_gen[j] < m->cur.id &&
 		    sl_shm_limit(m->shm, j) == 0 &&
 		    sl_shm_index_quiet(m->shm, j)) {
 			drop[j] = 1;
@@ -252,16 +341,23 @@ reuse_retired(struct master *m)
 		for (j = 0; j < m->shm_ntenants; j++)
 			if (drop[j]) {
 				sl_shm_index_reset(m->shm, j);
+				sl_queue_forget_tenant(m->queue, SL_QUEUE_ROW, j);
+				if (m->window != NULL)
+					sl_window_forget(m->window, INDEX_OFF +
+					    j * INDEX_VALUES, INDEX_VALUES);
 				m->shm_epoch[j] = sl_shm_epoch(m->shm, j);
 				free(m->shm_names[j]);
 				m->shm_names[j] = NULL;
 				m->shm_free[j] = 1;
-				m->shm_nfree++;
+				m->free_stack[m->shm_nfree++] = j;
+				if (!m->shm_replica[j])
+					m->shm_tenants_live--;
 			}
 		name_table_rebuild(m);
-		sl_debug("%zu index(es) of removed replicas free again", n);
+		sl_debug("%zu index(es) of removed tenants or replicas free "
+		    "again", n);
 	}
-	free(drop);
+	unreserve(drop, sl_shm_max_tenants(m->shm));
 	return n;
 }
 
@@ -274,28 +370,43 @@ static size_t
 shm_index(struct master *m, const char *name, int replica)
 {
 	/* A hash lookup: 100k tenants must not cost 10^10 compares. */
-	size_t *slot = name_slot(m, name), j;
+	size_t *slot, j;
 
+	if (name_table_grow(m) == -1)
+		return (size_t)-1;
+	slot = name_slot(m, name);
 	if (*slot != 0)
 		return *slot - 1;
-	j = m->shm_ntenants;
-	if (replica && m->shm_nfree > 0)
-		for (j = 0; j < m->shm_ntenants && !m->shm_free[j]; j++)
-			;
+	if (!replica && m->shm_tenants_live >= 2 * m->max_tenants) {
+		sl_err("no room for tenant '%s': %zu tenants are mapped, removed "
+		    "ones among them until their streams end (limits.max_tenants "
+		    "%zu at start); reload again once they have ended", name,
+		    m->shm_tenants_live, m->max_tenants);
+		return (size_t)-1;
+	}
+	j = m->shm_nfree > 0 ? m->free_stack[m->shm_nfree - 1] :
+	    m->shm_ntenants;
 	if (j == sl_shm_max_tenants(m->shm)) {
-		sl_err("tenant and replica capacity (%zu) exhausted; restart to "
-		    "grow it", sl_shm_max_tenants(m->shm));
+		sl_err("no room for %s: the %zu shared indices (2 x "
+		    "limits.max_tenants + %d replicas) are in use; restart to "
+		    "grow them", replica ? "a replica" : "a tenant",
+		    sl_shm_max_tenants(m->shm), REPLICA_ROOM);
 		return (size_t)-1;
 	}
 	if ((m->shm_names[j] = strdup(name)) == NULL)
 		return (size_t)-1;
 	m->shm_replica[j] = (unsigned char)replica;
 	*slot = j + 1;
-	if (j < m->shm_ntenants) {
+	m->name_ht_n++;
+	if (!replica)
+		m->shm_tenants_live++;
+	if (m->shm_nfree > 0 && j == m->free_stack[m->shm_nfree - 1]) {
 		m->shm_free[j] = 0;
 		m->shm_nfree--;
-	} else
+	} else {
 		m->shm_ntenants++;
+		sl_shm_set_indices_used(m->shm, m->shm_ntenants);
+	}
 	return j;
 }
 
@@ -356,7 +467,7 @@ map_replicas(struct master *m, const struct sl_config *cfg, unsigned gen)
 
 	reuse_retired(m);
 	map = calloc(cfg->nupstreams ? cfg->nupstreams : 1, sizeof(*map));
-	keep = calloc(sl_shm_max_tenants(m->shm), 1);
+	keep = reserve(sl_shm_max_tenants(m->shm));
 	if (map == NULL || keep == NULL)
 		goto fail;
 	for (u = 0; u < cfg->nupstreams; u++) {
@@ -394,11 +505,11 @@ map_replicas(struct master *m, const struct sl_config *cfg, unsigned gen)
 				atomic_store(&h->busy_until_ms, 0);
 		}
 	retire_unkept(m, keep, 1);
-	free(keep);
+	unreserve(keep, sl_shm_max_tenants(m->shm));
 	return map;
 fail:
 	free_replica_map(map, cfg->nupstreams);
-	free(keep);
+	unreserve(keep, sl_shm_max_tenants(m->shm));
 	return NULL;
 }
 
@@ -409,13 +520,14 @@ fail:
  * (caller owns) or NULL when the region is full.
  */
 static size_t *
-map_tenants(struct master *m, const struct sl_config *cfg)
+map_tenants(struct master *m, const struct sl_config *cfg, unsigned gen)
 {
 	size_t *map, i, j;
 	unsigned char *keep;
 
+	reuse_retired(m);
 	map = calloc(cfg->ntenants ? cfg->ntenants : 1, sizeof(*map));
-	keep = calloc(sl_shm_max_tenants(m->shm), 1);
+	keep = reserve(sl_shm_max_tenants(m->shm));
 	if (map == NULL || keep == NULL)
 		goto fail;
 	for (i = 0; i < cfg->ntenants; i++) {
@@ -423,6 +535,9 @@ map_tenants(struct master *m, const struct sl_config *cfg)
 			goto fail;
 		map[i] = j;
 		keep[j] = 1;
+		/* The newest generation that may map it. */
+		if (m->shm_gen[j] < gen)
+			m->shm_gen[j] = gen;
 	}
 	/* Publish only once the whole mapping exists. */
 	for (i = 0; i < cfg->ntenants; i++) {
@@ -431,11 +546,11 @@ map_tenants(struct master *m, const struct sl_config *cfg)
 		    cfg->tenants[i].tokens_per_minute);
 	}
 	retire_unkept(m, keep, 0);
-	free(keep);
+	unreserve(keep, sl_shm_max_tenants(m->shm));
 	return map;
 fail:
 	free(map);
-	free(keep);
+	unreserve(keep, sl_shm_max_tenants(m->shm));
 	return NULL;
 }
 
@@ -500,6 +615,9 @@ map_models(struct master *m, const struct sl_config *cfg, unsigned gen)
 			sl_debug("model slot %zu: '%s' is gone, now '%s'", j,
 			    m->model_names[j], cfg->models[i].name);
 			sl_shm_model_reset(m->shm, j);
+			if (m->window != NULL)
+				sl_window_forget(m->window, j * MODEL_VALUES,
+				    MODEL_VALUES);
 			free(m->model_names[j]);
 		}
 		if ((m->model_names[j] = strdup(cfg->models[i].name)) == NULL) {
@@ -703,6 +821,7 @@ spawn(struct master *m, int slot)
 		a.cfg = m->cur.cfg;
 		a.shm = m->shm;
 		a.tenant_slot = m->cur.tenant_slot;
+		a.keys = m->cur.keys;
 		a.upstream_slot = m->cur.upstream_slot;
 		a.model_slot = m->cur.model_slot;
 		a.replica_slot = (const size_t *const *)m->cur.replica_slot;
@@ -943,8 +1062,9 @@ reload(struct master *m)
 	struct sl_config *ncfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
 	size_t *map = NULL, *umap = NULL, **rmap = NULL, *mmap_ = NULL;
+	struct sl_keyidx *keys = NULL;
 	int rows[SL_MAX_WORKERS], old_rows[SL_MAX_WORKERS];
-	int nw, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
+	int nw = 0, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
 	struct gen old;
 
 	sl_info("reloading %s", m->path);
@@ -957,7 +1077,13 @@ reload(struct master *m)
 		    "configuration", errs.n);
 		sl_errors_free(&errs);
 		m->reloads_failed++;
+		heap_trim();
 		return;
+	}
+	heap_trim();
+	if ((keys = sl_keyidx_build(ncfg)) == NULL) {
+		sl_err("reload failed: cannot build the key index");
+		goto fail;
 	}
 	if (strcmp(ncfg->listen, m->cur.cfg->listen) != 0) {
 		sl_warn("reload: 'listen' changes need a restart; keeping %s",
@@ -966,6 +1092,17 @@ reload(struct master *m)
 		ncfg->listen = strdup(m->cur.cfg->listen);
 	}
 	keep_cluster(m, ncfg);
+	if (ncfg->limits.max_tenants != m->max_tenants) {
+		sl_warn("reload: 'limits.max_tenants' changes need a restart; "
+		    "keeping %zu", m->max_tenants);
+		ncfg->limits.max_tenants = m->max_tenants;
+		if (ncfg->ntenants > m->max_tenants) {
+			sl_err("reload failed: %zu tenants, limits.max_tenants is "
+			    "%zu until a restart; keeping generation %u",
+			    ncfg->ntenants, m->max_tenants, m->cur.id);
+			goto fail;
+		}
+	}
 	nw = resolve_workers(ncfg);
 	/*
 	 * Rows first, for every worker of the new generation: when draining
@@ -994,19 +1131,20 @@ reload(struct master *m)
 		    strdup(m->cur.cfg->admin_listen) : NULL;
 	}
 	umap = map_upstreams(m, ncfg);
-	map = umap != NULL ? map_tenants(m, ncfg) : NULL;
+	map = umap != NULL ? map_tenants(m, ncfg, m->last_gen + 1) : NULL;
 	if (map == NULL) {
 		sl_err("reload failed: cannot map tenants or upstreams");
 		goto fail;
 	}
 	if ((rmap = map_replicas(m, ncfg, m->last_gen + 1)) == NULL) {
 		sl_err("reload failed: cannot map the upstreams' replicas");
-		free(map_tenants(m, m->cur.cfg));   /* the old limits again */
+		/* the old limits again */
+		free(map_tenants(m, m->cur.cfg, m->cur.id));
 		goto fail;
 	}
 	if ((mmap_ = map_models(m, ncfg, m->last_gen + 1)) == NULL) {
 		sl_err("reload failed: cannot map the models");
-		free(map_tenants(m, m->cur.cfg));
+		free(map_tenants(m, m->cur.cfg, m->cur.id));
 		free_replica_map(map_replicas(m, m->cur.cfg, m->cur.id),
 		    m->cur.cfg->nupstreams);
 		goto fail;
@@ -1020,6 +1158,7 @@ reload(struct master *m)
 	m->cur.upstream_slot = umap;
 	m->cur.replica_slot = rmap;
 	m->cur.model_slot = mmap_;
+	m->cur.keys = keys;
 	m->cur.id = ++m->last_gen;
 	m->nworkers = nw;
 	for (s = 0; s < SL_MAX_WORKERS; s++)
@@ -1045,7 +1184,7 @@ reload(struct master *m)
 		m->cur = old;
 		m->nworkers = old_nw;
 		memcpy(m->slot_row, old_rows, sizeof(old_rows));
-		free(map_tenants(m, old.cfg));
+		free(map_tenants(m, old.cfg, old.id));
 		free_replica_map(map_replicas(m, old.cfg, old.id),
 		    old.cfg->nupstreams);
 		publish_queue(m, old.cfg, old.tenant_slot, old.upstream_slot, 0);
@@ -1097,6 +1236,7 @@ reload(struct master *m)
 	free(old.tenant_slot);
 	free(old.upstream_slot);
 	free(old.model_slot);
+	sl_keyidx_free(old.keys);
 	m->reloads_ok++;
 	sl_info("reloaded: generation %u, %d worker(s), %zu tenant(s)",
 	    m->cur.id, nw, ncfg->ntenants);
@@ -1111,22 +1251,35 @@ fail:
 	free(map);
 	free(umap);
 	free(mmap_);
+	sl_keyidx_free(keys);
 	free_replica_map(rmap, ncfg->nupstreams);
 	sl_config_free(ncfg);
 	m->reloads_failed++;
+}
+
+/* Index t is a tenant's (not a replica's, not given back). */
+static int
+index_is_tenant(const struct master *m, size_t t)
+{
+	return !m->shm_replica[t] && m->shm_names[t] != NULL;
 }
 
 /* Prometheus label value: escape backslash, quote and newline. */
 static void
 label(struct sl_str *o, const char *v)
 {
-	for (; *v != '\0'; v++) {
-		if (*v == '\\' || *v == '"')
-			sl_str_printf(o, "\\%c", *v);
-		else if (*v == '\n')
-			sl_str_printf(o, "\\n");
-		else
-			sl_str_printf(o, "%c", *v);
+	size_t n;
+
+	/* Runs of plain bytes at once: 100,000 tenants' series are many. */
+	for (;;) {
+		n = strcspn(v, "\\\"\n");
+		sl_str_append(o, v, n);
+		v += n;
+		if (*v == '\0')
+			return;
+		sl_str_append(o, *v == '\n' ? "\\n" : *v == '"' ? "\\\"" :
+		    "\\\\", 2);
+		v++;
 	}
 }
 
@@ -1334,7 +1487,7 @@ retired_streams(struct master *m, struct sl_str *o)
 	unsigned char *cur;
 	size_t u, r, j;
 
-	if ((cur = calloc(sl_shm_max_tenants(m->shm), 1)) == NULL)
+	if ((cur = reserve(sl_shm_max_tenants(m->shm))) == NULL)
 		return;
 	for (u = 0; u < cfg->nupstreams; u++)
 		for (r = 0; r < cfg->upstreams[u].nreplicas; r++)
@@ -1355,7 +1508,7 @@ retired_streams(struct master *m, struct sl_str *o)
 		sl_str_printf(o, "} %d\n", (int)n);
 		free(up);
 	}
-	free(cur);
+	unreserve(cur, sl_shm_max_tenants(m->shm));
 }
 
 /* The pools of the current generation, replica by replica. */
@@ -1592,7 +1745,7 @@ render_tokens(struct master *m, struct sl_str *o)
 	    "arrived.\n"
 	    "# TYPE sluice_tenant_tokens_total counter\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
-		if (m->shm_replica[t])
+		if (!index_is_tenant(m, t))
 			continue;
 		for (k = 0; k < SL_TOKENS_KINDS; k++)
 			tok_line(m, o, t, 0, k, sl_shm_tokens_model(m->shm, t, 0, k));
@@ -1607,7 +1760,7 @@ render_tokens(struct master *m, struct sl_str *o)
 	    "the tenant in the last 60 s (what tokens_per_minute bounds).\n"
 	    "# TYPE sluice_tenant_tokens_window gauge\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
-		if (m->shm_replica[t])
+		if (!index_is_tenant(m, t))
 			continue;
 		sl_str_printf(o, "sluice_tenant_tokens_window{tenant=\"");
 		label(o, m->shm_names[t]);
@@ -1735,7 +1888,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_tenant_streams Requests in flight per "
 	    "tenant, across all workers.\n# TYPE sluice_tenant_streams gauge\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
-		if (m->shm_replica[t])
+		if (!index_is_tenant(m, t))
 			continue;
 		sl_str_printf(o, "sluice_tenant_streams{tenant=\"");
 		label(o, m->shm_names[t]);
@@ -1744,7 +1897,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_tenant_max_streams Configured limit per "
 	    "tenant (0: retired).\n# TYPE sluice_tenant_max_streams gauge\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
-		if (m->shm_replica[t])
+		if (!index_is_tenant(m, t))
 			continue;
 		sl_str_printf(o, "sluice_tenant_max_streams{tenant=\"");
 		label(o, m->shm_names[t]);
@@ -1755,7 +1908,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	for (t = 0; t <= m->shm_ntenants; t++) {
 		size_t ti = t < m->shm_ntenants ? t : SL_TENANT_NONE(shm);
 
-		if (t < m->shm_ntenants && m->shm_replica[t])
+		if (t < m->shm_ntenants && !index_is_tenant(m, t))
 			continue;
 
 		for (c = 0; c < SL_NCODES; c++) {
@@ -1772,7 +1925,7 @@ render_metrics(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_rejected_total Requests refused by "
 	    "admission.\n# TYPE sluice_rejected_total counter\n");
 	for (t = 0; t < m->shm_ntenants; t++) {
-		if (m->shm_replica[t])
+		if (!index_is_tenant(m, t))
 			continue;
 		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
 		label(o, m->shm_names[t]);
@@ -1866,17 +2019,13 @@ render_metrics(struct master *m, struct sl_str *o)
  * shared region like /metrics, by the same readers, and costs O(tenants
  * + replicas) (a tenant's waiters: once per pool with a queue, at most
  * SL_SHM_MAX_UPSTREAMS). Its "last minute" numbers are the counters now
- * minus a sample of them taken a minute ago: the loop samples them once a
- * second into a window of CONSOLE_SAMPLES (console_sample). A sample is
- * MODEL_VALUES counters per model slot, then INDEX_VALUES per shared
- * index handed out (tenants and replicas).
+ * minus the oldest sample of them taken within the last minute: the loop
+ * samples them every CONSOLE_SAMPLE_S (5 s) into a window of
+ * CONSOLE_SAMPLES, 32 bits a counter (sl_console.h), so a tenant's two
+ * counters cost 104 bytes of samples. A sample is MODEL_VALUES counters
+ * per model slot, then INDEX_VALUES per shared index handed out (tenants
+ * and replicas).
  */
-#define CONSOLE_SAMPLES 61
-#define CONSOLE_SAMPLE_S 1.0
-#define CONSOLE_SPAN_S 60.0
-#define MODEL_VALUES (2 + SL_MHIST_BOUNDS_MAX)  /* requests, TTFT buckets */
-#define INDEX_VALUES 2
-#define INDEX_OFF (SL_SHM_MODELS * MODEL_VALUES)
 
 /* A status slot that is a replica's failure: 5xx, or no status at all. */
 static int
@@ -1927,7 +2076,7 @@ model_counters(struct master *m, size_t slot, uint64_t v[MODEL_VALUES])
 		v[1 + i] = sl_shm_model_hist_bucket(m->shm, slot, SL_MHIST_TTFT, i);
 }
 
-/* Take the console's sample of now (the loop, once a second). */
+/* Take the console's sample of now (the loop, every CONSOLE_SAMPLE_S). */
 static void
 console_sample(struct master *m, double now)
 {
@@ -1953,7 +2102,7 @@ console_sample(struct master *m, double now)
 }
 
 struct since {                   /* the sample a minute ago */
-	const uint64_t *v;
+	const uint32_t *v;
 	size_t n;
 };
 
@@ -2209,29 +2358,32 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		sl_err("curl_global_init failed");
 		return 1;
 	}
-	cap = cfg->ntenants;
-	for (s = 0; (size_t)s < cfg->nupstreams; s++)
-		cap += cfg->upstreams[s].nreplicas;
-	cap *= 4;
-	if (cap < MIN_TENANT_CAPACITY)
-		cap = MIN_TENANT_CAPACITY;
+	/*
+	 * Room is reserved, not committed, here and in the region: calloc of
+	 * this size maps zero pages, and an index's entries are written only
+	 * once it is handed out.
+	 */
+	heap_trim();
+	m.max_tenants = (size_t)cfg->limits.max_tenants;
+	cap = 2 * m.max_tenants + REPLICA_ROOM;
 	m.shm = sl_shm_create(cap, MAX_ROWS);
-	m.shm_names = calloc(cap, sizeof(char *));
-	m.shm_replica = calloc(cap, 1);
-	m.shm_gen = calloc(cap, sizeof(*m.shm_gen));
-	m.shm_epoch = calloc(cap, sizeof(*m.shm_epoch));
-	m.shm_free = calloc(cap, 1);
-	for (m.name_ht_mask = 1; m.name_ht_mask < 2 * cap; m.name_ht_mask <<= 1)
-		;
-	m.name_ht = calloc(m.name_ht_mask, sizeof(size_t));
-	m.name_ht_mask--;
-	if (m.shm == NULL || m.shm_names == NULL || m.name_ht == NULL ||
+	m.shm_names = reserve(cap * sizeof(char *));
+	m.shm_replica = reserve(cap);
+	m.shm_gen = reserve(cap * sizeof(*m.shm_gen));
+	m.shm_epoch = reserve(cap * sizeof(*m.shm_epoch));
+	m.shm_free = reserve(cap);
+	m.free_stack = reserve(cap * sizeof(*m.free_stack));
+	if (m.shm == NULL || m.shm_names == NULL || name_table_grow(&m) == -1 ||
 	    m.shm_replica == NULL || m.shm_gen == NULL || m.shm_free == NULL ||
-	    m.shm_epoch == NULL) {
+	    m.shm_epoch == NULL || m.free_stack == NULL) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
 		return 1;
 	}
-	m.cur.tenant_slot = map_tenants(&m, cfg);
+	if ((m.cur.keys = sl_keyidx_build(cfg)) == NULL) {
+		sl_err("cannot build the key index");
+		return 1;
+	}
+	m.cur.tenant_slot = map_tenants(&m, cfg, m.cur.id);
 	m.cur.upstream_slot = map_upstreams(&m, cfg);
 	m.cur.replica_slot = map_replicas(&m, cfg, m.cur.id);
 	m.cur.model_slot = map_models(&m, cfg, m.cur.id);
@@ -2446,17 +2598,19 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	free(m.listen_fds);
 	for (cap = 0; cap < m.shm_ntenants; cap++)
 		free(m.shm_names[cap]);
-	free(m.shm_names);
+	cap = sl_shm_max_tenants(m.shm);
+	unreserve(m.shm_names, cap * sizeof(char *));
 	free(m.name_ht);
 	free(m.cur.tenant_slot);
 	free(m.cur.upstream_slot);
 	free(m.cur.model_slot);
 	sl_probe_free(m.prober);
 	free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
-	free(m.shm_replica);
-	free(m.shm_gen);
-	free(m.shm_epoch);
-	free(m.shm_free);
+	unreserve(m.shm_replica, cap);
+	unreserve(m.shm_gen, cap * sizeof(*m.shm_gen));
+	unreserve(m.shm_epoch, cap * sizeof(*m.shm_epoch));
+	unreserve(m.shm_free, cap);
+	unreserve(m.free_stack, cap * sizeof(*m.free_stack));
 	for (cap = 0; cap < m.up_n; cap++)
 		free(m.up_names[cap]);
 	for (cap = 0; cap < SL_SHM_MODELS; cap++)
@@ -2467,6 +2621,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sl_cluster_master_free(m.cluster);
 	sl_cluster_shm_destroy(m.cshm);
 	sl_config_free(m.cur.cfg);
+	sl_keyidx_free(m.cur.keys);
 	sl_queue_destroy(m.queue);
 	sl_shm_destroy(m.shm);
 	curl_global_cleanup();

@@ -84,6 +84,7 @@ struct sl_queue {
 	struct q_head *h;
 	struct q_pool *pools;
 	struct q_cell *cells;
+	uint64_t *cell_pages;         /* [bits]: pages of cells written */
 	struct q_tenant *tenants;
 	struct q_entry *e;
 	struct q_row *rows;
@@ -108,10 +109,59 @@ sl_queue_outcome_label(enum sl_queue_outcome o)
 	return o < SL_QUEUE_O_MAX ? names[o] : "other";
 }
 
+/*
+ * The cells of every pool and shared index are reserved, not committed:
+ * a page of them is written (its links set to NIL) the first time a
+ * holder of the lock needs one of its cells, and marked in cell_pages.
+ * Until then its cells read as zero, which is right for what is read
+ * without the lock (service, nwait); the links are read only through
+ * cell(), under the lock.
+ */
+#define CELLS_PER_PAGE (4096 / sizeof(struct q_cell))
+
+static void
+cells_init(struct q_cell *c, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		c[i].head = c[i].tail = NIL;
+		c[i].next = c[i].prev = NIL;
+	}
+}
+
+/* A cell for its counters only (service, nwait): no lock needed. */
+static struct q_cell *
+cell_ro(const struct sl_queue *q, size_t pool, size_t tenant)
+{
+	return &q->cells[pool * q->ntenants + tenant];
+}
+
+/* A cell, its links too: under the lock. */
 static struct q_cell *
 cell(const struct sl_queue *q, size_t pool, size_t tenant)
 {
-	return &q->cells[pool * q->ntenants + tenant];
+	size_t i = pool * q->ntenants + tenant, pg = i / CELLS_PER_PAGE;
+	uint64_t bit = UINT64_C(1) << (pg % 64);
+
+	if (!(q->cell_pages[pg / 64] & bit)) {
+		size_t first = pg * CELLS_PER_PAGE, n = CELLS_PER_PAGE;
+
+		if (first + n > q->npools * q->ntenants)
+			n = q->npools * q->ntenants - first;
+		cells_init(&q->cells[first], n);
+		q->cell_pages[pg / 64] |= bit;
+	}
+	return &q->cells[i];
+}
+
+/* Whether the page of cell i was ever written (under the lock). */
+static int
+cell_page_used(const struct sl_queue *q, size_t i)
+{
+	size_t pg = i / CELLS_PER_PAGE;
+
+	return (q->cell_pages[pg / 64] >> (pg % 64)) & 1;
 }
 
 static void
@@ -124,11 +174,16 @@ reset_lists(struct sl_queue *q)
 		q->pools[i].active = NIL;
 		atomic_store(&q->pools[i].nwait, 0);
 	}
-	for (i = 0; i < q->npools * q->ntenants; i++) {
-		q->cells[i].head = q->cells[i].tail = NIL;
-		q->cells[i].next = q->cells[i].prev = NIL;
-		atomic_store(&q->cells[i].nwait, 0);
-	}
+	for (i = 0; i < q->npools * q->ntenants; i += CELLS_PER_PAGE)
+		if (cell_page_used(q, i)) {
+			size_t j, n = CELLS_PER_PAGE;
+
+			if (i + n > q->npools * q->ntenants)
+				n = q->npools * q->ntenants - i;
+			cells_init(&q->cells[i], n);
+			for (j = i; j < i + n; j++)
+				atomic_store(&q->cells[j].nwait, 0);
+		}
 	for (i = 0; i < q->nrows; i++)
 		q->rows[i].head = q->rows[i].tail = NIL;
 }
@@ -148,14 +203,15 @@ struct sl_queue *
 sl_queue_create(struct sl_shm *shm, size_t npools, size_t ntenants,
     size_t nentries, size_t nrows)
 {
-	size_t off_pools, off_cells, off_tenants, off_e, off_rows, len, i;
+	size_t off_pools, off_cells, off_tenants, off_e, off_rows, off_pages;
+	size_t len, i;
 	pthread_mutexattr_t ma;
 	struct sl_queue *q;
 	char *base;
 	int rc;
 
 	if (shm == NULL || npools == 0 || ntenants == 0 || nentries == 0 ||
-	    nrows == 0 || nentries > INT32_MAX || ntenants > (1u << 20) ||
+	    nrows == 0 || nentries > INT32_MAX || ntenants > SL_SHM_MAX_INDICES ||
 	    npools > 4096 || nrows > sl_shm_max_rows(shm) ||
 	    ntenants > sl_shm_max_tenants(shm)) {
 		errno = EINVAL;
@@ -170,7 +226,10 @@ sl_queue_create(struct sl_shm *shm, size_t npools, size_t ntenants,
 	    Q_CACHELINE);
 	off_rows = round_up(off_e + nentries * sizeof(struct q_entry),
 	    Q_CACHELINE);
-	len = off_rows + nrows * sizeof(struct q_row);
+	off_pages = round_up(off_rows + nrows * sizeof(struct q_row),
+	    Q_CACHELINE);
+	len = off_pages + ((npools * ntenants / CELLS_PER_PAGE + 1) / 64 + 1) *
+	    sizeof(uint64_t);
 
 	if ((q = calloc(1, sizeof(*q))) == NULL)
 		return NULL;
@@ -180,8 +239,9 @@ sl_queue_create(struct sl_shm *shm, size_t npools, size_t ntenants,
 		goto fail;
 	for (i = 0; i < nrows; i++)
 		q->fds[i] = -1;
+	/* Reserved, not committed: see cell(). */
 	base = mmap(NULL, len, PROT_READ | PROT_WRITE,
-	    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	    MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (base == MAP_FAILED)
 		goto fail;
 	q->base = base;
@@ -197,6 +257,7 @@ sl_queue_create(struct sl_shm *shm, size_t npools, size_t ntenants,
 	q->tenants = (struct q_tenant *)(void *)(base + off_tenants);
 	q->e = (struct q_entry *)(void *)(base + off_e);
 	q->rows = (struct q_row *)(void *)(base + off_rows);
+	q->cell_pages = (uint64_t *)(void *)(base + off_pages);
 
 	if (pthread_mutexattr_init(&ma) != 0)
 		goto fail;
@@ -213,8 +274,7 @@ sl_queue_create(struct sl_shm *shm, size_t npools, size_t ntenants,
 	reset_lists(q);
 	for (i = nentries; i-- > 0;)
 		free_push(q, (int32_t)i);
-	for (i = 0; i < ntenants; i++)
-		atomic_store(&q->tenants[i].weight, 1);
+	/* Weights start at 0, read as 1: no page written before it is used. */
 	return q;
 fail:
 	sl_queue_destroy(q);
@@ -261,7 +321,7 @@ sl_queue_wake_fd(const struct sl_queue *q, size_t row)
 static uint64_t
 service(const struct sl_queue *q, size_t pool, size_t tenant)
 {
-	return atomic_load_explicit(&cell(q, pool, tenant)->service,
+	return atomic_load_explicit(&cell_ro(q, pool, tenant)->service,
 	    memory_order_relaxed);
 }
 
@@ -287,7 +347,7 @@ lift(struct sl_queue *q, size_t pool, size_t tenant)
 	/* A charge may race this (lock-free); it only ever adds. */
 	v = service(q, pool, tenant);
 	while (v < ref && !atomic_compare_exchange_weak(
-	    &cell(q, pool, tenant)->service, &v, ref))
+	    &cell_ro(q, pool, tenant)->service, &v, ref))
 		;
 }
 
@@ -560,6 +620,23 @@ sl_queue_set_tenant(struct sl_queue *q, size_t tenant, int32_t weight,
 }
 
 void
+sl_queue_forget_tenant(struct sl_queue *q, size_t row, size_t tenant)
+{
+	size_t pl;
+
+	if (q == NULL || tenant >= q->ntenants)
+		return;
+	q_lock(q, row);
+	for (pl = 0; pl < q->npools; pl++)
+		if (cell_page_used(q, pl * q->ntenants + tenant) ||
+		    atomic_load(&q->pools[pl].max) > 0)
+			atomic_store(&cell_ro(q, pl, tenant)->service, 0);
+	q_unlock(q);
+	atomic_store(&q->tenants[tenant].weight, 0);
+	atomic_store(&q->tenants[tenant].priority, 0);
+}
+
+void
 sl_queue_close_pool(struct sl_queue *q, size_t row, size_t pool)
 {
 	struct q_pool *p;
@@ -789,7 +866,14 @@ sl_queue_charge(struct sl_queue *q, size_t pool, size_t tenant,
 	if (q == NULL || pool >= q->npools || tenant >= q->ntenants ||
 	    tokens == 0)
 		return;
-	atomic_fetch_add_explicit(&cell(q, pool, tenant)->service,
+	/*
+	 * A pool without a queue orders nobody: no counter (and no page of
+	 * cells per tenant). One that gets a queue by reload starts everyone
+	 * at 0, and the lift on arrival evens the rest.
+	 */
+	if (atomic_load_explicit(&q->pools[pool].max, memory_order_relaxed) <= 0)
+		return;
+	atomic_fetch_add_explicit(&cell_ro(q, pool, tenant)->service,
 	    weighted(q, tenant, tokens), memory_order_relaxed);
 }
 
@@ -932,7 +1016,7 @@ sl_queue_waiting_tenant(const struct sl_queue *q, size_t pool, size_t tenant)
 {
 	if (pool >= q->npools || tenant >= q->ntenants)
 		return 0;
-	return atomic_load(&cell(q, pool, tenant)->nwait);
+	return atomic_load(&cell_ro(q, pool, tenant)->nwait);
 }
 
 uint64_t
@@ -1013,7 +1097,11 @@ sl_queue_check(struct sl_queue *q, char *why, size_t whylen)
 		size_t pw = 0, ncells = 0;
 
 		for (t = 0; t < q->ntenants; t++) {
-			struct q_cell *c = cell(q, pl, t);
+			struct q_cell *c;
+
+			if (!cell_page_used(q, pl * q->ntenants + t))
+				continue;   /* never written: nobody waits */
+			c = cell(q, pl, t);
 
 			cnt = 0;
 			prevj = NIL;

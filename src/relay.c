@@ -3180,6 +3180,21 @@ out:
 
 /* ---- request side ---------------------------------------------------- */
 
+/*
+ * A tenant of this worker's configuration that a reload removed, and
+ * whose shared index went to another tenant since (its epoch moved): its
+ * keys are unknown now, as they are to the workers of the new
+ * configuration, and nothing of it may count under the new tenant.
+ */
+static int
+conn_tenant_gone(const struct sl_worker *w, int tenant)
+{
+	size_t idx = w->tenant_slot[tenant];
+
+	return w->index_epoch != NULL &&
+	    sl_shm_epoch(w->shm, idx) != w->index_epoch[idx];
+}
+
 /* Find the tenant whose key is the bearer token; -1 if none. */
 static int
 conn_find_tenant(struct sl_conn *c)
@@ -3362,6 +3377,11 @@ conn_on_head(struct sl_conn *c)
 		    "missing or unknown API key", 0, 0);
 		return;
 	}
+	if (conn_tenant_gone(w, tenant)) {
+		conn_error(c, 401, "invalid_request_error", "invalid_api_key",
+		    "missing or unknown API key", 0, 0);
+		return;
+	}
 	c->tenant = tenant;
 	if (sl_shm_limit(w->shm, w->tenant_slot[tenant]) == 0) {
 		/*
@@ -3408,6 +3428,14 @@ conn_on_head(struct sl_conn *c)
 	if (sl_shm_try_acquire(w->shm, w->row, w->tenant_slot[tenant]) !=
 	    SL_ADMIT_OK) {
 		conn_refuse_full(c);
+		return;
+	}
+	if (conn_tenant_gone(w, tenant)) {
+		/* Reused between the look above and the slot: not ours. */
+		sl_shm_release(w->shm, w->row, w->tenant_slot[tenant]);
+		c->tenant = -1;
+		conn_error(c, 401, "invalid_request_error", "invalid_api_key",
+		    "missing or unknown API key", 0, 0);
 		return;
 	}
 	c->slot_held = 1;

@@ -23,11 +23,41 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "shared stats need lock-free long lo
 
 #define SL_CACHELINE 64
 
-/* One tenant on its own cache line: workers CAS here, nothing else does. */
+/*
+ * Tokens: a sliding window of 30 buckets of 2 seconds, each one word:
+ * (span & SEC_MASK) << 44 | tokens, span = second / TOK_SPAN, taken over by
+ * the first charge of a new span (compare-exchange), so charges from
+ * every worker add up exactly. The window sums the 30 newest spans: a
+ * token stays in it 58 to 60 seconds (one-second buckets kept it 59 to
+ * 60), and a Retry-After is at most 60. 30 words, not 60 of one second:
+ * a tenant costs 240 bytes less. Seconds are CLOCK_MONOTONIC, the same
+ * clock in every process.
+ */
+#define TOK_SPAN 2
+#define TOK_BUCKETS 30
+#define TOK_SHIFT 44
+#define TOK_MASK ((UINT64_C(1) << TOK_SHIFT) - 1)
+#define SEC_MASK ((UINT64_C(1) << (64 - TOK_SHIFT)) - 1)
+
+/*
+ * Everything of one shared index (a tenant's, or a pool replica's count
+ * and cap) in one place, 536 bytes: what a tenant costs in the region
+ * besides a held count per worker row that served it. Its counters are
+ * shared by the workers (one atomic add each, once per request, as
+ * nginx's limit_conn does), not kept per worker row: a row per tenant
+ * would cost 232 bytes per row. limit and inflight lead, so the
+ * admission compare-exchange touches the struct's first line.
+ */
 struct shm_tenant {
-	alignas(SL_CACHELINE) _Atomic int32_t limit;
+	_Atomic int32_t limit;
 	_Atomic int32_t inflight;
 	_Atomic uint32_t epoch;       /* bumped when the index is reused */
+	_Atomic int32_t budget;       /* tokens_per_minute; 0: none */
+	_Atomic uint64_t rejected[SL_REJECT_MAX];
+	_Atomic uint64_t total[SL_TOKENS_KINDS];
+	_Atomic uint64_t unrouted[SL_TOKENS_KINDS];   /* tokens of model "-" */
+	_Atomic uint64_t req[SL_NCODES];
+	_Atomic uint64_t bucket[TOK_BUCKETS];
 };
 
 /*
@@ -47,12 +77,6 @@ struct shm_stats {
 	alignas(SL_CACHELINE) _Atomic uint64_t v[SL_STAT_MAX];
 	_Atomic uint64_t hist[SL_HIST_MAX][SL_HIST_BUCKETS + 1];
 	_Atomic uint64_t hist_sum_us[SL_HIST_MAX];
-};
-
-/* Per row and tenant (one extra tenant: "none"). */
-struct shm_tstats {
-	_Atomic uint64_t req[SL_NCODES];
-	_Atomic uint64_t rejected[SL_REJECT_MAX];
 };
 
 struct shm_ustats {
@@ -82,28 +106,56 @@ struct shm_pair {
 	_Atomic uint64_t n[SL_TOKENS_KINDS];
 };
 #define PAIR_DEAD UINT64_MAX
-#define PAIR_KEY(t, m) (((uint64_t)(t) + 1) << 8 | (uint64_t)(m))
+#define PAIR_MODEL_BITS 24
+#define PAIR_KEY(t, m) (((uint64_t)(t) + 1) << PAIR_MODEL_BITS | (uint64_t)(m))
+#define PAIR_MODEL(k) ((size_t)((k) & ((UINT64_C(1) << PAIR_MODEL_BITS) - 1)))
+#define PAIR_TENANT(k) ((size_t)((k) >> PAIR_MODEL_BITS) - 1)
 #define PAIR_PROBES 64
-_Static_assert(SL_SHM_MODELS <= 256, "a pair key holds the model in 8 bits");
+#define PAIR_SPILL 65536              /* 2 MiB, written as used */
+#define PAIRS_PER_PAGE (4096 / 32)
+_Static_assert(SL_SHM_MODELS <= (1 << PAIR_MODEL_BITS), "a pair key's model");
+
+/*
+ * Pages of the region that were never written are never read either: a
+ * read of an untouched MAP_SHARED page allocates it, and a scan over the
+ * region's whole capacity would cost what the capacity costs. The held
+ * counts of each row keep a bit per page written (set by the row's
+ * writer before it writes there); scans skip the pages whose bit is
+ * clear, which hold only zeros.
+ */
+_Static_assert(sizeof(struct shm_tenant) == 536, "a tenant's bytes, as documented");
+#define HELD_PER_PAGE 1024            /* int32 cells per 4 KiB page */
 
 struct sl_shm {
 	size_t max_tenants;
 	size_t max_rows;
 	size_t map_len;
 	_Atomic size_t rows_used;     /* rows that ever held a worker */
-	struct shm_tenant *tenants;   /* [max_tenants] */
-	_Atomic int32_t *held;        /* [max_rows * max_tenants] */
+	_Atomic size_t indices_used;  /* indices handed out (0: all) */
+	struct shm_tenant *tenants;   /* [max_tenants + 1]: the last, "none" */
+	_Atomic int32_t *held;        /* [max_rows][held_stride] */
+	size_t held_stride;           /* max_tenants rounded up to a page */
+	_Atomic uint64_t *held_pages; /* [max_rows][held_words]: pages written */
+	size_t held_words;
 	struct shm_stats *stats;      /* [max_rows] */
 	struct shm_sync *sync;        /* [max_rows] */
-	struct shm_tstats *tstats;    /* [max_rows * (max_tenants + 1)] */
 	struct shm_ustats *ustats;    /* [max_rows * SL_SHM_MAX_UPSTREAMS] */
 	struct shm_replica *replicas; /* [max_tenants] */
-	struct shm_tokens *tokens;    /* [max_tenants] */
 	_Atomic uint64_t *hints;      /* [SL_SHM_HINTS] affinity hints */
 	struct shm_mstats *mstats;    /* [max_rows * SL_SHM_MODELS] */
 	_Atomic uint64_t *fallbacks;  /* [SL_SHM_MODELS * SL_SHM_MODELS] */
-	struct shm_pair *pairs;       /* [pair_mask + 1] tenant x model tokens */
-	size_t pair_mask;
+	/*
+	 * Tenant x model tokens: index t's pairs start at 2t (its home) and
+	 * probe on, so the pages written follow the indices in use.
+	 */
+	struct shm_pair *pairs;       /* [npairs + PAIR_SPILL] */
+	size_t npairs;
+	/*
+	 * A tenant whose neighbourhood is full (more models than its
+	 * neighbours leave room for) puts its pairs in the spill, hashed,
+	 * after the table; spill_pages marks its pages written.
+	 */
+	_Atomic uint64_t spill_pages[PAIR_SPILL / PAIRS_PER_PAGE / 64];
 };
 
 /*
@@ -112,28 +164,11 @@ struct sl_shm {
  * is the hash's low bits, the tag its high ones: independent parts of a
  * well-mixed hash.
  */
-#define HINT_SLOT_BITS 21               /* slot + 1 <= 2^20 (max_tenants) */
+#define HINT_SLOT_BITS 21               /* slot + 1 < 2^21 (SL_SHM_MAX_INDICES) */
 #define HINT_ENDED (UINT64_C(1) << HINT_SLOT_BITS)
 #define HINT_TAG_SHIFT (HINT_SLOT_BITS + 1)
 #define HINT_SLOT_MASK ((UINT64_C(1) << HINT_SLOT_BITS) - 1)
 #define HINT_TAG(h) ((h) >> HINT_TAG_SHIFT << HINT_TAG_SHIFT)
-
-/*
- * A tenant's tokens: a sliding window of 60 one-second buckets, each one
- * word: (second & SEC_MASK) << 44 | tokens, taken over by the first charge
- * of a new second (compare-exchange), so charges from every worker add up
- * exactly. Seconds are CLOCK_MONOTONIC, the same clock in every process.
- */
-#define TOK_BUCKETS 60
-#define TOK_SHIFT 44
-#define TOK_MASK ((UINT64_C(1) << TOK_SHIFT) - 1)
-#define SEC_MASK ((UINT64_C(1) << (64 - TOK_SHIFT)) - 1)
-struct shm_tokens {
-	_Atomic uint64_t bucket[TOK_BUCKETS];
-	_Atomic uint64_t total[SL_TOKENS_KINDS];
-	_Atomic uint64_t unrouted[SL_TOKENS_KINDS];   /* model "-" */
-	_Atomic int32_t budget;       /* tokens_per_minute; 0: none */
-};
 
 static size_t
 round_up(size_t n, size_t a)
@@ -144,47 +179,50 @@ round_up(size_t n, size_t a)
 struct sl_shm *
 sl_shm_create(size_t max_tenants, size_t max_rows)
 {
-	size_t off_tenants, off_held, off_stats, off_tstats, off_ustats, off_sync;
-	size_t off_replicas, off_tokens, off_hints, off_mstats, off_fallbacks;
-	size_t off_pairs, npairs;
-	size_t len;
+	size_t off_tenants, off_held, off_pages, off_stats, off_ustats, off_sync;
+	size_t off_replicas, off_hints, off_mstats, off_fallbacks, off_pairs;
+	size_t stride, words, npairs, len;
 	char *base;
 	struct sl_shm *s;
 
 	if (max_tenants == 0 || max_rows == 0 ||
-	    max_tenants > (1u << 20) || max_rows > 4096) {
+	    max_tenants > SL_SHM_MAX_INDICES || max_rows > 4096) {
 		errno = EINVAL;
 		return NULL;
 	}
+	stride = round_up(max_tenants, HELD_PER_PAGE);
+	words = (stride / HELD_PER_PAGE + 63) / 64;
+	npairs = (max_tenants < 512 ? 1024 : SL_SHM_PAIRS_PER_TENANT *
+	    max_tenants) + PAIR_PROBES;
 	off_tenants = round_up(sizeof(struct sl_shm), SL_CACHELINE);
-	off_held = off_tenants + max_tenants * sizeof(struct shm_tenant);
-	off_stats = round_up(off_held + max_rows * max_tenants * sizeof(int32_t),
+	off_held = round_up(off_tenants +
+	    (max_tenants + 1) * sizeof(struct shm_tenant), 4096);
+	off_pages = off_held + max_rows * stride * sizeof(int32_t);
+	off_stats = round_up(off_pages + max_rows * words * sizeof(uint64_t),
 	    SL_CACHELINE);
-	off_tstats = round_up(off_stats + max_rows * sizeof(struct shm_stats),
+	off_ustats = round_up(off_stats + max_rows * sizeof(struct shm_stats),
 	    SL_CACHELINE);
-	off_ustats = round_up(off_tstats +
-	    max_rows * (max_tenants + 1) * sizeof(struct shm_tstats), SL_CACHELINE);
 	off_sync = round_up(off_ustats + max_rows * SL_SHM_MAX_UPSTREAMS *
 	    sizeof(struct shm_ustats), SL_CACHELINE);
 	off_replicas = round_up(off_sync + max_rows * sizeof(struct shm_sync),
 	    SL_CACHELINE);
-	off_tokens = round_up(off_replicas + max_tenants * sizeof(struct shm_replica),
-	    SL_CACHELINE);
-	off_hints = round_up(off_tokens + max_tenants * sizeof(struct shm_tokens),
-	    SL_CACHELINE);
+	off_hints = round_up(off_replicas +
+	    max_tenants * sizeof(struct shm_replica), SL_CACHELINE);
 	off_mstats = round_up(off_hints + SL_SHM_HINTS * sizeof(uint64_t),
 	    SL_CACHELINE);
 	off_fallbacks = round_up(off_mstats +
 	    max_rows * SL_SHM_MODELS * sizeof(struct shm_mstats), SL_CACHELINE);
 	off_pairs = round_up(off_fallbacks +
 	    SL_SHM_MODELS * SL_SHM_MODELS * sizeof(uint64_t), SL_CACHELINE);
-	for (npairs = 1024; npairs < SL_SHM_PAIRS_PER_TENANT * max_tenants;
-	    npairs <<= 1)
-		;
-	len = off_pairs + npairs * sizeof(struct shm_pair);
+	len = off_pairs + (npairs + PAIR_SPILL) * sizeof(struct shm_pair);
 
-	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-	    -1, 0);
+	/*
+	 * Room for the whole capacity, reserved, not committed: a page costs
+	 * memory once written (or read), and nothing here touches a page an
+	 * index in use does not need.
+	 */
+	base = mmap(NULL, len, PROT_READ | PROT_WRITE,
+	    MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (base == MAP_FAILED)
 		return NULL;
 	/* Anonymous mappings are zero-filled: every counter starts at 0. */
@@ -194,17 +232,18 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	s->map_len = len;
 	s->tenants = (struct shm_tenant *)(void *)(base + off_tenants);
 	s->held = (_Atomic int32_t *)(void *)(base + off_held);
+	s->held_stride = stride;
+	s->held_pages = (_Atomic uint64_t *)(void *)(base + off_pages);
+	s->held_words = words;
 	s->stats = (struct shm_stats *)(void *)(base + off_stats);
-	s->tstats = (struct shm_tstats *)(void *)(base + off_tstats);
 	s->ustats = (struct shm_ustats *)(void *)(base + off_ustats);
 	s->sync = (struct shm_sync *)(void *)(base + off_sync);
 	s->replicas = (struct shm_replica *)(void *)(base + off_replicas);
-	s->tokens = (struct shm_tokens *)(void *)(base + off_tokens);
 	s->hints = (_Atomic uint64_t *)(void *)(base + off_hints);
 	s->mstats = (struct shm_mstats *)(void *)(base + off_mstats);
 	s->fallbacks = (_Atomic uint64_t *)(void *)(base + off_fallbacks);
 	s->pairs = (struct shm_pair *)(void *)(base + off_pairs);
-	s->pair_mask = npairs - 1;
+	s->npairs = npairs;
 	return s;
 }
 
@@ -280,7 +319,95 @@ sl_shm_inflight(const struct sl_shm *s, size_t tenant)
 static _Atomic int32_t *
 held_cell(const struct sl_shm *s, size_t row, size_t tenant)
 {
-	return &s->held[row * s->max_tenants + tenant];
+	return &s->held[row * s->held_stride + tenant];
+}
+
+static _Atomic uint64_t *
+held_page_word(const struct sl_shm *s, size_t row, size_t tenant,
+    uint64_t *bit)
+{
+	size_t page = tenant / HELD_PER_PAGE;
+
+	*bit = UINT64_C(1) << (page % 64);
+	return &s->held_pages[row * s->held_words + page / 64];
+}
+
+/* The held cell of (row, tenant), its page marked written: for a writer. */
+static _Atomic int32_t *
+held_touch(struct sl_shm *s, size_t row, size_t tenant)
+{
+	uint64_t bit;
+	_Atomic uint64_t *w = held_page_word(s, row, tenant, &bit);
+
+	if (!(atomic_load_explicit(w, memory_order_relaxed) & bit))
+		atomic_fetch_or(w, bit);
+	return held_cell(s, row, tenant);
+}
+
+/* Whether row ever wrote the page of tenant's held cell. */
+static int
+held_written(const struct sl_shm *s, size_t row, size_t tenant)
+{
+	uint64_t bit;
+
+	return (atomic_load(held_page_word(s, row, tenant, &bit)) & bit) != 0;
+}
+
+/* A held count, 0 without reading a page the row never wrote. */
+static int32_t
+held_get(const struct sl_shm *s, size_t row, size_t tenant)
+{
+	return held_written(s, row, tenant) ?
+	    atomic_load(held_cell(s, row, tenant)) : 0;
+}
+
+void
+sl_shm_set_indices_used(struct sl_shm *s, size_t n)
+{
+	if (n > s->max_tenants)
+		n = s->max_tenants;
+	atomic_store_explicit(&s->indices_used, n, memory_order_relaxed);
+}
+
+static size_t
+indices_used(const struct sl_shm *s)
+{
+	size_t n = atomic_load_explicit(&s->indices_used, memory_order_relaxed);
+
+	/* Never set (unit tests, tools): every index counts. */
+	return n == 0 ? s->max_tenants : n;
+}
+
+/* The pairs a walk must see: those of the indices handed out, and probes. */
+static size_t
+pairs_used(const struct sl_shm *s)
+{
+	size_t n = 2 * indices_used(s) + PAIR_PROBES;
+
+	return n < s->npairs ? n : s->npairs;
+}
+
+/*
+ * The first position at or after pos a walk of the pairs must read: the
+ * table's part for the indices in use, then the spill's written pages;
+ * npairs + PAIR_SPILL at the end.
+ */
+static size_t
+pair_walk(const struct sl_shm *s, size_t pos)
+{
+	size_t at;
+
+	if (pos < pairs_used(s))
+		return pos;
+	if (pos < s->npairs)
+		pos = s->npairs;
+	for (; pos < s->npairs + PAIR_SPILL; pos += PAIRS_PER_PAGE -
+	    (pos - s->npairs) % PAIRS_PER_PAGE) {
+		at = (pos - s->npairs) / PAIRS_PER_PAGE;
+		if ((atomic_load(&s->spill_pages[at / 64]) >> (at % 64)) & 1)
+			return pos;
+	}
+	return s->npairs + PAIR_SPILL;
 }
 
 /* Enter / leave the row's admission window (single writer per row). */
@@ -321,7 +448,7 @@ sl_shm_try_acquire(struct sl_shm *s, size_t row, size_t tenant)
 			return SL_ADMIT_FULL;
 		}
 	} while (!atomic_compare_exchange_weak(&t->inflight, &cur, cur + 1));
-	h = held_cell(s, row, tenant);
+	h = held_touch(s, row, tenant);
 	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) + 1);
 	window_leave(s, row, seq);
 	return SL_ADMIT_OK;
@@ -336,7 +463,7 @@ sl_shm_release(struct sl_shm *s, size_t row, size_t tenant)
 	if (tenant >= s->max_tenants || row >= s->max_rows)
 		return;
 	seq = window_enter(s, row, tenant);
-	h = held_cell(s, row, tenant);
+	h = held_touch(s, row, tenant);
 	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) - 1);
 	atomic_fetch_sub(&s->tenants[tenant].inflight, 1);
 	window_leave(s, row, seq);
@@ -360,9 +487,9 @@ sl_shm_move(struct sl_shm *s, size_t win, size_t from, size_t to, size_t idx)
 	    from >= s->max_rows || to >= s->max_rows || from == to)
 		return;
 	seq = window_enter(s, win, idx);
-	h = held_cell(s, to, idx);
+	h = held_touch(s, to, idx);
 	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) + 1);
-	h = held_cell(s, from, idx);
+	h = held_touch(s, from, idx);
 	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) - 1);
 	window_leave(s, win, seq);
 }
@@ -376,7 +503,7 @@ sl_shm_release_as(struct sl_shm *s, size_t win, size_t row, size_t idx)
 	if (idx >= s->max_tenants || win >= s->max_rows || row >= s->max_rows)
 		return;
 	seq = window_enter(s, win, idx);
-	h = held_cell(s, row, idx);
+	h = held_touch(s, row, idx);
 	atomic_store(h, atomic_load_explicit(h, memory_order_relaxed) - 1);
 	atomic_fetch_sub(&s->tenants[idx].inflight, 1);
 	window_leave(s, win, seq);
@@ -387,8 +514,7 @@ sl_shm_held(const struct sl_shm *s, size_t row, size_t tenant)
 {
 	if (tenant >= s->max_tenants || row >= s->max_rows)
 		return 0;
-	return atomic_load_explicit(held_cell(s, row, tenant),
-	    memory_order_relaxed);
+	return held_get(s, row, tenant);
 }
 
 /*
@@ -429,7 +555,7 @@ reconcile(struct sl_shm *s, size_t tenant, const unsigned char *dead)
 		inf = atomic_load(&s->tenants[tenant].inflight);
 		for (r = 0; r < nrows; r++)
 			if (!dead[r])
-				held += atomic_load(held_cell(s, r, tenant));
+				held += held_get(s, r, tenant);
 		for (r = 0; r < nrows && !busy; r++)
 			if (!dead[r] && atomic_load(&s->sync[r].seq) != seq1[r])
 				busy = 1;
@@ -470,6 +596,10 @@ sl_shm_reclaim_rows(struct sl_shm *s, const size_t *rows, size_t n)
 		in_window = atomic_load(&s->sync[row].seq) & 1;
 		intent = atomic_load(&s->sync[row].intent);
 		for (t = 0; t < s->max_tenants; t++) {
+			if (t % HELD_PER_PAGE == 0 && !held_written(s, row, t)) {
+				t += HELD_PER_PAGE - 1;   /* never written: zeros */
+				continue;
+			}
 			h = atomic_exchange(held_cell(s, row, t), 0);
 			/*
 			 * Outside its window a row's held count is exact. For
@@ -603,18 +733,19 @@ sl_shm_code_label(int slot)
 	return slot >= 0 && slot < SL_NCODES ? labels[slot] : "other";
 }
 
-static struct shm_tstats *
-tcell(const struct sl_shm *s, size_t row, size_t tenant)
-{
-	return &s->tstats[row * (s->max_tenants + 1) + tenant];
-}
-
+/*
+ * A tenant's requests and refusals: shared counters, one relaxed atomic
+ * add per request on the tenant's own struct (tenant == max_tenants:
+ * requests of no tenant). row is the counting worker's, unused since the
+ * counters moved out of the rows; kept so a caller says who counts.
+ */
 void
 sl_shm_count_request(struct sl_shm *s, size_t row, size_t tenant, int status)
 {
 	if (row >= s->max_rows || tenant > s->max_tenants)
 		return;
-	cell_add(&tcell(s, row, tenant)->req[sl_shm_code_slot(status)], 1);
+	atomic_fetch_add_explicit(&s->tenants[tenant].req[sl_shm_code_slot(status)],
+	    1, memory_order_relaxed);
 }
 
 void
@@ -623,34 +754,25 @@ sl_shm_count_rejected(struct sl_shm *s, size_t row, size_t tenant,
 {
 	if (row >= s->max_rows || tenant > s->max_tenants || why >= SL_REJECT_MAX)
 		return;
-	cell_add(&tcell(s, row, tenant)->rejected[why], 1);
+	atomic_fetch_add_explicit(&s->tenants[tenant].rejected[why], 1,
+	    memory_order_relaxed);
 }
 
 uint64_t
 sl_shm_requests_sum(const struct sl_shm *s, size_t tenant, int slot)
 {
-	size_t r;
-	uint64_t sum = 0;
-
 	if (tenant > s->max_tenants || slot < 0 || slot >= SL_NCODES)
 		return 0;
-	for (r = 0; r < rows_used(s); r++)
-		sum += cell_get(&tcell(s, r, tenant)->req[slot]);
-	return sum;
+	return cell_get(&s->tenants[tenant].req[slot]);
 }
 
 uint64_t
 sl_shm_rejected_sum(const struct sl_shm *s, size_t tenant,
     enum sl_reject_reason why)
 {
-	size_t r;
-	uint64_t sum = 0;
-
 	if (tenant > s->max_tenants || why >= SL_REJECT_MAX)
 		return 0;
-	for (r = 0; r < rows_used(s); r++)
-		sum += cell_get(&tcell(s, r, tenant)->rejected[why]);
-	return sum;
+	return cell_get(&s->tenants[tenant].rejected[why]);
 }
 
 const char *
@@ -795,8 +917,8 @@ sl_shm_index_quiet(const struct sl_shm *s, size_t idx)
 		return 0;
 	if (atomic_load(&s->tenants[idx].inflight) != 0)
 		return 0;
-	for (r = 0; r < s->max_rows; r++)
-		if (atomic_load(held_cell(s, r, idx)) != 0)
+	for (r = 0; r < rows_used(s); r++)
+		if (held_get(s, r, idx) != 0)
 			return 0;
 	return 1;
 }
@@ -808,16 +930,33 @@ sl_shm_index_reset(struct sl_shm *s, size_t idx)
 
 	if (idx >= s->max_tenants)
 		return;
+	uint32_t epoch = atomic_load(&s->tenants[idx].epoch);
+	size_t i, home = 2 * idx;
+	int k;
+
 	atomic_store(&s->tenants[idx].limit, 0);
 	atomic_store(&s->tenants[idx].inflight, 0);
-	atomic_fetch_add(&s->tenants[idx].epoch, 1);
-	for (r = 0; r < s->max_rows; r++) {
-		atomic_store(held_cell(s, r, idx), 0);
-		memset((void *)&s->tstats[r * (s->max_tenants + 1) + idx], 0,
-		    sizeof(struct shm_tstats));
-	}
+	atomic_store(&s->tenants[idx].epoch, epoch + 1);
+	memset((void *)&s->tenants[idx].budget, 0, sizeof(struct shm_tenant) -
+	    offsetof(struct shm_tenant, budget));
+	for (r = 0; r < rows_used(s); r++)
+		if (held_written(s, r, idx))
+			atomic_store(held_cell(s, r, idx), 0);
 	memset((void *)&s->replicas[idx], 0, sizeof(s->replicas[idx]));
-	memset((void *)&s->tokens[idx], 0, sizeof(s->tokens[idx]));
+	/*
+	 * Its tokens by model go too, dropped (a probe must not stop there),
+	 * never handed on: they are where the index's pairs were put.
+	 */
+	for (i = pair_walk(s, home); i < s->npairs + PAIR_SPILL &&
+	    (i >= s->npairs || i < home + PAIR_PROBES + 1); i = pair_walk(s, i + 1)) {
+		uint64_t key = atomic_load(&s->pairs[i].key);
+
+		if (key != 0 && key != PAIR_DEAD && PAIR_TENANT(key) == idx) {
+			atomic_store(&s->pairs[i].key, PAIR_DEAD);
+			for (k = 0; k < SL_TOKENS_KINDS; k++)
+				atomic_store(&s->pairs[i].n[k], 0);
+		}
+	}
 }
 
 void
@@ -1049,10 +1188,11 @@ sl_shm_model_reset(struct sl_shm *s, size_t model)
 		atomic_store(&s->fallbacks[k * SL_SHM_MODELS + model], 0);
 	}
 	/* Its pairs are dropped, not reused: a probe must not stop there. */
-	for (i = 0; i <= s->pair_mask; i++) {
+	for (i = pair_walk(s, 0); i < s->npairs + PAIR_SPILL;
+	    i = pair_walk(s, i + 1)) {
 		uint64_t key = atomic_load(&s->pairs[i].key);
 
-		if (key != 0 && key != PAIR_DEAD && (key & 0xff) == model) {
+		if (key != 0 && key != PAIR_DEAD && PAIR_MODEL(key) == model) {
 			atomic_store(&s->pairs[i].key, PAIR_DEAD);
 			for (k = 0; k < SL_TOKENS_KINDS; k++)
 				atomic_store(&s->pairs[i].n[k], 0);
@@ -1064,7 +1204,7 @@ void
 sl_shm_retire_stats(struct sl_shm *s, size_t row)
 {
 	struct shm_stats *from, *to;
-	size_t t, u;
+	size_t u;
 	int i, h;
 
 	if (row == 0 || row >= s->max_rows)
@@ -1085,24 +1225,6 @@ sl_shm_retire_stats(struct sl_shm *s, size_t row)
 		}
 		cell_add(&to->hist_sum_us[h], cell_get(&from->hist_sum_us[h]));
 		atomic_store_explicit(&from->hist_sum_us[h], 0, memory_order_relaxed);
-	}
-	for (t = 0; t <= s->max_tenants; t++) {
-		struct shm_tstats *a = tcell(s, row, t), *b = tcell(s, 0, t);
-
-		for (i = 0; i < SL_NCODES; i++) {
-			uint64_t v = cell_get(&a->req[i]);
-
-			if (v) {
-				cell_add(&b->req[i], v);
-				atomic_store_explicit(&a->req[i], 0, memory_order_relaxed);
-			}
-		}
-		for (i = 0; i < SL_REJECT_MAX; i++)
-			if (cell_get(&a->rejected[i])) {
-				cell_add(&b->rejected[i], cell_get(&a->rejected[i]));
-				atomic_store_explicit(&a->rejected[i], 0,
-				    memory_order_relaxed);
-			}
 	}
 	for (u = 0; u < SL_SHM_MODELS; u++) {
 		struct shm_mstats *a = mcell(s, row, u), *b = mcell(s, 0, u);
@@ -1163,7 +1285,7 @@ sat_add(_Atomic uint64_t *c, uint64_t n)
 static uint64_t
 pair_hash(uint64_t key)
 {
-	/* splitmix64's finalizer: tenants and models spread over the table */
+	/* splitmix64's finalizer: pairs spread over the spill */
 	key ^= key >> 30;
 	key *= UINT64_C(0xbf58476d1ce4e5b9);
 	key ^= key >> 27;
@@ -1173,17 +1295,46 @@ pair_hash(uint64_t key)
 
 /*
  * The pair of (tenant, model) in the table; with take, an empty cell on
- * its probe becomes it. NULL when it is not there (or no room).
+ * its probe becomes it. NULL when it is not there (or no room). A model
+ * starts at the tenant's home or one past it (its low bit), so two models
+ * of a tenant do not both probe from one cell.
  */
 static struct shm_pair *
 pair_find(const struct sl_shm *s, size_t tenant, size_t model, int take)
 {
-	uint64_t key = PAIR_KEY(tenant, model), h = pair_hash(key), k;
+	uint64_t key = PAIR_KEY(tenant, model), k;
+	size_t home = 2 * tenant + (model & 1);
 	struct shm_pair *p;
 	int i;
 
+	size_t spill = pair_hash(key) & (PAIR_SPILL - 1), at;
+	uint64_t bit;
+
+	for (i = 0; i < PAIR_PROBES && home + (size_t)i < s->npairs; i++) {
+		p = &s->pairs[home + (size_t)i];
+		k = atomic_load_explicit(&p->key, memory_order_relaxed);
+		if (k == key)
+			return p;
+		if (k != 0)
+			continue;
+		if (!take)
+			return NULL;
+		if (atomic_compare_exchange_strong_explicit(&p->key, &k, key,
+		    memory_order_relaxed, memory_order_relaxed) || k == key)
+			return p;
+	}
+	/* The neighbourhood is full: the spill. */
 	for (i = 0; i < PAIR_PROBES; i++) {
-		p = &s->pairs[(h + (uint64_t)i) & s->pair_mask];
+		at = (spill + (size_t)i) & (PAIR_SPILL - 1);
+		bit = UINT64_C(1) << (at / PAIRS_PER_PAGE % 64);
+		if (!(atomic_load(&s->spill_pages[at / PAIRS_PER_PAGE / 64]) &
+		    bit)) {
+			if (!take)
+				return NULL;   /* never written: empty */
+			atomic_fetch_or(&((struct sl_shm *)s)->spill_pages[at /
+			    PAIRS_PER_PAGE / 64], bit);
+		}
+		p = &s->pairs[s->npairs + at];
 		k = atomic_load_explicit(&p->key, memory_order_relaxed);
 		if (k == key)
 			return p;
@@ -1202,15 +1353,15 @@ void
 sl_shm_tokens_charge(struct sl_shm *s, size_t tenant, size_t model,
     uint64_t now_sec, const uint64_t n[SL_TOKENS_KINDS])
 {
-	struct shm_tokens *t;
+	struct shm_tenant *t;
 	struct shm_pair *p = NULL;
 	_Atomic uint64_t *b;
-	uint64_t add = 0, w, nw, sec = now_sec & SEC_MASK;
+	uint64_t add = 0, w, nw, sec = (now_sec / TOK_SPAN) & SEC_MASK;
 	int k;
 
 	if (tenant >= s->max_tenants)
 		return;
-	t = &s->tokens[tenant];
+	t = &s->tenants[tenant];
 	for (k = 0; k < SL_TOKENS_KINDS; k++)
 		add = add > UINT64_MAX - n[k] ? UINT64_MAX : add + n[k];
 	if (add == 0)
@@ -1223,7 +1374,7 @@ sl_shm_tokens_charge(struct sl_shm *s, size_t tenant, size_t model,
 	}
 	if (add > TOK_MASK)
 		add = TOK_MASK;
-	b = &t->bucket[now_sec % TOK_BUCKETS];
+	b = &t->bucket[(now_sec / TOK_SPAN) % TOK_BUCKETS];
 	w = atomic_load_explicit(b, memory_order_relaxed);
 	do {
 		if ((w >> TOK_SHIFT) == sec) {
@@ -1239,18 +1390,19 @@ uint64_t
 sl_shm_tokens_window(const struct sl_shm *s, size_t tenant, uint64_t now_sec,
     uint64_t budget, int *retry_after)
 {
-	uint64_t per_age[TOK_BUCKETS], sum = 0, w, a, now = now_sec & SEC_MASK;
-	const struct shm_tokens *t;
+	uint64_t per_age[TOK_BUCKETS], sum = 0, w, a;
+	uint64_t now = (now_sec / TOK_SPAN) & SEC_MASK;
+	const struct shm_tenant *t;
 	int i;
 
 	if (retry_after != NULL)
 		*retry_after = 0;
 	if (tenant >= s->max_tenants)
 		return 0;
-	t = &s->tokens[tenant];
+	t = &s->tenants[tenant];
 	memset(per_age, 0, sizeof(per_age));
 	for (i = 0; i < TOK_BUCKETS; i++) {
-		w = atomic_load_explicit(&((struct shm_tokens *)t)->bucket[i],
+		w = atomic_load_explicit(&((struct shm_tenant *)t)->bucket[i],
 		    memory_order_relaxed);
 		if (w == 0 || (a = tok_age(w, now)) >= TOK_BUCKETS)
 			continue;
@@ -1258,13 +1410,18 @@ sl_shm_tokens_window(const struct sl_shm *s, size_t tenant, uint64_t now_sec,
 		sum += w & TOK_MASK;
 	}
 	if (retry_after != NULL && budget > 0 && sum >= budget) {
-		/* After k more seconds the buckets aged 60 - k and over are out. */
+		/*
+		 * A bucket of age a (in spans) leaves the window when its age
+		 * is TOK_BUCKETS: at second TOK_SPAN * (span now - a +
+		 * TOK_BUCKETS).
+		 */
 		uint64_t left = sum;
 
 		for (i = TOK_BUCKETS - 1; i >= 0; i--) {
 			left -= per_age[i];
 			if (left < budget) {
-				*retry_after = TOK_BUCKETS - i;
+				*retry_after = (int)(TOK_SPAN * (now_sec / TOK_SPAN +
+				    (uint64_t)(TOK_BUCKETS - i)) - now_sec);
 				break;
 			}
 		}
@@ -1276,7 +1433,7 @@ void
 sl_shm_set_token_budget(struct sl_shm *s, size_t tenant, int32_t budget)
 {
 	if (tenant < s->max_tenants)
-		atomic_store_explicit(&s->tokens[tenant].budget, budget,
+		atomic_store_explicit(&s->tenants[tenant].budget, budget,
 		    memory_order_relaxed);
 }
 
@@ -1286,7 +1443,7 @@ sl_shm_token_budget(const struct sl_shm *s, size_t tenant)
 	if (tenant >= s->max_tenants)
 		return 0;
 	return atomic_load_explicit(
-	    &((struct shm_tokens *)&s->tokens[tenant])->budget,
+	    &((struct shm_tenant *)&s->tenants[tenant])->budget,
 	    memory_order_relaxed);
 }
 
@@ -1295,7 +1452,7 @@ sl_shm_tokens_total(const struct sl_shm *s, size_t tenant, int kind)
 {
 	if (tenant >= s->max_tenants || kind < 0 || kind >= SL_TOKENS_KINDS)
 		return 0;
-	return atomic_load_explicit(&((struct shm_tokens *)&s->tokens[tenant])->total[kind],
+	return atomic_load_explicit(&((struct shm_tenant *)&s->tenants[tenant])->total[kind],
 	    memory_order_relaxed);
 }
 
@@ -1309,7 +1466,7 @@ sl_shm_tokens_model(const struct sl_shm *s, size_t tenant, size_t model,
 	    model >= SL_SHM_MODELS)
 		return 0;
 	if (model == 0)
-		return cell_get(&s->tokens[tenant].unrouted[kind]);
+		return cell_get(&s->tenants[tenant].unrouted[kind]);
 	p = pair_find(s, tenant, model, 0);
 	return p != NULL ? cell_get(&p->n[kind]) : 0;
 }
@@ -1321,12 +1478,13 @@ sl_shm_tokens_next(const struct sl_shm *s, size_t *pos, size_t *tenant,
 	uint64_t key;
 	int k;
 
-	for (; *pos <= s->pair_mask; (*pos)++) {
+	for (*pos = pair_walk(s, *pos); *pos < s->npairs + PAIR_SPILL;
+	    *pos = pair_walk(s, *pos + 1)) {
 		key = cell_get(&s->pairs[*pos].key);
 		if (key == 0 || key == PAIR_DEAD)
 			continue;
-		*tenant = (size_t)(key >> 8) - 1;
-		*model = (size_t)(key & 0xff);
+		*tenant = PAIR_TENANT(key);
+		*model = PAIR_MODEL(key);
 		for (k = 0; k < SL_TOKENS_KINDS; k++)
 			n[k] = cell_get(&s->pairs[*pos].n[k]);
 		(*pos)++;

@@ -267,6 +267,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.cfg = a->cfg;
 	w.shm = a->shm;
 	w.tenant_slot = a->tenant_slot;
+	w.index_epoch = a->replica_epoch;
 	w.upstream_slot = a->upstream_slot;
 	w.model_slot = a->model_slot;
 	if ((w.pools = sl_pools_new(a->cfg, a->shm, a->row,
@@ -284,10 +285,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	}
 	w.access_fd = -1;
 	access_log_open(&w);
-	if ((w.keys = sl_keyidx_build(a->cfg)) == NULL) {
-		sl_err("cannot build the key index");
-		return 1;
-	}
+	w.keys = a->keys;
 	w.row = a->row;
 	w.index = a->index;
 	w.listen_fd = a->listen_fd;
@@ -409,7 +407,6 @@ sl_worker_main(const struct sl_worker_args *a)
 	sl_blocks_free(&w.blocks);
 	if (w.access_fd > STDERR_FILENO)
 		close(w.access_fd);
-	sl_keyidx_free(w.keys);
 	sl_pools_free(w.pools);
 	sl_models_free(w.models);
 	if (w.spare_fd >= 0)

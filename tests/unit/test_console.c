@@ -25,7 +25,7 @@ test_window_answers_the_oldest_sample_of_the_span(void **state)
 {
 	struct sl_window *w = sl_window_new(4);
 	uint64_t v[2];
-	const uint64_t *b;
+	const uint32_t *b;
 	size_t n, i;
 
 	(void)state;
@@ -54,7 +54,7 @@ test_window_samples_may_grow_and_new_indices_count_from_zero(void **state)
 {
 	struct sl_window *w = sl_window_new(3);
 	uint64_t v[4] = { 5, 6, 7, 8 };
-	const uint64_t *b;
+	const uint32_t *b;
 	size_t n;
 
 	(void)state;
@@ -65,8 +65,12 @@ test_window_samples_may_grow_and_new_indices_count_from_zero(void **state)
 	assert_int_equal(sl_window_delta(b, n, 0, 9), 4);   /* 9 - 5 */
 	assert_int_equal(sl_window_delta(b, n, 3, 9), 9);   /* not in it: from 0 */
 	assert_int_equal(sl_window_delta(NULL, 0, 0, 9), 9);
-	/* A counter that went backwards (an index reset for reuse). */
+	/* Modulo 2^32: a counter that passed 2^32 since is still exact. */
+	assert_int_equal(sl_window_delta(b, n, 1, (UINT64_C(1) << 32) + 8), 2);
+	/* An index reset for reuse is forgotten: it counts from zero. */
+	sl_window_forget(w, 1, 1);
 	assert_int_equal(sl_window_delta(b, n, 1, 2), 2);
+	assert_int_equal(sl_window_delta(b, n, 0, 9), 4);
 	/* Wrapping reuses a slot whose buffer is smaller: it grows. */
 	assert_int_equal(sl_window_push(w, 3, v, 1), 0);
 	assert_int_equal(sl_window_push(w, 4, v, 4), 0);

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -574,18 +575,24 @@ test_killed_worker_slots_reclaimed(void **state)
 
 /* A worker in its hot loop: admit and finish requests as fast as it can. */
 static void
-churn_child(struct sl_shm *s, size_t row, int wfd)
+churn_child_on(struct sl_shm *s, size_t row, size_t idx, int wfd)
 {
 	char c = 'y';
 
-	if (sl_shm_try_acquire(s, row, 0) != SL_ADMIT_OK)
+	if (sl_shm_try_acquire(s, row, idx) != SL_ADMIT_OK)
 		_exit(1);
-	sl_shm_release(s, row, 0);
+	sl_shm_release(s, row, idx);
 	if (write(wfd, &c, 1) != 1)
 		_exit(1);
 	for (;;)
-		if (sl_shm_try_acquire(s, row, 0) == SL_ADMIT_OK)
-			sl_shm_release(s, row, 0);
+		if (sl_shm_try_acquire(s, row, idx) == SL_ADMIT_OK)
+			sl_shm_release(s, row, idx);
+}
+
+static void
+churn_child(struct sl_shm *s, size_t row, int wfd)
+{
+	churn_child_on(s, row, 0, wfd);
 }
 
 /*
@@ -649,6 +656,161 @@ test_sigkill_at_any_instant_reclaims_exactly(void **state)
 		fail_msg("%d of 200 kills left in-flight wrong after reclaim: "
 		    "%d slot(s) leaked, %d freed twice", bad_rounds, leaked,
 		    freed_twice);
+}
+
+/*
+ * The same on an index a reload removed and the master gave to another
+ * tenant (sl_shm_index_reset): the old tenant's slot held by a row that
+ * lives on, the index's epoch moved, and a worker of the new tenant
+ * killed at any instant; reclaim gives back exactly what the dead row
+ * held, and the live row's slot stays counted. 100 kills.
+ */
+static void
+test_sigkill_on_a_reused_index_reclaims_exactly(void **state)
+{
+	struct fx *f = *state;
+	uint64_t x = 0x9e3779b97f4a7c15ULL;
+	int round, bad = 0, st, p[2];
+	size_t idx = 1500;       /* a page of held cells of its own */
+	uint32_t epoch;
+	char c;
+
+	f->nkids = 1;
+	for (round = 0; round < 100; round++) {
+		struct timespec ts;
+		pid_t pid;
+
+		sl_shm_destroy(f->shm);
+		f->shm = NULL;
+		make(f, 2048, 4);
+		/* The old tenant: served by row 3, then removed and quiet. */
+		sl_shm_set_limit(f->shm, idx, 5);
+		assert_int_equal(sl_shm_try_acquire(f->shm, 3, idx), SL_ADMIT_OK);
+		sl_shm_release(f->shm, 3, idx);
+		sl_shm_set_limit(f->shm, idx, 0);
+		assert_true(sl_shm_index_quiet(f->shm, idx));
+		epoch = sl_shm_epoch(f->shm, idx);
+		sl_shm_index_reset(f->shm, idx);
+		assert_int_equal(sl_shm_epoch(f->shm, idx), epoch + 1);
+		assert_int_equal(sl_shm_held(f->shm, 3, idx), 0);
+		/* The new tenant: one stream on row 2 that lives on. */
+		sl_shm_set_limit(f->shm, idx, 1000);
+		assert_int_equal(sl_shm_try_acquire(f->shm, 2, idx), SL_ADMIT_OK);
+		assert_int_equal(pipe(p), 0);
+		pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			close(p[0]);
+			churn_child_on(f->shm, 1, idx, p[1]);
+		}
+		f->kids[0] = pid;
+		close(p[1]);
+		assert_int_equal(read(p[0], &c, 1), 1);
+		close(p[0]);
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		ts.tv_sec = 0;
+		ts.tv_nsec = (long)(20000 + x % 200000);
+		nanosleep(&ts, NULL);
+		assert_int_equal(kill(pid, SIGKILL), 0);
+		assert_int_equal(waitpid(pid, &st, 0), pid);
+		f->kids[0] = 0;
+		assert_true(WIFSIGNALED(st));
+		sl_shm_reclaim_row(f->shm, 1);
+		if (sl_shm_inflight(f->shm, idx) != 1 ||
+		    sl_shm_held(f->shm, 1, idx) != 0 ||
+		    sl_shm_held(f->shm, 2, idx) != 1)
+			bad++;
+		sl_shm_release(f->shm, 2, idx);
+		if (sl_shm_inflight(f->shm, idx) != 0 ||
+		    !sl_shm_index_quiet(f->shm, idx))
+			bad++;
+	}
+	if (bad != 0)
+		fail_msg("%d check(s) of 100 kills on a reused index wrong", bad);
+}
+
+/* Resident kB of the mapping that starts at p (/proc/self/smaps). */
+static long
+mapping_rss_kb(const void *p)
+{
+	char line[512];
+	FILE *fp = fopen("/proc/self/smaps", "r");
+	unsigned long lo, hi;
+	long kb = -1;
+	int in = 0;
+
+	assert_non_null(fp);
+	while (fgets(line, sizeof(line), fp) != NULL) {
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+			/* A mapping's first line: "start-end perms ..." */
+			in = lo == (unsigned long)(uintptr_t)p;
+			continue;
+		}
+		if (in && sscanf(line, "Rss: %ld kB", &kb) == 1)
+			break;
+	}
+	fclose(fp);
+	return kb;
+}
+
+/*
+ * Room costs nothing until used: a region with room for two million
+ * indices and 129 rows (some gigabytes reserved) in which 1,000 indices
+ * are served by two rows, counted, charged tokens under models, walked,
+ * a row reclaimed after a crash and every used index checked quiet, has
+ * written and read only the pages those indices need.
+ */
+static void
+test_a_region_with_room_for_millions_costs_what_its_used_indices_cost(
+    void **state)
+{
+	struct fx *f = *state;
+	struct sl_shm *s = make(f, SL_SHM_MAX_INDICES, 129);
+	uint64_t n[SL_TOKENS_KINDS] = { 3, 4, 0 }, got[SL_TOKENS_KINDS];
+	size_t t, pos = 0, tt, mm, pairs = 0, rows[1] = { 2 };
+	long kb;
+
+	assert_true(sl_shm_size(s) > (size_t)1 << 30);
+	sl_shm_set_rows_used(s, 3);
+	sl_shm_set_indices_used(s, 1000);
+	for (t = 0; t < 1000; t++) {
+		sl_shm_set_limit(s, t, 10);
+		sl_shm_set_token_budget(s, t, 1000);
+		assert_int_equal(sl_shm_try_acquire(s, 1, t), SL_ADMIT_OK);
+		assert_int_equal(sl_shm_try_acquire(s, 2, t), SL_ADMIT_OK);
+		sl_shm_release(s, 1, t);
+		sl_shm_count_request(s, 1, t, 200);
+		sl_shm_tokens_charge(s, t, 1 + t % 3, 1000, n);
+	}
+	/* Row 2 dies holding one slot of each index. */
+	assert_int_equal(sl_shm_reclaim_rows(s, rows, 1), 1000);
+	for (t = 0; t < 1000; t++) {
+		assert_int_equal(sl_shm_inflight(s, t), 0);
+		assert_true(sl_shm_index_quiet(s, t));
+		assert_int_equal(sl_shm_requests_sum(s, t, sl_shm_code_slot(200)),
+		    1);
+		assert_int_equal(sl_shm_tokens_window(s, t, 1001, 0, NULL), 7);
+	}
+	while (sl_shm_tokens_next(s, &pos, &tt, &mm, got)) {
+		assert_int_equal(mm, 1 + tt % 3);
+		assert_int_equal(got[SL_TOKENS_COMPLETION], 4);
+		pairs++;
+	}
+	assert_int_equal(pairs, 1000);
+	sl_shm_index_reset(s, 999);
+	sl_shm_retire_stats(s, 2);
+	/*
+	 * 1,000 indices of 536 bytes, two rows' held pages, the pairs', the
+	 * rows' stats and the affinity table's header pages: about 1.5 MiB.
+	 */
+	kb = mapping_rss_kb(s);
+	assert_true(kb > 0);
+	print_message("the region: %ld kB resident of %zu MiB\n", kb,
+	    sl_shm_size(s) >> 20);
+	if (kb > 2048)
+		fail_msg("the region has %ld kB resident for 1,000 indices", kb);
 }
 
 /* Affinity hints: tag-checked, "ended" sticky for a hash, a collision
@@ -835,8 +997,8 @@ test_tokens_per_model_add_up_to_the_tenant(void **state)
 }
 
 /*
- * The pair table is bounded (SL_SHM_PAIRS_PER_TENANT per tenant of the
- * capacity): past it, a pair's tokens count under "-", and each tenant's
+ * The pair table is bounded (SL_SHM_PAIRS_PER_TENANT per index of the
+ * capacity, each index's pairs from its home on): past it, a pair's tokens count under "-", and each tenant's
  * models still add up to its total.
  */
 static void
@@ -849,19 +1011,22 @@ test_token_pairs_past_the_table_count_under_dash(void **state)
 
 	assert_non_null(sum);
 	for (t = 0; t < tenants; t++)
-		for (m = 1; m <= 8; m++)
+		for (m = 1; m <= 80; m++)
 			sl_shm_tokens_charge(s, t, m, 1000, one);
 	while (sl_shm_tokens_next(s, &pos, &tt, &mm, n)) {
 		assert_int_equal(n[SL_TOKENS_PROMPT], 1);
 		sum[tt] += n[SL_TOKENS_PROMPT];
 		pairs++;
 	}
-	/* 8000 pairs, a table of 2048: full, the rest under "-". */
-	assert_true(pairs <= 2048 && pairs > 1024);
+	/*
+	 * 80,000 pairs; a table of 2 x 1000 + 64 and a spill of 65,536:
+	 * full, the rest under "-".
+	 */
+	assert_true(pairs <= 2064 + 65536 && pairs > 60000);
 	for (t = 0; t < tenants; t++) {
 		assert_int_equal(sum[t] + sl_shm_tokens_model(s, t, 0,
-		    SL_TOKENS_PROMPT), 8);
-		assert_int_equal(sl_shm_tokens_total(s, t, SL_TOKENS_PROMPT), 8);
+		    SL_TOKENS_PROMPT), 80);
+		assert_int_equal(sl_shm_tokens_total(s, t, SL_TOKENS_PROMPT), 80);
 	}
 	free(sum);
 }
@@ -970,6 +1135,8 @@ main(void)
 		T(test_many_processes_never_exceed_limit),
 		T(test_killed_worker_slots_reclaimed),
 		T(test_sigkill_at_any_instant_reclaims_exactly),
+		T(test_sigkill_on_a_reused_index_reclaims_exactly),
+		T(test_a_region_with_room_for_millions_costs_what_its_used_indices_cost),
 		T(test_hints_answer_only_their_own_hash),
 		T(test_token_counters_saturate_never_wrap),
 		T(test_model_counters_survive_a_dead_row),

@@ -1,0 +1,186 @@
+# SPDX-License-Identifier: BSD-2-Clause
+"""A node at SaaS scale (issue 32): a tenant per customer onboarded and
+offboarded by reload without a restart, the places of removed tenants
+reused once their streams end, and every capacity that start and reload
+check refused by `sluice -t` at its line and column too."""
+
+import re
+
+import harness as h
+from harness import ACME_KEY, Gateway, Stub, expected_events
+
+
+def _tenants(prefix, n, max_streams=2):
+    return {"%s%d" % (prefix, i): {"keys": ["sk-%s-%05d" % (prefix, i)],
+                                   "max_streams": max_streams, "upstream": "main"}
+            for i in range(n)}
+
+
+def _key(prefix, i):
+    return "sk-%s-%05d" % (prefix, i)
+
+
+def _with_tenants(gw, tenants, **over):
+    cfg = dict(gw.config)
+    cfg["tenants"] = tenants
+    return h.deep_merge(cfg, over) if over else cfg
+
+
+def _status(gw, key):
+    """Status of a short completion with key (2 events)."""
+    with h.Client(gw.port, timeout=20) as c:
+        hd = dict(h.bearer(key), **{"Content-Type": "application/json"})
+        hd.update(h.stub_headers(events=2, interval=0))
+        c.send("POST", "/v1/chat/completions", hd, h.stream_body())
+        r = c.read_response(timeout=20)
+        body = r.read_all(timeout=20)
+    if r.status == 200:
+        assert r.complete and body == expected_events(2), body[-200:]
+    return r.status
+
+
+def _finish_whole(c, r, events, what):
+    body = r.read_all(timeout=60)
+    assert r.complete and body == expected_events(events), \
+        "%s cut after %d bytes" % (what, len(body))
+
+
+@h.timeout(240)
+def test_reload_from_2_to_5000_tenants_then_to_5000_others_three_times_without_restart():
+    """limits.max_tenants: 5000. Each reload swaps every tenant while a
+    stream of the last set runs; that stream finishes whole, the newest
+    key is admitted at once, the removed keys get 401. Four sets of
+    tenants (2 + 3 x 5000) fit only because removed tenants' places are
+    taken by new ones once their streams end: the same master throughout."""
+    with Stub() as stub, Gateway(stub=stub, allow_worker_changes=True,
+                                 admin_listen="%s:%d" % (h.HOST, h.free_port()),
+                                 limits={"max_tenants": 5000}) as gw:
+        master = gw.pid
+        c, r = gw.admit(key=ACME_KEY, events=25, interval=100, timeout=30)
+        running = (c, r, "acme's stream")
+        for prefix in ("b", "c", "d"):
+            h.reload(gw, _with_tenants(gw, _tenants(prefix, 5000)), timeout=60)
+            assert _status(gw, _key(prefix, 4999)) == 200, \
+                "the newest key of set %s is not admitted after the reload" % prefix
+            assert _status(gw, _key(prefix, 0)) == 200
+            assert _status(gw, ACME_KEY) == 401
+            if prefix != "b":
+                old = chr(ord(prefix) - 1)
+                assert _status(gw, _key(old, 4999)) == 401
+            _finish_whole(*running[:2], events=25, what=running[2])
+            h.wait_metric(gw, "sluice_tenant_streams", 0, timeout=10,
+                          tenant="acme" if prefix == "b" else "%s0" % old)
+            c, r = gw.admit(key=_key(prefix, 0), events=25, interval=100,
+                            timeout=30)
+            running = (c, r, "%s0's stream" % prefix)
+        _finish_whole(*running[:2], events=25, what=running[2])
+        assert gw.pid == master and h.pid_alive(master)
+        m = h.scrape(gw)
+        assert m.get("sluice_tenant_max_streams", tenant="d4999") == 2
+        assert m.get("sluice_tenant_max_streams", tenant="c4999") == 0, \
+            "the set removed last is retired, not yet given away"
+        assert m.get("sluice_tenant_max_streams", tenant="b4999") is None, \
+            "a set removed two reloads ago still has its places"
+        ok, failed = h.reload_results(gw)
+        assert (ok, failed) == (3, 0)
+
+
+@h.timeout(120)
+def test_a_reload_that_needs_more_room_than_streams_leave_fails_and_keeps_running():
+    """max_tenants 2: running tenants x0, x1 and removed ones whose streams
+    still run count until those end. A reload to two others fits (2 x 2);
+    one more swap while every stream runs does not: it fails with why, the
+    running set keeps serving, and the same reload succeeds once the
+    streams ended."""
+    first = dict(_tenants("x", 2), acme=None, beta=None)
+    with Stub() as stub, Gateway(stub=stub, allow_worker_changes=True,
+                                 admin_listen="%s:%d" % (h.HOST, h.free_port()),
+                                 limits={"max_tenants": 2},
+                                 tenants=first) as gw:
+        held = [gw.admit(key=_key("x", i), events=30, interval=100, timeout=30)
+                for i in range(2)]
+        h.reload(gw, _with_tenants(gw, _tenants("y", 2)), timeout=30)
+        held += [gw.admit(key=_key("y", i), events=30, interval=100, timeout=30)
+                 for i in range(2)]
+        h.reload(gw, _with_tenants(gw, _tenants("z", 2)), expect="failed",
+                 timeout=30)
+        err = h.stderr_text(gw)
+        assert re.search(r"master: error: no room for tenant 'z\d': 4 tenants are "
+                         r"mapped, removed ones among them until their streams "
+                         r"end \(limits.max_tenants 2 at start\)", err), err[-2000:]
+        assert _status(gw, _key("y", 1)) == 200, "the running set stopped serving"
+        assert _status(gw, _key("z", 1)) == 401
+        for i, (c, r) in enumerate(held):
+            _finish_whole(c, r, 30, "stream %d" % i)
+        for t in ("x0", "x1", "y0", "y1"):
+            h.wait_metric(gw, "sluice_tenant_streams", 0, timeout=10, tenant=t)
+        h.reload(gw, _with_tenants(gw, _tenants("z", 2)), timeout=30)
+        assert _status(gw, _key("z", 1)) == 200
+        assert _status(gw, _key("y", 1)) == 401
+
+
+def _check(text):
+    path = h.write_config(text)
+    rc, out, err = h.run_sluice(["-t", "-c", path])
+    return path, rc, out + err
+
+
+def _yaml_with(tenants_n, upstreams_n=1, max_tenants=None):
+    lines = ['listen: "127.0.0.1:%d"' % h.free_port()]
+    if max_tenants is not None:
+        lines += ["limits:", "  max_tenants: %d" % max_tenants]
+    lines.append("upstreams:")
+    for u in range(upstreams_n):
+        lines += ["  u%d:" % u, '    url: "http://127.0.0.1:9"']
+    lines.append("tenants:")
+    for t in range(tenants_n):
+        lines += ["  t%d:" % t, '    keys: ["sk-t-%05d"]' % t, "    upstream: u0"]
+    return "\n".join(lines) + "\n"
+
+
+def test_every_capacity_start_and_reload_refuse_sluice_t_refuses_too():
+    """Tenants over limits.max_tenants, upstreams over 64, models over
+    127, limits.max_tenants out of range: `sluice -t` names each at its
+    line and column, start refuses the same file, and a reload of it
+    fails and keeps the running configuration."""
+    models = ['listen: "127.0.0.1:%d"' % h.free_port(), "upstreams:",
+              "  main:", '    url: "http://127.0.0.1:9"', "models:"]
+    for i in range(128):
+        models += ["  m%d:" % i, "    upstream: main"]
+    models += ["tenants:", "  a:", '    keys: ["sk-a-00001"]', "    upstream: main"]
+    cases = [
+        (_yaml_with(4, max_tenants=3), 8, 3, "tenants: 4 tenants, limits.max_tenants is 3"),
+        (_yaml_with(1, upstreams_n=65), 3, 3, "upstreams: 65 upstreams, at most 64"),
+        ("\n".join(models) + "\n", 6, 3, "models: 128 models, at most 127"),
+        (_yaml_with(1, max_tenants=1000001), 3, 16,
+         "limits.max_tenants: 1000001 is out of range 1-1000000"),
+    ]
+    for text, line, col, msg in cases:
+        path, rc, out = _check(text)
+        want = "%s:%d:%d: %s" % (path, line, col, msg)
+        assert rc == 1 and want in out, "want %r from sluice -t, got rc %d:\n%s" % (
+            want, rc, out[-1500:])
+        rc, out, err = h.run_sluice(["-c", path], timeout=10)
+        assert rc == 1 and want in out + err, \
+            "start did not refuse %r: rc %d\n%s" % (msg, rc, (out + err)[-1500:])
+    # The limit itself is fixed at start: a reload that changes it warns,
+    # keeps it, and is judged by it.
+    with Stub() as stub, Gateway(stub=stub, allow_worker_changes=True,
+                                 limits={"max_tenants": 3}) as gw:
+        h.reload(gw, _with_tenants(gw, _tenants("p", 3), limits={"max_tenants": 10}))
+        err = h.stderr_text(gw)
+        assert "reload: 'limits.max_tenants' changes need a restart; keeping 3" in err
+        assert _status(gw, _key("p", 2)) == 200
+        h.reload(gw, _with_tenants(gw, _tenants("q", 5), limits={"max_tenants": 10}),
+                 expect="failed")
+        err = h.stderr_text(gw)
+        assert "reload failed: 5 tenants, limits.max_tenants is 3 until a restart" in err, \
+            err[-1500:]
+        assert _status(gw, _key("p", 2)) == 200
+        assert _status(gw, _key("q", 4)) == 401
+        # Over the file's own limit: refused at its place, like sluice -t.
+        h.reload(gw, _with_tenants(gw, _tenants("q", 4), limits={"max_tenants": 3}),
+                 expect="failed")
+        assert re.search(r":\d+:\d+: tenants: 4 tenants, limits.max_tenants is 3",
+                         h.stderr_text(gw)), h.stderr_text(gw)[-1500:]
+        assert _status(gw, _key("p", 2)) == 200
