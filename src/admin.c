@@ -237,7 +237,7 @@ build_response(struct admin_conn *c, sl_admin_handler h, void *arg)
 	    /* RFC 9110 15.5.6: a 405 says what is allowed. */
 	    r.status == 405 ? "Allow: GET, HEAD\r\n" : "");
 	if (strcmp(method, "HEAD") != 0 && r.body.len > 0)
-		sl_str_printf(&out, "%.*s", (int)r.body.len, r.body.p);
+		sl_str_append(&out, r.body.p, r.body.len);
 	sl_str_free(&r.body);
 	c->out = out.p;
 	c->out_len = out.len;
