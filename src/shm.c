@@ -266,21 +266,34 @@ sl_shm_size(const struct sl_shm *s)
 	return s->map_len;
 }
 
+/*
+ * A high-water mark the master sets (rows, indices in use) and walks stop
+ * at; 0, never set (unit tests, tools), means all of them.
+ */
+static void
+hwm_set(_Atomic size_t *hwm, size_t n, size_t max)
+{
+	atomic_store_explicit(hwm, n < max ? n : max, memory_order_relaxed);
+}
+
+static size_t
+hwm_get(const _Atomic size_t *hwm, size_t max)
+{
+	size_t n = atomic_load_explicit(hwm, memory_order_relaxed);
+
+	return n == 0 ? max : n;
+}
+
 void
 sl_shm_set_rows_used(struct sl_shm *s, size_t n)
 {
-	if (n > s->max_rows)
-		n = s->max_rows;
-	atomic_store_explicit(&s->rows_used, n, memory_order_relaxed);
+	hwm_set(&s->rows_used, n, s->max_rows);
 }
 
 static size_t
 rows_used(const struct sl_shm *s)
 {
-	size_t n = atomic_load_explicit(&s->rows_used, memory_order_relaxed);
-
-	/* Never set (unit tests, tools): every row counts. */
-	return n == 0 ? s->max_rows : n;
+	return hwm_get(&s->rows_used, s->max_rows);
 }
 
 size_t
@@ -364,18 +377,13 @@ held_get(const struct sl_shm *s, size_t row, size_t tenant)
 void
 sl_shm_set_indices_used(struct sl_shm *s, size_t n)
 {
-	if (n > s->max_tenants)
-		n = s->max_tenants;
-	atomic_store_explicit(&s->indices_used, n, memory_order_relaxed);
+	hwm_set(&s->indices_used, n, s->max_tenants);
 }
 
 static size_t
 indices_used(const struct sl_shm *s)
 {
-	size_t n = atomic_load_explicit(&s->indices_used, memory_order_relaxed);
-
-	/* Never set (unit tests, tools): every index counts. */
-	return n == 0 ? s->max_tenants : n;
+	return hwm_get(&s->indices_used, s->max_tenants);
 }
 
 /* The pairs a walk must see: those of the indices handed out, and probes. */

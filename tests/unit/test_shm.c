@@ -589,10 +589,40 @@ churn_child_on(struct sl_shm *s, size_t row, size_t idx, int wfd)
 			sl_shm_release(s, row, idx);
 }
 
+/*
+ * A child churning idx on row is killed with SIGKILL after 20-220 us
+ * (*x: the xorshift state of the delays), at any instruction.
+ */
 static void
-churn_child(struct sl_shm *s, size_t row, int wfd)
+churn_and_kill(struct fx *f, size_t row, size_t idx, uint64_t *x)
 {
-	churn_child_on(s, row, 0, wfd);
+	struct timespec ts;
+	int p[2], st;
+	pid_t pid;
+	char c;
+
+	f->nkids = 1;
+	assert_int_equal(pipe(p), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(p[0]);
+		churn_child_on(f->shm, row, idx, p[1]);
+	}
+	f->kids[0] = pid;
+	close(p[1]);
+	assert_int_equal(read(p[0], &c, 1), 1);
+	close(p[0]);
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	ts.tv_sec = 0;
+	ts.tv_nsec = (long)(20000 + *x % 200000);
+	nanosleep(&ts, NULL);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	f->kids[0] = 0;
+	assert_true(WIFSIGNALED(st));
 }
 
 /*
@@ -607,41 +637,16 @@ test_sigkill_at_any_instant_reclaims_exactly(void **state)
 {
 	struct fx *f = *state;
 	uint64_t x = 0x2545f4914f6cdd1dULL;
-	int round, leaked = 0, freed_twice = 0, bad_rounds = 0, st, p[2];
+	int round, leaked = 0, freed_twice = 0, bad_rounds = 0;
 	int32_t in;
-	char c;
 
-	f->nkids = 1;
 	for (round = 0; round < 200; round++) {
-		struct timespec ts;
-		pid_t pid;
-
 		/* A fresh region per round: each kill is judged on its own. */
 		sl_shm_destroy(f->shm);
 		f->shm = NULL;
 		make(f, 1, 2);
 		sl_shm_set_limit(f->shm, 0, 1000);
-		assert_int_equal(pipe(p), 0);
-		pid = fork();
-		assert_true(pid >= 0);
-		if (pid == 0) {
-			close(p[0]);
-			churn_child(f->shm, 1, p[1]);
-		}
-		f->kids[0] = pid;
-		close(p[1]);
-		assert_int_equal(read(p[0], &c, 1), 1);
-		close(p[0]);
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		ts.tv_sec = 0;
-		ts.tv_nsec = (long)(20000 + x % 200000);
-		nanosleep(&ts, NULL);
-		assert_int_equal(kill(pid, SIGKILL), 0);
-		assert_int_equal(waitpid(pid, &st, 0), pid);
-		f->kids[0] = 0;
-		assert_true(WIFSIGNALED(st));
+		churn_and_kill(f, 1, 0, &x);
 
 		sl_shm_reclaim_row(f->shm, 1);
 		in = sl_shm_inflight(f->shm, 0);
@@ -670,16 +675,11 @@ test_sigkill_on_a_reused_index_reclaims_exactly(void **state)
 {
 	struct fx *f = *state;
 	uint64_t x = 0x9e3779b97f4a7c15ULL;
-	int round, bad = 0, st, p[2];
+	int round, bad = 0;
 	size_t idx = 1500;       /* a page of held cells of its own */
 	uint32_t epoch;
-	char c;
 
-	f->nkids = 1;
 	for (round = 0; round < 100; round++) {
-		struct timespec ts;
-		pid_t pid;
-
 		sl_shm_destroy(f->shm);
 		f->shm = NULL;
 		make(f, 2048, 4);
@@ -696,27 +696,7 @@ test_sigkill_on_a_reused_index_reclaims_exactly(void **state)
 		/* The new tenant: one stream on row 2 that lives on. */
 		sl_shm_set_limit(f->shm, idx, 1000);
 		assert_int_equal(sl_shm_try_acquire(f->shm, 2, idx), SL_ADMIT_OK);
-		assert_int_equal(pipe(p), 0);
-		pid = fork();
-		assert_true(pid >= 0);
-		if (pid == 0) {
-			close(p[0]);
-			churn_child_on(f->shm, 1, idx, p[1]);
-		}
-		f->kids[0] = pid;
-		close(p[1]);
-		assert_int_equal(read(p[0], &c, 1), 1);
-		close(p[0]);
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		ts.tv_sec = 0;
-		ts.tv_nsec = (long)(20000 + x % 200000);
-		nanosleep(&ts, NULL);
-		assert_int_equal(kill(pid, SIGKILL), 0);
-		assert_int_equal(waitpid(pid, &st, 0), pid);
-		f->kids[0] = 0;
-		assert_true(WIFSIGNALED(st));
+		churn_and_kill(f, 1, idx, &x);
 		sl_shm_reclaim_row(f->shm, 1);
 		if (sl_shm_inflight(f->shm, idx) != 1 ||
 		    sl_shm_held(f->shm, 1, idx) != 0 ||
