@@ -23,6 +23,9 @@
 #include "sl_relay.h"
 #include "sl_worker.h"
 
+/* The least a new worker waits for Redis before it accepts anyway. */
+#define ACCEPT_AWAIT_MIN_S 1.0
+
 #define ACCEPTS_PER_EVENT 64
 
 static void
@@ -377,9 +380,18 @@ sl_worker_main(const struct sl_worker_args *a)
 	}
 	if (w.cluster != NULL && !sl_cluster_worker_await(w.cluster,
 	    accept_ready, &w)) {
+		/*
+		 * Redis is up (the node's mode says so): its first answer
+		 * is due in a round trip. A slow start (a loaded machine)
+		 * may take longer than an admission may wait, and not
+		 * accepting meanwhile costs nothing but that wait, where
+		 * accepting would admit by on_redis_down: at least a second.
+		 */
+		double wait = (double)a->cfg->cluster.timeout_ms / 1000.0;
+
 		w.accept_await = 1;
-		ev_timer_set(&w.accept_retry,
-		    (double)a->cfg->cluster.timeout_ms / 1000.0, 0.0);
+		ev_timer_set(&w.accept_retry, wait > ACCEPT_AWAIT_MIN_S ? wait :
+		    ACCEPT_AWAIT_MIN_S, 0.0);
 		ev_timer_start(w.loop, &w.accept_retry);
 	} else
 		ev_io_start(w.loop, &w.accept_io);

@@ -130,9 +130,16 @@ def test_fifty_streams_on_one_connection_one_read_slowly():
             assert [r["status"] for r in fast] == [200] * 49
             assert all(r["body"].encode("latin1") == expected_events(20) for r in fast)
             assert ready[17] is None
-            m = h.wait_metric(gw, "sluice_upstream_paused_streams", 1, timeout=5)
-            assert m.value("sluice_h2_streams") == 1
-            assert m.value("sluice_connections", proto="h2") == 1
+            # Gauges: each worker sets its own once a second, one after
+            # another; wait for one scrape in which all three agree.
+            def settled():
+                m = h.scrape(gw)
+                got = (m.value("sluice_upstream_paused_streams"),
+                       m.value("sluice_h2_streams"),
+                       m.value("sluice_connections", proto="h2"))
+                return got if got == (1, 1, 1) else None
+            h.wait_until(settled, 5, interval=0.05,
+                         msg="one paused stream, one h2 stream, one h2 connection")
             c.go()
             done = c.line(60)["streams"]
             slow = done[17]
