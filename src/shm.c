@@ -1302,6 +1302,26 @@ pair_hash(uint64_t key)
 }
 
 /*
+ * One cell of a probe for key: 1 it is (or, with take, has just become)
+ * the key's; 0 another key's, probe on; -1 empty and not taken, the key
+ * is not in the table.
+ */
+static int
+pair_cell(struct shm_pair *p, uint64_t key, int take)
+{
+	uint64_t k = atomic_load_explicit(&p->key, memory_order_relaxed);
+
+	if (k == key)
+		return 1;
+	if (k != 0)
+		return 0;
+	if (!take)
+		return -1;
+	return atomic_compare_exchange_strong_explicit(&p->key, &k, key,
+	    memory_order_relaxed, memory_order_relaxed) || k == key ? 1 : 0;
+}
+
+/*
  * The pair of (tenant, model) in the table; with take, an empty cell on
  * its probe becomes it. NULL when it is not there (or no room). A model
  * starts at the tenant's home or one past it (its low bit), so two models
@@ -1310,49 +1330,31 @@ pair_hash(uint64_t key)
 static struct shm_pair *
 pair_find(const struct sl_shm *s, size_t tenant, size_t model, int take)
 {
-	uint64_t key = PAIR_KEY(tenant, model), k;
-	size_t home = 2 * tenant + (model & 1);
+	uint64_t key = PAIR_KEY(tenant, model), bit;
+	size_t home = 2 * tenant + (model & 1), at;
+	size_t spill = pair_hash(key) & (PAIR_SPILL - 1);
+	_Atomic uint64_t *page;
 	struct shm_pair *p;
-	int i;
-
-	size_t spill = pair_hash(key) & (PAIR_SPILL - 1), at;
-	uint64_t bit;
+	int i, r;
 
 	for (i = 0; i < PAIR_PROBES && home + (size_t)i < s->npairs; i++) {
 		p = &s->pairs[home + (size_t)i];
-		k = atomic_load_explicit(&p->key, memory_order_relaxed);
-		if (k == key)
-			return p;
-		if (k != 0)
-			continue;
-		if (!take)
-			return NULL;
-		if (atomic_compare_exchange_strong_explicit(&p->key, &k, key,
-		    memory_order_relaxed, memory_order_relaxed) || k == key)
-			return p;
+		if ((r = pair_cell(p, key, take)) != 0)
+			return r > 0 ? p : NULL;
 	}
 	/* The neighbourhood is full: the spill. */
 	for (i = 0; i < PAIR_PROBES; i++) {
 		at = (spill + (size_t)i) & (PAIR_SPILL - 1);
 		bit = UINT64_C(1) << (at / PAIRS_PER_PAGE % 64);
-		if (!(atomic_load(&s->spill_pages[at / PAIRS_PER_PAGE / 64]) &
-		    bit)) {
+		page = &((struct sl_shm *)s)->spill_pages[at / PAIRS_PER_PAGE / 64];
+		if (!(atomic_load(page) & bit)) {
 			if (!take)
 				return NULL;   /* never written: empty */
-			atomic_fetch_or(&((struct sl_shm *)s)->spill_pages[at /
-			    PAIRS_PER_PAGE / 64], bit);
+			atomic_fetch_or(page, bit);
 		}
 		p = &s->pairs[s->npairs + at];
-		k = atomic_load_explicit(&p->key, memory_order_relaxed);
-		if (k == key)
-			return p;
-		if (k != 0)
-			continue;
-		if (!take)
-			return NULL;
-		if (atomic_compare_exchange_strong_explicit(&p->key, &k, key,
-		    memory_order_relaxed, memory_order_relaxed) || k == key)
-			return p;
+		if ((r = pair_cell(p, key, take)) != 0)
+			return r > 0 ? p : NULL;
 	}
 	return NULL;
 }
