@@ -120,7 +120,7 @@ struct sl_cluster_conf {
  */
 #define SL_MODEL_NAME_MAX 256      /* bytes of a model name or alias */
 #define SL_MAX_TARGETS 64          /* per model */
-#define SL_MAX_MODELS 127          /* models: the metrics' slots (sl_shm.h) */
+#define SL_MAX_MODELS 100000       /* limits.max_models at most */
 
 struct sl_model_target {
 	char *upstream;        /* upstream name, as written */
@@ -160,10 +160,12 @@ struct sl_tenant_conf {
 	size_t upstream_idx;   /* index into sl_config.upstreams */
 	int has_upstream;      /* requests naming no model have an upstream */
 	/*
-	 * `models:` of the tenant: allowed[m] says whether model m (index
-	 * into sl_config.models) may be used. NULL: every model.
+	 * `models:` of the tenant: the indices into sl_config.models it may
+	 * use, ascending, nallowed of them (4 bytes each, not a byte per
+	 * model of the file). NULL: every model (sl_tenant_allows).
 	 */
-	unsigned char *allowed;
+	uint32_t *allowed;
+	size_t nallowed;
 };
 
 struct sl_config {
@@ -194,6 +196,7 @@ struct sl_config {
 		uint64_t client_sndbuf;     /* SO_SNDBUF to clients; 0: kernel's */
 		uint64_t h2_max_streams;    /* per HTTP/2 connection */
 		uint64_t max_tenants;       /* room at start (sl_shm) */
+		uint64_t max_models;        /* room at start (sl_shm) */
 	} limits;
 	struct sl_tls_conf tls;
 
@@ -265,6 +268,8 @@ int sl_config_tenant_index(const struct sl_config *, const char *name);
  * The model a client's name (len bytes, maybe with NUL bytes: compared
  * whole) or alias stands for, as an index into cfg->models; -1 if none.
  */
+/* May the tenant use model m (index into sl_config.models)? */
+int sl_tenant_allows(const struct sl_tenant_conf *, size_t m);
 int sl_config_model_find(const struct sl_config *, const char *name,
     size_t len);
 

@@ -38,12 +38,15 @@ enum sl_admit {
 
 /*
  * Map a new zeroed region for max_tenants indices (tenants and replicas,
- * at most SL_SHM_MAX_INDICES) and max_rows worker rows. Returns NULL
- * (errno set) on failure. Call before fork(); children inherit the
+ * at most SL_SHM_MAX_INDICES), max_rows worker rows and model_slots model
+ * slots (slot 0 "-" included, at most SL_SHM_MAX_MODEL_SLOTS). Returns
+ * NULL (errno set) on failure. Call before fork(); children inherit the
  * mapping.
  */
 #define SL_SHM_MAX_INDICES ((1u << 21) - 1)
-struct sl_shm *sl_shm_create(size_t max_tenants, size_t max_rows);
+#define SL_SHM_MAX_MODEL_SLOTS (1u << 20)
+struct sl_shm *sl_shm_create(size_t max_tenants, size_t max_rows,
+    size_t model_slots);
 void sl_shm_destroy(struct sl_shm *);
 
 size_t sl_shm_max_tenants(const struct sl_shm *);
@@ -269,20 +272,22 @@ uint64_t sl_shm_hist_bucket(const struct sl_shm *, enum sl_hist, int b);
 double sl_shm_hist_sum(const struct sl_shm *, enum sl_hist);
 
 /*
- * Models (issue 23): SL_SHM_MODELS slots. Slot 0 is "-": a request that
- * named no model or an unknown one, or any request without `models:`.
- * The master gives slots 1.. to model names on start and reload (a model
- * a reload keeps keeps its slot, and so its counters); a worker is handed
- * the slot of each model of its configuration. A slot goes to another
- * name only once no live worker may count under it, zeroed first
- * (sl_shm_model_reset).
+ * Models (issue 23, 32): sl_shm_model_slots slots, fixed at creation
+ * (the master makes 2 x limits.max_models + 1). Slot 0 is "-": a request
+ * that named no model or an unknown one, or any request without
+ * `models:`. The master gives slots 1.. to model names on start and
+ * reload (a model a reload keeps keeps its slot, and so its counters); a
+ * worker is handed the slot of each model of its configuration. A slot
+ * goes to another name only once no live worker may count under it,
+ * zeroed first (sl_shm_models_reset).
  *
- * Requests by status and the latency histograms of each model live in
- * the per-worker rows (one load and store each, once per request; folded
- * into row 0 when a worker dies, like the others). Fallbacks, rare, are
- * shared counters: one atomic add per move.
+ * Requests by status and the latency histograms of each model are shared
+ * by the workers, one atomic add each, once per request: 648 bytes a
+ * slot, a page written only once a slot is used. Fallbacks sit in a
+ * hashed table of (from, to) pairs, 65,536 of them; a pair that finds no
+ * room counts under (from, "-").
  */
-#define SL_SHM_MODELS 128
+size_t sl_shm_model_slots(const struct sl_shm *);
 void sl_shm_count_model_request(struct sl_shm *, size_t row, size_t model,
     int status);
 uint64_t sl_shm_model_requests_sum(const struct sl_shm *, size_t model,
@@ -290,6 +295,12 @@ uint64_t sl_shm_model_requests_sum(const struct sl_shm *, size_t model,
 /* A request moved from model `from` to model `to` (to == from: a target). */
 void sl_shm_count_fallback(struct sl_shm *, size_t from, size_t to);
 uint64_t sl_shm_fallbacks(const struct sl_shm *, size_t from, size_t to);
+/*
+ * Walk the fallback pairs counted (n > 0): start with *pos 0; 1 and the
+ * pair, or 0 at the end.
+ */
+int sl_shm_fallbacks_next(const struct sl_shm *, size_t *pos, size_t *from,
+    size_t *to, uint64_t *n);
 
 /*
  * Per-model histograms, in seconds, with the explicit bucket boundaries of
@@ -309,11 +320,12 @@ uint64_t sl_shm_model_hist_bucket(const struct sl_shm *, size_t model,
 double sl_shm_model_hist_sum(const struct sl_shm *, size_t model,
     enum sl_mhist);
 /*
- * Master only: zero every counter of model slot `model` (requests,
- * histograms, fallbacks from and to it, its tenants' tokens) before the
- * slot goes to another name. No live worker may count under it.
+ * Master only: zero every counter of each model slot m with drop[m] set
+ * (drop: sl_shm_model_slots bytes): requests, histograms, fallbacks from
+ * and to it, its tenants' tokens, in one pass, before the slots go to
+ * other names. No live worker may count under them.
  */
-void sl_shm_model_reset(struct sl_shm *, size_t model);
+void sl_shm_models_reset(struct sl_shm *, const unsigned char *drop);
 
 /*
  * Tokens per tenant (usage read from responses): totals by kind, and a

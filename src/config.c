@@ -126,6 +126,11 @@ static const struct key_row keys[] = {
 	    "name up to this many, old and new tenants alike, with no restart. "
 	    "Room costs no memory until a tenant uses it." },
 	    1, SL_MAX_TENANTS, 0, OFF(limits.max_tenants) },
+	{ { "limits.max_models", SL_KEY_INT, "10000", "1-100000", 0,
+	    "Models (names under models:) the gateway has room for, fixed at "
+	    "start: a reload may name up to this many with no restart. Room "
+	    "costs no memory until a model uses it." },
+	    1, SL_MAX_MODELS, 0, OFF(limits.max_models) },
 	{ { "limits.h2_max_streams", SL_KEY_INT, "100", "1-1000", 1,
 	    "HTTP/2 streams one client connection may have open at once "
 	    "(SETTINGS_MAX_CONCURRENT_STREAMS)." },
@@ -190,7 +195,7 @@ static const struct key_row keys[] = {
 	    "Ask streamed requests' runners for the usage chunk (and hide it "
 	    "from clients that did not ask), so their tokens are exact." },
 	    0, 0, 0, OFF(usage.inject) },
-	{ { "models", SL_KEY_MAP, NULL, "1 to 127 models", 1,
+	{ { "models", SL_KEY_MAP, NULL, "1 to limits.max_models models", 1,
 	    "The models clients name in a request body's \"model\", by name; "
 	    "absent: every request goes to its tenant's upstream." },
 	    0, 0, 0, NOOFF },
@@ -959,7 +964,8 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		}
 		if (row->off == OFF(limits.max_connections) ||
 		    row->off == OFF(limits.h2_max_streams) ||
-		    row->off == OFF(limits.max_tenants))
+		    row->off == OFF(limits.max_tenants) ||
+		    row->off == OFF(limits.max_models))
 			*(uint64_t *)dst = (uint64_t)i;
 		else
 			*(int32_t *)dst = (int32_t)i;
@@ -2039,10 +2045,11 @@ parse_models(struct ctx *c, yaml_node_t *n)
 		    "(or no models: section)");
 		return;
 	}
-	if (cnt > SL_MAX_MODELS) {
+	if (cnt > c->cfg->limits.max_models) {
 		/* Each has its own metrics, in a region sized at start. */
-		err_at(c, &n->start_mark, "models: %zu models, at most %d",
-		    cnt, SL_MAX_MODELS);
+		err_at(c, &n->start_mark, "models: %zu models, "
+		    "limits.max_models is %llu", cnt,
+		    (unsigned long long)c->cfg->limits.max_models);
 		return;
 	}
 	/* Room in the name set for every name and alias written. */
@@ -2077,12 +2084,21 @@ parse_models(struct ctx *c, yaml_node_t *n)
 	c->fallback_nodes = NULL;
 }
 
+static int
+cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 /* tenants.NAME.models: model names (not aliases) of models: */
 static void
 parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
     const char *path)
 {
 	yaml_node_item_t *it;
+	size_t i, j;
 
 	if (v->type != YAML_SEQUENCE_NODE) {
 		err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
@@ -2090,8 +2106,9 @@ parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
 		return;
 	}
 	free(t->allowed);
-	if ((t->allowed = calloc(c->cfg->nmodels ? c->cfg->nmodels : 1, 1)) ==
-	    NULL) {
+	t->nallowed = 0;
+	if ((t->allowed = calloc((size_t)(v->data.sequence.items.top -
+	    v->data.sequence.items.start) + 1, sizeof(*t->allowed))) == NULL) {
 		err_at(c, NULL, "out of memory");
 		return;
 	}
@@ -2115,8 +2132,32 @@ parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
 			    c->cfg->models[m].name);
 			continue;
 		}
-		t->allowed[m] = 1;
+		t->allowed[t->nallowed++] = (uint32_t)m;
 	}
+	qsort(t->allowed, t->nallowed, sizeof(*t->allowed), cmp_u32);
+	for (i = j = 0; i < t->nallowed; i++)   /* a model listed twice: once */
+		if (j == 0 || t->allowed[j - 1] != t->allowed[i])
+			t->allowed[j++] = t->allowed[i];
+	t->nallowed = j;
+}
+
+int
+sl_tenant_allows(const struct sl_tenant_conf *t, size_t m)
+{
+	size_t lo = 0, hi = t->nallowed, mid;
+
+	if (t->allowed == NULL)
+		return 1;
+	while (lo < hi) {
+		mid = lo + (hi - lo) / 2;
+		if (t->allowed[mid] == m)
+			return 1;
+		if (t->allowed[mid] < m)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return 0;
 }
 
 /*

@@ -62,7 +62,14 @@ _Static_assert(SL_MAX_UPSTREAMS == SL_SHM_MAX_UPSTREAMS, "upstream room");
 #define CONSOLE_SPAN_S 60.0
 #define MODEL_VALUES (2 + SL_MHIST_BOUNDS_MAX)  /* requests, TTFT buckets */
 #define INDEX_VALUES 2
-#define INDEX_OFF (SL_SHM_MODELS * MODEL_VALUES)
+#define INDEX_OFF 0                  /* in window; models in mwindow */
+/*
+ * Per-model histograms (three, 15 to 18 series each) under a model's own
+ * label for the models of slots 1..MODEL_HIST_SERIES (the first models of
+ * the configuration at start, and those that took their slots); the
+ * others are summed under model="_other" (sluice.8, METRICS).
+ */
+#define MODEL_HIST_SERIES 100
 #define RESPAWN_BACKOFF_S 1.0        /* a worker that dies young waits this */
 #define LISTEN_BACKLOG 4096
 
@@ -123,11 +130,19 @@ struct master {
 	char *up_names[SL_SHM_MAX_UPSTREAMS];
 	size_t up_n;
 	/*
-	 * Model slots of the region (sl_shm.h): the name of each (slot 0 is
-	 * "-"; NULL: never used) and the newest generation that maps it.
+	 * Model slots of the region (sl_shm.h, 2 x limits.max_models + 1):
+	 * the name of each (slot 0 is "-"; NULL: never used) and the newest
+	 * generation that maps it; slots below model_hwm were handed out.
+	 * Reserved like the index arrays: a slot costs once used.
 	 */
-	char *model_names[SL_SHM_MODELS];
-	unsigned model_gen[SL_SHM_MODELS];
+	char **model_names;
+	unsigned *model_gen;
+	size_t model_slots;
+	size_t model_hwm;
+	size_t max_models;           /* limits.max_models at start */
+	/* What slots past MODEL_HIST_SERIES counted before they were reused. */
+	uint64_t other_hist[SL_MHIST_MAX][SL_MHIST_BOUNDS_MAX + 1];
+	uint64_t other_hist_us[SL_MHIST_MAX];
 	struct sl_admin *admin;
 	struct sl_prober *prober;    /* health probes of the current pools */
 	struct sl_cluster_shm *cshm; /* `cluster:` leases; NULL: one node */
@@ -153,6 +168,7 @@ struct master {
 	 * "last minute" numbers, sampled every CONSOLE_SAMPLE_S (console_sample).
 	 */
 	struct sl_window *window;
+	struct sl_window *mwindow;   /* the models', MODEL_VALUES a slot */
 	double next_sample;
 	uint64_t *sample;            /* scratch for a sample */
 	size_t sample_cap;
@@ -554,7 +570,8 @@ fail:
 	return NULL;
 }
 
-_Static_assert(SL_MAX_MODELS < SL_SHM_MODELS, "slot 0 is \"-\"");
+_Static_assert(2 * SL_MAX_MODELS + 1 <= SL_SHM_MAX_MODEL_SLOTS,
+    "slot 0 is \"-\"");
 
 /* Is a worker of generation `gen` or an older one alive? */
 static int
@@ -569,68 +586,130 @@ gen_alive(const struct master *m, unsigned gen)
 }
 
 /*
+ * A slot summed under "_other" goes to another name: what it counted
+ * stays in the sum.
+ */
+static void
+keep_other_hist(struct master *m, size_t slot)
+{
+	int h, b, n;
+
+	for (h = 0; h < SL_MHIST_MAX; h++) {
+		sl_shm_mhist_bounds((enum sl_mhist)h, &n);
+		for (b = 0; b <= n; b++)   /* cumulative, as rendered */
+			m->other_hist[h][b] += sl_shm_model_hist_bucket(m->shm,
+			    slot, (enum sl_mhist)h, b);
+		m->other_hist_us[h] += (uint64_t)(sl_shm_model_hist_sum(m->shm,
+		    slot, (enum sl_mhist)h) * 1e6);
+	}
+}
+
+/*
  * Map every model of cfg to a model slot of the region for generation
  * gen: the slot it had (a model a reload keeps keeps its counters), else
  * a slot never used, else the slot of a removed model that no live worker
- * can count under any more (zeroed first). None left (only when reloads
- * removed and added models while the workers that knew the removed ones
- * still drain): the model counts under "-" for this generation, and a
- * warning says so. Returns the mapping (caller owns), or NULL without
- * memory.
+ * can count under any more (zeroed first, all such slots in one pass).
+ * There are 2 x limits.max_models slots, so a reload may name max_models
+ * new models while as many removed ones drain. None left (only when
+ * reloads replaced models faster than workers drained): the model counts
+ * under "-" for this generation, and a warning says so. O(slots + models)
+ * a reload. Returns the mapping (caller owns), or NULL without memory.
  */
 static size_t *
 map_models(struct master *m, const struct sl_config *cfg, unsigned gen)
 {
-	size_t *map, i, j;
-	unsigned char keep[SL_SHM_MODELS];
+	size_t *map, *ht = NULL, mask, i, j, h, nfree = 0, *freel = NULL;
+	unsigned char *keep = NULL, *drop = NULL;
+	int reset = 0;
 
 	if ((map = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*map))) == NULL)
 		return NULL;
-	memset(keep, 0, sizeof(keep));
+	for (mask = 1; mask < 2 * (m->model_hwm + 1); mask <<= 1)
+		;
+	ht = calloc(mask, sizeof(*ht));
+	mask--;
+	keep = calloc(m->model_slots, 1);
+	drop = calloc(m->model_slots, 1);
+	if (ht == NULL || keep == NULL || drop == NULL)
+		goto fail;
+	for (j = 1; j < m->model_hwm; j++)
+		if (m->model_names[j] != NULL) {
+			for (h = name_hash(m->model_names[j]) & mask; ht[h] != 0;
+			    h = (h + 1) & mask)
+				;
+			ht[h] = j;
+		}
 	for (i = 0; i < cfg->nmodels; i++)
-		for (j = 1; j < SL_SHM_MODELS; j++)
-			if (m->model_names[j] != NULL &&
-			    strcmp(m->model_names[j], cfg->models[i].name) == 0) {
-				map[i] = j;
-				keep[j] = 1;
+		for (h = name_hash(cfg->models[i].name) & mask; ht[h] != 0;
+		    h = (h + 1) & mask)
+			if (strcmp(m->model_names[ht[h]], cfg->models[i].name) == 0) {
+				map[i] = ht[h];
+				keep[ht[h]] = 1;
+				break;
 			}
 	for (i = 0; i < cfg->nmodels; i++) {
 		if (map[i] != 0)
 			continue;
-		for (j = 1; j < SL_SHM_MODELS && m->model_names[j] != NULL; j++)
-			;
-		if (j == SL_SHM_MODELS)
-			for (j = 1; j < SL_SHM_MODELS; j++)
-				if (!keep[j] && m->model_gen[j] < m->cur.id &&
-				    !gen_alive(m, m->model_gen[j]))
-					break;
-		if (j == SL_SHM_MODELS) {
-			sl_warn("model '%s': all %d model metric slots are held by "
-			    "models that workers still draining may count; its "
-			    "metrics go under model \"-\" until a later reload",
-			    cfg->models[i].name, SL_SHM_MODELS - 1);
-			continue;
+		if (m->model_hwm < m->model_slots) {
+			j = m->model_hwm++;
+		} else {
+			if (freel == NULL) {
+				/* Once: the slots of removed models nobody counts under. */
+				if ((freel = calloc(m->model_slots,
+				    sizeof(*freel))) == NULL)
+					goto fail;
+				for (j = m->model_slots - 1; j >= 1; j--)
+					if (!keep[j] && m->model_gen[j] < m->cur.id &&
+					    !gen_alive(m, m->model_gen[j]))
+						freel[nfree++] = j;
+			}
+			if (nfree == 0) {
+				sl_warn("model '%s': all %zu model metric slots are "
+				    "held by models that workers still draining may "
+				    "count; its metrics go under model \"-\" until a "
+				    "later reload", cfg->models[i].name,
+				    m->model_slots - 1);
+				continue;
+			}
+			j = freel[--nfree];
 		}
 		if (m->model_names[j] != NULL) {
 			sl_debug("model slot %zu: '%s' is gone, now '%s'", j,
 			    m->model_names[j], cfg->models[i].name);
-			sl_shm_model_reset(m->shm, j);
-			if (m->window != NULL)
-				sl_window_forget(m->window, j * MODEL_VALUES,
+			if (j > MODEL_HIST_SERIES)
+				keep_other_hist(m, j);
+			drop[j] = 1;
+			reset = 1;
+			if (m->mwindow != NULL)
+				sl_window_forget(m->mwindow, j * MODEL_VALUES,
 				    MODEL_VALUES);
 			free(m->model_names[j]);
+			m->model_names[j] = NULL;
 		}
-		if ((m->model_names[j] = strdup(cfg->models[i].name)) == NULL) {
-			free(map);
-			return NULL;
-		}
+		if ((m->model_names[j] = strdup(cfg->models[i].name)) == NULL)
+			goto fail;
 		map[i] = j;
 		keep[j] = 1;
 	}
-	for (j = 1; j < SL_SHM_MODELS; j++)
+	if (reset)
+		sl_shm_models_reset(m->shm, drop);
+	for (j = 1; j < m->model_hwm; j++)
 		if (keep[j])
 			m->model_gen[j] = gen;
+	free(ht);
+	free(keep);
+	free(drop);
+	free(freel);
 	return map;
+fail:
+	if (reset)
+		sl_shm_models_reset(m->shm, drop);
+	free(ht);
+	free(keep);
+	free(drop);
+	free(freel);
+	free(map);
+	return NULL;
 }
 
 /*
@@ -1100,6 +1179,17 @@ reload(struct master *m)
 			sl_err("reload failed: %zu tenants, limits.max_tenants is "
 			    "%zu until a restart; keeping generation %u",
 			    ncfg->ntenants, m->max_tenants, m->cur.id);
+			goto fail;
+		}
+	}
+	if (ncfg->limits.max_models != m->max_models) {
+		sl_warn("reload: 'limits.max_models' changes need a restart; "
+		    "keeping %zu", m->max_models);
+		ncfg->limits.max_models = m->max_models;
+		if (ncfg->nmodels > m->max_models) {
+			sl_err("reload failed: %zu models, limits.max_models is "
+			    "%zu until a restart; keeping generation %u",
+			    ncfg->nmodels, m->max_models, m->cur.id);
 			goto fail;
 		}
 	}
@@ -1773,8 +1863,10 @@ render_tokens(struct master *m, struct sl_str *o)
 static int
 model_shown(const struct master *m, size_t slot)
 {
-	return slot == 0 || m->model_names[slot] != NULL;
+	return slot == 0 || (slot < m->model_hwm && m->model_names[slot] != NULL);
 }
+
+#define OTHER_MODELS "_other"
 
 static void
 render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
@@ -1785,36 +1877,57 @@ render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
 	size_t j;
 	int i, n;
 
+	uint64_t rest[SERIES_BUCKETS_MAX + 1];
+	double rest_sum;
+	size_t k;
+
 	b = sl_shm_mhist_bounds(h, &n);
 	sl_str_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-	for (j = 0; j < SL_SHM_MODELS; j++) {
+	/*
+	 * "-" and the first MODEL_HIST_SERIES slots under their own model's
+	 * label; the others summed under OTHER_MODELS, with what the slots
+	 * given to other names had counted (other_hist), so that the sum
+	 * never goes back.
+	 */
+	for (k = 0; k <= (size_t)n; k++)
+		rest[k] = m->other_hist[h][k];
+	rest_sum = (double)m->other_hist_us[h] / 1e6;
+	for (j = 0; j < m->model_hwm; j++) {
 		if (!model_shown(m, j))
 			continue;
 		for (i = 0; i <= n; i++)
 			cum[i] = sl_shm_model_hist_bucket(m->shm, j, h, i);
+		if (j > MODEL_HIST_SERIES) {
+			for (k = 0; k <= (size_t)n; k++)
+				rest[k] += cum[k];
+			rest_sum += sl_shm_model_hist_sum(m->shm, j, h);
+			continue;
+		}
 		render_hist_series(o, name, "model", model_label(m, j), b, n, cum,
 		    sl_shm_model_hist_sum(m->shm, j, h), 6);
 	}
+	if (m->model_hwm > MODEL_HIST_SERIES + 1)
+		render_hist_series(o, name, "model", OTHER_MODELS, b, n, rest,
+		    rest_sum, 6);
 }
 
 /* Per model (issue 23): requests, fallbacks, latencies. */
 static void
 render_models(struct master *m, struct sl_str *o)
 {
-	size_t j, k;
+	size_t j, k, pos;
+	uint64_t v;
 	int c;
 
 	sl_str_printf(o, "# HELP sluice_model_requests_total Requests answered, "
 	    "by the model that answered (\"-\": none named, an unknown one, or "
 	    "no models:) and status.\n"
 	    "# TYPE sluice_model_requests_total counter\n");
-	for (j = 0; j < SL_SHM_MODELS; j++) {
+	for (j = 0; j < m->model_hwm; j++) {
 		if (!model_shown(m, j))
 			continue;
 		for (c = 0; c < SL_NCODES; c++) {
-			uint64_t v = sl_shm_model_requests_sum(m->shm, j, c);
-
-			if (v == 0)
+			if ((v = sl_shm_model_requests_sum(m->shm, j, c)) == 0)
 				continue;
 			sl_str_printf(o, "sluice_model_requests_total{model=\"");
 			label(o, model_label(m, j));
@@ -1826,19 +1939,15 @@ render_models(struct master *m, struct sl_str *o)
 	    "from one model to a fallback model (to the same model: to another "
 	    "of its targets).\n"
 	    "# TYPE sluice_model_fallbacks_total counter\n");
-	for (j = 0; j < SL_SHM_MODELS; j++)
-		for (k = 0; k < SL_SHM_MODELS; k++) {
-			uint64_t v;
-
-			if (!model_shown(m, j) || !model_shown(m, k) ||
-			    (v = sl_shm_fallbacks(m->shm, j, k)) == 0)
-				continue;
-			sl_str_printf(o, "sluice_model_fallbacks_total{model=\"");
-			label(o, model_label(m, j));
-			sl_str_printf(o, "\",to=\"");
-			label(o, model_label(m, k));
-			sl_str_printf(o, "\"} %llu\n", (unsigned long long)v);
-		}
+	for (pos = 0; sl_shm_fallbacks_next(m->shm, &pos, &j, &k, &v);) {
+		if (!model_shown(m, j) || !model_shown(m, k))
+			continue;
+		sl_str_printf(o, "sluice_model_fallbacks_total{model=\"");
+		label(o, model_label(m, j));
+		sl_str_printf(o, "\",to=\"");
+		label(o, model_label(m, k));
+		sl_str_printf(o, "\"} %llu\n", (unsigned long long)v);
+	}
 	render_model_hist(m, o, SL_MHIST_TTFT,
 	    "sluice_time_to_first_token_seconds", "Time from request head to "
 	    "the first relayed content: an event carrying content, or the "
@@ -2080,8 +2189,10 @@ model_counters(struct master *m, size_t slot, uint64_t v[MODEL_VALUES])
 static void
 console_sample(struct master *m, double now)
 {
-	size_t n = INDEX_OFF + m->shm_ntenants * INDEX_VALUES, j;
+	size_t n = m->shm_ntenants * INDEX_VALUES, j;
 
+	if (m->model_hwm * MODEL_VALUES > n)
+		n = m->model_hwm * MODEL_VALUES;
 	if (n > m->sample_cap) {
 		uint64_t *ns = realloc(m->sample, n * sizeof(*ns));
 
@@ -2090,10 +2201,14 @@ console_sample(struct master *m, double now)
 		m->sample = ns;
 		m->sample_cap = n;
 	}
+	n = m->model_hwm * MODEL_VALUES;
 	memset(m->sample, 0, n * sizeof(*m->sample));
-	for (j = 1; j < SL_SHM_MODELS; j++)
+	for (j = 1; j < m->model_hwm; j++)
 		if (m->model_names[j] != NULL)
 			model_counters(m, j, m->sample + j * MODEL_VALUES);
+	sl_window_push(m->mwindow, now, m->sample, n);
+	n = m->shm_ntenants * INDEX_VALUES;
+	memset(m->sample, 0, n * sizeof(*m->sample));
 	for (j = 0; j < m->shm_ntenants; j++)
 		if (m->shm_names[j] != NULL)
 			index_counters(m, j,
@@ -2273,8 +2388,12 @@ render_status(struct master *m, struct sl_str *o)
 	status_tenants(m, o, &b);
 	sl_str_printf(o, ",");
 	status_upstreams(m, o, &b);
-	if (cfg->models != NULL)
-		status_models(m, o, &b);
+	if (cfg->models != NULL) {
+		struct since mb;
+
+		mb.v = sl_window_since(m->mwindow, now - CONSOLE_SPAN_S, &mb.n);
+		status_models(m, o, &mb);
+	}
 	sl_str_printf(o, ",\"cluster\":");
 	if (m->cluster == NULL)
 		sl_str_printf(o, "null");
@@ -2366,7 +2485,12 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	heap_trim();
 	m.max_tenants = (size_t)cfg->limits.max_tenants;
 	cap = 2 * m.max_tenants + REPLICA_ROOM;
-	m.shm = sl_shm_create(cap, MAX_ROWS);
+	m.max_models = (size_t)cfg->limits.max_models;
+	m.model_slots = 2 * m.max_models + 1;
+	m.model_hwm = 1;
+	m.model_names = reserve(m.model_slots * sizeof(char *));
+	m.model_gen = reserve(m.model_slots * sizeof(*m.model_gen));
+	m.shm = sl_shm_create(cap, MAX_ROWS, m.model_slots);
 	m.shm_names = reserve(cap * sizeof(char *));
 	m.shm_replica = reserve(cap);
 	m.shm_gen = reserve(cap * sizeof(*m.shm_gen));
@@ -2374,6 +2498,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	m.shm_free = reserve(cap);
 	m.free_stack = reserve(cap * sizeof(*m.free_stack));
 	if (m.shm == NULL || m.shm_names == NULL || name_table_grow(&m) == -1 ||
+	    m.model_names == NULL || m.model_gen == NULL ||
 	    m.shm_replica == NULL || m.shm_gen == NULL || m.shm_free == NULL ||
 	    m.shm_epoch == NULL || m.free_stack == NULL) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
@@ -2438,7 +2563,8 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			sl_err("admin_listen %s", err);
 			return 1;
 		}
-		if ((m.window = sl_window_new(CONSOLE_SAMPLES)) == NULL) {
+		if ((m.window = sl_window_new(CONSOLE_SAMPLES)) == NULL ||
+		    (m.mwindow = sl_window_new(CONSOLE_SAMPLES)) == NULL) {
 			sl_err("cannot set up the console: %s", strerror(errno));
 			return 1;
 		}
@@ -2613,10 +2739,13 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	unreserve(m.free_stack, cap * sizeof(*m.free_stack));
 	for (cap = 0; cap < m.up_n; cap++)
 		free(m.up_names[cap]);
-	for (cap = 0; cap < SL_SHM_MODELS; cap++)
+	for (cap = 0; cap < m.model_hwm; cap++)
 		free(m.model_names[cap]);
+	unreserve(m.model_names, m.model_slots * sizeof(char *));
+	unreserve(m.model_gen, m.model_slots * sizeof(*m.model_gen));
 	sl_admin_close(m.admin);
 	sl_window_free(m.window);
+	sl_window_free(m.mwindow);
 	free(m.sample);
 	sl_cluster_master_free(m.cluster);
 	sl_cluster_shm_destroy(m.cshm);

@@ -750,7 +750,7 @@ sl_model_route(struct sl_models *s, const struct sl_config *cfg, size_t t,
 	out->client_len = r.len;
 	m = r.too_long ? -1 : sl_config_model_find(cfg, r.name, r.len);
 	/* The same answer for both: a key cannot probe which models exist. */
-	if (m < 0 || (tc->allowed != NULL && !tc->allowed[m])) {
+	if (m < 0 || (!sl_tenant_allows(tc, (size_t)m))) {
 		char name[300];
 
 		escape_name(name, sizeof(name), r.name, r.len);
@@ -855,7 +855,7 @@ sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
 		int mi = nl > SL_MODEL_NAME_MAX ? -1 :
 		    sl_config_model_find(cfg, nm, nl);
 
-		if (mi < 0 || (tc->allowed != NULL && !tc->allowed[mi])) {
+		if (mi < 0 || (!sl_tenant_allows(tc, (size_t)mi))) {
 			escape_name(name, sizeof(name), nm,
 			    nl > SL_MODEL_NAME_MAX ? SL_MODEL_NAME_MAX : nl);
 			snprintf(msg, msglen, "The model '%s' does not exist or "
@@ -876,7 +876,7 @@ sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
 	if ((ids = calloc(n ? n : 1, sizeof(*ids))) == NULL)
 		return -1;
 	for (n = 0, m = 0; m < cfg->nmodels; m++) {
-		if (tc->allowed != NULL && !tc->allowed[m])
+		if (!sl_tenant_allows(tc, (size_t)m))
 			continue;
 		ids[n++] = cfg->models[m].name;
 		for (j = 0; j < cfg->models[m].naliases; j++)
@@ -972,7 +972,7 @@ sl_model_chain(const struct sl_config *cfg, size_t tenant, size_t m0,
 			if (seen[f])
 				continue;
 			seen[f] = 1;
-			if (tc->allowed != NULL && !tc->allowed[f])
+			if (!sl_tenant_allows(tc, (size_t)f))
 				continue;   /* skipped, and its own fallbacks */
 			chain_targets(&cfg->models[f], f, SIZE_MAX, p, n);
 			queue[qt++] = f;

@@ -89,7 +89,11 @@ struct shm_replica {
 	alignas(SL_CACHELINE) struct sl_shm_replica r;
 };
 
-/* Per row and model slot: what sluice_model_* and the histograms count. */
+/*
+ * Per model slot, shared by the workers (one atomic add each, as a
+ * tenant's counters): what sluice_model_* and the histograms count, 648
+ * bytes. A row per worker would cost 648 bytes a row.
+ */
 struct shm_mstats {
 	_Atomic uint64_t req[SL_NCODES];
 	_Atomic uint64_t hist[SL_MHIST_MAX][SL_MHIST_BOUNDS_MAX + 1];
@@ -113,7 +117,23 @@ struct shm_pair {
 #define PAIR_PROBES 64
 #define PAIR_SPILL 65536              /* 2 MiB, written as used */
 #define PAIRS_PER_PAGE (4096 / 32)
-_Static_assert(SL_SHM_MODELS <= (1 << PAIR_MODEL_BITS), "a pair key's model");
+_Static_assert(SL_SHM_MAX_MODEL_SLOTS <= (1 << PAIR_MODEL_BITS),
+    "a pair key's model");
+
+/*
+ * Fallbacks by (from, to) model slots: a hashed table of FB_CELLS, key
+ * (from + 1) << 32 | to, written as used (fb_pages). A pair whose slot
+ * went to another name keeps its cell, zeroed: the new name's moves count
+ * from 0 there. A pair that finds no room counts under (from, "-").
+ */
+struct shm_fallback {
+	_Atomic uint64_t key;
+	_Atomic uint64_t n;
+};
+#define FB_CELLS 65536                /* 1 MiB, written as used */
+#define FB_PROBES 64
+#define FB_PER_PAGE (4096 / sizeof(struct shm_fallback))
+#define FB_KEY(from, to) (((uint64_t)(from) + 1) << 32 | (uint64_t)(to))
 
 /*
  * Pages of the region that were never written are never read either: a
@@ -142,8 +162,10 @@ struct sl_shm {
 	struct shm_ustats *ustats;    /* [max_rows * SL_SHM_MAX_UPSTREAMS] */
 	struct shm_replica *replicas; /* [max_tenants] */
 	_Atomic uint64_t *hints;      /* [SL_SHM_HINTS] affinity hints */
-	struct shm_mstats *mstats;    /* [max_rows * SL_SHM_MODELS] */
-	_Atomic uint64_t *fallbacks;  /* [SL_SHM_MODELS * SL_SHM_MODELS] */
+	size_t model_slots;           /* slot 0 is "-" */
+	struct shm_mstats *mstats;    /* [model_slots] */
+	struct shm_fallback *fallbacks;   /* [FB_CELLS] */
+	_Atomic uint64_t fb_pages[FB_CELLS / FB_PER_PAGE / 64];
 	/*
 	 * Tenant x model tokens: index t's pairs start at 2t (its home) and
 	 * probe on, so the pages written follow the indices in use.
@@ -170,6 +192,8 @@ struct sl_shm {
 #define HINT_SLOT_MASK ((UINT64_C(1) << HINT_SLOT_BITS) - 1)
 #define HINT_TAG(h) ((h) >> HINT_TAG_SHIFT << HINT_TAG_SHIFT)
 
+static uint64_t pair_hash(uint64_t);
+
 static size_t
 round_up(size_t n, size_t a)
 {
@@ -177,7 +201,7 @@ round_up(size_t n, size_t a)
 }
 
 struct sl_shm *
-sl_shm_create(size_t max_tenants, size_t max_rows)
+sl_shm_create(size_t max_tenants, size_t max_rows, size_t model_slots)
 {
 	size_t off_tenants, off_held, off_pages, off_stats, off_ustats, off_sync;
 	size_t off_replicas, off_hints, off_mstats, off_fallbacks, off_pairs;
@@ -186,7 +210,8 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	struct sl_shm *s;
 
 	if (max_tenants == 0 || max_rows == 0 ||
-	    max_tenants > SL_SHM_MAX_INDICES || max_rows > 4096) {
+	    max_tenants > SL_SHM_MAX_INDICES || max_rows > 4096 ||
+	    model_slots == 0 || model_slots > SL_SHM_MAX_MODEL_SLOTS) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -211,9 +236,9 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	off_mstats = round_up(off_hints + SL_SHM_HINTS * sizeof(uint64_t),
 	    SL_CACHELINE);
 	off_fallbacks = round_up(off_mstats +
-	    max_rows * SL_SHM_MODELS * sizeof(struct shm_mstats), SL_CACHELINE);
+	    model_slots * sizeof(struct shm_mstats), 4096);
 	off_pairs = round_up(off_fallbacks +
-	    SL_SHM_MODELS * SL_SHM_MODELS * sizeof(uint64_t), SL_CACHELINE);
+	    FB_CELLS * sizeof(struct shm_fallback), SL_CACHELINE);
 	len = off_pairs + (npairs + PAIR_SPILL) * sizeof(struct shm_pair);
 
 	/*
@@ -241,7 +266,8 @@ sl_shm_create(size_t max_tenants, size_t max_rows)
 	s->replicas = (struct shm_replica *)(void *)(base + off_replicas);
 	s->hints = (_Atomic uint64_t *)(void *)(base + off_hints);
 	s->mstats = (struct shm_mstats *)(void *)(base + off_mstats);
-	s->fallbacks = (_Atomic uint64_t *)(void *)(base + off_fallbacks);
+	s->model_slots = model_slots;
+	s->fallbacks = (struct shm_fallback *)(void *)(base + off_fallbacks);
 	s->pairs = (struct shm_pair *)(void *)(base + off_pairs);
 	s->npairs = npairs;
 	return s;
@@ -650,22 +676,16 @@ cell_get(const _Atomic uint64_t *v)
 	return atomic_load_explicit(v, memory_order_relaxed);
 }
 
-/* Master, a dead worker's row: add *from into *to and zero *from. */
-static void
-cell_move(_Atomic uint64_t *to, _Atomic uint64_t *from)
+static struct shm_mstats *
+mcell(const struct sl_shm *s, size_t model)
 {
-	uint64_t v = cell_get(from);
-
-	if (v != 0) {
-		cell_add(to, v);
-		atomic_store_explicit(from, 0, memory_order_relaxed);
-	}
+	return &s->mstats[model];
 }
 
-static struct shm_mstats *
-mcell(const struct sl_shm *s, size_t row, size_t model)
+size_t
+sl_shm_model_slots(const struct sl_shm *s)
 {
-	return &s->mstats[row * SL_SHM_MODELS + model];
+	return s->model_slots;
 }
 
 void
@@ -1099,38 +1119,115 @@ void
 sl_shm_count_model_request(struct sl_shm *s, size_t row, size_t model,
     int status)
 {
-	if (row >= s->max_rows || model >= SL_SHM_MODELS)
+	(void)row;
+	if (model >= s->model_slots)
 		return;
-	cell_add(&mcell(s, row, model)->req[sl_shm_code_slot(status)], 1);
+	atomic_fetch_add_explicit(&mcell(s, model)->req[sl_shm_code_slot(status)],
+	    1, memory_order_relaxed);
 }
 
 uint64_t
 sl_shm_model_requests_sum(const struct sl_shm *s, size_t model, int slot)
 {
-	size_t r;
-	uint64_t sum = 0;
-
-	if (model >= SL_SHM_MODELS || slot < 0 || slot >= SL_NCODES)
+	if (model >= s->model_slots || slot < 0 || slot >= SL_NCODES)
 		return 0;
-	for (r = 0; r < rows_used(s); r++)
-		sum += cell_get(&mcell(s, r, model)->req[slot]);
-	return sum;
+	return cell_get(&mcell(s, model)->req[slot]);
+}
+
+/*
+ * The cell of (from, to) in the fallback table; with take, an empty cell
+ * on its probe becomes it (its page marked written first). NULL: not
+ * there, or no room.
+ */
+static struct shm_fallback *
+fb_find(const struct sl_shm *s, size_t from, size_t to, int take)
+{
+	uint64_t key = FB_KEY(from, to), k, bit;
+	size_t start = pair_hash(key) & (FB_CELLS - 1), at;
+	_Atomic uint64_t *page;
+	struct shm_fallback *f;
+	int i;
+
+	for (i = 0; i < FB_PROBES; i++) {
+		at = (start + (size_t)i) & (FB_CELLS - 1);
+		bit = UINT64_C(1) << (at / FB_PER_PAGE % 64);
+		page = &((struct sl_shm *)s)->fb_pages[at / FB_PER_PAGE / 64];
+		if (!(atomic_load(page) & bit)) {
+			if (!take)
+				return NULL;   /* never written: empty */
+			atomic_fetch_or(page, bit);
+		}
+		f = &s->fallbacks[at];
+		k = atomic_load_explicit(&f->key, memory_order_relaxed);
+		if (k == key)
+			return f;
+		if (k != 0)
+			continue;
+		if (!take)
+			return NULL;
+		if (atomic_compare_exchange_strong_explicit(&f->key, &k, key,
+		    memory_order_relaxed, memory_order_relaxed) || k == key)
+			return f;
+	}
+	return NULL;
 }
 
 void
 sl_shm_count_fallback(struct sl_shm *s, size_t from, size_t to)
 {
-	if (from < SL_SHM_MODELS && to < SL_SHM_MODELS)
-		atomic_fetch_add_explicit(&s->fallbacks[from * SL_SHM_MODELS + to],
-		    1, memory_order_relaxed);
+	struct shm_fallback *f;
+
+	if (from >= s->model_slots || to >= s->model_slots)
+		return;
+	if ((f = fb_find(s, from, to, 1)) == NULL &&
+	    (f = fb_find(s, from, 0, 1)) == NULL)
+		return;
+	atomic_fetch_add_explicit(&f->n, 1, memory_order_relaxed);
 }
 
 uint64_t
 sl_shm_fallbacks(const struct sl_shm *s, size_t from, size_t to)
 {
-	if (from >= SL_SHM_MODELS || to >= SL_SHM_MODELS)
+	const struct shm_fallback *f;
+
+	if (from >= s->model_slots || to >= s->model_slots ||
+	    (f = fb_find(s, from, to, 0)) == NULL)
 		return 0;
-	return cell_get(&s->fallbacks[from * SL_SHM_MODELS + to]);
+	return cell_get(&f->n);
+}
+
+/* The first written cell at or after pos (FB_CELLS: none). */
+static size_t
+fb_walk(const struct sl_shm *s, size_t pos)
+{
+	size_t at;
+
+	for (; pos < FB_CELLS; pos += FB_PER_PAGE - pos % FB_PER_PAGE) {
+		at = pos / FB_PER_PAGE;
+		if ((atomic_load(&s->fb_pages[at / 64]) >> (at % 64)) & 1)
+			return pos;
+	}
+	return FB_CELLS;
+}
+
+int
+sl_shm_fallbacks_next(const struct sl_shm *s, size_t *pos, size_t *from,
+    size_t *to, uint64_t *n)
+{
+	uint64_t key;
+
+	for (*pos = fb_walk(s, *pos); *pos < FB_CELLS;
+	    *pos = fb_walk(s, *pos + 1)) {
+		key = cell_get(&s->fallbacks[*pos].key);
+		*n = cell_get(&s->fallbacks[*pos].n);
+		if (key == 0 || *n == 0)
+			continue;
+		*from = (size_t)(key >> 32) - 1;
+		*to = (size_t)(key & UINT32_MAX);
+		(*pos)++;
+		return 1;
+	}
+	return 0;
 }
 
 void
@@ -1140,67 +1237,74 @@ sl_shm_model_observe(struct sl_shm *s, size_t row, size_t model,
 	const double *b;
 	int i, n;
 
-	if (row >= s->max_rows || model >= SL_SHM_MODELS ||
+	(void)row;
+	if (model >= s->model_slots ||
 	    (b = sl_shm_mhist_bounds(h, &n)) == NULL)
 		return;
 	if (!(seconds >= 0))
 		seconds = 0;   /* negative, or NaN */
 	for (i = 0; i < n && seconds > b[i]; i++)
 		;
-	cell_add(&mcell(s, row, model)->hist[h][i], 1);
-	cell_add(&mcell(s, row, model)->hist_sum_us[h],
-	    seconds > 1e12 ? (uint64_t)1e18 : (uint64_t)(seconds * 1e6));
+	atomic_fetch_add_explicit(&mcell(s, model)->hist[h][i], 1,
+	    memory_order_relaxed);
+	atomic_fetch_add_explicit(&mcell(s, model)->hist_sum_us[h],
+	    seconds > 1e12 ? (uint64_t)1e18 : (uint64_t)(seconds * 1e6),
+	    memory_order_relaxed);
 }
 
 uint64_t
 sl_shm_model_hist_bucket(const struct sl_shm *s, size_t model,
     enum sl_mhist h, int b)
 {
-	size_t r;
 	int i, n;
 	uint64_t sum = 0;
 
-	if (model >= SL_SHM_MODELS || sl_shm_mhist_bounds(h, &n) == NULL ||
+	if (model >= s->model_slots || sl_shm_mhist_bounds(h, &n) == NULL ||
 	    b < 0 || b > n)
 		return 0;
-	for (r = 0; r < rows_used(s); r++)
-		for (i = 0; i <= b; i++)
-			sum += cell_get(&mcell(s, r, model)->hist[h][i]);
+	for (i = 0; i <= b; i++)
+		sum += cell_get(&mcell(s, model)->hist[h][i]);
 	return sum;
 }
 
 double
 sl_shm_model_hist_sum(const struct sl_shm *s, size_t model, enum sl_mhist h)
 {
-	size_t r;
-	uint64_t sum = 0;
-
-	if (model >= SL_SHM_MODELS || h >= SL_MHIST_MAX)
+	if (model >= s->model_slots || h >= SL_MHIST_MAX)
 		return 0;
-	for (r = 0; r < rows_used(s); r++)
-		sum += cell_get(&mcell(s, r, model)->hist_sum_us[h]);
-	return (double)sum / 1e6;
+	return (double)cell_get(&mcell(s, model)->hist_sum_us[h]) / 1e6;
 }
 
 void
-sl_shm_model_reset(struct sl_shm *s, size_t model)
+sl_shm_models_reset(struct sl_shm *s, const unsigned char *drop)
 {
-	size_t r, k, i;
+	size_t i, m, from, to;
+	uint64_t key;
+	int k, any = 0;
 
-	if (model >= SL_SHM_MODELS)
+	for (m = 0; m < s->model_slots; m++)
+		if (drop[m]) {
+			memset((void *)mcell(s, m), 0, sizeof(struct shm_mstats));
+			any = 1;
+		}
+	if (!any)
 		return;
-	for (r = 0; r < s->max_rows; r++)
-		memset((void *)mcell(s, r, model), 0, sizeof(struct shm_mstats));
-	for (k = 0; k < SL_SHM_MODELS; k++) {
-		atomic_store(&s->fallbacks[model * SL_SHM_MODELS + k], 0);
-		atomic_store(&s->fallbacks[k * SL_SHM_MODELS + model], 0);
+	for (i = fb_walk(s, 0); i < FB_CELLS; i = fb_walk(s, i + 1)) {
+		key = atomic_load(&s->fallbacks[i].key);
+		if (key == 0)
+			continue;
+		from = (size_t)(key >> 32) - 1;
+		to = (size_t)(key & UINT32_MAX);
+		if ((from < s->model_slots && drop[from]) ||
+		    (to < s->model_slots && drop[to]))
+			atomic_store(&s->fallbacks[i].n, 0);
 	}
 	/* Its pairs are dropped, not reused: a probe must not stop there. */
 	for (i = pair_walk(s, 0); i < s->npairs + PAIR_SPILL;
 	    i = pair_walk(s, i + 1)) {
-		uint64_t key = atomic_load(&s->pairs[i].key);
-
-		if (key != 0 && key != PAIR_DEAD && PAIR_MODEL(key) == model) {
+		key = atomic_load(&s->pairs[i].key);
+		if (key != 0 && key != PAIR_DEAD &&
+		    PAIR_MODEL(key) < s->model_slots && drop[PAIR_MODEL(key)]) {
 			atomic_store(&s->pairs[i].key, PAIR_DEAD);
 			for (k = 0; k < SL_TOKENS_KINDS; k++)
 				atomic_store(&s->pairs[i].n[k], 0);
@@ -1233,17 +1337,6 @@ sl_shm_retire_stats(struct sl_shm *s, size_t row)
 		}
 		cell_add(&to->hist_sum_us[h], cell_get(&from->hist_sum_us[h]));
 		atomic_store_explicit(&from->hist_sum_us[h], 0, memory_order_relaxed);
-	}
-	for (u = 0; u < SL_SHM_MODELS; u++) {
-		struct shm_mstats *a = mcell(s, row, u), *b = mcell(s, 0, u);
-
-		for (i = 0; i < SL_NCODES; i++)
-			cell_move(&b->req[i], &a->req[i]);
-		for (h = 0; h < SL_MHIST_MAX; h++) {
-			for (i = 0; i <= SL_MHIST_BOUNDS_MAX; i++)
-				cell_move(&b->hist[h][i], &a->hist[h][i]);
-			cell_move(&b->hist_sum_us[h], &a->hist_sum_us[h]);
-		}
 	}
 	for (u = 0; u < SL_SHM_MAX_UPSTREAMS; u++) {
 		for (i = 0; i < SL_UERR_MAX; i++) {
@@ -1376,7 +1469,7 @@ sl_shm_tokens_charge(struct sl_shm *s, size_t tenant, size_t model,
 		add = add > UINT64_MAX - n[k] ? UINT64_MAX : add + n[k];
 	if (add == 0)
 		return;
-	if (model > 0 && model < SL_SHM_MODELS)
+	if (model > 0 && model < s->model_slots)
 		p = pair_find(s, tenant, model, 1);
 	for (k = 0; k < SL_TOKENS_KINDS; k++) {
 		sat_add(&t->total[k], n[k]);
@@ -1473,7 +1566,7 @@ sl_shm_tokens_model(const struct sl_shm *s, size_t tenant, size_t model,
 	const struct shm_pair *p;
 
 	if (tenant >= s->max_tenants || kind < 0 || kind >= SL_TOKENS_KINDS ||
-	    model >= SL_SHM_MODELS)
+	    model >= s->model_slots)
 		return 0;
 	if (model == 0)
 		return cell_get(&s->tenants[tenant].unrouted[kind]);

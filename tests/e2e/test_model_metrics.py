@@ -389,55 +389,70 @@ def test_without_models_every_request_is_model_dash():
                 assert {dict(lb)["model"] for lb in m.series(name + "_count")} == {"-"}
 
 
-def _many_models(n):
-    return ('listen: "127.0.0.1:%d"\nupstreams:\n  u:\n    url: "http://127.0.0.1:9"\n'
-            'models:\n%stenants:\n  acme:\n    keys: ["sk-acme"]\n    max_streams: 1\n'
-            % (h.free_port(), "".join("  m%d:\n    targets: [{upstream: u}]\n" % i
-                                      for i in range(n))))
+def _many_models(n, max_models=127):
+    return ('listen: "127.0.0.1:%d"\nlimits:\n  max_models: %d\nupstreams:\n  u:\n'
+            '    url: "http://127.0.0.1:9"\nmodels:\n%stenants:\n  acme:\n'
+            '    keys: ["sk-acme"]\n    max_streams: 1\n'
+            % (h.free_port(), max_models, "".join("  m%d:\n    targets: [{upstream: u}]\n" % i
+                                                  for i in range(n))))
 
 
-def test_check_refuses_more_models_than_the_metrics_have_slots():
+def test_check_refuses_more_models_than_limits_max_models():
     path = h.write_config(_many_models(127))
     rc, out, err = h.run_sluice(["-t", "-c", path])
     assert rc == 0 and err == "", (rc, out, err)
     path = h.write_config(_many_models(128))
     rc, out, err = h.run_sluice(["-t", "-c", path])
     assert rc == 1 and out == "", (rc, out, err)
-    # At the section's first model (line 6: listen, upstreams, u, url, models).
-    assert err.splitlines() == ["%s:6:3: models: 128 models, at most 127" % path], err
+    # At the section's first model (line 8: listen, limits, max_models,
+    # upstreams, u, url, models).
+    assert err.splitlines() == [
+        "%s:8:3: models: 128 models, limits.max_models is 127" % path], err
 
 
 def test_a_full_model_table_is_reused_once_no_worker_knows_the_old_models():
-    # 127 models a*, then a reload to 127 others, b*: while the workers of
-    # the first generation may still count under a*, b* count under "-"
-    # (and a warning says so); the next reload gives b* the slots of a*,
-    # zeroed, and a*'s series go.
+    # limits.max_models 2: 2 x 2 slots. Models a*, then b* (the two free
+    # slots), then c* while a stream of the first generation still runs:
+    # every slot may still be counted under, so c* count under "-" (and a
+    # warning says so). Once the first two generations are gone, the next
+    # reload gives c* the slots of a*, zeroed, and a*'s series go.
     with h.Stub() as stub:
         def cfg(prefix):
             return ('listen: "127.0.0.1:%d"\nadmin_listen: "127.0.0.1:%d"\nworkers: 1\n'
+                    'limits:\n  max_models: 2\n'
                     'upstreams:\n  u:\n    url: "%s"\nmodels:\n%stenants:\n  acme:\n'
                     '    keys: ["sk-acme"]\n    max_streams: 10\n'
                     % (port, admin, stub.url,
                        "".join("  %s%d:\n    targets: [{upstream: u}]\n" % (prefix, i)
-                               for i in range(127))))
+                               for i in range(2))))
         port, admin = h.free_port(), h.free_port()
         with h.Gateway(cfg("a"), allow_worker_changes=True) as gw:
-            assert _post(gw, "sk-acme", b'{"model":"a5"}').status == 200
-            h.wait_metric(gw, REQ, 1, model="a5", code="200")
+            assert _post(gw, "sk-acme", b'{"model":"a1"}').status == 200
+            h.wait_metric(gw, REQ, 1, model="a1", code="200")
+            c, r = gw.admit(key="sk-acme", events=30, interval=100, timeout=30,
+                            body=h.stream_body(model="a0"))
             h.reload(gw, cfg("b"))
-            assert "model 'b0': all 127 model metric slots are held" in h.stderr_text(gw)
-            assert _post(gw, "sk-acme", b'{"model":"b5"}').status == 200
+            assert _post(gw, "sk-acme", b'{"model":"b1"}').status == 200
+            h.wait_metric(gw, REQ, 1, model="b1", code="200")
+            h.reload(gw, cfg("c"))
+            assert "model 'c0': all 4 model metric slots are held" in h.stderr_text(gw)
+            assert _post(gw, "sk-acme", b'{"model":"c1"}').status == 200
             m = h.wait_metric(gw, REQ, 1, model="-", code="200")
-            assert m.get(REQ, model="a5", code="200") == 1
-            assert m.get(REQ, model="b5", code="200") is None
-            # The first generation is gone: its slots are free again.
+            assert m.get(REQ, model="a1", code="200") == 1
+            assert m.get(REQ, model="b1", code="200") == 1
+            assert m.get(REQ, model="c1", code="200") is None
+            body = r.read_all(timeout=30)
+            assert r.complete and body == h.expected_events(30)
+            c.close()
+            # The first two generations are gone: a*'s and b*'s slots are free.
             h.wait_until(lambda: len(gw.worker_pids()) == 1, 10,
-                         msg="the first generation to exit")
-            h.reload(gw, cfg("b"))
-            assert _post(gw, "sk-acme", b'{"model":"b5"}').status == 200
-            m = h.wait_metric(gw, REQ, 1, model="b5", code="200")
+                         msg="the older generations to exit")
+            h.reload(gw, cfg("c"))
+            assert _post(gw, "sk-acme", b'{"model":"c1"}').status == 200
+            m = h.wait_metric(gw, REQ, 1, model="c1", code="200")
             assert m.get(REQ, model="-", code="200") == 1
             assert not any(dict(lb)["model"].startswith("a")
                            for lb in m.series(DUR + "_count")), m.series(DUR + "_count")
-            assert m.get(DUR + "_count", model="b5") == 1
-            assert m.get(DUR + "_count", model="b6") == 0
+            assert m.get(DUR + "_count", model="c1") == 1
+            assert m.get(DUR + "_count", model="c0") == 0, \
+                "c0 took a0's slot without a0's counts zeroed"

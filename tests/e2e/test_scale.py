@@ -4,6 +4,7 @@ offboarded by reload without a restart, the places of removed tenants
 reused once their streams end, and every capacity that start and reload
 check refused by `sluice -t` at its line and column too."""
 
+import json
 import re
 
 import harness as h
@@ -140,10 +141,11 @@ def _yaml_with(tenants_n, upstreams_n=1, max_tenants=None):
 
 def test_every_capacity_start_and_reload_refuse_sluice_t_refuses_too():
     """Tenants over limits.max_tenants, upstreams over 64, models over
-    127, limits.max_tenants out of range: `sluice -t` names each at its
-    line and column, start refuses the same file, and a reload of it
-    fails and keeps the running configuration."""
-    models = ['listen: "127.0.0.1:%d"' % h.free_port(), "upstreams:",
+    limits.max_models, either limit out of range: `sluice -t` names each
+    at its line and column, start refuses the same file, and a reload of
+    it fails and keeps the running configuration."""
+    models = ['listen: "127.0.0.1:%d"' % h.free_port(), "limits:",
+              "  max_models: 127", "upstreams:",
               "  main:", '    url: "http://127.0.0.1:9"', "models:"]
     for i in range(128):
         models += ["  m%d:" % i, "    upstream: main"]
@@ -151,9 +153,11 @@ def test_every_capacity_start_and_reload_refuse_sluice_t_refuses_too():
     cases = [
         (_yaml_with(4, max_tenants=3), 8, 3, "tenants: 4 tenants, limits.max_tenants is 3"),
         (_yaml_with(1, upstreams_n=65), 3, 3, "upstreams: 65 upstreams, at most 64"),
-        ("\n".join(models) + "\n", 6, 3, "models: 128 models, at most 127"),
+        ("\n".join(models) + "\n", 8, 3, "models: 128 models, limits.max_models is 127"),
         (_yaml_with(1, max_tenants=1000001), 3, 16,
          "limits.max_tenants: 1000001 is out of range 1-1000000"),
+        (_yaml_with(1).replace("upstreams:", "limits:\n  max_models: 100001\nupstreams:"),
+         3, 15, "limits.max_models: 100001 is out of range 1-100000"),
     ]
     for text, line, col, msg in cases:
         path, rc, out = _check(text)
@@ -184,3 +188,98 @@ def test_every_capacity_start_and_reload_refuse_sluice_t_refuses_too():
         assert re.search(r":\d+:\d+: tenants: 4 tenants, limits.max_tenants is 3",
                          h.stderr_text(gw)), h.stderr_text(gw)[-1500:]
         assert _status(gw, _key("p", 2)) == 200
+
+
+def _models(prefix, n):
+    return {"%s%05d" % (prefix, i): {"targets": [{"upstream": "main"}]}
+            for i in range(n)}
+
+
+def _model_status(gw, model, key=ACME_KEY):
+    with h.Client(gw.port, timeout=20) as c:
+        hd = dict(h.bearer(key), **{"Content-Type": "application/json"})
+        hd.update(h.stub_headers(events=2, interval=0))
+        c.send("POST", "/v1/chat/completions", hd, h.stream_body(model=model))
+        r = c.read_response(timeout=20)
+        body = r.read_all(timeout=20)
+    if r.status == 200:
+        assert r.complete and body == expected_events(2), body[-200:]
+    return r.status
+
+
+def _list_models(gw, key):
+    with h.Client(gw.port, timeout=20) as c:
+        c.send("GET", "/v1/models", h.bearer(key))
+        r = c.read_response(timeout=20)
+        body = r.read_all(timeout=20)
+    assert r.status == 200, (r.status, body[:300])
+    return [e["id"] for e in json.loads(bytes(body))["data"]]
+
+
+@h.timeout(240)
+def test_ten_thousand_models_listed_routed_counted_and_swapped_by_reload():
+    """limits.max_models 10000 and 10,000 models (a LoRA adapter per
+    customer): /v1/models lists them all (a tenant with an allow-list, its
+    two), the last one routes and counts under its own name. A reload to
+    10,000 others, while a stream of the first set runs, serves the new
+    names at once and lets the stream finish whole; a third set takes the
+    places of the first once its workers have drained (2 x max_models
+    places), and a reused place counts from 0. Per-model histograms name
+    the first 100 models, the rest are summed under model="_other"."""
+    tenants = {"acme": {"keys": [ACME_KEY], "max_streams": 10, "upstream": "main"},
+               "few": {"keys": ["sk-few-0001"], "max_streams": 10,
+                       "models": ["m09999", "m00001"]}}
+    with Stub() as stub, Gateway(stub=stub, allow_worker_changes=True,
+                                 admin_listen="%s:%d" % (h.HOST, h.free_port()),
+                                 limits={"max_models": 10000},
+                                 models=_models("m", 10000), tenants=tenants) as gw:
+        master = gw.pid
+        ids = _list_models(gw, ACME_KEY)
+        assert ids == ["m%05d" % i for i in range(10000)]
+        assert _list_models(gw, "sk-few-0001") == ["m00001", "m09999"]
+        assert _model_status(gw, "m09999") == 200
+        assert _model_status(gw, "m00000") == 200
+        assert _model_status(gw, "m09999", key="sk-few-0001") == 200
+        assert _model_status(gw, "m09998", key="sk-few-0001") == 404
+        m = h.wait_metric(gw, "sluice_model_requests_total", 2, timeout=10,
+                          model="m09999", code="200")
+        assert m.get("sluice_model_requests_total", model="m00000", code="200") == 1
+        hist = "sluice_time_to_first_token_seconds_count"
+        assert m.get(hist, model="m00000") == 1
+        assert m.get(hist, model="m00099") == 0
+        assert m.get(hist, model="m00100") is None
+        assert m.get(hist, model="_other") == 2
+        models = {lb for lb in m.series(hist)}
+        assert len(models) == 1 + 100 + 1, "\"-\", 100 models, _other"
+        st = h.admin_request(h.admin_port(gw), "GET", "/status.json", 10)
+        assert st.status == 200
+        assert len(json.loads(st.text)["models"]) == 10000
+
+        first = gw.worker_pids()
+        c, r = gw.admit(events=25, interval=100, timeout=30,
+                        body=h.stream_body(model="m09999"))
+        cfg = dict(gw.config)
+        cfg["models"] = _models("n", 10000)
+        cfg["tenants"] = {"acme": tenants["acme"]}
+        h.reload(gw, cfg, timeout=60)
+        assert _model_status(gw, "n09999") == 200
+        assert _model_status(gw, "m09999") == 404
+        _finish_whole(c, r, 25, "the stream of model m09999")
+        m = h.scrape(gw)
+        assert m.get("sluice_model_requests_total", model="n09999", code="200") == 1
+        # The first set's workers drain; its places then go to the third.
+        h.wait_until(lambda: not any(h.pid_alive(p) for p in first), 30,
+                     msg="the first generation's workers to exit")
+        cfg["models"] = _models("o", 10000)
+        h.reload(gw, cfg, timeout=60)
+        assert _model_status(gw, "o09999") == 200
+        m = h.wait_metric(gw, "sluice_model_requests_total", 1, timeout=10,
+                          model="o09999", code="200")
+        assert m.get("sluice_model_requests_total", model="m09999", code="200") is None, \
+            "the first set's place was reused without its counters zeroed"
+        assert m.get("sluice_model_requests_total", model="n09999", code="200") == 1
+        # m09999's 3 first tokens, n09999's and o09999's: "_other" keeps
+        # what a reused place had counted, so it never goes back.
+        assert m.get(hist, model="_other") == 5
+        assert gw.pid == master and h.pid_alive(master)
+        assert h.reload_results(gw) == (2, 0)

@@ -93,6 +93,7 @@ NUM(upstream_rcvbuf, c->limits.upstream_rcvbuf)
 NUM(client_sndbuf, c->limits.client_sndbuf)
 NUM(h2_max_streams, c->limits.h2_max_streams)
 NUM(max_tenants, c->limits.max_tenants)
+NUM(max_models, c->limits.max_models)
 NUM(tls_enabled, c->tls.enabled)
 /* TLSv1.2 (absent too) is 0, TLSv1.3 is 1: the range's word order. */
 NUM(tls_min_version, c->tls.min_version != NULL &&
@@ -181,6 +182,7 @@ static const struct where wheres[] = {
 	{ "limits.client_sndbuf", TOP, ALWAYS, K_NUM, n_client_sndbuf, NULL },
 	{ "limits.h2_max_streams", TOP, ALWAYS, K_NUM, n_h2_max_streams, NULL },
 	{ "limits.max_tenants", TOP, ALWAYS, K_NUM, n_max_tenants, NULL },
+	{ "limits.max_models", TOP, ALWAYS, K_NUM, n_max_models, NULL },
 	{ "tls", TOP, ALWAYS, K_MAPPING, n_tls_enabled, NULL },
 	{ "tls.cert", TOP, IF_TLS, K_TLS_FILE, NULL, s_tls_cert },
 	{ "tls.key", TOP, IF_TLS, K_TLS_FILE, NULL, s_tls_key },

@@ -2448,8 +2448,11 @@ test_models_section_loads_every_field(void **state)
 	/* acme: no upstream (allowed with models:), one model allowed. */
 	assert_int_equal(f->cfg->tenants[0].has_upstream, 0);
 	assert_non_null(f->cfg->tenants[0].allowed);
-	assert_int_equal(f->cfg->tenants[0].allowed[0], 0);
-	assert_int_equal(f->cfg->tenants[0].allowed[1], 1);
+	assert_int_equal(f->cfg->tenants[0].nallowed, 1);
+	assert_int_equal(f->cfg->tenants[0].allowed[0], 1);
+	assert_false(sl_tenant_allows(&f->cfg->tenants[0], 0));
+	assert_true(sl_tenant_allows(&f->cfg->tenants[0], 1));
+	assert_true(sl_tenant_allows(&f->cfg->tenants[1], 0));
 	assert_int_equal(f->cfg->tenants[1].has_upstream, 1);
 	assert_int_equal(f->cfg->tenants[1].upstream_idx, 1);
 	assert_null(f->cfg->tenants[1].allowed);

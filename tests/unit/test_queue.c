@@ -57,7 +57,7 @@ setup(void **state)
 
 	if (f == NULL)
 		return -1;
-	f->shm = sl_shm_create(NIDX, NROWS);
+	f->shm = sl_shm_create(NIDX, NROWS, 128);
 	if (f->shm == NULL)
 		return -1;
 	f->q = sl_queue_create(f->shm, 4, NIDX, 256, NROWS);

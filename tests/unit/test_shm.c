@@ -28,6 +28,8 @@
 
 #include "sl_shm.h"
 
+#define MODELS 128                 /* model slots of a test region */
+
 /* The region under test, destroyed by the teardown even on failure. */
 struct fx {
 	struct sl_shm *shm;
@@ -70,7 +72,7 @@ teardown(void **state)
 static struct sl_shm *
 make(struct fx *f, size_t tenants, size_t rows)
 {
-	f->shm = sl_shm_create(tenants, rows);
+	f->shm = sl_shm_create(tenants, rows, MODELS);
 	assert_non_null(f->shm);
 	return f->shm;
 }
@@ -98,10 +100,13 @@ static void
 test_create_rejects_zero_sizes(void **state)
 {
 	errno = 0;
-	assert_null(sl_shm_create(0, 4));
+	assert_null(sl_shm_create(0, 4, 1));
 	assert_int_equal(errno, EINVAL);
 	errno = 0;
-	assert_null(sl_shm_create(4, 0));
+	assert_null(sl_shm_create(4, 0, 1));
+	assert_int_equal(errno, EINVAL);
+	errno = 0;
+	assert_null(sl_shm_create(4, 4, 0));
 	assert_int_equal(errno, EINVAL);
 }
 
@@ -894,8 +899,8 @@ test_model_counters_survive_a_dead_row(void **state)
 	assert_int_equal(sl_shm_model_requests_sum(s, 3, sl_shm_code_slot(200)), 2);
 	/* Out of range: ignored. */
 	sl_shm_count_model_request(s, 3, 3, 200);
-	sl_shm_count_model_request(s, 0, SL_SHM_MODELS, 200);
-	assert_int_equal(sl_shm_model_requests_sum(s, SL_SHM_MODELS, 0), 0);
+	sl_shm_count_model_request(s, 0, MODELS, 200);
+	assert_int_equal(sl_shm_model_requests_sum(s, MODELS, 0), 0);
 }
 
 /* The OpenTelemetry GenAI buckets; a value on a bound falls in it. */
@@ -940,7 +945,7 @@ test_tokens_per_model_add_up_to_the_tenant(void **state)
 {
 	struct sl_shm *s = make(*state, 4, 1);
 	uint64_t a[SL_TOKENS_KINDS] = { 10, 2, 0 }, b[SL_TOKENS_KINDS] = { 0, 0, 7 };
-	uint64_t seen[4][SL_SHM_MODELS][SL_TOKENS_KINDS], n[SL_TOKENS_KINDS];
+	uint64_t seen[4][MODELS][SL_TOKENS_KINDS], n[SL_TOKENS_KINDS];
 	size_t pos = 0, t, m, pairs = 0;
 	int k;
 
@@ -949,7 +954,7 @@ test_tokens_per_model_add_up_to_the_tenant(void **state)
 	sl_shm_tokens_charge(s, 0, 3, 1001, b);
 	sl_shm_tokens_charge(s, 0, 127, 1001, b);
 	sl_shm_tokens_charge(s, 1, 3, 1001, a);
-	sl_shm_tokens_charge(s, 2, SL_SHM_MODELS, 1001, a);   /* as "-" */
+	sl_shm_tokens_charge(s, 2, MODELS, 1001, a);   /* as "-" */
 	assert_int_equal(sl_shm_tokens_model(s, 0, 0, SL_TOKENS_PROMPT), 10);
 	assert_int_equal(sl_shm_tokens_model(s, 0, 3, SL_TOKENS_PROMPT), 10);
 	assert_int_equal(sl_shm_tokens_model(s, 0, 3, SL_TOKENS_ESTIMATED), 7);
@@ -964,7 +969,7 @@ test_tokens_per_model_add_up_to_the_tenant(void **state)
 	assert_int_equal(sl_shm_tokens_window(s, 0, 1001, 0, NULL), 12 + 12 + 7 + 7);
 	memset(seen, 0, sizeof(seen));
 	while (sl_shm_tokens_next(s, &pos, &t, &m, n)) {
-		assert_true(t < 4 && m > 0 && m < SL_SHM_MODELS);
+		assert_true(t < 4 && m > 0 && m < MODELS);
 		for (k = 0; k < SL_TOKENS_KINDS; k++)
 			seen[t][m][k] += n[k];
 		pairs++;
@@ -1018,6 +1023,7 @@ test_model_reset_zeroes_only_that_slot(void **state)
 	struct sl_shm *s = make(*state, 2, 2);
 	uint64_t a[SL_TOKENS_KINDS] = { 5, 1, 0 }, n[SL_TOKENS_KINDS];
 	size_t pos = 0, t, m, pairs = 0;
+	unsigned char drop[MODELS] = { 0 };
 
 	sl_shm_count_model_request(s, 1, 2, 200);
 	sl_shm_count_model_request(s, 1, 3, 200);
@@ -1030,7 +1036,8 @@ test_model_reset_zeroes_only_that_slot(void **state)
 	sl_shm_tokens_charge(s, 0, 2, 1000, a);
 	sl_shm_tokens_charge(s, 0, 3, 1000, a);
 	sl_shm_tokens_charge(s, 1, 2, 1000, a);
-	sl_shm_model_reset(s, 2);
+	drop[2] = 1;
+	sl_shm_models_reset(s, drop);
 	assert_int_equal(sl_shm_model_requests_sum(s, 2, sl_shm_code_slot(200)), 0);
 	assert_int_equal(sl_shm_model_requests_sum(s, 3, sl_shm_code_slot(200)), 1);
 	assert_int_equal(sl_shm_model_hist_bucket(s, 2, SL_MHIST_DURATION, 14), 0);
@@ -1048,6 +1055,77 @@ test_model_reset_zeroes_only_that_slot(void **state)
 	sl_shm_tokens_charge(s, 1, 2, 1000, a);
 	assert_int_equal(sl_shm_tokens_model(s, 1, 2, SL_TOKENS_COMPLETION), 1);
 	assert_int_equal(sl_shm_tokens_total(s, 1, SL_TOKENS_COMPLETION), 2);
+}
+
+/*
+ * A region for 10,000 models (2 x 10,000 + 1 slots): the far slots count
+ * like the near ones, and the fallback table's walk names every pair
+ * counted, once, with its count.
+ */
+static void
+test_ten_thousand_models_count_and_walk(void **state)
+{
+	struct fx *f = *state;
+	size_t slots = 2 * 10000 + 1, m, pos = 0, from, to, pairs = 0;
+	uint64_t n, total = 0;
+
+	f->shm = sl_shm_create(4, 2, slots);
+	assert_non_null(f->shm);
+	assert_int_equal(sl_shm_model_slots(f->shm), slots);
+	for (m = 1; m < slots; m += 7) {
+		sl_shm_count_model_request(f->shm, 1, m, 200);
+		sl_shm_model_observe(f->shm, 1, m, SL_MHIST_TTFT, 0.002);
+		sl_shm_count_fallback(f->shm, m, m == slots - 1 ? 1 : m + 1);
+	}
+	sl_shm_count_fallback(f->shm, 8, 9);
+	assert_int_equal(sl_shm_model_requests_sum(f->shm, slots - 1,
+	    sl_shm_code_slot(200)), 1);
+	assert_int_equal(sl_shm_model_hist_bucket(f->shm, slots - 1,
+	    SL_MHIST_TTFT, 1), 1);
+	assert_int_equal(sl_shm_fallbacks(f->shm, 8, 9), 2);
+	assert_int_equal(sl_shm_fallbacks(f->shm, 9, 8), 0);
+	/* Out of range: ignored. */
+	sl_shm_count_model_request(f->shm, 1, slots, 200);
+	sl_shm_count_fallback(f->shm, slots, 1);
+	assert_int_equal(sl_shm_model_requests_sum(f->shm, slots, 0), 0);
+	while (sl_shm_fallbacks_next(f->shm, &pos, &from, &to, &n)) {
+		assert_true(from < slots && to < slots);
+		assert_int_equal(sl_shm_fallbacks(f->shm, from, to), n);
+		total += n;
+		pairs++;
+	}
+	assert_int_equal(pairs, (slots - 1 + 6) / 7);
+	assert_int_equal(total, pairs + 1);
+}
+
+/*
+ * The fallback table is bounded (65,536 pairs): a pair that finds no room
+ * counts under (from, "-"), so every move of a model is still counted.
+ */
+static void
+test_fallback_pairs_past_the_table_count_under_dash(void **state)
+{
+	struct fx *f = *state;
+	size_t slots = 200001, m, pos = 0, from, to, pairs = 0;
+	uint64_t n, total = 0, under_dash = 0;
+
+	f->shm = sl_shm_create(4, 2, slots);
+	assert_non_null(f->shm);
+	for (m = 1; m <= 100000; m++)
+		sl_shm_count_fallback(f->shm, m, m + 1);
+	while (sl_shm_fallbacks_next(f->shm, &pos, &from, &to, &n)) {
+		total += n;
+		if (to == 0)
+			under_dash += n;
+		pairs++;
+	}
+	assert_true(pairs <= 65536);
+	assert_true(under_dash > 0);
+	/* A pair with neither its cell nor (from, "-") room is the rest. */
+	assert_true(total >= 65536 && total <= 100000);
+	for (m = 1; m <= 100000; m++)
+		assert_int_equal(sl_shm_fallbacks(f->shm, m, m + 1) +
+		    sl_shm_fallbacks(f->shm, m, 0) <= 1, 1);
 }
 
 /* Workers claim pairs and add tokens at once: every token is counted. */
@@ -1124,6 +1202,8 @@ main(void)
 		T(test_tokens_per_model_add_up_to_the_tenant),
 		T(test_token_pairs_past_the_table_count_under_dash),
 		T(test_model_reset_zeroes_only_that_slot),
+		T(test_ten_thousand_models_count_and_walk),
+		T(test_fallback_pairs_past_the_table_count_under_dash),
 		T(test_token_pairs_exact_across_processes),
 	};
 #undef T
