@@ -17,7 +17,9 @@
 #define SL_WORKERS_AUTO 0          /* workers: auto (resolved by the master) */
 #define SL_MAX_WORKERS 64
 #define SL_MAX_TENANTS 1000000      /* limits.max_tenants at most */
-#define SL_MAX_UPSTREAMS 64         /* upstreams: (SL_SHM_MAX_UPSTREAMS) */
+#define SL_MAX_UPSTREAMS_LIMIT 10000  /* limits.max_upstreams at most */
+#define SL_MAX_QUEUED_UPSTREAMS 64    /* upstreams with `queue:` */
+#define SL_REPLICAS_MIN_ROOM 4096     /* replicas in all, at least */
 
 enum sl_log_level { SL_LOG_ERROR = 0, SL_LOG_WARN, SL_LOG_INFO, SL_LOG_DEBUG };
 
@@ -197,6 +199,7 @@ struct sl_config {
 		uint64_t h2_max_streams;    /* per HTTP/2 connection */
 		uint64_t max_tenants;       /* room at start (sl_shm) */
 		uint64_t max_models;        /* room at start (sl_shm) */
+		uint64_t max_upstreams;     /* room at start (sl_shm) */
 	} limits;
 	struct sl_tls_conf tls;
 
@@ -268,6 +271,11 @@ int sl_config_tenant_index(const struct sl_config *, const char *name);
  * The model a client's name (len bytes, maybe with NUL bytes: compared
  * whole) or alias stands for, as an index into cfg->models; -1 if none.
  */
+/*
+ * Replicas (URLs of every upstream) a configuration may name in all: 4
+ * per limits.max_upstreams, at least SL_REPLICAS_MIN_ROOM.
+ */
+size_t sl_config_replica_room(const struct sl_config *);
 /* May the tenant use model m (index into sl_config.models)? */
 int sl_tenant_allows(const struct sl_tenant_conf *, size_t m);
 int sl_config_model_find(const struct sl_config *, const char *name,

@@ -191,6 +191,12 @@ void sl_queue_forget_tenant(struct sl_queue *, size_t row, size_t tenant);
  * row: the caller's row (the master: SL_QUEUE_ROW).
  */
 void sl_queue_close_pool(struct sl_queue *, size_t row, size_t pool);
+/*
+ * Master, before a pool index goes to another upstream (no live worker
+ * may use it any more): close it and zero its counters, and every
+ * tenant's service and cell in it.
+ */
+void sl_queue_reset_pool(struct sl_queue *, size_t pool);
 
 /* The pool's queue timeout now, ms (a reload's applies to waiters). */
 int32_t sl_queue_timeout_ms(const struct sl_queue *, size_t pool);

@@ -45,8 +45,9 @@ enum sl_admit {
  */
 #define SL_SHM_MAX_INDICES ((1u << 21) - 1)
 #define SL_SHM_MAX_MODEL_SLOTS (1u << 20)
+#define SL_SHM_MAX_UPSTREAM_SLOTS (1u << 20)
 struct sl_shm *sl_shm_create(size_t max_tenants, size_t max_rows,
-    size_t model_slots);
+    size_t model_slots, size_t upstream_slots);
 void sl_shm_destroy(struct sl_shm *);
 
 size_t sl_shm_max_tenants(const struct sl_shm *);
@@ -159,7 +160,15 @@ uint64_t sl_shm_requests_sum(const struct sl_shm *, size_t tenant, int slot);
 uint64_t sl_shm_rejected_sum(const struct sl_shm *, size_t tenant,
     enum sl_reject_reason);
 
-#define SL_SHM_MAX_UPSTREAMS 64
+/*
+ * Upstreams: sl_shm_upstream_slots slots, fixed at creation (the master
+ * makes 2 x limits.max_upstreams + 1), handed out and reused like model
+ * slots. Their error, retry and affinity counters are shared by the
+ * workers, one atomic add each (88 bytes a slot).
+ */
+size_t sl_shm_upstream_slots(const struct sl_shm *);
+/* Master only: zero upstream slot u's counters before it is reused. */
+void sl_shm_upstream_reset(struct sl_shm *, size_t upstream);
 enum sl_uerr {
 	SL_UERR_CONNECT = 0, SL_UERR_TIMEOUT, SL_UERR_RESET, SL_UERR_BAD_RESPONSE,
 	SL_UERR_IDLE, SL_UERR_MAX

@@ -33,6 +33,8 @@ struct sl_worker_args {
 	const size_t *tenant_slot;   /* config tenant index -> shm tenant index */
 	const struct sl_keyidx *keys;   /* API key -> config tenant index */
 	const size_t *upstream_slot; /* config upstream index -> shm upstream index */
+	/* config upstream index -> fair queue pool (0: no queue) */
+	const size_t *queue_slot;
 	/* config model index -> shm model slot (sl_shm.h); NULL: no models: */
 	const size_t *model_slot;
 	/* [upstream][replica] -> shared index of the replica (sl_upstream.h) */
@@ -60,6 +62,7 @@ struct sl_worker {
 	 */
 	const uint32_t *index_epoch;
 	const size_t *upstream_slot;
+	const size_t *queue_slot;    /* config upstream -> queue pool; 0: none */
 	const size_t *model_slot;    /* config model -> shm model slot; NULL */
 	struct sl_pools *pools;      /* replica choice, per upstream */
 	struct sl_models *models;    /* target choice, per model; NULL: no models: */

@@ -131,6 +131,12 @@ static const struct key_row keys[] = {
 	    "start: a reload may name up to this many with no restart. Room "
 	    "costs no memory until a model uses it." },
 	    1, SL_MAX_MODELS, 0, OFF(limits.max_models) },
+	{ { "limits.max_upstreams", SL_KEY_INT, "1000", "1-10000", 0,
+	    "Upstreams (pools) the gateway has room for, fixed at start, with "
+	    "their replicas: at most 4 per upstream of this limit or 4096 in "
+	    "all, whichever is more; at most 64 upstreams with a queue. Room "
+	    "costs no memory until used." },
+	    1, SL_MAX_UPSTREAMS_LIMIT, 0, OFF(limits.max_upstreams) },
 	{ { "limits.h2_max_streams", SL_KEY_INT, "100", "1-1000", 1,
 	    "HTTP/2 streams one client connection may have open at once "
 	    "(SETTINGS_MAX_CONCURRENT_STREAMS)." },
@@ -965,7 +971,8 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		if (row->off == OFF(limits.max_connections) ||
 		    row->off == OFF(limits.h2_max_streams) ||
 		    row->off == OFF(limits.max_tenants) ||
-		    row->off == OFF(limits.max_models))
+		    row->off == OFF(limits.max_models) ||
+		    row->off == OFF(limits.max_upstreams))
 			*(uint64_t *)dst = (uint64_t)i;
 		else
 			*(int32_t *)dst = (int32_t)i;
@@ -2141,6 +2148,14 @@ parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
 	t->nallowed = j;
 }
 
+size_t
+sl_config_replica_room(const struct sl_config *cfg)
+{
+	size_t n = 4 * (size_t)cfg->limits.max_upstreams;
+
+	return n > SL_REPLICAS_MIN_ROOM ? n : SL_REPLICAS_MIN_ROOM;
+}
+
 int
 sl_tenant_allows(const struct sl_tenant_conf *t, size_t m)
 {
@@ -2828,13 +2843,29 @@ load(struct ctx *c, yaml_parser_t *parser)
 		if (cnt == 0)
 			err_at(c, &n->start_mark, "upstreams: at least one is required");
 		/* What the shared region has room for (sl_shm.h): as at start. */
-		if (cnt > SL_MAX_UPSTREAMS)
-			err_at(c, &n->start_mark, "upstreams: %zu upstreams, at "
-			    "most %d", cnt, SL_MAX_UPSTREAMS);
+		if (cnt > c->cfg->limits.max_upstreams)
+			err_at(c, &n->start_mark, "upstreams: %zu upstreams, "
+			    "limits.max_upstreams is %llu", cnt,
+			    (unsigned long long)c->cfg->limits.max_upstreams);
 		c->cfg->upstreams = calloc(cnt ? cnt : 1, sizeof(*c->cfg->upstreams));
 		if (c->cfg->upstreams != NULL) {
+			size_t nrep = 0, nq = 0;
+
 			each_pair(c, n, upstreams_pair, &idx);
 			c->cfg->nupstreams = idx;
+			for (i = 0; i < idx; i++) {
+				nrep += c->cfg->upstreams[i].nreplicas;
+				nq += c->cfg->upstreams[i].queue.enabled != 0;
+			}
+			if (nrep > sl_config_replica_room(c->cfg))
+				err_at(c, &n->start_mark, "upstreams: %zu replicas "
+				    "in all, at most %zu (4 per limits.max_upstreams, "
+				    "at least 4096)", nrep,
+				    sl_config_replica_room(c->cfg));
+			if (nq > SL_MAX_QUEUED_UPSTREAMS)
+				err_at(c, &n->start_mark, "upstreams: %zu upstreams "
+				    "with a queue, at most %d", nq,
+				    SL_MAX_QUEUED_UPSTREAMS);
 		}
 	}
 	if ((n = find_child(c, root, "models")) != NULL) {

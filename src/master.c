@@ -54,8 +54,7 @@
  * finish their streams) and pool replicas. Reserved, not committed
  * (sl_shm.h): room costs nothing until an index is used.
  */
-#define REPLICA_ROOM (SL_MAX_UPSTREAMS * SL_MAX_REPLICAS)
-_Static_assert(SL_MAX_UPSTREAMS == SL_SHM_MAX_UPSTREAMS, "upstream room");
+#define QUEUE_POOLS (2 * SL_MAX_QUEUED_UPSTREAMS + 1)
 /* The console's samples (console_sample). */
 #define CONSOLE_SAMPLES 13
 #define CONSOLE_SAMPLE_S 5.0
@@ -82,11 +81,25 @@ struct child {
 	int draining;
 };
 
+/*
+ * Named slots of a shared table (models, upstreams, queue pools): the
+ * name of each (slot 0 is never named; NULL: free or never used) and the
+ * newest generation that maps it; slots below hwm were handed out. Arrays
+ * reserved like the index arrays: a slot costs once used.
+ */
+struct slot_table {
+	char **names;
+	unsigned *gen;
+	size_t n;
+	size_t hwm;
+};
+
 /* A generation: one config and the tenant mapping its workers use. */
 struct gen {
 	struct sl_config *cfg;
 	size_t *tenant_slot;
 	size_t *upstream_slot;
+	size_t *queue_slot;          /* config upstream -> queue pool; 0: none */
 	size_t **replica_slot;       /* [upstream][replica] -> shm index */
 	size_t *model_slot;          /* config model -> shm model slot */
 	/*
@@ -127,19 +140,17 @@ struct master {
 	size_t *name_ht;             /* open addressing: shm index + 1, 0 empty */
 	size_t name_ht_mask;         /* capacity - 1, a power of two */
 	size_t name_ht_n;            /* names in it */
-	char *up_names[SL_SHM_MAX_UPSTREAMS];
-	size_t up_n;
 	/*
-	 * Model slots of the region (sl_shm.h, 2 x limits.max_models + 1):
-	 * the name of each (slot 0 is "-"; NULL: never used) and the newest
-	 * generation that maps it; slots below model_hwm were handed out.
-	 * Reserved like the index arrays: a slot costs once used.
+	 * Model slots of the region (sl_shm.h, 2 x limits.max_models + 1),
+	 * upstream slots (2 x limits.max_upstreams + 1) and the fair queue's
+	 * pools (2 x SL_MAX_QUEUED_UPSTREAMS + 1; 0 is "no queue"): map_slots.
 	 */
-	char **model_names;
-	unsigned *model_gen;
-	size_t model_slots;
-	size_t model_hwm;
+	struct slot_table models;
+	struct slot_table ups;
+	struct slot_table queues;
 	size_t max_models;           /* limits.max_models at start */
+	size_t max_upstreams;        /* limits.max_upstreams at start */
+	size_t replica_room;         /* sl_config_replica_room at start */
 	/* What slots past MODEL_HIST_SERIES counted before they were reused. */
 	uint64_t other_hist[SL_MHIST_MAX][SL_MHIST_BOUNDS_MAX + 1];
 	uint64_t other_hist_us[SL_MHIST_MAX];
@@ -211,6 +222,27 @@ unreserve(void *p, size_t n)
 {
 	if (p != NULL)
 		munmap(p, n ? n : 1);
+}
+
+static int
+slot_table_init(struct slot_table *st, size_t n)
+{
+	st->n = n;
+	st->hwm = 1;               /* slot 0 is never named */
+	st->names = reserve(n * sizeof(*st->names));
+	st->gen = reserve(n * sizeof(*st->gen));
+	return st->names != NULL && st->gen != NULL ? 0 : -1;
+}
+
+static void
+slot_table_free(struct slot_table *st)
+{
+	size_t j;
+
+	for (j = 0; st->names != NULL && j < st->hwm; j++)
+		free(st->names[j]);
+	unreserve(st->names, st->n * sizeof(*st->names));
+	unreserve(st->gen, st->n * sizeof(*st->gen));
 }
 
 static volatile sig_atomic_t got_hup, got_term, got_quit, got_chld, got_usr1;
@@ -404,9 +436,9 @@ shm_index(struct master *m, const char *name, int replica)
 	    m->shm_ntenants;
 	if (j == sl_shm_max_tenants(m->shm)) {
 		sl_err("no room for %s: the %zu shared indices (2 x "
-		    "limits.max_tenants + %d replicas) are in use; restart to "
-		    "grow them", replica ? "a replica" : "a tenant",
-		    sl_shm_max_tenants(m->shm), REPLICA_ROOM);
+		    "limits.max_tenants + 2 x %zu replicas) are in use; restart "
+		    "to grow them", replica ? "a replica" : "a tenant",
+		    sl_shm_max_tenants(m->shm), m->replica_room);
 		return (size_t)-1;
 	}
 	if ((m->shm_names[j] = strdup(name)) == NULL)
@@ -605,111 +637,148 @@ keep_other_hist(struct master *m, size_t slot)
 }
 
 /*
- * Map every model of cfg to a model slot of the region for generation
- * gen: the slot it had (a model a reload keeps keeps its counters), else
- * a slot never used, else the slot of a removed model that no live worker
- * can count under any more (zeroed first, all such slots in one pass).
- * There are 2 x limits.max_models slots, so a reload may name max_models
- * new models while as many removed ones drain. None left (only when
- * reloads replaced models faster than workers drained): the model counts
- * under "-" for this generation, and a warning says so. O(slots + models)
- * a reload. Returns the mapping (caller owns), or NULL without memory.
+ * Give each of the count names of want (NULL: no slot wanted) a slot of
+ * st for generation gen, into map[] (0: none): the slot it had (a name a
+ * reload keeps keeps its counters), else a slot never used, else the slot
+ * of a removed name that no live worker can count under any more. drop[]
+ * (st->n bytes, zeroed) gets the slots that changed name: the caller
+ * zeroes their counters before a worker of gen starts. There are twice
+ * the names a configuration may hold, so a reload may replace them all
+ * while as many removed ones drain. O(slots + names). Returns the names
+ * left without a slot (only when reloads replaced names faster than
+ * workers drained), or -1 without memory.
  */
-static size_t *
-map_models(struct master *m, const struct sl_config *cfg, unsigned gen)
+static long
+map_slots(struct master *m, struct slot_table *st, const char *const *want,
+    size_t count, unsigned gen, size_t *map, unsigned char *drop)
 {
-	size_t *map, *ht = NULL, mask, i, j, h, nfree = 0, *freel = NULL;
-	unsigned char *keep = NULL, *drop = NULL;
-	int reset = 0;
+	size_t *ht, mask, i, j, h, nfree = 0, *freel = NULL;
+	unsigned char *keep;
+	long left = 0;
 
-	if ((map = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*map))) == NULL)
-		return NULL;
-	for (mask = 1; mask < 2 * (m->model_hwm + 1); mask <<= 1)
+	for (mask = 1; mask < 2 * (st->hwm + 1); mask <<= 1)
 		;
 	ht = calloc(mask, sizeof(*ht));
 	mask--;
-	keep = calloc(m->model_slots, 1);
-	drop = calloc(m->model_slots, 1);
-	if (ht == NULL || keep == NULL || drop == NULL)
+	keep = calloc(st->n, 1);
+	if (ht == NULL || keep == NULL)
 		goto fail;
-	for (j = 1; j < m->model_hwm; j++)
-		if (m->model_names[j] != NULL) {
-			for (h = name_hash(m->model_names[j]) & mask; ht[h] != 0;
+	for (j = 1; j < st->hwm; j++)
+		if (st->names[j] != NULL) {
+			for (h = name_hash(st->names[j]) & mask; ht[h] != 0;
 			    h = (h + 1) & mask)
 				;
 			ht[h] = j;
 		}
-	for (i = 0; i < cfg->nmodels; i++)
-		for (h = name_hash(cfg->models[i].name) & mask; ht[h] != 0;
-		    h = (h + 1) & mask)
-			if (strcmp(m->model_names[ht[h]], cfg->models[i].name) == 0) {
+	for (i = 0; i < count; i++) {
+		map[i] = 0;
+		if (want[i] == NULL)
+			continue;
+		for (h = name_hash(want[i]) & mask; ht[h] != 0; h = (h + 1) & mask)
+			if (strcmp(st->names[ht[h]], want[i]) == 0) {
 				map[i] = ht[h];
 				keep[ht[h]] = 1;
 				break;
 			}
-	for (i = 0; i < cfg->nmodels; i++) {
-		if (map[i] != 0)
+	}
+	for (i = 0; i < count; i++) {
+		if (map[i] != 0 || want[i] == NULL)
 			continue;
-		if (m->model_hwm < m->model_slots) {
-			j = m->model_hwm++;
+		if (st->hwm < st->n) {
+			j = st->hwm++;
 		} else {
 			if (freel == NULL) {
-				/* Once: the slots of removed models nobody counts under. */
-				if ((freel = calloc(m->model_slots,
-				    sizeof(*freel))) == NULL)
+				/* Once: the slots of removed names nobody counts under. */
+				if ((freel = calloc(st->n, sizeof(*freel))) == NULL)
 					goto fail;
-				for (j = m->model_slots - 1; j >= 1; j--)
-					if (!keep[j] && m->model_gen[j] < m->cur.id &&
-					    !gen_alive(m, m->model_gen[j]))
+				for (j = st->n - 1; j >= 1; j--)
+					if (!keep[j] && st->gen[j] < m->cur.id &&
+					    !gen_alive(m, st->gen[j]))
 						freel[nfree++] = j;
 			}
 			if (nfree == 0) {
-				sl_warn("model '%s': all %zu model metric slots are "
-				    "held by models that workers still draining may "
-				    "count; its metrics go under model \"-\" until a "
-				    "later reload", cfg->models[i].name,
-				    m->model_slots - 1);
+				left++;
 				continue;
 			}
 			j = freel[--nfree];
 		}
-		if (m->model_names[j] != NULL) {
-			sl_debug("model slot %zu: '%s' is gone, now '%s'", j,
-			    m->model_names[j], cfg->models[i].name);
-			if (j > MODEL_HIST_SERIES)
-				keep_other_hist(m, j);
+		if (st->names[j] != NULL) {
 			drop[j] = 1;
-			reset = 1;
-			if (m->mwindow != NULL)
-				sl_window_forget(m->mwindow, j * MODEL_VALUES,
-				    MODEL_VALUES);
-			free(m->model_names[j]);
-			m->model_names[j] = NULL;
+			free(st->names[j]);
+			st->names[j] = NULL;
 		}
-		if ((m->model_names[j] = strdup(cfg->models[i].name)) == NULL)
+		if ((st->names[j] = strdup(want[i])) == NULL)
 			goto fail;
 		map[i] = j;
 		keep[j] = 1;
 	}
-	if (reset)
-		sl_shm_models_reset(m->shm, drop);
-	for (j = 1; j < m->model_hwm; j++)
+	for (j = 1; j < st->hwm; j++)
 		if (keep[j])
-			m->model_gen[j] = gen;
+			st->gen[j] = gen;
 	free(ht);
 	free(keep);
-	free(drop);
 	free(freel);
-	return map;
+	return left;
 fail:
+	free(ht);
+	free(keep);
+	free(freel);
+	return -1;
+}
+
+/*
+ * Map every model of cfg to a model slot of the region for generation
+ * gen (map_slots). A model with no slot left counts under "-" for this
+ * generation, and a warning says so. Returns the mapping (caller owns),
+ * or NULL without memory.
+ */
+static size_t *
+map_models(struct master *m, const struct sl_config *cfg, unsigned gen)
+{
+	size_t *map, i, j;
+	const char **want;
+	unsigned char *drop;
+	long left;
+	int reset = 0;
+
+	map = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*map));
+	want = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*want));
+	drop = calloc(m->models.n, 1);
+	if (map == NULL || want == NULL || drop == NULL) {
+		free(map);
+		map = NULL;
+		goto out;
+	}
+	for (i = 0; i < cfg->nmodels; i++)
+		want[i] = cfg->models[i].name;
+	left = map_slots(m, &m->models, want, cfg->nmodels, gen, map, drop);
+	for (j = 1; j < m->models.n; j++)
+		if (drop[j]) {
+			sl_debug("model slot %zu goes to another model", j);
+			if (j > MODEL_HIST_SERIES)
+				keep_other_hist(m, j);
+			if (m->mwindow != NULL)
+				sl_window_forget(m->mwindow, j * MODEL_VALUES,
+				    MODEL_VALUES);
+			reset = 1;
+		}
 	if (reset)
 		sl_shm_models_reset(m->shm, drop);
-	free(ht);
-	free(keep);
+	if (left < 0) {
+		free(map);
+		map = NULL;
+		goto out;
+	}
+	for (i = 0; left > 0 && i < cfg->nmodels; i++)
+		if (map[i] == 0)
+			sl_warn("model '%s': all %zu model metric slots are held by "
+			    "models that workers still draining may count; its "
+			    "metrics go under model \"-\" until a later reload",
+			    cfg->models[i].name, m->models.n - 1);
+out:
+	free(want);
 	free(drop);
-	free(freel);
-	free(map);
-	return NULL;
+	return map;
 }
 
 /*
@@ -724,9 +793,9 @@ fail:
 
 static void
 publish_queue(struct master *m, const struct sl_config *cfg,
-    const size_t *tmap, const size_t *umap, int close_removed)
+    const size_t *tmap, const size_t *qmap, int close_removed)
 {
-	unsigned char kept[SL_SHM_MAX_UPSTREAMS];
+	unsigned char kept[QUEUE_POOLS];
 	size_t i;
 	int wake = 1;
 
@@ -743,47 +812,81 @@ publish_queue(struct master *m, const struct sl_config *cfg,
 	for (i = 0; i < cfg->nupstreams; i++) {
 		const struct sl_upstream_conf *u = &cfg->upstreams[i];
 
-		kept[umap[i]] = 1;
-		sl_queue_set_pool(m->queue, umap[i],
+		if (qmap[i] == 0)
+			continue;       /* no queue: pool 0, never set */
+		kept[qmap[i]] = 1;
+		sl_queue_set_pool(m->queue, qmap[i],
 		    u->queue.enabled && wake ? u->queue.max : 0,
 		    (int32_t)u->queue.timeout_ms,
 		    u->queue.fairness == SL_FAIRNESS_FIFO ? SL_QUEUE_FIFO :
 		    SL_QUEUE_TOKENS);
 	}
-	for (i = 0; close_removed && i < m->up_n; i++)
-		if (!kept[i])
+	for (i = 1; close_removed && i < m->queues.hwm; i++)
+		if (!kept[i] && m->queues.names[i] != NULL)
 			sl_queue_close_pool(m->queue, SL_QUEUE_ROW, i);
 	for (i = 0; i < cfg->ntenants; i++)
 		sl_queue_set_tenant(m->queue, tmap[i], cfg->tenants[i].weight,
 		    cfg->tenants[i].priority);
 }
 
-/* Stable upstream indices for the error counters, like tenants. */
-static size_t *
-map_upstreams(struct master *m, const struct sl_config *cfg)
+/*
+ * Upstream slots for the error counters, and queue pools for the
+ * upstreams with a queue (*qmapp), both by name for generation gen
+ * (map_slots): 0, or -1 (said why) when a reload replaced upstreams
+ * faster than workers drained, or without memory.
+ */
+static int
+map_upstreams(struct master *m, const struct sl_config *cfg, unsigned gen,
+    size_t **umapp, size_t **qmapp)
 {
-	size_t *map, i, j;
+	size_t n = cfg->nupstreams ? cfg->nupstreams : 1, i, j;
+	size_t *umap = calloc(n, sizeof(*umap)), *qmap = calloc(n, sizeof(*qmap));
+	const char **want = calloc(n, sizeof(*want));
+	unsigned char *udrop = calloc(m->ups.n, 1), *qdrop = calloc(QUEUE_POOLS, 1);
+	long left = -1, qleft = -1;
 
-	map = calloc(cfg->nupstreams ? cfg->nupstreams : 1, sizeof(*map));
-	if (map == NULL)
-		return NULL;
-	for (i = 0; i < cfg->nupstreams; i++) {
-		for (j = 0; j < m->up_n; j++)
-			if (strcmp(m->up_names[j], cfg->upstreams[i].name) == 0)
-				break;
-		if (j == m->up_n) {
-			if (j == SL_SHM_MAX_UPSTREAMS ||
-			    (m->up_names[j] = strdup(cfg->upstreams[i].name)) == NULL) {
-				sl_err("upstream capacity (%d) exhausted; restart to "
-				    "forget removed upstreams", SL_SHM_MAX_UPSTREAMS);
-				free(map);
-				return NULL;
-			}
-			m->up_n++;
-		}
-		map[i] = j;
+	*umapp = *qmapp = NULL;
+	if (umap == NULL || qmap == NULL || want == NULL || udrop == NULL ||
+	    qdrop == NULL)
+		goto out;
+	for (i = 0; i < cfg->nupstreams; i++)
+		want[i] = cfg->upstreams[i].name;
+	left = map_slots(m, &m->ups, want, cfg->nupstreams, gen, umap, udrop);
+	for (i = 0; i < cfg->nupstreams; i++)
+		want[i] = cfg->upstreams[i].queue.enabled ?
+		    cfg->upstreams[i].name : NULL;
+	qleft = map_slots(m, &m->queues, want, cfg->nupstreams, gen, qmap, qdrop);
+	for (j = 1; j < m->ups.n; j++)
+		if (udrop[j])
+			sl_shm_upstream_reset(m->shm, j);
+	for (j = 1; m->queue != NULL && j < QUEUE_POOLS; j++)
+		if (qdrop[j])
+			sl_queue_reset_pool(m->queue, j);
+	for (i = 0; left > 0 && i < cfg->nupstreams; i++)
+		if (umap[i] == 0)
+			sl_err("no room for upstream '%s': all %zu upstream slots "
+			    "are held by upstreams that workers still draining "
+			    "may use (limits.max_upstreams %zu at start); reload "
+			    "again once they have ended", cfg->upstreams[i].name,
+			    m->ups.n - 1, m->max_upstreams);
+	for (i = 0; qleft > 0 && i < cfg->nupstreams; i++)
+		if (qmap[i] == 0 && cfg->upstreams[i].queue.enabled)
+			sl_err("no room for the queue of upstream '%s': all %d "
+			    "queues are held by upstreams that workers still "
+			    "draining may use; reload again once they have ended",
+			    cfg->upstreams[i].name, QUEUE_POOLS - 1);
+out:
+	free(want);
+	free(udrop);
+	free(qdrop);
+	if (left != 0 || qleft != 0) {
+		free(umap);
+		free(qmap);
+		return -1;
 	}
-	return map;
+	*umapp = umap;
+	*qmapp = qmap;
+	return 0;
 }
 
 static int
@@ -902,6 +1005,7 @@ spawn(struct master *m, int slot)
 		a.tenant_slot = m->cur.tenant_slot;
 		a.keys = m->cur.keys;
 		a.upstream_slot = m->cur.upstream_slot;
+		a.queue_slot = m->cur.queue_slot;
 		a.model_slot = m->cur.model_slot;
 		a.replica_slot = (const size_t *const *)m->cur.replica_slot;
 		a.replica_epoch = m->shm_epoch;
@@ -1135,21 +1239,39 @@ keep_cluster(struct master *m, struct sl_config *ncfg)
 	n->password = o->password ? strdup(o->password) : NULL;
 }
 
+/*
+ * A room limit is fixed at start: a reload that changes it is warned
+ * and keeps the start value, and fails (-1) if it names more than that.
+ */
+static int
+keep_limit(const char *key, uint64_t *val, size_t start, size_t n,
+    const char *what, unsigned gen)
+{
+	if (*val == start)
+		return 0;
+	sl_warn("reload: '%s' changes need a restart; keeping %zu", key, start);
+	*val = start;
+	if (n <= start)
+		return 0;
+	sl_err("reload failed: %zu %s, %s is %zu until a restart; keeping "
+	    "generation %u", n, what, key, start, gen);
+	return -1;
+}
+
 static void
 reload(struct master *m)
 {
 	struct sl_config *ncfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
-	size_t *map = NULL, *umap = NULL, **rmap = NULL, *mmap_ = NULL;
+	size_t *map = NULL, *umap = NULL, *qmap = NULL, **rmap = NULL, *mmap_ = NULL;
 	struct sl_keyidx *keys = NULL;
+	size_t i, nrep;
 	int rows[SL_MAX_WORKERS], old_rows[SL_MAX_WORKERS];
 	int nw = 0, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
 	struct gen old;
 
 	sl_info("reloading %s", m->path);
 	if (sl_config_load_file(m->path, &ncfg, &errs) == -1) {
-		size_t i;
-
 		for (i = 0; i < errs.n; i++)
 			sl_err("%s", errs.msg[i]);
 		sl_err("reload failed: %zu problem(s); keeping the running "
@@ -1171,27 +1293,21 @@ reload(struct master *m)
 		ncfg->listen = strdup(m->cur.cfg->listen);
 	}
 	keep_cluster(m, ncfg);
-	if (ncfg->limits.max_tenants != m->max_tenants) {
-		sl_warn("reload: 'limits.max_tenants' changes need a restart; "
-		    "keeping %zu", m->max_tenants);
-		ncfg->limits.max_tenants = m->max_tenants;
-		if (ncfg->ntenants > m->max_tenants) {
-			sl_err("reload failed: %zu tenants, limits.max_tenants is "
-			    "%zu until a restart; keeping generation %u",
-			    ncfg->ntenants, m->max_tenants, m->cur.id);
-			goto fail;
-		}
-	}
-	if (ncfg->limits.max_models != m->max_models) {
-		sl_warn("reload: 'limits.max_models' changes need a restart; "
-		    "keeping %zu", m->max_models);
-		ncfg->limits.max_models = m->max_models;
-		if (ncfg->nmodels > m->max_models) {
-			sl_err("reload failed: %zu models, limits.max_models is "
-			    "%zu until a restart; keeping generation %u",
-			    ncfg->nmodels, m->max_models, m->cur.id);
-			goto fail;
-		}
+	nrep = 0;
+	for (i = 0; i < ncfg->nupstreams; i++)
+		nrep += ncfg->upstreams[i].nreplicas;
+	if (keep_limit("limits.max_tenants", &ncfg->limits.max_tenants,
+	    m->max_tenants, ncfg->ntenants, "tenants", m->cur.id) == -1 ||
+	    keep_limit("limits.max_models", &ncfg->limits.max_models,
+	    m->max_models, ncfg->nmodels, "models", m->cur.id) == -1 ||
+	    keep_limit("limits.max_upstreams", &ncfg->limits.max_upstreams,
+	    m->max_upstreams, ncfg->nupstreams, "upstreams", m->cur.id) == -1)
+		goto fail;
+	if (nrep > m->replica_room) {
+		sl_err("reload failed: %zu replicas in all, at most %zu (4 per "
+		    "limits.max_upstreams, at least 4096) until a restart; "
+		    "keeping generation %u", nrep, m->replica_room, m->cur.id);
+		goto fail;
 	}
 	nw = resolve_workers(ncfg);
 	/*
@@ -1220,7 +1336,8 @@ reload(struct master *m)
 		ncfg->admin_listen = m->cur.cfg->admin_listen ?
 		    strdup(m->cur.cfg->admin_listen) : NULL;
 	}
-	umap = map_upstreams(m, ncfg);
+	if (map_upstreams(m, ncfg, m->last_gen + 1, &umap, &qmap) == -1)
+		umap = NULL;
 	map = umap != NULL ? map_tenants(m, ncfg, m->last_gen + 1) : NULL;
 	if (map == NULL) {
 		sl_err("reload failed: cannot map tenants or upstreams");
@@ -1239,13 +1356,14 @@ reload(struct master *m)
 		    m->cur.cfg->nupstreams);
 		goto fail;
 	}
-	publish_queue(m, ncfg, map, umap, 0);
+	publish_queue(m, ncfg, map, qmap, 0);
 	old = m->cur;
 	old_nw = m->nworkers;
 	memcpy(old_rows, m->slot_row, sizeof(old_rows));
 	m->cur.cfg = ncfg;
 	m->cur.tenant_slot = map;
 	m->cur.upstream_slot = umap;
+	m->cur.queue_slot = qmap;
 	m->cur.replica_slot = rmap;
 	m->cur.model_slot = mmap_;
 	m->cur.keys = keys;
@@ -1277,14 +1395,14 @@ reload(struct master *m)
 		free(map_tenants(m, old.cfg, old.id));
 		free_replica_map(map_replicas(m, old.cfg, old.id),
 		    old.cfg->nupstreams);
-		publish_queue(m, old.cfg, old.tenant_slot, old.upstream_slot, 0);
+		publish_queue(m, old.cfg, old.tenant_slot, old.queue_slot, 0);
 		sl_err("reload failed: cannot start worker %d of the new "
 		    "generation; keeping generation %u", started, m->cur.id);
 		goto fail;
 	}
 	config_warn_permissions(m->path, ncfg);
 	sl_log_set_level(ncfg->log_level);
-	publish_queue(m, ncfg, map, umap, 1);
+	publish_queue(m, ncfg, map, qmap, 1);
 	sl_cluster_master_reconf(m->cluster, ncfg);
 	/* Rows kept for a respawn that will not happen now go back. */
 	for (s = 0; s < old_nw; s++)
@@ -1325,6 +1443,7 @@ reload(struct master *m)
 	sl_config_free(old.cfg);
 	free(old.tenant_slot);
 	free(old.upstream_slot);
+	free(old.queue_slot);
 	free(old.model_slot);
 	sl_keyidx_free(old.keys);
 	m->reloads_ok++;
@@ -1340,6 +1459,7 @@ fail:
 		release_row(m, rows[s]);
 	free(map);
 	free(umap);
+	free(qmap);
 	free(mmap_);
 	sl_keyidx_free(keys);
 	free_replica_map(rmap, ncfg->nupstreams);
@@ -1641,10 +1761,10 @@ render_replicas(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_upstream_retries_total Requests moved "
 	    "to another replica, by reason.\n"
 	    "# TYPE sluice_upstream_retries_total counter\n");
-	for (k = 0; k < m->up_n; k++)
-		for (c = 0; c < SL_RETRY_R_MAX; c++) {
+	for (k = 1; k < m->ups.hwm; k++)
+		for (c = 0; c < SL_RETRY_R_MAX && m->ups.names[k] != NULL; c++) {
 			sl_str_printf(o, "sluice_upstream_retries_total{upstream=\"");
-			label(o, m->up_names[k]);
+			label(o, m->ups.names[k]);
 			sl_str_printf(o, "\",reason=\"%s\"} %llu\n",
 			    sl_shm_retry_label((enum sl_retry_reason)c),
 			    (unsigned long long)sl_shm_retry_sum(m->shm, k,
@@ -1671,7 +1791,7 @@ render_replicas(struct master *m, struct sl_str *o)
 				continue;
 			k = m->cur.upstream_slot[j];   /* map_upstreams() */
 			sl_str_printf(o, "%s{upstream=\"", an[c]);
-			label(o, m->up_names[k]);
+			label(o, m->ups.names[k]);
 			sl_str_printf(o, "\"} %llu\n", (unsigned long long)
 			    sl_shm_affinity_sum(m->shm, k, (enum sl_aff_outcome)c));
 		}
@@ -1682,8 +1802,8 @@ render_replicas(struct master *m, struct sl_str *o)
 static const char *
 model_label(const struct master *m, size_t slot)
 {
-	return slot == 0 || m->model_names[slot] == NULL ? "-" :
-	    m->model_names[slot];
+	return slot == 0 || m->models.names[slot] == NULL ? "-" :
+	    m->models.names[slot];
 }
 
 /* A tenant x model pair of the token table, for sorting. */
@@ -1747,7 +1867,7 @@ render_queue(struct master *m, struct sl_str *o)
 			sl_str_printf(o, "\",tenant=\"");
 			label(o, cfg->tenants[t].name);
 			sl_str_printf(o, "\"} %d\n", (int)sl_queue_waiting_tenant(
-			    m->queue, m->cur.upstream_slot[u], m->cur.tenant_slot[t]));
+			    m->queue, m->cur.queue_slot[u], m->cur.tenant_slot[t]));
 		}
 	}
 	sl_str_printf(o, "# HELP sluice_queue_total Requests that met a full "
@@ -1762,14 +1882,14 @@ render_queue(struct master *m, struct sl_str *o)
 			sl_str_printf(o, "\",outcome=\"%s\"} %llu\n",
 			    sl_queue_outcome_label((enum sl_queue_outcome)k),
 			    (unsigned long long)sl_queue_outcomes(m->queue,
-			    m->cur.upstream_slot[u], (enum sl_queue_outcome)k));
+			    m->cur.queue_slot[u], (enum sl_queue_outcome)k));
 		}
 	}
 	sl_str_printf(o, "# HELP sluice_queue_wait_seconds Time a request "
 	    "dispatched from the pool's queue waited there.\n"
 	    "# TYPE sluice_queue_wait_seconds histogram\n");
 	for (u = 0; u < cfg->nupstreams; u++) {
-		size_t qp = m->cur.upstream_slot[u];
+		size_t qp = m->cur.queue_slot[u];
 		uint64_t cum[SERIES_BUCKETS_MAX + 1];
 		int i;
 
@@ -1790,7 +1910,7 @@ render_queue(struct master *m, struct sl_str *o)
 			continue;
 		for (t = 0; t < cfg->ntenants; t++) {
 			uint64_t v = sl_queue_service(m->queue,
-			    m->cur.upstream_slot[u], m->cur.tenant_slot[t]);
+			    m->cur.queue_slot[u], m->cur.tenant_slot[t]);
 
 			sl_str_printf(o, "sluice_tenant_service{upstream=\"");
 			label(o, cfg->upstreams[u].name);
@@ -1863,7 +1983,7 @@ render_tokens(struct master *m, struct sl_str *o)
 static int
 model_shown(const struct master *m, size_t slot)
 {
-	return slot == 0 || (slot < m->model_hwm && m->model_names[slot] != NULL);
+	return slot == 0 || (slot < m->models.hwm && m->models.names[slot] != NULL);
 }
 
 #define OTHER_MODELS "_other"
@@ -1892,7 +2012,7 @@ render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
 	for (k = 0; k <= (size_t)n; k++)
 		rest[k] = m->other_hist[h][k];
 	rest_sum = (double)m->other_hist_us[h] / 1e6;
-	for (j = 0; j < m->model_hwm; j++) {
+	for (j = 0; j < m->models.hwm; j++) {
 		if (!model_shown(m, j))
 			continue;
 		for (i = 0; i <= n; i++)
@@ -1906,7 +2026,7 @@ render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
 		render_hist_series(o, name, "model", model_label(m, j), b, n, cum,
 		    sl_shm_model_hist_sum(m->shm, j, h), 6);
 	}
-	if (m->model_hwm > MODEL_HIST_SERIES + 1)
+	if (m->models.hwm > MODEL_HIST_SERIES + 1)
 		render_hist_series(o, name, "model", OTHER_MODELS, b, n, rest,
 		    rest_sum, 6);
 }
@@ -1923,7 +2043,7 @@ render_models(struct master *m, struct sl_str *o)
 	    "by the model that answered (\"-\": none named, an unknown one, or "
 	    "no models:) and status.\n"
 	    "# TYPE sluice_model_requests_total counter\n");
-	for (j = 0; j < m->model_hwm; j++) {
+	for (j = 0; j < m->models.hwm; j++) {
 		if (!model_shown(m, j))
 			continue;
 		for (c = 0; c < SL_NCODES; c++) {
@@ -2049,10 +2169,10 @@ render_metrics(struct master *m, struct sl_str *o)
 	}
 	sl_str_printf(o, "# HELP sluice_upstream_errors_total Upstream failures "
 	    "by kind.\n# TYPE sluice_upstream_errors_total counter\n");
-	for (u = 0; u < m->up_n; u++)
-		for (k = 0; k < SL_UERR_MAX; k++) {
+	for (u = 1; u < m->ups.hwm; u++)
+		for (k = 0; k < SL_UERR_MAX && m->ups.names[u] != NULL; k++) {
 			sl_str_printf(o, "sluice_upstream_errors_total{upstream=\"");
-			label(o, m->up_names[u]);
+			label(o, m->ups.names[u]);
 			sl_str_printf(o, "\",kind=\"%s\"} %llu\n",
 			    sl_shm_uerr_label((enum sl_uerr)k),
 			    (unsigned long long)sl_shm_uerr_sum(shm, u,
@@ -2191,8 +2311,8 @@ console_sample(struct master *m, double now)
 {
 	size_t n = m->shm_ntenants * INDEX_VALUES, j;
 
-	if (m->model_hwm * MODEL_VALUES > n)
-		n = m->model_hwm * MODEL_VALUES;
+	if (m->models.hwm * MODEL_VALUES > n)
+		n = m->models.hwm * MODEL_VALUES;
 	if (n > m->sample_cap) {
 		uint64_t *ns = realloc(m->sample, n * sizeof(*ns));
 
@@ -2201,10 +2321,10 @@ console_sample(struct master *m, double now)
 		m->sample = ns;
 		m->sample_cap = n;
 	}
-	n = m->model_hwm * MODEL_VALUES;
+	n = m->models.hwm * MODEL_VALUES;
 	memset(m->sample, 0, n * sizeof(*m->sample));
-	for (j = 1; j < m->model_hwm; j++)
-		if (m->model_names[j] != NULL)
+	for (j = 1; j < m->models.hwm; j++)
+		if (m->models.names[j] != NULL)
 			model_counters(m, j, m->sample + j * MODEL_VALUES);
 	sl_window_push(m->mwindow, now, m->sample, n);
 	n = m->shm_ntenants * INDEX_VALUES;
@@ -2246,7 +2366,7 @@ status_tenants(struct master *m, struct sl_str *o, const struct since *b)
 		for (u = 0; u < cfg->nupstreams; u++)
 			if (cfg->upstreams[u].queue.enabled)
 				waiting += sl_queue_waiting_tenant(m->queue,
-				    m->cur.upstream_slot[u], j);
+				    m->cur.queue_slot[u], j);
 		sl_str_printf(o, "%s{\"name\":", t > 0 ? "," : "");
 		sl_console_json_str(o, tc->name);
 		sl_str_printf(o, ",\"streams\":%d,\"max_streams\":%d,"
@@ -2320,7 +2440,7 @@ status_upstreams(struct master *m, struct sl_str *o, const struct since *b)
 			status_replica(m, o, b, u, r, now);
 		sl_str_printf(o, "],\"waiting\":%d}",
 		    cfg->upstreams[u].queue.enabled ? (int)sl_queue_waiting(
-		    m->queue, m->cur.upstream_slot[u]) : 0);
+		    m->queue, m->cur.queue_slot[u]) : 0);
 	}
 	sl_str_printf(o, "]");
 }
@@ -2484,13 +2604,17 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	 */
 	heap_trim();
 	m.max_tenants = (size_t)cfg->limits.max_tenants;
-	cap = 2 * m.max_tenants + REPLICA_ROOM;
+	m.replica_room = sl_config_replica_room(cfg);
+	cap = 2 * m.max_tenants + 2 * m.replica_room;
 	m.max_models = (size_t)cfg->limits.max_models;
-	m.model_slots = 2 * m.max_models + 1;
-	m.model_hwm = 1;
-	m.model_names = reserve(m.model_slots * sizeof(char *));
-	m.model_gen = reserve(m.model_slots * sizeof(*m.model_gen));
-	m.shm = sl_shm_create(cap, MAX_ROWS, m.model_slots);
+	m.max_upstreams = (size_t)cfg->limits.max_upstreams;
+	if (slot_table_init(&m.models, 2 * m.max_models + 1) == -1 ||
+	    slot_table_init(&m.ups, 2 * m.max_upstreams + 1) == -1 ||
+	    slot_table_init(&m.queues, QUEUE_POOLS) == -1) {
+		sl_err("cannot reserve the slot tables: %s", strerror(errno));
+		return 1;
+	}
+	m.shm = sl_shm_create(cap, MAX_ROWS, m.models.n, m.ups.n);
 	m.shm_names = reserve(cap * sizeof(char *));
 	m.shm_replica = reserve(cap);
 	m.shm_gen = reserve(cap * sizeof(*m.shm_gen));
@@ -2498,7 +2622,6 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	m.shm_free = reserve(cap);
 	m.free_stack = reserve(cap * sizeof(*m.free_stack));
 	if (m.shm == NULL || m.shm_names == NULL || name_table_grow(&m) == -1 ||
-	    m.model_names == NULL || m.model_gen == NULL ||
 	    m.shm_replica == NULL || m.shm_gen == NULL || m.shm_free == NULL ||
 	    m.shm_epoch == NULL || m.free_stack == NULL) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
@@ -2509,7 +2632,9 @@ sl_master_run(const char *path, struct sl_config *cfg)
 		return 1;
 	}
 	m.cur.tenant_slot = map_tenants(&m, cfg, m.cur.id);
-	m.cur.upstream_slot = map_upstreams(&m, cfg);
+	if (map_upstreams(&m, cfg, m.cur.id, &m.cur.upstream_slot,
+	    &m.cur.queue_slot) == -1)
+		m.cur.upstream_slot = NULL;
 	m.cur.replica_slot = map_replicas(&m, cfg, m.cur.id);
 	m.cur.model_slot = map_models(&m, cfg, m.cur.id);
 	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL ||
@@ -2524,13 +2649,13 @@ sl_master_run(const char *path, struct sl_config *cfg)
 				qn += (size_t)cfg->upstreams[s].queue.max;
 		qn = qn < QUEUE_ENTRIES_MIN ? QUEUE_ENTRIES_MIN :
 		    qn > QUEUE_ENTRIES_MAX ? QUEUE_ENTRIES_MAX : qn;
-		m.queue = sl_queue_create(m.shm, SL_SHM_MAX_UPSTREAMS, cap, qn,
+		m.queue = sl_queue_create(m.shm, QUEUE_POOLS, cap, qn,
 		    MAX_ROWS);
 		if (m.queue == NULL) {
 			sl_err("cannot map the fair queue: %s", strerror(errno));
 			return 1;
 		}
-		publish_queue(&m, cfg, m.cur.tenant_slot, m.cur.upstream_slot, 0);
+		publish_queue(&m, cfg, m.cur.tenant_slot, m.cur.queue_slot, 0);
 	}
 	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
 		sl_err("cannot set up health probes");
@@ -2729,6 +2854,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	free(m.name_ht);
 	free(m.cur.tenant_slot);
 	free(m.cur.upstream_slot);
+	free(m.cur.queue_slot);
 	free(m.cur.model_slot);
 	sl_probe_free(m.prober);
 	free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
@@ -2737,12 +2863,9 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	unreserve(m.shm_epoch, cap * sizeof(*m.shm_epoch));
 	unreserve(m.shm_free, cap);
 	unreserve(m.free_stack, cap * sizeof(*m.free_stack));
-	for (cap = 0; cap < m.up_n; cap++)
-		free(m.up_names[cap]);
-	for (cap = 0; cap < m.model_hwm; cap++)
-		free(m.model_names[cap]);
-	unreserve(m.model_names, m.model_slots * sizeof(char *));
-	unreserve(m.model_gen, m.model_slots * sizeof(*m.model_gen));
+	slot_table_free(&m.ups);
+	slot_table_free(&m.queues);
+	slot_table_free(&m.models);
 	sl_admin_close(m.admin);
 	sl_window_free(m.window);
 	sl_window_free(m.mwindow);

@@ -651,6 +651,42 @@ sl_queue_close_pool(struct sl_queue *q, size_t row, size_t pool)
 	q_unlock(q);
 }
 
+void
+sl_queue_reset_pool(struct sl_queue *q, size_t pool)
+{
+	struct q_pool *p;
+	size_t t, i;
+	int k;
+
+	if (pool >= q->npools)
+		return;
+	p = &q->pools[pool];
+	q_lock(q, SL_QUEUE_ROW);
+	atomic_store(&p->max, 0);
+	while (p->active != NIL)   /* none: it was closed; to be sure */
+		grant(q, cell(q, pool, (size_t)p->active)->head, -1);
+	atomic_store(&p->nwait, 0);
+	p->seq = p->vref = 0;
+	for (k = 0; k < SL_QUEUE_O_MAX; k++)
+		atomic_store(&p->out[k], 0);
+	atomic_store(&p->wait_ms, 0);
+	for (k = 0; k <= SL_HIST_BUCKETS; k++)
+		atomic_store(&p->wait_hist[k], 0);
+	/* Only the cells of pages ever written: the others read 0. */
+	for (t = 0; t < q->ntenants; t++) {
+		i = pool * q->ntenants + t;
+		if (!cell_page_used(q, i)) {
+			t += CELLS_PER_PAGE - 1 - i % CELLS_PER_PAGE;
+			continue;
+		}
+		atomic_store(&q->cells[i].service, 0);
+		atomic_store(&q->cells[i].nwait, 0);
+		q->cells[i].head = q->cells[i].tail = NIL;
+		q->cells[i].next = q->cells[i].prev = NIL;
+	}
+	q_unlock(q);
+}
+
 int32_t
 sl_queue_timeout_ms(const struct sl_queue *q, size_t pool)
 {

@@ -1898,7 +1898,7 @@ conn_queue_charge(struct sl_conn *c)
 	if (c->w->queue == NULL || !c->w->cfg->upstreams[u].queue.enabled ||
 	    cost <= c->q_charged)
 		return;
-	sl_queue_charge(c->w->queue, c->w->upstream_slot[u],
+	sl_queue_charge(c->w->queue, c->w->queue_slot[u],
 	    c->w->tenant_slot[c->tenant], cost - c->q_charged);
 	c->q_charged = cost;   /* a flush after it charges nothing more */
 }
@@ -1926,7 +1926,7 @@ conn_queue_charge_running(struct sl_conn *c)
 	cost = c->prompt_est + 2 * sl_usage_estimate(c->scan->content_bytes);
 	if (cost <= c->q_charged)
 		return;
-	sl_queue_charge(c->w->queue, c->w->upstream_slot[u],
+	sl_queue_charge(c->w->queue, c->w->queue_slot[u],
 	    c->w->tenant_slot[c->tenant], cost - c->q_charged);
 	c->q_charged = cost;
 }
@@ -2856,7 +2856,7 @@ conn_queue_in_use(const struct sl_conn *c)
 	size_t u = conn_upstream_idx(c);
 
 	return c->w->queue != NULL && c->w->cfg->upstreams[u].queue.enabled &&
-	    sl_queue_waiting(c->w->queue, c->w->upstream_slot[u]) > 0;
+	    sl_queue_waiting(c->w->queue, c->w->queue_slot[u]) > 0;
 }
 
 /*
@@ -2869,7 +2869,7 @@ static int
 conn_enqueue(struct sl_conn *c, int retry_after)
 {
 	struct sl_worker *w = c->w;
-	size_t u = conn_upstream_idx(c), qp = w->upstream_slot[u];
+	size_t u = conn_upstream_idx(c), qp = w->queue_slot[u];
 	uint64_t h;
 	char msg[160];
 
@@ -2965,7 +2965,7 @@ conn_start_upstream(struct sl_conn *c)
 	}
 	if (c->w->queue != NULL && up->queue.enabled) {
 		/* Served now: its prompt counts now, as a waiter's would. */
-		sl_queue_charge(c->w->queue, c->w->upstream_slot[
+		sl_queue_charge(c->w->queue, c->w->queue_slot[
 		    conn_upstream_idx(c)], c->w->tenant_slot[c->tenant],
 		    c->prompt_est);
 		c->q_charged = c->prompt_est;
@@ -3838,7 +3838,7 @@ queue_upstream(const struct sl_worker *w, size_t qp)
 	size_t u;
 
 	for (u = 0; u < w->cfg->nupstreams; u++)
-		if (w->upstream_slot[u] == qp)
+		if (qp != 0 && w->queue_slot[u] == qp)
 			return (int64_t)u;
 	return -1;
 }

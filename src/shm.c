@@ -159,7 +159,8 @@ struct sl_shm {
 	size_t held_words;
 	struct shm_stats *stats;      /* [max_rows] */
 	struct shm_sync *sync;        /* [max_rows] */
-	struct shm_ustats *ustats;    /* [max_rows * SL_SHM_MAX_UPSTREAMS] */
+	size_t upstream_slots;
+	struct shm_ustats *ustats;    /* [upstream_slots], shared */
 	struct shm_replica *replicas; /* [max_tenants] */
 	_Atomic uint64_t *hints;      /* [SL_SHM_HINTS] affinity hints */
 	size_t model_slots;           /* slot 0 is "-" */
@@ -201,7 +202,8 @@ round_up(size_t n, size_t a)
 }
 
 struct sl_shm *
-sl_shm_create(size_t max_tenants, size_t max_rows, size_t model_slots)
+sl_shm_create(size_t max_tenants, size_t max_rows, size_t model_slots,
+    size_t upstream_slots)
 {
 	size_t off_tenants, off_held, off_pages, off_stats, off_ustats, off_sync;
 	size_t off_replicas, off_hints, off_mstats, off_fallbacks, off_pairs;
@@ -211,7 +213,8 @@ sl_shm_create(size_t max_tenants, size_t max_rows, size_t model_slots)
 
 	if (max_tenants == 0 || max_rows == 0 ||
 	    max_tenants > SL_SHM_MAX_INDICES || max_rows > 4096 ||
-	    model_slots == 0 || model_slots > SL_SHM_MAX_MODEL_SLOTS) {
+	    model_slots == 0 || model_slots > SL_SHM_MAX_MODEL_SLOTS ||
+	    upstream_slots == 0 || upstream_slots > SL_SHM_MAX_UPSTREAM_SLOTS) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -227,7 +230,7 @@ sl_shm_create(size_t max_tenants, size_t max_rows, size_t model_slots)
 	    SL_CACHELINE);
 	off_ustats = round_up(off_stats + max_rows * sizeof(struct shm_stats),
 	    SL_CACHELINE);
-	off_sync = round_up(off_ustats + max_rows * SL_SHM_MAX_UPSTREAMS *
+	off_sync = round_up(off_ustats + upstream_slots *
 	    sizeof(struct shm_ustats), SL_CACHELINE);
 	off_replicas = round_up(off_sync + max_rows * sizeof(struct shm_sync),
 	    SL_CACHELINE);
@@ -267,6 +270,7 @@ sl_shm_create(size_t max_tenants, size_t max_rows, size_t model_slots)
 	s->hints = (_Atomic uint64_t *)(void *)(base + off_hints);
 	s->mstats = (struct shm_mstats *)(void *)(base + off_mstats);
 	s->model_slots = model_slots;
+	s->upstream_slots = upstream_slots;
 	s->fallbacks = (struct shm_fallback *)(void *)(base + off_fallbacks);
 	s->pairs = (struct shm_pair *)(void *)(base + off_pairs);
 	s->npairs = npairs;
@@ -688,6 +692,19 @@ sl_shm_model_slots(const struct sl_shm *s)
 	return s->model_slots;
 }
 
+size_t
+sl_shm_upstream_slots(const struct sl_shm *s)
+{
+	return s->upstream_slots;
+}
+
+void
+sl_shm_upstream_reset(struct sl_shm *s, size_t upstream)
+{
+	if (upstream < s->upstream_slots)
+		memset((void *)&s->ustats[upstream], 0, sizeof(s->ustats[upstream]));
+}
+
 void
 sl_shm_stat_add(struct sl_shm *s, size_t row, enum sl_stat st, uint64_t n)
 {
@@ -817,10 +834,11 @@ void
 sl_shm_count_uerr(struct sl_shm *s, size_t row, size_t upstream,
     enum sl_uerr k)
 {
-	if (row >= s->max_rows || upstream >= SL_SHM_MAX_UPSTREAMS ||
-	    k >= SL_UERR_MAX)
+	(void)row;
+	if (upstream >= s->upstream_slots || k >= SL_UERR_MAX)
 		return;
-	cell_add(&s->ustats[row * SL_SHM_MAX_UPSTREAMS + upstream].err[k], 1);
+	atomic_fetch_add_explicit(&s->ustats[upstream].err[k], 1,
+	    memory_order_relaxed);
 }
 
 const char *
@@ -837,50 +855,40 @@ void
 sl_shm_count_retry(struct sl_shm *s, size_t row, size_t upstream,
     enum sl_retry_reason k)
 {
-	if (row >= s->max_rows || upstream >= SL_SHM_MAX_UPSTREAMS ||
-	    k >= SL_RETRY_R_MAX)
+	(void)row;
+	if (upstream >= s->upstream_slots || k >= SL_RETRY_R_MAX)
 		return;
-	cell_add(&s->ustats[row * SL_SHM_MAX_UPSTREAMS + upstream].retry[k], 1);
+	atomic_fetch_add_explicit(&s->ustats[upstream].retry[k], 1,
+	    memory_order_relaxed);
 }
 
 uint64_t
 sl_shm_retry_sum(const struct sl_shm *s, size_t upstream,
     enum sl_retry_reason k)
 {
-	size_t r;
-	uint64_t sum = 0;
-
-	if (upstream >= SL_SHM_MAX_UPSTREAMS || k >= SL_RETRY_R_MAX)
+	if (upstream >= s->upstream_slots || k >= SL_RETRY_R_MAX)
 		return 0;
-	for (r = 0; r < rows_used(s); r++)
-		sum += cell_get(&s->ustats[r * SL_SHM_MAX_UPSTREAMS +
-		    upstream].retry[k]);
-	return sum;
+	return cell_get(&s->ustats[upstream].retry[k]);
 }
 
 void
 sl_shm_count_affinity(struct sl_shm *s, size_t row, size_t upstream,
     enum sl_aff_outcome k)
 {
-	if (row >= s->max_rows || upstream >= SL_SHM_MAX_UPSTREAMS ||
-	    k >= SL_AFF_MAX)
+	(void)row;
+	if (upstream >= s->upstream_slots || k >= SL_AFF_MAX)
 		return;
-	cell_add(&s->ustats[row * SL_SHM_MAX_UPSTREAMS + upstream].aff[k], 1);
+	atomic_fetch_add_explicit(&s->ustats[upstream].aff[k], 1,
+	    memory_order_relaxed);
 }
 
 uint64_t
 sl_shm_affinity_sum(const struct sl_shm *s, size_t upstream,
     enum sl_aff_outcome k)
 {
-	size_t r;
-	uint64_t sum = 0;
-
-	if (upstream >= SL_SHM_MAX_UPSTREAMS || k >= SL_AFF_MAX)
+	if (upstream >= s->upstream_slots || k >= SL_AFF_MAX)
 		return 0;
-	for (r = 0; r < rows_used(s); r++)
-		sum += cell_get(&s->ustats[r * SL_SHM_MAX_UPSTREAMS +
-		    upstream].aff[k]);
-	return sum;
+	return cell_get(&s->ustats[upstream].aff[k]);
 }
 
 void
@@ -1013,14 +1021,9 @@ sl_shm_replica(struct sl_shm *s, size_t idx)
 uint64_t
 sl_shm_uerr_sum(const struct sl_shm *s, size_t upstream, enum sl_uerr k)
 {
-	size_t r;
-	uint64_t sum = 0;
-
-	if (upstream >= SL_SHM_MAX_UPSTREAMS || k >= SL_UERR_MAX)
+	if (upstream >= s->upstream_slots || k >= SL_UERR_MAX)
 		return 0;
-	for (r = 0; r < rows_used(s); r++)
-		sum += cell_get(&s->ustats[r * SL_SHM_MAX_UPSTREAMS + upstream].err[k]);
-	return sum;
+	return cell_get(&s->ustats[upstream].err[k]);
 }
 
 static const double bounds[SL_HIST_BUCKETS] = {
@@ -1316,7 +1319,6 @@ void
 sl_shm_retire_stats(struct sl_shm *s, size_t row)
 {
 	struct shm_stats *from, *to;
-	size_t u;
 	int i, h;
 
 	if (row == 0 || row >= s->max_rows)
@@ -1337,26 +1339,6 @@ sl_shm_retire_stats(struct sl_shm *s, size_t row)
 		}
 		cell_add(&to->hist_sum_us[h], cell_get(&from->hist_sum_us[h]));
 		atomic_store_explicit(&from->hist_sum_us[h], 0, memory_order_relaxed);
-	}
-	for (u = 0; u < SL_SHM_MAX_UPSTREAMS; u++) {
-		for (i = 0; i < SL_UERR_MAX; i++) {
-			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].err[i];
-
-			cell_add(&s->ustats[u].err[i], cell_get(a));
-			atomic_store_explicit(a, 0, memory_order_relaxed);
-		}
-		for (i = 0; i < SL_RETRY_R_MAX; i++) {
-			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].retry[i];
-
-			cell_add(&s->ustats[u].retry[i], cell_get(a));
-			atomic_store_explicit(a, 0, memory_order_relaxed);
-		}
-		for (i = 0; i < SL_AFF_MAX; i++) {
-			_Atomic uint64_t *a = &s->ustats[row * SL_SHM_MAX_UPSTREAMS + u].aff[i];
-
-			cell_add(&s->ustats[u].aff[i], cell_get(a));
-			atomic_store_explicit(a, 0, memory_order_relaxed);
-		}
 	}
 }
 

@@ -272,6 +272,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.tenant_slot = a->tenant_slot;
 	w.index_epoch = a->replica_epoch;
 	w.upstream_slot = a->upstream_slot;
+	w.queue_slot = a->queue_slot;
 	w.model_slot = a->model_slot;
 	if ((w.pools = sl_pools_new(a->cfg, a->shm, a->row,
 	    a->replica_slot, a->replica_epoch)) == NULL) {
@@ -281,7 +282,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	w.queue = a->queue;
 	TAILQ_INIT(&w.queued);
 	if (w.queue != NULL)
-		sl_pools_set_queue(w.pools, w.queue, a->upstream_slot);
+		sl_pools_set_queue(w.pools, w.queue, a->queue_slot);
 	if (a->cfg->models != NULL && (w.models = sl_models_new(a->cfg)) == NULL) {
 		sl_err("cannot set up the models' targets");
 		return 1;

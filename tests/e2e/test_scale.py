@@ -126,13 +126,23 @@ def _check(text):
     return path, rc, out + err
 
 
-def _yaml_with(tenants_n, upstreams_n=1, max_tenants=None):
+def _yaml_with(tenants_n, upstreams_n=1, max_tenants=None, max_upstreams=None,
+               replicas=1, queue=False):
     lines = ['listen: "127.0.0.1:%d"' % h.free_port()]
     if max_tenants is not None:
         lines += ["limits:", "  max_tenants: %d" % max_tenants]
+    if max_upstreams is not None:
+        lines += ["limits:", "  max_upstreams: %d" % max_upstreams]
     lines.append("upstreams:")
     for u in range(upstreams_n):
-        lines += ["  u%d:" % u, '    url: "http://127.0.0.1:9"']
+        lines += ["  u%d:" % u]
+        if replicas == 1:
+            lines += ['    url: "http://127.0.0.1:9"']
+        else:
+            lines += ["    replicas:"] + ['      - url: "http://127.0.0.%d:9"' % (r + 1)
+                                         for r in range(replicas)]
+        if queue:
+            lines += ["    queue: {max: 10}"]
     lines.append("tenants:")
     for t in range(tenants_n):
         lines += ["  t%d:" % t, '    keys: ["sk-t-%05d"]' % t, "    upstream: u0"]
@@ -152,7 +162,15 @@ def test_every_capacity_start_and_reload_refuse_sluice_t_refuses_too():
     models += ["tenants:", "  a:", '    keys: ["sk-a-00001"]', "    upstream: main"]
     cases = [
         (_yaml_with(4, max_tenants=3), 8, 3, "tenants: 4 tenants, limits.max_tenants is 3"),
-        (_yaml_with(1, upstreams_n=65), 3, 3, "upstreams: 65 upstreams, at most 64"),
+        (_yaml_with(1, upstreams_n=65, max_upstreams=64), 5, 3,
+         "upstreams: 65 upstreams, limits.max_upstreams is 64"),
+        (_yaml_with(1, upstreams_n=65, max_upstreams=65, replicas=64), 5, 3,
+         "upstreams: 4160 replicas in all, at most 4096 (4 per "
+         "limits.max_upstreams, at least 4096)"),
+        (_yaml_with(1, upstreams_n=65, queue=True), 3, 3,
+         "upstreams: 65 upstreams with a queue, at most 64"),
+        (_yaml_with(1, max_upstreams=10001), 3, 18,
+         "limits.max_upstreams: 10001 is out of range 1-10000"),
         ("\n".join(models) + "\n", 8, 3, "models: 128 models, limits.max_models is 127"),
         (_yaml_with(1, max_tenants=1000001), 3, 16,
          "limits.max_tenants: 1000001 is out of range 1-1000000"),
@@ -187,6 +205,22 @@ def test_every_capacity_start_and_reload_refuse_sluice_t_refuses_too():
                  expect="failed")
         assert re.search(r":\d+:\d+: tenants: 4 tenants, limits.max_tenants is 3",
                          h.stderr_text(gw)), h.stderr_text(gw)[-1500:]
+        assert _status(gw, _key("p", 2)) == 200
+        # The other room limits too: warned, kept, and judged by.
+        h.reload(gw, _with_tenants(gw, _tenants("p", 3), limits={
+            "max_tenants": 3, "max_models": 5, "max_upstreams": 7}))
+        err = h.stderr_text(gw)
+        assert "reload: 'limits.max_models' changes need a restart; keeping 10000" in err
+        assert "reload: 'limits.max_upstreams' changes need a restart; keeping 1000" in err
+        cfg = _with_tenants(gw, _tenants("p", 3), limits={"max_upstreams": 1001})
+        cfg["upstreams"] = dict(("x%d" % i, {"url": gw.config["upstreams"]["main"]["url"]})
+                                for i in range(1000))
+        cfg["upstreams"]["main"] = gw.config["upstreams"]["main"]
+        for t in cfg["tenants"].values():
+            t["upstream"] = "main"
+        h.reload(gw, cfg, expect="failed")
+        assert "reload failed: 1001 upstreams, limits.max_upstreams is 1000 until a " \
+            "restart" in h.stderr_text(gw), h.stderr_text(gw)[-1500:]
         assert _status(gw, _key("p", 2)) == 200
 
 
@@ -283,3 +317,95 @@ def test_ten_thousand_models_listed_routed_counted_and_swapped_by_reload():
         assert m.get(hist, model="_other") == 5
         assert gw.pid == master and h.pid_alive(master)
         assert h.reload_results(gw) == (2, 0)
+
+
+def _pool_per_model(prefix, n, stub_url, closed_url):
+    """n upstreams PREFIXiiii, the even ones the stub, the odd ones a
+    closed port, and a model PREFIX-miiii routed to each, renamed
+    as-PREFIXiiii upstream."""
+    ups = {"%s%04d" % (prefix, i): {"url": stub_url if i % 2 == 0 else closed_url}
+           for i in range(n)}
+    models = {"%s-m%04d" % (prefix, i): {"targets": [
+        {"upstream": "%s%04d" % (prefix, i), "model": "as-%s%04d" % (prefix, i)}]}
+        for i in range(n)}
+    return ups, models
+
+
+def _route_all(gw, prefix, n):
+    """POST /v1/echo for each model: the even ones answer with the body
+    their own target renamed, the odd ones 502 (a closed port)."""
+    c = gw.client(timeout=20)
+    try:
+        for i in range(n):
+            body = json.dumps({"model": "%s-m%04d" % (prefix, i)}).encode()
+            hd = dict(h.bearer(ACME_KEY), **{"Content-Type": "application/json"})
+            r = c.request("POST", "/v1/echo", hd, body, timeout=20)
+            data = bytes(r.read_all(timeout=20))
+            if i % 2 == 0:
+                assert r.status == 200, (i, r.status, data[:200])
+                got = json.loads(json.loads(data.decode())["body"])
+                assert got == {"model": "as-%s%04d" % (prefix, i)}, (i, got)
+            else:
+                assert r.status == 502, (i, r.status, data[:200])
+            if r.header("connection") == "close" or r.status == 502:
+                c.close()
+                c = gw.client(timeout=20)
+    finally:
+        c.close()
+
+
+@h.timeout(300)
+def test_a_thousand_upstreams_a_pool_per_model_each_routed_and_reused_by_reload():
+    """limits.max_upstreams 1000 and 1,000 upstreams, a pool per model:
+    each model's request reaches its own upstream (the stub echoes the
+    name its target renamed it to; the odd upstreams are a closed port and
+    count their own connect error). A reload to 1,000 other upstreams
+    routes the new ones at once; a third set takes the places of the first
+    once its workers have drained (2 x max_upstreams places), counting
+    from 0, without a restart."""
+    closed = "http://127.0.0.1:%d" % h.closed_port()
+    with Stub() as stub:
+        ups, models = _pool_per_model("u", 1000, stub.url, closed)
+        # Started with them: 1,000 and the harness's own upstream "main".
+        gw = Gateway(stub=stub, allow_worker_changes=True,
+                     admin_listen="%s:%d" % (h.HOST, h.free_port()),
+                     limits={"max_upstreams": 1001}, upstreams=ups, models=models,
+                     tenants={"acme": {"keys": [ACME_KEY], "max_streams": 10}})
+        with gw:
+            _thousand_upstreams(gw, stub, closed)
+
+
+def _thousand_upstreams(gw, stub, closed):
+    if True:
+        master = gw.pid
+        assert len(gw.config["upstreams"]) == 1001
+        _route_all(gw, "u", 1000)
+        cfg = dict(gw.config)
+        m = h.scrape(gw)
+        assert m.get("sluice_upstream_errors_total", upstream="u0999", kind="connect") == 1
+        assert m.get("sluice_upstream_errors_total", upstream="u0998", kind="connect") == 0
+        first = gw.worker_pids()
+        cfg["upstreams"], cfg["models"] = _pool_per_model("v", 1000, stub.url, closed)
+        cfg["tenants"] = {"acme": {"keys": [ACME_KEY], "max_streams": 10}}
+        h.reload(gw, cfg, timeout=60)
+        _route_all(gw, "v", 1000)
+        m = h.scrape(gw)
+        assert m.get("sluice_upstream_errors_total", upstream="v0999", kind="connect") == 1
+        assert m.get("sluice_upstream_errors_total", upstream="u0999", kind="connect") == 1, \
+            "a removed upstream's counters went before its workers drained"
+        h.wait_until(lambda: not any(h.pid_alive(p) for p in first), 30,
+                     msg="the first set's workers to exit")
+        cfg["upstreams"], cfg["models"] = _pool_per_model("w", 1000, stub.url, closed)
+        h.reload(gw, cfg, timeout=60)
+        _route_all(gw, "w", 4)
+        m = h.scrape(gw)
+        assert m.get("sluice_upstream_errors_total", upstream="w0003", kind="connect") == 1
+        assert m.get("sluice_upstream_errors_total", upstream="w0999", kind="connect") == 0
+        left = {dict(lb)["upstream"] for lb in m.series("sluice_upstream_errors_total")
+                if dict(lb)["upstream"].startswith("u")}
+        # 2 x 1001 places: main and u* (1,001), v* (1,000), then w* take
+        # the one never used and 999 of main's and u*'s, lowest first.
+        assert left == {"u0998", "u0999"}, \
+            "the first set's places were not reused: %d left" % len(left)
+        assert m.get("sluice_upstream_errors_total", upstream="v0999", kind="connect") == 1
+        assert gw.pid == master and h.pid_alive(master)

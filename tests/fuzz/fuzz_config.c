@@ -94,6 +94,7 @@ NUM(client_sndbuf, c->limits.client_sndbuf)
 NUM(h2_max_streams, c->limits.h2_max_streams)
 NUM(max_tenants, c->limits.max_tenants)
 NUM(max_models, c->limits.max_models)
+NUM(max_upstreams, c->limits.max_upstreams)
 NUM(tls_enabled, c->tls.enabled)
 /* TLSv1.2 (absent too) is 0, TLSv1.3 is 1: the range's word order. */
 NUM(tls_min_version, c->tls.min_version != NULL &&
@@ -183,6 +184,7 @@ static const struct where wheres[] = {
 	{ "limits.h2_max_streams", TOP, ALWAYS, K_NUM, n_h2_max_streams, NULL },
 	{ "limits.max_tenants", TOP, ALWAYS, K_NUM, n_max_tenants, NULL },
 	{ "limits.max_models", TOP, ALWAYS, K_NUM, n_max_models, NULL },
+	{ "limits.max_upstreams", TOP, ALWAYS, K_NUM, n_max_upstreams, NULL },
 	{ "tls", TOP, ALWAYS, K_MAPPING, n_tls_enabled, NULL },
 	{ "tls.cert", TOP, IF_TLS, K_TLS_FILE, NULL, s_tls_cert },
 	{ "tls.key", TOP, IF_TLS, K_TLS_FILE, NULL, s_tls_key },

@@ -219,7 +219,7 @@ setup(void)
 	}
 	w.cfg = cfg;
 	w.loop = ev_loop_new(EVFLAG_AUTO);
-	w.shm = sl_shm_create(4, 4, 2);
+	w.shm = sl_shm_create(4, 4, 2, 2);
 	w.row = 1;
 	if (w.loop == NULL || w.shm == NULL)
 		abort();

@@ -57,7 +57,7 @@ setup(void **state)
 
 	if (f == NULL)
 		return -1;
-	f->shm = sl_shm_create(NIDX, NROWS, 128);
+	f->shm = sl_shm_create(NIDX, NROWS, 128, 129);
 	if (f->shm == NULL)
 		return -1;
 	f->q = sl_queue_create(f->shm, 4, NIDX, 256, NROWS);
@@ -425,6 +425,37 @@ test_queue_close_pool_answers_waiters(void **state)
 	assert_consistent(f->q);
 }
 
+/*
+ * A pool index given to another upstream starts from nothing: no waiter,
+ * no outcome, no tenant's service; the other pools keep theirs.
+ */
+static void
+test_queue_reset_pool_forgets_only_that_pool(void **state)
+{
+	struct fx *f = *state;
+	struct sl_queue_grant g[4];
+	uint64_t h;
+
+	sl_queue_set_pool(f->q, 2, 100, 0, SL_QUEUE_TOKENS);
+	enq(f->q, 1, TA, 0, 0);
+	sl_queue_charge(f->q, POOL, TA, 5000);
+	sl_queue_charge(f->q, 2, TA, 7000);
+	assert_int_equal(sl_queue_enqueue(f->q, 1, 2, TB, 0, 0, &h), SL_QUEUE_OK);
+	sl_queue_close_pool(f->q, SL_QUEUE_ROW, POOL);
+	assert_int_equal(sl_queue_collect(f->q, 1, g, 4, 0), 1);
+	sl_queue_reset_pool(f->q, POOL);
+	assert_int_equal(sl_queue_waiting(f->q, POOL), 0);
+	assert_int_equal(sl_queue_service(f->q, POOL, TA), 0);
+	assert_int_equal(sl_queue_outcomes(f->q, POOL, SL_QUEUE_O_GONE), 0);
+	assert_true(sl_queue_service(f->q, 2, TA) > 0);
+	assert_int_equal(sl_queue_waiting_tenant(f->q, 2, TB), 1);
+	/* Set up again, it queues like a new pool. */
+	sl_queue_set_pool(f->q, POOL, 100, 0, SL_QUEUE_TOKENS);
+	enq(f->q, 1, TC, 0, 0);
+	assert_int_equal(sl_queue_waiting(f->q, POOL), 1);
+	assert_consistent(f->q);
+}
+
 /* The eventfd of a row is readable once grants wait for it. */
 static void
 test_queue_grant_wakes_the_row(void **state)
@@ -787,6 +818,8 @@ main(void)
 		    test_queue_expire_reads_timeout_now, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 		    test_queue_close_pool_answers_waiters, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+		    test_queue_reset_pool_forgets_only_that_pool, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_queue_grant_wakes_the_row,
 		    setup, teardown),
 		cmocka_unit_test_setup_teardown(

@@ -29,6 +29,7 @@
 #include "sl_shm.h"
 
 #define MODELS 128                 /* model slots of a test region */
+#define UPSTREAMS 129              /* upstream slots of a test region */
 
 /* The region under test, destroyed by the teardown even on failure. */
 struct fx {
@@ -72,7 +73,7 @@ teardown(void **state)
 static struct sl_shm *
 make(struct fx *f, size_t tenants, size_t rows)
 {
-	f->shm = sl_shm_create(tenants, rows, MODELS);
+	f->shm = sl_shm_create(tenants, rows, MODELS, UPSTREAMS);
 	assert_non_null(f->shm);
 	return f->shm;
 }
@@ -100,13 +101,16 @@ static void
 test_create_rejects_zero_sizes(void **state)
 {
 	errno = 0;
-	assert_null(sl_shm_create(0, 4, 1));
+	assert_null(sl_shm_create(0, 4, 1, 1));
 	assert_int_equal(errno, EINVAL);
 	errno = 0;
-	assert_null(sl_shm_create(4, 0, 1));
+	assert_null(sl_shm_create(4, 0, 1, 1));
 	assert_int_equal(errno, EINVAL);
 	errno = 0;
-	assert_null(sl_shm_create(4, 4, 0));
+	assert_null(sl_shm_create(4, 4, 0, 1));
+	assert_int_equal(errno, EINVAL);
+	errno = 0;
+	assert_null(sl_shm_create(4, 4, 1, 0));
 	assert_int_equal(errno, EINVAL);
 }
 
@@ -1069,7 +1073,7 @@ test_ten_thousand_models_count_and_walk(void **state)
 	size_t slots = 2 * 10000 + 1, m, pos = 0, from, to, pairs = 0;
 	uint64_t n, total = 0;
 
-	f->shm = sl_shm_create(4, 2, slots);
+	f->shm = sl_shm_create(4, 2, slots, 3);
 	assert_non_null(f->shm);
 	assert_int_equal(sl_shm_model_slots(f->shm), slots);
 	for (m = 1; m < slots; m += 7) {
@@ -1109,7 +1113,7 @@ test_fallback_pairs_past_the_table_count_under_dash(void **state)
 	size_t slots = 200001, m, pos = 0, from, to, pairs = 0;
 	uint64_t n, total = 0, under_dash = 0;
 
-	f->shm = sl_shm_create(4, 2, slots);
+	f->shm = sl_shm_create(4, 2, slots, 3);
 	assert_non_null(f->shm);
 	for (m = 1; m <= 100000; m++)
 		sl_shm_count_fallback(f->shm, m, m + 1);
@@ -1126,6 +1130,39 @@ test_fallback_pairs_past_the_table_count_under_dash(void **state)
 	for (m = 1; m <= 100000; m++)
 		assert_int_equal(sl_shm_fallbacks(f->shm, m, m + 1) +
 		    sl_shm_fallbacks(f->shm, m, 0) <= 1, 1);
+}
+
+/*
+ * Upstream counters are shared by the workers: a worker's row retiring
+ * loses none, a slot reset for reuse zeroes that slot only, and the far
+ * slot of a 2,001-slot region counts like the first.
+ */
+static void
+test_upstream_counters_shared_and_reset_per_slot(void **state)
+{
+	struct fx *f = *state;
+	size_t slots = 2 * 1000 + 1;
+
+	f->shm = sl_shm_create(4, 3, 2, slots);
+	assert_non_null(f->shm);
+	assert_int_equal(sl_shm_upstream_slots(f->shm), slots);
+	sl_shm_count_uerr(f->shm, 1, 7, SL_UERR_RESET);
+	sl_shm_count_uerr(f->shm, 2, 7, SL_UERR_RESET);
+	sl_shm_count_retry(f->shm, 1, 7, SL_RETRY_R_BUSY);
+	sl_shm_count_affinity(f->shm, 2, slots - 1, SL_AFF_HIT);
+	sl_shm_count_uerr(f->shm, 2, 8, SL_UERR_CONNECT);
+	sl_shm_retire_stats(f->shm, 1);
+	assert_int_equal(sl_shm_uerr_sum(f->shm, 7, SL_UERR_RESET), 2);
+	assert_int_equal(sl_shm_retry_sum(f->shm, 7, SL_RETRY_R_BUSY), 1);
+	assert_int_equal(sl_shm_affinity_sum(f->shm, slots - 1, SL_AFF_HIT), 1);
+	sl_shm_upstream_reset(f->shm, 7);
+	assert_int_equal(sl_shm_uerr_sum(f->shm, 7, SL_UERR_RESET), 0);
+	assert_int_equal(sl_shm_retry_sum(f->shm, 7, SL_RETRY_R_BUSY), 0);
+	assert_int_equal(sl_shm_uerr_sum(f->shm, 8, SL_UERR_CONNECT), 1);
+	/* Out of range: ignored. */
+	sl_shm_count_uerr(f->shm, 1, slots, SL_UERR_RESET);
+	sl_shm_upstream_reset(f->shm, slots);
+	assert_int_equal(sl_shm_uerr_sum(f->shm, slots, SL_UERR_RESET), 0);
 }
 
 /* Workers claim pairs and add tokens at once: every token is counted. */
@@ -1204,6 +1241,7 @@ main(void)
 		T(test_model_reset_zeroes_only_that_slot),
 		T(test_ten_thousand_models_count_and_walk),
 		T(test_fallback_pairs_past_the_table_count_under_dash),
+		T(test_upstream_counters_shared_and_reset_per_slot),
 		T(test_token_pairs_exact_across_processes),
 	};
 #undef T

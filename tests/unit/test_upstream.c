@@ -43,7 +43,7 @@ setup(void **state)
 	int i;
 
 	assert_non_null(f);
-	f->shm = sl_shm_create(16, 4, 128);
+	f->shm = sl_shm_create(16, 4, 128, 129);
 	assert_non_null(f->shm);
 	for (i = 0; i < NREP; i++) {
 		f->rep[i].url = urls[i];
