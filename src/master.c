@@ -54,7 +54,14 @@
  * finish their streams) and pool replicas. Reserved, not committed
  * (sl_shm.h): room costs nothing until an index is used.
  */
-#define QUEUE_POOLS (2 * SL_MAX_QUEUED_UPSTREAMS + 1)
+/*
+ * The fair queue's pools: one per upstream with a queue (pool 0 is "no
+ * queue"), removed ones included until the workers that knew them are
+ * gone. Not twice over like the other slots: the queue's cells are
+ * reserved for every pool x shared index (sl_queue.h), so each pool of
+ * room costs 32 bytes of address space per index.
+ */
+#define QUEUE_POOLS (SL_MAX_QUEUED_UPSTREAMS + 1)
 /* The console's samples (console_sample). */
 #define CONSOLE_SAMPLES 13
 #define CONSOLE_SAMPLE_S 5.0
@@ -143,7 +150,7 @@ struct master {
 	/*
 	 * Model slots of the region (sl_shm.h, 2 x limits.max_models + 1),
 	 * upstream slots (2 x limits.max_upstreams + 1) and the fair queue's
-	 * pools (2 x SL_MAX_QUEUED_UPSTREAMS + 1; 0 is "no queue"): map_slots.
+	 * pools (QUEUE_POOLS; 0 is "no queue"): map_slots.
 	 */
 	struct slot_table models;
 	struct slot_table ups;
