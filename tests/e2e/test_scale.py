@@ -409,3 +409,45 @@ def _thousand_upstreams(gw, stub, closed):
             "the first set's places were not reused: %d left" % len(left)
         assert m.get("sluice_upstream_errors_total", upstream="v0999", kind="connect") == 1
         assert gw.pid == master and h.pid_alive(master)
+
+
+@h.timeout(120)
+def test_queues_of_removed_upstreams_count_until_their_workers_drain():
+    """64 upstreams with a queue fill the queue room: a reload that swaps
+    one for another fails, says why and keeps serving; removing it first,
+    then adding the new one once the workers that knew the old one are
+    gone, works without a restart, and the new upstream's queue holds a
+    request while its one slot is taken, then dispatches it."""
+    with Stub() as stub, Gateway(stub=stub, allow_worker_changes=True,
+                                 admin_listen="%s:%d" % (h.HOST, h.free_port())) as gw:
+        def cfg(names):
+            c = dict(gw.config)
+            c["upstreams"] = {n: {"replicas": [{"url": stub.url, "max_streams": 1}],
+                                  "queue": {"max": 10, "timeout": "30s"}}
+                              for n in names}
+            c["tenants"] = {"acme": {"keys": [ACME_KEY], "max_streams": 10,
+                                     "upstream": names[-1]}}
+            return c
+        qs = ["q%02d" % i for i in range(64)]
+        h.reload(gw, cfg(qs), timeout=30)
+        assert _status(gw, ACME_KEY) == 200
+        h.reload(gw, cfg(qs[:63] + ["r63"]), expect="failed", timeout=30)
+        assert "no room for the queue of upstream 'r63': all 64 queues are held " \
+            "by upstreams that workers still draining may use" in h.stderr_text(gw), \
+            h.stderr_text(gw)[-1500:]
+        assert _status(gw, ACME_KEY) == 200, "the running configuration stopped"
+        before = gw.worker_pids()
+        h.reload(gw, cfg(qs[:63]), timeout=30)
+        h.wait_until(lambda: not any(h.pid_alive(p) for p in before), 30,
+                     msg="the workers that knew q63 to exit")
+        h.reload(gw, cfg(qs[:63] + ["r63"]), timeout=30)
+        c1, r1 = gw.admit(events=10, interval=100, timeout=30)
+        c2, r2 = gw.open_stream(events=2, interval=0, timeout=30, read_head=False)
+        h.wait_metric(gw, "sluice_queue_waiting", 1, timeout=10, upstream="r63",
+                      tenant="acme")
+        _finish_whole(c1, r1, 10, "the stream holding r63's slot")
+        r2 = c2.read_response(timeout=30)
+        _finish_whole(c2, r2, 2, "the queued stream")
+        m = h.wait_metric(gw, "sluice_queue_total", 1, timeout=10, upstream="r63",
+                          outcome="dispatched")
+        assert m.get("sluice_queue_total", upstream="q63", outcome="dispatched") is None
