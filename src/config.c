@@ -12,6 +12,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -3067,6 +3069,42 @@ file_kind(mode_t mode)
 	if (S_ISSOCK(mode))
 		return "a socket";
 	return "a special file";
+}
+
+struct load_apart {
+	const char *path;
+	struct sl_config **out;
+	struct sl_errors *errs;
+	int rc;
+};
+
+static void *
+load_apart(void *arg)
+{
+	struct load_apart *la = arg;
+
+	la->rc = sl_config_load_file(la->path, la->out, la->errs);
+	return NULL;
+}
+
+int
+sl_config_load_file_apart(const char *path, struct sl_config **out,
+    struct sl_errors *errs)
+{
+	struct load_apart la = { path, out, errs, -1 };
+	pthread_t th;
+	sigset_t all, old;
+
+	/* Signals stay with the main thread, which waits here anyway. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	if (pthread_create(&th, NULL, load_apart, &la) != 0) {
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		return sl_config_load_file(path, out, errs);
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_join(th, NULL);
+	return la.rc;
 }
 
 int

@@ -82,7 +82,7 @@ main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	if (sl_config_load_file(path, &cfg, &errs) == -1) {
+	if (sl_config_load_file_apart(path, &cfg, &errs) == -1) {
 		sl_errors_print(&errs, stderr);
 		if (!test)
 			fprintf(stderr, "sluice: %zu problem(s) in %s; not started\n",

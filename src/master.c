@@ -1278,7 +1278,7 @@ reload(struct master *m)
 	struct gen old;
 
 	sl_info("reloading %s", m->path);
-	if (sl_config_load_file(m->path, &ncfg, &errs) == -1) {
+	if (sl_config_load_file_apart(m->path, &ncfg, &errs) == -1) {
 		for (i = 0; i < errs.n; i++)
 			sl_err("%s", errs.msg[i]);
 		sl_err("reload failed: %zu problem(s); keeping the running "
