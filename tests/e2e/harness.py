@@ -1315,6 +1315,8 @@ def peer_cert_der(port, files, server_hostname="localhost"):
 # tenants' room (about 700 MB) takes a worker seconds to exit. Tests that
 # are about the room set the key themselves.
 VALGRIND_MAX_TENANTS = 10000
+# ... and reload() waits this long at least for the old workers to retire.
+VALGRIND_RELOAD_TIMEOUT = 20.0
 
 
 def _render(config):
@@ -1411,6 +1413,11 @@ def reload(gw, config=None, expect="ok", timeout=5.0):
     and returns it. After an ok reload, also waits until the workers of the
     previous generations stopped accepting, so that a new connection is
     served by the new configuration."""
+    if "valgrind" in os.environ.get("SLUICE_WRAPPER", ""):
+        # An old worker retires by exiting when its log level hides its
+        # "draining" line, and memcheck's leak check at exit reads every
+        # mapping, the shared region's reserved room too: seconds.
+        timeout = max(timeout, VALGRIND_RELOAD_TIMEOUT)
     before = reload_results(gw)
     old_workers = gw.worker_pids()
     if config is not None:
