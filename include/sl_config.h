@@ -285,6 +285,8 @@ int sl_config_tenant_index(const struct sl_config *, const char *name);
  * per limits.max_upstreams, at least SL_REPLICAS_MIN_ROOM.
  */
 size_t sl_config_replica_room(const struct sl_config *);
+/* Replicas the configuration names in all (every upstream's). */
+size_t sl_config_nreplicas(const struct sl_config *);
 /* May the tenant use model m (index into sl_config.models)? */
 int sl_tenant_allows(const struct sl_tenant_conf *, size_t m);
 int sl_config_model_find(const struct sl_config *, const char *name,

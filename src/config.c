@@ -2151,6 +2151,16 @@ parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
 }
 
 size_t
+sl_config_nreplicas(const struct sl_config *cfg)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < cfg->nupstreams; i++)
+		n += cfg->upstreams[i].nreplicas;
+	return n;
+}
+
+size_t
 sl_config_replica_room(const struct sl_config *cfg)
 {
 	size_t n = 4 * (size_t)cfg->limits.max_upstreams;
@@ -2851,14 +2861,13 @@ load(struct ctx *c, yaml_parser_t *parser)
 			    (unsigned long long)c->cfg->limits.max_upstreams);
 		c->cfg->upstreams = calloc(cnt ? cnt : 1, sizeof(*c->cfg->upstreams));
 		if (c->cfg->upstreams != NULL) {
-			size_t nrep = 0, nq = 0;
+			size_t nrep, nq = 0;
 
 			each_pair(c, n, upstreams_pair, &idx);
 			c->cfg->nupstreams = idx;
-			for (i = 0; i < idx; i++) {
-				nrep += c->cfg->upstreams[i].nreplicas;
+			nrep = sl_config_nreplicas(c->cfg);
+			for (i = 0; i < idx; i++)
 				nq += c->cfg->upstreams[i].queue.enabled != 0;
-			}
 			if (nrep > sl_config_replica_room(c->cfg))
 				err_at(c, &n->start_mark, "upstreams: %zu replicas "
 				    "in all, at most %zu (4 per limits.max_upstreams, "

@@ -68,7 +68,6 @@
 #define CONSOLE_SPAN_S 60.0
 #define MODEL_VALUES (2 + SL_MHIST_BOUNDS_MAX)  /* requests, TTFT buckets */
 #define INDEX_VALUES 2
-#define INDEX_OFF 0                  /* in window; models in mwindow */
 /*
  * Per-model histograms (three, 15 to 18 series each) under a model's own
  * label for the models of slots 1..MODEL_HIST_SERIES (the first models of
@@ -398,7 +397,7 @@ reuse_retired(struct master *m)
 				sl_shm_index_reset(m->shm, j);
 				sl_queue_forget_tenant(m->queue, SL_QUEUE_ROW, j);
 				if (m->window != NULL)
-					sl_window_forget(m->window, INDEX_OFF +
+					sl_window_forget(m->window,
 					    j * INDEX_VALUES, INDEX_VALUES);
 				m->shm_epoch[j] = sl_shm_epoch(m->shm, j);
 				free(m->shm_names[j]);
@@ -1300,9 +1299,7 @@ reload(struct master *m)
 		ncfg->listen = strdup(m->cur.cfg->listen);
 	}
 	keep_cluster(m, ncfg);
-	nrep = 0;
-	for (i = 0; i < ncfg->nupstreams; i++)
-		nrep += ncfg->upstreams[i].nreplicas;
+	nrep = sl_config_nreplicas(ncfg);
 	if (keep_limit("limits.max_tenants", &ncfg->limits.max_tenants,
 	    m->max_tenants, ncfg->ntenants, "tenants", m->cur.id) == -1 ||
 	    keep_limit("limits.max_models", &ncfg->limits.max_models,
@@ -2258,9 +2255,9 @@ render_metrics(struct master *m, struct sl_str *o)
  * minus the oldest sample of them taken within the last minute: the loop
  * samples them every CONSOLE_SAMPLE_S (5 s) into a window of
  * CONSOLE_SAMPLES, 32 bits a counter (sl_console.h), so a tenant's two
- * counters cost 104 bytes of samples. A sample is MODEL_VALUES counters
- * per model slot, then INDEX_VALUES per shared index handed out (tenants
- * and replicas).
+ * counters cost 104 bytes of samples. Two windows: `window` samples
+ * INDEX_VALUES per shared index handed out (tenants and replicas),
+ * `mwindow` MODEL_VALUES per model slot handed out.
  */
 
 /* A status slot that is a replica's failure: 5xx, or no status at all. */
@@ -2339,7 +2336,7 @@ console_sample(struct master *m, double now)
 	for (j = 0; j < m->shm_ntenants; j++)
 		if (m->shm_names[j] != NULL)
 			index_counters(m, j,
-			    m->sample + INDEX_OFF + j * INDEX_VALUES);
+			    m->sample + j * INDEX_VALUES);
 	sl_window_push(m->window, now, m->sample, n);
 }
 
@@ -2387,7 +2384,7 @@ status_tenants(struct master *m, struct sl_str *o, const struct since *b)
 		else
 			sl_str_printf(o, "null");
 		sl_str_printf(o, ",\"rejected_last_minute\":%llu}",
-		    (unsigned long long)last_minute(b, INDEX_OFF +
+		    (unsigned long long)last_minute(b,
 		    j * INDEX_VALUES, v[0]));
 	}
 	sl_str_printf(o, "]");
@@ -2426,8 +2423,8 @@ status_replica(struct master *m, struct sl_str *o, const struct since *b,
 		sl_str_printf(o, ",\"kv_cache\":null");
 	sl_str_printf(o, ",\"requests_last_minute\":%llu,"
 	    "\"errors_last_minute\":%llu}",
-	    (unsigned long long)last_minute(b, INDEX_OFF + j * INDEX_VALUES, v[0]),
-	    (unsigned long long)last_minute(b, INDEX_OFF + j * INDEX_VALUES + 1,
+	    (unsigned long long)last_minute(b, j * INDEX_VALUES, v[0]),
+	    (unsigned long long)last_minute(b, j * INDEX_VALUES + 1,
 	    v[1]));
 }
 
