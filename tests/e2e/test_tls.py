@@ -146,13 +146,17 @@ def test_failed_handshakes_are_counted_by_reason_and_log_no_request():
         def counted():
             m = h.scrape(gw)
             got.update({k: m.value("sluice_tls_handshake_errors_total", reason=k)
-                        for k in want})
+                        for k in want if k != "idle"})
+            # The silent one is closed as idle, after the same timeout as
+            # the handshake that never ends: wait for both (under valgrind
+            # the two timers fire a scrape apart).
+            got["idle"] = m.value("sluice_idle_connections_closed_total")
             return m if got == want else None
+        want["idle"] = 1
         try:
             m = h.wait_until(counted, 6, interval=0.1, msg="handshake error counters")
         except AssertionError:
             raise AssertionError("handshake errors %r, expected %r" % (got, want))
-        assert m.value("sluice_idle_connections_closed_total") == 1
         t.close()
         u.close()
         # Nothing of it was a request.
