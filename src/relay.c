@@ -39,6 +39,7 @@
 #include "sl_net.h"
 #include "sl_queue.h"
 #include "sl_relay.h"
+#include "sl_reply.h"
 #include "sl_tls.h"
 #include "sl_upstream.h"
 #include "sl_json.h"
@@ -154,8 +155,8 @@ struct sl_conn {
 	TAILQ_ENTRY(sl_conn) qentry;   /* on w->queued */
 
 	/* Response side. */
-	char *rh;                  /* response head being written */
-	size_t rh_len, rh_off, rh_cap;
+	struct sl_head rh;         /* response head being written */
+	size_t rh_off;             /* how much of it went out */
 	struct sl_buf out;         /* body bytes (framed) waiting for the client */
 	int chunked;               /* frame the body with chunked encoding */
 	int body_allowed;          /* not HEAD, not 1xx/204/304 */
@@ -450,7 +451,7 @@ conn_upstream_idx(const struct sl_conn *c)
 }
 
 /* "X-Sluice-Model: NAME\r\n" for a request routed by model. */
-static int rh_model(struct sl_conn *);
+static int conn_head_model(struct sl_conn *);
 static int conn_fallback_find(struct sl_conn *, enum sl_fb_cause, int *,
     int *);
 
@@ -536,81 +537,17 @@ conn_abort_upstream(struct sl_conn *c)
 }
 
 static int
-rh_reserve(struct sl_conn *c, size_t add)
-{
-	size_t ncap;
-	char *n;
-
-	if (c->rh_len + add <= c->rh_cap)
-		return 0;
-	ncap = c->rh_cap ? c->rh_cap : 1024;
-	while (ncap < c->rh_len + add)
-		ncap *= 2;
-	if (ncap > SL_RESP_HEAD_MAX + 4096)
-		return -1;
-	n = realloc(c->rh, ncap);
-	if (n == NULL)
-		return -1;
-	c->rh = n;
-	c->rh_cap = ncap;
-	return 0;
-}
-
-static int
-rh_add(struct sl_conn *c, const char *p, size_t n)
-{
-	if (n == 0)
-		return 0;   /* p may be NULL (an upstream head with no headers) */
-	if (rh_reserve(c, n) == -1)
-		return -1;
-	memcpy(c->rh + c->rh_len, p, n);
-	c->rh_len += n;
-	return 0;
-}
-
-#define RH_LIT(c, lit) rh_add((c), (lit), sizeof(lit) - 1)
-
-static int
-rh_add_uint(struct sl_conn *c, unsigned long v)
-{
-	char b[24];
-	size_t i = sizeof(b);
-
-	do {
-		b[--i] = (char)('0' + v % 10);
-		v /= 10;
-	} while (v != 0);
-	return rh_add(c, b + i, sizeof(b) - i);
-}
-
-/* "HTTP/1.1 200 OK\r\n", without printf: this runs once per request. */
-static int
-rh_status_line(struct sl_conn *c, int status, const char *reason)
-{
-	return RH_LIT(c, "HTTP/1.1 ") | rh_add_uint(c, (unsigned long)status) |
-	    RH_LIT(c, " ") | rh_add(c, reason, strlen(reason)) |
-	    RH_LIT(c, "\r\n");
-}
-
-static int
-rh_connection(struct sl_conn *c, int close)
-{
-	return close ? RH_LIT(c, "Connection: close\r\n\r\n") :
-	    RH_LIT(c, "Connection: keep-alive\r\n\r\n");
-}
-
-static int
-rh_model(struct sl_conn *c)
+conn_head_model(struct sl_conn *c)
 {
 	const char *name;
 
 	if (c->model < 0)
 		return 0;
 	name = c->w->cfg->models[c->model].name;
-	if (RH_LIT(c, "X-Sluice-Model: ") == -1 ||
-	    rh_add(c, name, strlen(name)) == -1)
+	if (SL_HEAD_LIT(&c->rh, "X-Sluice-Model: ") == -1 ||
+	    sl_head_add(&c->rh, name, strlen(name)) == -1)
 		return -1;
-	return RH_LIT(c, "\r\n");
+	return SL_HEAD_LIT(&c->rh, "\r\n");
 }
 
 /* ---- local responses ------------------------------------------------- */
@@ -630,15 +567,15 @@ conn_local_answer(struct sl_conn *c, int status, const char *extra,
 	if (c->req.state == SL_REQ_ERROR || !c->req.keep_alive ||
 	    c->w->draining || c->w->cfg->timeouts.keepalive_ms == 0)
 		close = 1;
-	c->rh_len = c->rh_off = 0;
+	c->rh.len = c->rh_off = 0;
 	sl_buf_consume(&c->out, sl_buf_len(&c->out));
-	rh_status_line(c, status, sl_http_reason(status));
-	RH_LIT(c, "Content-Type: application/json\r\nContent-Length: ");
-	rh_add_uint(c, (unsigned long)blen);
-	RH_LIT(c, "\r\nCache-Control: no-store\r\n");
-	rh_add(c, extra, strlen(extra));
-	rh_model(c);
-	rh_connection(c, close);
+	sl_head_status_line(&c->rh, status, sl_http_reason(status));
+	SL_HEAD_LIT(&c->rh, "Content-Type: application/json\r\nContent-Length: ");
+	sl_head_add_uint(&c->rh, (unsigned long)blen);
+	SL_HEAD_LIT(&c->rh, "\r\nCache-Control: no-store\r\n");
+	sl_head_add(&c->rh, extra, strlen(extra));
+	conn_head_model(c);
+	sl_head_connection(&c->rh, close);
 	/*
 	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
 	 * the client would read this body as the start of its next response.
@@ -666,44 +603,38 @@ conn_local_answer(struct sl_conn *c, int status, const char *extra,
 }
 
 /*
- * Answer the current request here with an OpenAI-shaped JSON error (see
- * conn_local_answer), its slot and any upstream try given up first.
+ * Answer the current request here with error e of sluice's own (sl_reply.h:
+ * the row's status, type, code and header lines), saying message (the row's
+ * own when NULL), its slot and any upstream try given up first (see
+ * conn_local_answer).
  */
 static void
-conn_error(struct sl_conn *c, int status, const char *type, const char *code,
-    const char *message, int retry_after, int close)
+conn_error(struct sl_conn *c, enum sl_err e, const char *message,
+    int retry_after)
 {
+	const struct sl_err_row *r = &sl_errs[e];
 	char body[512], extra[128];
-	int blen, n = 0;
+	size_t blen;
 
 	if (!c->req_active) {
 		c->req_active = 1;
 		c->t_start = c->t_rx > 0 ? c->t_rx : c->t_req;
 	}
 	if (c->end == NULL) {
-		if (status == 408 || status == 504)
+		if (r->status == 408 || r->status == 504)
 			c->end = "timeout";
-		else if (status == 502)
+		else if (r->status == 502)
 			c->end = "upstream_error";
 		else
 			c->end = "rejected";
 	}
 	conn_abort_upstream(c);
 	conn_release(c);
-	blen = snprintf(body, sizeof(body),
-	    "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"code\":\"%s\"}}\n",
-	    message, type, code);
-	if (blen < 0 || (size_t)blen >= sizeof(body))
-		blen = 0;
-	extra[0] = '\0';
-	if (retry_after > 0)
-		n = snprintf(extra, sizeof(extra), "Retry-After: %d\r\n",
-		    retry_after);
-	if (status == 405 && n >= 0 && (size_t)n < sizeof(extra))
-		snprintf(extra + n, sizeof(extra) - (size_t)n, "Allow: GET, HEAD, "
-		    "POST, PUT, PATCH, DELETE, OPTIONS\r\n");
-	sl_debug("conn %d: %d %s", c->fd, status, code);
-	conn_local_answer(c, status, extra, body, (size_t)blen, close);
+	blen = sl_err_body(body, sizeof(body), e, message);
+	sl_err_headers(extra, sizeof(extra), e, retry_after);
+	sl_debug("conn %d: %d %s", c->fd, r->status, r->code);
+	conn_local_answer(c, r->status, extra, body, blen,
+	    (r->flags & SL_ERR_CLOSE) != 0);
 }
 
 /*
@@ -730,11 +661,9 @@ conn_models_list(struct sl_conn *c)
 	if (st == 0)
 		return 0;
 	if (st == 404)
-		conn_error(c, 404, "invalid_request_error", "model_not_found", msg,
-		    0, 0);
+		conn_error(c, SL_ERR_MODEL_NOT_FOUND, msg, 0);
 	else if (st != 200)
-		conn_error(c, 503, "server_error", "overloaded", "out of memory",
-		    1, 0);
+		conn_error(c, SL_ERR_OVERLOADED, "out of memory", 1);
 	else {
 		c->end = "done";
 		conn_local_answer(c, 200, "", body, blen, 0);
@@ -746,10 +675,8 @@ conn_models_list(struct sl_conn *c)
 void
 sl_conn_refuse(struct sl_worker *w, int fd)
 {
-	static const char body[] =
-	    "{\"error\":{\"message\":\"too many connections\","
-	    "\"type\":\"server_error\",\"code\":\"overloaded\"}}\n";
-	char resp[512];
+	char body[256], resp[512];
+	size_t blen;
 	int n;
 
 	if (w->cfg->tls.ctx != NULL) {
@@ -758,12 +685,13 @@ sl_conn_refuse(struct sl_worker *w, int fd)
 		sl_shm_count_request(w->shm, w->row, SL_TENANT_NONE(w->shm), 503);
 		return;
 	}
+	blen = sl_err_body(body, sizeof(body), SL_ERR_OVERLOADED,
+	    "too many connections");
 	n = snprintf(resp, sizeof(resp),
 	    "HTTP/1.1 503 Service Unavailable\r\n"
 	    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-	    "Retry-After: 1\r\nConnection: close\r\n\r\n%s",
-	    sizeof(body) - 1, body);
-	if (n > 0)
+	    "Retry-After: 1\r\nConnection: close\r\n\r\n%s", blen, body);
+	if (n > 0 && (size_t)n < sizeof(resp))
 		(void)!write(fd, resp, (size_t)n);
 	close(fd);
 	sl_shm_count_request(w->shm, w->row, SL_TENANT_NONE(w->shm), 503);
@@ -1188,7 +1116,7 @@ conn_unref(struct sl_conn *c)
 	sl_buf_free(&c->out);
 	sl_block_put(&c->w->blocks, c->in);
 	conn_usage_free(c);
-	free(c->rh);
+	sl_head_free(&c->rh);
 	sl_resp_head_free(&c->uh);
 	free(c);
 }
@@ -1223,7 +1151,7 @@ conn_response_done(struct sl_conn *c)
 	c->tenant = -1;
 	c->lease = -1;
 	conn_usage_reset(c);
-	c->rh_len = c->rh_off = 0;
+	c->rh.len = c->rh_off = 0;
 	sl_resp_head_reset(&c->uh);
 	c->head_sent = c->resp_done = c->close_after = 0;
 	c->status = 0;
@@ -1257,7 +1185,7 @@ conn_after_write(struct sl_conn *c)
 {
 	if (c->fr != NULL)
 		return;   /* a stream ends when its framing closes it */
-	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0)
+	if (c->rh_off < c->rh.len || sl_buf_len(&c->out) > 0)
 		return;
 	if (!c->resp_done)
 		return;
@@ -1282,19 +1210,18 @@ conn_x_flush(struct sl_conn *c)
 		return -1;
 	}
 	if (!c->x_responded) {
-		if (c->rh_len == 0)
+		if (c->rh.len == 0)
 			return 0;   /* no head yet */
 		body = !(c->resp_done && sl_buf_len(&c->out) == 0);
-		if (c->fr->respond(c->fr_ctx, c->rh, c->rh_len, body) == -1) {
+		if (c->fr->respond(c->fr_ctx, c->rh.p, c->rh.len, body) == -1) {
 			c->client_gone = 1;
 			return -1;
 		}
 		c->x_responded = 1;
 		c->x_eof = !body;
-		c->bytes_out += c->rh_len;
-		free(c->rh);
-		c->rh = NULL;
-		c->rh_len = c->rh_off = c->rh_cap = 0;
+		c->bytes_out += c->rh.len;
+		sl_head_free(&c->rh);
+		c->rh_off = 0;
 		c->t_client = ev_now(c->w->loop);
 		return 0;
 	}
@@ -1342,9 +1269,9 @@ conn_flush(struct sl_conn *c)
 	for (;;) {
 		cnt = 0;
 		total = 0;
-		if (c->rh_off < c->rh_len) {
-			iov[cnt].iov_base = c->rh + c->rh_off;
-			iov[cnt].iov_len = c->rh_len - c->rh_off;
+		if (c->rh_off < c->rh.len) {
+			iov[cnt].iov_base = c->rh.p + c->rh_off;
+			iov[cnt].iov_len = c->rh.len - c->rh_off;
 			total += iov[cnt++].iov_len;
 		}
 		k = (size_t)sl_buf_iov(&c->out, &iov[cnt]);
@@ -1365,17 +1292,17 @@ conn_flush(struct sl_conn *c)
 		c->bytes_out += (uint64_t)n;
 		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_BYTES_OUT,
 		    (uint64_t)n);
-		k = c->rh_len - c->rh_off;
+		k = c->rh.len - c->rh_off;
 		if ((size_t)n <= k) {
 			c->rh_off += (size_t)n;
 		} else {
-			c->rh_off = c->rh_len;
+			c->rh_off = c->rh.len;
 			sl_buf_consume(&c->out, (size_t)n - k);
 		}
 		if ((size_t)n < total)
 			break;
 	}
-	if (c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0) {
+	if (c->rh_off < c->rh.len || sl_buf_len(&c->out) > 0) {
 		ev_io_start(c->w->loop, &c->wio);
 		/*
 		 * Retaken unless another worker took the slot in the
@@ -1395,10 +1322,9 @@ conn_flush(struct sl_conn *c)
 	sl_buf_release(&c->out);
 	if (sl_buf_len(&c->out) == 0)
 		c->out.cap = BASE_CAP(c);
-	if (c->rh != NULL && c->rh_off == c->rh_len) {
-		free(c->rh);
-		c->rh = NULL;
-		c->rh_len = c->rh_off = c->rh_cap = 0;
+	if (c->rh.p != NULL && c->rh_off == c->rh.len) {
+		sl_head_free(&c->rh);
+		c->rh_off = 0;
 	}
 	return 0;
 }
@@ -1425,7 +1351,7 @@ static ev_tstamp
 conn_deadline(struct sl_conn *c)
 {
 	const struct sl_config *cfg = c->w->cfg;
-	int waiting = c->rh_off < c->rh_len || sl_buf_len(&c->out) > 0;
+	int waiting = c->rh_off < c->rh.len || sl_buf_len(&c->out) > 0;
 
 	switch (c->state) {
 	case CS_HEAD:
@@ -1522,18 +1448,15 @@ conn_timer_event(struct sl_conn *c)
 			conn_close(c, "idle");
 			return;
 		}
-		conn_error(c, 408, "invalid_request_error", "request_timeout",
-		    "request head not received in time", 0, 1);
+		conn_error(c, SL_ERR_REQUEST_TIMEOUT, NULL, 0);
 		return;
 	case CS_BODY:
-		conn_error(c, 408, "invalid_request_error", "request_timeout",
-		    "request body not received in time", 0, 1);
+		conn_error(c, SL_ERR_REQUEST_TIMEOUT, "request body not received in time", 0);
 		return;
 	case CS_UPSTREAM:
 		conn_count_uerr(c, SL_UERR_TIMEOUT);
 		conn_report_try(c, SL_CODE_TIMEOUT);
-		conn_error(c, 504, "upstream_error", "upstream_timeout",
-		    "upstream sent no response in time", 0, 0);
+		conn_error(c, SL_ERR_UPSTREAM_TIMEOUT, NULL, 0);
 		return;
 	case CS_STREAM:
 		if (c->paused || c->easy == NULL) {
@@ -1555,8 +1478,7 @@ conn_timer_event(struct sl_conn *c)
 		snprintf(msg, sizeof(msg), "no replica of upstream '%s' became "
 		    "free within the queue's timeout",
 		    c->w->cfg->upstreams[conn_upstream_idx(c)].name);
-		conn_error(c, 503, "server_error", "queue_timeout", msg,
-		    c->q_retry_after, 0);
+		conn_error(c, SL_ERR_QUEUE_TIMEOUT, msg, c->q_retry_after);
 		return;
 	}
 	case CS_ADMIT:
@@ -1585,27 +1507,28 @@ conn_build_head(struct sl_conn *c)
 	if (!c->req.keep_alive || c->w->draining ||
 	    c->w->cfg->timeouts.keepalive_ms == 0)
 		c->close_after = 1;
-	c->rh_len = c->rh_off = 0;
-	if (rh_status_line(c, c->status,
+	c->rh.len = c->rh_off = 0;
+	if (sl_head_status_line(&c->rh, c->status,
 	    c->uh.reason[0] ? c->uh.reason : sl_http_reason(c->status)) == -1 ||
-	    rh_add(c, c->uh.block, c->uh.len) == -1)
+	    sl_head_add(&c->rh, c->uh.block, c->uh.len) == -1)
 		return -1;
-	if (c->chunked && RH_LIT(c, "Transfer-Encoding: chunked\r\n") == -1)
+	if (c->chunked && SL_HEAD_LIT(&c->rh, "Transfer-Encoding: chunked\r\n") == -1)
 		return -1;
 	if (method == HTTP_HEAD && c->uh.content_length >= 0 && c->status >= 200 &&
 	    c->status != 204) {
 		/* the length a GET would have (RFC 9110 8.6): kept, nothing follows */
-		if (RH_LIT(c, "Content-Length: ") == -1 ||
-		    rh_add_uint(c, (unsigned long)c->uh.content_length) == -1 ||
-		    RH_LIT(c, "\r\n") == -1)
+		if (SL_HEAD_LIT(&c->rh, "Content-Length: ") == -1 ||
+		    sl_head_add_uint(&c->rh, (unsigned long)c->uh.content_length) == -1 ||
+		    SL_HEAD_LIT(&c->rh, "\r\n") == -1)
 			return -1;
 	}
-	if (RH_LIT(c, "X-Accel-Buffering: no\r\n") == -1 || rh_model(c) == -1)
+	if (SL_HEAD_LIT(&c->rh, "X-Accel-Buffering: no\r\n") == -1 ||
+	    conn_head_model(c) == -1)
 		return -1;
 	if (c->uh.is_sse && !c->uh.has_cache_control &&
-	    RH_LIT(c, "Cache-Control: no-cache\r\n") == -1)
+	    SL_HEAD_LIT(&c->rh, "Cache-Control: no-cache\r\n") == -1)
 		return -1;
-	if (rh_connection(c, c->close_after) == -1)
+	if (sl_head_connection(&c->rh, c->close_after) == -1)
 		return -1;
 	c->head_sent = 1;
 	c->t_first = ev_now(c->w->loop);
@@ -2682,14 +2605,12 @@ conn_route_model(struct sl_conn *c)
 		char msg[200];
 
 		snprintf(msg, sizeof(msg), "%s%s", SL_MODEL_AMBIGUOUS_MSG, why);
-		conn_error(c, 400, "invalid_request_error", "bad_request", msg,
-		    0, 0);
+		conn_error(c, SL_ERR_BAD_REQUEST, msg, 0);
 		return -1;
 	}
 	if (sl_model_route(c->w->models, cfg, (size_t)c->tenant, c->req.body,
 	    c->req.body_len, ct, ctlen, &r) == -1) {
-		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "cannot start the upstream request", 0, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 		return -1;
 	}
 	/* For the access log: the name as sent (a 404's too), and as sent on. */
@@ -2701,8 +2622,8 @@ conn_route_model(struct sl_conn *c)
 	}
 	c->msent = r.sent;
 	if (r.status != 0) {
-		conn_error(c, r.status, "invalid_request_error", r.code,
-		    r.message, 0, 0);
+		conn_error(c, sl_err_find(r.status, r.code, SL_ERR_BAD_REQUEST),
+		    r.message, 0);
 		return -1;
 	}
 	c->model = r.model;
@@ -2810,8 +2731,7 @@ conn_fallback(struct sl_conn *c, enum sl_fb_cause why)
 		return -1;
 	}
 	if (conn_try(c, r) == -1)
-		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "cannot start the upstream request", 0, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 	return 0;
 }
 
@@ -2880,8 +2800,7 @@ conn_enqueue(struct sl_conn *c, int retry_after)
 	case SL_QUEUE_FULL:
 		snprintf(msg, sizeof(msg), "every replica of upstream '%s' is "
 		    "full and its queue too", w->cfg->upstreams[u].name);
-		conn_error(c, 503, "server_error", "queue_full", msg,
-		    retry_after, 0);
+		conn_error(c, SL_ERR_QUEUE_FULL, msg, retry_after);
 		return 0;
 	default:
 		return -1;
@@ -2913,15 +2832,13 @@ conn_start_upstream(struct sl_conn *c)
 		return;
 	up = &cfg->upstreams[conn_upstream_idx(c)];
 	if (conn_body_wide(c, up)) {
-		conn_error(c, 400, "invalid_request_error", "bad_request",
-		    "request body must be UTF-8 JSON", 0, 0);
+		conn_error(c, SL_ERR_BAD_REQUEST, "request body must be UTF-8 JSON", 0);
 		return;
 	}
 	conn_usage_request(c);
 	if (conn_inject_priority(c, up) == -1 ||
 	    conn_build_upstream_headers(c) == -1) {
-		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "cannot start the upstream request", 0, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 		return;
 	}
 	/* The upstream head is built: the client's is not needed any more. */
@@ -2959,8 +2876,7 @@ conn_start_upstream(struct sl_conn *c)
 		snprintf(msg, sizeof(msg), "no replica of upstream '%s' can take "
 		    "the request now (down, ejected, busy or at capacity)",
 		    up->name);
-		conn_error(c, 503, "server_error", "upstream_unavailable", msg,
-		    retry_after, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNAVAILABLE, msg, retry_after);
 		return;
 	}
 	if (c->w->queue != NULL && up->queue.enabled) {
@@ -2971,8 +2887,7 @@ conn_start_upstream(struct sl_conn *c)
 		c->q_charged = c->prompt_est;
 	}
 	if (conn_try(c, r) == -1)
-		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "cannot start the upstream request", 0, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 }
 
 /*
@@ -2996,8 +2911,7 @@ conn_next_try(struct sl_conn *c, int r2, enum sl_retry_reason why)
 		    sl_shm_retry_label(why), sl_pool_url(c->w->pools, u, r2));
 	conn_stop_transfer(c);
 	if (conn_try(c, r2) == -1)
-		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "cannot start the upstream request", 0, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 }
 
 /*
@@ -3070,13 +2984,9 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 			if (conn_fallback_switch(c, m, t) == -1) {
 				sl_pool_release(c->w->pools,
 				    c->w->cfg->models[m].targets[t].upstream_idx, r2);
-				conn_error(c, 502, "upstream_error",
-				    "upstream_unreachable",
-				    "cannot start the upstream request", 0, 0);
+				conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 			} else if (conn_try(c, r2) == -1)
-				conn_error(c, 502, "upstream_error",
-				    "upstream_unreachable",
-				    "cannot start the upstream request", 0, 0);
+				conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 			goto out;
 		}
 		conn_next_try(c, r2, SL_RETRY_R_BUSY);
@@ -3087,8 +2997,8 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		sl_warn("upstream %.*s: out of file descriptors",
 		    (int)strcspn(c->url, "?#"), c->url);
 		conn_abort_upstream(c);
-		conn_error(c, 503, "server_error", "overloaded",
-		    "the gateway is out of file descriptors; retry later", 1, 1);
+		conn_error(c, SL_ERR_OVERLOADED,
+		    "the gateway is out of file descriptors; retry later", 1);
 		goto out;
 	}
 	if (!c->client_gone && (result != CURLE_OK || c->upstream_bad)) {
@@ -3128,9 +3038,9 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 	}
 	if (result != CURLE_OK || c->upstream_bad) {
 		if (!c->head_sent || c->state == CS_UPSTREAM) {
-			conn_error(c, 502, "upstream_error", "upstream_unreachable",
-			    c->upstream_bad ? "upstream sent a malformed response" :
-			    "upstream unreachable or failed", 0, 0);
+			conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, c->upstream_bad ?
+			    "upstream sent a malformed response" :
+			    "upstream unreachable or failed", 0);
 			goto out;
 		}
 		/* Mid-stream: deliver what arrived, then close, no last chunk. */
@@ -3144,7 +3054,7 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 			conn_close(c, "client_gone");
 			goto out;
 		}
-		if (c->rh_off == c->rh_len && sl_buf_len(&c->out) == 0)
+		if (c->rh_off == c->rh.len && sl_buf_len(&c->out) == 0)
 			conn_close(c, "upstream_error");
 		else
 			conn_timer_update(c);
@@ -3154,8 +3064,8 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		/* Done without a final head: only 1xx, or nothing usable. */
 		conn_count_uerr(c, SL_UERR_BAD_RESPONSE);
 		c->end = "upstream_error";
-		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "upstream sent no final response", 0, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE,
+		    "upstream sent no final response", 0);
 		goto out;
 	}
 	if (c->state == CS_UPSTREAM)
@@ -3264,8 +3174,7 @@ conn_refuse_full(struct sl_conn *c)
 	snprintf(msg, sizeof(msg),
 	    "tenant concurrency limit reached (%d streams); retry later",
 	    (int)t->max_streams);
-	conn_error(c, 429, "rate_limit_error", "concurrency_limit_exceeded", msg,
-	    t->retry_after, 0);
+	conn_error(c, SL_ERR_CONCURRENCY_LIMIT, msg, t->retry_after);
 }
 
 /*
@@ -3289,8 +3198,7 @@ conn_refuse_tokens(struct sl_conn *c, uint64_t used, uint64_t budget, int ra)
 		snprintf(msg, sizeof(msg), "tenant token budget reached (%"
 		    PRIu64 " tokens in the last 60 s, across the cluster); retry "
 		    "later", budget);
-	conn_error(c, 429, "rate_limit_error", "token_budget_exceeded", msg,
-	    ra > 0 ? ra : 1, 0);
+	conn_error(c, SL_ERR_TOKEN_BUDGET, msg, ra > 0 ? ra : 1);
 }
 
 static void conn_admitted(struct sl_conn *);
@@ -3310,9 +3218,8 @@ conn_on_verdict(struct sl_conn *c, enum sl_cl_verdict v, int ra)
 		    c->w->tenant_slot[c->tenant]), ra);
 		return;
 	}
-	conn_error(c, 503, "server_error", "cluster_unavailable",
-	    "the cluster's lease store (Redis) is unreachable; retry later",
-	    c->w->cfg->tenants[c->tenant].retry_after, 0);
+	conn_error(c, SL_ERR_CLUSTER_UNAVAILABLE, NULL,
+	    c->w->cfg->tenants[c->tenant].retry_after);
 }
 
 /* The cluster's answer to a request in CS_ADMIT. */
@@ -3357,29 +3264,25 @@ conn_on_head(struct sl_conn *c)
 		 * A runner that echoes TRACE would hand the client the head
 		 * sluice sends upstream: the api_key in Authorization.
 		 */
-		conn_error(c, 405, "invalid_request_error", "method_not_allowed",
-		    "TRACE is not relayed", 0, 0);
+		conn_error(c, SL_ERR_METHOD_NOT_ALLOWED, NULL, 0);
 		return;
 	}
 	url = sl_req_url(&c->req, &ulen);
 	if (ulen < 4 || strncmp(url, "/v1/", 4) != 0) {
-		conn_error(c, 404, "invalid_request_error", "not_found",
-		    "only paths under /v1/ are served", 0, 0);
+		conn_error(c, SL_ERR_NOT_FOUND, NULL, 0);
 		return;
 	}
 	if (path_has_dot_segment(url, ulen)) {
-		conn_error(c, 400, "invalid_request_error", "bad_request",
-		    "dot segments are not allowed in the path", 0, 0);
+		conn_error(c, SL_ERR_BAD_REQUEST,
+		    "dot segments are not allowed in the path", 0);
 		return;
 	}
 	if ((tenant = conn_find_tenant(c)) < 0) {
-		conn_error(c, 401, "invalid_request_error", "invalid_api_key",
-		    "missing or unknown API key", 0, 0);
+		conn_error(c, SL_ERR_INVALID_API_KEY, NULL, 0);
 		return;
 	}
 	if (conn_tenant_gone(w, tenant)) {
-		conn_error(c, 401, "invalid_request_error", "invalid_api_key",
-		    "missing or unknown API key", 0, 0);
+		conn_error(c, SL_ERR_INVALID_API_KEY, NULL, 0);
 		return;
 	}
 	c->tenant = tenant;
@@ -3389,8 +3292,7 @@ conn_on_head(struct sl_conn *c)
 		 * limit the master published, not this worker's copy: a retired
 		 * worker finishing a head that spans a reload says 403 too.
 		 */
-		conn_error(c, 403, "permission_error", "tenant_disabled",
-		    "this tenant is disabled (max_streams: 0)", 0, 0);
+		conn_error(c, SL_ERR_TENANT_DISABLED, NULL, 0);
 		return;
 	}
 	if (conn_models_list(c))
@@ -3434,8 +3336,7 @@ conn_on_head(struct sl_conn *c)
 		/* Reused between the look above and the slot: not ours. */
 		sl_shm_release(w->shm, w->row, w->tenant_slot[tenant]);
 		c->tenant = -1;
-		conn_error(c, 401, "invalid_request_error", "invalid_api_key",
-		    "missing or unknown API key", 0, 0);
+		conn_error(c, SL_ERR_INVALID_API_KEY, NULL, 0);
 		return;
 	}
 	c->slot_held = 1;
@@ -3469,8 +3370,7 @@ conn_admitted(struct sl_conn *c)
 		 * admission, so the answer is counted under the tenant; the
 		 * body is not read (the connection closes after the answer).
 		 */
-		conn_error(c, 413, "invalid_request_error", "request_too_large",
-		    "request body too large", 0, 1);
+		conn_error(c, SL_ERR_REQUEST_TOO_LARGE, NULL, 0);
 		return;
 	}
 	/* RFC 9110 15.2: no 1xx to an HTTP/1.0 client. */
@@ -3494,17 +3394,8 @@ conn_admitted(struct sl_conn *c)
 static void
 conn_req_error(struct sl_conn *c)
 {
-	int st = c->req.status;
-	const char *code = "bad_request";
-
-	if (st == 431)
-		code = "headers_too_large";
-	else if (st == 413)
-		code = "request_too_large";
-	else if (st == 501)
-		code = "not_implemented";
-	conn_error(c, st, "invalid_request_error", code,
-	    c->req.reason ? c->req.reason : "bad request", 0, 1);
+	conn_error(c, sl_err_of_parse(c->req.status),
+	    c->req.reason ? c->req.reason : "bad request", 0);
 }
 
 /* No input waits: the input block goes back to the worker's pool. */
@@ -3642,10 +3533,8 @@ conn_on_read(struct ev_loop *loop, ev_io *io, int revents)
 static void
 conn_tls_failed(struct sl_conn *c, enum sl_tls_err why)
 {
-	static const char body[] =
-	    "{\"error\":{\"message\":\"this port speaks TLS: use https://\","
-	    "\"type\":\"invalid_request_error\",\"code\":\"plain_http_to_tls\"}}\n";
-	char sink[4096];
+	char sink[4096], body[256];
+	size_t blen;
 	int n;
 
 	sl_debug("conn %d: TLS handshake failed: %s", c->fd,
@@ -3654,9 +3543,11 @@ conn_tls_failed(struct sl_conn *c, enum sl_tls_err why)
 	if (why == SL_TLS_E_HTTP) {
 		while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
 			;
+		blen = sl_err_body(body, sizeof(body), SL_ERR_PLAIN_HTTP_TO_TLS,
+		    NULL);
 		n = snprintf(sink, sizeof(sink), "HTTP/1.1 400 Bad Request\r\n"
 		    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-		    "Connection: close\r\n\r\n%s", sizeof(body) - 1, body);
+		    "Connection: close\r\n\r\n%s", blen, body);
 		(void)!write(c->fd, sink, (size_t)n);
 		shutdown(c->fd, SHUT_WR);
 	}
@@ -3881,11 +3772,10 @@ conn_queue_granted(struct sl_worker *w, const struct sl_queue_grant *g)
 			else
 				sl_shm_release(w->shm, w->row, g->slot);
 		}
-		conn_error(c, 503, "server_error", "upstream_unavailable",
-		    "the upstream was removed by a reload", 1, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNAVAILABLE,
+		    "the upstream was removed by a reload", 1);
 	} else if (conn_try(c, r) == -1)
-		conn_error(c, 502, "upstream_error", "upstream_unreachable",
-		    "cannot start the upstream request", 0, 0);
+		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 	conn_unref(c);
 }
 
@@ -3997,7 +3887,7 @@ sl_conn_gauges(struct sl_worker *w)
 
 	TAILQ_FOREACH(c, &w->conns, entry) {
 		paused += c->paused ? 1 : 0;
-		buffered += sl_buf_len(&c->out) + (c->rh_len - c->rh_off);
+		buffered += sl_buf_len(&c->out) + (c->rh.len - c->rh_off);
 		streams += c->easy != NULL ? 1 : 0;
 	}
 	sl_shm_stat_set(w->shm, w->row, SL_STAT_PAUSED_STREAMS, paused);

@@ -35,6 +35,7 @@
 #include "unit.h"
 
 #include "sl_config.h"
+#include "sl_reply.h"
 
 #define YAML_PAGE "man/sluice.yaml.5"
 #define MAIN_PAGE "man/sluice.8"
@@ -770,6 +771,81 @@ test_errors_documented(void **state)
 	free(page);
 }
 
+/* The type sluice.8 says a status's errors have. */
+static const char *
+doc_type_of(int status)
+{
+	switch (status) {
+	case 429: return "rate_limit_error";
+	case 403: return "permission_error";
+	case 503: return "server_error";
+	case 502: case 504: return "upstream_error";
+	default: return "invalid_request_error";
+	}
+}
+
+/*
+ * The table of sluice's own errors (sl_reply.h) against ERROR RESPONSES:
+ * every row has its ".It STATUS Ta Li code Ta" entry, the type the page
+ * gives its status, and its entry says "Retry-After" (not "no Retry-After")
+ * exactly when the row sends it, and "Allow" exactly when the row does.
+ */
+static void
+test_error_table_documented(void **state)
+{
+	char *page = read_page(MAIN_PAGE);
+	char *text = section(page, "ERROR RESPONSES");
+	int e, n = 0;
+
+	(void)state;
+	if (text == NULL)
+		fail_msg("%s has no ERROR RESPONSES section", MAIN_PAGE);
+	for (e = 0; e < SL_ERR_COUNT; e++) {
+		const struct sl_err_row *r = &sl_errs[e];
+		char head[128], entry[2048];
+		const char *s, *end;
+		size_t len;
+		int retry, allow;
+
+		if (strcmp(r->type, doc_type_of(r->status)) != 0)
+			problem(&n, "row %d (%d %s): type %s, the page says %s", e,
+			    r->status, r->code, r->type, doc_type_of(r->status));
+		snprintf(head, sizeof(head), "\n.It %d Ta Li %s Ta", r->status,
+		    r->code);
+		if ((s = strstr(text, head)) == NULL) {
+			problem(&n, "%s: ERROR RESPONSES has no \"%s\" line",
+			    MAIN_PAGE, head + 1);
+			continue;
+		}
+		s += strlen(head);
+		end = strstr(s, "\n.It ");
+		if (end == NULL)
+			end = strstr(s, "\n.El");
+		if (end == NULL)
+			end = s + strlen(s);
+		len = (size_t)(end - s) < sizeof(entry) - 1 ?
+		    (size_t)(end - s) : sizeof(entry) - 1;
+		memcpy(entry, s, len);
+		entry[len] = '\0';
+		retry = strstr(entry, "Retry-After") != NULL &&
+		    strstr(entry, "no\n.Ql Retry-After") == NULL;
+		allow = strstr(entry, "Allow") != NULL;
+		if (retry != !!(r->flags & SL_ERR_RETRY))
+			problem(&n, "%d %s: the page %s Retry-After, the table %s",
+			    r->status, r->code, retry ? "sends" : "does not send",
+			    (r->flags & SL_ERR_RETRY) ? "does" : "does not");
+		if (allow != !!(r->flags & SL_ERR_ALLOW))
+			problem(&n, "%d %s: the page %s Allow, the table %s",
+			    r->status, r->code, allow ? "sends" : "does not send",
+			    (r->flags & SL_ERR_ALLOW) ? "does" : "does not");
+	}
+	free(text);
+	free(page);
+	if (n > 0)
+		fail_msg("%d row(s) of sluice's errors differ from %s", n,
+		    MAIN_PAGE);
+}
+
 static void
 test_access_log_documented(void **state)
 {
@@ -812,6 +888,7 @@ main(void)
 		cmocka_unit_test(test_no_unknown_key_documented),
 		cmocka_unit_test(test_example_is_valid),
 		cmocka_unit_test(test_metrics_documented),
+		cmocka_unit_test(test_error_table_documented),
 		cmocka_unit_test(test_every_metric_in_the_code_documented),
 		cmocka_unit_test(test_every_access_log_field_in_the_code_documented),
 		cmocka_unit_test(test_signals_documented),
