@@ -113,4 +113,12 @@ int sl_json_after(const char *p, size_t len, size_t *i);
 int sl_json_decode(const char *p, size_t s, size_t e,
     int (*sink)(void *arg, const unsigned char *b, size_t n), void *arg);
 
+/*
+ * JSON-escape src (slen bytes) into dst (always terminated, cut short when
+ * it does not fit). Well-formed UTF-8 is kept as it is; a byte that is not
+ * part of one is written as \u00XX, so the string is valid JSON whatever
+ * the bytes were.
+ */
+void sl_json_escape(char *dst, size_t dlen, const char *src, size_t slen);
+
 #endif

@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #if defined(__SSE2__)
@@ -624,4 +625,71 @@ sl_json_decode(const char *p, size_t s, size_t e,
 			return rc;
 	}
 	return 0;
+}
+
+/* ---- escaping -------------------------------------------------------- */
+
+/*
+ * Length of the well-formed UTF-8 sequence at p (RFC 3629: no overlongs,
+ * no surrogates, nothing above U+10FFFF), or 0.
+ */
+static size_t
+utf8_len(const unsigned char *p, size_t n)
+{
+	size_t len, i;
+	unsigned lo = 0x80, hi = 0xbf;
+
+	if (p[0] >= 0xc2 && p[0] <= 0xdf)
+		len = 2;
+	else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+		len = 3;
+		if (p[0] == 0xe0)
+			lo = 0xa0;
+		else if (p[0] == 0xed)
+			hi = 0x9f;
+	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+		len = 4;
+		if (p[0] == 0xf0)
+			lo = 0x90;
+		else if (p[0] == 0xf4)
+			hi = 0x8f;
+	} else
+		return 0;
+	if (n < len || p[1] < lo || p[1] > hi)
+		return 0;
+	for (i = 2; i < len; i++)
+		if (p[i] < 0x80 || p[i] > 0xbf)
+			return 0;
+	return len;
+}
+
+/*
+ * JSON-escape src into dst (always terminated). Well-formed UTF-8 is kept
+ * as it is; a byte that is not part of one is written as \u00XX, so the
+ * line stays valid JSON whatever a client sent.
+ */
+void
+sl_json_escape(char *dst, size_t dlen, const char *src, size_t slen)
+{
+	const unsigned char *u = (const unsigned char *)src;
+	size_t i, o = 0, k;
+
+	for (i = 0; i < slen && o + 7 < dlen; i++) {
+		unsigned char ch = u[i];
+
+		if (ch == '"' || ch == '\\') {
+			dst[o++] = '\\';
+			dst[o++] = (char)ch;
+		} else if (ch >= 0x80 && (k = utf8_len(u + i, slen - i)) > 0) {
+			if (o + k + 7 >= dlen)
+				break;
+			memcpy(dst + o, u + i, k);
+			o += k;
+			i += k - 1;
+		} else if (ch < 0x20 || ch >= 0x7f) {
+			o += (size_t)snprintf(dst + o, dlen - o, "\\u%04x", ch);
+		} else
+			dst[o++] = (char)ch;
+	}
+	dst[o] = '\0';
 }

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sl_accesslog.h"
 #include "sl_buf.h"
 #include "sl_exchange.h"
 #include "sl_http.h"
@@ -209,7 +210,7 @@ struct sl_conn {
 
 	/* Accounting for the current request (metrics, access log). */
 	int req_active;            /* a request is being answered */
-	const char *end;           /* how it ended, when decided early */
+	enum sl_end end;           /* how it ended, when decided early */
 	ev_tstamp t_start;         /* request began (first byte or head) */
 	ev_tstamp t_first;         /* first response byte relayed; 0: none */
 	ev_tstamp t_content;       /* its first content reached the client's
@@ -232,7 +233,7 @@ static void conn_on_read(struct ev_loop *, ev_io *, int);
 static void conn_on_write(struct ev_loop *, ev_io *, int);
 static void conn_on_timer(struct ev_loop *, ev_timer *, int);
 static void conn_process(struct sl_conn *);
-static void conn_close(struct sl_conn *, const char *why);
+static void conn_close(struct sl_conn *, enum sl_close why);
 static int conn_flush(struct sl_conn *);
 static void conn_after_write(struct sl_conn *);
 static void conn_timer_update(struct sl_conn *);
@@ -596,7 +597,7 @@ conn_local_answer(struct sl_conn *c, int status, const char *extra,
 	}
 	conn_set_state(c, CS_LOCAL);
 	if (conn_flush(c) == -1) {
-		conn_close(c, "client_gone");
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
 		return;
 	}
 	conn_after_write(c);
@@ -620,13 +621,13 @@ conn_error(struct sl_conn *c, enum sl_err e, const char *message,
 		c->req_active = 1;
 		c->t_start = c->t_rx > 0 ? c->t_rx : c->t_req;
 	}
-	if (c->end == NULL) {
+	if (c->end == SL_END_NONE) {
 		if (r->status == 408 || r->status == 504)
-			c->end = "timeout";
+			c->end = SL_END_TIMEOUT;
 		else if (r->status == 502)
-			c->end = "upstream_error";
+			c->end = SL_END_UPSTREAM_ERROR;
 		else
-			c->end = "rejected";
+			c->end = SL_END_REJECTED;
 	}
 	conn_abort_upstream(c);
 	conn_release(c);
@@ -665,7 +666,7 @@ conn_models_list(struct sl_conn *c)
 	else if (st != 200)
 		conn_error(c, SL_ERR_OVERLOADED, "out of memory", 1);
 	else {
-		c->end = "done";
+		c->end = SL_END_DONE;
 		conn_local_answer(c, 200, "", body, blen, 0);
 		free(body);
 	}
@@ -762,146 +763,48 @@ sl_conn_new(struct sl_worker *w, int fd)
 	conn_timer_update(c);
 }
 
-/*
- * Length of the well-formed UTF-8 sequence at p (RFC 3629: no overlongs,
- * no surrogates, nothing above U+10FFFF), or 0.
- */
-static size_t
-utf8_len(const unsigned char *p, size_t n)
-{
-	size_t len, i;
-	unsigned lo = 0x80, hi = 0xbf;
-
-	if (p[0] >= 0xc2 && p[0] <= 0xdf)
-		len = 2;
-	else if (p[0] >= 0xe0 && p[0] <= 0xef) {
-		len = 3;
-		if (p[0] == 0xe0)
-			lo = 0xa0;
-		else if (p[0] == 0xed)
-			hi = 0x9f;
-	} else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
-		len = 4;
-		if (p[0] == 0xf0)
-			lo = 0x90;
-		else if (p[0] == 0xf4)
-			hi = 0x8f;
-	} else
-		return 0;
-	if (n < len || p[1] < lo || p[1] > hi)
-		return 0;
-	for (i = 2; i < len; i++)
-		if (p[i] < 0x80 || p[i] > 0xbf)
-			return 0;
-	return len;
-}
-
-/*
- * JSON-escape src into dst (always terminated). Well-formed UTF-8 is kept
- * as it is; a byte that is not part of one is written as \u00XX, so the
- * line stays valid JSON whatever a client sent.
- */
-static void
-json_escape(char *dst, size_t dlen, const char *src, size_t slen)
-{
-	const unsigned char *u = (const unsigned char *)src;
-	size_t i, o = 0, k;
-
-	for (i = 0; i < slen && o + 7 < dlen; i++) {
-		unsigned char ch = u[i];
-
-		if (ch == '"' || ch == '\\') {
-			dst[o++] = '\\';
-			dst[o++] = (char)ch;
-		} else if (ch >= 0x80 && (k = utf8_len(u + i, slen - i)) > 0) {
-			if (o + k + 7 >= dlen)
-				break;
-			memcpy(dst + o, u + i, k);
-			o += k;
-			i += k - 1;
-		} else if (ch < 0x20 || ch >= 0x7f) {
-			o += (size_t)snprintf(dst + o, dlen - o, "\\u%04x", ch);
-		} else
-			dst[o++] = (char)ch;
-	}
-	dst[o] = '\0';
-}
-
 /* The access log's affinity, by sl_conn.affinity. */
 static const char *const aff_words[SL_AFF_MAX + 1] = {
 	"-", "hit", "miss", "spill"
 };
 
 static void
-conn_access_log(struct sl_conn *c, const char *end, ev_tstamp now)
+conn_access_log(struct sl_conn *c, enum sl_end end, ev_tstamp now)
 {
 	struct sl_worker *w = c->w;
-	char line[3200], path[768], method[32], ts[40], tenant[256];
-	char replica[512], model[300], umodel[300];
-	const char *url = "", *q;
-	size_t ulen = 0;
-	struct timeval tv;
-	struct tm tm;
-	int n;
+	struct sl_access_rec r;
 
 	if (w->access_fd < 0)
 		return;
+	memset(&r, 0, sizeof(r));
+	r.worker = w->index;
+	r.peer = c->peer;
 	if (c->req.url_len > 0)
-		url = sl_req_url(&c->req, &ulen);
-	/* The query string may carry secrets: log the path only. */
-	if ((q = memchr(url, '?', ulen)) != NULL)
-		ulen = (size_t)(q - url);
-	json_escape(path, sizeof(path), url, ulen);
+		r.url = sl_req_url(&c->req, &r.url_len);
 	if (c->tenant >= 0)
-		json_escape(tenant, sizeof(tenant), w->cfg->tenants[c->tenant].name,
-		    strlen(w->cfg->tenants[c->tenant].name));
-	else
-		strcpy(tenant, "-");
-	if (c->tenant >= 0 && c->last_replica >= 0) {
-		const char *ru = sl_pool_url(w->pools, conn_upstream_idx(c),
+		r.tenant = w->cfg->tenants[c->tenant].name;
+	if (c->tenant >= 0 && c->last_replica >= 0)
+		r.replica = sl_pool_url(w->pools, conn_upstream_idx(c),
 		    c->last_replica);
-
-		json_escape(replica, sizeof(replica), ru, strlen(ru));
-	} else
-		strcpy(replica, "-");
-	json_escape(method, sizeof(method), sl_req_method(&c->req),
-	    strlen(sl_req_method(&c->req)));
-	if (c->mname != NULL)
-		json_escape(model, sizeof(model), c->mname, c->mname_len);
-	else
-		strcpy(model, "-");
-	if (c->msent != NULL)
-		json_escape(umodel, sizeof(umodel), c->msent, strlen(c->msent));
-	else
-		strcpy(umodel, "-");
-	gettimeofday(&tv, NULL);
-	gmtime_r(&tv.tv_sec, &tm);
-	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-	n = snprintf(line, sizeof(line),
-	    "{\"time\":\"%s.%03dZ\",\"worker\":%d,\"peer\":\"%s\","
-	    "\"tenant\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
-	    "\"status\":%d,\"bytes_out\":%" PRIu64 ",\"ttfb_ms\":%.3f,"
-	    "\"duration_ms\":%.3f,\"paused_ms\":%.3f,\"queued_ms\":%.3f,"
-	    "\"end\":\"%s\","
-	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
-	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\","
-	    "\"affinity\":\"%s\",\"model\":\"%s\",\"upstream_model\":\"%s\","
-	    "\"proto\":\"%s\"}\n",
-	    ts, (int)(tv.tv_usec / 1000), w->index, c->peer,
-	    tenant, method, path, c->status, c->bytes_out,
-	    c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0,
-	    (now - c->t_start) * 1000.0, c->paused_total * 1000.0,
-	    c->queued_total * 1000.0, end,
-	    replica, c->tries, c->tok_prompt, c->tok_completion,
-	    c->usage_kind != NULL ? c->usage_kind : "none",
-	    aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
-	    c->affinity : 0], model, umodel, c->fr != NULL ? "h2" : "h1");
-	if (n < 0)
-		return;
-	if ((size_t)n >= sizeof(line))
-		n = (int)sizeof(line) - 1;
-	/* One write per line: O_APPEND keeps lines of all workers whole. */
-	(void)!write(w->access_fd, line, (size_t)n);
+	r.method = sl_req_method(&c->req);
+	r.status = c->status;
+	r.bytes_out = c->bytes_out;
+	r.ttfb_ms = c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0;
+	r.duration_ms = (now - c->t_start) * 1000.0;
+	r.paused_ms = c->paused_total * 1000.0;
+	r.queued_ms = c->queued_total * 1000.0;
+	r.end = end;
+	r.tries = c->tries;
+	r.prompt_tokens = c->tok_prompt;
+	r.completion_tokens = c->tok_completion;
+	r.usage = c->usage_kind;
+	r.affinity = aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
+	    c->affinity : 0];
+	r.model = c->mname;
+	r.model_len = c->mname_len;
+	r.upstream_model = c->msent;
+	r.proto = c->fr != NULL ? "h2" : "h1";
+	sl_access_write(w->access_fd, &r);
 }
 
 /* The shared model slot the request counts under: 0 ("-") when none. */
@@ -940,7 +843,7 @@ conn_model_latency(struct sl_conn *c, ev_tstamp now)
  * Called exactly once per request (req_active guards).
  */
 static void
-conn_request_end(struct sl_conn *c, const char *end)
+conn_request_end(struct sl_conn *c, enum sl_end end)
 {
 	struct sl_worker *w = c->w;
 	ev_tstamp now;
@@ -959,7 +862,7 @@ conn_request_end(struct sl_conn *c, const char *end)
 	conn_release(c);
 	/* The real time: a refusal is answered within one loop iteration. */
 	now = ev_time();
-	if (c->end != NULL)
+	if (c->end != SL_END_NONE)
 		end = c->end;
 	if (c->paused)
 		c->paused_total += now - c->t_pause;
@@ -986,21 +889,6 @@ conn_request_end(struct sl_conn *c, const char *end)
 	c->mname = NULL;
 	c->msent = NULL;
 	conn_mrw_free(c);
-}
-
-/* Map a close reason to the access log's vocabulary. */
-static const char *
-end_of(const char *why)
-{
-	if (strcmp(why, "stall") == 0 || strcmp(why, "client_gone") == 0 ||
-	    strcmp(why, "drained") == 0 || strcmp(why, "upstream_error") == 0 ||
-	    strcmp(why, "done") == 0)
-		return why;
-	if (strcmp(why, "upstream_idle") == 0 || strcmp(why, "timeout") == 0)
-		return "timeout";
-	if (strcmp(why, "bug") == 0)
-		return "upstream_error";
-	return "client_gone";
 }
 
 static void
@@ -1036,7 +924,7 @@ sl_conn_reap_idle(struct sl_worker *w)
 		conn_idle_unlist(c);
 		if (conn_is_idle(c)) {
 			c->depth++;
-			conn_close(c, "keepalive");
+			conn_close(c, SL_CLOSE_KEEPALIVE);
 			conn_unref(c);
 			return 1;
 		}
@@ -1045,13 +933,13 @@ sl_conn_reap_idle(struct sl_worker *w)
 }
 
 static void
-conn_close(struct sl_conn *c, const char *why)
+conn_close(struct sl_conn *c, enum sl_close why)
 {
 	struct sl_worker *w = c->w;
 
 	if (c->dead)
 		return;
-	sl_debug("conn %d: close (%s) in state %s", c->fd, why,
+	sl_debug("conn %d: close (%s) in state %s", c->fd, sl_close_names[why],
 	    state_names[c->state]);
 	c->dead = 1;
 	/*
@@ -1061,7 +949,7 @@ conn_close(struct sl_conn *c, const char *why)
 	 */
 	conn_abort_upstream(c);
 	conn_release(c);
-	conn_request_end(c, end_of(why));
+	conn_request_end(c, sl_end_of_close(why));
 	conn_read_stop(c);
 	ev_io_stop(w->loop, &c->rio);   /* and any event fed to it */
 	conn_hup_unwatch(c);
@@ -1127,7 +1015,8 @@ conn_response_done(struct sl_conn *c)
 {
 	struct sl_worker *w = c->w;
 
-	conn_request_end(c, c->state == CS_LOCAL ? "rejected" : "done");
+	conn_request_end(c, c->state == CS_LOCAL ? SL_END_REJECTED :
+	    SL_END_DONE);
 
 	if (c->close_after || w->draining || w->cfg->timeouts.keepalive_ms == 0) {
 		if (c->state == CS_LOCAL && c->req.state != SL_REQ_DONE) {
@@ -1142,7 +1031,7 @@ conn_response_done(struct sl_conn *c)
 			conn_read_start(c);
 			return;
 		}
-		conn_close(c, "done");
+		conn_close(c, SL_CLOSE_DONE);
 		return;
 	}
 	/* Keep-alive: reset per-request state, keep the buffers' memory. */
@@ -1157,7 +1046,7 @@ conn_response_done(struct sl_conn *c)
 	c->status = 0;
 	c->upstream_bad = 0;
 	c->pending = 0;
-	c->end = NULL;
+	c->end = SL_END_NONE;
 	c->t_first = c->t_pause = c->paused_total = c->queued_total = 0;
 	c->bytes_out = 0;
 	c->sends = c->resend_refused = c->no_fds = 0;
@@ -1429,7 +1318,7 @@ conn_timer_event(struct sl_conn *c)
 	switch (c->state) {
 	case CS_HEAD:
 		if (c->nreq > 0 && c->req.head_bytes == 0 && c->in_len == 0) {
-			conn_close(c, "keepalive");
+			conn_close(c, SL_CLOSE_KEEPALIVE);
 			return;
 		}
 		if (c->tls_hs && c->tls_seen) {
@@ -1445,7 +1334,7 @@ conn_timer_event(struct sl_conn *c)
 			 */
 			sl_shm_stat_add(c->w->shm, c->w->row,
 			    SL_STAT_IDLE_CLOSED, 1);
-			conn_close(c, "idle");
+			conn_close(c, SL_CLOSE_IDLE);
 			return;
 		}
 		conn_error(c, SL_ERR_REQUEST_TIMEOUT, NULL, 0);
@@ -1461,14 +1350,14 @@ conn_timer_event(struct sl_conn *c)
 	case CS_STREAM:
 		if (c->paused || c->easy == NULL) {
 			sl_info("conn %d: client stalled, stream cut", c->fd);
-			conn_close(c, "stall");
+			conn_close(c, SL_CLOSE_STALL);
 		} else {
 			sl_info("conn %d: upstream idle, stream cut", c->fd);
 			conn_count_uerr(c, SL_UERR_IDLE);
 			if (c->replica >= 0)
 				sl_pool_failed(c->w->pools, conn_upstream_idx(c),
 				    c->replica);
-			conn_close(c, "upstream_idle");
+			conn_close(c, SL_CLOSE_UPSTREAM_IDLE);
 		}
 		return;
 	case CS_QUEUED: {
@@ -1484,7 +1373,7 @@ conn_timer_event(struct sl_conn *c)
 	case CS_ADMIT:
 	case CS_LOCAL:
 	case CS_LINGER:
-		conn_close(c, "timeout");
+		conn_close(c, SL_CLOSE_TIMEOUT);
 		return;
 	}
 }
@@ -3026,14 +2915,14 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		} else if (conn_retry(c, kind, result) == 0) {
 			goto out;
 		}
-		c->end = "upstream_error";
+		c->end = SL_END_UPSTREAM_ERROR;
 	} else if (!c->client_gone && !c->head_sent) {
 		/* Done without a final head: only 1xx, or nothing usable. */
 		conn_report_try(c, SL_CODE_RESET);
 	}
 	conn_abort_upstream(c);    /* removes and frees the handle */
 	if (c->client_gone) {
-		conn_close(c, "client_gone");
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
 		goto out;
 	}
 	if (result != CURLE_OK || c->upstream_bad) {
@@ -3051,11 +2940,11 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		c->resp_done = 1;
 		c->chunked = 0;
 		if (conn_flush(c) == -1) {
-			conn_close(c, "client_gone");
+			conn_close(c, SL_CLOSE_CLIENT_GONE);
 			goto out;
 		}
 		if (c->rh_off == c->rh.len && sl_buf_len(&c->out) == 0)
-			conn_close(c, "upstream_error");
+			conn_close(c, SL_CLOSE_UPSTREAM_ERROR);
 		else
 			conn_timer_update(c);
 		goto out;
@@ -3063,7 +2952,7 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 	if (!c->head_sent) {
 		/* Done without a final head: only 1xx, or nothing usable. */
 		conn_count_uerr(c, SL_UERR_BAD_RESPONSE);
-		c->end = "upstream_error";
+		c->end = SL_END_UPSTREAM_ERROR;
 		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE,
 		    "upstream sent no final response", 0);
 		goto out;
@@ -3074,12 +2963,12 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 	if (c->chunked && sl_buf_append(&c->out, "0\r\n\r\n", 5) == -1) {
 		/* CHUNK_FRAMING slack guarantees room; this is a bug. */
 		sl_err("conn %d: no room for the last chunk", c->fd);
-		conn_close(c, "bug");
+		conn_close(c, SL_CLOSE_BUG);
 		goto out;
 	}
 	c->resp_done = 1;
 	if (conn_flush(c) == -1) {
-		conn_close(c, "client_gone");
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
 		goto out;
 	}
 	conn_timer_update(c);
@@ -3485,7 +3374,7 @@ conn_x_drain(struct sl_conn *c)
 	    (c->state == CS_HEAD || c->state == CS_BODY || c->state == CS_LOCAL)) {
 		if (c->in == NULL && (c->in = sl_block_get(&c->w->blocks)) == NULL) {
 			sl_err("conn %d: out of memory for its input", c->fd);
-			conn_close(c, "client_gone");
+			conn_close(c, SL_CLOSE_CLIENT_GONE);
 			return;
 		}
 		space = CONN_IN_SIZE - c->in_len;
@@ -3552,7 +3441,7 @@ conn_tls_failed(struct sl_conn *c, enum sl_tls_err why)
 		shutdown(c->fd, SHUT_WR);
 	}
 	c->client_gone = 1;
-	conn_close(c, "tls");
+	conn_close(c, SL_CLOSE_TLS);
 }
 
 /* Drive the handshake: 1 done, 0 waiting for the socket, -1 closed. */
@@ -3571,7 +3460,7 @@ conn_tls_handshake(struct sl_conn *c)
 		r = (int)recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
 		if (r == 0 || (r == -1 && errno != EAGAIN && errno != EINTR)) {
 			c->client_gone = 1;
-			conn_close(c, "client_gone");
+			conn_close(c, SL_CLOSE_CLIENT_GONE);
 			return -1;
 		}
 		if (r == -1)
@@ -3592,7 +3481,7 @@ conn_tls_handshake(struct sl_conn *c)
 			c->handed_over = 1;
 			conn_read_stop(c);
 			c->w->h2_start(c->w, c->fd, ssl, c->peer);
-			conn_close(c, "h2");
+			conn_close(c, SL_CLOSE_H2);
 			return -1;
 		}
 		/* The request head's time begins once the channel is up. */
@@ -3630,7 +3519,7 @@ conn_read_event(struct sl_conn *c)
 			n = conn_recv(c, sink, sizeof(sink));
 		while (n > 0);
 		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
-			conn_close(c, "done");
+			conn_close(c, SL_CLOSE_DONE);
 		return;
 	}
 	if (c->in_len == CONN_IN_SIZE) {
@@ -3647,14 +3536,14 @@ conn_read_event(struct sl_conn *c)
 	}
 	if (c->in == NULL && (c->in = sl_block_get(&c->w->blocks)) == NULL) {
 		sl_err("conn %d: out of memory for its input", c->fd);
-		conn_close(c, "client_gone");
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
 		return;
 	}
 	n = conn_recv(c, c->in + c->in_len, CONN_IN_SIZE - c->in_len);
 	if (n == 0 || (n == -1 && errno != EAGAIN && errno != EWOULDBLOCK &&
 	    errno != EINTR)) {
 		c->client_gone = 1;
-		conn_close(c, "client_gone");
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
 		return;
 	}
 	if (n < 0)
@@ -3713,7 +3602,7 @@ conn_write_event(struct sl_conn *c)
 			return;
 	}
 	if (conn_flush(c) == -1) {
-		conn_close(c, "client_gone");
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
 		return;
 	}
 	conn_maybe_resume(c);
@@ -3832,7 +3721,7 @@ sl_conn_drain_all(struct sl_worker *w)
 		if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1 ||
 		    (c->ssl != NULL && sl_tls_pending(c->ssl)))
 			continue;
-		conn_close(c, "drain");
+		conn_close(c, SL_CLOSE_DRAIN);
 	}
 }
 
@@ -3849,7 +3738,7 @@ sl_conn_hup_event(struct sl_worker *w)
 		c->depth++;
 		sl_debug("conn %d: client left with input unread", c->fd);
 		c->client_gone = 1;
-		conn_close(c, "client_gone");
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
 		conn_unref(c);
 	}
 }
@@ -3870,7 +3759,7 @@ sl_conn_flush_dirty(struct sl_worker *w)
 		c->dirty = 0;
 		c->depth++;
 		if (conn_flush(c) == -1)
-			conn_close(c, "client_gone");
+			conn_close(c, SL_CLOSE_CLIENT_GONE);
 		else {
 			conn_maybe_resume(c);
 			conn_after_write(c);
@@ -3902,7 +3791,7 @@ sl_conn_close_all(struct sl_worker *w)
 	struct sl_conn *c;
 
 	while ((c = TAILQ_FIRST(&w->conns)) != NULL)
-		conn_close(c, "drained");
+		conn_close(c, SL_CLOSE_DRAINED);
 }
 
 /* ---- exchanges of HTTP/2 streams (sl_exchange.h) ---------------------- */
@@ -4001,11 +3890,12 @@ sl_exchange_closed(struct sl_conn *c, int done)
 	c->fr_ctx = NULL;
 	c->xin_raw = 0;
 	if (done) {
-		conn_request_end(c, c->state == CS_LOCAL ? "rejected" : "done");
-		conn_close(c, "done");
+		conn_request_end(c, c->state == CS_LOCAL ? SL_END_REJECTED :
+		    SL_END_DONE);
+		conn_close(c, SL_CLOSE_DONE);
 	} else {
 		c->client_gone = 1;
-		conn_close(c, "client_gone");
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
 	}
 	conn_unref(c);
 	return held;

@@ -13,7 +13,7 @@
  *                      "end" value of the contract is documented in its
  *                      section; so is every metric family the code can
  *                      emit (each "sluice_..." name in a string literal of
- *                      src/ *.c) and every field conn_access_log() writes.
+ *                      src/ *.c) and every field sl_access_write() writes.
  *
  * The pages are read from $SLUICE_SRCDIR/man (default: ./man). Every
  * mismatch is printed, not only the first, before the test fails.
@@ -686,7 +686,7 @@ test_every_metric_in_the_code_documented(void **state)
 
 /*
  * Every field the access log writes: the "\"NAME\":" of the format in
- * conn_access_log() (src/relay.c).
+ * sl_access_write() (src/accesslog.c).
  */
 static void
 test_every_access_log_field_in_the_code_documented(void **state)
@@ -698,10 +698,10 @@ test_every_access_log_field_in_the_code_documented(void **state)
 	int n = 0;
 
 	(void)state;
-	src = read_page("src/relay.c");
-	p = strstr(src, "\nconn_access_log(");
+	src = read_page("src/accesslog.c");
+	p = strstr(src, "\nsl_access_write(");
 	if (p == NULL)
-		fail_msg("src/relay.c has no conn_access_log()");
+		fail_msg("src/accesslog.c has no sl_access_write()");
 	end = strstr(p, "\n}\n");
 	if (end == NULL)
 		end = p + strlen(p);
@@ -715,7 +715,7 @@ test_every_access_log_field_in_the_code_documented(void **state)
 		}
 	}
 	if (ns.n < 15)
-		fail_msg("found %zu access log fields in conn_access_log(): "
+		fail_msg("found %zu access log fields in sl_access_write(): "
 		    "the scan is broken", ns.n);
 	page = read_page(MAIN_PAGE);
 	if ((text = section(page, "ACCESS LOG")) == NULL)
@@ -723,9 +723,9 @@ test_every_access_log_field_in_the_code_documented(void **state)
 	for (i = 0; i < ns.n; i++)
 		if (!line_has(text, ".It Li ", ns.v[i]))
 			problem(&n, "%s: ACCESS LOG has no \".It Li %s\" (a "
-			    "field conn_access_log() writes)", MAIN_PAGE,
+			    "field sl_access_write() writes)", MAIN_PAGE,
 			    ns.v[i]);
-	print_message("%zu access log fields in conn_access_log()\n", ns.n);
+	print_message("%zu access log fields in sl_access_write()\n", ns.n);
 	free(text);
 	free(page);
 	free(src);
