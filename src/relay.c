@@ -42,6 +42,7 @@
 #include "sl_relay.h"
 #include "sl_reply.h"
 #include "sl_tls.h"
+#include "sl_transfer.h"
 #include "sl_upstream.h"
 #include "sl_json.h"
 #include "sl_usage.h"
@@ -140,9 +141,6 @@ struct sl_conn {
 	int tries_base;            /* tries before its upstream's first */
 	int fb_model, fb_target;   /* a busy head's fallback, whose replica
 	                            * is retry_next; -1: none */
-	struct curl_slist **hdr_link;   /* the upstream's header tail hangs
-	                                 * here; NULL: c->hdrs is the tail */
-	int hdr_ct, hdr_accept;
 	struct sl_cl_wait *admit_wait;   /* CS_ADMIT: the lease asked for */
 
 	/* CS_QUEUED: its place in the fair queue (sl_queue.h). */
@@ -166,20 +164,13 @@ struct sl_conn {
 	int resp_done;             /* the response is complete in rh/out */
 
 	/* Upstream. */
-	CURL *easy;
-	struct sl_shard *shard;    /* the multi handle easy is in */
-	struct curl_slist *hdrs;   /* upstream request headers: nodes in */
-	void *hdr_block;           /* hdr_block, then the upstream's tail */
-	char *url;
+	struct sl_xfer xf;         /* the try in flight (sl_transfer.h) */
 	int status;                /* upstream status */
 	struct sl_resp_head uh;    /* upstream response head, filtered */
 	int upstream_bad;          /* malformed upstream head */
 	int paused;                /* CURL_WRITEFUNC_PAUSE returned */
 	size_t pending;            /* size of the refused chunk, framed */
 	int client_gone;           /* EOF/RST/EPIPE seen on the client */
-	int sends;                 /* times libcurl was about to send it */
-	int resend_refused;        /* a second send was refused */
-	int no_fds;                /* the upstream socket() hit EMFILE/ENFILE */
 
 	/* The pool: which replica this try went to, and the tries so far. */
 	int replica;               /* replica of the current try; -1: none */
@@ -478,21 +469,7 @@ conn_report_try(struct sl_conn *c, int code)
 static void
 conn_stop_transfer(struct sl_conn *c)
 {
-	if (c->easy != NULL && (c->sends > 1 || c->resend_refused)) {
-		/*
-		 * libcurl sent again on a fresh connection: it counted that
-		 * retry in the handle (at 5, it fails the next one instead),
-		 * and only curl_easy_reset clears the count. Rare: a new
-		 * handle for the next transfer.
-		 */
-		sl_transfers_discard(c->w->xfers, c->shard, c->easy);
-		c->shard = NULL;
-		c->easy = NULL;
-	} else if (c->easy != NULL) {
-		sl_transfers_stop(c->w->xfers, c->shard, c->easy);
-		c->shard = NULL;
-		c->easy = NULL;
-	}
+	sl_xfer_stop(&c->xf, c->w->xfers);
 	if (c->replica >= 0) {
 		sl_pool_release(c->w->pools, conn_upstream_idx(c), c->replica);
 		c->replica = -1;
@@ -527,11 +504,7 @@ conn_abort_upstream(struct sl_conn *c)
 		c->retry_next = -1;
 		c->fb_model = -1;
 	}
-	free(c->hdr_block);
-	c->hdr_block = NULL;
-	c->hdrs = NULL;
-	free(c->url);
-	c->url = NULL;
+	sl_xfer_clear(&c->xf);
 	if (c->paused)   /* the pause ends here: count it for the access log */
 		c->paused_total += ev_now(c->w->loop) - c->t_pause;
 	c->paused = 0;
@@ -1049,7 +1022,7 @@ conn_response_done(struct sl_conn *c)
 	c->end = SL_END_NONE;
 	c->t_first = c->t_pause = c->paused_total = c->queued_total = 0;
 	c->bytes_out = 0;
-	c->sends = c->resend_refused = c->no_fds = 0;
+	c->xf.sends = c->xf.resend_refused = c->xf.no_fds = 0;
 	c->tried = 0;
 	c->tries = 0;
 	c->last_replica = -1;
@@ -1262,9 +1235,9 @@ conn_deadline(struct sl_conn *c)
 	case CS_UPSTREAM:
 		return c->t_upstream + ms(cfg->timeouts.upstream_first_byte_ms);
 	case CS_STREAM:
-		if (c->paused || (c->easy == NULL && waiting))
+		if (c->paused || (c->xf.easy == NULL && waiting))
 			return c->t_client + ms(cfg->timeouts.client_stall_ms);
-		if (c->easy != NULL)
+		if (c->xf.easy != NULL)
 			return c->t_upstream + ms(cfg->timeouts.upstream_idle_ms);
 		return 0;
 	case CS_LOCAL:
@@ -1348,7 +1321,7 @@ conn_timer_event(struct sl_conn *c)
 		conn_error(c, SL_ERR_UPSTREAM_TIMEOUT, NULL, 0);
 		return;
 	case CS_STREAM:
-		if (c->paused || c->easy == NULL) {
+		if (c->paused || c->xf.easy == NULL) {
 			sl_info("conn %d: client stalled, stream cut", c->fd);
 			conn_close(c, SL_CLOSE_STALL);
 		} else {
@@ -1436,8 +1409,8 @@ conn_shed_request(struct sl_conn *c)
 	curl_off_t up = 0;
 
 	sl_resp_head_free(&c->uh);
-	if (c->req.body != NULL && c->easy != NULL &&
-	    curl_easy_getinfo(c->easy, CURLINFO_SIZE_UPLOAD_T, &up) == CURLE_OK &&
+	if (c->req.body != NULL && c->xf.easy != NULL &&
+	    curl_easy_getinfo(c->xf.easy, CURLINFO_SIZE_UPLOAD_T, &up) == CURLE_OK &&
 	    (size_t)up == c->req.body_len) {
 		free(c->req.body);
 		c->req.body = NULL;
@@ -1506,7 +1479,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 		 * reads this flag when the transfer ends.)
 		 */
 		if (c->status == 204 || c->status == 304)
-			curl_easy_setopt(c->easy, CURLOPT_FORBID_REUSE, 1L);
+			curl_easy_setopt(c->xf.easy, CURLOPT_FORBID_REUSE, 1L);
 		if (conn_build_head(c) == -1)
 			break;
 		conn_usage_head(c);
@@ -2126,216 +2099,6 @@ conn_write_body(struct sl_conn *c, char *p, size_t n)
 
 /* ---- upstream: starting and finishing --------------------------------- */
 
-/* Connection header tokens name more hop-by-hop headers. */
-static int
-listed_in_connection(const struct sl_req *r, const char *name, size_t nlen)
-{
-	const char *v, *p, *end;
-	size_t vlen;
-
-	if ((v = sl_req_header(r, "connection", &vlen)) == NULL)
-		return 0;
-	p = v;
-	end = v + vlen;
-	while (p < end) {
-		const char *s, *e;
-
-		while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
-			p++;
-		s = p;
-		while (p < end && *p != ',')
-			p++;
-		e = p;
-		while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
-			e--;
-		if ((size_t)(e - s) == nlen && strncasecmp(s, name, nlen) == 0)
-			return 1;
-	}
-	return 0;
-}
-
-/*
- * The upstream request's header list: the client's lines that are passed
- * on, and X-Forwarded-For, as list nodes and text in one block
- * (c->hdr_block, one malloc and one free per request, no printf), linked
- * in front of the upstream's fixed tail (sl_transfers_header_tail), which
- * is formatted once per config. libcurl only reads the list.
- */
-struct hdr_build {
-	struct curl_slist *node;   /* next free node of the block */
-	char *p;                   /* next free byte of its text */
-	struct curl_slist **link;  /* where the next node is linked */
-};
-
-#define IOV(p, n) { (void *)(uintptr_t)(p), (n) }
-
-static void
-hdr_line(struct hdr_build *b, const struct iovec *v, int nv)
-{
-	struct curl_slist *n = b->node++;
-	int i;
-
-	n->data = b->p;
-	for (i = 0; i < nv; i++) {
-		memcpy(b->p, v[i].iov_base, v[i].iov_len);
-		b->p += v[i].iov_len;
-	}
-	*b->p++ = '\0';
-	*b->link = n;
-	b->link = &n->next;
-}
-
-static void
-hdr_header(struct hdr_build *b, const char *name, size_t nlen,
-    const char *value, size_t vlen)
-{
-	const struct iovec v[] = { IOV(name, nlen), IOV(": ", 2),
-	    IOV(value, vlen) };
-	/* To libcurl "Name:" removes a header; "Name;" sends it empty. */
-	const struct iovec empty[] = { IOV(name, nlen), IOV(";", 1) };
-
-	if (vlen == 0)
-		hdr_line(b, empty, 2);
-	else
-		hdr_line(b, v, 3);
-}
-
-#define IDENTITY "Accept-Encoding: identity"
-
-static int
-conn_build_upstream_headers(struct sl_conn *c)
-{
-	const struct sl_req *r = &c->req;
-	const char *name, *value;
-	size_t nlen, vlen, i, nodes = 1, text, plen = strlen(c->peer);
-	int have_ct = 0, have_accept = 0, nxff = 0;
-	struct iovec xff[2 * SL_REQ_MAX_HEADERS + 2];
-	struct hdr_build b;
-	struct curl_slist *head = NULL;
-
-	/*
-	 * At most one node per client line and one for X-Forwarded-For;
-	 * a line takes at most name + ": " + value + NUL, and ours
-	 * "X-Forwarded-For: " + ", " + peer + NUL on top.
-	 */
-	text = 17 + 2 + plen + 1;
-	if (c->usage_on || c->model >= 0) {
-		nodes++;
-		text += sizeof(IDENTITY);
-	}
-	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
-	    i++) {
-		nodes++;
-		text += nlen + vlen + 3;
-	}
-	free(c->hdr_block);
-	if ((c->hdr_block = malloc(nodes * sizeof(struct curl_slist) +
-	    text)) == NULL)
-		return -1;
-	b.node = c->hdr_block;
-	b.p = (char *)(b.node + nodes);
-	b.link = &head;
-
-	for (i = 0; sl_req_header_at(r, i, &name, &nlen, &value, &vlen) == 0;
-	    i++) {
-		if (memchr(value, '\0', vlen) != NULL || memchr(name, '\0', nlen))
-			return -1;
-		if (sl_http_is_hop_by_hop(name, nlen) ||
-		    sl_http_name_is(name, nlen, "host") ||
-		    sl_http_name_is(name, nlen, "authorization") ||
-		    sl_http_name_is(name, nlen, "content-length") ||
-		    sl_http_name_is(name, nlen, "expect") ||
-		    listed_in_connection(r, name, nlen))
-			continue;
-		if (sl_http_name_is(name, nlen, "x-forwarded-for")) {
-			/*
-			 * Repeated lines are one list (RFC 9110 5.3): every
-			 * hop is kept, in order, then ours is appended.
-			 */
-			if (vlen == 0)
-				continue;
-			xff[2 * nxff].iov_base = (void *)(uintptr_t)(nxff ?
-			    ", " : "X-Forwarded-For: ");
-			xff[2 * nxff].iov_len = nxff ? 2 : 17;
-			xff[2 * nxff + 1].iov_base = (void *)(uintptr_t)value;
-			xff[2 * nxff + 1].iov_len = vlen;
-			nxff++;
-			continue;
-		}
-		/*
-		 * A counted response is read for its usage, and one routed by
-		 * model may have its "model" set back: the runner must not
-		 * compress it (without the header any coding would be
-		 * acceptable, RFC 9110 12.5.3, so identity is asked for).
-		 */
-		if ((c->usage_on || c->model >= 0) &&
-		    sl_http_name_is(name, nlen, "accept-encoding"))
-			continue;
-		if (sl_http_name_is(name, nlen, "content-type"))
-			have_ct = 1;
-		if (sl_http_name_is(name, nlen, "accept"))
-			have_accept = 1;
-		hdr_header(&b, name, nlen, value, vlen);
-	}
-	if (c->usage_on || c->model >= 0)
-		hdr_header(&b, IDENTITY, 15, &IDENTITY[17], sizeof(IDENTITY) - 18);
-	if (nxff > 0) {
-		xff[2 * nxff].iov_base = (void *)(uintptr_t)", ";
-		xff[2 * nxff].iov_len = 2;
-		xff[2 * nxff + 1].iov_base = c->peer;
-		xff[2 * nxff + 1].iov_len = plen;
-		hdr_line(&b, xff, 2 * nxff + 2);
-	} else if (c->peer[0] != '\0')
-		hdr_header(&b, "X-Forwarded-For", 15, c->peer, plen);
-	*b.link = sl_transfers_header_tail(c->w->xfers, conn_upstream_idx(c),
-	    have_ct, have_accept);
-	c->hdrs = head;
-	/* A fallback to another upstream hangs that one's tail here. */
-	c->hdr_link = b.link == &head ? NULL : b.link;
-	c->hdr_ct = have_ct;
-	c->hdr_accept = have_accept;
-	return 0;
-}
-
-/*
- * CURLOPT_PREREQFUNCTION: libcurl is about to send the request on a
- * connection. A second call for the same transfer is libcurl retrying on
- * a new connection because the reused one closed without a response, and
- * the runner may already have read the request and started generating:
- * never send a prompt twice (twice the GPU time, maybe twice the bill).
- * GET and HEAD are idempotent and carry no prompt; they may go again.
- */
-static int
-upstream_prereq_cb(void *arg, char *pip, char *lip, int pport, int lport)
-{
-	struct sl_conn *c = arg;
-
-	(void)pip; (void)lip; (void)pport; (void)lport;
-	if (c->sends++ == 0 || c->req.method == HTTP_GET ||
-	    c->req.method == HTTP_HEAD)
-		return CURL_PREREQFUNC_OK;
-	c->resend_refused = 1;
-	return CURL_PREREQFUNC_ABORT;
-}
-
-/*
- * CURLOPT_OPENSOCKETFUNCTION: the upstream socket, made here to tell "out
- * of descriptors" (our problem: 503) from "cannot connect" (the
- * upstream's: 502 and an upstream error).
- */
-static curl_socket_t
-upstream_socket_cb(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
-{
-	struct sl_conn *c = arg;
-	int fd;
-
-	(void)purpose;
-	fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
-	if (fd == -1 && (errno == EMFILE || errno == ENFILE))
-		c->no_fds = 1;
-	return fd == -1 ? CURL_SOCKET_BAD : fd;
-}
-
 /*
  * Start a try of the request on replica r of its upstream, whose slot the
  * caller took (sl_pool_pick). Returns 0, or -1 when the transfer could not
@@ -2345,97 +2108,23 @@ static int
 conn_try(struct sl_conn *c, int r)
 {
 	struct sl_worker *w = c->w;
-	const struct sl_config *cfg = w->cfg;
-	const char *target, *method = sl_req_method(&c->req), *base;
-	size_t tlen, ulen;
-	CURL *e;
-	int fresh;
+	const struct sl_xfer_sink sink = { upstream_header_cb, upstream_write_cb,
+	    c };
 
 	c->replica = c->last_replica = r;
 	c->tried |= 1ULL << r;
 	c->tries++;
 	c->reported = 0;
-	target = sl_req_url(&c->req, &tlen);
-	base = sl_pool_url(w->pools, conn_upstream_idx(c), r);
-	ulen = strlen(base);
-	free(c->url);
-	if ((c->url = malloc(ulen + tlen + 1)) == NULL)
+	if (sl_xfer_prepare(&c->xf, w->xfers, &sink,
+	    (long)w->cfg->timeouts.upstream_connect_ms,
+	    sl_pool_url(w->pools, conn_upstream_idx(c), r), &c->req) == -1)
 		goto fail;
-	memcpy(c->url, base, ulen);
-	memcpy(c->url + ulen, target, tlen);
-	c->url[ulen + tlen] = '\0';
-	if ((e = sl_transfers_easy(w->xfers, &fresh)) == NULL)
-		goto fail;
-	c->easy = e;
-	if (fresh) {
-		/* What every transfer shares, set once per easy handle. */
-		curl_easy_setopt(e, CURLOPT_HTTP_VERSION,
-		    (long)CURL_HTTP_VERSION_1_1);
-		curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-		curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-		curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-		curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
-		curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-		curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
-		    (long)cfg->timeouts.upstream_connect_ms);
-		curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, upstream_header_cb);
-		curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, upstream_write_cb);
-		curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, upstream_prereq_cb);
-		curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION,
-		    upstream_socket_cb);
-		/*
-		 * Upstreams are reached directly, as by nginx and HAProxy:
-		 * no proxy from http_proxy & co. It also spares libcurl up to
-		 * five getenv() walks of the environment per request.
-		 */
-		curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
-	}
-	/*
-	 * What may differ from the handle's last transfer: every one of
-	 * these is set on every try (a reused handle is not reset).
-	 */
-	curl_easy_setopt(e, CURLOPT_URL, c->url);
-	curl_easy_setopt(e, CURLOPT_PRIVATE, c);
-	curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
-	curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
-	curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
-	curl_easy_setopt(e, CURLOPT_PREREQDATA, c);
-	curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, c);
-	curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 0L);
-	curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, NULL);
-	if ((c->req.method == HTTP_GET && c->req.body_len == 0) ||
-	    c->req.method == HTTP_HEAD) {
-		/* No body: no pointer left to an earlier request's. */
-		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
-		curl_easy_setopt(e, CURLOPT_POSTFIELDS, NULL);
-	}
-	if (c->req.method == HTTP_GET && c->req.body_len == 0) {
-		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);   /* also NOBODY 0 */
-	} else if (c->req.method == HTTP_HEAD) {
-		curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
-		/*
-		 * A HEAD response has no body, but an upstream may send one
-		 * anyway: bytes left on a cached connection would be read as
-		 * the start of the next request's response (any tenant's).
-		 * HEAD is rare; its connection is not kept.
-		 */
-		curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
-	} else {
-		curl_easy_setopt(e, CURLOPT_NOBODY, 0L);  /* before POSTFIELDS */
-		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
-		    (curl_off_t)c->req.body_len);
-		curl_easy_setopt(e, CURLOPT_POSTFIELDS,
-		    c->req.body != NULL ? c->req.body : "");
-		if (c->req.method != HTTP_POST)
-			curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-	}
 	c->t_upstream = ev_now(w->loop);
 	c->status = 0;
 	c->upstream_bad = 0;
-	c->sends = c->resend_refused = c->no_fds = 0;
 	sl_resp_head_reset(&c->uh);
 	conn_set_state(c, CS_UPSTREAM);
-	if ((c->shard = sl_transfers_start(w->xfers, e)) == NULL)
+	if (sl_xfer_launch(&c->xf, w->xfers) == -1)
 		goto fail;
 	return 0;
 fail:
@@ -2574,7 +2263,6 @@ conn_fallback_switch(struct sl_conn *c, int m, int t)
 {
 	const struct sl_config *cfg = c->w->cfg;
 	const struct sl_model_target *tg = &cfg->models[m].targets[t];
-	struct curl_slist *tail;
 
 	sl_info("conn %d: model %s falls back to %s (upstream %s)", c->fd,
 	    cfg->models[c->model].name, cfg->models[m].name,
@@ -2592,12 +2280,7 @@ conn_fallback_switch(struct sl_conn *c, int m, int t)
 	c->up_idx = tg->upstream_idx;
 	c->tried = 0;
 	c->tries_base = c->tries;   /* retries: per upstream */
-	tail = sl_transfers_header_tail(c->w->xfers, c->up_idx, c->hdr_ct,
-	    c->hdr_accept);
-	if (c->hdr_link != NULL)
-		*c->hdr_link = tail;
-	else
-		c->hdrs = tail;
+	sl_xfer_retail(&c->xf, c->w->xfers, c->up_idx);
 	return 0;
 }
 
@@ -2721,12 +2404,14 @@ conn_start_upstream(struct sl_conn *c)
 		return;
 	up = &cfg->upstreams[conn_upstream_idx(c)];
 	if (conn_body_wide(c, up)) {
-		conn_error(c, SL_ERR_BAD_REQUEST, "request body must be UTF-8 JSON", 0);
+		conn_error(c, SL_ERR_BAD_REQUEST,
+		    "request body must be UTF-8 JSON", 0);
 		return;
 	}
 	conn_usage_request(c);
 	if (conn_inject_priority(c, up) == -1 ||
-	    conn_build_upstream_headers(c) == -1) {
+	    sl_xfer_headers(&c->xf, c->w->xfers, conn_upstream_idx(c), &c->req,
+	    c->peer, c->usage_on || c->model >= 0) == -1) {
 		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 		return;
 	}
@@ -2824,7 +2509,7 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 			return conn_fallback(c, SL_FB_CONNECT);
 		why = SL_RETRY_R_CONNECT;
 	} else if (kind == SL_UERR_RESET && c->uh.status == 0 &&
-	    (c->resend_refused || result == CURLE_GOT_NOTHING ||
+	    (c->xf.resend_refused || result == CURLE_GOT_NOTHING ||
 	    result == CURLE_RECV_ERROR || result == CURLE_SEND_ERROR)) {
 		/*
 		 * Closed after the request was written, before any response
@@ -2854,7 +2539,7 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 	struct sl_conn *c = NULL;
 
 	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&c);
-	if (c == NULL || c->easy != easy) {
+	if (c == NULL || c->xf.easy != easy) {
 		sl_transfers_discard(w->xfers, sh, easy);
 		return;
 	}
@@ -2881,10 +2566,10 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		conn_next_try(c, r2, SL_RETRY_R_BUSY);
 		goto out;
 	}
-	if (!c->client_gone && c->no_fds) {
+	if (!c->client_gone && c->xf.no_fds) {
 		/* Our descriptors ran out, not the upstream: not its error. */
 		sl_warn("upstream %.*s: out of file descriptors",
-		    (int)strcspn(c->url, "?#"), c->url);
+		    (int)strcspn(c->xf.url, "?#"), c->xf.url);
 		conn_abort_upstream(c);
 		conn_error(c, SL_ERR_OVERLOADED,
 		    "the gateway is out of file descriptors; retry later", 1);
@@ -2894,9 +2579,9 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 		enum sl_uerr kind = SL_UERR_RESET;
 
 		/* The query string may carry secrets: log the path only. */
-		sl_warn("upstream %.*s: %s", (int)strcspn(c->url, "?#"), c->url,
+		sl_warn("upstream %.*s: %s", (int)strcspn(c->xf.url, "?#"), c->xf.url,
 		    c->upstream_bad ? "malformed response head" :
-		    c->resend_refused ? "connection closed after the request "
+		    c->xf.resend_refused ? "connection closed after the request "
 		    "was sent, without a response (not sent again)" :
 		    curl_easy_strerror(result));
 		if (c->upstream_bad || result == CURLE_WEIRD_SERVER_REPLY ||
@@ -3582,12 +3267,12 @@ conn_on_write(struct ev_loop *loop, ev_io *io, int revents)
 static void
 conn_maybe_resume(struct sl_conn *c)
 {
-	if (!c->paused || c->easy == NULL || sl_buf_space(&c->out) < c->pending)
+	if (!c->paused || c->xf.easy == NULL || sl_buf_space(&c->out) < c->pending)
 		return;
 	c->paused = 0;
 	c->paused_total += ev_now(c->w->loop) - c->t_pause;
 	conn_timer_update(c);
-	curl_easy_pause(c->easy, CURLPAUSE_CONT);
+	curl_easy_pause(c->xf.easy, CURLPAUSE_CONT);
 }
 
 static void
@@ -3777,7 +3462,7 @@ sl_conn_gauges(struct sl_worker *w)
 	TAILQ_FOREACH(c, &w->conns, entry) {
 		paused += c->paused ? 1 : 0;
 		buffered += sl_buf_len(&c->out) + (c->rh.len - c->rh_off);
-		streams += c->easy != NULL ? 1 : 0;
+		streams += c->xf.easy != NULL ? 1 : 0;
 	}
 	sl_shm_stat_set(w->shm, w->row, SL_STAT_PAUSED_STREAMS, paused);
 	sl_shm_stat_set(w->shm, w->row, SL_STAT_BUFFERED_BYTES, buffered);
