@@ -36,6 +36,7 @@
 #include "sl_exchange.h"
 #include "sl_http.h"
 #include "sl_log.h"
+#include "sl_meter.h"
 #include "sl_model.h"
 #include "sl_net.h"
 #include "sl_queue.h"
@@ -185,19 +186,8 @@ struct sl_conn {
 	ev_tstamp t_upstream;      /* last upstream activity */
 	ev_tstamp t_client;        /* last client progress while bytes wait */
 
-	/* Tokens: usage read from the response (issue 13). */
-	int usage_on;              /* a counted request: chat/completions or
-	                            * completions with a JSON object body */
-	int usage_done;            /* charged (or decided: nothing to charge) */
-	const char *usage_kind;    /* "exact", "estimated" or "none" */
-	uint64_t tok_prompt, tok_completion;
-	uint64_t prompt_est;       /* the request's prompt, estimated */
-	struct sl_usage_scan *scan;  /* streamed: the SSE scanner */
-	char *ubody;               /* not streamed: the body, for its usage */
-	size_t ubody_len, ubody_cap;
-	uint64_t ubody_total;      /* not streamed: body bytes relayed, for
-	                            * the estimate of one too large to parse */
-	int keep_json;             /* keep ubody: no scanner, or a JSON answer */
+	/* Tokens: what the response cost (sl_meter.h). */
+	struct sl_meter meter;
 
 	/* Accounting for the current request (metrics, access log). */
 	int req_active;            /* a request is being answered */
@@ -232,7 +222,6 @@ static void conn_usage_charge(struct sl_conn *);
 static void conn_queue_charge(struct sl_conn *);
 static void conn_queue_charge_running(struct sl_conn *);
 static uint64_t mono_sec(void);
-static void conn_usage_free(struct sl_conn *);
 static void conn_usage_head(struct sl_conn *);
 static void conn_usage_reset(struct sl_conn *);
 static void conn_unref(struct sl_conn *);
@@ -768,9 +757,9 @@ conn_access_log(struct sl_conn *c, enum sl_end end, ev_tstamp now)
 	r.queued_ms = c->queued_total * 1000.0;
 	r.end = end;
 	r.tries = c->tries;
-	r.prompt_tokens = c->tok_prompt;
-	r.completion_tokens = c->tok_completion;
-	r.usage = c->usage_kind;
+	r.prompt_tokens = c->meter.prompt;
+	r.completion_tokens = c->meter.completion;
+	r.usage = c->meter.kind;
 	r.affinity = aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
 	    c->affinity : 0];
 	r.model = c->mname;
@@ -806,9 +795,9 @@ conn_model_latency(struct sl_conn *c, ev_tstamp now)
 		return;
 	sl_shm_model_observe(w->shm, w->row, ms, SL_MHIST_TTFT,
 	    c->t_content - c->t_start);
-	if (c->resp_sse && c->usage_done && c->tok_completion >= 2)
+	if (c->resp_sse && c->meter.done && c->meter.completion >= 2)
 		sl_shm_model_observe(w->shm, w->row, ms, SL_MHIST_TPOT,
-		    (now - c->t_content) / (double)(c->tok_completion - 1));
+		    (now - c->t_content) / (double)(c->meter.completion - 1));
 }
 
 /*
@@ -857,7 +846,7 @@ conn_request_end(struct sl_conn *c, enum sl_end end)
 	sl_shm_count_request(w->shm, w->row, tslot, c->status);
 	sl_shm_count_model_request(w->shm, w->row, conn_model_slot(c), c->status);
 	conn_access_log(c, end, now);
-	conn_usage_free(c);
+	sl_meter_free(&c->meter);
 	free(c->mname);
 	c->mname = NULL;
 	c->msent = NULL;
@@ -976,7 +965,7 @@ conn_unref(struct sl_conn *c)
 	free(c->mlit);
 	sl_buf_free(&c->out);
 	sl_block_put(&c->w->blocks, c->in);
-	conn_usage_free(c);
+	sl_meter_free(&c->meter);
 	sl_head_free(&c->rh);
 	sl_resp_head_free(&c->uh);
 	free(c);
@@ -1123,7 +1112,7 @@ conn_flush(struct sl_conn *c)
 	 * counts). Once per request: a compare per flush.
 	 */
 	if (c->t_content == 0 && c->t_first > 0 && sl_buf_len(&c->out) > 0 &&
-	    (c->scan == NULL || !c->resp_sse || c->scan->content_bytes > 0))
+	    (c->meter.scan == NULL || !c->resp_sse || c->meter.scan->content_bytes > 0))
 		c->t_content = ev_now(c->w->loop);
 	conn_queue_charge_running(c);
 	if (c->fr != NULL)
@@ -1509,49 +1498,6 @@ mono_sec(void)
 }
 
 /*
- * Does the path, percent-decoded, equal lit? Runners route on the decoded
- * path (uvicorn, cpp-httplib): /v1/chat/%63ompletions is served as
- * /v1/chat/completions and must be counted as one.
- */
-static int
-path_is(const char *p, size_t len, const char *lit)
-{
-	size_t i = 0;
-
-	for (; *lit != '\0'; lit++) {
-		unsigned char ch;
-
-		if (i >= len)
-			return 0;
-		ch = (unsigned char)p[i++];
-		if (ch == '%') {
-			int hi, lo;
-
-			if (len - i < 2 || (hi = sl_json_hexval(p[i])) < 0 ||
-			    (lo = sl_json_hexval(p[i + 1])) < 0)
-				return 0;
-			ch = (unsigned char)(hi << 4 | lo);
-			i += 2;
-		}
-		if (ch != (unsigned char)*lit)
-			return 0;
-	}
-	return i == len;
-}
-
-/* POST /v1/chat/completions or /v1/completions (any query). */
-static int
-usage_path(const char *url, size_t len)
-{
-	const char *q = memchr(url, '?', len);
-
-	if (q != NULL)
-		len = (size_t)(q - url);
-	return path_is(url, len, "/v1/chat/completions") ||
-	    path_is(url, len, "/v1/completions");
-}
-
-/*
  * A body a Python runner reads as JSON in UTF-16 or UTF-32 where sluice
  * reads it (counted paths; prefix_affinity): sluice reads UTF-8 only, so
  * relayed it would escape tokens_per_minute. RFC 8259 says UTF-8.
@@ -1566,101 +1512,22 @@ conn_body_wide(const struct sl_conn *c, const struct sl_upstream_conf *up)
 	    (!c->w->cfg->usage.enabled && up->balance != SL_BALANCE_PREFIX_AFFINITY))
 		return 0;
 	url = sl_req_url(&c->req, &ulen);
-	return usage_path(url, ulen) && sl_json_wide(c->req.body, c->req.body_len);
+	return sl_meter_path(url, ulen) &&
+	    sl_json_wide(c->req.body, c->req.body_len);
 }
 
 /*
- * Before the first try: is the request counted, is it streamed, and does
- * the runner have to be asked for the usage chunk (which is then removed
- * from what the client receives)?
- */
-static void
-conn_usage_request(struct sl_conn *c)
-{
-	const struct sl_config *cfg = c->w->cfg;
-	struct sl_usage_req r;
-	const char *url;
-	size_t ulen;
-
-	c->usage_kind = "none";
-	if (!cfg->usage.enabled)
-		return;
-	url = sl_req_url(&c->req, &ulen);
-	if (c->req.method != HTTP_POST || !usage_path(url, ulen))
-		return;
-	if (sl_usage_request(c->req.body != NULL ? c->req.body : "",
-	    c->req.body_len, cfg->usage.inject, &r) == -1 || !r.counted) {
-		sl_usage_req_free(&r);
-		return;
-	}
-	if (r.stream) {
-		if ((c->scan = malloc(sizeof(*c->scan))) == NULL) {
-			sl_usage_req_free(&r);
-			return;   /* not counted rather than wrong */
-		}
-		sl_usage_scan_init(c->scan, r.injected);
-	}
-	if (r.injected) {
-		free(c->req.body);
-		c->req.body = r.body;
-		c->req.body_len = c->req.body_cap = r.body_len;
-		r.body = NULL;
-	}
-	c->usage_on = 1;
-	c->prompt_est = r.prompt_est;
-	sl_usage_req_free(&r);
-}
-
-/*
- * Charge the response's tokens to its tenant, once: exact when the usage
- * arrived (and is believable: sl_usage_sane), else estimated: the prompt
- * from the request body, the completion from the content relayed. A
- * budget so bounds prefill as well as decode whatever became of the usage
- * (a runner that ignores the option, a stream cut or left by its client).
- * Called when the response ends, before its last byte is written.
+ * Charge the response's tokens (sl_meter_end: once, exact or estimated)
+ * to its tenant, its model, the cluster and the fair queue. Called when
+ * the response ends, before its last byte is written.
  */
 static void
 conn_usage_charge(struct sl_conn *c)
 {
-	uint64_t n[SL_TOKENS_KINDS] = { 0, 0, 0 }, bytes = 0;
-	struct sl_usage u;
+	uint64_t n[SL_TOKENS_KINDS];
 
-	if (!c->usage_on || c->usage_done)
+	if (!sl_meter_end(&c->meter, c->status, n))
 		return;
-	c->usage_done = 1;
-	if (c->status / 100 != 2) {
-		c->usage_kind = "none";
-		return;
-	}
-	memset(&u, 0, sizeof(u));
-	if (c->scan != NULL)
-		sl_usage_scan_result(c->scan, &u, &bytes);
-	if (!sl_usage_sane(&u) && c->keep_json) {
-		/* One JSON body, or what a JSON answer turned out to be. */
-		struct sl_usage j;
-		uint64_t jb = 0;
-
-		if (c->ubody_len > SL_USAGE_MAX_JSON)
-			jb = c->ubody_total;   /* not parsed: all may be content */
-		else if (c->ubody != NULL &&
-		    sl_usage_from_json(c->ubody, c->ubody_len, &j) == 0 &&
-		    sl_usage_sane(&j))
-			u = j;
-		else
-			jb = sl_usage_json_content(c->ubody, c->ubody_len);
-		if (jb > bytes)
-			bytes = jb;
-	}
-	if (sl_usage_sane(&u)) {
-		c->usage_kind = "exact";
-		c->tok_prompt = n[SL_TOKENS_PROMPT] = u.prompt_tokens;
-		c->tok_completion = n[SL_TOKENS_COMPLETION] = u.completion_tokens;
-	} else {
-		c->usage_kind = "estimated";
-		c->tok_prompt = c->prompt_est;
-		c->tok_completion = sl_usage_estimate(bytes);
-		n[SL_TOKENS_ESTIMATED] = c->tok_prompt + c->tok_completion;
-	}
 	sl_shm_tokens_charge(c->w->shm, c->w->tenant_slot[c->tenant],
 	    conn_model_slot(c), mono_sec(), n);
 	if (c->w->cluster != NULL)
@@ -1678,7 +1545,7 @@ static void
 conn_queue_charge(struct sl_conn *c)
 {
 	size_t u = conn_upstream_idx(c);
-	uint64_t cost = c->tok_prompt + 2 * c->tok_completion;
+	uint64_t cost = c->meter.prompt + 2 * c->meter.completion;
 
 	if (c->w->queue == NULL || !c->w->cfg->upstreams[u].queue.enabled ||
 	    cost <= c->q_charged)
@@ -1703,12 +1570,12 @@ conn_queue_charge_running(struct sl_conn *c)
 	size_t u;
 	uint64_t cost;
 
-	if (c->w->queue == NULL || c->scan == NULL || c->tenant < 0)
+	if (c->w->queue == NULL || c->meter.scan == NULL || c->tenant < 0)
 		return;
 	u = conn_upstream_idx(c);
 	if (!c->w->cfg->upstreams[u].queue.enabled)
 		return;
-	cost = c->prompt_est + 2 * sl_usage_estimate(c->scan->content_bytes);
+	cost = c->meter.prompt_est + 2 * sl_usage_estimate(c->meter.scan->content_bytes);
 	if (cost <= c->q_charged)
 		return;
 	sl_queue_charge(c->w->queue, c->w->queue_slot[u],
@@ -1716,89 +1583,25 @@ conn_queue_charge_running(struct sl_conn *c)
 	c->q_charged = cost;
 }
 
-/* The request is over: what only its accounting needed goes. */
-static void
-conn_usage_free(struct sl_conn *c)
-{
-	if (c->scan != NULL) {
-		sl_usage_scan_free(c->scan);
-		free(c->scan);
-		c->scan = NULL;
-	}
-	free(c->ubody);
-	c->ubody = NULL;
-	c->ubody_len = c->ubody_cap = 0;
-	c->ubody_total = 0;
-	c->keep_json = 0;
-}
-
 /* Keep-alive: the next request starts with no accounting (buffer empty). */
 static void
 conn_usage_reset(struct sl_conn *c)
 {
-	conn_usage_free(c);
-	c->usage_on = c->usage_done = 0;
-	c->usage_kind = NULL;
-	c->tok_prompt = c->tok_completion = c->prompt_est = 0;
+	sl_meter_reset(&c->meter);
 	c->affinity = 0;
 	c->out.cap = BASE_CAP(c);
 }
 
 /*
- * A non-streamed body: keep a copy of the bytes the client is given, for
- * its usage, up to SL_USAGE_MAX_JSON (past it, or without memory, the
- * copy is given up and the bytes are only counted). Call only with bytes
- * taken into the stream buffer: libcurl hands a paused chunk over again.
- */
-static void
-conn_usage_keep(struct sl_conn *c, const char *p, size_t n)
-{
-	size_t want = c->ubody_len + n;
-
-	c->ubody_total += n;
-	if (c->ubody_len > SL_USAGE_MAX_JSON)
-		return;
-	if (want > SL_USAGE_MAX_JSON) {
-		c->ubody_len = SL_USAGE_MAX_JSON + 1;   /* too big */
-		return;
-	}
-	if (want > c->ubody_cap) {
-		size_t nc = c->ubody_cap ? c->ubody_cap : 4096;
-		char *nb;
-
-		while (nc < want)
-			nc *= 2;
-		if ((nb = realloc(c->ubody, nc)) == NULL) {
-			c->ubody_len = SL_USAGE_MAX_JSON + 1;
-			return;
-		}
-		c->ubody = nb;
-		c->ubody_cap = nc;
-	}
-	memcpy(c->ubody + c->ubody_len, p, n);
-	c->ubody_len = want;
-}
-
-/*
- * The response head of a counted request is in, before any body byte:
- * how its body is read. A runner streams whenever it takes "stream" for
- * true (vLLM's pydantic also takes "true", 1, "yes"), so an event stream
- * goes through the scanner whatever the request said (removing nothing
- * unless the option was injected); it may answer a streamed request with
- * one JSON body, so a JSON answer is also kept whole (the scanner, if
- * any, stays: a runner that streams under a JSON type still has its usage
- * chunk removed). The usage is taken from whichever of the two has it.
+ * The response head is in, before any body byte: how a counted body is
+ * read for its usage (sl_meter_head).
  */
 static void
 conn_usage_head(struct sl_conn *c)
 {
 	c->resp_sse = c->uh.is_sse;   /* for the model's latency (conn_flush) */
-	if (!c->usage_on || c->status / 100 != 2 || !c->body_allowed)
-		return;
-	if (c->uh.is_sse && c->scan == NULL &&
-	    (c->scan = malloc(sizeof(*c->scan))) != NULL)
-		sl_usage_scan_init(c->scan, 0);
-	c->keep_json = c->scan == NULL || c->uh.is_json;
+	sl_meter_head(&c->meter, c->status, c->body_allowed, c->uh.is_sse,
+	    c->uh.is_json);
 }
 
 /* Append n bytes to the client as one chunk (framed if chunked). */
@@ -1830,8 +1633,8 @@ conn_usage_finish(struct sl_conn *c)
 {
 	struct sl_usage_out o;
 
-	if (c->scan != NULL && c->body_allowed) {
-		sl_usage_scan_finish(c->scan, &o);
+	if (c->meter.scan != NULL && c->body_allowed) {
+		sl_usage_scan_finish(c->meter.scan, &o);
 		if (o.held_len > 0 && sl_buf_space(&c->out) <
 		    o.held_len + 2 * CHUNK_FRAMING)
 			/* An event held whole, larger than what is left. */
@@ -1894,7 +1697,7 @@ conn_write_scanned(struct sl_conn *c, char *p, size_t n)
 {
 	static char *scratch;
 	static size_t scratch_cap;
-	struct sl_usage_scan *sc = c->scan;
+	struct sl_usage_scan *sc = c->meter.scan;
 	struct sl_usage_out o;
 	size_t off = 0, k, i, len = 0, need;
 	const char *src;
@@ -2001,9 +1804,9 @@ conn_write_body(struct sl_conn *c, char *p, size_t n)
 	size_t hl = 0, total;
 	char hdr[24];
 
-	if (c->scan != NULL)
+	if (c->meter.scan != NULL)
 		/* events close together: worth a kept template (sl_usage.h) */
-		sl_usage_scan_keep(c->scan,
+		sl_usage_scan_keep(c->meter.scan,
 		    ev_now(c->w->loop) - c->t_upstream < SCAN_KEEP_PACE);
 	c->t_upstream = ev_now(c->w->loop);
 	if (!c->head_sent) {
@@ -2013,8 +1816,8 @@ conn_write_body(struct sl_conn *c, char *p, size_t n)
 	}
 	if (!c->body_allowed || n == 0)
 		return n;
-	if (c->usage_on && c->status / 100 == 2) {
-		if (c->scan != NULL) {
+	if (c->meter.on && c->status / 100 == 2) {
+		if (c->meter.scan != NULL) {
 			size_t r = conn_write_scanned(c, p, n);
 
 			if (r == SIZE_MAX) {
@@ -2024,8 +1827,8 @@ conn_write_body(struct sl_conn *c, char *p, size_t n)
 			}
 			if (r == 1) {
 				/* relayed through the scanner: taken */
-				if (c->keep_json)
-					conn_usage_keep(c, p, n);
+				if (c->meter.keep_json)
+					sl_meter_keep(&c->meter, p, n);
 				return n;
 			}
 			if (r > 1) {
@@ -2072,17 +1875,17 @@ conn_write_body(struct sl_conn *c, char *p, size_t n)
 		conn_timer_update(c);
 		return CURL_WRITEFUNC_PAUSE;
 	}
-	if (c->scan != NULL && !c->scan->drop && c->usage_on &&
+	if (c->meter.scan != NULL && !c->meter.scan->drop && c->meter.on &&
 	    c->status / 100 == 2) {
 		/* Nothing is held or removed: scan what is taken, as given. */
 		struct sl_usage_out o;
 		size_t off = 0;
 
 		while (off < n)
-			off += sl_usage_scan_feed(c->scan, p + off, n - off, &o);
+			off += sl_usage_scan_feed(c->meter.scan, p + off, n - off, &o);
 	}
-	if (c->keep_json && c->usage_on && c->status / 100 == 2)
-		conn_usage_keep(c, p, n);   /* taken: a paused chunk comes again */
+	if (c->meter.keep_json && c->meter.on && c->status / 100 == 2)
+		sl_meter_keep(&c->meter, p, n);   /* taken: a paused chunk comes again */
 	if (sl_buf_len(&c->out) == 0)
 		c->t_client = ev_now(c->w->loop);   /* bytes start waiting now */
 	if (sl_buf_append(&c->out, hdr, hl) == -1 ||
@@ -2366,7 +2169,7 @@ conn_enqueue(struct sl_conn *c, int retry_after)
 	char msg[160];
 
 	switch (sl_queue_enqueue(w->queue, w->row, qp,
-	    w->tenant_slot[c->tenant], sl_mono_ms(), c->prompt_est, &h)) {
+	    w->tenant_slot[c->tenant], sl_mono_ms(), c->meter.prompt_est, &h)) {
 	case SL_QUEUE_OK:
 		break;
 	case SL_QUEUE_FULL:
@@ -2408,10 +2211,11 @@ conn_start_upstream(struct sl_conn *c)
 		    "request body must be UTF-8 JSON", 0);
 		return;
 	}
-	conn_usage_request(c);
+	sl_meter_request(&c->meter, cfg->usage.enabled, cfg->usage.inject,
+	    &c->req);
 	if (conn_inject_priority(c, up) == -1 ||
 	    sl_xfer_headers(&c->xf, c->w->xfers, conn_upstream_idx(c), &c->req,
-	    c->peer, c->usage_on || c->model >= 0) == -1) {
+	    c->peer, c->meter.on || c->model >= 0) == -1) {
 		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 		return;
 	}
@@ -2457,8 +2261,8 @@ conn_start_upstream(struct sl_conn *c)
 		/* Served now: its prompt counts now, as a waiter's would. */
 		sl_queue_charge(c->w->queue, c->w->queue_slot[
 		    conn_upstream_idx(c)], c->w->tenant_slot[c->tenant],
-		    c->prompt_est);
-		c->q_charged = c->prompt_est;
+		    c->meter.prompt_est);
+		c->q_charged = c->meter.prompt_est;
 	}
 	if (conn_try(c, r) == -1)
 		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
@@ -3333,7 +3137,7 @@ conn_queue_granted(struct sl_worker *w, const struct sl_queue_grant *g)
 	TAILQ_REMOVE(&w->queued, c, qentry);
 	c->qhandle = 0;
 	c->queued_total += ev_now(w->loop) - c->t_queued;
-	c->q_charged = c->prompt_est;   /* sl_queue_enqueue's dispatch cost */
+	c->q_charged = c->meter.prompt_est;   /* sl_queue_enqueue's dispatch cost */
 	c->depth++;
 	if (r < 0 || (size_t)u != conn_upstream_idx(c)) {
 		/*
