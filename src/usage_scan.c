@@ -29,15 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(SL_USAGE_NO_SIMD) && \
-    !defined(SL_USAGE_NO_AVX2)
-#include <immintrin.h>
-#define SL_USAGE_AVX2 1         /* used when the CPU has it (asked once per run) */
-#endif
-
 #include "sl_json.h"
 #include "sl_usage.h"
 #include "usage_internal.h"
@@ -83,22 +74,6 @@ enum {
 enum { TOP_NONE, TOP_OPEN, TOP_CLOSED };
 
 /*
- * Byte classes: the bytes that end a skip. Inside a string only its end,
- * an escape and a line end matter; between values (below the top level)
- * only strings, brackets and line ends do: commas, colons, numbers,
- * literals and blanks change nothing there (but a comma at the top level
- * in drop mode, where a "usage":null member may start).
- */
-enum { C_STR = 1, C_VAL = 2, C_VAL1 = 4 };
-static const uint8_t cls[256] = {
-	['"'] = C_STR | C_VAL | C_VAL1, ['\\'] = C_STR,
-	['\r'] = C_STR | C_VAL | C_VAL1, ['\n'] = C_STR | C_VAL | C_VAL1,
-	['{'] = C_VAL | C_VAL1, ['['] = C_VAL | C_VAL1, ['}'] = C_VAL | C_VAL1,
-	[']'] = C_VAL | C_VAL1,
-	[','] = C_VAL1,    /* drop mode, top level: a "usage":null member may follow */
-};
-
-/*
  * The first byte of [p, e) in class k, or e. Sixteen bytes at a time where
  * SSE2 is there (every x86-64), then a table lookup per byte.
  */
@@ -132,7 +107,7 @@ skip(const char *p, const char *e, unsigned k)
 		p += 16;
 	}
 #endif
-	while (p < e && !(cls[(unsigned char)*p] & k))
+	while (p < e && !(usage_cls[(unsigned char)*p] & k))
 		p++;
 	return p;
 }
@@ -663,21 +638,6 @@ mt_step(struct sl_usage_scan *s, struct feed *f, size_t i, char c)
 	return 0;
 }
 
-/*
- * Class masks of 64 bytes of a data line, computed once and read by
- * lex_fast() with a count of trailing zeros per token instead of a scan
- * per token. Bit j describes base + j; the bytes from the run's end on are
- * set in str and val as if they were line ends, so a search stops there.
- */
-struct blk {
-	uintptr_t base;         /* the masks' first byte; lo - 64 before a load */
-	const char *lo;         /* the call's input: loads may start there */
-	uint64_t str;           /* C_STR: " \ CR LF */
-	uint64_t val;           /* C_VAL: " CR LF { } [ ] */
-	uint64_t cm;            /* commas (C_VAL1 is val | cm) */
-	int avx2;               /* the CPU has AVX2 (asked once per run) */
-};
-
 /* b ready for blk_next() over the input starting at lo: nothing loaded. */
 static void
 blk_init(struct blk *b, const char *lo)
@@ -690,179 +650,6 @@ blk_init(struct blk *b, const char *lo)
 	b->avx2 = __builtin_cpu_supports("avx2") != 0;
 #endif
 }
-
-#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
-/* The three masks of 16 bytes v, shifted right by sh, placed at bit j. */
-static inline __attribute__((always_inline)) void
-chunk16(__m128i v, unsigned sh, unsigned j, uint64_t *str, uint64_t *val, uint64_t *cm)
-{
-	__m128i ql, br, v20;
-
-	ql = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
-	    _mm_cmpeq_epi8(v, _mm_set1_epi8('\r'))), _mm_cmpeq_epi8(v, _mm_set1_epi8('\n')));
-	/* [ and ] are { and } with bit 5 clear: one compare each */
-	v20 = _mm_or_si128(v, _mm_set1_epi8(0x20));
-	br = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v20, _mm_set1_epi8('{')),
-	    _mm_cmpeq_epi8(v20, _mm_set1_epi8('}'))), ql);
-	*str |= (uint64_t)((unsigned)_mm_movemask_epi8(_mm_or_si128(ql,
-	    _mm_cmpeq_epi8(v, _mm_set1_epi8('\\')))) >> sh) << j;
-	*val |= (uint64_t)((unsigned)_mm_movemask_epi8(br) >> sh) << j;
-	*cm |= (uint64_t)((unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v,
-	    _mm_set1_epi8(','))) >> sh) << j;
-}
-#endif
-
-#ifdef SL_USAGE_AVX2
-/*
- * The masks of the 32 bytes at p, one bit a byte. A set of bytes whose low
- * nibbles differ is one lookup and one compare: a table maps each low
- * nibble to the set's byte with it (0x80, never a match, where none), so
- * a byte is in the set where the lookup gives it back (a byte with bit 7
- * set looks up 0). [ ] { } are { } with bit 5 set first.
- */
-static inline __attribute__((target("avx2"), always_inline)) void
-half32_avx2(const char *p, uint32_t *str, uint32_t *val, uint32_t *cm)
-{
-#define X ((char)0x80)
-	const __m128i t_ql = _mm_setr_epi8(X, X, '"', X, X, X, X, X, X, X, '\n', X, X, '\r', X, X);
-	const __m128i t_str = _mm_setr_epi8(X, X, '"', X, X, X, X, X, X, X, '\n', X, '\\',
-	    '\r', X, X);
-	const __m128i t_br = _mm_setr_epi8(X, X, X, X, X, X, X, X, X, X, X, '{', X, '}', X, X);
-#undef X
-	__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)p);
-	__m256i v20 = _mm256_or_si256(v, _mm256_set1_epi8(0x20)), ql, br;
-
-	ql = _mm256_cmpeq_epi8(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t_ql), v), v);
-	br = _mm256_cmpeq_epi8(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t_br), v20),
-	    v20);
-	*str = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_shuffle_epi8(
-	    _mm256_broadcastsi128_si256(t_str), v), v));
-	*val = (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(ql, br));
-	*cm = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(',')));
-}
-
-/* The masks of the 64 bytes at p with AVX2: two 32-byte halves. */
-static inline __attribute__((target("avx2"), always_inline)) void
-load64_avx2(const char *p, uint64_t *str, uint64_t *val, uint64_t *cm)
-{
-	uint32_t s0, v0, c0, s1, v1, c1;
-
-	half32_avx2(p, &s0, &v0, &c0);
-	half32_avx2(p + 32, &s1, &v1, &c1);
-	*str = (uint64_t)s1 << 32 | s0;
-	*val = (uint64_t)v1 << 32 | v0;
-	*cm = (uint64_t)c1 << 32 | c0;
-}
-#endif
-
-/* The masks of the 64 bytes at p, all of them readable, without AVX2. */
-static inline __attribute__((always_inline)) void
-load64(const char *p, uint64_t *str, uint64_t *val, uint64_t *cm)
-{
-	unsigned j;
-
-	*str = *val = *cm = 0;
-#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
-	for (j = 0; j < 64; j += 16)
-		chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + j)), 0, j,
-		    str, val, cm);
-#else
-	for (j = 0; j < 64; j++) {
-		unsigned k = cls[(unsigned char)p[j]];
-
-		*str |= (uint64_t)((k & C_STR) != 0) << j;
-		*val |= (uint64_t)((k & C_VAL) != 0) << j;
-		*cm |= (uint64_t)(p[j] == ',') << j;
-	}
-#endif
-}
-
-/*
- * Masks of [p, p + 64), p < e; nothing before b->lo or at or past e is
- * read. A block short of e is taken from the input's last 64 bytes where
- * it has that many. Out of line: once per 64 bytes, and it keeps
- * blk_next() small enough to inline. Without AVX2 (and for
- * blk_load_avx2() on an input shorter than 64 bytes).
- */
-static __attribute__((noinline)) void
-blk_load(struct blk *b, const char *p, const char *e)
-{
-	uint64_t str = 0, val = 0, cm = 0, endm;
-	size_t len = (size_t)(e - p);
-	unsigned j;
-
-	b->base = (uintptr_t)p;
-	if (len >= 64) {
-		load64(p, &b->str, &b->val, &b->cm);
-		return;
-	}
-	endm = ~(uint64_t)0 << len;
-	if (e - b->lo >= 64) {
-		/* the input's last 64 bytes, this block at their end */
-		load64(e - 64, &str, &val, &cm);
-		str >>= 64 - len;
-		val >>= 64 - len;
-		cm >>= 64 - len;
-	} else {
-#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
-		for (j = 0; j + 16 <= len; j += 16)
-			chunk16(_mm_loadu_si128((const __m128i *)(const void *)(p + j)), 0, j,
-			    &str, &val, &cm);
-		if (j < len) {
-			char pad[16];
-
-			if (e - b->lo >= 16) {
-				/* the input's last 16 bytes, this chunk at their end */
-				chunk16(_mm_loadu_si128((const __m128i *)(const void *)(e - 16)),
-				    (unsigned)(16 - (len - j)), j, &str, &val, &cm);
-			} else {
-				memcpy(pad, p + j, len - j);
-				memset(pad + (len - j), ' ', 16 - (len - j));
-				chunk16(_mm_loadu_si128((const __m128i *)(const void *)pad), 0, j,
-				    &str, &val, &cm);
-			}
-		}
-#else
-		for (j = 0; j < len; j++) {
-			unsigned k = cls[(unsigned char)p[j]];
-
-			str |= (uint64_t)((k & C_STR) != 0) << j;
-			val |= (uint64_t)((k & C_VAL) != 0) << j;
-			cm |= (uint64_t)(p[j] == ',') << j;
-		}
-#endif
-	}
-	b->str = str | endm;
-	b->val = val | endm;
-	b->cm = cm & ~endm;
-}
-
-#ifdef SL_USAGE_AVX2
-/* blk_load() where the CPU has AVX2: the same masks, one call fewer. */
-static __attribute__((target("avx2"), noinline)) void
-blk_load_avx2(struct blk *b, const char *p, const char *e)
-{
-	uint64_t str, val, cm, endm;
-	size_t len = (size_t)(e - p);
-
-	if (len >= 64) {
-		b->base = (uintptr_t)p;
-		load64_avx2(p, &b->str, &b->val, &b->cm);
-		return;
-	}
-	if (e - b->lo < 64) {
-		blk_load(b, p, e);
-		return;
-	}
-	/* the input's last 64 bytes, this block at their end */
-	load64_avx2(e - 64, &str, &val, &cm);
-	endm = ~(uint64_t)0 << len;
-	b->base = (uintptr_t)p;
-	b->str = str >> (64 - len) | endm;
-	b->val = val >> (64 - len) | endm;
-	b->cm = cm >> (64 - len) & ~endm;
-}
-#endif
 
 /*
  * blk_next() past the block at hand, which has no byte of class k from p
@@ -878,10 +665,10 @@ blk_next_far(struct blk *b, const char *p, const char *e, unsigned k)
 	for (; p < e; p += 64) {
 #ifdef SL_USAGE_AVX2
 		if (b->avx2)
-			blk_load_avx2(b, p, e);
+			usage_blk_load_avx2(b, p, e);
 		else
 #endif
-			blk_load(b, p, e);
+			usage_blk_load(b, p, e);
 		m = k == 0 ? b->str : k == 1 ? b->val : b->val | b->cm;
 		if (m != 0)
 			return p + __builtin_ctzll(m);     /* at most e */
