@@ -35,43 +35,13 @@
 
 /* ------------------------------------------------------------------ SSE scanner */
 
-/* line: where in the current SSE line */
-enum { LS_START, LS_FIELD, LS_DATA_SP, LS_DATA, LS_IGNORE };
-/* hs: what happens to the current event's bytes */
-enum {
-	H_NEW,        /* at an event boundary: decided at the event's first byte */
-	H_PASS,       /* forwarded */
-	H_PREFIX,     /* held: does the first data line start "data:" [" "] "{"? */
-	H_HOLD        /* held: is it the usage event? */
-};
-/* lx: JSON lexer over the event's data */
-enum { LX_VAL, LX_STR, LX_ESC, LX_U, LX_AFTER_STR, LX_AFTER_COLON, LX_CHOICES };
-/*
- * Keys the lexer recognises (raw, unescaped bytes). The string values of
- * the K_COUNT keys are counted for the estimate, wherever they are: the
- * text (content, text), tool calls' function arguments and the reasoning
- * (vLLM's reasoning_content, reasoning) a client is sent.
- */
-enum {
-	K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ARGUMENTS = 16,
-	K_REASONING = 32, K_REASONING_CONTENT = 64, K_ALL = 127,
-	K_COUNT = K_CONTENT | K_TEXT | K_ARGUMENTS | K_REASONING | K_REASONING_CONTENT
-};
+/* The keys of K_*, by bit; their lengths. */
 static const char *const keys[] = {
 	"usage", "content", "text", "choices", "arguments", "reasoning", "reasoning_content"
 };
 static const uint8_t keylen[] = { 5, 7, 4, 7, 9, 9, 17 };
 #define NKEYS 7
 #define KEY_MAXLEN 17
-/* ev: per-event facts */
-enum {
-	EV_DATA = 1,        /* a data line was seen (the next one joins with \n) */
-	EV_USAGE = 2,       /* "usage": { at depth 1 */
-	EV_BAD = 4,         /* not one JSON object */
-	EV_NOTDROP = 8,     /* known not to be the usage chunk */
-	EV_CAPFAIL = 16     /* the usage object did not fit or memory ran out */
-};
-enum { TOP_NONE, TOP_OPEN, TOP_CLOSED };
 
 /*
  * The first byte of [p, e) in class k, or e. Sixteen bytes at a time where
@@ -390,30 +360,6 @@ lex_byte(struct sl_usage_scan *s, char c)
 	value(s, c, choices);
 }
 
-/* Per call: the forwarded run of in [run_s, ..) and the held tail [tent_s, ..). */
-struct feed {
-	struct sl_usage_out *out;
-	const char *in;
-	size_t run_s, tent_s;
-	int stop;               /* end the call before the byte where it was set */
-	int cap_busy;           /* s->cap holds what out->held points to */
-	const char *cs0, *cs1;  /* the last counted string lex_fast() took whole */
-};
-
-static void
-emit(struct feed *f, size_t end)
-{
-	struct sl_usage_out *o = f->out;
-
-	if (end <= f->run_s)
-		return;
-	if (o->n == SL_USAGE_MAX_RANGES)
-		abort();      /* broken invariant: mt_begin() keeps three ranges spare */
-	o->range[o->n].off = f->run_s;
-	o->range[o->n].len = end - f->run_s;
-	o->n++;
-}
-
 /* The held bytes go out after all (the memory stays valid until the next call). */
 static void
 release(struct sl_usage_scan *s, struct feed *f)
@@ -446,18 +392,6 @@ held(const struct sl_usage_scan *s)
 {
 	return s->hs == H_PREFIX || s->hs == H_HOLD;
 }
-
-/* mt: the matcher of a "usage" member to cut, over the raw bytes of one data line */
-enum {
-	MT_NONE,
-	MT_SEP,       /* after the comma: blanks, then the key's quote */
-	MT_KEY,       /* mpos bytes of usage" seen */
-	MT_COLON,     /* blanks, then the colon */
-	MT_VALUE,     /* blanks, then null (or an object's brace) */
-	MT_NULL,      /* mpos bytes of null seen */
-	MT_END,       /* blanks, then a comma or the closing brace */
-	MT_OBJ        /* a usage object (the lexer follows it) until it closes */
-};
 
 /* Bytes are held: an undecided event, or what may be a "usage":null member. */
 static int
@@ -695,30 +629,6 @@ blk_next(struct blk *b, const char *p, const char *e, unsigned k)
 	return blk_next_far(b, p, e, k);
 }
 
-/* The recognised key the whole raw string p[0..n) is (K_*), or 0. */
-static inline unsigned
-key_of(const char *p, size_t n)
-{
-	switch (n) {
-	case 4:
-		return memcmp(p, "text", 4) == 0 ? K_TEXT : 0;
-	case 5:
-		return memcmp(p, "usage", 5) == 0 ? K_USAGE : 0;
-	case 7:
-		if (memcmp(p, "content", 7) == 0)
-			return K_CONTENT;
-		return memcmp(p, "choices", 7) == 0 ? K_CHOICES : 0;
-	case 9:
-		if (memcmp(p, "arguments", 9) == 0)
-			return K_ARGUMENTS;
-		return memcmp(p, "reasoning", 9) == 0 ? K_REASONING : 0;
-	case 17:
-		return memcmp(p, "reasoning_content", 17) == 0 ? K_REASONING_CONTENT : 0;
-	default:
-		return 0;
-	}
-}
-
 static const char *
 blanks(const char *p, const char *e)
 {
@@ -896,7 +806,7 @@ lex_fast(struct sl_usage_scan *s, struct feed *f, struct blk *b, const char *p,
 						n = (size_t)(q - (p + 1));
 						if (cnt) {
 							content += n;
-							f->cs0 = p + 1;     /* for tpl_record() */
+							f->cs0 = p + 1;     /* for usage_tpl_record() */
 							f->cs1 = q;
 						}
 						cnt = 0;
@@ -1391,7 +1301,6 @@ data_begins(struct sl_usage_scan *s)
 	s->ev |= EV_DATA;
 }
 
-
 /*
  * H_PREFIX, byte c of the event before its first data byte. Lines of other
  * fields (id:, event:, retry:, ...) and comments are held with the event,
@@ -1427,329 +1336,6 @@ line_end(const char *in, size_t i, size_t len)
 	while (i < len && in[i] != '\r' && in[i] != '\n')
 		i++;
 	return i;
-}
-
-/* ------------------------------------------------------------------ event templates */
-
-/*
- * A runner's events differ from one another in the token (a counted string)
- * and in numbers (a sequence, a timestamp); the rest are the same bytes.
- * When the scanner has taken one event the ordinary way, and that event
- * left the scanner in the very state it found it in, copied no usage
- * object, and had a counted string lex_fast() took whole and that is none
- * of the keys, it is the template. A next event that has the template's
- * bytes up to that string's opening quote and from its closing quote on
- * (where both bytes are digits they may differ), and in between a string
- * of any length with no line end that is none of the keys, is taken in a
- * compare: the scanner would go through the same states on it (all digits
- * are one class to every part of it; only a usage object's copy reads
- * their values, and the template copied none; the string changes only the
- * count), so it does what it did on the template: the same content bytes
- * but for the string's, the same ranges forwarded and cut (shifted by the
- * string's change of length), the same state after. The fuzz target holds
- * this to the reference scanner. Within one call the template is the
- * call's input and nothing is allocated; across calls it is a copy in
- * s->tpl, kept only while the caller allows (sl_usage_scan_keep()), and
- * any event taken the ordinary way in between ends it.
- */
-#define TPL_MAX_EVENT SL_USAGE_TEMPLATE    /* far below SL_USAGE_MAX_EVENT */
-#define TPL_MAX_RANGES 4
-
-struct sl_usage_tpl {
-	const char *ev;         /* the template's bytes ev[0..len); NULL: none */
-	uint32_t len;
-	uint32_t s0, s1;        /* its counted string ev[s0..s1), quotes outside */
-	uint32_t content;       /* content bytes it added, less the string's */
-	uint16_t r_off[TPL_MAX_RANGES], r_end[TPL_MAX_RANGES];  /* from ev; r_off[0] unused */
-	uint16_t run;           /* where it left the run, if run_moved */
-	uint8_t nr;             /* ranges it emitted */
-	uint8_t run_moved;
-	uint8_t avx2;           /* the CPU has AVX2 (asked when recorded) */
-	uint32_t cap;           /* kept (sl_usage_scan_keep): bytes of copy[] */
-	char copy[];
-};
-
-/* An event being recorded: where it started, and all as it was there. */
-struct rec {
-	size_t i;               /* SIZE_MAX: none */
-	size_t n, run_s;        /* out->n and the run then */
-	struct sl_usage_scan s;
-};
-
-/*
- * a and b as the scanner goes on from them, at an event boundary: every
- * field but the count, the instrumentation, and those set before they are
- * read again from where a blank line leaves the scanner (pfx under H_NEW,
- * field at a line's start, kpos with no key candidate, ux in value
- * position, the matcher's fields with no match under way); a, which
- * event_end() left, is checked to be there.
- */
-static int
-same_state(const struct sl_usage_scan *a, const struct sl_usage_scan *b)
-{
-	return a->hs == H_NEW && a->line == LS_START && a->lx == LX_VAL && a->kmask == 0 &&
-	    a->mt == MT_NONE && a->cap_depth == 0 && a->hold_len == 0 &&
-	    a->prompt == b->prompt && a->completion == b->completion &&
-	    a->total == b->total && a->hold == b->hold && a->cap == b->cap &&
-	    a->hold_len == b->hold_len && a->hold_alloc == b->hold_alloc &&
-	    a->cap_len == b->cap_len && a->cap_alloc == b->cap_alloc &&
-	    a->depth == b->depth && a->cap_depth == b->cap_depth &&
-	    a->drop == b->drop && a->dropped == b->dropped && a->have == b->have &&
-	    a->cr == b->cr && a->line == b->line && a->hs == b->hs &&
-	    a->kmask == b->kmask && a->key == b->key && a->cnt == b->cnt &&
-	    a->ev == b->ev && a->lx == b->lx && a->top == b->top &&
-	    a->after_drop == b->after_drop && a->pending_ok == b->pending_ok &&
-	    a->mt == b->mt && a->first == b->first &&
-	    a->p_prompt == b->p_prompt && a->p_completion == b->p_completion &&
-	    a->p_total == b->p_total;
-}
-
-static inline int
-digit(char c)
-{
-	return (unsigned char)(c - '0') < 10;
-}
-
-#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
-#define TPL_SSE2 1
-/* The 16 bytes at a and b: equal but where both are digits? */
-static inline int
-same16(const char *a, const char *b)
-{
-	const __m128i lo = _mm_set1_epi8('0' - 1), hi = _mm_set1_epi8('9' + 1);
-	__m128i x = _mm_loadu_si128((const __m128i *)(const void *)a);
-	__m128i y = _mm_loadu_si128((const __m128i *)(const void *)b);
-	unsigned ne = 0xffffu ^ (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, y));
-
-	if (ne == 0)
-		return 1;
-	/* (signed compares: bytes past 0x7f are below '0') */
-	x = _mm_and_si128(_mm_cmpgt_epi8(x, lo), _mm_cmplt_epi8(x, hi));
-	y = _mm_and_si128(_mm_cmpgt_epi8(y, lo), _mm_cmplt_epi8(y, hi));
-	return (ne & ~(unsigned)_mm_movemask_epi8(_mm_and_si128(x, y))) == 0;
-}
-#endif
-
-#ifdef SL_USAGE_AVX2
-/* same_but_digits() for n >= 32, 32 bytes at a time. */
-static __attribute__((target("avx2"), noinline)) int
-same_but_digits_avx2(const char *a, const char *b, size_t n)
-{
-	const __m256i lo = _mm256_set1_epi8('0' - 1), hi = _mm256_set1_epi8('9' + 1);
-	__m256i x, y;
-	uint32_t ne;
-	size_t k;
-
-	for (k = 0;; k += 32) {
-		if (k + 32 > n)
-			k = n - 32;             /* the last 32, overlapping */
-		x = _mm256_loadu_si256((const __m256i *)(const void *)(a + k));
-		y = _mm256_loadu_si256((const __m256i *)(const void *)(b + k));
-		ne = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, y));
-		if (ne != 0) {
-			x = _mm256_and_si256(_mm256_cmpgt_epi8(x, lo), _mm256_cmpgt_epi8(hi, x));
-			y = _mm256_and_si256(_mm256_cmpgt_epi8(y, lo), _mm256_cmpgt_epi8(hi, y));
-			if ((ne & ~(uint32_t)_mm256_movemask_epi8(_mm256_and_si256(x, y))) != 0)
-				return 0;
-		}
-		if (k + 32 == n)
-			return 1;
-	}
-}
-#endif
-
-/* a[0..n) is b[0..n), but where both bytes are digits. */
-static int
-same_but_digits(const char *a, const char *b, size_t n, int avx2)
-{
-	size_t k;
-
-#ifdef SL_USAGE_AVX2
-	if (avx2 && n >= 32)
-		return same_but_digits_avx2(a, b, n);
-#else
-	(void)avx2;
-#endif
-#ifdef TPL_SSE2
-	if (n >= 16) {
-		for (k = 0;; k += 16) {
-			if (k + 16 > n)
-				k = n - 16;     /* the last 16, overlapping */
-			if (!same16(a + k, b + k))
-				return 0;
-			if (k + 16 == n)
-				return 1;
-		}
-	}
-#endif
-	for (k = 0; k < n; k++)
-		if (a[k] != b[k] && (!digit(a[k]) || !digit(b[k])))
-			return 0;
-	return 1;
-}
-
-/* The first quote, backslash, CR or LF of p[0..e), or e. */
-static inline const char *
-str_stop(const char *p, const char *e)
-{
-#ifdef TPL_SSE2
-	const __m128i q = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
-	const __m128i cr = _mm_set1_epi8('\r'), lf = _mm_set1_epi8('\n');
-	__m128i v;
-	unsigned m;
-
-	for (; e - p >= 16; p += 16) {
-		v = _mm_loadu_si128((const __m128i *)(const void *)p);
-		m = (unsigned)_mm_movemask_epi8(_mm_or_si128(
-		    _mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, bs)),
-		    _mm_or_si128(_mm_cmpeq_epi8(v, cr), _mm_cmpeq_epi8(v, lf))));
-		if (m != 0)
-			return p + __builtin_ctz(m);
-	}
-#endif
-	while (p < e && *p != '"' && *p != '\\' && *p != '\r' && *p != '\n')
-		p++;
-	return p;
-}
-
-/* A position of the template that is not inside its string: kept. */
-static int
-tpl_pos(const struct sl_usage_tpl *t, size_t x)
-{
-	return x < t->s0 || x > t->s1;
-}
-
-/*
- * s->tpl, the kept template, with room for an event of n bytes (its
- * template, if any, is unchanged). 0: none (too big, or no memory).
- */
-static int
-tpl_room(struct sl_usage_scan *s, size_t n)
-{
-	struct sl_usage_tpl *t;
-	size_t cap;
-
-	if (n > TPL_MAX_EVENT)
-		return 0;
-	if (s->tpl != NULL && s->tpl->cap >= n)
-		return 1;
-	cap = (n + 63) & ~(size_t)63;
-	if ((t = realloc(s->tpl, sizeof(*t) + cap)) == NULL)
-		return 0;
-	if (s->tpl == NULL)
-		t->ev = NULL;
-	else if (t->ev != NULL)
-		t->ev = t->copy;        /* (moved with it) */
-	t->cap = (uint32_t)cap;
-	s->tpl = t;
-	return 1;
-}
-
-/*
- * The event recorded from r ended at j, with the scanner as s: make it the
- * template if it is one (see above); otherwise there is none.
- */
-static void
-tpl_record(struct sl_usage_tpl *t, const struct rec *r, const struct sl_usage_scan *s,
-    const struct feed *f, size_t j)
-{
-	const struct sl_usage_out *o = f->out;
-	const char *ev = f->in + r->i;
-	size_t k, x, end;
-
-	t->ev = NULL;
-	if (j - r->i > TPL_MAX_EVENT || f->cs0 == NULL || f->cs0 <= ev ||
-	    f->cs1 >= f->in + j || s->capt || o->held_len != 0 ||
-	    o->n - r->n > TPL_MAX_RANGES || !same_state(s, &r->s) ||
-	    key_of(f->cs0, (size_t)(f->cs1 - f->cs0)) != 0)
-		return;
-#ifdef SL_USAGE_AVX2
-	t->avx2 = __builtin_cpu_supports("avx2") != 0;
-#else
-	t->avx2 = 0;
-#endif
-	t->len = (uint32_t)(j - r->i);
-	t->s0 = (uint32_t)(f->cs0 - ev);
-	t->s1 = (uint32_t)(f->cs1 - ev);
-	t->content = (uint32_t)(s->content_bytes - r->s.content_bytes - (t->s1 - t->s0));
-	t->nr = (uint8_t)(o->n - r->n);
-	for (k = 0; k < t->nr; k++) {
-		x = o->range[r->n + k].off;
-		end = x + o->range[r->n + k].len;
-		if (k == 0 ? x != r->run_s : x < r->i || !tpl_pos(t, x - r->i))
-			return;
-		if (end <= r->i || !tpl_pos(t, end - r->i))
-			return;
-		t->r_off[k] = (uint16_t)(x - r->i);
-		t->r_end[k] = (uint16_t)(end - r->i);
-	}
-	t->run_moved = f->run_s != r->run_s;
-	if (t->run_moved) {
-		if (f->run_s < r->i || !tpl_pos(t, f->run_s - r->i))
-			return;
-		t->run = (uint16_t)(f->run_s - r->i);
-	}
-	if (t == s->tpl) {
-		if (t->cap < t->len)
-			return;         /* (sl_usage_scan_feed() made room) */
-		memcpy(t->copy, ev, t->len);
-		ev = t->copy;
-	}
-	t->ev = ev;
-}
-
-/*
- * The event at in[i] is the template's (see above): do what the scanner
- * would, and return its length; 0: it is not.
- */
-static size_t
-tpl_apply(const struct sl_usage_tpl *t, struct sl_usage_scan *s, struct feed *f, size_t i,
-    size_t len)
-{
-	const char *p = f->in + i, *q, *lim;
-	size_t blen = t->len - t->s1, avail = len - i, n, k, esc = 0, cnt;
-
-	if (avail > TPL_MAX_EVENT)
-		avail = TPL_MAX_EVENT;
-	if (avail < t->s0 + blen || !same_but_digits(p, t->ev, t->s0, t->avx2))
-		return 0;
-	/*
-	 * The string to its quote (by lim, where the rest must start), counted
-	 * as lex_fast() counts it: an escape is one byte.
-	 */
-	lim = p + avail - blen;
-	for (q = p + t->s0;;) {
-		if ((q = str_stop(q, p + avail)) > lim)
-			return 0;
-		if (*q == '"')
-			break;
-		if (*q != '\\')
-			return 0;       /* a line end */
-		n = q + 1 < lim && q[1] == 'u' ? 6 : 2;
-		if ((size_t)(lim - q) < n)
-			return 0;
-		for (k = 1; k < n; k++)
-			if (q[k] == '\r' || q[k] == '\n')
-				return 0;
-		esc += n - 1;           /* bytes not counted */
-		q += n;
-	}
-	n = (size_t)(q - (p + t->s0));
-	cnt = n - esc;
-	if ((esc == 0 && key_of(p + t->s0, n) != 0) || !same_but_digits(q, t->ev + t->s1, blen, t->avx2))
-		return 0;
-
-	s->content_bytes += t->content + cnt;
-#define TPL_AT(x) (i + ((x) > t->s1 ? (x) - (t->s1 - t->s0) + n : (x)))
-	for (k = 0; k < t->nr; k++) {
-		if (k > 0)
-			f->run_s = TPL_AT(t->r_off[k]);
-		emit(f, TPL_AT(t->r_end[k]));
-	}
-	if (t->run_moved)
-		f->run_s = TPL_AT(t->run);
-#undef TPL_AT
-	return (size_t)(q - p) + blen;
 }
 
 /*
@@ -1797,8 +1383,8 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 		if (s->hs == H_NEW) {
 			if (r.i != SIZE_MAX) {
 				/* (t->ev is NULL since r.i was set, and s->tpl's if any) */
-				t = s->keep && tpl_room(s, i - r.i) ? s->tpl : &tl;
-				tpl_record(t, &r, s, &f, i);
+				t = s->keep && usage_tpl_room(s, i - r.i) ? s->tpl : &tl;
+				usage_tpl_record(t, &r, s, &f, i);
 				r.i = SIZE_MAX;
 			}
 			if (s->drop) {
@@ -1930,8 +1516,8 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 		}
 	}
 	if (r.i != SIZE_MAX && i == len && s->hs == H_NEW && s->keep &&
-	    tpl_room(s, i - r.i))
-		tpl_record(s->tpl, &r, s, &f, i);   /* for the next call's events */
+	    usage_tpl_room(s, i - r.i))
+		usage_tpl_record(s->tpl, &r, s, &f, i);   /* for the next call's events */
 	if (holding(s)) {
 		if (grow_add(&s->hold, &s->hold_len, &s->hold_alloc, in + f.tent_s,
 		    i - f.tent_s) == 0) {
