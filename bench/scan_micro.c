@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * scan-micro: CPU cost of the SSE usage scanner per byte, the reference
- * (byte-at-a-time) scanner of tests/ref against src/usage.c, in one run.
+ * (byte-at-a-time) scanner of tests/ref against src/usage_scan.c, in one run.
  *
  *   bench/scan-micro [MILLISECONDS]     (per cell, default 150)
  *

@@ -163,7 +163,7 @@ sl_usage_estimate(uint64_t content_bytes)
  */
 #define SL_USAGE_MAX_RANGES 16
 
-struct sl_usage_tpl;            /* private to usage.c */
+struct sl_usage_tpl;            /* private to src/usage_*.c */
 
 /*
  * What to send to the client for one sl_usage_scan_feed() call, in order:

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
- * libFuzzer target for src/usage.c.
+ * libFuzzer target for src/usage*.c.
  *
  * Input: bytes 0-1 seed the read sizes; the rest is both an upstream SSE
  * body (fed to the scanner) and a request body (fed to the editor).

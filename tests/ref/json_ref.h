@@ -4,7 +4,7 @@
  * runner does with the bytes of a body (FastAPI: json.loads(bytes), then
  * pydantic in lax mode), written for clarity, with a tree, recursion and
  * none of sl_json.c's shortcuts. fuzz_usage holds the request editor
- * (src/usage.c over src/json.c) to it both ways: counted iff this reads an
+ * (src/usage_request.c over src/json.c) to it both ways: counted iff this reads an
  * object.
  *
  * json.loads(bytes) here means: the bytes decoded as UTF-8 with Python's

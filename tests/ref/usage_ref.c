@@ -2,7 +2,7 @@
 /*
  * Reference SSE usage scanner: src/usage.c at dc4cb72, renamed (see
  * usage_ref.h). Keep it as it is: it is the behaviour being preserved;
- * a deliberate change of behaviour is made here and in src/usage.c alike
+ * a deliberate change of behaviour is made here and in src/usage_scan.c alike
  * (usage_ref.h lists them).
  */
 #include "config.h"

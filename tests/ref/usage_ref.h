@@ -6,7 +6,7 @@
  * target compares the two on every input, and bench/scan_micro times both
  * in the same run. Not part of sluice; nothing in src/ uses it.
  *
- * Deliberate changes since, each made in src/usage.c identically: every
+ * Deliberate changes since, each made in src/usage_scan.c identically: every
  * usage event is dropped, not only the first (a call ends after a drop,
  * so its two ranges suffice); an event is held through the id:, event:
  * and comment lines before its first data line, which decides; the

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
- * Unit tests for src/usage.c: the request editor (exact bytes out), the
+ * Unit tests for src/usage*.c: the request editor (exact bytes out), the
  * non-streamed usage reader, and the SSE scanner fed at every split point
  * and one byte at a time, with the usage event dropped and kept.
  */

@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
+/*
+ * What the files of token usage promise one another; sl_usage.h is what
+ * they promise the rest of sluice.
+ *
+ *   usage.c          the usage object: a "usage" member's bytes read into
+ *                    struct sl_usage, as jansson and usage_from_obj() would
+ *   usage_request.c  the request editor (nothing of it is shared here)
+ *   usage_scan.c     the SSE scanner: lines, the JSON lexer, the hold and
+ *                    cut of the usage event
+ *   usage_simd.c     the scanner's block loaders: class masks of 64 bytes
+ *   usage_template.c the scanner's event templates: an event like the one
+ *                    before it taken in a compare
+ *
+ * What is called per byte or per token stays static inline here or static
+ * in the scanner's own file: only calls made once per 64 bytes, per event
+ * or per usage object cross files.
+ */
+#ifndef SL_USAGE_INTERNAL_H
+#define SL_USAGE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(SL_USAGE_NO_SIMD) && \
+    !defined(SL_USAGE_NO_AVX2)
+#include <immintrin.h>
+#define SL_USAGE_AVX2 1         /* used when the CPU has it (asked once per run) */
+#endif
+
+#include "sl_usage.h"
+
+/* ------------------------------------------------------------------ usage object */
+
+/*
+ * The bytes p[0..len) of a usage object as the scanner copied them: 1 with
+ * *u filled when they are one JSON object whose "prompt_tokens" and
+ * "completion_tokens" are non-negative integers ("total_tokens" optional,
+ * likewise), 0 for anything else (*u then unspecified).
+ */
+int usage_obj_read(const char *p, size_t len, struct sl_usage *u);
+
+/* ------------------------------------------------------------------ scanner state */
+
+/*
+ * The values of struct sl_usage_scan's state fields, by field.
+ * line: where in the current SSE line
+ */
+enum { LS_START, LS_FIELD, LS_DATA_SP, LS_DATA, LS_IGNORE };
+/* hs: what happens to the current event's bytes */
+enum {
+	H_NEW,        /* at an event boundary: decided at the event's first byte */
+	H_PASS,       /* forwarded */
+	H_PREFIX,     /* held: does the first data line start "data:" [" "] "{"? */
+	H_HOLD        /* held: is it the usage event? */
+};
+/* lx: JSON lexer over the event's data */
+enum { LX_VAL, LX_STR, LX_ESC, LX_U, LX_AFTER_STR, LX_AFTER_COLON, LX_CHOICES };
+/*
+ * Keys the lexer recognises (raw, unescaped bytes). The string values of
+ * the K_COUNT keys are counted for the estimate, wherever they are: the
+ * text (content, text), tool calls' function arguments and the reasoning
+ * (vLLM's reasoning_content, reasoning) a client is sent.
+ */
+enum {
+	K_USAGE = 1, K_CONTENT = 2, K_TEXT = 4, K_CHOICES = 8, K_ARGUMENTS = 16,
+	K_REASONING = 32, K_REASONING_CONTENT = 64, K_ALL = 127,
+	K_COUNT = K_CONTENT | K_TEXT | K_ARGUMENTS | K_REASONING | K_REASONING_CONTENT
+};
+/* ev: per-event facts */
+enum {
+	EV_DATA = 1,        /* a data line was seen (the next one joins with \n) */
+	EV_USAGE = 2,       /* "usage": { at depth 1 */
+	EV_BAD = 4,         /* not one JSON object */
+	EV_NOTDROP = 8,     /* known not to be the usage chunk */
+	EV_CAPFAIL = 16     /* the usage object did not fit or memory ran out */
+};
+enum { TOP_NONE, TOP_OPEN, TOP_CLOSED };
+
+/* mt: the matcher of a "usage" member to cut, over the raw bytes of one data line */
+enum {
+	MT_NONE,
+	MT_SEP,       /* after the comma: blanks, then the key's quote */
+	MT_KEY,       /* mpos bytes of usage" seen */
+	MT_COLON,     /* blanks, then the colon */
+	MT_VALUE,     /* blanks, then null (or an object's brace) */
+	MT_NULL,      /* mpos bytes of null seen */
+	MT_END,       /* blanks, then a comma or the closing brace */
+	MT_OBJ        /* a usage object (the lexer follows it) until it closes */
+};
+
+/* Per call: the forwarded run of in [run_s, ..) and the held tail [tent_s, ..). */
+struct feed {
+	struct sl_usage_out *out;
+	const char *in;
+	size_t run_s, tent_s;
+	int stop;               /* end the call before the byte where it was set */
+	int cap_busy;           /* s->cap holds what out->held points to */
+	const char *cs0, *cs1;  /* the last counted string lex_fast() took whole */
+};
+
+static inline void
+emit(struct feed *f, size_t end)
+{
+	struct sl_usage_out *o = f->out;
+
+	if (end <= f->run_s)
+		return;
+	if (o->n == SL_USAGE_MAX_RANGES)
+		abort();      /* broken invariant: mt_begin() keeps three ranges spare */
+	o->range[o->n].off = f->run_s;
+	o->range[o->n].len = end - f->run_s;
+	o->n++;
+}
+
+/* The recognised key the whole raw string p[0..n) is (K_*), or 0. */
+static inline unsigned
+key_of(const char *p, size_t n)
+{
+	switch (n) {
+	case 4:
+		return memcmp(p, "text", 4) == 0 ? K_TEXT : 0;
+	case 5:
+		return memcmp(p, "usage", 5) == 0 ? K_USAGE : 0;
+	case 7:
+		if (memcmp(p, "content", 7) == 0)
+			return K_CONTENT;
+		return memcmp(p, "choices", 7) == 0 ? K_CHOICES : 0;
+	case 9:
+		if (memcmp(p, "arguments", 9) == 0)
+			return K_ARGUMENTS;
+		return memcmp(p, "reasoning", 9) == 0 ? K_REASONING : 0;
+	case 17:
+		return memcmp(p, "reasoning_content", 17) == 0 ? K_REASONING_CONTENT : 0;
+	default:
+		return 0;
+	}
+}
+
+/* ------------------------------------------------------------------ block loaders */
+
+/*
+ * Byte classes: the bytes that end a skip. Inside a string only its end,
+ * an escape and a line end matter; between values (below the top level)
+ * only strings, brackets and line ends do: commas, colons, numbers,
+ * literals and blanks change nothing there (but a comma at the top level
+ * in drop mode, where a "usage":null member may start).
+ */
+enum { C_STR = 1, C_VAL = 2, C_VAL1 = 4 };
+extern const uint8_t usage_cls[256];
+
+/*
+ * Class masks of 64 bytes of a data line, computed once and read by
+ * lex_fast() with a count of trailing zeros per token instead of a scan
+ * per token. Bit j describes base + j; the bytes from the run's end on are
+ * set in str and val as if they were line ends, so a search stops there.
+ */
+struct blk {
+	uintptr_t base;         /* the masks' first byte; lo - 64 before a load */
+	const char *lo;         /* the call's input: loads may start there */
+	uint64_t str;           /* C_STR: " \ CR LF */
+	uint64_t val;           /* C_VAL: " CR LF { } [ ] */
+	uint64_t cm;            /* commas (C_VAL1 is val | cm) */
+	int avx2;               /* the CPU has AVX2 (asked once per run) */
+};
+
+/*
+ * b's masks for [p, p + 64), p < e, b->base set to p; nothing before
+ * b->lo or at or past e is read, and the bits of the bytes from e on are
+ * set in str and val (a line end) and clear in cm. The same masks either
+ * way; the AVX2 one only where the CPU has AVX2.
+ */
+void usage_blk_load(struct blk *b, const char *p, const char *e);
+#ifdef SL_USAGE_AVX2
+void usage_blk_load_avx2(struct blk *b, const char *p, const char *e);
+#endif
+
+/* ------------------------------------------------------------------ event templates */
+
+/* A template (usage_template.c says when an event is one). */
+#define TPL_MAX_EVENT SL_USAGE_TEMPLATE    /* far below SL_USAGE_MAX_EVENT */
+#define TPL_MAX_RANGES 4
+
+struct sl_usage_tpl {
+	const char *ev;         /* the template's bytes ev[0..len); NULL: none */
+	uint32_t len;
+	uint32_t s0, s1;        /* its counted string ev[s0..s1), quotes outside */
+	uint32_t content;       /* content bytes it added, less the string's */
+	uint16_t r_off[TPL_MAX_RANGES], r_end[TPL_MAX_RANGES];  /* from ev; r_off[0] unused */
+	uint16_t run;           /* where it left the run, if run_moved */
+	uint8_t nr;             /* ranges it emitted */
+	uint8_t run_moved;
+	uint8_t avx2;           /* the CPU has AVX2 (asked when recorded) */
+	uint32_t cap;           /* kept (sl_usage_scan_keep): bytes of copy[] */
+	char copy[];
+};
+
+/* An event being recorded: where it started, and all as it was there. */
+struct rec {
+	size_t i;               /* SIZE_MAX: none */
+	size_t n, run_s;        /* out->n and the run then */
+	struct sl_usage_scan s;
+};
+
+/*
+ * s->tpl, the kept template, with room for an event of n bytes (its
+ * template, if any, is unchanged). 0: none (too big, or no memory).
+ */
+int usage_tpl_room(struct sl_usage_scan *s, size_t n);
+
+/*
+ * The event recorded in r ended at f->in[j], with the scanner now as s:
+ * t becomes its template if it is one, else t->ev is NULL.
+ */
+void usage_tpl_record(struct sl_usage_tpl *t, const struct rec *r,
+    const struct sl_usage_scan *s, const struct feed *f, size_t j);
+
+/*
+ * Applying a template: tpl_apply() runs once per event in the scanner's
+ * loop, so it is inline there (out of line it cost up to 10 % of the
+ * scanner's time per byte in bench/scan-micro); the compares it makes
+ * were out of line already.
+ */
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+#define TPL_SSE2 1           /* the compares take 16 bytes at a time */
+#endif
+
+/*
+ * a[0..n) is b[0..n), but where both bytes are digits (32 bytes at a time
+ * with AVX2 where avx2 says the CPU has it).
+ */
+int usage_same_but_digits(const char *a, const char *b, size_t n, int avx2);
+
+/* The first quote, backslash, CR or LF of p[0..e), or e. */
+static inline const char *
+str_stop(const char *p, const char *e)
+{
+#ifdef TPL_SSE2
+	const __m128i q = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
+	const __m128i cr = _mm_set1_epi8('\r'), lf = _mm_set1_epi8('\n');
+	__m128i v;
+	unsigned m;
+
+	for (; e - p >= 16; p += 16) {
+		v = _mm_loadu_si128((const __m128i *)(const void *)p);
+		m = (unsigned)_mm_movemask_epi8(_mm_or_si128(
+		    _mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, bs)),
+		    _mm_or_si128(_mm_cmpeq_epi8(v, cr), _mm_cmpeq_epi8(v, lf))));
+		if (m != 0)
+			return p + __builtin_ctz(m);
+	}
+#endif
+	while (p < e && *p != '"' && *p != '\\' && *p != '\r' && *p != '\n')
+		p++;
+	return p;
+}
+
+/*
+ * The event at f->in[i] (len: the call's input length) is t's: does to s
+ * and f what the scanner would have done and returns the event's length;
+ * 0, with s and f untouched, when it is not.
+ */
+static inline size_t
+tpl_apply(const struct sl_usage_tpl *t, struct sl_usage_scan *s,
+    struct feed *f, size_t i, size_t len)
+{
+	const char *p = f->in + i, *q, *lim;
+	size_t blen = t->len - t->s1, avail = len - i, n, k, esc = 0, cnt;
+
+	if (avail > TPL_MAX_EVENT)
+		avail = TPL_MAX_EVENT;
+	if (avail < t->s0 + blen || !usage_same_but_digits(p, t->ev, t->s0, t->avx2))
+		return 0;
+	/*
+	 * The string to its quote (by lim, where the rest must start), counted
+	 * as lex_fast() counts it: an escape is one byte.
+	 */
+	lim = p + avail - blen;
+	for (q = p + t->s0;;) {
+		if ((q = str_stop(q, p + avail)) > lim)
+			return 0;
+		if (*q == '"')
+			break;
+		if (*q != '\\')
+			return 0;       /* a line end */
+		n = q + 1 < lim && q[1] == 'u' ? 6 : 2;
+		if ((size_t)(lim - q) < n)
+			return 0;
+		for (k = 1; k < n; k++)
+			if (q[k] == '\r' || q[k] == '\n')
+				return 0;
+		esc += n - 1;           /* bytes not counted */
+		q += n;
+	}
+	n = (size_t)(q - (p + t->s0));
+	cnt = n - esc;
+	if ((esc == 0 && key_of(p + t->s0, n) != 0) ||
+	    !usage_same_but_digits(q, t->ev + t->s1, blen, t->avx2))
+		return 0;
+
+	s->content_bytes += t->content + cnt;
+#define TPL_AT(x) (i + ((x) > t->s1 ? (x) - (t->s1 - t->s0) + n : (x)))
+	for (k = 0; k < t->nr; k++) {
+		if (k > 0)
+			f->run_s = TPL_AT(t->r_off[k]);
+		emit(f, TPL_AT(t->r_end[k]));
+	}
+	if (t->run_moved)
+		f->run_s = TPL_AT(t->run);
+#undef TPL_AT
+	return (size_t)(q - p) + blen;
+}
+
+#endif
