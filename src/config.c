@@ -394,7 +394,7 @@ sl_config_keys(void)
 }
 
 static const struct key_row *
-find_key(const char *path)
+cfg_find_key(const char *path)
 {
 	const struct key_row *k;
 
@@ -455,7 +455,7 @@ struct ctx {
 	size_t nnodes;
 };
 
-static void err_at(struct ctx *, const yaml_mark_t *, const char *, ...)
+static void cfg_err_at(struct ctx *, const yaml_mark_t *, const char *, ...)
     __attribute__((format(printf, 3, 4)));
 
 static void
@@ -478,7 +478,7 @@ err_add(struct sl_errors *e, char *msg)
 }
 
 static void
-err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
+cfg_err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
 {
 	char body[512], *msg;
 	va_list ap;
@@ -528,7 +528,7 @@ str_hash(const char *p)
 
 /* Room for n strings; -1 on ENOMEM. Free with strset_free. */
 static int
-strset_init(struct strset *set, size_t n)
+cfg_strset_init(struct strset *set, size_t n)
 {
 	size_t size = 8;
 
@@ -540,7 +540,7 @@ strset_init(struct strset *set, size_t n)
 }
 
 static void
-strset_free(struct strset *set)
+cfg_strset_free(struct strset *set)
 {
 	free(set->slots);
 	set->slots = NULL;
@@ -552,7 +552,7 @@ strset_free(struct strset *set)
  * strset_init argument) may be added.
  */
 static const struct strset_slot *
-strset_add(struct strset *set, const char *s, size_t a, size_t b)
+cfg_strset_add(struct strset *set, const char *s, size_t a, size_t b)
 {
 	uint64_t h = str_hash(s);
 	size_t i;
@@ -661,7 +661,7 @@ sl_parse_duration_ms(const char *s, uint64_t *out_ms)
 }
 
 static int
-parse_int(const char *s, int64_t *out)
+cfg_parse_int(const char *s, int64_t *out)
 {
 	char *end;
 	long long v;
@@ -678,7 +678,7 @@ parse_int(const char *s, int64_t *out)
 
 /* host:port or [v6]:port with a numeric port 1-65535. */
 static int
-valid_addr(const char *s)
+cfg_valid_addr(const char *s)
 {
 	const char *colon;
 	int64_t port;
@@ -722,7 +722,7 @@ valid_addr(const char *s)
 	}
 	/* Digits only: strtoll would take "+8080" and " 8080". */
 	if (colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
-	    parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
+	    cfg_parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
 		return 0;
 	return 1;
 }
@@ -730,7 +730,7 @@ valid_addr(const char *s)
 /* ---- YAML walking ---------------------------------------------------- */
 
 static yaml_node_t *
-node(struct ctx *c, int id)
+cfg_node(struct ctx *c, int id)
 {
 	yaml_node_t *n = yaml_document_get_node(c->doc, id);
 
@@ -741,26 +741,26 @@ node(struct ctx *c, int id)
 }
 
 static const char *
-scalar(yaml_node_t *n)
+cfg_scalar(yaml_node_t *n)
 {
 	return (const char *)n->data.scalar.value;
 }
 
 static int
-is_null(yaml_node_t *n)
+cfg_is_null(yaml_node_t *n)
 {
 	const char *v;
 
 	if (n->type != YAML_SCALAR_NODE ||
 	    n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
 		return 0;
-	v = scalar(n);
+	v = cfg_scalar(n);
 	return v[0] == '\0' || strcmp(v, "~") == 0 || strcmp(v, "null") == 0 ||
 	    strcmp(v, "Null") == 0 || strcmp(v, "NULL") == 0;
 }
 
 static const char *
-type_name(yaml_node_t *n)
+cfg_type_name(yaml_node_t *n)
 {
 	switch (n->type) {
 	case YAML_MAPPING_NODE:
@@ -768,34 +768,34 @@ type_name(yaml_node_t *n)
 	case YAML_SEQUENCE_NODE:
 		return "a list";
 	default:
-		return is_null(n) ? "null" : "a scalar";
+		return cfg_is_null(n) ? "null" : "a scalar";
 	}
 }
 
 /* Expect a scalar; on error report and return NULL. */
 static const char *
-want_scalar(struct ctx *c, yaml_node_t *n, const char *key)
+cfg_want_scalar(struct ctx *c, yaml_node_t *n, const char *key)
 {
-	if (n->type != YAML_SCALAR_NODE || is_null(n)) {
-		err_at(c, &n->start_mark, "%s: expected a value, got %s", key,
-		    type_name(n));
+	if (n->type != YAML_SCALAR_NODE || cfg_is_null(n)) {
+		cfg_err_at(c, &n->start_mark, "%s: expected a value, got %s", key,
+		    cfg_type_name(n));
 		return NULL;
 	}
-	if (strlen(scalar(n)) != n->data.scalar.length) {
+	if (strlen(cfg_scalar(n)) != n->data.scalar.length) {
 		/* "\0" in a quoted scalar: C strings would cut it short. */
-		err_at(c, &n->start_mark, "%s: NUL characters are not allowed", key);
+		cfg_err_at(c, &n->start_mark, "%s: NUL characters are not allowed", key);
 		return NULL;
 	}
-	return scalar(n);
+	return cfg_scalar(n);
 }
 
 static char *
-xstrdup(struct ctx *c, const char *s)
+cfg_strdup(struct ctx *c, const char *s)
 {
 	char *d = strdup(s);
 
 	if (d == NULL)
-		err_at(c, NULL, "out of memory");
+		cfg_err_at(c, NULL, "out of memory");
 	return d;
 }
 
@@ -803,41 +803,41 @@ xstrdup(struct ctx *c, const char *s)
  * Iterate a mapping's pairs, reporting non-scalar and duplicate keys.
  * Calls fn for each well-formed pair.
  */
-typedef void (*pair_fn)(struct ctx *, yaml_node_t *key, yaml_node_t *val,
+typedef void (*cfg_pair_fn)(struct ctx *, yaml_node_t *key, yaml_node_t *val,
     void *arg);
 
 static void
-each_pair(struct ctx *c, yaml_node_t *map, pair_fn fn, void *arg)
+cfg_each_pair(struct ctx *c, yaml_node_t *map, cfg_pair_fn fn, void *arg)
 {
 	yaml_node_pair_t *p;
 	struct strset seen;
 
-	if (strset_init(&seen, (size_t)(map->data.mapping.pairs.top -
+	if (cfg_strset_init(&seen, (size_t)(map->data.mapping.pairs.top -
 	    map->data.mapping.pairs.start)) == -1) {
-		err_at(c, &map->start_mark, "out of memory");
+		cfg_err_at(c, &map->start_mark, "out of memory");
 		return;
 	}
 	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
 	    p++) {
-		yaml_node_t *k = node(c, p->key), *v;
+		yaml_node_t *k = cfg_node(c, p->key), *v;
 		const struct strset_slot *first;
 		int alias;
 
 		/* A node reached twice is an alias (prescan() reported it). */
 		alias = p->value >= 1 && (size_t)p->value <= c->nnodes &&
 		    c->seen[p->value - 1];
-		v = node(c, p->value);
+		v = cfg_node(c, p->value);
 		if (k == NULL || v == NULL)
 			continue;
 		if (k->type != YAML_SCALAR_NODE) {
-			err_at(c, &k->start_mark, "mapping keys must be scalars");
+			cfg_err_at(c, &k->start_mark, "mapping keys must be scalars");
 			continue;
 		}
 		/* a: the line of the first use, for the message. */
-		first = strset_add(&seen, scalar(k), k->start_mark.line + 1, 0);
+		first = cfg_strset_add(&seen, cfg_scalar(k), k->start_mark.line + 1, 0);
 		if (first != NULL) {
-			err_at(c, &k->start_mark,
-			    "duplicate key '%s' (first at line %zu)", scalar(k),
+			cfg_err_at(c, &k->start_mark,
+			    "duplicate key '%s' (first at line %zu)", cfg_scalar(k),
 			    first->a);
 			continue;
 		}
@@ -845,7 +845,7 @@ each_pair(struct ctx *c, yaml_node_t *map, pair_fn fn, void *arg)
 		fn(c, k, v, arg);
 		c->quiet -= alias;
 	}
-	strset_free(&seen);
+	cfg_strset_free(&seen);
 }
 
 /*
@@ -861,7 +861,7 @@ log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
 	    0640);
 
 	if (fd == -1) {
-		err_at(c, &v->start_mark, "%s: cannot open '%s': %s", path, s,
+		cfg_err_at(c, &v->start_mark, "%s: cannot open '%s': %s", path, s,
 		    strerror(errno));
 		return 0;
 	}
@@ -875,7 +875,7 @@ log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
  * over 10^9 hundredths.
  */
 static int
-parse_hundredths(const char *s, int64_t *out)
+cfg_parse_hundredths(const char *s, int64_t *out)
 {
 	int64_t v = 0;
 	int nd = 0, nf = 0;
@@ -903,43 +903,43 @@ parse_hundredths(const char *s, int64_t *out)
 
 /* Parse a scalar value of a typed key into dst; dst's type depends on row. */
 static void
-set_value(struct ctx *c, const struct key_row *row, const char *path,
+cfg_set_value(struct ctx *c, const struct key_row *row, const char *path,
     yaml_node_t *v, void *dst)
 {
 	const char *s;
 	uint64_t u;
 	int64_t i;
 
-	if (row->info.type == SL_KEY_ADDR && !row->required && is_null(v)) {
+	if (row->info.type == SL_KEY_ADDR && !row->required && cfg_is_null(v)) {
 		free(*(char **)dst);
 		*(char **)dst = NULL;
 		return;
 	}
-	if ((s = want_scalar(c, v, path)) == NULL)
+	if ((s = cfg_want_scalar(c, v, path)) == NULL)
 		return;
 	switch (row->info.type) {
 	case SL_KEY_ADDR:
-		if (!valid_addr(s)) {
-			err_at(c, &v->start_mark,
+		if (!cfg_valid_addr(s)) {
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' is not host:port or [v6]:port", path, s);
 			return;
 		}
 		free(*(char **)dst);
-		*(char **)dst = xstrdup(c, s);
+		*(char **)dst = cfg_strdup(c, s);
 		return;
 	case SL_KEY_STRING:
 		free(*(char **)dst);
-		*(char **)dst = xstrdup(c, s);
+		*(char **)dst = cfg_strdup(c, s);
 		return;
 	case SL_KEY_SIZE:
 		if (sl_parse_size(s, &u) == -1) {
-			err_at(c, &v->start_mark,
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' is not a size (e.g. 64KiB; units B, KiB, MiB, GiB)",
 			    path, s);
 			return;
 		}
 		if (u < row->min || u > row->max) {
-			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
 			    path, s, row->info.range);
 			return;
 		}
@@ -947,26 +947,26 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		return;
 	case SL_KEY_DURATION:
 		if (sl_parse_duration_ms(s, &u) == -1) {
-			err_at(c, &v->start_mark,
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' is not a duration (e.g. 30s; units ms, s, m, h)",
 			    path, s);
 			return;
 		}
 		if (u < row->min || u > row->max) {
-			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
 			    path, s, row->info.range);
 			return;
 		}
 		*(uint64_t *)dst = u;
 		return;
 	case SL_KEY_INT:
-		if (parse_int(s, &i) == -1) {
-			err_at(c, &v->start_mark, "%s: '%s' is not an integer",
+		if (cfg_parse_int(s, &i) == -1) {
+			cfg_err_at(c, &v->start_mark, "%s: '%s' is not an integer",
 			    path, s);
 			return;
 		}
 		if (i < (int64_t)row->min || i > (int64_t)row->max) {
-			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
 			    path, s, row->info.range);
 			return;
 		}
@@ -984,9 +984,9 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 			*(int *)dst = SL_WORKERS_AUTO;
 			return;
 		}
-		if (parse_int(s, &i) == -1 || i < (int64_t)row->min ||
+		if (cfg_parse_int(s, &i) == -1 || i < (int64_t)row->min ||
 		    i > (int64_t)row->max) {
-			err_at(c, &v->start_mark,
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' must be auto or an integer in %s", path, s,
 			    row->info.range);
 			return;
@@ -1002,7 +1002,7 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 				*(enum sl_log_level *)dst = (enum sl_log_level)k;
 				return;
 			}
-		err_at(c, &v->start_mark,
+		cfg_err_at(c, &v->start_mark,
 		    "%s: '%s' must be one of error, warn, info, debug", path, s);
 		return;
 	}
@@ -1014,19 +1014,19 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 				*(int32_t *)dst = k;
 				return;
 			}
-		err_at(c, &v->start_mark,
+		cfg_err_at(c, &v->start_mark,
 		    "%s: '%s' must be one of local_share, closed, local_full",
 		    path, s);
 		return;
 	}
 	case SL_KEY_DECIMAL:
-		if (parse_hundredths(s, &i) == -1) {
-			err_at(c, &v->start_mark, "%s: '%s' is not a decimal number "
+		if (cfg_parse_hundredths(s, &i) == -1) {
+			cfg_err_at(c, &v->start_mark, "%s: '%s' is not a decimal number "
 			    "(e.g. 1.5, at most 2 decimals)", path, s);
 			return;
 		}
 		if (i < (int64_t)row->min || i > (int64_t)row->max) {
-			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
 			    path, s, row->info.range);
 			return;
 		}
@@ -1037,14 +1037,14 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 			*(int *)dst = s[0] == 't';
 			return;
 		}
-		err_at(c, &v->start_mark, "%s: '%s' must be true or false", path, s);
+		cfg_err_at(c, &v->start_mark, "%s: '%s' must be true or false", path, s);
 		return;
 	case SL_KEY_LOGDEST:
 		if (c->check_files && strcmp(s, "off") != 0 &&
 		    strcmp(s, "stderr") != 0 && !log_dest_opens(c, v, path, s))
 			return;
 		free(*(char **)dst);
-		*(char **)dst = strcmp(s, "off") == 0 ? NULL : xstrdup(c, s);
+		*(char **)dst = strcmp(s, "off") == 0 ? NULL : cfg_strdup(c, s);
 		return;
 	default:
 		return;
@@ -1059,12 +1059,12 @@ struct map_arg {
 static void top_pair(struct ctx *, yaml_node_t *, yaml_node_t *, void *);
 
 static void
-require_mapping(struct ctx *c, yaml_node_t *v, const char *path, int *ok)
+cfg_require_mapping(struct ctx *c, yaml_node_t *v, const char *path, int *ok)
 {
 	*ok = v->type == YAML_MAPPING_NODE;
 	if (!*ok)
-		err_at(c, &v->start_mark, "%s: expected a mapping, got %s", path,
-		    type_name(v));
+		cfg_err_at(c, &v->start_mark, "%s: expected a mapping, got %s", path,
+		    cfg_type_name(v));
 }
 
 /* ---- upstreams and tenants ------------------------------------------- */
@@ -1081,7 +1081,7 @@ struct named_arg {
  * pass -t and turn every request into a 502. 0 if valid, else -1.
  */
 static int
-check_url_port(const char *a, size_t n)
+cfg_check_url_port(const char *a, size_t n)
 {
 	const char *end = a + n, *p;
 	long port = 0;
@@ -1119,29 +1119,29 @@ check_url(struct ctx *c, yaml_node_t *v, const char *path, char *url)
 	size_t l;
 
 	if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
-		err_at(c, &v->start_mark,
+		cfg_err_at(c, &v->start_mark,
 		    "%s: '%s' must start with http:// or https://", path, url);
 		return -1;
 	}
 	host = strstr(url, "://") + 3;
 	if (*host == '\0' || *host == '/' || *host == ':' || *host == '@') {
-		err_at(c, &v->start_mark, "%s: '%s' names no host", path, url);
+		cfg_err_at(c, &v->start_mark, "%s: '%s' names no host", path, url);
 		return -1;
 	}
 	if (strpbrk(url, "?# \t\r\n") != NULL) {
-		err_at(c, &v->start_mark,
+		cfg_err_at(c, &v->start_mark,
 		    "%s: must not contain a query, fragment or spaces", path);
 		return -1;
 	}
 	/* The URL as written names the replica in metrics and the access log. */
 	if (memchr(host, '@', strcspn(host, "/")) != NULL) {
-		err_at(c, &v->start_mark, "%s: must not contain a user or password "
+		cfg_err_at(c, &v->start_mark, "%s: must not contain a user or password "
 		    "(it would show in metrics and the access log); use api_key",
 		    path);
 		return -1;
 	}
-	if (check_url_port(host, strcspn(host, "/")) == -1) {
-		err_at(c, &v->start_mark, "%s: '%s' has no valid port after its "
+	if (cfg_check_url_port(host, strcspn(host, "/")) == -1) {
+		cfg_err_at(c, &v->start_mark, "%s: '%s' has no valid port after its "
 		    "host (1 to 65535, or none for the scheme's)", path, url);
 		return -1;
 	}
@@ -1156,7 +1156,7 @@ static void
 set_url(struct ctx *c, const struct key_row *row, const char *path,
     yaml_node_t *v, char **dst)
 {
-	set_value(c, row, path, v, dst);
+	cfg_set_value(c, row, path, v, dst);
 	if (*dst != NULL && check_url(c, v, path, *dst) == -1) {
 		free(*dst);
 		*dst = NULL;
@@ -1236,7 +1236,7 @@ static void
 fields_default(struct ctx *c, const struct field *tab, void *base)
 {
 	for (; tab->path != NULL; tab++) {
-		const struct key_row *row = find_key(tab->path);
+		const struct key_row *row = cfg_find_key(tab->path);
 		void *dst = (char *)base + tab->off;
 		uint64_t u;
 		int64_t i;
@@ -1250,10 +1250,10 @@ fields_default(struct ctx *c, const struct field *tab, void *base)
 				*(uint64_t *)dst = u;
 			break;
 		case SL_KEY_STRING:
-			*(char **)dst = xstrdup(c, row->info.def);
+			*(char **)dst = cfg_strdup(c, row->info.def);
 			break;
 		case SL_KEY_DECIMAL:
-			if (parse_hundredths(row->info.def, &i) == 0)
+			if (cfg_parse_hundredths(row->info.def, &i) == 0)
 				*(int32_t *)dst = (int32_t)i;
 			break;
 		case SL_KEY_BOOL:
@@ -1269,13 +1269,13 @@ fields_default(struct ctx *c, const struct field *tab, void *base)
 static void
 upstream_defaults(struct ctx *c, struct sl_upstream_conf *u)
 {
-	const char *def = find_key("upstreams.*.retry_on")->info.def, *p;
+	const char *def = cfg_find_key("upstreams.*.retry_on")->info.def, *p;
 	size_t i, l;
 
 	fields_default(c, upstream_fields, u);
 	for (i = 0; balance_words[i] != NULL; i++)
 		if (strcmp(balance_words[i],
-		    find_key("upstreams.*.balance")->info.def) == 0)
+		    cfg_find_key("upstreams.*.balance")->info.def) == 0)
 			u->balance = (enum sl_balance)i;
 	/* "[connect, busy]" */
 	u->retry_on = 0;
@@ -1295,14 +1295,14 @@ upstream_defaults(struct ctx *c, struct sl_upstream_conf *u)
 
 /* A node reached twice is an alias (prescan() reported it). */
 static int
-seen_before(const struct ctx *c, int id)
+cfg_seen_before(const struct ctx *c, int id)
 {
 	return id >= 1 && (size_t)id <= c->nnodes && c->seen[id - 1];
 }
 
 /* A probe path goes on a request line: '/' first, no space or control. */
 static int
-valid_probe_path(const char *s)
+cfg_valid_probe_path(const char *s)
 {
 	const unsigned char *p = (const unsigned char *)s;
 
@@ -1318,7 +1318,7 @@ static void
 parse_fairness(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
     const char *path)
 {
-	const char *s = want_scalar(c, v, path);
+	const char *s = cfg_want_scalar(c, v, path);
 
 	if (s == NULL)
 		return;
@@ -1327,7 +1327,7 @@ parse_fairness(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
 	else if (strcmp(s, "fifo") == 0)
 		u->queue.fairness = SL_FAIRNESS_FIFO;
 	else
-		err_at(c, &v->start_mark, "%s: '%s' must be one of tokens, fifo",
+		cfg_err_at(c, &v->start_mark, "%s: '%s' must be one of tokens, fifo",
 		    path, s);
 }
 
@@ -1342,7 +1342,7 @@ static void
 section_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
 	struct section_arg *a = arg;
-	const char *key = scalar(k);
+	const char *key = cfg_scalar(k);
 	const struct field *f;
 	char pattern[64], path[320];
 
@@ -1354,19 +1354,19 @@ section_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		return;
 	}
 	if ((f = find_field(upstream_fields, pattern, key)) == NULL) {
-		err_at(c, &k->start_mark, "unknown key '%s' in upstreams.%s.%s",
+		cfg_err_at(c, &k->start_mark, "unknown key '%s' in upstreams.%s.%s",
 		    key, a->u->name, a->section);
 		return;
 	}
-	set_value(c, find_key(f->path), path, v, (char *)a->u + f->off);
+	cfg_set_value(c, cfg_find_key(f->path), path, v, (char *)a->u + f->off);
 	if (f->off == UOFF(health.path) && a->u->health.path != NULL &&
-	    !valid_probe_path(a->u->health.path))
-		err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
+	    !cfg_valid_probe_path(a->u->health.path))
+		cfg_err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
 		    "no spaces or control characters", path, a->u->health.path);
 	else if (f->off == UOFF(load_metrics.path) &&
 	    a->u->load_metrics.path != NULL &&
-	    !valid_probe_path(a->u->load_metrics.path))
-		err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
+	    !cfg_valid_probe_path(a->u->load_metrics.path))
+		cfg_err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
 		    "no spaces or control characters", path,
 		    a->u->load_metrics.path);
 	else if (f->off == UOFF(health.interval_ms))
@@ -1388,14 +1388,14 @@ check_probe_times(struct ctx *c, struct section_arg *a)
 	if (u->health.timeout_ms < u->health.interval_ms)
 		return;
 	tv = a->timeout && a->timeout->type == YAML_SCALAR_NODE ?
-	    scalar(a->timeout) : find_key("upstreams.*.health.timeout")->info.def;
+	    cfg_scalar(a->timeout) : cfg_find_key("upstreams.*.health.timeout")->info.def;
 	iv = a->interval && a->interval->type == YAML_SCALAR_NODE ?
-	    scalar(a->interval) : find_key("upstreams.*.health.interval")->info.def;
+	    cfg_scalar(a->interval) : cfg_find_key("upstreams.*.health.interval")->info.def;
 	if (a->timeout != NULL)
-		err_at(c, &a->timeout->start_mark, "upstreams.%s.health.timeout: "
+		cfg_err_at(c, &a->timeout->start_mark, "upstreams.%s.health.timeout: "
 		    "%s must be less than health.interval (%s)", u->name, tv, iv);
 	else if (a->interval != NULL)
-		err_at(c, &a->interval->start_mark, "upstreams.%s.health.interval: "
+		cfg_err_at(c, &a->interval->start_mark, "upstreams.%s.health.interval: "
 		    "%s must be more than health.timeout (%s)", u->name, iv, tv);
 }
 
@@ -1406,10 +1406,10 @@ parse_section(struct ctx *c, struct sl_upstream_conf *u, const char *section,
 	struct section_arg a = { u, section, NULL, NULL };
 	int ok;
 
-	require_mapping(c, v, path, &ok);
+	cfg_require_mapping(c, v, path, &ok);
 	if (!ok)
 		return;
-	each_pair(c, v, section_pair, &a);
+	cfg_each_pair(c, v, section_pair, &a);
 	if (strcmp(section, "health") == 0) {
 		u->health.enabled = 1;
 		check_probe_times(c, &a);
@@ -1432,19 +1432,19 @@ replica_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
 	struct replica_arg *a = arg;
 	struct sl_replica_conf *r = &a->u->replicas[a->idx];
-	const char *key = scalar(k);
+	const char *key = cfg_scalar(k);
 	const struct field *f;
 	char path[320];
 
 	snprintf(path, sizeof(path), "%s.%s", a->prefix, key);
 	if (strcmp(key, "url") == 0) {
 		a->url = v;
-		set_url(c, find_key("upstreams.*.replicas[].url"), path, v, &r->url);
+		set_url(c, cfg_find_key("upstreams.*.replicas[].url"), path, v, &r->url);
 	} else if ((f = find_field(replica_fields, "upstreams.*.replicas[]",
 	    key)) != NULL)
-		set_value(c, find_key(f->path), path, v, (char *)r + f->off);
+		cfg_set_value(c, cfg_find_key(f->path), path, v, (char *)r + f->off);
 	else
-		err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
+		cfg_err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
 }
 
 /*
@@ -1454,26 +1454,26 @@ replica_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
  * The entries themselves are checked to be mappings by the caller.
  */
 static size_t
-list_of_maps(struct ctx *c, yaml_node_t *v, const char *path,
+cfg_list_of_maps(struct ctx *c, yaml_node_t *v, const char *path,
     const char *what, size_t max, yaml_node_item_t **items)
 {
 	size_t n;
 
 	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
-		    path, type_name(v));
+		cfg_err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
+		    path, cfg_type_name(v));
 		return 0;
 	}
 	*items = v->data.sequence.items.start;
 	n = (size_t)(v->data.sequence.items.top - *items);
 	if (n == 0) {
-		err_at(c, &v->start_mark, "%s: must hold at least one %s", path, what);
+		cfg_err_at(c, &v->start_mark, "%s: must hold at least one %s", path, what);
 		return 0;
 	}
 	if (n > max) {
 		yaml_node_t *extra = yaml_document_get_node(c->doc, (*items)[max]);
 
-		err_at(c, extra ? &extra->start_mark : &v->start_mark,
+		cfg_err_at(c, extra ? &extra->start_mark : &v->start_mark,
 		    "%s: more than %zu %ss", path, max, what);
 		n = max;
 	}
@@ -1492,20 +1492,20 @@ parse_replicas(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
 	struct strset urls;
 	size_t n, i;
 
-	if ((n = list_of_maps(c, v, path, "replica", SL_MAX_REPLICAS, &items)) == 0)
+	if ((n = cfg_list_of_maps(c, v, path, "replica", SL_MAX_REPLICAS, &items)) == 0)
 		return;
 	u->replicas = calloc(n, sizeof(*u->replicas));
-	if (u->replicas == NULL || strset_init(&urls, n) == -1) {
-		err_at(c, &v->start_mark, "out of memory");
+	if (u->replicas == NULL || cfg_strset_init(&urls, n) == -1) {
+		cfg_err_at(c, &v->start_mark, "out of memory");
 		return;
 	}
 	for (i = 0; i < n; i++) {
 		struct replica_arg a;
 		const struct strset_slot *first;
 		yaml_node_t *e;
-		int alias = seen_before(c, items[i]), ok;
+		int alias = cfg_seen_before(c, items[i]), ok;
 
-		if ((e = node(c, items[i])) == NULL)
+		if ((e = cfg_node(c, items[i])) == NULL)
 			continue;
 		memset(&a, 0, sizeof(a));
 		a.u = u;
@@ -1514,22 +1514,22 @@ parse_replicas(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
 		fields_default(c, replica_fields, &u->replicas[i]);
 		u->nreplicas = i + 1;
 		c->quiet += alias;
-		require_mapping(c, e, a.prefix, &ok);
+		cfg_require_mapping(c, e, a.prefix, &ok);
 		if (ok) {
-			each_pair(c, e, replica_pair, &a);
+			cfg_each_pair(c, e, replica_pair, &a);
 			if (a.url == NULL)
-				err_at(c, &e->start_mark,
+				cfg_err_at(c, &e->start_mark,
 				    "%s: missing required key 'url'", a.prefix);
 			else if (u->replicas[i].url != NULL && !c->quiet &&
-			    (first = strset_add(&urls, u->replicas[i].url,
+			    (first = cfg_strset_add(&urls, u->replicas[i].url,
 			    a.url->start_mark.line + 1, i)) != NULL)
-				err_at(c, &a.url->start_mark,
+				cfg_err_at(c, &a.url->start_mark,
 				    "%s.url: duplicate URL '%s' (first at line %zu)",
 				    a.prefix, u->replicas[i].url, first->a);
 		}
 		c->quiet -= alias;
 	}
-	strset_free(&urls);
+	cfg_strset_free(&urls);
 }
 
 /* retry_on: a list of words, maybe empty (never retry). */
@@ -1540,24 +1540,24 @@ parse_retry_on(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
 	yaml_node_item_t *it;
 
 	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
-		    type_name(v));
+		cfg_err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
+		    cfg_type_name(v));
 		return;
 	}
 	u->retry_on = 0;
 	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
 	    it++) {
-		yaml_node_t *w = node(c, *it);
+		yaml_node_t *w = cfg_node(c, *it);
 		const char *s;
 		size_t i;
 
-		if (w == NULL || (s = want_scalar(c, w, path)) == NULL)
+		if (w == NULL || (s = cfg_want_scalar(c, w, path)) == NULL)
 			continue;
 		for (i = 0; retry_words[i].word != NULL; i++)
 			if (strcmp(s, retry_words[i].word) == 0)
 				break;
 		if (retry_words[i].word == NULL) {
-			err_at(c, &w->start_mark,
+			cfg_err_at(c, &w->start_mark,
 			    "%s: '%s' must be one of connect, busy, empty", path, s);
 			continue;
 		}
@@ -1574,7 +1574,7 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
 	struct named_arg *a = arg;
 	struct sl_upstream_conf *u = &c->cfg->upstreams[a->idx];
-	const char *key = scalar(k);
+	const char *key = cfg_scalar(k);
 	const struct field *f;
 	char path[256];
 
@@ -1582,27 +1582,27 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	if (strcmp(key, "url") == 0 || strcmp(key, "replicas") == 0) {
 		/* One form or the other: a url beside a pool is a typo waiting. */
 		if (a->present[UP_URL] || a->present[UP_REPLICAS]) {
-			err_at(c, &k->start_mark,
+			cfg_err_at(c, &k->start_mark,
 			    "upstream '%s': give 'url' or 'replicas', not both",
 			    u->name);
 			return;
 		}
 		if (strcmp(key, "url") == 0) {
 			a->present[UP_URL] = 1;
-			set_url(c, find_key("upstreams.*.url"), path, v, &u->url);
+			set_url(c, cfg_find_key("upstreams.*.url"), path, v, &u->url);
 		} else {
 			a->present[UP_REPLICAS] = 1;
 			parse_replicas(c, u, v, path);
 		}
 	} else if (strcmp(key, "api_key") == 0) {
-		if (is_null(v))
+		if (cfg_is_null(v))
 			return;
-		set_value(c, find_key("upstreams.*.api_key"), path, v, &u->api_key);
+		cfg_set_value(c, cfg_find_key("upstreams.*.api_key"), path, v, &u->api_key);
 		if (u->api_key != NULL && strpbrk(u->api_key, "\r\n") != NULL)
-			err_at(c, &v->start_mark, "%s: must not contain CR or LF",
+			cfg_err_at(c, &v->start_mark, "%s: must not contain CR or LF",
 			    path);
 	} else if (strcmp(key, "balance") == 0) {
-		const char *s = want_scalar(c, v, path);
+		const char *s = cfg_want_scalar(c, v, path);
 		size_t i;
 
 		if (s == NULL)
@@ -1612,7 +1612,7 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 				u->balance = (enum sl_balance)i;
 				return;
 			}
-		err_at(c, &v->start_mark, "%s: '%s' must be one of least_loaded, "
+		cfg_err_at(c, &v->start_mark, "%s: '%s' must be one of least_loaded, "
 		    "round_robin, random, prefix_affinity", path, s);
 	} else if (strcmp(key, "retry_on") == 0) {
 		parse_retry_on(c, u, v, path);
@@ -1621,9 +1621,9 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	    strcmp(key, "queue") == 0) {
 		parse_section(c, u, key, v, path);
 	} else if ((f = find_field(upstream_fields, "upstreams.*", key)) != NULL) {
-		set_value(c, find_key(f->path), path, v, (char *)u + f->off);
+		cfg_set_value(c, cfg_find_key(f->path), path, v, (char *)u + f->off);
 	} else
-		err_at(c, &k->start_mark, "unknown key '%s' in upstream '%s'",
+		cfg_err_at(c, &k->start_mark, "unknown key '%s' in upstream '%s'",
 		    key, u->name);
 }
 
@@ -1639,33 +1639,33 @@ upstreams_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	memset(&a, 0, sizeof(a));
 	a.idx = (*i)++;
 	u = &c->cfg->upstreams[a.idx];
-	u->name = xstrdup(c, scalar(k));
+	u->name = cfg_strdup(c, cfg_scalar(k));
 	upstream_defaults(c, u);
-	snprintf(path, sizeof(path), "upstreams.%s", scalar(k));
-	require_mapping(c, v, path, &ok);
+	snprintf(path, sizeof(path), "upstreams.%s", cfg_scalar(k));
+	cfg_require_mapping(c, v, path, &ok);
 	if (!ok)
 		return;
-	each_pair(c, v, upstream_pair, &a);
+	cfg_each_pair(c, v, upstream_pair, &a);
 	if (!a.present[UP_URL] && !a.present[UP_REPLICAS])
-		err_at(c, &v->start_mark,
+		cfg_err_at(c, &v->start_mark,
 		    "upstream '%s': missing required key 'url' or 'replicas'",
-		    scalar(k));
+		    cfg_scalar(k));
 	/* url: alone is a pool of one, so the runtime sees one shape. */
 	if (u->url != NULL) {
 		u->replicas = calloc(1, sizeof(*u->replicas));
 		if (u->replicas == NULL) {
-			err_at(c, NULL, "out of memory");
+			cfg_err_at(c, NULL, "out of memory");
 			return;
 		}
 		fields_default(c, replica_fields, &u->replicas[0]);
-		u->replicas[0].url = xstrdup(c, u->url);
+		u->replicas[0].url = cfg_strdup(c, u->url);
 		u->nreplicas = 1;
 	}
 }
 
-static int has_control(const char *);
-static size_t map_len(yaml_node_t *);
-static yaml_node_t *find_child(struct ctx *, yaml_node_t *, const char *);
+static int cfg_has_control(const char *);
+static size_t cfg_map_len(yaml_node_t *);
+static yaml_node_t *cfg_find_child(struct ctx *, yaml_node_t *, const char *);
 
 /* ---- models ----------------------------------------------------------- */
 
@@ -1709,8 +1709,8 @@ static int
 valid_model_name(struct ctx *c, yaml_node_t *v, const char *path,
     const char *s)
 {
-	if (s[0] == '\0' || strlen(s) > SL_MODEL_NAME_MAX || has_control(s)) {
-		err_at(c, &v->start_mark, "%s: '%s' is not a model name (1-%d "
+	if (s[0] == '\0' || strlen(s) > SL_MODEL_NAME_MAX || cfg_has_control(s)) {
+		cfg_err_at(c, &v->start_mark, "%s: '%s' is not a model name (1-%d "
 		    "bytes, no control characters)", path, s, SL_MODEL_NAME_MAX);
 		return 0;
 	}
@@ -1728,9 +1728,9 @@ model_name_add(struct ctx *c, yaml_node_t *v, const char *path,
 	const struct strset_slot *first;
 
 	if (c->model_set.slots == NULL || c->quiet ||
-	    (first = strset_add(&c->model_set, s, model, 0)) == NULL)
+	    (first = cfg_strset_add(&c->model_set, s, model, 0)) == NULL)
 		return;
-	err_at(c, &v->start_mark, "%s: '%s' is already the name or an alias of "
+	cfg_err_at(c, &v->start_mark, "%s: '%s' is already the name or an alias of "
 	    "model '%s'", path, s, c->cfg->models[first->a].name);
 }
 
@@ -1744,39 +1744,39 @@ static void
 target_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
 	struct target_arg *a = arg;
-	const char *key = scalar(k), *s;
+	const char *key = cfg_scalar(k), *s;
 	char path[384];
 	size_t u;
 
 	snprintf(path, sizeof(path), "%s.%s", a->prefix, key);
 	if (strcmp(key, "upstream") == 0) {
 		a->upstream = v;
-		if ((s = want_scalar(c, v, path)) == NULL)
+		if ((s = cfg_want_scalar(c, v, path)) == NULL)
 			return;
 		for (u = 0; u < c->cfg->nupstreams; u++)
 			if (c->cfg->upstreams[u].name != NULL &&
 			    strcmp(c->cfg->upstreams[u].name, s) == 0) {
 				a->t->upstream_idx = u;
 				free(a->t->upstream);
-				a->t->upstream = xstrdup(c, s);
+				a->t->upstream = cfg_strdup(c, s);
 				return;
 			}
-		err_at(c, &v->start_mark, "%s: no upstream named '%s'", path, s);
+		cfg_err_at(c, &v->start_mark, "%s: no upstream named '%s'", path, s);
 	} else if (strcmp(key, "model") == 0) {
-		if ((s = want_scalar(c, v, path)) == NULL)
+		if ((s = cfg_want_scalar(c, v, path)) == NULL)
 			return;
-		if (s[0] == '\0' || has_control(s)) {
-			err_at(c, &v->start_mark, "%s: must be non-empty, without "
+		if (s[0] == '\0' || cfg_has_control(s)) {
+			cfg_err_at(c, &v->start_mark, "%s: must be non-empty, without "
 			    "control characters", path);
 			return;
 		}
 		free(a->t->model);
-		a->t->model = xstrdup(c, s);
+		a->t->model = cfg_strdup(c, s);
 	} else if (strcmp(key, "weight") == 0) {
-		set_value(c, find_key("models.*.targets[].weight"), path, v,
+		cfg_set_value(c, cfg_find_key("models.*.targets[].weight"), path, v,
 		    &a->t->weight);
 	} else
-		err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
+		cfg_err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
 }
 
 static void
@@ -1786,18 +1786,18 @@ parse_targets(struct ctx *c, struct sl_model_conf *m, yaml_node_t *v,
 	yaml_node_item_t *items;
 	size_t n, i;
 
-	if ((n = list_of_maps(c, v, path, "target", SL_MAX_TARGETS, &items)) == 0)
+	if ((n = cfg_list_of_maps(c, v, path, "target", SL_MAX_TARGETS, &items)) == 0)
 		return;
 	if ((m->targets = calloc(n, sizeof(*m->targets))) == NULL) {
-		err_at(c, &v->start_mark, "out of memory");
+		cfg_err_at(c, &v->start_mark, "out of memory");
 		return;
 	}
 	for (i = 0; i < n; i++) {
 		struct target_arg a;
 		yaml_node_t *e;
-		int alias = seen_before(c, items[i]), ok;
+		int alias = cfg_seen_before(c, items[i]), ok;
 
-		if ((e = node(c, items[i])) == NULL)
+		if ((e = cfg_node(c, items[i])) == NULL)
 			continue;
 		memset(&a, 0, sizeof(a));
 		a.t = &m->targets[i];
@@ -1805,15 +1805,15 @@ parse_targets(struct ctx *c, struct sl_model_conf *m, yaml_node_t *v,
 		m->ntargets = i + 1;
 		snprintf(a.prefix, sizeof(a.prefix), "%s[%zu]", path, i);
 		c->quiet += alias;
-		require_mapping(c, e, a.prefix, &ok);
+		cfg_require_mapping(c, e, a.prefix, &ok);
 		if (ok) {
-			each_pair(c, e, target_pair, &a);
+			cfg_each_pair(c, e, target_pair, &a);
 			if (a.upstream == NULL)
-				err_at(c, &e->start_mark,
+				cfg_err_at(c, &e->start_mark,
 				    "%s: missing required key 'upstream'", a.prefix);
 		}
 		if (a.t->model == NULL && m->name != NULL)
-			a.t->model = xstrdup(c, m->name);
+			a.t->model = cfg_strdup(c, m->name);
 		c->quiet -= alias;
 	}
 }
@@ -1828,7 +1828,7 @@ model_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
 	struct model_arg *a = arg;
 	struct sl_model_conf *m = &c->cfg->models[a->idx];
-	const char *key = scalar(k);
+	const char *key = cfg_scalar(k);
 	char path[300];
 
 	snprintf(path, sizeof(path), "models.%s.%s", m->name, key);
@@ -1837,8 +1837,8 @@ model_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		size_t n;
 
 		if (v->type != YAML_SEQUENCE_NODE) {
-			err_at(c, &v->start_mark, "%s: expected a list of strings, "
-			    "got %s", path, type_name(v));
+			cfg_err_at(c, &v->start_mark, "%s: expected a list of strings, "
+			    "got %s", path, cfg_type_name(v));
 			return;
 		}
 		n = (size_t)(v->data.sequence.items.top -
@@ -1846,18 +1846,18 @@ model_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		if (n == 0)
 			return;
 		if ((m->aliases = calloc(n, sizeof(char *))) == NULL) {
-			err_at(c, NULL, "out of memory");
+			cfg_err_at(c, NULL, "out of memory");
 			return;
 		}
 		for (it = v->data.sequence.items.start;
 		    it < v->data.sequence.items.top; it++) {
-			yaml_node_t *an = node(c, *it);
+			yaml_node_t *an = cfg_node(c, *it);
 			const char *s;
 
-			if (an == NULL || (s = want_scalar(c, an, path)) == NULL ||
+			if (an == NULL || (s = cfg_want_scalar(c, an, path)) == NULL ||
 			    !valid_model_name(c, an, path, s))
 				continue;
-			if ((m->aliases[m->naliases] = xstrdup(c, s)) == NULL)
+			if ((m->aliases[m->naliases] = cfg_strdup(c, s)) == NULL)
 				continue;
 			model_name_add(c, an, path, m->aliases[m->naliases],
 			    a->idx);
@@ -1868,13 +1868,13 @@ model_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		parse_targets(c, m, v, path);
 	} else if (strcmp(key, "fallback") == 0) {
 		if (v->type != YAML_SEQUENCE_NODE) {
-			err_at(c, &v->start_mark, "%s: expected a list of strings, "
-			    "got %s", path, type_name(v));
+			cfg_err_at(c, &v->start_mark, "%s: expected a list of strings, "
+			    "got %s", path, cfg_type_name(v));
 			return;
 		}
 		c->fallback_nodes[a->idx] = v;   /* resolved once all are named */
 	} else
-		err_at(c, &k->start_mark, "unknown key '%s' in model '%s'", key,
+		cfg_err_at(c, &k->start_mark, "unknown key '%s' in model '%s'", key,
 		    m->name);
 }
 
@@ -1890,17 +1890,17 @@ models_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	memset(&a, 0, sizeof(a));
 	a.idx = (*i)++;
 	m = &c->cfg->models[a.idx];
-	m->name = xstrdup(c, scalar(k));
-	snprintf(path, sizeof(path), "models.%s", scalar(k));
+	m->name = cfg_strdup(c, cfg_scalar(k));
+	snprintf(path, sizeof(path), "models.%s", cfg_scalar(k));
 	if (m->name != NULL && valid_model_name(c, k, "models", m->name))
 		model_name_add(c, k, "models", m->name, a.idx);
-	require_mapping(c, v, path, &ok);
+	cfg_require_mapping(c, v, path, &ok);
 	if (!ok)
 		return;
-	each_pair(c, v, model_pair, &a);
+	cfg_each_pair(c, v, model_pair, &a);
 	if (!a.has_targets)
-		err_at(c, &v->start_mark, "model '%s': missing required key "
-		    "'targets'", scalar(k));
+		cfg_err_at(c, &v->start_mark, "model '%s': missing required key "
+		    "'targets'", cfg_scalar(k));
 }
 
 /* The name -> model table, from every name and alias; -1 on ENOMEM. */
@@ -1974,14 +1974,14 @@ parse_fallbacks(struct ctx *c)
 			goto oom_free;
 		for (it = v->data.sequence.items.start;
 		    it < v->data.sequence.items.top; it++) {
-			yaml_node_t *fn = node(c, *it);
+			yaml_node_t *fn = cfg_node(c, *it);
 			const char *s;
 			int f;
 
-			if (fn == NULL || (s = want_scalar(c, fn, path)) == NULL)
+			if (fn == NULL || (s = cfg_want_scalar(c, fn, path)) == NULL)
 				continue;
 			if ((f = sl_config_model_find(cfg, s, strlen(s))) < 0) {
-				err_at(c, &fn->start_mark, "%s: no model named '%s'",
+				cfg_err_at(c, &fn->start_mark, "%s: no model named '%s'",
 				    path, s);
 				continue;
 			}
@@ -2017,7 +2017,7 @@ parse_fallbacks(struct ctx *c)
 			}
 			f = cfg->models[top].fallback[k];
 			if (state[f] == 1) {
-				err_at(c, &marks[top][k], "models.%s.fallback: '%s' "
+				cfg_err_at(c, &marks[top][k], "models.%s.fallback: '%s' "
 				    "makes a cycle of fallbacks", cfg->models[top].name,
 				    cfg->models[f].name);
 			} else if (state[f] == 0) {
@@ -2039,24 +2039,24 @@ oom_free:
 		free(marks[j]);
 	free(marks);
 oom:
-	err_at(c, NULL, "out of memory");
+	cfg_err_at(c, NULL, "out of memory");
 }
 
 /* models: parsed after upstreams (targets name them), before tenants. */
 static void
 parse_models(struct ctx *c, yaml_node_t *n)
 {
-	size_t cnt = map_len(n), idx = 0, names = 0;
+	size_t cnt = cfg_map_len(n), idx = 0, names = 0;
 	yaml_node_pair_t *p;
 
 	if (cnt == 0) {
-		err_at(c, &n->start_mark, "models: at least one is required "
+		cfg_err_at(c, &n->start_mark, "models: at least one is required "
 		    "(or no models: section)");
 		return;
 	}
 	if (cnt > c->cfg->limits.max_models) {
 		/* Each has its own metrics, in a region sized at start. */
-		err_at(c, &n->start_mark, "models: %zu models, "
+		cfg_err_at(c, &n->start_mark, "models: %zu models, "
 		    "limits.max_models is %llu", cnt,
 		    (unsigned long long)c->cfg->limits.max_models);
 		return;
@@ -2068,7 +2068,7 @@ parse_models(struct ctx *c, yaml_node_t *n)
 
 		names++;
 		if (v != NULL && v->type == YAML_MAPPING_NODE &&
-		    (al = find_child(c, v, "aliases")) != NULL &&
+		    (al = cfg_find_child(c, v, "aliases")) != NULL &&
 		    al->type == YAML_SEQUENCE_NODE)
 			names += (size_t)(al->data.sequence.items.top -
 			    al->data.sequence.items.start);
@@ -2076,17 +2076,17 @@ parse_models(struct ctx *c, yaml_node_t *n)
 	c->cfg->models = calloc(cnt, sizeof(*c->cfg->models));
 	c->fallback_nodes = calloc(cnt, sizeof(*c->fallback_nodes));
 	if (c->cfg->models == NULL || c->fallback_nodes == NULL ||
-	    strset_init(&c->model_set, names) == -1) {
-		err_at(c, &n->start_mark, "out of memory");
+	    cfg_strset_init(&c->model_set, names) == -1) {
+		cfg_err_at(c, &n->start_mark, "out of memory");
 		free(c->fallback_nodes);
 		c->fallback_nodes = NULL;
 		return;
 	}
-	each_pair(c, n, models_pair, &idx);
+	cfg_each_pair(c, n, models_pair, &idx);
 	c->cfg->nmodels = idx;
-	strset_free(&c->model_set);
+	cfg_strset_free(&c->model_set);
 	if (build_model_names(c->cfg) == -1)
-		err_at(c, &n->start_mark, "out of memory");
+		cfg_err_at(c, &n->start_mark, "out of memory");
 	else
 		parse_fallbacks(c);
 	free(c->fallback_nodes);
@@ -2110,33 +2110,33 @@ parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
 	size_t i, j;
 
 	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
-		    path, type_name(v));
+		cfg_err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
+		    path, cfg_type_name(v));
 		return;
 	}
 	free(t->allowed);
 	t->nallowed = 0;
 	if ((t->allowed = calloc((size_t)(v->data.sequence.items.top -
 	    v->data.sequence.items.start) + 1, sizeof(*t->allowed))) == NULL) {
-		err_at(c, NULL, "out of memory");
+		cfg_err_at(c, NULL, "out of memory");
 		return;
 	}
 	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
 	    it++) {
-		yaml_node_t *mn = node(c, *it);
+		yaml_node_t *mn = cfg_node(c, *it);
 		const char *s;
 		int m;
 
-		if (mn == NULL || (s = want_scalar(c, mn, path)) == NULL)
+		if (mn == NULL || (s = cfg_want_scalar(c, mn, path)) == NULL)
 			continue;
 		if ((m = sl_config_model_find(c->cfg, s, strlen(s))) < 0) {
-			err_at(c, &mn->start_mark, "%s: no model named '%s'%s", path,
+			cfg_err_at(c, &mn->start_mark, "%s: no model named '%s'%s", path,
 			    s, !c->models_section ? " (there is no models: "
 			    "section)" : "");
 			continue;
 		}
 		if (strcmp(c->cfg->models[m].name, s) != 0) {
-			err_at(c, &mn->start_mark, "%s: '%s' is an alias of model "
+			cfg_err_at(c, &mn->start_mark, "%s: '%s' is an alias of model "
 			    "'%s': list models by their name", path, s,
 			    c->cfg->models[m].name);
 			continue;
@@ -2193,7 +2193,7 @@ sl_tenant_allows(const struct sl_tenant_conf *t, size_t m)
  * character, no DEL.
  */
 static int
-valid_api_key(const char *s)
+cfg_valid_api_key(const char *s)
 {
 	const unsigned char *p = (const unsigned char *)s;
 
@@ -2210,7 +2210,7 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
 	struct named_arg *a = arg;
 	struct sl_tenant_conf *t = &c->cfg->tenants[a->idx];
-	const char *key = scalar(k);
+	const char *key = cfg_scalar(k);
 	char path[256];
 
 	snprintf(path, sizeof(path), "tenants.%s.%s", t->name, key);
@@ -2220,30 +2220,30 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 
 		a->present[0] = 1;
 		if (v->type != YAML_SEQUENCE_NODE) {
-			err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
-			    path, type_name(v));
+			cfg_err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
+			    path, cfg_type_name(v));
 			return;
 		}
 		n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
 		if (n == 0) {
-			err_at(c, &v->start_mark, "%s: must hold at least one key", path);
+			cfg_err_at(c, &v->start_mark, "%s: must hold at least one key", path);
 			return;
 		}
 		t->keys = calloc(n, sizeof(char *));
 		c->key_marks_tenant[a->idx] = calloc(n, sizeof(yaml_mark_t));
 		if (t->keys == NULL || c->key_marks_tenant[a->idx] == NULL) {
-			err_at(c, NULL, "out of memory");
+			cfg_err_at(c, NULL, "out of memory");
 			return;
 		}
 		for (it = v->data.sequence.items.start;
 		    it < v->data.sequence.items.top; it++) {
-			yaml_node_t *kn = node(c, *it);
+			yaml_node_t *kn = cfg_node(c, *it);
 			const char *s;
 
-			if (kn == NULL || (s = want_scalar(c, kn, path)) == NULL)
+			if (kn == NULL || (s = cfg_want_scalar(c, kn, path)) == NULL)
 				continue;
-			if (!valid_api_key(s)) {
-				err_at(c, &kn->start_mark, "%s: a key must be "
+			if (!cfg_valid_api_key(s)) {
+				cfg_err_at(c, &kn->start_mark, "%s: a key must be "
 				    "non-empty, without spaces or control characters",
 				    path);
 				continue;
@@ -2251,34 +2251,34 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 			if (c->quiet)
 				continue;   /* aliased keys would "share" with the anchor */
 			c->key_marks_tenant[a->idx][t->nkeys] = kn->start_mark;
-			t->keys[t->nkeys++] = xstrdup(c, s);
+			t->keys[t->nkeys++] = cfg_strdup(c, s);
 		}
 	} else if (strcmp(key, "max_streams") == 0) {
 		a->present[1] = 1;
-		set_value(c, find_key("tenants.*.max_streams"), path, v,
+		cfg_set_value(c, cfg_find_key("tenants.*.max_streams"), path, v,
 		    &t->max_streams);
 	} else if (strcmp(key, "retry_after") == 0) {
-		set_value(c, find_key("tenants.*.retry_after"), path, v,
+		cfg_set_value(c, cfg_find_key("tenants.*.retry_after"), path, v,
 		    &t->retry_after);
 	} else if (strcmp(key, "tokens_per_minute") == 0) {
-		set_value(c, find_key("tenants.*.tokens_per_minute"), path, v,
+		cfg_set_value(c, cfg_find_key("tenants.*.tokens_per_minute"), path, v,
 		    &t->tokens_per_minute);
 	} else if (strcmp(key, "weight") == 0) {
-		set_value(c, find_key("tenants.*.weight"), path, v, &t->weight);
+		cfg_set_value(c, cfg_find_key("tenants.*.weight"), path, v, &t->weight);
 	} else if (strcmp(key, "priority") == 0) {
-		set_value(c, find_key("tenants.*.priority"), path, v, &t->priority);
+		cfg_set_value(c, cfg_find_key("tenants.*.priority"), path, v, &t->priority);
 	} else if (strcmp(key, "upstream") == 0) {
-		set_value(c, find_key("tenants.*.upstream"), path, v, &t->upstream);
+		cfg_set_value(c, cfg_find_key("tenants.*.upstream"), path, v, &t->upstream);
 		a->upstream_node = v;
 	} else if (strcmp(key, "models") == 0) {
 		parse_tenant_models(c, t, v, path);
 	} else
-		err_at(c, &k->start_mark, "unknown key '%s' in tenant '%s'", key,
+		cfg_err_at(c, &k->start_mark, "unknown key '%s' in tenant '%s'", key,
 		    t->name);
 }
 
 static int
-has_control(const char *s)
+cfg_has_control(const char *s)
 {
 	for (; *s != '\0'; s++)
 		if ((unsigned char)*s < 0x20 || *s == 0x7f)
@@ -2299,33 +2299,33 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	memset(&a, 0, sizeof(a));
 	a.idx = (*i)++;
 	t = &c->cfg->tenants[a.idx];
-	t->name = xstrdup(c, scalar(k));
-	if (scalar(k)[0] == '\0')
-		err_at(c, &k->start_mark, "tenants: a tenant name must not be empty");
-	else if (has_control(scalar(k)))
+	t->name = cfg_strdup(c, cfg_scalar(k));
+	if (cfg_scalar(k)[0] == '\0')
+		cfg_err_at(c, &k->start_mark, "tenants: a tenant name must not be empty");
+	else if (cfg_has_control(cfg_scalar(k)))
 		/* Names go into metric labels, logs and Redis keys. */
-		err_at(c, &k->start_mark,
+		cfg_err_at(c, &k->start_mark,
 		    "tenants: a tenant name must not contain control characters");
-	else if (strcmp(scalar(k), "-") == 0)
+	else if (strcmp(cfg_scalar(k), "-") == 0)
 		/* "-" stands for "no tenant" in the access log and metrics. */
-		err_at(c, &k->start_mark,
+		cfg_err_at(c, &k->start_mark,
 		    "tenants: '-' is not a tenant name: it stands for no tenant "
 		    "in the access log and metrics");
 	t->retry_after = 1;
 	t->max_streams = -1;
 	t->weight = 1;
 	t->priority = 0;
-	snprintf(path, sizeof(path), "tenants.%s", scalar(k));
-	require_mapping(c, v, path, &ok);
+	snprintf(path, sizeof(path), "tenants.%s", cfg_scalar(k));
+	cfg_require_mapping(c, v, path, &ok);
 	if (!ok)
 		return;
-	each_pair(c, v, tenant_pair, &a);
+	cfg_each_pair(c, v, tenant_pair, &a);
 	if (!a.present[0])
-		err_at(c, &v->start_mark, "tenant '%s': missing required key 'keys'",
-		    scalar(k));
+		cfg_err_at(c, &v->start_mark, "tenant '%s': missing required key 'keys'",
+		    cfg_scalar(k));
 	if (!a.present[1])
-		err_at(c, &v->start_mark,
-		    "tenant '%s': missing required key 'max_streams'", scalar(k));
+		cfg_err_at(c, &v->start_mark,
+		    "tenant '%s': missing required key 'max_streams'", cfg_scalar(k));
 	if (t->upstream == NULL) {
 		/* With models: a request naming none gets 400 instead. */
 		if (c->models_section)
@@ -2336,9 +2336,9 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 			return;
 		}
 		if (c->cfg->nupstreams > 1)
-			err_at(c, &v->start_mark,
+			cfg_err_at(c, &v->start_mark,
 			    "tenant '%s': missing key 'upstream' (there are %zu upstreams)",
-			    scalar(k), c->cfg->nupstreams);
+			    cfg_scalar(k), c->cfg->nupstreams);
 		return;
 	}
 	for (u = 0; u < c->cfg->nupstreams; u++)
@@ -2348,19 +2348,19 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 			t->has_upstream = 1;
 			return;
 		}
-	err_at(c, &a.upstream_node->start_mark,
-	    "tenants.%s.upstream: no upstream named '%s'", scalar(k), t->upstream);
+	cfg_err_at(c, &a.upstream_node->start_mark,
+	    "tenants.%s.upstream: no upstream named '%s'", cfg_scalar(k), t->upstream);
 }
 
 static size_t
-map_len(yaml_node_t *m)
+cfg_map_len(yaml_node_t *m)
 {
 	return (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
 }
 
 /* ---- cluster ---------------------------------------------------------- */
 
-static yaml_node_t *find_child(struct ctx *, yaml_node_t *, const char *);
+static yaml_node_t *cfg_find_child(struct ctx *, yaml_node_t *, const char *);
 
 const char *
 sl_redis_down_name(int mode)
@@ -2375,7 +2375,7 @@ sl_redis_down_name(int mode)
  * 0.14 resolves a host name with a blocking getaddrinfo() inside the loop.
  */
 static int
-valid_redis_addr(const char *s)
+cfg_valid_redis_addr(const char *s)
 {
 	char host[64];
 	const char *colon;
@@ -2384,7 +2384,7 @@ valid_redis_addr(const char *s)
 
 	if (strncmp(s, "unix:", 5) == 0)
 		return s[5] == '/' && strlen(s + 5) < 100;
-	if (!valid_addr(s))
+	if (!cfg_valid_addr(s))
 		return 0;
 	colon = strrchr(s, ':');
 	if (s[0] == '[') {
@@ -2405,7 +2405,7 @@ valid_redis_addr(const char *s)
 
 /* A node name goes into lease members "NODE:EPOCH:ID": no ':' in it. */
 static int
-valid_node_name(const char *s)
+cfg_valid_node_name(const char *s)
 {
 	size_t n = strlen(s), i;
 
@@ -2426,18 +2426,18 @@ check_cluster(struct ctx *c, yaml_node_t *root)
 	yaml_node_t *map, *hb;
 	char host[256];
 
-	map = find_child(c, root, "cluster");
+	map = cfg_find_child(c, root, "cluster");
 	if (map == NULL || map->type != YAML_MAPPING_NODE)
 		return;
 	cl->enabled = 1;
 	if (cl->redis == NULL)
-		err_at(c, &map->start_mark, "cluster: missing required key 'redis'");
+		cfg_err_at(c, &map->start_mark, "cluster: missing required key 'redis'");
 	if (cl->heartbeat_ms * 3 > cl->lease_ttl_ms) {
 		/* Absent, the default heartbeat: the lease_ttl set is the cause. */
-		if ((hb = find_child(c, map, "heartbeat")) == NULL &&
-		    (hb = find_child(c, map, "lease_ttl")) == NULL)
+		if ((hb = cfg_find_child(c, map, "heartbeat")) == NULL &&
+		    (hb = cfg_find_child(c, map, "lease_ttl")) == NULL)
 			hb = map;
-		err_at(c, &hb->start_mark,
+		cfg_err_at(c, &hb->start_mark,
 		    "cluster.heartbeat: %" PRIu64 "ms must be at most lease_ttl / 3 "
 		    "(%" PRIu64 "ms)", cl->heartbeat_ms, cl->lease_ttl_ms / 3);
 	}
@@ -2456,7 +2456,7 @@ check_cluster(struct ctx *c, yaml_node_t *root)
 		if (i == 0)
 			strcpy(host, "sluice");
 		host[64] = '\0';
-		cl->node = xstrdup(c, host);
+		cl->node = cfg_strdup(c, host);
 	}
 	if (cl->password != NULL && cl->password[0] == '\0') {
 		free(cl->password);
@@ -2473,36 +2473,36 @@ parse_alpn(struct ctx *c, yaml_node_t *v, const char *path)
 	int n = 0;
 
 	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
-		    type_name(v));
+		cfg_err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
+		    cfg_type_name(v));
 		return;
 	}
 	t->alpn[0] = t->alpn[1] = SL_ALPN_NONE;
 	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
 	    it++) {
-		yaml_node_t *w = node(c, *it);
+		yaml_node_t *w = cfg_node(c, *it);
 		const char *s;
 		int p;
 
-		if (w == NULL || (s = want_scalar(c, w, path)) == NULL)
+		if (w == NULL || (s = cfg_want_scalar(c, w, path)) == NULL)
 			continue;
 		if (strcmp(s, "h2") == 0)
 			p = SL_ALPN_H2;
 		else if (strcmp(s, "http/1.1") == 0)
 			p = SL_ALPN_HTTP11;
 		else {
-			err_at(c, &w->start_mark,
+			cfg_err_at(c, &w->start_mark,
 			    "%s: '%s' must be h2 or http/1.1", path, s);
 			continue;
 		}
 		if (n > 0 && t->alpn[0] == p) {
-			err_at(c, &w->start_mark, "%s: '%s' is listed twice", path, s);
+			cfg_err_at(c, &w->start_mark, "%s: '%s' is listed twice", path, s);
 			continue;
 		}
 		t->alpn[n++] = p;
 	}
 	if (n == 0 && v->data.sequence.items.start == v->data.sequence.items.top)
-		err_at(c, &v->start_mark, "%s: at least one protocol is required",
+		cfg_err_at(c, &v->start_mark, "%s: at least one protocol is required",
 		    path);
 }
 
@@ -2519,7 +2519,7 @@ check_tls(struct ctx *c, yaml_node_t *root)
 	yaml_node_t *map, *at;
 	char err[PATH_MAX + 256], warn[PATH_MAX + 256];
 
-	map = find_child(c, root, "tls");
+	map = cfg_find_child(c, root, "tls");
 	if (map == NULL || map->type != YAML_MAPPING_NODE)
 		return;
 	t->enabled = 1;
@@ -2528,13 +2528,13 @@ check_tls(struct ctx *c, yaml_node_t *root)
 		t->alpn[1] = SL_ALPN_HTTP11;
 	}
 	if (t->cert == NULL)
-		err_at(c, &map->start_mark, "tls: missing required key 'cert'");
+		cfg_err_at(c, &map->start_mark, "tls: missing required key 'cert'");
 	if (t->key == NULL)
-		err_at(c, &map->start_mark, "tls: missing required key 'key'");
+		cfg_err_at(c, &map->start_mark, "tls: missing required key 'key'");
 	if (t->min_version != NULL && strcmp(t->min_version, "TLSv1.2") != 0 &&
 	    strcmp(t->min_version, "TLSv1.3") != 0) {
-		at = find_child(c, map, "min_version");
-		err_at(c, at != NULL ? &at->start_mark : &map->start_mark,
+		at = cfg_find_child(c, map, "min_version");
+		cfg_err_at(c, at != NULL ? &at->start_mark : &map->start_mark,
 		    "tls.min_version: '%s' must be TLSv1.2 or TLSv1.3",
 		    t->min_version);
 	}
@@ -2543,14 +2543,14 @@ check_tls(struct ctx *c, yaml_node_t *root)
 		return;
 	t->ctx = sl_tls_ctx_new(t, err, sizeof(err), warn, sizeof(warn));
 	if (t->ctx == NULL) {
-		at = find_child(c, map, strncmp(err, "tls.key", 7) == 0 ?
+		at = cfg_find_child(c, map, strncmp(err, "tls.key", 7) == 0 ?
 		    "key" : "cert");
-		err_at(c, at != NULL ? &at->start_mark : &map->start_mark, "%s",
+		cfg_err_at(c, at != NULL ? &at->start_mark : &map->start_mark, "%s",
 		    err);
 		return;
 	}
 	if (warn[0] != '\0')
-		t->warning = xstrdup(c, warn);
+		t->warning = cfg_strdup(c, warn);
 }
 
 /* ---- top level ------------------------------------------------------- */
@@ -2564,12 +2564,12 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	int ok;
 
 	if (a->prefix[0] != '\0')
-		snprintf(path, sizeof(path), "%s.%s", a->prefix, scalar(k));
+		snprintf(path, sizeof(path), "%s.%s", a->prefix, cfg_scalar(k));
 	else
-		snprintf(path, sizeof(path), "%s", scalar(k));
-	row = strchr(scalar(k), '.') == NULL ? find_key(path) : NULL;
+		snprintf(path, sizeof(path), "%s", cfg_scalar(k));
+	row = strchr(cfg_scalar(k), '.') == NULL ? cfg_find_key(path) : NULL;
 	if (row == NULL || strchr(row->info.path, '*') != NULL) {
-		err_at(c, &k->start_mark, "unknown key '%s'", path);
+		cfg_err_at(c, &k->start_mark, "unknown key '%s'", path);
 		return;
 	}
 	a->present[row - keys] = 1;
@@ -2578,21 +2578,21 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		return;
 	}
 	if (row->info.type != SL_KEY_MAP) {
-		set_value(c, row, path, v, (char *)c->cfg + row->off);
+		cfg_set_value(c, row, path, v, (char *)c->cfg + row->off);
 		if (row->off == OFF(cluster.redis) && c->cfg->cluster.redis != NULL &&
-		    !valid_redis_addr(c->cfg->cluster.redis))
-			err_at(c, &v->start_mark,
+		    !cfg_valid_redis_addr(c->cfg->cluster.redis))
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' is not IP:port, [v6]:port or unix:/path (host "
 			    "names are not resolved: hiredis 0.14 would block on it)",
 			    path, c->cfg->cluster.redis);
 		if (row->off == OFF(cluster.node) && c->cfg->cluster.node != NULL &&
-		    !valid_node_name(c->cfg->cluster.node))
-			err_at(c, &v->start_mark,
+		    !cfg_valid_node_name(c->cfg->cluster.node))
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' must be 1-64 of A-Z a-z 0-9 . _ -", path,
 			    c->cfg->cluster.node);
 		return;
 	}
-	require_mapping(c, v, path, &ok);
+	cfg_require_mapping(c, v, path, &ok);
 	if (!ok)
 		return;
 	if (strcmp(path, "upstreams") == 0 || strcmp(path, "tenants") == 0 ||
@@ -2601,7 +2601,7 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	{
 		struct map_arg sub = { path, a->present };
 
-		each_pair(c, v, top_pair, &sub);
+		cfg_each_pair(c, v, top_pair, &sub);
 	}
 }
 
@@ -2645,7 +2645,7 @@ set_defaults(struct sl_config *cfg)
 }
 
 static yaml_node_t *
-find_child(struct ctx *c, yaml_node_t *map, const char *key)
+cfg_find_child(struct ctx *c, yaml_node_t *map, const char *key)
 {
 	yaml_node_pair_t *p;
 
@@ -2654,7 +2654,7 @@ find_child(struct ctx *c, yaml_node_t *map, const char *key)
 		yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
 
 		if (k != NULL && k->type == YAML_SCALAR_NODE &&
-		    strcmp(scalar(k), key) == 0)
+		    strcmp(cfg_scalar(k), key) == 0)
 			return yaml_document_get_node(c->doc, p->value);
 	}
 	return NULL;
@@ -2673,8 +2673,8 @@ check_cross(struct ctx *c, yaml_node_t *tenants)
 
 	for (j = 0; j < cfg->ntenants; j++)
 		n += cfg->tenants[j].nkeys;
-	if (strset_init(&keyset, n) == -1) {
-		err_at(c, &tenants->start_mark, "out of memory");
+	if (cfg_strset_init(&keyset, n) == -1) {
+		cfg_err_at(c, &tenants->start_mark, "out of memory");
 		return;
 	}
 	for (j = 0; j < cfg->ntenants; j++)
@@ -2684,16 +2684,16 @@ check_cross(struct ctx *c, yaml_node_t *tenants)
 			size_t i;
 
 			if (y == NULL ||
-			    (first = strset_add(&keyset, y, j, b)) == NULL)
+			    (first = cfg_strset_add(&keyset, y, j, b)) == NULL)
 				continue;
 			i = first->a;
-			err_at(c, c->key_marks_tenant[j] ?
+			cfg_err_at(c, c->key_marks_tenant[j] ?
 			    &c->key_marks_tenant[j][b] : &tenants->start_mark,
 			    i == j ? "tenant '%s' lists the same key twice%s" :
 			    "tenants '%s' and '%s' share a key",
 			    cfg->tenants[i].name, i == j ? "" : cfg->tenants[j].name);
 		}
-	strset_free(&keyset);
+	cfg_strset_free(&keyset);
 }
 
 /*
@@ -2723,14 +2723,14 @@ prescan(struct ctx *c, const char *data, size_t len, int *fatal)
 		switch (ev.type) {
 		case YAML_ALIAS_EVENT:
 			/* An anchor alone is harmless; only its use is refused. */
-			err_at(c, &ev.start_mark, "aliases are not allowed (*%s)",
+			cfg_err_at(c, &ev.start_mark, "aliases are not allowed (*%s)",
 			    (const char *)ev.data.alias.anchor);
 			found++;
 			break;
 		case YAML_SEQUENCE_START_EVENT:
 		case YAML_MAPPING_START_EVENT:
 			if (++depth > SL_CONFIG_MAX_DEPTH) {
-				err_at(c, &ev.start_mark, "nesting deeper than %d "
+				cfg_err_at(c, &ev.start_mark, "nesting deeper than %d "
 				    "levels (lists and mappings inside each other)",
 				    SL_CONFIG_MAX_DEPTH);
 				found++;
@@ -2794,17 +2794,17 @@ parser_error(struct ctx *c, yaml_parser_t *parser)
 	if (parser->error == YAML_READER_ERROR) {
 		m = offset_mark(c, parser->problem_offset);
 		if (parser->problem_value == -1)
-			err_at(c, &m, "%s", problem);
+			cfg_err_at(c, &m, "%s", problem);
 		else if (strstr(problem, "octet") != NULL)
-			err_at(c, &m, "%s (byte 0x%02x)", problem,
+			cfg_err_at(c, &m, "%s (byte 0x%02x)", problem,
 			    (unsigned)parser->problem_value & 0xff);
 		else
-			err_at(c, &m, "%s (U+%04X)", problem,
+			cfg_err_at(c, &m, "%s (U+%04X)", problem,
 			    (unsigned)parser->problem_value);
 	} else if (parser->context != NULL)
-		err_at(c, &m, "%s %s", problem, parser->context);
+		cfg_err_at(c, &m, "%s %s", problem, parser->context);
 	else
-		err_at(c, &m, "%s", problem);
+		cfg_err_at(c, &m, "%s", problem);
 }
 
 static int
@@ -2824,80 +2824,80 @@ load(struct ctx *c, yaml_parser_t *parser)
 	c->doc = &doc;
 	root = yaml_document_get_root_node(&doc);
 	if (root == NULL) {
-		err_at(c, NULL, "empty configuration");
+		cfg_err_at(c, NULL, "empty configuration");
 		yaml_document_delete(&doc);
 		return -1;
 	}
 	c->nnodes = (size_t)(doc.nodes.top - doc.nodes.start);
 	c->seen = calloc(c->nnodes ? c->nnodes : 1, 1);
 	if (c->seen == NULL) {
-		err_at(c, NULL, "out of memory");
+		cfg_err_at(c, NULL, "out of memory");
 		yaml_document_delete(&doc);
 		return -1;
 	}
 	c->seen[0] = 1;
 	if (root->type != YAML_MAPPING_NODE) {
-		err_at(c, &root->start_mark, "the configuration must be a mapping, got %s",
-		    type_name(root));
+		cfg_err_at(c, &root->start_mark, "the configuration must be a mapping, got %s",
+		    cfg_type_name(root));
 		goto out;
 	}
 
 	memset(present, 0, sizeof(present));
 	top.prefix = "";
 	top.present = present;
-	each_pair(c, root, top_pair, &top);
+	cfg_each_pair(c, root, top_pair, &top);
 
 	/* Upstreams, then tenants (which refer to upstreams). */
-	if ((n = find_child(c, root, "upstreams")) != NULL &&
+	if ((n = cfg_find_child(c, root, "upstreams")) != NULL &&
 	    n->type == YAML_MAPPING_NODE) {
-		size_t cnt = map_len(n), idx = 0;
+		size_t cnt = cfg_map_len(n), idx = 0;
 
 		if (cnt == 0)
-			err_at(c, &n->start_mark, "upstreams: at least one is required");
+			cfg_err_at(c, &n->start_mark, "upstreams: at least one is required");
 		/* What the shared region has room for (sl_shm.h): as at start. */
 		if (cnt > c->cfg->limits.max_upstreams)
-			err_at(c, &n->start_mark, "upstreams: %zu upstreams, "
+			cfg_err_at(c, &n->start_mark, "upstreams: %zu upstreams, "
 			    "limits.max_upstreams is %llu", cnt,
 			    (unsigned long long)c->cfg->limits.max_upstreams);
 		c->cfg->upstreams = calloc(cnt ? cnt : 1, sizeof(*c->cfg->upstreams));
 		if (c->cfg->upstreams != NULL) {
 			size_t nrep, nq = 0;
 
-			each_pair(c, n, upstreams_pair, &idx);
+			cfg_each_pair(c, n, upstreams_pair, &idx);
 			c->cfg->nupstreams = idx;
 			nrep = sl_config_nreplicas(c->cfg);
 			for (i = 0; i < idx; i++)
 				nq += c->cfg->upstreams[i].queue.enabled != 0;
 			if (nrep > sl_config_replica_room(c->cfg))
-				err_at(c, &n->start_mark, "upstreams: %zu replicas "
+				cfg_err_at(c, &n->start_mark, "upstreams: %zu replicas "
 				    "in all, at most %zu (4 per limits.max_upstreams, "
 				    "at least 4096)", nrep,
 				    sl_config_replica_room(c->cfg));
 			if (nq > SL_MAX_QUEUED_UPSTREAMS)
-				err_at(c, &n->start_mark, "upstreams: %zu upstreams "
+				cfg_err_at(c, &n->start_mark, "upstreams: %zu upstreams "
 				    "with a queue, at most %d", nq,
 				    SL_MAX_QUEUED_UPSTREAMS);
 		}
 	}
-	if ((n = find_child(c, root, "models")) != NULL) {
+	if ((n = cfg_find_child(c, root, "models")) != NULL) {
 		c->models_section = 1;
 		if (n->type == YAML_MAPPING_NODE)
 			parse_models(c, n);
 	}
-	if ((n = find_child(c, root, "tenants")) != NULL &&
+	if ((n = cfg_find_child(c, root, "tenants")) != NULL &&
 	    n->type == YAML_MAPPING_NODE) {
-		size_t cnt = map_len(n), idx = 0;
+		size_t cnt = cfg_map_len(n), idx = 0;
 
 		if (cnt == 0)
-			err_at(c, &n->start_mark, "tenants: at least one is required");
+			cfg_err_at(c, &n->start_mark, "tenants: at least one is required");
 		if (cnt > c->cfg->limits.max_tenants)
-			err_at(c, &n->start_mark, "tenants: %zu tenants, "
+			cfg_err_at(c, &n->start_mark, "tenants: %zu tenants, "
 			    "limits.max_tenants is %llu", cnt,
 			    (unsigned long long)c->cfg->limits.max_tenants);
 		c->cfg->tenants = calloc(cnt ? cnt : 1, sizeof(*c->cfg->tenants));
 		c->key_marks_tenant = calloc(cnt ? cnt : 1, sizeof(yaml_mark_t *));
 		if (c->cfg->tenants != NULL && c->key_marks_tenant != NULL) {
-			each_pair(c, n, tenants_pair, &idx);
+			cfg_each_pair(c, n, tenants_pair, &idx);
 			c->cfg->ntenants = idx;
 			check_cross(c, n);
 		}
@@ -2915,11 +2915,11 @@ load(struct ctx *c, yaml_parser_t *parser)
 		/* A budget nobody counts for would silently never refuse. */
 		for (i = 0; i < c->cfg->ntenants; i++)
 			if (c->cfg->tenants[i].tokens_per_minute > 0) {
-				yaml_node_t *u = find_child(c, root, "usage"), *e;
+				yaml_node_t *u = cfg_find_child(c, root, "usage"), *e;
 
 				e = u != NULL && u->type == YAML_MAPPING_NODE ?
-				    find_child(c, u, "enabled") : NULL;
-				err_at(c, e != NULL ? &e->start_mark : &root->start_mark,
+				    cfg_find_child(c, u, "enabled") : NULL;
+				cfg_err_at(c, e != NULL ? &e->start_mark : &root->start_mark,
 				    "usage.enabled: false, but tenant '%s' has "
 				    "tokens_per_minute %d: budgets need usage",
 				    c->cfg->tenants[i].name,
@@ -2931,7 +2931,7 @@ load(struct ctx *c, yaml_parser_t *parser)
 	for (k = keys; k->info.path != NULL; k++)
 		if (k->required && strchr(k->info.path, '*') == NULL &&
 		    !present[k - keys])
-			err_at(c, &root->start_mark, "missing required key '%s'",
+			cfg_err_at(c, &root->start_mark, "missing required key '%s'",
 			    k->info.path);
 
 	/* A stream buffer must hold at least one libcurl read plus framing. */
@@ -2950,7 +2950,7 @@ out:
 			parser_error(c, parser);
 		} else {
 			if (yaml_document_get_root_node(&extra) != NULL)
-				err_at(c, &extra.start_mark,
+				cfg_err_at(c, &extra.start_mark,
 				    "only one YAML document is allowed");
 			yaml_document_delete(&extra);
 		}
@@ -3032,14 +3032,14 @@ load_buffer(const char *name, const char *data, size_t len, int check_files,
 	cfg = calloc(1, sizeof(*cfg));
 	if (cfg == NULL || (cfg->file = strdup(name)) == NULL) {
 		free(cfg);
-		err_at(&c, NULL, "out of memory");
+		cfg_err_at(&c, NULL, "out of memory");
 		return -1;
 	}
 	set_defaults(cfg);
 	cfg->loaded_at = (int64_t)time(NULL);
 	c.cfg = cfg;
 	if (!yaml_parser_initialize(&parser)) {
-		err_at(&c, NULL, "cannot initialise the YAML parser");
+		cfg_err_at(&c, NULL, "cannot initialise the YAML parser");
 		sl_config_free(cfg);
 		return -1;
 	}
