@@ -25,17 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <yaml.h>
-#include <arpa/inet.h>
-#include <sys/socket.h>
 
 #include "sl_config.h"
-
-#define KIB 1024ULL
-#define MIB (1024ULL * KIB)
-#define GIB (1024ULL * MIB)
-#define SEC 1000ULL
-#define MIN (60ULL * SEC)
-#define HOUR (60ULL * MIN)
+#include "config_int.h"
 
 /*
  * The key table. min/max are in the key's unit (bytes, ms, or plain
@@ -568,165 +560,6 @@ cfg_strset_add(struct strset *set, const char *s, size_t a, size_t b)
 	return NULL;
 }
 
-/* ---- value parsers --------------------------------------------------- */
-
-static const char *
-skip_ws(const char *s)
-{
-	while (*s == ' ' || *s == '\t')
-		s++;
-	return s;
-}
-
-int
-sl_parse_size(const char *s, uint64_t *out)
-{
-	static const struct { const char *sfx; uint64_t mul; } units[] = {
-		{ "B", 1 }, { "KiB", KIB }, { "MiB", MIB }, { "GiB", GIB },
-		{ "", 1 }, { NULL, 0 }
-	};
-	const char *p = skip_ws(s), *u;
-	uint64_t v = 0;
-	size_t i;
-
-	if (!isdigit((unsigned char)*p))
-		return -1;
-	while (isdigit((unsigned char)*p)) {
-		if (v > (UINT64_MAX - 9) / 10)
-			return -1;
-		v = v * 10 + (uint64_t)(*p++ - '0');
-	}
-	u = skip_ws(p);
-	for (i = 0; units[i].sfx != NULL; i++) {
-		size_t l = strlen(units[i].sfx);
-
-		if (strncmp(u, units[i].sfx, l) == 0 && *skip_ws(u + l) == '\0') {
-			if (v != 0 && units[i].mul > UINT64_MAX / v)
-				return -1;
-			*out = v * units[i].mul;
-			return 0;
-		}
-	}
-	return -1;
-}
-
-int
-sl_parse_duration_ms(const char *s, uint64_t *out_ms)
-{
-	static const struct { const char *sfx; uint64_t ms; } units[] = {
-		{ "ms", 1 }, { "s", SEC }, { "m", MIN }, { "h", HOUR }, { NULL, 0 }
-	};
-	const char *p = skip_ws(s), *u;
-	uint64_t whole = 0, frac = 0, fscale = 1;
-	size_t i;
-
-	if (!isdigit((unsigned char)*p))
-		return -1;
-	while (isdigit((unsigned char)*p)) {
-		if (whole > (UINT64_MAX - 9) / 10)
-			return -1;
-		whole = whole * 10 + (uint64_t)(*p++ - '0');
-	}
-	if (*p == '.') {
-		p++;
-		if (!isdigit((unsigned char)*p))
-			return -1;
-		while (isdigit((unsigned char)*p)) {
-			if (fscale < 1000000000ULL) {
-				frac = frac * 10 + (uint64_t)(*p - '0');
-				fscale *= 10;
-			}
-			p++;
-		}
-	}
-	u = skip_ws(p);
-	for (i = 0; units[i].sfx != NULL; i++) {
-		size_t l = strlen(units[i].sfx);
-
-		if (strncmp(u, units[i].sfx, l) == 0 && *skip_ws(u + l) == '\0') {
-			uint64_t m = units[i].ms, base, add;
-
-			/* Bounded by INT64_MAX ms, as the size parser's peers. */
-			if (whole > (uint64_t)INT64_MAX / m)
-				return -1;
-			base = whole * m;
-			add = frac * m / fscale;   /* frac < 1e9, m <= 3.6e6: fits */
-			if (base > (uint64_t)INT64_MAX - add)
-				return -1;
-			*out_ms = base + add;
-			return 0;
-		}
-	}
-	return -1;
-}
-
-static int
-cfg_parse_int(const char *s, int64_t *out)
-{
-	char *end;
-	long long v;
-
-	if (*s == '\0' || isspace((unsigned char)*s))
-		return -1;
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno != 0 || *end != '\0')
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* host:port or [v6]:port with a numeric port 1-65535. */
-static int
-cfg_valid_addr(const char *s)
-{
-	const char *colon;
-	int64_t port;
-	char host[64];
-	unsigned char a[16];
-	size_t hl;
-
-	if (s[0] == '[') {
-		const char *rb = strchr(s, ']');
-
-		if (rb == NULL || rb == s + 1 || rb[1] != ':')
-			return 0;
-		colon = rb + 1;
-		hl = (size_t)(rb - s - 1);
-		if (hl >= sizeof(host))
-			return 0;
-		memcpy(host, s + 1, hl);
-		host[hl] = '\0';
-		if (inet_pton(AF_INET6, host, a) != 1)
-			return 0;
-	} else {
-		colon = strrchr(s, ':');
-		if (colon == NULL || colon == s || memchr(s, ':', (size_t)(colon - s)))
-			return 0;
-		/*
-		 * Digits and dots are an IPv4 address, never a name: one that
-		 * does not parse (999.1.1.1) would pass -t and fail at start.
-		 * inet_aton, as getaddrinfo reads them: "127.1" and "0" pass.
-		 */
-		hl = (size_t)(colon - s);
-		if (strspn(s, "0123456789.") == hl) {
-			struct in_addr in4;
-
-			if (hl >= sizeof(host))
-				return 0;
-			memcpy(host, s, hl);
-			host[hl] = '\0';
-			if (inet_aton(host, &in4) == 0)
-				return 0;
-		}
-	}
-	/* Digits only: strtoll would take "+8080" and " 8080". */
-	if (colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
-	    cfg_parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
-		return 0;
-	return 1;
-}
-
 /* ---- YAML walking ---------------------------------------------------- */
 
 static yaml_node_t *
@@ -867,38 +700,6 @@ log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
 	}
 	close(fd);
 	return 1;
-}
-
-/*
- * "1.5" -> 150: digits, optionally '.' and one or two more digits; no
- * sign, no exponent, no locale. Returns 0, or -1 if s is not that or is
- * over 10^9 hundredths.
- */
-static int
-cfg_parse_hundredths(const char *s, int64_t *out)
-{
-	int64_t v = 0;
-	int nd = 0, nf = 0;
-
-	for (; *s >= '0' && *s <= '9'; s++, nd++) {
-		v = v * 10 + (*s - '0');
-		if (v > 10000000)
-			return -1;
-	}
-	v *= 100;
-	if (*s == '.') {
-		for (s++; *s >= '0' && *s <= '9'; s++, nf++) {
-			if (nf == 2)
-				return -1;
-			v += (*s - '0') * (nf == 0 ? 10 : 1);
-		}
-		if (nf == 0)
-			return -1;
-	}
-	if (*s != '\0' || nd == 0)
-		return -1;
-	*out = v;
-	return 0;
 }
 
 /* Parse a scalar value of a typed key into dst; dst's type depends on row. */
@@ -1074,38 +875,6 @@ struct named_arg {
 	unsigned char present[8];
 	yaml_node_t *upstream_node;
 };
-
-/*
- * The authority of a URL (n bytes, no user info): "host", "host:PORT",
- * "[v6]" or "[v6]:PORT", PORT decimal 1..65535. A typo here would otherwise
- * pass -t and turn every request into a 502. 0 if valid, else -1.
- */
-static int
-cfg_check_url_port(const char *a, size_t n)
-{
-	const char *end = a + n, *p;
-	long port = 0;
-
-	if (*a == '[') {
-		p = memchr(a, ']', n);
-		if (p == NULL || p == a + 1)
-			return -1;
-		p++;
-	} else {
-		p = memchr(a, ':', n);
-		if (p == NULL)
-			p = end;
-	}
-	if (p == end)
-		return 0;
-	if (*p != ':' || ++p == end)
-		return -1;
-	for (; p < end; p++) {
-		if (*p < '0' || *p > '9' || (port = port * 10 + (*p - '0')) > 65535)
-			return -1;
-	}
-	return port == 0 ? -1 : 0;
-}
 
 /*
  * Check a base URL in place: http:// or https://, a host, no user info,
@@ -1298,20 +1067,6 @@ static int
 cfg_seen_before(const struct ctx *c, int id)
 {
 	return id >= 1 && (size_t)id <= c->nnodes && c->seen[id - 1];
-}
-
-/* A probe path goes on a request line: '/' first, no space or control. */
-static int
-cfg_valid_probe_path(const char *s)
-{
-	const unsigned char *p = (const unsigned char *)s;
-
-	if (*p != '/')
-		return 0;
-	for (; *p != '\0'; p++)
-		if (*p < 0x21 || *p == 0x7f)
-			return 0;
-	return 1;
 }
 
 static void
@@ -1663,7 +1418,6 @@ upstreams_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	}
 }
 
-static int cfg_has_control(const char *);
 static size_t cfg_map_len(yaml_node_t *);
 static yaml_node_t *cfg_find_child(struct ctx *, yaml_node_t *, const char *);
 
@@ -2187,24 +1941,6 @@ sl_tenant_allows(const struct sl_tenant_conf *t, size_t m)
 	return 0;
 }
 
-/*
- * A key a client can present as "Authorization: Bearer KEY": visible
- * ASCII or UTF-8 (libyaml has checked the encoding), no space, no control
- * character, no DEL.
- */
-static int
-cfg_valid_api_key(const char *s)
-{
-	const unsigned char *p = (const unsigned char *)s;
-
-	if (*p == '\0')
-		return 0;
-	for (; *p != '\0'; p++)
-		if (*p < 0x21 || *p == 0x7f)
-			return 0;
-	return 1;
-}
-
 static void
 tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 {
@@ -2275,15 +2011,6 @@ tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	} else
 		cfg_err_at(c, &k->start_mark, "unknown key '%s' in tenant '%s'", key,
 		    t->name);
-}
-
-static int
-cfg_has_control(const char *s)
-{
-	for (; *s != '\0'; s++)
-		if ((unsigned char)*s < 0x20 || *s == 0x7f)
-			return 1;
-	return 0;
 }
 
 static void
@@ -2361,62 +2088,6 @@ cfg_map_len(yaml_node_t *m)
 /* ---- cluster ---------------------------------------------------------- */
 
 static yaml_node_t *cfg_find_child(struct ctx *, yaml_node_t *, const char *);
-
-const char *
-sl_redis_down_name(int mode)
-{
-	static const char *const names[] = { "local_share", "closed", "local_full" };
-
-	return mode >= 0 && mode <= SL_DOWN_LOCAL_FULL ? names[mode] : "?";
-}
-
-/*
- * "unix:/path", "IP:port" or "[v6]:port" with a numeric address: hiredis
- * 0.14 resolves a host name with a blocking getaddrinfo() inside the loop.
- */
-static int
-cfg_valid_redis_addr(const char *s)
-{
-	char host[64];
-	const char *colon;
-	unsigned char bin[16];
-	size_t n;
-
-	if (strncmp(s, "unix:", 5) == 0)
-		return s[5] == '/' && strlen(s + 5) < 100;
-	if (!cfg_valid_addr(s))
-		return 0;
-	colon = strrchr(s, ':');
-	if (s[0] == '[') {
-		n = (size_t)(colon - s) - 2;
-		if (n >= sizeof(host))
-			return 0;
-		memcpy(host, s + 1, n);
-		host[n] = '\0';
-		return inet_pton(AF_INET6, host, bin) == 1;
-	}
-	n = (size_t)(colon - s);
-	if (n >= sizeof(host))
-		return 0;
-	memcpy(host, s, n);
-	host[n] = '\0';
-	return inet_pton(AF_INET, host, bin) == 1;
-}
-
-/* A node name goes into lease members "NODE:EPOCH:ID": no ':' in it. */
-static int
-cfg_valid_node_name(const char *s)
-{
-	size_t n = strlen(s), i;
-
-	if (n == 0 || n > 64)
-		return 0;
-	for (i = 0; i < n; i++)
-		if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' &&
-		    s[i] != '-')
-			return 0;
-	return 1;
-}
 
 /* After the top level is read: what only the whole `cluster:` tells. */
 static void
