@@ -29,21 +29,13 @@
 #include "sl_config.h"
 #include "config_int.h"
 
+/* ---- the key table ---------------------------------------------------- */
+
 /*
  * The key table. min/max are in the key's unit (bytes, ms, or plain
  * integers). `off` says where the value goes for scalar top-level keys;
  * per-upstream and per-tenant keys are handled by name.
  */
-struct key_row {
-	struct sl_key_info info;
-	uint64_t min, max;
-	int required;
-	size_t off;             /* offsetof in struct sl_config, or SIZE_MAX */
-};
-
-#define OFF(f) offsetof(struct sl_config, f)
-#define NOOFF SIZE_MAX
-
 static const struct key_row keys[] = {
 	{ { "listen", SL_KEY_ADDR, NULL, "host:port or [v6]:port", 0,
 	    "Address the gateway accepts client connections on." },
@@ -385,7 +377,7 @@ sl_config_keys(void)
 	return infos;
 }
 
-static const struct key_row *
+const struct key_row *
 cfg_find_key(const char *path)
 {
 	const struct key_row *k;
@@ -419,37 +411,6 @@ sl_errors_print(const struct sl_errors *e, FILE *fp)
 		fprintf(fp, "%s\n", e->msg[i]);
 }
 
-struct strset_slot {
-	uint64_t hash;
-	const char *s;          /* NULL: empty */
-	size_t a, b;
-};
-
-struct strset {
-	struct strset_slot *slots;
-	size_t mask;
-};
-
-struct ctx {
-	const char *name;
-	const unsigned char *data; /* the text, for positions libyaml omits */
-	size_t len;
-	int check_files;           /* open what the config names (access_log) */
-	yaml_mark_t **key_marks_tenant;   /* per tenant: where each key was */
-	yaml_document_t *doc;
-	struct sl_errors *errs;
-	struct sl_config *cfg;
-	unsigned char *seen;       /* per node: visited (alias detection) */
-	struct strset model_set;   /* models' names and aliases, while parsed */
-	int models_section;        /* the file has a models: key */
-	yaml_node_t **fallback_nodes;   /* per model: its fallback: list */
-	int quiet;                 /* inside an aliased value: errors muted */
-	size_t nnodes;
-};
-
-static void cfg_err_at(struct ctx *, const yaml_mark_t *, const char *, ...)
-    __attribute__((format(printf, 3, 4)));
-
 static void
 err_add(struct sl_errors *e, char *msg)
 {
@@ -469,7 +430,7 @@ err_add(struct sl_errors *e, char *msg)
 	e->msg[e->n++] = msg;
 }
 
-static void
+void
 cfg_err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
 {
 	char body[512], *msg;
@@ -519,7 +480,7 @@ str_hash(const char *p)
 }
 
 /* Room for n strings; -1 on ENOMEM. Free with strset_free. */
-static int
+int
 cfg_strset_init(struct strset *set, size_t n)
 {
 	size_t size = 8;
@@ -531,7 +492,7 @@ cfg_strset_init(struct strset *set, size_t n)
 	return set->slots == NULL ? -1 : 0;
 }
 
-static void
+void
 cfg_strset_free(struct strset *set)
 {
 	free(set->slots);
@@ -543,7 +504,7 @@ cfg_strset_free(struct strset *set)
  * the set (s is not added), or NULL when s is new. At most n strings (the
  * strset_init argument) may be added.
  */
-static const struct strset_slot *
+const struct strset_slot *
 cfg_strset_add(struct strset *set, const char *s, size_t a, size_t b)
 {
 	uint64_t h = str_hash(s);
@@ -562,7 +523,7 @@ cfg_strset_add(struct strset *set, const char *s, size_t a, size_t b)
 
 /* ---- YAML walking ---------------------------------------------------- */
 
-static yaml_node_t *
+yaml_node_t *
 cfg_node(struct ctx *c, int id)
 {
 	yaml_node_t *n = yaml_document_get_node(c->doc, id);
@@ -573,13 +534,13 @@ cfg_node(struct ctx *c, int id)
 	return n;
 }
 
-static const char *
+const char *
 cfg_scalar(yaml_node_t *n)
 {
 	return (const char *)n->data.scalar.value;
 }
 
-static int
+int
 cfg_is_null(yaml_node_t *n)
 {
 	const char *v;
@@ -592,7 +553,7 @@ cfg_is_null(yaml_node_t *n)
 	    strcmp(v, "Null") == 0 || strcmp(v, "NULL") == 0;
 }
 
-static const char *
+const char *
 cfg_type_name(yaml_node_t *n)
 {
 	switch (n->type) {
@@ -606,7 +567,7 @@ cfg_type_name(yaml_node_t *n)
 }
 
 /* Expect a scalar; on error report and return NULL. */
-static const char *
+const char *
 cfg_want_scalar(struct ctx *c, yaml_node_t *n, const char *key)
 {
 	if (n->type != YAML_SCALAR_NODE || cfg_is_null(n)) {
@@ -622,7 +583,7 @@ cfg_want_scalar(struct ctx *c, yaml_node_t *n, const char *key)
 	return cfg_scalar(n);
 }
 
-static char *
+char *
 cfg_strdup(struct ctx *c, const char *s)
 {
 	char *d = strdup(s);
@@ -636,10 +597,7 @@ cfg_strdup(struct ctx *c, const char *s)
  * Iterate a mapping's pairs, reporting non-scalar and duplicate keys.
  * Calls fn for each well-formed pair.
  */
-typedef void (*cfg_pair_fn)(struct ctx *, yaml_node_t *key, yaml_node_t *val,
-    void *arg);
-
-static void
+void
 cfg_each_pair(struct ctx *c, yaml_node_t *map, cfg_pair_fn fn, void *arg)
 {
 	yaml_node_pair_t *p;
@@ -681,6 +639,77 @@ cfg_each_pair(struct ctx *c, yaml_node_t *map, cfg_pair_fn fn, void *arg)
 	cfg_strset_free(&seen);
 }
 
+void
+cfg_require_mapping(struct ctx *c, yaml_node_t *v, const char *path, int *ok)
+{
+	*ok = v->type == YAML_MAPPING_NODE;
+	if (!*ok)
+		cfg_err_at(c, &v->start_mark, "%s: expected a mapping, got %s", path,
+		    cfg_type_name(v));
+}
+
+yaml_node_t *
+cfg_find_child(struct ctx *c, yaml_node_t *map, const char *key)
+{
+	yaml_node_pair_t *p;
+
+	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+	    p++) {
+		yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+
+		if (k != NULL && k->type == YAML_SCALAR_NODE &&
+		    strcmp(cfg_scalar(k), key) == 0)
+			return yaml_document_get_node(c->doc, p->value);
+	}
+	return NULL;
+}
+
+size_t
+cfg_map_len(yaml_node_t *m)
+{
+	return (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
+}
+
+/* A node reached twice is an alias (prescan() reported it). */
+int
+cfg_seen_before(const struct ctx *c, int id)
+{
+	return id >= 1 && (size_t)id <= c->nnodes && c->seen[id - 1];
+}
+
+/*
+ * A list of 1..max entries (replicas, targets): their items in *items and
+ * how many to read, at most max (entries past it reported where the first
+ * of them is); 0 after reporting a value that is not a list, or is empty.
+ * The entries themselves are checked to be mappings by the caller.
+ */
+size_t
+cfg_list_of_maps(struct ctx *c, yaml_node_t *v, const char *path,
+    const char *what, size_t max, yaml_node_item_t **items)
+{
+	size_t n;
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		cfg_err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
+		    path, cfg_type_name(v));
+		return 0;
+	}
+	*items = v->data.sequence.items.start;
+	n = (size_t)(v->data.sequence.items.top - *items);
+	if (n == 0) {
+		cfg_err_at(c, &v->start_mark, "%s: must hold at least one %s", path, what);
+		return 0;
+	}
+	if (n > max) {
+		yaml_node_t *extra = yaml_document_get_node(c->doc, (*items)[max]);
+
+		cfg_err_at(c, extra ? &extra->start_mark : &v->start_mark,
+		    "%s: more than %zu %ss", path, max, what);
+		n = max;
+	}
+	return n;
+}
+
 /*
  * Can the workers open this log file? Opened (created if need be) the way
  * the worker does, then closed, so a missing directory is a config error
@@ -703,7 +732,7 @@ log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
 }
 
 /* Parse a scalar value of a typed key into dst; dst's type depends on row. */
-static void
+void
 cfg_set_value(struct ctx *c, const struct key_row *row, const char *path,
     yaml_node_t *v, void *dst)
 {
@@ -858,15 +887,6 @@ struct map_arg {
 };
 
 static void top_pair(struct ctx *, yaml_node_t *, yaml_node_t *, void *);
-
-static void
-cfg_require_mapping(struct ctx *c, yaml_node_t *v, const char *path, int *ok)
-{
-	*ok = v->type == YAML_MAPPING_NODE;
-	if (!*ok)
-		cfg_err_at(c, &v->start_mark, "%s: expected a mapping, got %s", path,
-		    cfg_type_name(v));
-}
 
 /* ---- upstreams and tenants ------------------------------------------- */
 
@@ -1062,13 +1082,6 @@ upstream_defaults(struct ctx *c, struct sl_upstream_conf *u)
 	u->queue.fairness = SL_FAIRNESS_TOKENS;
 }
 
-/* A node reached twice is an alias (prescan() reported it). */
-static int
-cfg_seen_before(const struct ctx *c, int id)
-{
-	return id >= 1 && (size_t)id <= c->nnodes && c->seen[id - 1];
-}
-
 static void
 parse_fairness(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
     const char *path)
@@ -1200,39 +1213,6 @@ replica_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		cfg_set_value(c, cfg_find_key(f->path), path, v, (char *)r + f->off);
 	else
 		cfg_err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
-}
-
-/*
- * A list of 1..max entries (replicas, targets): their items in *items and
- * how many to read, at most max (entries past it reported where the first
- * of them is); 0 after reporting a value that is not a list, or is empty.
- * The entries themselves are checked to be mappings by the caller.
- */
-static size_t
-cfg_list_of_maps(struct ctx *c, yaml_node_t *v, const char *path,
-    const char *what, size_t max, yaml_node_item_t **items)
-{
-	size_t n;
-
-	if (v->type != YAML_SEQUENCE_NODE) {
-		cfg_err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
-		    path, cfg_type_name(v));
-		return 0;
-	}
-	*items = v->data.sequence.items.start;
-	n = (size_t)(v->data.sequence.items.top - *items);
-	if (n == 0) {
-		cfg_err_at(c, &v->start_mark, "%s: must hold at least one %s", path, what);
-		return 0;
-	}
-	if (n > max) {
-		yaml_node_t *extra = yaml_document_get_node(c->doc, (*items)[max]);
-
-		cfg_err_at(c, extra ? &extra->start_mark : &v->start_mark,
-		    "%s: more than %zu %ss", path, max, what);
-		n = max;
-	}
-	return n;
 }
 
 /*
@@ -1417,9 +1397,6 @@ upstreams_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		u->nreplicas = 1;
 	}
 }
-
-static size_t cfg_map_len(yaml_node_t *);
-static yaml_node_t *cfg_find_child(struct ctx *, yaml_node_t *, const char *);
 
 /* ---- models ----------------------------------------------------------- */
 
@@ -2079,15 +2056,7 @@ tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	    "tenants.%s.upstream: no upstream named '%s'", cfg_scalar(k), t->upstream);
 }
 
-static size_t
-cfg_map_len(yaml_node_t *m)
-{
-	return (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
-}
-
 /* ---- cluster ---------------------------------------------------------- */
-
-static yaml_node_t *cfg_find_child(struct ctx *, yaml_node_t *, const char *);
 
 /* After the top level is read: what only the whole `cluster:` tells. */
 static void
@@ -2313,22 +2282,6 @@ set_defaults(struct sl_config *cfg)
 			break;
 		}
 	}
-}
-
-static yaml_node_t *
-cfg_find_child(struct ctx *c, yaml_node_t *map, const char *key)
-{
-	yaml_node_pair_t *p;
-
-	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
-	    p++) {
-		yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
-
-		if (k != NULL && k->type == YAML_SCALAR_NODE &&
-		    strcmp(cfg_scalar(k), key) == 0)
-			return yaml_document_get_node(c->doc, p->value);
-	}
-	return NULL;
 }
 
 /*

@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <yaml.h>
 
 #include "sl_config.h"
 
@@ -58,5 +59,113 @@ int cfg_valid_node_name(const char *s);
 int cfg_valid_api_key(const char *s);
 /* A probe path for a request line: '/' first, no space or control. */
 int cfg_valid_probe_path(const char *s);
+
+/* ---- the parse (config.c) -----------------------------------------------
+ * One parse of one file: what every section reads and writes. Errors go to
+ * cfg_err_at, never straight to errs, so that each is "FILE:LINE:COL: ..."
+ * and an aliased value is reported once (while quiet is non-zero).
+ */
+
+struct key_row {
+	struct sl_key_info info;
+	uint64_t min, max;      /* in the key's unit (bytes, ms, or integers) */
+	int required;
+	size_t off;             /* offsetof in struct sl_config, or SIZE_MAX */
+};
+
+#define OFF(f) offsetof(struct sl_config, f)
+#define NOOFF SIZE_MAX
+
+/*
+ * A set of borrowed strings, each with two caller indices, for duplicate
+ * detection in O(n): sized once by cfg_strset_init for at most n adds.
+ */
+struct strset_slot {
+	uint64_t hash;
+	const char *s;          /* NULL: empty */
+	size_t a, b;
+};
+
+struct strset {
+	struct strset_slot *slots;
+	size_t mask;
+};
+
+struct ctx {
+	const char *name;
+	const unsigned char *data; /* the text, for positions libyaml omits */
+	size_t len;
+	int check_files;           /* open what the config names (access_log) */
+	yaml_mark_t **key_marks_tenant;   /* per tenant: where each key was */
+	yaml_document_t *doc;
+	struct sl_errors *errs;
+	struct sl_config *cfg;
+	unsigned char *seen;       /* per node: visited (alias detection) */
+	struct strset model_set;   /* models' names and aliases, while parsed */
+	int models_section;        /* the file has a models: key */
+	yaml_node_t **fallback_nodes;   /* per model: its fallback: list */
+	int quiet;                 /* inside an aliased value: errors muted */
+	size_t nnodes;
+};
+
+/* The one error reporter: "NAME:LINE:COL: message" at m (1:1 if NULL). */
+void cfg_err_at(struct ctx *, const yaml_mark_t *m, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The row of keys[] named path ("upstreams.*.retries"), or NULL. */
+const struct key_row *cfg_find_key(const char *path);
+/*
+ * Parse scalar v as row's type into dst (whose C type the row says),
+ * range-checked; on error report at v and leave dst as it was.
+ */
+void cfg_set_value(struct ctx *, const struct key_row *row, const char *path,
+    yaml_node_t *v, void *dst);
+
+/* Room for n strings, 0; -1 on ENOMEM. Free with cfg_strset_free. */
+int cfg_strset_init(struct strset *, size_t n);
+void cfg_strset_free(struct strset *);
+/* Add s with a, b: NULL if new, else the equal entry's slot (s not added). */
+const struct strset_slot *cfg_strset_add(struct strset *, const char *s,
+    size_t a, size_t b);
+
+/* ---- YAML walking (config.c) --------------------------------------------
+ * Reading nodes marks them seen: a node reached twice is an alias. The
+ * want_ and require_ helpers report what is wrong at the node and return
+ * NULL or *ok = 0; the others report nothing.
+ */
+
+typedef void (*cfg_pair_fn)(struct ctx *, yaml_node_t *key, yaml_node_t *val,
+    void *arg);
+
+/* Node id of the document, marked seen; NULL if there is none. */
+yaml_node_t *cfg_node(struct ctx *, int id);
+/* 1 if node id was read before: it is an alias (reported by the prescan). */
+int cfg_seen_before(const struct ctx *, int id);
+const char *cfg_scalar(yaml_node_t *);
+int cfg_is_null(yaml_node_t *);
+/* "a mapping", "a list", "null" or "a scalar", for messages. */
+const char *cfg_type_name(yaml_node_t *);
+/* A non-null scalar without NULs, or NULL after reporting it at n. */
+const char *cfg_want_scalar(struct ctx *, yaml_node_t *n, const char *key);
+/* strdup, reporting "out of memory" when it fails. */
+char *cfg_strdup(struct ctx *, const char *s);
+/*
+ * fn(c, key, value, arg) for each pair of map in order, after reporting
+ * (and skipping) non-scalar and duplicate keys; muted under an alias.
+ */
+void cfg_each_pair(struct ctx *, yaml_node_t *map, cfg_pair_fn fn, void *arg);
+/* *ok = v is a mapping; if not, reported at v. */
+void cfg_require_mapping(struct ctx *, yaml_node_t *v, const char *path,
+    int *ok);
+/* The value of key in map, not marked seen; NULL if absent. */
+yaml_node_t *cfg_find_child(struct ctx *, yaml_node_t *map, const char *key);
+size_t cfg_map_len(yaml_node_t *map);
+/*
+ * A list of 1..max mappings (replicas, targets): its items in *items and
+ * how many to read; 0 after reporting a value that is not a list or is
+ * empty. Entries past max are reported where the first of them is.
+ */
+size_t cfg_list_of_maps(struct ctx *, yaml_node_t *v, const char *path,
+    const char *what, size_t max, yaml_node_item_t **items);
 
 #endif
