@@ -121,7 +121,7 @@ const struct key_row *cfg_find_key(const char *path);
 void cfg_set_value(struct ctx *, const struct key_row *row, const char *path,
     yaml_node_t *v, void *dst);
 
-/* Room for n strings, 0; -1 on ENOMEM. Free with cfg_strset_free. */
+/* Room for n strings: 0, or -1 on ENOMEM. Free with cfg_strset_free. */
 int cfg_strset_init(struct strset *, size_t n);
 void cfg_strset_free(struct strset *);
 /* Add s with a, b: NULL if new, else the equal entry's slot (s not added). */
@@ -167,5 +167,21 @@ size_t cfg_map_len(yaml_node_t *map);
  */
 size_t cfg_list_of_maps(struct ctx *, yaml_node_t *v, const char *path,
     const char *what, size_t max, yaml_node_item_t **items);
+
+/* ---- the sections (config_upstreams.c, config_models.c, ...) -----------
+ * Each entry point reads one top-level mapping n, once the top level is
+ * read, into c->cfg, reporting every problem. Called by load in this
+ * order: upstreams, models (targets name upstreams), tenants (which name
+ * either).
+ */
+
+/* Per-entry state of an upstream or a tenant while its keys are read. */
+struct named_arg {
+	size_t idx;
+	unsigned char present[8];
+	yaml_node_t *upstream_node;
+};
+
+void cfg_parse_upstreams(struct ctx *, yaml_node_t *n);
 
 #endif
