@@ -183,5 +183,7 @@ struct named_arg {
 };
 
 void cfg_parse_upstreams(struct ctx *, yaml_node_t *n);
+/* Also builds cfg->model_names, which sl_config_model_find reads. */
+void cfg_parse_models(struct ctx *, yaml_node_t *n);
 
 #endif
