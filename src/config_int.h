@@ -185,5 +185,6 @@ struct named_arg {
 void cfg_parse_upstreams(struct ctx *, yaml_node_t *n);
 /* Also builds cfg->model_names, which sl_config_model_find reads. */
 void cfg_parse_models(struct ctx *, yaml_node_t *n);
+void cfg_parse_tenants(struct ctx *, yaml_node_t *n);
 
 #endif
