@@ -3,21 +3,26 @@
  * Inside the configuration parser: what its files share, and nothing the
  * rest of sluice may use (that is sl_config.h).
  *
- * The files, from the bottom up; each calls only those listed before it:
+ * The layers, from the bottom up; each calls only those below it:
  *
  *   config_values.c     a scalar's text -> a number or a verdict; sees no
  *                       YAML and reports nothing.
- *   config.c            the key table, the error reporter, the typed
- *                       setter driven by the table, YAML walking, the top
- *                       level and the load (which calls the sections).
+ *   config.c (base)     the error reporter, cfg_err_at: formats and keeps
+ *                       one message, calls nothing of the parser.
+ *   config_yaml.c       walking the document: nodes, scalars, mappings
+ *                       pair by pair, lists; string sets for duplicates.
+ *                       Knows no key of the configuration.
+ *   config.c (table)    the key table and the typed setter it drives
+ *                       (cfg_find_key, cfg_set_value).
  *   config_upstreams.c  upstreams: and their replicas.
  *   config_models.c     models: their names, aliases, targets, fallbacks.
  *   config_tenants.c    tenants: their keys, limits and allowed models.
+ *   config.c (top)      the top level, the cluster: and tls: checks, and
+ *                       the load, which calls each section through its
+ *                       cfg_parse_* entry point, in the order above.
  *
- * A section file calls the value parsers and config.c's services (the
- * reporter, the key table, the setter, the walking helpers); config.c
- * calls a section only through its cfg_parse_* entry point. The section
- * files do not call each other, save through sl_config.h's lookups.
+ * The three sections do not call each other, save through sl_config.h's
+ * lookups (a tenant's models: through sl_config_model_find).
  */
 #ifndef SL_CONFIG_INT_H
 #define SL_CONFIG_INT_H
@@ -60,21 +65,11 @@ int cfg_valid_api_key(const char *s);
 /* A probe path for a request line: '/' first, no space or control. */
 int cfg_valid_probe_path(const char *s);
 
-/* ---- the parse (config.c) -----------------------------------------------
+/* ---- the parse and its error reporter (config.c) -----------------------
  * One parse of one file: what every section reads and writes. Errors go to
  * cfg_err_at, never straight to errs, so that each is "FILE:LINE:COL: ..."
  * and an aliased value is reported once (while quiet is non-zero).
  */
-
-struct key_row {
-	struct sl_key_info info;
-	uint64_t min, max;      /* in the key's unit (bytes, ms, or integers) */
-	int required;
-	size_t off;             /* offsetof in struct sl_config, or SIZE_MAX */
-};
-
-#define OFF(f) offsetof(struct sl_config, f)
-#define NOOFF SIZE_MAX
 
 /*
  * A set of borrowed strings, each with two caller indices, for duplicate
@@ -112,26 +107,11 @@ struct ctx {
 void cfg_err_at(struct ctx *, const yaml_mark_t *m, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* The row of keys[] named path ("upstreams.*.retries"), or NULL. */
-const struct key_row *cfg_find_key(const char *path);
-/*
- * Parse scalar v as row's type into dst (whose C type the row says),
- * range-checked; on error report at v and leave dst as it was.
- */
-void cfg_set_value(struct ctx *, const struct key_row *row, const char *path,
-    yaml_node_t *v, void *dst);
-
-/* Room for n strings: 0, or -1 on ENOMEM. Free with cfg_strset_free. */
-int cfg_strset_init(struct strset *, size_t n);
-void cfg_strset_free(struct strset *);
-/* Add s with a, b: NULL if new, else the equal entry's slot (s not added). */
-const struct strset_slot *cfg_strset_add(struct strset *, const char *s,
-    size_t a, size_t b);
-
-/* ---- YAML walking (config.c) --------------------------------------------
+/* ---- YAML walking (config_yaml.c) ---------------------------------------
  * Reading nodes marks them seen: a node reached twice is an alias. The
- * want_ and require_ helpers report what is wrong at the node and return
- * NULL or *ok = 0; the others report nothing.
+ * helpers that can find a problem (want_scalar, require_mapping,
+ * each_pair, list_of_maps, strdup) report it at the node; the others
+ * report nothing.
  */
 
 typedef void (*cfg_pair_fn)(struct ctx *, yaml_node_t *key, yaml_node_t *val,
@@ -167,6 +147,37 @@ size_t cfg_map_len(yaml_node_t *map);
  */
 size_t cfg_list_of_maps(struct ctx *, yaml_node_t *v, const char *path,
     const char *what, size_t max, yaml_node_item_t **items);
+
+/* Room for n strings: 0, or -1 on ENOMEM. Free with cfg_strset_free. */
+int cfg_strset_init(struct strset *, size_t n);
+void cfg_strset_free(struct strset *);
+/* Add s with a, b: NULL if new, else the equal entry's slot (s not added). */
+const struct strset_slot *cfg_strset_add(struct strset *, const char *s,
+    size_t a, size_t b);
+
+/* ---- the key table (config.c) -------------------------------------------
+ * keys[] says each key's type, range and default; per-upstream, per-model
+ * and per-tenant keys are found by their pattern ("upstreams.*.retries").
+ */
+
+struct key_row {
+	struct sl_key_info info;
+	uint64_t min, max;      /* in the key's unit (bytes, ms, or integers) */
+	int required;
+	size_t off;             /* offsetof in struct sl_config, or SIZE_MAX */
+};
+
+#define OFF(f) offsetof(struct sl_config, f)
+#define NOOFF SIZE_MAX
+
+/* The row of keys[] named path ("upstreams.*.retries"), or NULL. */
+const struct key_row *cfg_find_key(const char *path);
+/*
+ * Parse scalar v as row's type into dst (whose C type the row says),
+ * range-checked; on error report at v and leave dst as it was.
+ */
+void cfg_set_value(struct ctx *, const struct key_row *row, const char *path,
+    yaml_node_t *v, void *dst);
 
 /* ---- the sections (config_upstreams.c, config_models.c, ...) -----------
  * Each entry point reads one top-level mapping n, once the top level is
