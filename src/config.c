@@ -479,36 +479,18 @@ log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
 	return 1;
 }
 
-/* Parse a scalar value of a typed key into dst; dst's type depends on row. */
-void
-cfg_set_value(struct ctx *c, const struct key_row *row, const char *path,
-    yaml_node_t *v, void *dst)
+/*
+ * cfg_set_value's step for the numbers (size, duration, integer, decimal):
+ * parsed, then held to the row's range.
+ */
+static void
+set_number(struct ctx *c, const struct key_row *row, const char *path,
+    yaml_node_t *v, const char *s, void *dst)
 {
-	const char *s;
 	uint64_t u;
 	int64_t i;
 
-	if (row->info.type == SL_KEY_ADDR && !row->required && cfg_is_null(v)) {
-		free(*(char **)dst);
-		*(char **)dst = NULL;
-		return;
-	}
-	if ((s = cfg_want_scalar(c, v, path)) == NULL)
-		return;
 	switch (row->info.type) {
-	case SL_KEY_ADDR:
-		if (!cfg_valid_addr(s)) {
-			cfg_err_at(c, &v->start_mark,
-			    "%s: '%s' is not host:port or [v6]:port", path, s);
-			return;
-		}
-		free(*(char **)dst);
-		*(char **)dst = cfg_strdup(c, s);
-		return;
-	case SL_KEY_STRING:
-		free(*(char **)dst);
-		*(char **)dst = cfg_strdup(c, s);
-		return;
 	case SL_KEY_SIZE:
 		if (sl_parse_size(s, &u) == -1) {
 			cfg_err_at(c, &v->start_mark,
@@ -557,6 +539,35 @@ cfg_set_value(struct ctx *c, const struct key_row *row, const char *path,
 		else
 			*(int32_t *)dst = (int32_t)i;
 		return;
+	case SL_KEY_DECIMAL:
+		if (cfg_parse_hundredths(s, &i) == -1) {
+			cfg_err_at(c, &v->start_mark, "%s: '%s' is not a decimal number "
+			    "(e.g. 1.5, at most 2 decimals)", path, s);
+			return;
+		}
+		if (i < (int64_t)row->min || i > (int64_t)row->max) {
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			    path, s, row->info.range);
+			return;
+		}
+		*(int32_t *)dst = (int32_t)i;
+		return;
+	default:
+		return;
+	}
+}
+
+/*
+ * cfg_set_value's step for the words (workers, log level, redis_down,
+ * booleans): one of a fixed list, or an integer for workers.
+ */
+static void
+set_word(struct ctx *c, const struct key_row *row, const char *path,
+    yaml_node_t *v, const char *s, void *dst)
+{
+	int64_t i;
+
+	switch (row->info.type) {
 	case SL_KEY_WORKERS:
 		if (strcmp(s, "auto") == 0) {
 			*(int *)dst = SL_WORKERS_AUTO;
@@ -597,25 +608,57 @@ cfg_set_value(struct ctx *c, const struct key_row *row, const char *path,
 		    path, s);
 		return;
 	}
-	case SL_KEY_DECIMAL:
-		if (cfg_parse_hundredths(s, &i) == -1) {
-			cfg_err_at(c, &v->start_mark, "%s: '%s' is not a decimal number "
-			    "(e.g. 1.5, at most 2 decimals)", path, s);
-			return;
-		}
-		if (i < (int64_t)row->min || i > (int64_t)row->max) {
-			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
-			    path, s, row->info.range);
-			return;
-		}
-		*(int32_t *)dst = (int32_t)i;
-		return;
 	case SL_KEY_BOOL:
 		if (strcmp(s, "true") == 0 || strcmp(s, "false") == 0) {
 			*(int *)dst = s[0] == 't';
 			return;
 		}
 		cfg_err_at(c, &v->start_mark, "%s: '%s' must be true or false", path, s);
+		return;
+	default:
+		return;
+	}
+}
+
+/* Parse a scalar value of a typed key into dst; dst's type depends on row. */
+void
+cfg_set_value(struct ctx *c, const struct key_row *row, const char *path,
+    yaml_node_t *v, void *dst)
+{
+	const char *s;
+
+	if (row->info.type == SL_KEY_ADDR && !row->required && cfg_is_null(v)) {
+		free(*(char **)dst);
+		*(char **)dst = NULL;
+		return;
+	}
+	if ((s = cfg_want_scalar(c, v, path)) == NULL)
+		return;
+	switch (row->info.type) {
+	case SL_KEY_ADDR:
+		if (!cfg_valid_addr(s)) {
+			cfg_err_at(c, &v->start_mark,
+			    "%s: '%s' is not host:port or [v6]:port", path, s);
+			return;
+		}
+		free(*(char **)dst);
+		*(char **)dst = cfg_strdup(c, s);
+		return;
+	case SL_KEY_STRING:
+		free(*(char **)dst);
+		*(char **)dst = cfg_strdup(c, s);
+		return;
+	case SL_KEY_SIZE:
+	case SL_KEY_DURATION:
+	case SL_KEY_INT:
+	case SL_KEY_DECIMAL:
+		set_number(c, row, path, v, s, dst);
+		return;
+	case SL_KEY_WORKERS:
+	case SL_KEY_LOGLEVEL:
+	case SL_KEY_REDIS_DOWN:
+	case SL_KEY_BOOL:
+		set_word(c, row, path, v, s, dst);
 		return;
 	case SL_KEY_LOGDEST:
 		if (c->check_files && strcmp(s, "off") != 0 &&
