@@ -7,6 +7,11 @@
  * Every problem is reported as FILE:LINE:COL: message, all of them, not just
  * the first. Unknown keys, duplicate keys and aliases are errors: a misspelt
  * limit must never silently become "unlimited".
+ *
+ * This file holds the key table, the error reporter, the top level and
+ * the load; the value parsers, the YAML walking and the upstreams:,
+ * models: and tenants: sections are in config_*.c, layered as
+ * config_int.h says.
  */
 #include "config.h"
 
@@ -672,14 +677,7 @@ cfg_set_value(struct ctx *c, const struct key_row *row, const char *path,
 	}
 }
 
-struct map_arg {
-	const char *prefix;       /* "" or "timeouts" */
-	unsigned char *present;   /* per key row */
-};
-
-static void top_pair(struct ctx *, yaml_node_t *, yaml_node_t *, void *);
-
-/* ---- cluster ---------------------------------------------------------- */
+/* ---- the cluster: and tls: blocks, once read --------------------------- */
 
 /* After the top level is read: what only the whole `cluster:` tells. */
 static void
@@ -817,6 +815,11 @@ check_tls(struct ctx *c, yaml_node_t *root)
 }
 
 /* ---- top level ------------------------------------------------------- */
+
+struct map_arg {
+	const char *prefix;       /* "" or "timeouts" */
+	unsigned char *present;   /* per key row */
+};
 
 static void
 top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
