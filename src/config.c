@@ -7,6 +7,11 @@
  * Every problem is reported as FILE:LINE:COL: message, all of them, not just
  * the first. Unknown keys, duplicate keys and aliases are errors: a misspelt
  * limit must never silently become "unlimited".
+ *
+ * This file holds the key table, the error reporter, the top level and
+ * the load; the value parsers, the YAML walking and the upstreams:,
+ * models: and tenants: sections are in config_*.c, layered as
+ * config_int.h says.
  */
 #include "config.h"
 
@@ -25,33 +30,17 @@
 #include <time.h>
 #include <unistd.h>
 #include <yaml.h>
-#include <arpa/inet.h>
-#include <sys/socket.h>
 
 #include "sl_config.h"
+#include "config_int.h"
 
-#define KIB 1024ULL
-#define MIB (1024ULL * KIB)
-#define GIB (1024ULL * MIB)
-#define SEC 1000ULL
-#define MIN (60ULL * SEC)
-#define HOUR (60ULL * MIN)
+/* ---- the key table ---------------------------------------------------- */
 
 /*
  * The key table. min/max are in the key's unit (bytes, ms, or plain
  * integers). `off` says where the value goes for scalar top-level keys;
  * per-upstream and per-tenant keys are handled by name.
  */
-struct key_row {
-	struct sl_key_info info;
-	uint64_t min, max;
-	int required;
-	size_t off;             /* offsetof in struct sl_config, or SIZE_MAX */
-};
-
-#define OFF(f) offsetof(struct sl_config, f)
-#define NOOFF SIZE_MAX
-
 static const struct key_row keys[] = {
 	{ { "listen", SL_KEY_ADDR, NULL, "host:port or [v6]:port", 0,
 	    "Address the gateway accepts client connections on." },
@@ -393,8 +382,8 @@ sl_config_keys(void)
 	return infos;
 }
 
-static const struct key_row *
-find_key(const char *path)
+const struct key_row *
+cfg_find_key(const char *path)
 {
 	const struct key_row *k;
 
@@ -427,37 +416,6 @@ sl_errors_print(const struct sl_errors *e, FILE *fp)
 		fprintf(fp, "%s\n", e->msg[i]);
 }
 
-struct strset_slot {
-	uint64_t hash;
-	const char *s;          /* NULL: empty */
-	size_t a, b;
-};
-
-struct strset {
-	struct strset_slot *slots;
-	size_t mask;
-};
-
-struct ctx {
-	const char *name;
-	const unsigned char *data; /* the text, for positions libyaml omits */
-	size_t len;
-	int check_files;           /* open what the config names (access_log) */
-	yaml_mark_t **key_marks_tenant;   /* per tenant: where each key was */
-	yaml_document_t *doc;
-	struct sl_errors *errs;
-	struct sl_config *cfg;
-	unsigned char *seen;       /* per node: visited (alias detection) */
-	struct strset model_set;   /* models' names and aliases, while parsed */
-	int models_section;        /* the file has a models: key */
-	yaml_node_t **fallback_nodes;   /* per model: its fallback: list */
-	int quiet;                 /* inside an aliased value: errors muted */
-	size_t nnodes;
-};
-
-static void err_at(struct ctx *, const yaml_mark_t *, const char *, ...)
-    __attribute__((format(printf, 3, 4)));
-
 static void
 err_add(struct sl_errors *e, char *msg)
 {
@@ -477,8 +435,8 @@ err_add(struct sl_errors *e, char *msg)
 	e->msg[e->n++] = msg;
 }
 
-static void
-err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
+void
+cfg_err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
 {
 	char body[512], *msg;
 	va_list ap;
@@ -503,350 +461,7 @@ err_at(struct ctx *c, const yaml_mark_t *m, const char *fmt, ...)
 	err_add(c->errs, msg);
 }
 
-/* ---- string sets ------------------------------------------------------ */
-
-/*
- * A set of borrowed strings, each with two caller indices, for duplicate
- * detection in O(n) however many names or keys a file holds: open
- * addressing, power-of-two table at most half full, sized once.
- */
-
-static uint64_t
-str_hash(const char *p)
-{
-	uint64_t h = 0xcbf29ce484222325ULL;   /* FNV-1a, then a mixer */
-
-	for (; *p != '\0'; p++) {
-		h ^= (unsigned char)*p;
-		h *= 0x100000001b3ULL;
-	}
-	h ^= h >> 33;
-	h *= 0xff51afd7ed558ccdULL;
-	h ^= h >> 33;
-	return h;
-}
-
-/* Room for n strings; -1 on ENOMEM. Free with strset_free. */
-static int
-strset_init(struct strset *set, size_t n)
-{
-	size_t size = 8;
-
-	while (size < 2 * n)
-		size *= 2;
-	set->slots = calloc(size, sizeof(*set->slots));
-	set->mask = size - 1;
-	return set->slots == NULL ? -1 : 0;
-}
-
-static void
-strset_free(struct strset *set)
-{
-	free(set->slots);
-	set->slots = NULL;
-}
-
-/*
- * Add s with indices a, b. Returns the slot of an equal string already in
- * the set (s is not added), or NULL when s is new. At most n strings (the
- * strset_init argument) may be added.
- */
-static const struct strset_slot *
-strset_add(struct strset *set, const char *s, size_t a, size_t b)
-{
-	uint64_t h = str_hash(s);
-	size_t i;
-
-	for (i = (size_t)h & set->mask; set->slots[i].s != NULL;
-	    i = (i + 1) & set->mask)
-		if (set->slots[i].hash == h && strcmp(set->slots[i].s, s) == 0)
-			return &set->slots[i];
-	set->slots[i].hash = h;
-	set->slots[i].s = s;
-	set->slots[i].a = a;
-	set->slots[i].b = b;
-	return NULL;
-}
-
-/* ---- value parsers --------------------------------------------------- */
-
-static const char *
-skip_ws(const char *s)
-{
-	while (*s == ' ' || *s == '\t')
-		s++;
-	return s;
-}
-
-int
-sl_parse_size(const char *s, uint64_t *out)
-{
-	static const struct { const char *sfx; uint64_t mul; } units[] = {
-		{ "B", 1 }, { "KiB", KIB }, { "MiB", MIB }, { "GiB", GIB },
-		{ "", 1 }, { NULL, 0 }
-	};
-	const char *p = skip_ws(s), *u;
-	uint64_t v = 0;
-	size_t i;
-
-	if (!isdigit((unsigned char)*p))
-		return -1;
-	while (isdigit((unsigned char)*p)) {
-		if (v > (UINT64_MAX - 9) / 10)
-			return -1;
-		v = v * 10 + (uint64_t)(*p++ - '0');
-	}
-	u = skip_ws(p);
-	for (i = 0; units[i].sfx != NULL; i++) {
-		size_t l = strlen(units[i].sfx);
-
-		if (strncmp(u, units[i].sfx, l) == 0 && *skip_ws(u + l) == '\0') {
-			if (v != 0 && units[i].mul > UINT64_MAX / v)
-				return -1;
-			*out = v * units[i].mul;
-			return 0;
-		}
-	}
-	return -1;
-}
-
-int
-sl_parse_duration_ms(const char *s, uint64_t *out_ms)
-{
-	static const struct { const char *sfx; uint64_t ms; } units[] = {
-		{ "ms", 1 }, { "s", SEC }, { "m", MIN }, { "h", HOUR }, { NULL, 0 }
-	};
-	const char *p = skip_ws(s), *u;
-	uint64_t whole = 0, frac = 0, fscale = 1;
-	size_t i;
-
-	if (!isdigit((unsigned char)*p))
-		return -1;
-	while (isdigit((unsigned char)*p)) {
-		if (whole > (UINT64_MAX - 9) / 10)
-			return -1;
-		whole = whole * 10 + (uint64_t)(*p++ - '0');
-	}
-	if (*p == '.') {
-		p++;
-		if (!isdigit((unsigned char)*p))
-			return -1;
-		while (isdigit((unsigned char)*p)) {
-			if (fscale < 1000000000ULL) {
-				frac = frac * 10 + (uint64_t)(*p - '0');
-				fscale *= 10;
-			}
-			p++;
-		}
-	}
-	u = skip_ws(p);
-	for (i = 0; units[i].sfx != NULL; i++) {
-		size_t l = strlen(units[i].sfx);
-
-		if (strncmp(u, units[i].sfx, l) == 0 && *skip_ws(u + l) == '\0') {
-			uint64_t m = units[i].ms, base, add;
-
-			/* Bounded by INT64_MAX ms, as the size parser's peers. */
-			if (whole > (uint64_t)INT64_MAX / m)
-				return -1;
-			base = whole * m;
-			add = frac * m / fscale;   /* frac < 1e9, m <= 3.6e6: fits */
-			if (base > (uint64_t)INT64_MAX - add)
-				return -1;
-			*out_ms = base + add;
-			return 0;
-		}
-	}
-	return -1;
-}
-
-static int
-parse_int(const char *s, int64_t *out)
-{
-	char *end;
-	long long v;
-
-	if (*s == '\0' || isspace((unsigned char)*s))
-		return -1;
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno != 0 || *end != '\0')
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* host:port or [v6]:port with a numeric port 1-65535. */
-static int
-valid_addr(const char *s)
-{
-	const char *colon;
-	int64_t port;
-	char host[64];
-	unsigned char a[16];
-	size_t hl;
-
-	if (s[0] == '[') {
-		const char *rb = strchr(s, ']');
-
-		if (rb == NULL || rb == s + 1 || rb[1] != ':')
-			return 0;
-		colon = rb + 1;
-		hl = (size_t)(rb - s - 1);
-		if (hl >= sizeof(host))
-			return 0;
-		memcpy(host, s + 1, hl);
-		host[hl] = '\0';
-		if (inet_pton(AF_INET6, host, a) != 1)
-			return 0;
-	} else {
-		colon = strrchr(s, ':');
-		if (colon == NULL || colon == s || memchr(s, ':', (size_t)(colon - s)))
-			return 0;
-		/*
-		 * Digits and dots are an IPv4 address, never a name: one that
-		 * does not parse (999.1.1.1) would pass -t and fail at start.
-		 * inet_aton, as getaddrinfo reads them: "127.1" and "0" pass.
-		 */
-		hl = (size_t)(colon - s);
-		if (strspn(s, "0123456789.") == hl) {
-			struct in_addr in4;
-
-			if (hl >= sizeof(host))
-				return 0;
-			memcpy(host, s, hl);
-			host[hl] = '\0';
-			if (inet_aton(host, &in4) == 0)
-				return 0;
-		}
-	}
-	/* Digits only: strtoll would take "+8080" and " 8080". */
-	if (colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
-	    parse_int(colon + 1, &port) == -1 || port < 1 || port > 65535)
-		return 0;
-	return 1;
-}
-
-/* ---- YAML walking ---------------------------------------------------- */
-
-static yaml_node_t *
-node(struct ctx *c, int id)
-{
-	yaml_node_t *n = yaml_document_get_node(c->doc, id);
-
-	if (n != NULL && id >= 1 && (size_t)id <= c->nnodes) {
-		c->seen[id - 1] = 1;
-	}
-	return n;
-}
-
-static const char *
-scalar(yaml_node_t *n)
-{
-	return (const char *)n->data.scalar.value;
-}
-
-static int
-is_null(yaml_node_t *n)
-{
-	const char *v;
-
-	if (n->type != YAML_SCALAR_NODE ||
-	    n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
-		return 0;
-	v = scalar(n);
-	return v[0] == '\0' || strcmp(v, "~") == 0 || strcmp(v, "null") == 0 ||
-	    strcmp(v, "Null") == 0 || strcmp(v, "NULL") == 0;
-}
-
-static const char *
-type_name(yaml_node_t *n)
-{
-	switch (n->type) {
-	case YAML_MAPPING_NODE:
-		return "a mapping";
-	case YAML_SEQUENCE_NODE:
-		return "a list";
-	default:
-		return is_null(n) ? "null" : "a scalar";
-	}
-}
-
-/* Expect a scalar; on error report and return NULL. */
-static const char *
-want_scalar(struct ctx *c, yaml_node_t *n, const char *key)
-{
-	if (n->type != YAML_SCALAR_NODE || is_null(n)) {
-		err_at(c, &n->start_mark, "%s: expected a value, got %s", key,
-		    type_name(n));
-		return NULL;
-	}
-	if (strlen(scalar(n)) != n->data.scalar.length) {
-		/* "\0" in a quoted scalar: C strings would cut it short. */
-		err_at(c, &n->start_mark, "%s: NUL characters are not allowed", key);
-		return NULL;
-	}
-	return scalar(n);
-}
-
-static char *
-xstrdup(struct ctx *c, const char *s)
-{
-	char *d = strdup(s);
-
-	if (d == NULL)
-		err_at(c, NULL, "out of memory");
-	return d;
-}
-
-/*
- * Iterate a mapping's pairs, reporting non-scalar and duplicate keys.
- * Calls fn for each well-formed pair.
- */
-typedef void (*pair_fn)(struct ctx *, yaml_node_t *key, yaml_node_t *val,
-    void *arg);
-
-static void
-each_pair(struct ctx *c, yaml_node_t *map, pair_fn fn, void *arg)
-{
-	yaml_node_pair_t *p;
-	struct strset seen;
-
-	if (strset_init(&seen, (size_t)(map->data.mapping.pairs.top -
-	    map->data.mapping.pairs.start)) == -1) {
-		err_at(c, &map->start_mark, "out of memory");
-		return;
-	}
-	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
-	    p++) {
-		yaml_node_t *k = node(c, p->key), *v;
-		const struct strset_slot *first;
-		int alias;
-
-		/* A node reached twice is an alias (prescan() reported it). */
-		alias = p->value >= 1 && (size_t)p->value <= c->nnodes &&
-		    c->seen[p->value - 1];
-		v = node(c, p->value);
-		if (k == NULL || v == NULL)
-			continue;
-		if (k->type != YAML_SCALAR_NODE) {
-			err_at(c, &k->start_mark, "mapping keys must be scalars");
-			continue;
-		}
-		/* a: the line of the first use, for the message. */
-		first = strset_add(&seen, scalar(k), k->start_mark.line + 1, 0);
-		if (first != NULL) {
-			err_at(c, &k->start_mark,
-			    "duplicate key '%s' (first at line %zu)", scalar(k),
-			    first->a);
-			continue;
-		}
-		c->quiet += alias;
-		fn(c, k, v, arg);
-		c->quiet -= alias;
-	}
-	strset_free(&seen);
-}
+/* ---- typed values, by the key table --------------------------------- */
 
 /*
  * Can the workers open this log file? Opened (created if need be) the way
@@ -861,7 +476,7 @@ log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
 	    0640);
 
 	if (fd == -1) {
-		err_at(c, &v->start_mark, "%s: cannot open '%s': %s", path, s,
+		cfg_err_at(c, &v->start_mark, "%s: cannot open '%s': %s", path, s,
 		    strerror(errno));
 		return 0;
 	}
@@ -870,76 +485,26 @@ log_dest_opens(struct ctx *c, yaml_node_t *v, const char *path, const char *s)
 }
 
 /*
- * "1.5" -> 150: digits, optionally '.' and one or two more digits; no
- * sign, no exponent, no locale. Returns 0, or -1 if s is not that or is
- * over 10^9 hundredths.
+ * cfg_set_value's step for the numbers (size, duration, integer, decimal):
+ * parsed, then held to the row's range.
  */
-static int
-parse_hundredths(const char *s, int64_t *out)
-{
-	int64_t v = 0;
-	int nd = 0, nf = 0;
-
-	for (; *s >= '0' && *s <= '9'; s++, nd++) {
-		v = v * 10 + (*s - '0');
-		if (v > 10000000)
-			return -1;
-	}
-	v *= 100;
-	if (*s == '.') {
-		for (s++; *s >= '0' && *s <= '9'; s++, nf++) {
-			if (nf == 2)
-				return -1;
-			v += (*s - '0') * (nf == 0 ? 10 : 1);
-		}
-		if (nf == 0)
-			return -1;
-	}
-	if (*s != '\0' || nd == 0)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* Parse a scalar value of a typed key into dst; dst's type depends on row. */
 static void
-set_value(struct ctx *c, const struct key_row *row, const char *path,
-    yaml_node_t *v, void *dst)
+set_number(struct ctx *c, const struct key_row *row, const char *path,
+    yaml_node_t *v, const char *s, void *dst)
 {
-	const char *s;
 	uint64_t u;
 	int64_t i;
 
-	if (row->info.type == SL_KEY_ADDR && !row->required && is_null(v)) {
-		free(*(char **)dst);
-		*(char **)dst = NULL;
-		return;
-	}
-	if ((s = want_scalar(c, v, path)) == NULL)
-		return;
 	switch (row->info.type) {
-	case SL_KEY_ADDR:
-		if (!valid_addr(s)) {
-			err_at(c, &v->start_mark,
-			    "%s: '%s' is not host:port or [v6]:port", path, s);
-			return;
-		}
-		free(*(char **)dst);
-		*(char **)dst = xstrdup(c, s);
-		return;
-	case SL_KEY_STRING:
-		free(*(char **)dst);
-		*(char **)dst = xstrdup(c, s);
-		return;
 	case SL_KEY_SIZE:
 		if (sl_parse_size(s, &u) == -1) {
-			err_at(c, &v->start_mark,
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' is not a size (e.g. 64KiB; units B, KiB, MiB, GiB)",
 			    path, s);
 			return;
 		}
 		if (u < row->min || u > row->max) {
-			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
 			    path, s, row->info.range);
 			return;
 		}
@@ -947,26 +512,26 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		return;
 	case SL_KEY_DURATION:
 		if (sl_parse_duration_ms(s, &u) == -1) {
-			err_at(c, &v->start_mark,
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' is not a duration (e.g. 30s; units ms, s, m, h)",
 			    path, s);
 			return;
 		}
 		if (u < row->min || u > row->max) {
-			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
 			    path, s, row->info.range);
 			return;
 		}
 		*(uint64_t *)dst = u;
 		return;
 	case SL_KEY_INT:
-		if (parse_int(s, &i) == -1) {
-			err_at(c, &v->start_mark, "%s: '%s' is not an integer",
+		if (cfg_parse_int(s, &i) == -1) {
+			cfg_err_at(c, &v->start_mark, "%s: '%s' is not an integer",
 			    path, s);
 			return;
 		}
 		if (i < (int64_t)row->min || i > (int64_t)row->max) {
-			err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
 			    path, s, row->info.range);
 			return;
 		}
@@ -979,14 +544,43 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 		else
 			*(int32_t *)dst = (int32_t)i;
 		return;
+	case SL_KEY_DECIMAL:
+		if (cfg_parse_hundredths(s, &i) == -1) {
+			cfg_err_at(c, &v->start_mark, "%s: '%s' is not a decimal number "
+			    "(e.g. 1.5, at most 2 decimals)", path, s);
+			return;
+		}
+		if (i < (int64_t)row->min || i > (int64_t)row->max) {
+			cfg_err_at(c, &v->start_mark, "%s: %s is out of range %s",
+			    path, s, row->info.range);
+			return;
+		}
+		*(int32_t *)dst = (int32_t)i;
+		return;
+	default:
+		return;
+	}
+}
+
+/*
+ * cfg_set_value's step for the words (workers, log level, redis_down,
+ * booleans): one of a fixed list, or an integer for workers.
+ */
+static void
+set_word(struct ctx *c, const struct key_row *row, const char *path,
+    yaml_node_t *v, const char *s, void *dst)
+{
+	int64_t i;
+
+	switch (row->info.type) {
 	case SL_KEY_WORKERS:
 		if (strcmp(s, "auto") == 0) {
 			*(int *)dst = SL_WORKERS_AUTO;
 			return;
 		}
-		if (parse_int(s, &i) == -1 || i < (int64_t)row->min ||
+		if (cfg_parse_int(s, &i) == -1 || i < (int64_t)row->min ||
 		    i > (int64_t)row->max) {
-			err_at(c, &v->start_mark,
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' must be auto or an integer in %s", path, s,
 			    row->info.range);
 			return;
@@ -1002,7 +596,7 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 				*(enum sl_log_level *)dst = (enum sl_log_level)k;
 				return;
 			}
-		err_at(c, &v->start_mark,
+		cfg_err_at(c, &v->start_mark,
 		    "%s: '%s' must be one of error, warn, info, debug", path, s);
 		return;
 	}
@@ -1014,1409 +608,76 @@ set_value(struct ctx *c, const struct key_row *row, const char *path,
 				*(int32_t *)dst = k;
 				return;
 			}
-		err_at(c, &v->start_mark,
+		cfg_err_at(c, &v->start_mark,
 		    "%s: '%s' must be one of local_share, closed, local_full",
 		    path, s);
 		return;
 	}
-	case SL_KEY_DECIMAL:
-		if (parse_hundredths(s, &i) == -1) {
-			err_at(c, &v->start_mark, "%s: '%s' is not a decimal number "
-			    "(e.g. 1.5, at most 2 decimals)", path, s);
-			return;
-		}
-		if (i < (int64_t)row->min || i > (int64_t)row->max) {
-			err_at(c, &v->start_mark, "%s: %s is out of range %s",
-			    path, s, row->info.range);
-			return;
-		}
-		*(int32_t *)dst = (int32_t)i;
-		return;
 	case SL_KEY_BOOL:
 		if (strcmp(s, "true") == 0 || strcmp(s, "false") == 0) {
 			*(int *)dst = s[0] == 't';
 			return;
 		}
-		err_at(c, &v->start_mark, "%s: '%s' must be true or false", path, s);
-		return;
-	case SL_KEY_LOGDEST:
-		if (c->check_files && strcmp(s, "off") != 0 &&
-		    strcmp(s, "stderr") != 0 && !log_dest_opens(c, v, path, s))
-			return;
-		free(*(char **)dst);
-		*(char **)dst = strcmp(s, "off") == 0 ? NULL : xstrdup(c, s);
+		cfg_err_at(c, &v->start_mark, "%s: '%s' must be true or false", path, s);
 		return;
 	default:
 		return;
 	}
 }
 
-struct map_arg {
-	const char *prefix;       /* "" or "timeouts" */
-	unsigned char *present;   /* per key row */
-};
-
-static void top_pair(struct ctx *, yaml_node_t *, yaml_node_t *, void *);
-
-static void
-require_mapping(struct ctx *c, yaml_node_t *v, const char *path, int *ok)
+/* Parse a scalar value of a typed key into dst; dst's type depends on row. */
+void
+cfg_set_value(struct ctx *c, const struct key_row *row, const char *path,
+    yaml_node_t *v, void *dst)
 {
-	*ok = v->type == YAML_MAPPING_NODE;
-	if (!*ok)
-		err_at(c, &v->start_mark, "%s: expected a mapping, got %s", path,
-		    type_name(v));
-}
+	const char *s;
 
-/* ---- upstreams and tenants ------------------------------------------- */
-
-struct named_arg {
-	size_t idx;
-	unsigned char present[8];
-	yaml_node_t *upstream_node;
-};
-
-/*
- * The authority of a URL (n bytes, no user info): "host", "host:PORT",
- * "[v6]" or "[v6]:PORT", PORT decimal 1..65535. A typo here would otherwise
- * pass -t and turn every request into a 502. 0 if valid, else -1.
- */
-static int
-check_url_port(const char *a, size_t n)
-{
-	const char *end = a + n, *p;
-	long port = 0;
-
-	if (*a == '[') {
-		p = memchr(a, ']', n);
-		if (p == NULL || p == a + 1)
-			return -1;
-		p++;
-	} else {
-		p = memchr(a, ':', n);
-		if (p == NULL)
-			p = end;
-	}
-	if (p == end)
-		return 0;
-	if (*p != ':' || ++p == end)
-		return -1;
-	for (; p < end; p++) {
-		if (*p < '0' || *p > '9' || (port = port * 10 + (*p - '0')) > 65535)
-			return -1;
-	}
-	return port == 0 ? -1 : 0;
-}
-
-/*
- * Check a base URL in place: http:// or https://, a host, no user info,
- * query, fragment or space; strip its trailing slashes. 0 if valid, else the
- * problem is reported at v and -1 returned.
- */
-static int
-check_url(struct ctx *c, yaml_node_t *v, const char *path, char *url)
-{
-	const char *host;
-	size_t l;
-
-	if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
-		err_at(c, &v->start_mark,
-		    "%s: '%s' must start with http:// or https://", path, url);
-		return -1;
-	}
-	host = strstr(url, "://") + 3;
-	if (*host == '\0' || *host == '/' || *host == ':' || *host == '@') {
-		err_at(c, &v->start_mark, "%s: '%s' names no host", path, url);
-		return -1;
-	}
-	if (strpbrk(url, "?# \t\r\n") != NULL) {
-		err_at(c, &v->start_mark,
-		    "%s: must not contain a query, fragment or spaces", path);
-		return -1;
-	}
-	/* The URL as written names the replica in metrics and the access log. */
-	if (memchr(host, '@', strcspn(host, "/")) != NULL) {
-		err_at(c, &v->start_mark, "%s: must not contain a user or password "
-		    "(it would show in metrics and the access log); use api_key",
-		    path);
-		return -1;
-	}
-	if (check_url_port(host, strcspn(host, "/")) == -1) {
-		err_at(c, &v->start_mark, "%s: '%s' has no valid port after its "
-		    "host (1 to 65535, or none for the scheme's)", path, url);
-		return -1;
-	}
-	l = strlen(url);
-	while (l > 0 && url[l - 1] == '/')
-		url[--l] = '\0';
-	return 0;
-}
-
-/* Parse a URL value into *dst (the old value freed); NULL if invalid. */
-static void
-set_url(struct ctx *c, const struct key_row *row, const char *path,
-    yaml_node_t *v, char **dst)
-{
-	set_value(c, row, path, v, dst);
-	if (*dst != NULL && check_url(c, v, path, *dst) == -1) {
-		free(*dst);
-		*dst = NULL;
-	}
-}
-
-/*
- * Where the scalar keys of an upstream (and of its health and eject
- * mappings) and of a replica entry go; their rows in keys[] say the type,
- * range and default. balance and retry_on have words of their own.
- */
-struct field {
-	const char *path;       /* a row of keys[] */
-	size_t off;             /* in struct sl_upstream_conf or sl_replica_conf */
-};
-
-#define UOFF(f) offsetof(struct sl_upstream_conf, f)
-#define ROFF(f) offsetof(struct sl_replica_conf, f)
-
-static const struct field upstream_fields[] = {
-	{ "upstreams.*.retries", UOFF(retries) },
-	{ "upstreams.*.busy_max", UOFF(busy_max_ms) },
-	{ "upstreams.*.health.path", UOFF(health.path) },
-	{ "upstreams.*.health.interval", UOFF(health.interval_ms) },
-	{ "upstreams.*.health.timeout", UOFF(health.timeout_ms) },
-	{ "upstreams.*.health.fall", UOFF(health.fall) },
-	{ "upstreams.*.health.rise", UOFF(health.rise) },
-	{ "upstreams.*.affinity.block", UOFF(affinity.block) },
-	{ "upstreams.*.affinity.max_imbalance", UOFF(affinity.max_imbalance) },
-	{ "upstreams.*.load_metrics.path", UOFF(load_metrics.path) },
-	{ "upstreams.*.load_metrics.interval", UOFF(load_metrics.interval_ms) },
-	{ "upstreams.*.queue.max", UOFF(queue.max) },
-	{ "upstreams.*.queue.timeout", UOFF(queue.timeout_ms) },
-	{ "upstreams.*.inject_priority", UOFF(inject_priority) },
-	{ "upstreams.*.eject.failures", UOFF(eject.failures) },
-	{ "upstreams.*.eject.duration", UOFF(eject.duration_ms) },
-	{ "upstreams.*.eject.max_percent", UOFF(eject.max_percent) },
-	{ NULL, 0 }
-};
-
-static const struct field replica_fields[] = {
-	{ "upstreams.*.replicas[].weight", ROFF(weight) },
-	{ "upstreams.*.replicas[].max_streams", ROFF(max_streams) },
-	{ NULL, 0 }
-};
-
-/* Indexed by enum sl_balance. */
-static const char *const balance_words[] = {
-	"least_loaded", "round_robin", "random", "prefix_affinity", NULL
-};
-
-static const struct {
-	const char *word;
-	unsigned bit;
-} retry_words[] = {
-	{ "connect", SL_RETRY_CONNECT }, { "busy", SL_RETRY_BUSY },
-	{ "empty", SL_RETRY_EMPTY }, { NULL, 0 }
-};
-
-/* The field of pattern ("upstreams.*.health" and key "fall"), or NULL. */
-static const struct field *
-find_field(const struct field *tab, const char *pattern, const char *key)
-{
-	size_t pl = strlen(pattern);
-
-	if (strchr(key, '.') != NULL)
-		return NULL;   /* "health.path" is not a key of an upstream */
-	for (; tab->path != NULL; tab++)
-		if (strncmp(tab->path, pattern, pl) == 0 &&
-		    tab->path[pl] == '.' && strcmp(tab->path + pl + 1, key) == 0)
-			return tab;
-	return NULL;
-}
-
-/* Give every field of tab its default from keys[]; base is the struct. */
-static void
-fields_default(struct ctx *c, const struct field *tab, void *base)
-{
-	for (; tab->path != NULL; tab++) {
-		const struct key_row *row = find_key(tab->path);
-		void *dst = (char *)base + tab->off;
-		uint64_t u;
-		int64_t i;
-
-		switch (row->info.type) {
-		case SL_KEY_INT:
-			*(int32_t *)dst = (int32_t)strtol(row->info.def, NULL, 10);
-			break;
-		case SL_KEY_DURATION:
-			if (sl_parse_duration_ms(row->info.def, &u) == 0)
-				*(uint64_t *)dst = u;
-			break;
-		case SL_KEY_STRING:
-			*(char **)dst = xstrdup(c, row->info.def);
-			break;
-		case SL_KEY_DECIMAL:
-			if (parse_hundredths(row->info.def, &i) == 0)
-				*(int32_t *)dst = (int32_t)i;
-			break;
-		case SL_KEY_BOOL:
-			*(int *)dst = strcmp(row->info.def, "true") == 0;
-			break;
-		default:
-			break;
-		}
-	}
-}
-
-/* The defaults of an upstream, whichever of its keys are written. */
-static void
-upstream_defaults(struct ctx *c, struct sl_upstream_conf *u)
-{
-	const char *def = find_key("upstreams.*.retry_on")->info.def, *p;
-	size_t i, l;
-
-	fields_default(c, upstream_fields, u);
-	for (i = 0; balance_words[i] != NULL; i++)
-		if (strcmp(balance_words[i],
-		    find_key("upstreams.*.balance")->info.def) == 0)
-			u->balance = (enum sl_balance)i;
-	/* "[connect, busy]" */
-	u->retry_on = 0;
-	for (p = def; *p != '\0'; p += l) {
-		p += strspn(p, "[], ");
-		l = strcspn(p, "[], ");
-		for (i = 0; retry_words[i].word != NULL; i++)
-			if (l > 0 && strlen(retry_words[i].word) == l &&
-			    strncmp(retry_words[i].word, p, l) == 0)
-				u->retry_on |= retry_words[i].bit;
-	}
-	u->health.enabled = 0;
-	u->load_metrics.enabled = 0;
-	u->queue.enabled = 0;
-	u->queue.fairness = SL_FAIRNESS_TOKENS;
-}
-
-/* A node reached twice is an alias (prescan() reported it). */
-static int
-seen_before(const struct ctx *c, int id)
-{
-	return id >= 1 && (size_t)id <= c->nnodes && c->seen[id - 1];
-}
-
-/* A probe path goes on a request line: '/' first, no space or control. */
-static int
-valid_probe_path(const char *s)
-{
-	const unsigned char *p = (const unsigned char *)s;
-
-	if (*p != '/')
-		return 0;
-	for (; *p != '\0'; p++)
-		if (*p < 0x21 || *p == 0x7f)
-			return 0;
-	return 1;
-}
-
-static void
-parse_fairness(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
-    const char *path)
-{
-	const char *s = want_scalar(c, v, path);
-
-	if (s == NULL)
-		return;
-	if (strcmp(s, "tokens") == 0)
-		u->queue.fairness = SL_FAIRNESS_TOKENS;
-	else if (strcmp(s, "fifo") == 0)
-		u->queue.fairness = SL_FAIRNESS_FIFO;
-	else
-		err_at(c, &v->start_mark, "%s: '%s' must be one of tokens, fifo",
-		    path, s);
-}
-
-/* health:, eject:, affinity:, load_metrics: and queue: keys. */
-struct section_arg {
-	struct sl_upstream_conf *u;
-	const char *section;            /* "health" or "eject" */
-	yaml_node_t *interval, *timeout;   /* value nodes, when written */
-};
-
-static void
-section_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	struct section_arg *a = arg;
-	const char *key = scalar(k);
-	const struct field *f;
-	char pattern[64], path[320];
-
-	snprintf(pattern, sizeof(pattern), "upstreams.*.%s", a->section);
-	snprintf(path, sizeof(path), "upstreams.%s.%s.%s", a->u->name, a->section,
-	    key);
-	if (strcmp(a->section, "queue") == 0 && strcmp(key, "fairness") == 0) {
-		parse_fairness(c, a->u, v, path);
+	if (row->info.type == SL_KEY_ADDR && !row->required && cfg_is_null(v)) {
+		free(*(char **)dst);
+		*(char **)dst = NULL;
 		return;
 	}
-	if ((f = find_field(upstream_fields, pattern, key)) == NULL) {
-		err_at(c, &k->start_mark, "unknown key '%s' in upstreams.%s.%s",
-		    key, a->u->name, a->section);
+	if ((s = cfg_want_scalar(c, v, path)) == NULL)
 		return;
-	}
-	set_value(c, find_key(f->path), path, v, (char *)a->u + f->off);
-	if (f->off == UOFF(health.path) && a->u->health.path != NULL &&
-	    !valid_probe_path(a->u->health.path))
-		err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
-		    "no spaces or control characters", path, a->u->health.path);
-	else if (f->off == UOFF(load_metrics.path) &&
-	    a->u->load_metrics.path != NULL &&
-	    !valid_probe_path(a->u->load_metrics.path))
-		err_at(c, &v->start_mark, "%s: '%s' must start with '/' and hold "
-		    "no spaces or control characters", path,
-		    a->u->load_metrics.path);
-	else if (f->off == UOFF(health.interval_ms))
-		a->interval = v;
-	else if (f->off == UOFF(health.timeout_ms))
-		a->timeout = v;
-}
-
-/*
- * A probe that may outlast its interval would overlap the next one: report
- * it at the timeout if written, else at the interval that is too short.
- */
-static void
-check_probe_times(struct ctx *c, struct section_arg *a)
-{
-	const struct sl_upstream_conf *u = a->u;
-	const char *tv, *iv;
-
-	if (u->health.timeout_ms < u->health.interval_ms)
-		return;
-	tv = a->timeout && a->timeout->type == YAML_SCALAR_NODE ?
-	    scalar(a->timeout) : find_key("upstreams.*.health.timeout")->info.def;
-	iv = a->interval && a->interval->type == YAML_SCALAR_NODE ?
-	    scalar(a->interval) : find_key("upstreams.*.health.interval")->info.def;
-	if (a->timeout != NULL)
-		err_at(c, &a->timeout->start_mark, "upstreams.%s.health.timeout: "
-		    "%s must be less than health.interval (%s)", u->name, tv, iv);
-	else if (a->interval != NULL)
-		err_at(c, &a->interval->start_mark, "upstreams.%s.health.interval: "
-		    "%s must be more than health.timeout (%s)", u->name, iv, tv);
-}
-
-static void
-parse_section(struct ctx *c, struct sl_upstream_conf *u, const char *section,
-    yaml_node_t *v, const char *path)
-{
-	struct section_arg a = { u, section, NULL, NULL };
-	int ok;
-
-	require_mapping(c, v, path, &ok);
-	if (!ok)
-		return;
-	each_pair(c, v, section_pair, &a);
-	if (strcmp(section, "health") == 0) {
-		u->health.enabled = 1;
-		check_probe_times(c, &a);
-	} else if (strcmp(section, "load_metrics") == 0)
-		u->load_metrics.enabled = 1;
-	else if (strcmp(section, "queue") == 0)
-		u->queue.enabled = 1;
-}
-
-/* One entry of replicas:. */
-struct replica_arg {
-	struct sl_upstream_conf *u;
-	size_t idx;
-	char prefix[288];               /* "upstreams.NAME.replicas[I]" */
-	yaml_node_t *url;               /* value node; NULL: no url key */
-};
-
-static void
-replica_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	struct replica_arg *a = arg;
-	struct sl_replica_conf *r = &a->u->replicas[a->idx];
-	const char *key = scalar(k);
-	const struct field *f;
-	char path[320];
-
-	snprintf(path, sizeof(path), "%s.%s", a->prefix, key);
-	if (strcmp(key, "url") == 0) {
-		a->url = v;
-		set_url(c, find_key("upstreams.*.replicas[].url"), path, v, &r->url);
-	} else if ((f = find_field(replica_fields, "upstreams.*.replicas[]",
-	    key)) != NULL)
-		set_value(c, find_key(f->path), path, v, (char *)r + f->off);
-	else
-		err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
-}
-
-/*
- * A list of 1..max entries (replicas, targets): their items in *items and
- * how many to read, at most max (entries past it reported where the first
- * of them is); 0 after reporting a value that is not a list, or is empty.
- * The entries themselves are checked to be mappings by the caller.
- */
-static size_t
-list_of_maps(struct ctx *c, yaml_node_t *v, const char *path,
-    const char *what, size_t max, yaml_node_item_t **items)
-{
-	size_t n;
-
-	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list of mappings, got %s",
-		    path, type_name(v));
-		return 0;
-	}
-	*items = v->data.sequence.items.start;
-	n = (size_t)(v->data.sequence.items.top - *items);
-	if (n == 0) {
-		err_at(c, &v->start_mark, "%s: must hold at least one %s", path, what);
-		return 0;
-	}
-	if (n > max) {
-		yaml_node_t *extra = yaml_document_get_node(c->doc, (*items)[max]);
-
-		err_at(c, extra ? &extra->start_mark : &v->start_mark,
-		    "%s: more than %zu %ss", path, max, what);
-		n = max;
-	}
-	return n;
-}
-
-/*
- * replicas: a list of 1..SL_MAX_REPLICAS mappings with distinct URLs
- * (compared after their trailing slashes are stripped).
- */
-static void
-parse_replicas(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
-    const char *path)
-{
-	yaml_node_item_t *items;
-	struct strset urls;
-	size_t n, i;
-
-	if ((n = list_of_maps(c, v, path, "replica", SL_MAX_REPLICAS, &items)) == 0)
-		return;
-	u->replicas = calloc(n, sizeof(*u->replicas));
-	if (u->replicas == NULL || strset_init(&urls, n) == -1) {
-		err_at(c, &v->start_mark, "out of memory");
-		return;
-	}
-	for (i = 0; i < n; i++) {
-		struct replica_arg a;
-		const struct strset_slot *first;
-		yaml_node_t *e;
-		int alias = seen_before(c, items[i]), ok;
-
-		if ((e = node(c, items[i])) == NULL)
-			continue;
-		memset(&a, 0, sizeof(a));
-		a.u = u;
-		a.idx = i;
-		snprintf(a.prefix, sizeof(a.prefix), "%s[%zu]", path, i);
-		fields_default(c, replica_fields, &u->replicas[i]);
-		u->nreplicas = i + 1;
-		c->quiet += alias;
-		require_mapping(c, e, a.prefix, &ok);
-		if (ok) {
-			each_pair(c, e, replica_pair, &a);
-			if (a.url == NULL)
-				err_at(c, &e->start_mark,
-				    "%s: missing required key 'url'", a.prefix);
-			else if (u->replicas[i].url != NULL && !c->quiet &&
-			    (first = strset_add(&urls, u->replicas[i].url,
-			    a.url->start_mark.line + 1, i)) != NULL)
-				err_at(c, &a.url->start_mark,
-				    "%s.url: duplicate URL '%s' (first at line %zu)",
-				    a.prefix, u->replicas[i].url, first->a);
-		}
-		c->quiet -= alias;
-	}
-	strset_free(&urls);
-}
-
-/* retry_on: a list of words, maybe empty (never retry). */
-static void
-parse_retry_on(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
-    const char *path)
-{
-	yaml_node_item_t *it;
-
-	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
-		    type_name(v));
-		return;
-	}
-	u->retry_on = 0;
-	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
-	    it++) {
-		yaml_node_t *w = node(c, *it);
-		const char *s;
-		size_t i;
-
-		if (w == NULL || (s = want_scalar(c, w, path)) == NULL)
-			continue;
-		for (i = 0; retry_words[i].word != NULL; i++)
-			if (strcmp(s, retry_words[i].word) == 0)
-				break;
-		if (retry_words[i].word == NULL) {
-			err_at(c, &w->start_mark,
-			    "%s: '%s' must be one of connect, busy, empty", path, s);
-			continue;
-		}
-		u->retry_on |= retry_words[i].bit;
-	}
-}
-
-/* present[] of an upstream's named_arg. */
-#define UP_URL 0
-#define UP_REPLICAS 1
-
-static void
-upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	struct named_arg *a = arg;
-	struct sl_upstream_conf *u = &c->cfg->upstreams[a->idx];
-	const char *key = scalar(k);
-	const struct field *f;
-	char path[256];
-
-	snprintf(path, sizeof(path), "upstreams.%s.%s", u->name, key);
-	if (strcmp(key, "url") == 0 || strcmp(key, "replicas") == 0) {
-		/* One form or the other: a url beside a pool is a typo waiting. */
-		if (a->present[UP_URL] || a->present[UP_REPLICAS]) {
-			err_at(c, &k->start_mark,
-			    "upstream '%s': give 'url' or 'replicas', not both",
-			    u->name);
+	switch (row->info.type) {
+	case SL_KEY_ADDR:
+		if (!cfg_valid_addr(s)) {
+			cfg_err_at(c, &v->start_mark,
+			    "%s: '%s' is not host:port or [v6]:port", path, s);
 			return;
 		}
-		if (strcmp(key, "url") == 0) {
-			a->present[UP_URL] = 1;
-			set_url(c, find_key("upstreams.*.url"), path, v, &u->url);
-		} else {
-			a->present[UP_REPLICAS] = 1;
-			parse_replicas(c, u, v, path);
-		}
-	} else if (strcmp(key, "api_key") == 0) {
-		if (is_null(v))
-			return;
-		set_value(c, find_key("upstreams.*.api_key"), path, v, &u->api_key);
-		if (u->api_key != NULL && strpbrk(u->api_key, "\r\n") != NULL)
-			err_at(c, &v->start_mark, "%s: must not contain CR or LF",
-			    path);
-	} else if (strcmp(key, "balance") == 0) {
-		const char *s = want_scalar(c, v, path);
-		size_t i;
-
-		if (s == NULL)
-			return;
-		for (i = 0; balance_words[i] != NULL; i++)
-			if (strcmp(s, balance_words[i]) == 0) {
-				u->balance = (enum sl_balance)i;
-				return;
-			}
-		err_at(c, &v->start_mark, "%s: '%s' must be one of least_loaded, "
-		    "round_robin, random, prefix_affinity", path, s);
-	} else if (strcmp(key, "retry_on") == 0) {
-		parse_retry_on(c, u, v, path);
-	} else if (strcmp(key, "health") == 0 || strcmp(key, "eject") == 0 ||
-	    strcmp(key, "affinity") == 0 || strcmp(key, "load_metrics") == 0 ||
-	    strcmp(key, "queue") == 0) {
-		parse_section(c, u, key, v, path);
-	} else if ((f = find_field(upstream_fields, "upstreams.*", key)) != NULL) {
-		set_value(c, find_key(f->path), path, v, (char *)u + f->off);
-	} else
-		err_at(c, &k->start_mark, "unknown key '%s' in upstream '%s'",
-		    key, u->name);
-}
-
-static void
-upstreams_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	size_t *i = arg;
-	struct named_arg a;
-	struct sl_upstream_conf *u;
-	char path[256];
-	int ok;
-
-	memset(&a, 0, sizeof(a));
-	a.idx = (*i)++;
-	u = &c->cfg->upstreams[a.idx];
-	u->name = xstrdup(c, scalar(k));
-	upstream_defaults(c, u);
-	snprintf(path, sizeof(path), "upstreams.%s", scalar(k));
-	require_mapping(c, v, path, &ok);
-	if (!ok)
+		free(*(char **)dst);
+		*(char **)dst = cfg_strdup(c, s);
 		return;
-	each_pair(c, v, upstream_pair, &a);
-	if (!a.present[UP_URL] && !a.present[UP_REPLICAS])
-		err_at(c, &v->start_mark,
-		    "upstream '%s': missing required key 'url' or 'replicas'",
-		    scalar(k));
-	/* url: alone is a pool of one, so the runtime sees one shape. */
-	if (u->url != NULL) {
-		u->replicas = calloc(1, sizeof(*u->replicas));
-		if (u->replicas == NULL) {
-			err_at(c, NULL, "out of memory");
-			return;
-		}
-		fields_default(c, replica_fields, &u->replicas[0]);
-		u->replicas[0].url = xstrdup(c, u->url);
-		u->nreplicas = 1;
-	}
-}
-
-static int has_control(const char *);
-static size_t map_len(yaml_node_t *);
-static yaml_node_t *find_child(struct ctx *, yaml_node_t *, const char *);
-
-/* ---- models ----------------------------------------------------------- */
-
-/* FNV-1a over len bytes, then a mixer: names from clients may hold NULs. */
-static uint64_t
-mem_hash(const char *p, size_t len)
-{
-	uint64_t h = 0xcbf29ce484222325ULL;
-	size_t i;
-
-	for (i = 0; i < len; i++) {
-		h ^= (unsigned char)p[i];
-		h *= 0x100000001b3ULL;
-	}
-	h ^= h >> 33;
-	h *= 0xff51afd7ed558ccdULL;
-	h ^= h >> 33;
-	return h;
-}
-
-int
-sl_config_model_find(const struct sl_config *cfg, const char *name, size_t len)
-{
-	size_t i;
-
-	if (cfg->model_names == NULL)
-		return -1;
-	for (i = (size_t)mem_hash(name, len) & cfg->model_mask;
-	    cfg->model_names[i].name != NULL; i = (i + 1) & cfg->model_mask)
-		if (cfg->model_names[i].len == len &&
-		    memcmp(cfg->model_names[i].name, name, len) == 0)
-			return (int)cfg->model_names[i].model;
-	return -1;
-}
-
-/*
- * A name a client can send and a response header can carry: 1 to
- * SL_MODEL_NAME_MAX bytes, no control character. Reports at v.
- */
-static int
-valid_model_name(struct ctx *c, yaml_node_t *v, const char *path,
-    const char *s)
-{
-	if (s[0] == '\0' || strlen(s) > SL_MODEL_NAME_MAX || has_control(s)) {
-		err_at(c, &v->start_mark, "%s: '%s' is not a model name (1-%d "
-		    "bytes, no control characters)", path, s, SL_MODEL_NAME_MAX);
-		return 0;
-	}
-	return 1;
-}
-
-/*
- * Every name and alias of every model is one name: a second use of one is
- * reported where it is, with the model that has it first.
- */
-static void
-model_name_add(struct ctx *c, yaml_node_t *v, const char *path,
-    const char *s, size_t model)
-{
-	const struct strset_slot *first;
-
-	if (c->model_set.slots == NULL || c->quiet ||
-	    (first = strset_add(&c->model_set, s, model, 0)) == NULL)
+	case SL_KEY_STRING:
+		free(*(char **)dst);
+		*(char **)dst = cfg_strdup(c, s);
 		return;
-	err_at(c, &v->start_mark, "%s: '%s' is already the name or an alias of "
-	    "model '%s'", path, s, c->cfg->models[first->a].name);
-}
-
-struct target_arg {
-	struct sl_model_target *t;
-	char prefix[352];               /* "models.NAME.targets[I]" */
-	yaml_node_t *upstream;          /* value node; NULL: no upstream key */
-};
-
-static void
-target_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	struct target_arg *a = arg;
-	const char *key = scalar(k), *s;
-	char path[384];
-	size_t u;
-
-	snprintf(path, sizeof(path), "%s.%s", a->prefix, key);
-	if (strcmp(key, "upstream") == 0) {
-		a->upstream = v;
-		if ((s = want_scalar(c, v, path)) == NULL)
-			return;
-		for (u = 0; u < c->cfg->nupstreams; u++)
-			if (c->cfg->upstreams[u].name != NULL &&
-			    strcmp(c->cfg->upstreams[u].name, s) == 0) {
-				a->t->upstream_idx = u;
-				free(a->t->upstream);
-				a->t->upstream = xstrdup(c, s);
-				return;
-			}
-		err_at(c, &v->start_mark, "%s: no upstream named '%s'", path, s);
-	} else if (strcmp(key, "model") == 0) {
-		if ((s = want_scalar(c, v, path)) == NULL)
-			return;
-		if (s[0] == '\0' || has_control(s)) {
-			err_at(c, &v->start_mark, "%s: must be non-empty, without "
-			    "control characters", path);
-			return;
-		}
-		free(a->t->model);
-		a->t->model = xstrdup(c, s);
-	} else if (strcmp(key, "weight") == 0) {
-		set_value(c, find_key("models.*.targets[].weight"), path, v,
-		    &a->t->weight);
-	} else
-		err_at(c, &k->start_mark, "unknown key '%s' in %s", key, a->prefix);
-}
-
-static void
-parse_targets(struct ctx *c, struct sl_model_conf *m, yaml_node_t *v,
-    const char *path)
-{
-	yaml_node_item_t *items;
-	size_t n, i;
-
-	if ((n = list_of_maps(c, v, path, "target", SL_MAX_TARGETS, &items)) == 0)
+	case SL_KEY_SIZE:
+	case SL_KEY_DURATION:
+	case SL_KEY_INT:
+	case SL_KEY_DECIMAL:
+		set_number(c, row, path, v, s, dst);
 		return;
-	if ((m->targets = calloc(n, sizeof(*m->targets))) == NULL) {
-		err_at(c, &v->start_mark, "out of memory");
+	case SL_KEY_WORKERS:
+	case SL_KEY_LOGLEVEL:
+	case SL_KEY_REDIS_DOWN:
+	case SL_KEY_BOOL:
+		set_word(c, row, path, v, s, dst);
+		return;
+	case SL_KEY_LOGDEST:
+		if (c->check_files && strcmp(s, "off") != 0 &&
+		    strcmp(s, "stderr") != 0 && !log_dest_opens(c, v, path, s))
+			return;
+		free(*(char **)dst);
+		*(char **)dst = strcmp(s, "off") == 0 ? NULL : cfg_strdup(c, s);
+		return;
+	default:
 		return;
 	}
-	for (i = 0; i < n; i++) {
-		struct target_arg a;
-		yaml_node_t *e;
-		int alias = seen_before(c, items[i]), ok;
-
-		if ((e = node(c, items[i])) == NULL)
-			continue;
-		memset(&a, 0, sizeof(a));
-		a.t = &m->targets[i];
-		a.t->weight = 1;
-		m->ntargets = i + 1;
-		snprintf(a.prefix, sizeof(a.prefix), "%s[%zu]", path, i);
-		c->quiet += alias;
-		require_mapping(c, e, a.prefix, &ok);
-		if (ok) {
-			each_pair(c, e, target_pair, &a);
-			if (a.upstream == NULL)
-				err_at(c, &e->start_mark,
-				    "%s: missing required key 'upstream'", a.prefix);
-		}
-		if (a.t->model == NULL && m->name != NULL)
-			a.t->model = xstrdup(c, m->name);
-		c->quiet -= alias;
-	}
 }
 
-struct model_arg {
-	size_t idx;
-	int has_targets;
-};
-
-static void
-model_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	struct model_arg *a = arg;
-	struct sl_model_conf *m = &c->cfg->models[a->idx];
-	const char *key = scalar(k);
-	char path[300];
-
-	snprintf(path, sizeof(path), "models.%s.%s", m->name, key);
-	if (strcmp(key, "aliases") == 0) {
-		yaml_node_item_t *it;
-		size_t n;
-
-		if (v->type != YAML_SEQUENCE_NODE) {
-			err_at(c, &v->start_mark, "%s: expected a list of strings, "
-			    "got %s", path, type_name(v));
-			return;
-		}
-		n = (size_t)(v->data.sequence.items.top -
-		    v->data.sequence.items.start);
-		if (n == 0)
-			return;
-		if ((m->aliases = calloc(n, sizeof(char *))) == NULL) {
-			err_at(c, NULL, "out of memory");
-			return;
-		}
-		for (it = v->data.sequence.items.start;
-		    it < v->data.sequence.items.top; it++) {
-			yaml_node_t *an = node(c, *it);
-			const char *s;
-
-			if (an == NULL || (s = want_scalar(c, an, path)) == NULL ||
-			    !valid_model_name(c, an, path, s))
-				continue;
-			if ((m->aliases[m->naliases] = xstrdup(c, s)) == NULL)
-				continue;
-			model_name_add(c, an, path, m->aliases[m->naliases],
-			    a->idx);
-			m->naliases++;
-		}
-	} else if (strcmp(key, "targets") == 0) {
-		a->has_targets = 1;
-		parse_targets(c, m, v, path);
-	} else if (strcmp(key, "fallback") == 0) {
-		if (v->type != YAML_SEQUENCE_NODE) {
-			err_at(c, &v->start_mark, "%s: expected a list of strings, "
-			    "got %s", path, type_name(v));
-			return;
-		}
-		c->fallback_nodes[a->idx] = v;   /* resolved once all are named */
-	} else
-		err_at(c, &k->start_mark, "unknown key '%s' in model '%s'", key,
-		    m->name);
-}
-
-static void
-models_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	size_t *i = arg;
-	struct model_arg a;
-	struct sl_model_conf *m;
-	char path[320];
-	int ok;
-
-	memset(&a, 0, sizeof(a));
-	a.idx = (*i)++;
-	m = &c->cfg->models[a.idx];
-	m->name = xstrdup(c, scalar(k));
-	snprintf(path, sizeof(path), "models.%s", scalar(k));
-	if (m->name != NULL && valid_model_name(c, k, "models", m->name))
-		model_name_add(c, k, "models", m->name, a.idx);
-	require_mapping(c, v, path, &ok);
-	if (!ok)
-		return;
-	each_pair(c, v, model_pair, &a);
-	if (!a.has_targets)
-		err_at(c, &v->start_mark, "model '%s': missing required key "
-		    "'targets'", scalar(k));
-}
-
-/* The name -> model table, from every name and alias; -1 on ENOMEM. */
-static int
-build_model_names(struct sl_config *cfg)
-{
-	size_t n = 0, size = 8, i, j;
-
-	for (i = 0; i < cfg->nmodels; i++)
-		n += 1 + cfg->models[i].naliases;
-	while (size < 2 * n)
-		size *= 2;
-	if ((cfg->model_names = calloc(size, sizeof(*cfg->model_names))) == NULL)
-		return -1;
-	cfg->model_mask = size - 1;
-	for (i = 0; i < cfg->nmodels; i++)
-		for (j = 0; j <= cfg->models[i].naliases; j++) {
-			const char *s = j == 0 ? cfg->models[i].name :
-			    cfg->models[i].aliases[j - 1];
-			size_t len, h;
-
-			if (s == NULL)
-				continue;
-			len = strlen(s);
-			for (h = (size_t)mem_hash(s, len) & cfg->model_mask;
-			    cfg->model_names[h].name != NULL;
-			    h = (h + 1) & cfg->model_mask)
-				if (cfg->model_names[h].len == len &&
-				    memcmp(cfg->model_names[h].name, s, len) == 0)
-					break;   /* a clash, reported already */
-			if (cfg->model_names[h].name != NULL)
-				continue;
-			cfg->model_names[h].name = s;
-			cfg->model_names[h].len = len;
-			cfg->model_names[h].model = i;
-		}
-	return 0;
-}
-
-/*
- * fallback: lists, once every model is named: each entry a model's name or
- * alias, not the model itself. Then no cycle: a walk from each model along
- * the lists must not come back to a model on its path; the entry that
- * closes a cycle is reported.
- */
-static void
-parse_fallbacks(struct ctx *c)
-{
-	struct sl_config *cfg = c->cfg;
-	yaml_mark_t **marks;
-	size_t m, j, *stack, *pos, sp;
-	unsigned char *state;   /* 0 unseen, 1 on the path, 2 done */
-
-	if ((marks = calloc(cfg->nmodels, sizeof(*marks))) == NULL)
-		goto oom;
-	for (m = 0; m < cfg->nmodels; m++) {
-		yaml_node_t *v = c->fallback_nodes[m];
-		yaml_node_item_t *it;
-		char path[300];
-		size_t n;
-
-		if (v == NULL)
-			continue;
-		snprintf(path, sizeof(path), "models.%s.fallback",
-		    cfg->models[m].name);
-		n = (size_t)(v->data.sequence.items.top -
-		    v->data.sequence.items.start);
-		cfg->models[m].fallback = calloc(n ? n : 1, sizeof(size_t));
-		marks[m] = calloc(n ? n : 1, sizeof(yaml_mark_t));
-		if (cfg->models[m].fallback == NULL || marks[m] == NULL)
-			goto oom_free;
-		for (it = v->data.sequence.items.start;
-		    it < v->data.sequence.items.top; it++) {
-			yaml_node_t *fn = node(c, *it);
-			const char *s;
-			int f;
-
-			if (fn == NULL || (s = want_scalar(c, fn, path)) == NULL)
-				continue;
-			if ((f = sl_config_model_find(cfg, s, strlen(s))) < 0) {
-				err_at(c, &fn->start_mark, "%s: no model named '%s'",
-				    path, s);
-				continue;
-			}
-			marks[m][cfg->models[m].nfallback] = fn->start_mark;
-			cfg->models[m].fallback[cfg->models[m].nfallback++] =
-			    (size_t)f;
-		}
-	}
-	/* Depth-first, iterative: a long chain must not overflow the stack. */
-	state = calloc(cfg->nmodels, 1);
-	stack = calloc(cfg->nmodels, sizeof(*stack));
-	pos = calloc(cfg->nmodels, sizeof(*pos));
-	if (state == NULL || stack == NULL || pos == NULL) {
-		free(state);
-		free(stack);
-		free(pos);
-		goto oom_free;
-	}
-	for (m = 0; m < cfg->nmodels; m++) {
-		if (state[m] != 0)
-			continue;
-		sp = 0;
-		stack[sp] = m;
-		pos[sp++] = 0;
-		state[m] = 1;
-		while (sp > 0) {
-			size_t top = stack[sp - 1], k = pos[sp - 1]++, f;
-
-			if (k == cfg->models[top].nfallback) {
-				state[top] = 2;
-				sp--;
-				continue;
-			}
-			f = cfg->models[top].fallback[k];
-			if (state[f] == 1) {
-				err_at(c, &marks[top][k], "models.%s.fallback: '%s' "
-				    "makes a cycle of fallbacks", cfg->models[top].name,
-				    cfg->models[f].name);
-			} else if (state[f] == 0) {
-				state[f] = 1;
-				stack[sp] = f;
-				pos[sp++] = 0;
-			}
-		}
-	}
-	free(state);
-	free(stack);
-	free(pos);
-	for (j = 0; j < cfg->nmodels; j++)
-		free(marks[j]);
-	free(marks);
-	return;
-oom_free:
-	for (j = 0; j < cfg->nmodels; j++)
-		free(marks[j]);
-	free(marks);
-oom:
-	err_at(c, NULL, "out of memory");
-}
-
-/* models: parsed after upstreams (targets name them), before tenants. */
-static void
-parse_models(struct ctx *c, yaml_node_t *n)
-{
-	size_t cnt = map_len(n), idx = 0, names = 0;
-	yaml_node_pair_t *p;
-
-	if (cnt == 0) {
-		err_at(c, &n->start_mark, "models: at least one is required "
-		    "(or no models: section)");
-		return;
-	}
-	if (cnt > c->cfg->limits.max_models) {
-		/* Each has its own metrics, in a region sized at start. */
-		err_at(c, &n->start_mark, "models: %zu models, "
-		    "limits.max_models is %llu", cnt,
-		    (unsigned long long)c->cfg->limits.max_models);
-		return;
-	}
-	/* Room in the name set for every name and alias written. */
-	for (p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top;
-	    p++) {
-		yaml_node_t *v = yaml_document_get_node(c->doc, p->value), *al;
-
-		names++;
-		if (v != NULL && v->type == YAML_MAPPING_NODE &&
-		    (al = find_child(c, v, "aliases")) != NULL &&
-		    al->type == YAML_SEQUENCE_NODE)
-			names += (size_t)(al->data.sequence.items.top -
-			    al->data.sequence.items.start);
-	}
-	c->cfg->models = calloc(cnt, sizeof(*c->cfg->models));
-	c->fallback_nodes = calloc(cnt, sizeof(*c->fallback_nodes));
-	if (c->cfg->models == NULL || c->fallback_nodes == NULL ||
-	    strset_init(&c->model_set, names) == -1) {
-		err_at(c, &n->start_mark, "out of memory");
-		free(c->fallback_nodes);
-		c->fallback_nodes = NULL;
-		return;
-	}
-	each_pair(c, n, models_pair, &idx);
-	c->cfg->nmodels = idx;
-	strset_free(&c->model_set);
-	if (build_model_names(c->cfg) == -1)
-		err_at(c, &n->start_mark, "out of memory");
-	else
-		parse_fallbacks(c);
-	free(c->fallback_nodes);
-	c->fallback_nodes = NULL;
-}
-
-static int
-cmp_u32(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-/* tenants.NAME.models: model names (not aliases) of models: */
-static void
-parse_tenant_models(struct ctx *c, struct sl_tenant_conf *t, yaml_node_t *v,
-    const char *path)
-{
-	yaml_node_item_t *it;
-	size_t i, j;
-
-	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
-		    path, type_name(v));
-		return;
-	}
-	free(t->allowed);
-	t->nallowed = 0;
-	if ((t->allowed = calloc((size_t)(v->data.sequence.items.top -
-	    v->data.sequence.items.start) + 1, sizeof(*t->allowed))) == NULL) {
-		err_at(c, NULL, "out of memory");
-		return;
-	}
-	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
-	    it++) {
-		yaml_node_t *mn = node(c, *it);
-		const char *s;
-		int m;
-
-		if (mn == NULL || (s = want_scalar(c, mn, path)) == NULL)
-			continue;
-		if ((m = sl_config_model_find(c->cfg, s, strlen(s))) < 0) {
-			err_at(c, &mn->start_mark, "%s: no model named '%s'%s", path,
-			    s, !c->models_section ? " (there is no models: "
-			    "section)" : "");
-			continue;
-		}
-		if (strcmp(c->cfg->models[m].name, s) != 0) {
-			err_at(c, &mn->start_mark, "%s: '%s' is an alias of model "
-			    "'%s': list models by their name", path, s,
-			    c->cfg->models[m].name);
-			continue;
-		}
-		t->allowed[t->nallowed++] = (uint32_t)m;
-	}
-	qsort(t->allowed, t->nallowed, sizeof(*t->allowed), cmp_u32);
-	for (i = j = 0; i < t->nallowed; i++)   /* a model listed twice: once */
-		if (j == 0 || t->allowed[j - 1] != t->allowed[i])
-			t->allowed[j++] = t->allowed[i];
-	t->nallowed = j;
-}
-
-size_t
-sl_config_nreplicas(const struct sl_config *cfg)
-{
-	size_t i, n = 0;
-
-	for (i = 0; i < cfg->nupstreams; i++)
-		n += cfg->upstreams[i].nreplicas;
-	return n;
-}
-
-size_t
-sl_config_replica_room(const struct sl_config *cfg)
-{
-	size_t n = 4 * (size_t)cfg->limits.max_upstreams;
-
-	return n > SL_REPLICAS_MIN_ROOM ? n : SL_REPLICAS_MIN_ROOM;
-}
-
-int
-sl_tenant_allows(const struct sl_tenant_conf *t, size_t m)
-{
-	size_t lo = 0, hi = t->nallowed, mid;
-
-	if (t->allowed == NULL)
-		return 1;
-	while (lo < hi) {
-		mid = lo + (hi - lo) / 2;
-		if (t->allowed[mid] == m)
-			return 1;
-		if (t->allowed[mid] < m)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return 0;
-}
-
-/*
- * A key a client can present as "Authorization: Bearer KEY": visible
- * ASCII or UTF-8 (libyaml has checked the encoding), no space, no control
- * character, no DEL.
- */
-static int
-valid_api_key(const char *s)
-{
-	const unsigned char *p = (const unsigned char *)s;
-
-	if (*p == '\0')
-		return 0;
-	for (; *p != '\0'; p++)
-		if (*p < 0x21 || *p == 0x7f)
-			return 0;
-	return 1;
-}
-
-static void
-tenant_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	struct named_arg *a = arg;
-	struct sl_tenant_conf *t = &c->cfg->tenants[a->idx];
-	const char *key = scalar(k);
-	char path[256];
-
-	snprintf(path, sizeof(path), "tenants.%s.%s", t->name, key);
-	if (strcmp(key, "keys") == 0) {
-		yaml_node_item_t *it;
-		size_t n;
-
-		a->present[0] = 1;
-		if (v->type != YAML_SEQUENCE_NODE) {
-			err_at(c, &v->start_mark, "%s: expected a list of strings, got %s",
-			    path, type_name(v));
-			return;
-		}
-		n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
-		if (n == 0) {
-			err_at(c, &v->start_mark, "%s: must hold at least one key", path);
-			return;
-		}
-		t->keys = calloc(n, sizeof(char *));
-		c->key_marks_tenant[a->idx] = calloc(n, sizeof(yaml_mark_t));
-		if (t->keys == NULL || c->key_marks_tenant[a->idx] == NULL) {
-			err_at(c, NULL, "out of memory");
-			return;
-		}
-		for (it = v->data.sequence.items.start;
-		    it < v->data.sequence.items.top; it++) {
-			yaml_node_t *kn = node(c, *it);
-			const char *s;
-
-			if (kn == NULL || (s = want_scalar(c, kn, path)) == NULL)
-				continue;
-			if (!valid_api_key(s)) {
-				err_at(c, &kn->start_mark, "%s: a key must be "
-				    "non-empty, without spaces or control characters",
-				    path);
-				continue;
-			}
-			if (c->quiet)
-				continue;   /* aliased keys would "share" with the anchor */
-			c->key_marks_tenant[a->idx][t->nkeys] = kn->start_mark;
-			t->keys[t->nkeys++] = xstrdup(c, s);
-		}
-	} else if (strcmp(key, "max_streams") == 0) {
-		a->present[1] = 1;
-		set_value(c, find_key("tenants.*.max_streams"), path, v,
-		    &t->max_streams);
-	} else if (strcmp(key, "retry_after") == 0) {
-		set_value(c, find_key("tenants.*.retry_after"), path, v,
-		    &t->retry_after);
-	} else if (strcmp(key, "tokens_per_minute") == 0) {
-		set_value(c, find_key("tenants.*.tokens_per_minute"), path, v,
-		    &t->tokens_per_minute);
-	} else if (strcmp(key, "weight") == 0) {
-		set_value(c, find_key("tenants.*.weight"), path, v, &t->weight);
-	} else if (strcmp(key, "priority") == 0) {
-		set_value(c, find_key("tenants.*.priority"), path, v, &t->priority);
-	} else if (strcmp(key, "upstream") == 0) {
-		set_value(c, find_key("tenants.*.upstream"), path, v, &t->upstream);
-		a->upstream_node = v;
-	} else if (strcmp(key, "models") == 0) {
-		parse_tenant_models(c, t, v, path);
-	} else
-		err_at(c, &k->start_mark, "unknown key '%s' in tenant '%s'", key,
-		    t->name);
-}
-
-static int
-has_control(const char *s)
-{
-	for (; *s != '\0'; s++)
-		if ((unsigned char)*s < 0x20 || *s == 0x7f)
-			return 1;
-	return 0;
-}
-
-static void
-tenants_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
-{
-	size_t *i = arg;
-	struct named_arg a;
-	struct sl_tenant_conf *t;
-	char path[256];
-	int ok;
-	size_t u;
-
-	memset(&a, 0, sizeof(a));
-	a.idx = (*i)++;
-	t = &c->cfg->tenants[a.idx];
-	t->name = xstrdup(c, scalar(k));
-	if (scalar(k)[0] == '\0')
-		err_at(c, &k->start_mark, "tenants: a tenant name must not be empty");
-	else if (has_control(scalar(k)))
-		/* Names go into metric labels, logs and Redis keys. */
-		err_at(c, &k->start_mark,
-		    "tenants: a tenant name must not contain control characters");
-	else if (strcmp(scalar(k), "-") == 0)
-		/* "-" stands for "no tenant" in the access log and metrics. */
-		err_at(c, &k->start_mark,
-		    "tenants: '-' is not a tenant name: it stands for no tenant "
-		    "in the access log and metrics");
-	t->retry_after = 1;
-	t->max_streams = -1;
-	t->weight = 1;
-	t->priority = 0;
-	snprintf(path, sizeof(path), "tenants.%s", scalar(k));
-	require_mapping(c, v, path, &ok);
-	if (!ok)
-		return;
-	each_pair(c, v, tenant_pair, &a);
-	if (!a.present[0])
-		err_at(c, &v->start_mark, "tenant '%s': missing required key 'keys'",
-		    scalar(k));
-	if (!a.present[1])
-		err_at(c, &v->start_mark,
-		    "tenant '%s': missing required key 'max_streams'", scalar(k));
-	if (t->upstream == NULL) {
-		/* With models: a request naming none gets 400 instead. */
-		if (c->models_section)
-			return;
-		if (c->cfg->nupstreams == 1) {
-			t->upstream_idx = 0;
-			t->has_upstream = 1;
-			return;
-		}
-		if (c->cfg->nupstreams > 1)
-			err_at(c, &v->start_mark,
-			    "tenant '%s': missing key 'upstream' (there are %zu upstreams)",
-			    scalar(k), c->cfg->nupstreams);
-		return;
-	}
-	for (u = 0; u < c->cfg->nupstreams; u++)
-		if (c->cfg->upstreams[u].name != NULL &&
-		    strcmp(c->cfg->upstreams[u].name, t->upstream) == 0) {
-			t->upstream_idx = u;
-			t->has_upstream = 1;
-			return;
-		}
-	err_at(c, &a.upstream_node->start_mark,
-	    "tenants.%s.upstream: no upstream named '%s'", scalar(k), t->upstream);
-}
-
-static size_t
-map_len(yaml_node_t *m)
-{
-	return (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
-}
-
-/* ---- cluster ---------------------------------------------------------- */
-
-static yaml_node_t *find_child(struct ctx *, yaml_node_t *, const char *);
-
-const char *
-sl_redis_down_name(int mode)
-{
-	static const char *const names[] = { "local_share", "closed", "local_full" };
-
-	return mode >= 0 && mode <= SL_DOWN_LOCAL_FULL ? names[mode] : "?";
-}
-
-/*
- * "unix:/path", "IP:port" or "[v6]:port" with a numeric address: hiredis
- * 0.14 resolves a host name with a blocking getaddrinfo() inside the loop.
- */
-static int
-valid_redis_addr(const char *s)
-{
-	char host[64];
-	const char *colon;
-	unsigned char bin[16];
-	size_t n;
-
-	if (strncmp(s, "unix:", 5) == 0)
-		return s[5] == '/' && strlen(s + 5) < 100;
-	if (!valid_addr(s))
-		return 0;
-	colon = strrchr(s, ':');
-	if (s[0] == '[') {
-		n = (size_t)(colon - s) - 2;
-		if (n >= sizeof(host))
-			return 0;
-		memcpy(host, s + 1, n);
-		host[n] = '\0';
-		return inet_pton(AF_INET6, host, bin) == 1;
-	}
-	n = (size_t)(colon - s);
-	if (n >= sizeof(host))
-		return 0;
-	memcpy(host, s, n);
-	host[n] = '\0';
-	return inet_pton(AF_INET, host, bin) == 1;
-}
-
-/* A node name goes into lease members "NODE:EPOCH:ID": no ':' in it. */
-static int
-valid_node_name(const char *s)
-{
-	size_t n = strlen(s), i;
-
-	if (n == 0 || n > 64)
-		return 0;
-	for (i = 0; i < n; i++)
-		if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' &&
-		    s[i] != '-')
-			return 0;
-	return 1;
-}
+/* ---- the cluster: and tls: blocks, once read --------------------------- */
 
 /* After the top level is read: what only the whole `cluster:` tells. */
 static void
@@ -2426,18 +687,18 @@ check_cluster(struct ctx *c, yaml_node_t *root)
 	yaml_node_t *map, *hb;
 	char host[256];
 
-	map = find_child(c, root, "cluster");
+	map = cfg_find_child(c, root, "cluster");
 	if (map == NULL || map->type != YAML_MAPPING_NODE)
 		return;
 	cl->enabled = 1;
 	if (cl->redis == NULL)
-		err_at(c, &map->start_mark, "cluster: missing required key 'redis'");
+		cfg_err_at(c, &map->start_mark, "cluster: missing required key 'redis'");
 	if (cl->heartbeat_ms * 3 > cl->lease_ttl_ms) {
 		/* Absent, the default heartbeat: the lease_ttl set is the cause. */
-		if ((hb = find_child(c, map, "heartbeat")) == NULL &&
-		    (hb = find_child(c, map, "lease_ttl")) == NULL)
+		if ((hb = cfg_find_child(c, map, "heartbeat")) == NULL &&
+		    (hb = cfg_find_child(c, map, "lease_ttl")) == NULL)
 			hb = map;
-		err_at(c, &hb->start_mark,
+		cfg_err_at(c, &hb->start_mark,
 		    "cluster.heartbeat: %" PRIu64 "ms must be at most lease_ttl / 3 "
 		    "(%" PRIu64 "ms)", cl->heartbeat_ms, cl->lease_ttl_ms / 3);
 	}
@@ -2456,7 +717,7 @@ check_cluster(struct ctx *c, yaml_node_t *root)
 		if (i == 0)
 			strcpy(host, "sluice");
 		host[64] = '\0';
-		cl->node = xstrdup(c, host);
+		cl->node = cfg_strdup(c, host);
 	}
 	if (cl->password != NULL && cl->password[0] == '\0') {
 		free(cl->password);
@@ -2473,36 +734,36 @@ parse_alpn(struct ctx *c, yaml_node_t *v, const char *path)
 	int n = 0;
 
 	if (v->type != YAML_SEQUENCE_NODE) {
-		err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
-		    type_name(v));
+		cfg_err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
+		    cfg_type_name(v));
 		return;
 	}
 	t->alpn[0] = t->alpn[1] = SL_ALPN_NONE;
 	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
 	    it++) {
-		yaml_node_t *w = node(c, *it);
+		yaml_node_t *w = cfg_node(c, *it);
 		const char *s;
 		int p;
 
-		if (w == NULL || (s = want_scalar(c, w, path)) == NULL)
+		if (w == NULL || (s = cfg_want_scalar(c, w, path)) == NULL)
 			continue;
 		if (strcmp(s, "h2") == 0)
 			p = SL_ALPN_H2;
 		else if (strcmp(s, "http/1.1") == 0)
 			p = SL_ALPN_HTTP11;
 		else {
-			err_at(c, &w->start_mark,
+			cfg_err_at(c, &w->start_mark,
 			    "%s: '%s' must be h2 or http/1.1", path, s);
 			continue;
 		}
 		if (n > 0 && t->alpn[0] == p) {
-			err_at(c, &w->start_mark, "%s: '%s' is listed twice", path, s);
+			cfg_err_at(c, &w->start_mark, "%s: '%s' is listed twice", path, s);
 			continue;
 		}
 		t->alpn[n++] = p;
 	}
 	if (n == 0 && v->data.sequence.items.start == v->data.sequence.items.top)
-		err_at(c, &v->start_mark, "%s: at least one protocol is required",
+		cfg_err_at(c, &v->start_mark, "%s: at least one protocol is required",
 		    path);
 }
 
@@ -2519,7 +780,7 @@ check_tls(struct ctx *c, yaml_node_t *root)
 	yaml_node_t *map, *at;
 	char err[PATH_MAX + 256], warn[PATH_MAX + 256];
 
-	map = find_child(c, root, "tls");
+	map = cfg_find_child(c, root, "tls");
 	if (map == NULL || map->type != YAML_MAPPING_NODE)
 		return;
 	t->enabled = 1;
@@ -2528,13 +789,13 @@ check_tls(struct ctx *c, yaml_node_t *root)
 		t->alpn[1] = SL_ALPN_HTTP11;
 	}
 	if (t->cert == NULL)
-		err_at(c, &map->start_mark, "tls: missing required key 'cert'");
+		cfg_err_at(c, &map->start_mark, "tls: missing required key 'cert'");
 	if (t->key == NULL)
-		err_at(c, &map->start_mark, "tls: missing required key 'key'");
+		cfg_err_at(c, &map->start_mark, "tls: missing required key 'key'");
 	if (t->min_version != NULL && strcmp(t->min_version, "TLSv1.2") != 0 &&
 	    strcmp(t->min_version, "TLSv1.3") != 0) {
-		at = find_child(c, map, "min_version");
-		err_at(c, at != NULL ? &at->start_mark : &map->start_mark,
+		at = cfg_find_child(c, map, "min_version");
+		cfg_err_at(c, at != NULL ? &at->start_mark : &map->start_mark,
 		    "tls.min_version: '%s' must be TLSv1.2 or TLSv1.3",
 		    t->min_version);
 	}
@@ -2543,17 +804,22 @@ check_tls(struct ctx *c, yaml_node_t *root)
 		return;
 	t->ctx = sl_tls_ctx_new(t, err, sizeof(err), warn, sizeof(warn));
 	if (t->ctx == NULL) {
-		at = find_child(c, map, strncmp(err, "tls.key", 7) == 0 ?
+		at = cfg_find_child(c, map, strncmp(err, "tls.key", 7) == 0 ?
 		    "key" : "cert");
-		err_at(c, at != NULL ? &at->start_mark : &map->start_mark, "%s",
+		cfg_err_at(c, at != NULL ? &at->start_mark : &map->start_mark, "%s",
 		    err);
 		return;
 	}
 	if (warn[0] != '\0')
-		t->warning = xstrdup(c, warn);
+		t->warning = cfg_strdup(c, warn);
 }
 
 /* ---- top level ------------------------------------------------------- */
+
+struct map_arg {
+	const char *prefix;       /* "" or "timeouts" */
+	unsigned char *present;   /* per key row */
+};
 
 static void
 top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
@@ -2564,12 +830,12 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	int ok;
 
 	if (a->prefix[0] != '\0')
-		snprintf(path, sizeof(path), "%s.%s", a->prefix, scalar(k));
+		snprintf(path, sizeof(path), "%s.%s", a->prefix, cfg_scalar(k));
 	else
-		snprintf(path, sizeof(path), "%s", scalar(k));
-	row = strchr(scalar(k), '.') == NULL ? find_key(path) : NULL;
+		snprintf(path, sizeof(path), "%s", cfg_scalar(k));
+	row = strchr(cfg_scalar(k), '.') == NULL ? cfg_find_key(path) : NULL;
 	if (row == NULL || strchr(row->info.path, '*') != NULL) {
-		err_at(c, &k->start_mark, "unknown key '%s'", path);
+		cfg_err_at(c, &k->start_mark, "unknown key '%s'", path);
 		return;
 	}
 	a->present[row - keys] = 1;
@@ -2578,21 +844,21 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		return;
 	}
 	if (row->info.type != SL_KEY_MAP) {
-		set_value(c, row, path, v, (char *)c->cfg + row->off);
+		cfg_set_value(c, row, path, v, (char *)c->cfg + row->off);
 		if (row->off == OFF(cluster.redis) && c->cfg->cluster.redis != NULL &&
-		    !valid_redis_addr(c->cfg->cluster.redis))
-			err_at(c, &v->start_mark,
+		    !cfg_valid_redis_addr(c->cfg->cluster.redis))
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' is not IP:port, [v6]:port or unix:/path (host "
 			    "names are not resolved: hiredis 0.14 would block on it)",
 			    path, c->cfg->cluster.redis);
 		if (row->off == OFF(cluster.node) && c->cfg->cluster.node != NULL &&
-		    !valid_node_name(c->cfg->cluster.node))
-			err_at(c, &v->start_mark,
+		    !cfg_valid_node_name(c->cfg->cluster.node))
+			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' must be 1-64 of A-Z a-z 0-9 . _ -", path,
 			    c->cfg->cluster.node);
 		return;
 	}
-	require_mapping(c, v, path, &ok);
+	cfg_require_mapping(c, v, path, &ok);
 	if (!ok)
 		return;
 	if (strcmp(path, "upstreams") == 0 || strcmp(path, "tenants") == 0 ||
@@ -2601,7 +867,7 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 	{
 		struct map_arg sub = { path, a->present };
 
-		each_pair(c, v, top_pair, &sub);
+		cfg_each_pair(c, v, top_pair, &sub);
 	}
 }
 
@@ -2644,58 +910,6 @@ set_defaults(struct sl_config *cfg)
 	}
 }
 
-static yaml_node_t *
-find_child(struct ctx *c, yaml_node_t *map, const char *key)
-{
-	yaml_node_pair_t *p;
-
-	for (p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
-	    p++) {
-		yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
-
-		if (k != NULL && k->type == YAML_SCALAR_NODE &&
-		    strcmp(scalar(k), key) == 0)
-			return yaml_document_get_node(c->doc, p->value);
-	}
-	return NULL;
-}
-
-/*
- * A key must name exactly one tenant. Each repeat is reported once, where
- * it is, with the tenant that listed the key first.
- */
-static void
-check_cross(struct ctx *c, yaml_node_t *tenants)
-{
-	struct sl_config *cfg = c->cfg;
-	struct strset keyset;
-	size_t n = 0, j, b;
-
-	for (j = 0; j < cfg->ntenants; j++)
-		n += cfg->tenants[j].nkeys;
-	if (strset_init(&keyset, n) == -1) {
-		err_at(c, &tenants->start_mark, "out of memory");
-		return;
-	}
-	for (j = 0; j < cfg->ntenants; j++)
-		for (b = 0; b < cfg->tenants[j].nkeys; b++) {
-			const struct strset_slot *first;
-			const char *y = cfg->tenants[j].keys[b];
-			size_t i;
-
-			if (y == NULL ||
-			    (first = strset_add(&keyset, y, j, b)) == NULL)
-				continue;
-			i = first->a;
-			err_at(c, c->key_marks_tenant[j] ?
-			    &c->key_marks_tenant[j][b] : &tenants->start_mark,
-			    i == j ? "tenant '%s' lists the same key twice%s" :
-			    "tenants '%s' and '%s' share a key",
-			    cfg->tenants[i].name, i == j ? "" : cfg->tenants[j].name);
-		}
-	strset_free(&keyset);
-}
-
 /*
  * Aliases are refused (they can build cycles and exponential documents,
  * and a config has no use for them). The document API keeps no
@@ -2723,14 +937,14 @@ prescan(struct ctx *c, const char *data, size_t len, int *fatal)
 		switch (ev.type) {
 		case YAML_ALIAS_EVENT:
 			/* An anchor alone is harmless; only its use is refused. */
-			err_at(c, &ev.start_mark, "aliases are not allowed (*%s)",
+			cfg_err_at(c, &ev.start_mark, "aliases are not allowed (*%s)",
 			    (const char *)ev.data.alias.anchor);
 			found++;
 			break;
 		case YAML_SEQUENCE_START_EVENT:
 		case YAML_MAPPING_START_EVENT:
 			if (++depth > SL_CONFIG_MAX_DEPTH) {
-				err_at(c, &ev.start_mark, "nesting deeper than %d "
+				cfg_err_at(c, &ev.start_mark, "nesting deeper than %d "
 				    "levels (lists and mappings inside each other)",
 				    SL_CONFIG_MAX_DEPTH);
 				found++;
@@ -2794,17 +1008,17 @@ parser_error(struct ctx *c, yaml_parser_t *parser)
 	if (parser->error == YAML_READER_ERROR) {
 		m = offset_mark(c, parser->problem_offset);
 		if (parser->problem_value == -1)
-			err_at(c, &m, "%s", problem);
+			cfg_err_at(c, &m, "%s", problem);
 		else if (strstr(problem, "octet") != NULL)
-			err_at(c, &m, "%s (byte 0x%02x)", problem,
+			cfg_err_at(c, &m, "%s (byte 0x%02x)", problem,
 			    (unsigned)parser->problem_value & 0xff);
 		else
-			err_at(c, &m, "%s (U+%04X)", problem,
+			cfg_err_at(c, &m, "%s (U+%04X)", problem,
 			    (unsigned)parser->problem_value);
 	} else if (parser->context != NULL)
-		err_at(c, &m, "%s %s", problem, parser->context);
+		cfg_err_at(c, &m, "%s %s", problem, parser->context);
 	else
-		err_at(c, &m, "%s", problem);
+		cfg_err_at(c, &m, "%s", problem);
 }
 
 static int
@@ -2824,90 +1038,41 @@ load(struct ctx *c, yaml_parser_t *parser)
 	c->doc = &doc;
 	root = yaml_document_get_root_node(&doc);
 	if (root == NULL) {
-		err_at(c, NULL, "empty configuration");
+		cfg_err_at(c, NULL, "empty configuration");
 		yaml_document_delete(&doc);
 		return -1;
 	}
 	c->nnodes = (size_t)(doc.nodes.top - doc.nodes.start);
 	c->seen = calloc(c->nnodes ? c->nnodes : 1, 1);
 	if (c->seen == NULL) {
-		err_at(c, NULL, "out of memory");
+		cfg_err_at(c, NULL, "out of memory");
 		yaml_document_delete(&doc);
 		return -1;
 	}
 	c->seen[0] = 1;
 	if (root->type != YAML_MAPPING_NODE) {
-		err_at(c, &root->start_mark, "the configuration must be a mapping, got %s",
-		    type_name(root));
+		cfg_err_at(c, &root->start_mark, "the configuration must be a mapping, got %s",
+		    cfg_type_name(root));
 		goto out;
 	}
 
 	memset(present, 0, sizeof(present));
 	top.prefix = "";
 	top.present = present;
-	each_pair(c, root, top_pair, &top);
+	cfg_each_pair(c, root, top_pair, &top);
 
 	/* Upstreams, then tenants (which refer to upstreams). */
-	if ((n = find_child(c, root, "upstreams")) != NULL &&
-	    n->type == YAML_MAPPING_NODE) {
-		size_t cnt = map_len(n), idx = 0;
-
-		if (cnt == 0)
-			err_at(c, &n->start_mark, "upstreams: at least one is required");
-		/* What the shared region has room for (sl_shm.h): as at start. */
-		if (cnt > c->cfg->limits.max_upstreams)
-			err_at(c, &n->start_mark, "upstreams: %zu upstreams, "
-			    "limits.max_upstreams is %llu", cnt,
-			    (unsigned long long)c->cfg->limits.max_upstreams);
-		c->cfg->upstreams = calloc(cnt ? cnt : 1, sizeof(*c->cfg->upstreams));
-		if (c->cfg->upstreams != NULL) {
-			size_t nrep, nq = 0;
-
-			each_pair(c, n, upstreams_pair, &idx);
-			c->cfg->nupstreams = idx;
-			nrep = sl_config_nreplicas(c->cfg);
-			for (i = 0; i < idx; i++)
-				nq += c->cfg->upstreams[i].queue.enabled != 0;
-			if (nrep > sl_config_replica_room(c->cfg))
-				err_at(c, &n->start_mark, "upstreams: %zu replicas "
-				    "in all, at most %zu (4 per limits.max_upstreams, "
-				    "at least 4096)", nrep,
-				    sl_config_replica_room(c->cfg));
-			if (nq > SL_MAX_QUEUED_UPSTREAMS)
-				err_at(c, &n->start_mark, "upstreams: %zu upstreams "
-				    "with a queue, at most %d", nq,
-				    SL_MAX_QUEUED_UPSTREAMS);
-		}
-	}
-	if ((n = find_child(c, root, "models")) != NULL) {
+	if ((n = cfg_find_child(c, root, "upstreams")) != NULL &&
+	    n->type == YAML_MAPPING_NODE)
+		cfg_parse_upstreams(c, n);
+	if ((n = cfg_find_child(c, root, "models")) != NULL) {
 		c->models_section = 1;
 		if (n->type == YAML_MAPPING_NODE)
-			parse_models(c, n);
+			cfg_parse_models(c, n);
 	}
-	if ((n = find_child(c, root, "tenants")) != NULL &&
-	    n->type == YAML_MAPPING_NODE) {
-		size_t cnt = map_len(n), idx = 0;
-
-		if (cnt == 0)
-			err_at(c, &n->start_mark, "tenants: at least one is required");
-		if (cnt > c->cfg->limits.max_tenants)
-			err_at(c, &n->start_mark, "tenants: %zu tenants, "
-			    "limits.max_tenants is %llu", cnt,
-			    (unsigned long long)c->cfg->limits.max_tenants);
-		c->cfg->tenants = calloc(cnt ? cnt : 1, sizeof(*c->cfg->tenants));
-		c->key_marks_tenant = calloc(cnt ? cnt : 1, sizeof(yaml_mark_t *));
-		if (c->cfg->tenants != NULL && c->key_marks_tenant != NULL) {
-			each_pair(c, n, tenants_pair, &idx);
-			c->cfg->ntenants = idx;
-			check_cross(c, n);
-		}
-		if (c->key_marks_tenant != NULL) {
-			for (i = 0; i < cnt; i++)
-				free(c->key_marks_tenant[i]);
-			free(c->key_marks_tenant);
-			c->key_marks_tenant = NULL;
-		}
-	}
+	if ((n = cfg_find_child(c, root, "tenants")) != NULL &&
+	    n->type == YAML_MAPPING_NODE)
+		cfg_parse_tenants(c, n);
 
 	check_cluster(c, root);
 	check_tls(c, root);
@@ -2915,11 +1080,11 @@ load(struct ctx *c, yaml_parser_t *parser)
 		/* A budget nobody counts for would silently never refuse. */
 		for (i = 0; i < c->cfg->ntenants; i++)
 			if (c->cfg->tenants[i].tokens_per_minute > 0) {
-				yaml_node_t *u = find_child(c, root, "usage"), *e;
+				yaml_node_t *u = cfg_find_child(c, root, "usage"), *e;
 
 				e = u != NULL && u->type == YAML_MAPPING_NODE ?
-				    find_child(c, u, "enabled") : NULL;
-				err_at(c, e != NULL ? &e->start_mark : &root->start_mark,
+				    cfg_find_child(c, u, "enabled") : NULL;
+				cfg_err_at(c, e != NULL ? &e->start_mark : &root->start_mark,
 				    "usage.enabled: false, but tenant '%s' has "
 				    "tokens_per_minute %d: budgets need usage",
 				    c->cfg->tenants[i].name,
@@ -2931,7 +1096,7 @@ load(struct ctx *c, yaml_parser_t *parser)
 	for (k = keys; k->info.path != NULL; k++)
 		if (k->required && strchr(k->info.path, '*') == NULL &&
 		    !present[k - keys])
-			err_at(c, &root->start_mark, "missing required key '%s'",
+			cfg_err_at(c, &root->start_mark, "missing required key '%s'",
 			    k->info.path);
 
 	/* A stream buffer must hold at least one libcurl read plus framing. */
@@ -2950,7 +1115,7 @@ out:
 			parser_error(c, parser);
 		} else {
 			if (yaml_document_get_root_node(&extra) != NULL)
-				err_at(c, &extra.start_mark,
+				cfg_err_at(c, &extra.start_mark,
 				    "only one YAML document is allowed");
 			yaml_document_delete(&extra);
 		}
@@ -3032,14 +1197,14 @@ load_buffer(const char *name, const char *data, size_t len, int check_files,
 	cfg = calloc(1, sizeof(*cfg));
 	if (cfg == NULL || (cfg->file = strdup(name)) == NULL) {
 		free(cfg);
-		err_at(&c, NULL, "out of memory");
+		cfg_err_at(&c, NULL, "out of memory");
 		return -1;
 	}
 	set_defaults(cfg);
 	cfg->loaded_at = (int64_t)time(NULL);
 	c.cfg = cfg;
 	if (!yaml_parser_initialize(&parser)) {
-		err_at(&c, NULL, "cannot initialise the YAML parser");
+		cfg_err_at(&c, NULL, "cannot initialise the YAML parser");
 		sl_config_free(cfg);
 		return -1;
 	}
@@ -3265,15 +1430,4 @@ sl_config_free(struct sl_config *cfg)
 	free(cfg->models);
 	free(cfg->model_names);
 	free(cfg);
-}
-
-int
-sl_config_tenant_index(const struct sl_config *cfg, const char *name)
-{
-	size_t i;
-
-	for (i = 0; i < cfg->ntenants; i++)
-		if (strcmp(cfg->tenants[i].name, name) == 0)
-			return (int)i;
-	return -1;
 }
