@@ -108,6 +108,10 @@ struct sl_worker {
 	TAILQ_HEAD(, sl_conn) dirty;     /* connections with bytes to flush */
 	TAILQ_HEAD(, sl_conn) idle;      /* kept alive, oldest first (relay.c) */
 	ev_prepare flush_prep;
+	/* Scratch of the response path, used by one callback at a time. */
+	struct sl_mrw_buf mrw_buf;   /* an answer with its "model" set back */
+	char *scan_buf;              /* a scanned read's bytes that go out */
+	size_t scan_buf_cap;
 };
 
 /* Run the worker; returns the process exit status. Call in the child. */

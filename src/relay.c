@@ -1695,12 +1695,11 @@ conn_mrw_head(struct sl_conn *c)
 static size_t
 conn_write_scanned(struct sl_conn *c, char *p, size_t n)
 {
-	static char *scratch;
-	static size_t scratch_cap;
 	struct sl_usage_scan *sc = c->meter.scan;
 	struct sl_usage_out o;
 	size_t off = 0, k, i, len = 0, need;
 	const char *src;
+	char *scratch;
 
 	if (!sc->drop)
 		return 0;   /* scanned once the bytes are taken (below) */
@@ -1724,14 +1723,15 @@ conn_write_scanned(struct sl_conn *c, char *p, size_t n)
 		src = o.n == 1 ? p + o.range[0].off : p;
 		len = o.n == 1 ? o.range[0].len : 0;
 	} else {
-		if (need > scratch_cap) {
-			char *ns = realloc(scratch, need);
+		if (need > c->w->scan_buf_cap) {
+			char *ns = realloc(c->w->scan_buf, need);
 
 			if (ns == NULL)
 				return SIZE_MAX;
-			scratch = ns;
-			scratch_cap = need;
+			c->w->scan_buf = ns;
+			c->w->scan_buf_cap = need;
 		}
+		scratch = c->w->scan_buf;
 		for (;;) {
 			if (o.held_len > 0) {
 				memcpy(scratch + len, o.held, o.held_len);
@@ -1762,8 +1762,8 @@ static size_t conn_write_body(struct sl_conn *, char *, size_t);
 static size_t
 upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 {
-	static struct sl_mrw_buf mb;   /* the worker's: one callback at a time */
 	struct sl_conn *c = arg;
+	struct sl_mrw_buf *mb = &c->w->mrw_buf;
 	size_t n = size * nmemb, r;
 	struct sl_mrw saved;
 	int k;
@@ -1778,21 +1778,21 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 	 * undoes the feed: libcurl hands the same bytes over again.
 	 */
 	saved = c->mrw;
-	if ((k = sl_mrw_feed(&c->mrw, p, n, &mb)) == -1) {
+	if ((k = sl_mrw_feed(&c->mrw, p, n, mb)) == -1) {
 		sl_err("conn %d: cannot buffer the response", c->fd);
 		c->client_gone = 1;
 		return CURL_WRITEFUNC_ERROR;
 	}
 	if (k == 0)
 		r = conn_write_body(c, p, n);
-	else if ((r = conn_write_body(c, mb.p, mb.len)) == mb.len)
+	else if ((r = conn_write_body(c, mb->p, mb->len)) == mb->len)
 		r = n;   /* (none at all: only bytes of a replaced value) */
 	if (r == CURL_WRITEFUNC_PAUSE)
 		c->mrw = saved;
-	else if (mb.cap > 65536 && k == 1) {
-		free(mb.p);   /* a hostile answer's growth is not kept */
-		mb.p = NULL;
-		mb.len = mb.cap = 0;
+	else if (mb->cap > 65536 && k == 1) {
+		free(mb->p);   /* a hostile answer's growth is not kept */
+		mb->p = NULL;
+		mb->len = mb->cap = 0;
 	}
 	return r;
 }
@@ -3281,6 +3281,12 @@ sl_conn_close_all(struct sl_worker *w)
 
 	while ((c = TAILQ_FIRST(&w->conns)) != NULL)
 		conn_close(c, SL_CLOSE_DRAINED);
+	/* The response path's scratch goes with the last exchange. */
+	free(w->mrw_buf.p);
+	memset(&w->mrw_buf, 0, sizeof(w->mrw_buf));
+	free(w->scan_buf);
+	w->scan_buf = NULL;
+	w->scan_buf_cap = 0;
 }
 
 /* ---- exchanges of HTTP/2 streams (sl_exchange.h) ---------------------- */
