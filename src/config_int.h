@@ -7,12 +7,12 @@
  *
  *   config_values.c     a scalar's text -> a number or a verdict; sees no
  *                       YAML and reports nothing.
- *   config.c (base)     the error reporter, cfg_err_at: formats and keeps
+ *   config_errors.c     the error reporter, cfg_err_at: formats and keeps
  *                       one message, calls nothing of the parser.
  *   config_yaml.c       walking the document: nodes, scalars, mappings
  *                       pair by pair, lists; string sets for duplicates.
  *                       Knows no key of the configuration.
- *   config.c (table)    the key table and the typed setter it drives
+ *   config_keys.c       the key table and the typed setter it drives
  *                       (cfg_find_key, cfg_set_value).
  *   config_upstreams.c  upstreams: and their replicas.
  *   config_models.c     models: their names, aliases, targets, fallbacks.
@@ -103,6 +103,8 @@ struct ctx {
 	size_t nnodes;
 };
 
+/* A message (malloc'd, taken) for errs; NULL is ignored. */
+void cfg_err_add(struct sl_errors *errs, char *msg);
 /* The one error reporter: "NAME:LINE:COL: message" at m (1:1 if NULL). */
 void cfg_err_at(struct ctx *, const yaml_mark_t *m, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -170,7 +172,11 @@ struct key_row {
 #define OFF(f) offsetof(struct sl_config, f)
 #define NOOFF SIZE_MAX
 
-/* The row of keys[] named path ("upstreams.*.retries"), or NULL. */
+/* The key table, ended by a row whose path is NULL; at most CFG_KEYS_MAX. */
+#define CFG_KEYS_MAX 256
+extern const struct key_row cfg_keys[];
+
+/* The row of cfg_keys[] named path ("upstreams.*.retries"), or NULL. */
 const struct key_row *cfg_find_key(const char *path);
 /*
  * Parse scalar v as row's type into dst (whose C type the row says),

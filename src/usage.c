@@ -16,7 +16,7 @@
 
 #include "sl_json.h"
 #include "sl_usage.h"
-#include "usage_internal.h"
+#include "usage_lexer.h"
 
 
 /* ------------------------------------------------------------------ usage object */

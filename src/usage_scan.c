@@ -31,7 +31,7 @@
 
 #include "sl_json.h"
 #include "sl_usage.h"
-#include "usage_internal.h"
+#include "usage_template.h"
 
 /* ------------------------------------------------------------------ SSE scanner */
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * The SSE scanner's block loaders: the class masks of 64 bytes of a data
- * line (struct blk, usage_internal.h), with SSE2 16 bytes at a time, with
+ * line (struct blk, usage_lexer.h), with SSE2 16 bytes at a time, with
  * AVX2 32 (where the CPU has it: the scanner asks once per run), or a byte
  * at a time from usage_cls[] elsewhere. Called once per 64 bytes, out of
  * line; what reads the masks a token at a time is the scanner's.
@@ -11,9 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "usage_internal.h"
+#include "usage_lexer.h"
 
-/* The class of each byte (C_*, usage_internal.h). */
+/* The class of each byte (C_*, usage_lexer.h). */
 const uint8_t usage_cls[256] = {
 	['"'] = C_STR | C_VAL | C_VAL1, ['\\'] = C_STR,
 	['\r'] = C_STR | C_VAL | C_VAL1, ['\n'] = C_STR | C_VAL | C_VAL1,

@@ -2,7 +2,7 @@
 /*
  * The SSE scanner's event templates: an event taken in a compare against
  * the one before it. Here: recording a template and the compare of bytes;
- * applying one, tpl_apply(), is inline in usage_internal.h.
+ * applying one, tpl_apply(), is inline in usage_lexer.h.
  *
  * A runner's events differ from one another in the token (a counted string)
  * and in numbers (a sequence, a timestamp); the rest are the same bytes.
@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "sl_usage.h"
-#include "usage_internal.h"
+#include "usage_template.h"
 
 static inline int
 digit(char c)

@@ -257,7 +257,7 @@ expect_field(int *n, const char *dpath, const char *item, const char *label,
 	snprintf(want, sizeof(want), "%s %s;", label, value);
 	if (strstr(item, want) == NULL)
 		problem(n, "%s: %s: entry for %s lacks \"%s\" (the key table "
-		    "in src/config.c says so)", YAML_PAGE, "KEYS", dpath, want);
+		    "in src/config_keys.c says so)", YAML_PAGE, "KEYS", dpath, want);
 }
 
 /* ---- sluice.yaml(5) ---------------------------------------------------- */
@@ -317,7 +317,7 @@ test_every_key_documented(void **state)
 	assert_true(rows > 0);
 	if (n > 0)
 		fail_msg("%d mismatch(es) between %s and the key table "
-		    "(src/config.c keys[])", n, YAML_PAGE);
+		    "(src/config_keys.c cfg_keys[])", n, YAML_PAGE);
 }
 
 /* Every key the page documents is one the parser accepts. */
