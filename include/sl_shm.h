@@ -25,10 +25,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sl_h2.h"
-#include "sl_tls.h"
-
 struct sl_shm;
+
+/*
+ * Room for the reasons counted apart, one counter each: enum sl_tls_err
+ * (sl_tls.h) and enum sl_h2_err (sl_h2.h) fit theirs, as tls.c and h2.c
+ * assert.
+ */
+#define SL_STAT_TLS_ERRS 9
+#define SL_STAT_H2_ERRS 12
 
 enum sl_admit {
 	SL_ADMIT_OK = 0,
@@ -118,9 +123,9 @@ enum sl_stat {
 	SL_STAT_PAUSES,
 	SL_STAT_IDLE_CLOSED,   /* connections closed with no request byte */
 	SL_STAT_TLS_ERR_FIRST, /* failed handshakes, by enum sl_tls_err */
-	SL_STAT_TLS_ERR_LAST = SL_STAT_TLS_ERR_FIRST + SL_TLS_E_MAX - 1,
+	SL_STAT_TLS_ERR_LAST = SL_STAT_TLS_ERR_FIRST + SL_STAT_TLS_ERRS - 1,
 	SL_STAT_H2_ERR_FIRST,  /* HTTP/2 protocol errors, by enum sl_h2_err */
-	SL_STAT_H2_ERR_LAST = SL_STAT_H2_ERR_FIRST + SL_H2_E_MAX - 1,
+	SL_STAT_H2_ERR_LAST = SL_STAT_H2_ERR_FIRST + SL_STAT_H2_ERRS - 1,
 	/* gauges (dropped when a worker dies) */
 	SL_STAT_G_FIRST,
 	SL_STAT_PAUSED_STREAMS = SL_STAT_G_FIRST,

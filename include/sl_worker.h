@@ -13,18 +13,7 @@
 #include <sys/queue.h>
 #include <sys/types.h>
 
-#include "sl_auth.h"
-#include "sl_buf.h"
-#include "sl_cluster.h"
-#include "sl_config.h"
-#include "sl_model.h"
-#include "sl_queue.h"
-#include "sl_shm.h"
-#include "sl_upstream.h"
-
-struct sl_conn;
-struct sl_h2;
-struct sl_worker;
+#include "sl_worker_state.h"
 
 /* What the master hands a worker at fork. Borrowed, never freed by the worker. */
 struct sl_worker_args {
@@ -50,69 +39,6 @@ struct sl_worker_args {
 	pid_t master_pid;            /* its parent: a change means it died */
 };
 
-struct sl_worker {
-	struct ev_loop *loop;
-	const struct sl_config *cfg;
-	struct sl_shm *shm;
-	const size_t *tenant_slot;
-	/*
-	 * Shared index -> its epoch when this worker was forked: an index
-	 * whose epoch moved since was given to another tenant or replica
-	 * after a reload removed ours (sl_shm.h).
-	 */
-	const uint32_t *index_epoch;
-	const size_t *upstream_slot;
-	const size_t *queue_slot;    /* config upstream -> queue pool; 0: none */
-	const size_t *model_slot;    /* config model -> shm model slot; NULL */
-	struct sl_pools *pools;      /* replica choice, per upstream */
-	struct sl_models *models;    /* target choice, per model; NULL: no models: */
-	struct sl_cluster_w *cluster; /* Redis leases; NULL: one node */
-	struct sl_queue *queue;      /* the fair queue; NULL: none */
-	ev_io queue_io;              /* its eventfd for this row: grants */
-	TAILQ_HEAD(, sl_conn) queued;    /* connections in CS_QUEUED */
-	size_t row;
-	int index;
-	int access_fd;               /* -1: access log off */
-	const struct sl_keyidx *keys;   /* API key -> tenant: the master's */
-	ev_timer gauge_timer;
-	ev_signal sig_usr1;
-
-	int listen_fd;
-	ev_io accept_io;
-	int spare_fd;                /* released on EMFILE to shed one connection */
-	/*
-	 * An epoll set of the client sockets we stopped reading (pipelined
-	 * bytes over the input buffer), watched for EPOLLRDHUP only: their
-	 * client leaving is seen at once although their input is unread.
-	 */
-	int hup_fd;
-	ev_io hup_io;
-	ev_timer accept_retry;       /* also bounds accept_await */
-	int accept_await;            /* not accepting until Redis answers
-	                              * (sl_cluster_worker_await) */
-
-	struct sl_transfers *xfers;  /* libcurl multi shards, easy handles */
-	struct sl_blocks blocks;     /* 4 KiB blocks: input and stream buffers */
-
-	ev_signal sig_term, sig_int, sig_quit, sig_usr2;
-	ev_timer drain_timer;
-	int draining;
-
-	size_t nconns;               /* HTTP/1.x and HTTP/2 connections */
-	TAILQ_HEAD(, sl_conn) conns;     /* exchanges (an HTTP/1.x connection
-	                                  * is its one exchange) */
-	TAILQ_HEAD(, sl_h2) h2s;         /* HTTP/2 connections (h2.c) */
-	size_t nh2;
-	/* Hand a TLS connection whose ALPN chose h2 to its framing. */
-	void (*h2_start)(struct sl_worker *, int fd, void *ssl, const char *peer);
-	TAILQ_HEAD(, sl_conn) dirty;     /* connections with bytes to flush */
-	TAILQ_HEAD(, sl_conn) idle;      /* kept alive, oldest first (relay.c) */
-	ev_prepare flush_prep;
-	/* Scratch of the response path, used by one callback at a time. */
-	struct sl_mrw_buf mrw_buf;   /* an answer with its "model" set back */
-	char *scan_buf;              /* a scanned read's bytes that go out */
-	size_t scan_buf_cap;
-};
 
 /* Run the worker; returns the process exit status. Call in the child. */
 int sl_worker_main(const struct sl_worker_args *);

@@ -43,7 +43,7 @@
 #include "sl_log.h"
 #include "sl_shm.h"
 #include "sl_tls.h"
-#include "sl_worker.h"
+#include "sl_worker_state.h"
 
 #define OUT_BATCH 16384           /* frames gathered before one write */
 #define MAX_HEADERS 128           /* response header lines turned into nv */
@@ -92,6 +92,8 @@ struct sl_h2 {
 	size_t outq;              /* bytes the kernel held for the client then */
 	int depth, dead;
 };
+
+_Static_assert(SL_H2_E_MAX == SL_STAT_H2_ERRS, "sl_shm.h counts each reason of enum sl_h2_err");
 
 static const char *const err_names[SL_H2_E_MAX] = {
 	"protocol", "flow_control", "frame_size", "compression",

@@ -30,6 +30,7 @@
 #include "sl_auth.h"
 #include "sl_cluster.h"
 #include "sl_console.h"
+#include "sl_h2.h"
 #include "sl_log.h"
 #include "sl_master.h"
 #include "sl_probe.h"

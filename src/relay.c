@@ -47,7 +47,7 @@
 #include "sl_upstream.h"
 #include "sl_json.h"
 #include "sl_usage.h"
-#include "sl_worker.h"
+#include "sl_worker_state.h"
 
 /*
  * A stream whose body reads come less than this apart (seconds) lets its

@@ -16,10 +16,13 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "sl_shm.h"
 #include "sl_tls.h"
 
 /* Warn when the leaf expires within this. */
 #define EXPIRY_WARN_DAYS 14
+
+_Static_assert(SL_TLS_E_MAX == SL_STAT_TLS_ERRS, "sl_shm.h counts each reason of enum sl_tls_err");
 
 static const char *const err_names[SL_TLS_E_MAX] = {
 	"http_request", "version", "cipher", "alpn", "sni", "alert", "eof",

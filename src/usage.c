@@ -253,3 +253,70 @@ usage_obj_read(const char *p, size_t len, struct sl_usage *u)
 	json_decref(o);
 	return r;
 }
+
+/* ---- the scanner's lifetime, and the usage it found --------------------- */
+
+void
+sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event)
+{
+	memset(s, 0, sizeof(*s));
+	s->drop = drop_usage_event != 0;
+	s->hs = H_NEW;
+}
+
+void
+sl_usage_scan_keep(struct sl_usage_scan *s, int keep)
+{
+	s->keep = keep != 0;
+	if (!keep && s->tpl != NULL) {
+		free(s->tpl);
+		s->tpl = NULL;
+	}
+}
+
+void
+sl_usage_scan_free(struct sl_usage_scan *s)
+{
+	free(s->hold);
+	free(s->cap);
+	free(s->tpl);
+	s->tpl = NULL;
+	s->hold = s->cap = NULL;
+	s->hold_len = s->hold_alloc = s->cap_len = s->cap_alloc = 0;
+}
+
+void
+sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (holding(s) && s->hold_len > 0) {
+		out->held = s->hold;
+		out->held_len = s->hold_len;
+		s->hold_len = 0;
+	}
+	s->hs = H_PASS;
+	s->mt = MT_NONE;
+	s->pending_ok = 0;
+}
+
+int
+sl_usage_scan_result(const struct sl_usage_scan *s, struct sl_usage *u,
+    uint64_t *content_bytes)
+{
+	memset(u, 0, sizeof(*u));
+	if (s->have) {
+		u->have = 1;
+		u->prompt_tokens = s->prompt;
+		u->completion_tokens = s->completion;
+		u->total_tokens = s->total;
+	}
+	if (content_bytes != NULL)
+		*content_bytes = s->content_bytes;
+	return u->have;
+}
+
+int
+sl_usage_scan_dropped(const struct sl_usage_scan *s)
+{
+	return s->dropped;
+}

@@ -180,4 +180,57 @@ void usage_blk_load(struct blk *b, const char *p, const char *e);
 void usage_blk_load_avx2(struct blk *b, const char *p, const char *e);
 #endif
 
+/* An event is held whole, undecided yet. */
+static inline int
+held(const struct sl_usage_scan *s)
+{
+	return s->hs == H_PREFIX || s->hs == H_HOLD;
+}
+
+/* Bytes are held: an undecided event, or what may be a "usage":null member. */
+static inline int
+holding(const struct sl_usage_scan *s)
+{
+	return held(s) || s->mt != MT_NONE;
+}
+
+/*
+ * The first byte of [p, e) in class k, or e. Sixteen bytes at a time where
+ * SSE2 is there (every x86-64), then a table lookup per byte.
+ */
+static inline const char *
+skip(const char *p, const char *e, unsigned k)
+{
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	const __m128i q = _mm_set1_epi8('"'), cr = _mm_set1_epi8('\r'),
+	    lf = _mm_set1_epi8('\n'), bs = _mm_set1_epi8('\\'),
+	    b20 = _mm_set1_epi8(0x20), ob = _mm_set1_epi8('{'), cb = _mm_set1_epi8('}'),
+	    cm = _mm_set1_epi8(',');
+
+	while (e - p >= 16) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)p), m;
+		unsigned bits;
+
+		m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, cr)),
+		    _mm_cmpeq_epi8(v, lf));
+		if (k == C_STR)
+			m = _mm_or_si128(m, _mm_cmpeq_epi8(v, bs));
+		else {
+			if (k == C_VAL1)
+				m = _mm_or_si128(m, _mm_cmpeq_epi8(v, cm));
+			/* [ and ] are { and } with bit 5 clear: one compare each */
+			v = _mm_or_si128(v, b20);
+			m = _mm_or_si128(m, _mm_or_si128(_mm_cmpeq_epi8(v, ob),
+			    _mm_cmpeq_epi8(v, cb)));
+		}
+		if ((bits = (unsigned)_mm_movemask_epi8(m)) != 0)
+			return p + __builtin_ctz(bits);
+		p += 16;
+	}
+#endif
+	while (p < e && !(usage_cls[(unsigned char)*p] & k))
+		p++;
+	return p;
+}
+
 #endif

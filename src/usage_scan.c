@@ -43,74 +43,6 @@ static const uint8_t keylen[] = { 5, 7, 4, 7, 9, 9, 17 };
 #define NKEYS 7
 #define KEY_MAXLEN 17
 
-/*
- * The first byte of [p, e) in class k, or e. Sixteen bytes at a time where
- * SSE2 is there (every x86-64), then a table lookup per byte.
- */
-static inline const char *
-skip(const char *p, const char *e, unsigned k)
-{
-#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
-	const __m128i q = _mm_set1_epi8('"'), cr = _mm_set1_epi8('\r'),
-	    lf = _mm_set1_epi8('\n'), bs = _mm_set1_epi8('\\'),
-	    b20 = _mm_set1_epi8(0x20), ob = _mm_set1_epi8('{'), cb = _mm_set1_epi8('}'),
-	    cm = _mm_set1_epi8(',');
-
-	while (e - p >= 16) {
-		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)p), m;
-		unsigned bits;
-
-		m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, cr)),
-		    _mm_cmpeq_epi8(v, lf));
-		if (k == C_STR)
-			m = _mm_or_si128(m, _mm_cmpeq_epi8(v, bs));
-		else {
-			if (k == C_VAL1)
-				m = _mm_or_si128(m, _mm_cmpeq_epi8(v, cm));
-			/* [ and ] are { and } with bit 5 clear: one compare each */
-			v = _mm_or_si128(v, b20);
-			m = _mm_or_si128(m, _mm_or_si128(_mm_cmpeq_epi8(v, ob),
-			    _mm_cmpeq_epi8(v, cb)));
-		}
-		if ((bits = (unsigned)_mm_movemask_epi8(m)) != 0)
-			return p + __builtin_ctz(bits);
-		p += 16;
-	}
-#endif
-	while (p < e && !(usage_cls[(unsigned char)*p] & k))
-		p++;
-	return p;
-}
-
-void
-sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event)
-{
-	memset(s, 0, sizeof(*s));
-	s->drop = drop_usage_event != 0;
-	s->hs = H_NEW;
-}
-
-void
-sl_usage_scan_keep(struct sl_usage_scan *s, int keep)
-{
-	s->keep = keep != 0;
-	if (!keep && s->tpl != NULL) {
-		free(s->tpl);
-		s->tpl = NULL;
-	}
-}
-
-void
-sl_usage_scan_free(struct sl_usage_scan *s)
-{
-	free(s->hold);
-	free(s->cap);
-	free(s->tpl);
-	s->tpl = NULL;
-	s->hold = s->cap = NULL;
-	s->hold_len = s->hold_alloc = s->cap_len = s->cap_alloc = 0;
-}
-
 /* Append n bytes to a buffer capped at SL_USAGE_MAX_EVENT. -1: does not fit. */
 static int
 grow_add(char **buf, uint32_t *blen, uint32_t *balloc, const char *p, size_t n)
@@ -385,19 +317,6 @@ drop_through(struct feed *f, size_t i)
 {
 	emit(f, i);
 	f->run_s = i + 1;
-}
-
-static int
-held(const struct sl_usage_scan *s)
-{
-	return s->hs == H_PREFIX || s->hs == H_HOLD;
-}
-
-/* Bytes are held: an undecided event, or what may be a "usage":null member. */
-static int
-holding(const struct sl_usage_scan *s)
-{
-	return held(s) || s->mt != MT_NONE;
 }
 
 static void
@@ -1533,39 +1452,3 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-
-void
-sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out)
-{
-	memset(out, 0, sizeof(*out));
-	if (holding(s) && s->hold_len > 0) {
-		out->held = s->hold;
-		out->held_len = s->hold_len;
-		s->hold_len = 0;
-	}
-	s->hs = H_PASS;
-	s->mt = MT_NONE;
-	s->pending_ok = 0;
-}
-
-int
-sl_usage_scan_result(const struct sl_usage_scan *s, struct sl_usage *u,
-    uint64_t *content_bytes)
-{
-	memset(u, 0, sizeof(*u));
-	if (s->have) {
-		u->have = 1;
-		u->prompt_tokens = s->prompt;
-		u->completion_tokens = s->completion;
-		u->total_tokens = s->total;
-	}
-	if (content_bytes != NULL)
-		*content_bytes = s->content_bytes;
-	return u->have;
-}
-
-int
-sl_usage_scan_dropped(const struct sl_usage_scan *s)
-{
-	return s->dropped;
-}
