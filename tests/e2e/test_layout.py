@@ -35,7 +35,6 @@ BIG_FUNCTIONS = {
     ("src/master.c", "sl_master_run"): 305,
     ("src/master.c", "reload"): 210,
     ("src/worker.c", "sl_worker_main"): 190,
-    ("src/model.c", "sl_mrw_feed"): 195,
     ("src/usage_scan.c", "lex_fast"): 325,
     ("src/usage_scan.c", "sl_usage_scan_feed"): 185,
     ("src/usage_scan.c", "lex_run"): 175,

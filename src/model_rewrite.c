@@ -1,0 +1,494 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
+/*
+ * An answer's "model" set back (sl_mrw, sl_model.h): a runner answers
+ * under the name sluice sent it; the client is shown the name it asked
+ * for, in a JSON body or in every event of a stream, fed in any split.
+ */
+#include "config.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sl_buf.h"
+#include "sl_model.h"
+
+enum { MRW_L_START = 0, MRW_L_DATA, MRW_L_OTHER };
+/* In a top-level object, between its tokens: what comes next. */
+enum { MRW_P_KEY = 0, MRW_P_INKEY, MRW_P_COLON, MRW_P_VALUE, MRW_P_OTHER };
+
+void
+sl_mrw_init(struct sl_mrw *m, int sse, const char *lit, size_t litlen)
+{
+	memset(m, 0, sizeof(*m));
+	m->lit = lit;
+	m->litlen = litlen;
+	m->sse = sse != 0;
+}
+
+static int
+mrw_put(struct sl_mrw_buf *o, const char *p, size_t n)
+{
+	if (n == 0)
+		return 0;
+	if (sl_bytes_reserve(&o->p, &o->cap, o->len + n, 4096) == -1)
+		return -1;
+	memcpy(o->p + o->len, p, n);
+	o->len += n;
+	return 0;
+}
+
+/*
+ * The first byte from in[i] on that may end a string or matter inside it
+ * (a quote, a backslash; in an event stream a line end too), or n: found
+ * with memchr, so a long string (a token's text, padding) costs little.
+ */
+static size_t
+mrw_str_end(const char *in, size_t i, size_t n, int sse)
+{
+	const char *q = memchr(in + i, '"', n - i);
+	size_t e = q != NULL ? (size_t)(q - in) : n;
+
+	if ((q = memchr(in + i, '\\', e - i)) != NULL)
+		e = (size_t)(q - in);
+	if (sse) {
+		if ((q = memchr(in + i, '\n', e - i)) != NULL)
+			e = (size_t)(q - in);
+		if ((q = memchr(in + i, '\r', e - i)) != NULL)
+			e = (size_t)(q - in);
+	}
+	return e;
+}
+
+/* The first line end ('\n' or '\r') from in[i] on, or n. */
+static size_t
+mrw_line_end(const char *in, size_t i, size_t n)
+{
+	const char *q = memchr(in + i, '\n', n - i);
+	size_t e = q != NULL ? (size_t)(q - in) : n;
+
+	if ((q = memchr(in + i, '\r', e - i)) != NULL)
+		e = (size_t)(q - in);
+	return e;
+}
+
+/*
+ * The end of the string whose opening quote is p[i]: the index of its
+ * closing quote (one not escaped: after an even run of backslashes), or
+ * -1 when it does not end before len.
+ */
+static ptrdiff_t
+mrw_str_close(const char *p, size_t i, size_t len)
+{
+	size_t k = i + 1, b;
+	const char *q;
+
+	while ((q = memchr(p + k, '"', len - k)) != NULL) {
+		for (b = 0; q - b - 1 >= p + i + 1 && q[-(ptrdiff_t)b - 1] == '\\'; b++)
+			;
+		if (b % 2 == 0)
+			return q - p;
+		k = (size_t)(q - p) + 1;
+	}
+	return -1;
+}
+
+/*
+ * A byte outside strings, other than a quote, by the rules both readers
+ * below share: nesting, and where a top-level object is between its
+ * tokens. Returns 1 when it starts a "model" value that is not a string
+ * (left as it is: that line, or the answer, is done).
+ */
+static inline int
+mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
+    unsigned *phase, unsigned is_model)
+{
+	int top = *depth == 1 && *top_obj;
+
+	switch (ch) {
+	case '{':
+	case '[':
+		if (*depth == 0) {
+			*top_obj = ch == '{';
+			*phase = MRW_P_KEY;
+		} else if (top && *phase == MRW_P_VALUE) {
+			*phase = MRW_P_OTHER;
+			if (is_model)
+				return 1;
+		}
+		if (*depth < 1u << 30)
+			(*depth)++;
+		return 0;
+	case '}':
+	case ']':
+		if (*depth > 0)
+			(*depth)--;
+		return 0;
+	case ':':
+		if (top && *phase == MRW_P_COLON)
+			*phase = MRW_P_VALUE;
+		return 0;
+	case ',':
+		if (top)
+			*phase = MRW_P_KEY;
+		return 0;
+	case ' ':
+	case '\t':
+	case '\n':
+	case '\r':
+		return 0;
+	default:
+		if (top && *phase == MRW_P_VALUE) {
+			*phase = MRW_P_OTHER;
+			return is_model != 0;
+		}
+		return 0;
+	}
+}
+
+/*
+ * The common case of an event stream: a data line whose end is in this
+ * read, read from its start. The same rules as the state machine below,
+ * token by token: 1 and the value's quotes at [*vs, *ve) when its first
+ * top-level "model" member is a string; 0 when the line has none (or not
+ * a string); -1 when a string does not end in the line (the machine
+ * decides those).
+ */
+static int
+mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
+{
+	unsigned depth = 0, top_obj = 0, phase = MRW_P_KEY, is_model = 0;
+	size_t i;
+	ptrdiff_t j;
+
+	for (i = 0; i < len; i++) {
+		int top = depth == 1 && top_obj;
+
+		switch (p[i]) {
+		case '"':
+			if ((j = mrw_str_close(p, i, len)) < 0)
+				return -1;
+			if (top && phase == MRW_P_KEY) {
+				is_model = j - (ptrdiff_t)i == 6 &&
+				    memcmp(p + i + 1, "model", 5) == 0;
+				phase = MRW_P_COLON;
+			} else if (top && phase == MRW_P_VALUE) {
+				if (is_model) {
+					*vs = i;
+					*ve = (size_t)j + 1;
+					return 1;
+				}
+				phase = MRW_P_OTHER;
+			}
+			i = (size_t)j;
+			break;
+		default:
+			if (mrw_struct((unsigned char)p[i], &depth, &top_obj, &phase,
+			    is_model))
+				return 0;   /* not a string: left */
+			break;
+		}
+	}
+	return 0;
+}
+
+/*
+ * sl_mrw_feed's state, unpacked from struct sl_mrw for the loop (and
+ * packed back at its end): the steps below are inline, so it lives in
+ * registers as the loop's own locals did.
+ */
+struct mrw_run {
+	unsigned line, pidx, in_str, esc, top_obj, phase, kidx, kmatch;
+	unsigned is_model, skip, done, depth;
+	size_t i, seg;             /* the next byte; the first not yet put */
+	int changed;               /* out holds what replaces the input */
+};
+
+static inline __attribute__((always_inline)) void
+mrw_reset(struct mrw_run *r)
+{
+	r->in_str = r->esc = r->top_obj = r->phase = r->kidx = r->kmatch = 0;
+	r->is_model = r->skip = r->done = 0;
+	r->depth = 0;
+}
+
+/* The input up to `to`, then the literal: a value replaced. -1: memory. */
+static inline __attribute__((always_inline)) int
+mrw_replace(struct mrw_run *r, const struct sl_mrw *m, const char *in,
+    size_t to, struct sl_mrw_buf *out)
+{
+	if (!r->changed) {
+		r->changed = 1;
+		r->seg = 0;
+	}
+	if (mrw_put(out, in + r->seg, to - r->seg) == -1 ||
+	    mrw_put(out, m->lit, m->litlen) == -1)
+		return -1;
+	return 0;
+}
+
+/*
+ * An event stream's line structure, at byte ch = in[r->i]: a line's
+ * start ("data:" or another field), its end, a line that is not data.
+ * 1: the byte was taken, 0: it is the data's (lex it), -1: no memory.
+ */
+static inline __attribute__((always_inline)) int
+mrw_sse_line(struct mrw_run *r, const struct sl_mrw *m, const char *in,
+    size_t n, struct sl_mrw_buf *out, unsigned char ch)
+{
+	size_t i = r->i;
+
+	if (r->line == MRW_L_START) {
+		if (ch == '\n' || ch == '\r') {
+			r->i++;
+			return 1;
+		}
+		if (r->pidx == 0 && n - i >= 5 && memcmp(in + i, "data:", 5) == 0) {
+			size_t le = mrw_line_end(in, i + 5, n), vs, ve;
+			int k = le == n ? -1 : mrw_line_fast(in + i + 5,
+			    le - i - 5, &vs, &ve);
+
+			r->line = MRW_L_DATA;
+			mrw_reset(r);
+			if (k == 1) {
+				if (mrw_replace(r, m, in, i + 5 + vs, out) == -1)
+					return -1;
+				r->seg = i + 5 + ve;
+			}
+			/* decided: on to the line's end */
+			r->i = k == -1 ? i + 5 : le;
+			return 1;
+		}
+		if (ch == (unsigned char)"data:"[r->pidx]) {
+			if (++r->pidx == 5) {
+				r->line = MRW_L_DATA;
+				mrw_reset(r);
+			}
+		} else
+			r->line = MRW_L_OTHER;
+		r->i++;
+		return 1;
+	}
+	if (ch == '\n' || ch == '\r') {
+		if (r->skip)   /* a value cut by the line's end */
+			r->seg = i;
+		mrw_reset(r);
+		r->line = MRW_L_START;
+		r->pidx = 0;
+		r->i++;
+		return 1;
+	}
+	if (r->line == MRW_L_OTHER) {
+		r->i = mrw_line_end(in, i, n);
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * Inside a string, or the value being replaced, at byte ch: a key that
+ * may be "model" byte by byte, else to the string's end. 1: the input
+ * ended inside it.
+ */
+static inline __attribute__((always_inline)) int
+mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
+    unsigned char ch)
+{
+	static const char key[] = "model";
+	int top = r->depth == 1 && r->top_obj;
+	size_t j;
+
+	if (r->esc) {
+		r->esc = 0;
+		r->i++;
+		return 0;
+	}
+	if (!r->skip && top && r->phase == MRW_P_INKEY && r->kmatch) {
+		/* A key that may be "model": byte by byte. */
+		if (ch == '\\') {
+			r->esc = 1;
+			r->kmatch = 0;   /* an escaped key is not matched */
+		} else if (ch == '"') {
+			r->in_str = 0;
+			r->is_model = r->kidx == 5;
+			r->phase = MRW_P_COLON;
+		} else if (r->kidx < 5 && ch == (unsigned char)key[r->kidx])
+			r->kidx++;
+		else
+			r->kmatch = 0;
+		r->i++;
+		return 0;
+	}
+	if ((j = mrw_str_end(in, r->i, n, sse)) == n) {
+		r->i = n;
+		return 1;
+	}
+	if (in[j] == '\\') {
+		r->esc = 1;
+		r->kmatch = 0;
+		r->i = j + 1;
+	} else if (in[j] == '"') {
+		if (r->skip) {
+			/* the end of the value replaced */
+			r->skip = 0;
+			r->done = 1;
+			r->seg = j + 1;
+		} else if (top && r->phase == MRW_P_INKEY) {
+			r->is_model = 0;
+			r->phase = MRW_P_COLON;
+		}
+		r->in_str = 0;
+		r->i = j + 1;
+	} else
+		r->i = j;   /* a line end: mrw_sse_line's */
+	return 0;
+}
+
+/*
+ * Outside strings, at byte ch: a quote opens a key (maybe "model") or a
+ * value (maybe the one replaced); other bytes move the structure. -1: no
+ * memory.
+ */
+static inline __attribute__((always_inline)) int
+mrw_outside(struct mrw_run *r, const struct sl_mrw *m, const char *in,
+    size_t n, struct sl_mrw_buf *out, unsigned char ch)
+{
+	int top = r->depth == 1 && r->top_obj;
+	size_t i = r->i;
+
+	switch (ch) {
+	case '"':
+		if (top && r->phase == MRW_P_KEY) {
+			if (n - i >= 7) {
+				/* the whole key is here: compare it */
+				if (memcmp(in + i + 1, "model\"", 6) == 0) {
+					r->is_model = 1;
+					r->phase = MRW_P_COLON;
+					r->i += 7;
+					return 0;
+				}
+				r->kmatch = 0;
+			} else
+				r->kmatch = 1;
+			r->phase = MRW_P_INKEY;
+			r->kidx = 0;
+		} else if (top && r->phase == MRW_P_VALUE && r->is_model) {
+			/* The value: what came before it, then ours. */
+			if (mrw_replace(r, m, in, i, out) == -1)
+				return -1;
+			r->skip = 1;   /* in_str is implied by skip */
+			r->i++;
+			return 0;
+		} else if (top && r->phase == MRW_P_VALUE)
+			r->phase = MRW_P_OTHER;
+		r->in_str = 1;
+		break;
+	default:
+		if (mrw_struct(ch, &r->depth, &r->top_obj, &r->phase,
+		    r->is_model))
+			r->done = 1;   /* not a string: left */
+		break;
+	}
+	r->i++;
+	return 0;
+}
+
+/*
+ * One state machine, fed any split of the answer; the state lives in
+ * struct mrw_run while a feed runs (stored back at its end). Strings are crossed
+ * with memchr and a key is compared whole when all of it is in this read;
+ * otherwise byte by byte, with the same outcome (fuzz_model checks every
+ * split against the whole).
+ */
+int
+sl_mrw_feed(struct sl_mrw *m, const char *in, size_t n, struct sl_mrw_buf *out)
+{
+	const int sse = m->sse;
+	struct mrw_run r = {
+		m->line, m->pidx, m->in_str, m->esc, m->top_obj, m->phase,
+		m->kidx, m->kmatch, m->is_model, m->skip, m->done, m->depth,
+		0, 0, m->skip   /* bytes of a replaced value go */
+	};
+	int rc = 1, k;
+
+	out->len = 0;
+	while (r.i < n) {
+		unsigned char ch;
+
+		if (r.done) {
+			/*
+			 * The member is set: a JSON answer's other bytes pass;
+			 * an event's, up to its line's end.
+			 */
+			if (!sse || (r.i = mrw_line_end(in, r.i, n)) == n)
+				break;
+		}
+		ch = (unsigned char)in[r.i];
+		if (sse && (k = mrw_sse_line(&r, m, in, n, out, ch)) != 0) {
+			if (k == -1) {
+				rc = -1;
+				goto end;
+			}
+			continue;
+		}
+		if (r.skip || r.in_str) {
+			if (mrw_in_string(&r, in, n, sse, ch))
+				break;
+			continue;
+		}
+		if (mrw_outside(&r, m, in, n, out, ch) == -1) {
+			rc = -1;
+			goto end;
+		}
+	}
+	if (r.changed && !r.skip && mrw_put(out, in + r.seg, n - r.seg) == -1)
+		rc = -1;
+end:
+	m->line = (unsigned char)r.line;
+	m->pidx = (unsigned char)r.pidx;
+	m->in_str = (unsigned char)r.in_str;
+	m->esc = (unsigned char)r.esc;
+	m->top_obj = (unsigned char)r.top_obj;
+	m->phase = (unsigned char)r.phase;
+	m->kidx = (unsigned char)r.kidx;
+	m->kmatch = (unsigned char)r.kmatch;
+	m->is_model = (unsigned char)r.is_model;
+	m->skip = (unsigned char)r.skip;
+	m->done = (unsigned char)r.done;
+	m->depth = r.depth;
+	return rc == -1 ? -1 : r.changed;
+}
+
+char *
+sl_mrw_literal(const char *name, size_t len, size_t *outlen)
+{
+	static const char hex[] = "0123456789abcdef";
+	char *o, *p;
+	size_t i;
+
+	if ((o = malloc(len * 6 + 3)) == NULL)
+		return NULL;
+	p = o;
+	*p++ = '"';
+	for (i = 0; i < len; i++) {
+		unsigned char ch = (unsigned char)name[i];
+
+		if (ch == '"' || ch == '\\') {
+			*p++ = '\\';
+			*p++ = (char)ch;
+		} else if (ch < 0x20 || ch == 0x7f) {
+			*p++ = '\\';
+			*p++ = 'u';
+			*p++ = '0';
+			*p++ = '0';
+			*p++ = hex[ch >> 4];
+			*p++ = hex[ch & 15];
+		} else
+			*p++ = (char)ch;
+	}
+	*p++ = '"';
+	*outlen = (size_t)(p - o);
+	return o;
+}
