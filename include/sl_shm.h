@@ -365,7 +365,7 @@ uint64_t sl_shm_tokens_model(const struct sl_shm *, size_t tenant,
 int sl_shm_tokens_next(const struct sl_shm *, size_t *pos, size_t *tenant,
     size_t *model, uint64_t n[SL_TOKENS_KINDS]);
 /*
- * Tokens charged in the last 58 to 60 s (2-second buckets, sl_shm.c).
+ * Tokens charged in the last 58 to 60 s (2-second buckets, shm_tokens.c).
  * With budget > 0 and the window at or over it, *retry_after (if not
  * NULL) gets the seconds until it is under (1..60); else 0.
  */
