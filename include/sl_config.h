@@ -251,7 +251,8 @@ int sl_config_load_file(const char *path, struct sl_config **out,
  * parse its own malloc arena: the configuration and the holes its parse
  * leaves sit apart from the main thread's heap, and a worker forked
  * later allocates in the main arena without copying a page of the
- * inherited configuration (issue 32: 11 bytes a tenant a worker).
+ * inherited configuration (else about 11 bytes a tenant a worker:
+ * bench/RESULTS.md).
  */
 int sl_config_load_file_apart(const char *path, struct sl_config **out,
     struct sl_errors *errs);

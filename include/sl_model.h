@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
- * sl_model: route a request by the model its body names (issue 23).
+ * sl_model: route a request by the model its body names.
  *
  * Pure functions over a request body plus one small per-worker state (the
  * smooth weighted round robin of each model's targets). relay.c calls

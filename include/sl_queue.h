@@ -1,110 +1,66 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
- * sl_queue: the fair queue of the upstream pools (issue 24), shared by the
- * master and every worker.
+ * sl_queue: the fair queue of the upstream pools, shared by the master
+ * and every worker.
  *
- * ## Fair queue: design
+ * What it guarantees:
+ *   - A request whose pool has replicas up, every one at its
+ *     max_streams, waits here instead of getting 503
+ *     upstream_unavailable, and a slot that frees while waiters exist is
+ *     always offered to one: the queue is work-conserving.
+ *   - Who goes next is chosen once, by the process that frees the slot,
+ *     never by whichever worker wakes first: the highest priority band
+ *     (the tenant's `priority`) with a waiter; within it, with `fairness:
+ *     tokens`, the tenant whose service counter is lowest (of equal ones,
+ *     the one with fewer waiters, then the one whose oldest waiter is
+ *     oldest), with `fifo` the tenant whose oldest waiter is oldest;
+ *     within a tenant, its oldest waiter. A counter grows by cost * 1000
+ *     / weight (milli-tokens) as the tenant's tokens are charged
+ *     (sl_queue_charge); a tenant that starts waiting is lifted to the
+ *     lowest counter among the pool's waiting tenants, or, when nobody
+ *     waits, to the last dispatched tenant's: no banked credit.
+ *   - No slot is lost or counted twice. A granted slot is never
+ *     released: sl_shm_move carries it from the offering row to
+ *     SL_QUEUE_ROW (the master's row, which never serves and never dies)
+ *     and on to the waiter's row when collected, inside the mover's
+ *     admission window, so in-flight never changes and a worker killed
+ *     halfway is reconciled like any acquire or release. Under the lock,
+ *     held(SL_QUEUE_ROW, idx) == the GRANTED entries whose slot is idx.
+ *   - No lost wake-up: an enqueuer counts itself among the pool's
+ *     waiters (seq_cst) and then tries the pool once more; a releaser
+ *     gives back (seq_cst) and then reads that count. At least one sees
+ *     the other. A slot a reload or a recovered replica adds is found by
+ *     the worker's once-a-second pump (pick and offer while waiters).
+ *   - Nothing a crash leaves blocks the queue or leaks a slot: a dead
+ *     worker's waiters are dropped and the slots granted to them go on
+ *     (sl_queue_reclaim_rows); a process killed holding the lock leaves
+ *     it owner-dead, and the next to lock rebuilds every list from the
+ *     entries and the queue row's held cells from the grants.
  *
- * A request whose pool has replicas up but every one at its max_streams
- * waits here instead of getting 503 upstream_unavailable. The waiter is a
- * connection of one worker; the replica slot that frees may be released by
- * any worker. The choice of who goes next is made once, globally, by the
- * process that frees the slot, never by "whichever worker wakes first":
+ * Cost: a pool with no waiter costs one seq_cst load of its waiter count
+ * before the lock-free pick and one after a release. The lock is taken
+ * only to wait, offer, collect, cancel and sweep.
  *
- *   releasing worker A (slot of replica R, pool p)   waiting worker B
- *   ------------------------------------------------ -------------------
- *   sl_queue_waiting(p) == 0 ? plain release, as today (one atomic load)
- *   else sl_queue_offer(p, R):
- *     lock; best waiter W of p (band, counter, age);
- *     move R's slot from A's row to the queue's row
- *     (in-flight unchanged: never released, never
- *     seen free by anyone); W := GRANTED(R), on B's
- *     list; unlock; eventfd of row B += 1   ------->  ev_io readable:
- *                                                    sl_queue_collect(B):
- *                                                    slot moved queue row
- *                                                    -> row B, entry freed,
- *                                                    the request starts on R
+ * Limits: one lock for every pool (a lock per pool would split it). The
+ * entries are sized at creation (the sum of queue.max, 1024..65536): a
+ * reload that raises max past that gets queue_full early.
+ * sl_queue_expire and the repair scan every entry. A request moved to
+ * another replica after its dispatch (a busy head, a connect failure) is
+ * retried by sl_pool_pick, never queued again. The tokens of a stream
+ * whose client left are charged after its slot went on (the connection
+ * releases before it charges). A worker of an older generation whose
+ * config has no queue for a pool gives its slots back instead of handing
+ * them over (the pump passes them on within a second).
  *
- * Who goes next: the highest priority band (the tenant's `priority`) with
- * a waiter; within it, with fairness tokens, the tenant whose service
- * counter is lowest, of equal ones the tenant with fewer waiters (fifo:
- * whose oldest waiter is oldest); within a tenant, its oldest waiter. A tenant's counter grows by
- * cost * 1000 / weight as its tokens are charged (sl_queue_charge), in
- * milli-tokens; a tenant that starts waiting after having had no waiter
- * in the pool is lifted to the lowest counter among the pool's waiting
- * tenants, or, when nobody waits, to the counter the last dispatched
- * tenant had (VTC's lift on arrival: no banked credit).
- *
- * Where things live: a MAP_SHARED region of its own, made by the master
- * before forking (its size fixed for the master's life, like sl_shm's):
- * one process-shared robust mutex over the whole queue; per pool its
- * settings, the count of waiters (an atomic on its own cache line: the
- * only thing the path without a queue reads), the list of tenants with
- * waiters and outcome counters; per pool and tenant the service counter,
- * the count of waiters and their FIFO; per tenant weight and priority
- * (the master publishes them on start and reload: they apply at once to
- * waiters); a slab of entries (tenant, pool, worker row, enqueue time and
- * order, state, the granted slot, a generation so that a stale handle is
- * refused); per worker row the list of grants not yet collected and a
- * wake flag. Each row has an eventfd made by the master before it forks
- * the first workers of a config with a queue (sl_queue_enable_wake): a
- * grant writes it once per batch, the worker watches it with ev_io.
- *
- * Where a granted slot is: replica slots are counted in sl_shm (in-flight
- * per replica index, held per worker row, reclaimed when a worker dies).
- * A slot granted but not yet collected is held by SL_QUEUE_ROW, the
- * master's row, which never serves traffic and never dies; its held
- * cells are written only under the queue's lock. Moving a slot between a
- * worker's row and the queue's row is sl_shm_move, inside the mover's
- * admission window, so a worker killed halfway is reconciled by the
- * master like any acquire or release (the queue's row is a live row).
- * Invariant under the lock: held(SL_QUEUE_ROW, idx) == the number of
- * GRANTED entries whose slot is idx.
- *
- * No lost wake-up, work-conserving: the enqueuer counts itself in the
- * pool's waiters (seq_cst) and then tries the pool once more
- * (sl_pool_pick); a slot it gets it offers (sl_queue_offer: to the best
- * waiter, perhaps itself). The releaser gives back (seq_cst) and then
- * reads the waiter count; when it is not 0 it takes a slot again and
- * offers it. Of the two, at least one sees the other. A slot freed while
- * waiters exist is always offered; one that a reload or a recovered
- * replica adds is found by the worker's once-a-second pump (pick + offer
- * while sl_queue_waiting).
- *
- * A worker that dies: the master, after waitpid and sl_shm_reclaim_rows,
- * calls sl_queue_reclaim_rows: the dead rows' waiters are dropped (their
- * tenant slots come back through sl_shm as today) and a slot granted to
- * a dead row's waiter goes to the next waiter, or back to its replica.
- * A process killed while holding the lock: the next to lock gets
- * EOWNERDEAD and repairs before going on: every list is rebuilt from the
- * entries (an entry's state is written last), and the queue row's held
- * cells are brought back to the GRANTED entries (a surplus slot is given
- * back, a grant without its slot returns to waiting). Nothing a crash
- * leaves can block the queue or leak a slot.
- *
- * Cost: with no waiter in a pool, one load (seq_cst) of that pool's
- * waiter count before the lock-free pick, and one after a release.
- * The lock is taken only to wait, to offer to a waiter, to collect, to
- * cancel and to sweep.
- *
- * What the caller does (relay/upstream; the master for settings and
- * reclaim) is written at each function.
- *
- * Not done yet (issue 24): the issue's TTFT target (shortened
- * bench/fairness runs in bench/HISTORY.md: shares 36.6/30.6/32.8 % once
- * running streams are charged as they are relayed, but B's p99 wait is
- * still one stream's length, the shares swinging in 4 s steps); the full
- * 90 s run with nginx and its chart; a request that a busy head
- * or a connect failure moves to another replica after its dispatch is
- * retried as before (sl_pool_pick), never queued again; tokens of a
- * stream its client left are charged after its slot went on (conn_close
- * releases before conn_request_end charges). Known costs: one lock for
- * every pool (a lock per pool would split it); the entries are sized at
- * start (the sum of queue.max, 1024..65536), so a reload that raises
- * max past it gets queue_full early; sl_queue_expire and the repair scan
- * every entry; a worker of an older generation whose config has no
- * queue for a pool gives its slots back instead of handing them over
- * (the waiters get them within a second, by the pump).
+ * Use: the master creates the queue before forking (sl_queue_create;
+ * sl_queue_enable_wake for a config with a queue), publishes pool and
+ * tenant settings on start and reload, and reclaims dead rows after
+ * sl_shm_reclaim_rows. A worker reads sl_queue_waiting before its pick;
+ * when the pool is full it enqueues, picks once more and offers what it
+ * gets; it offers a slot it would release while the pool has waiters;
+ * it watches its row's eventfd (sl_queue_wake_fd) and collects grants,
+ * cancels a waiter whose client left, and expires its own waiters every
+ * 100 ms or so. What each caller does is written at each function.
  */
 #ifndef SL_QUEUE_H
 #define SL_QUEUE_H

@@ -180,7 +180,6 @@ enum sl_uerr {
 };
 const char *sl_shm_uerr_label(enum sl_uerr);
 
-/* Why a request moved to another replica (sluice_upstream_retries_total). */
 /* What prefix affinity did for a request (sluice_affinity_*_total). */
 enum sl_aff_outcome {
 	SL_AFF_HIT = 0, SL_AFF_MISS, SL_AFF_SPILL, SL_AFF_MAX
@@ -190,6 +189,7 @@ void sl_shm_count_affinity(struct sl_shm *, size_t row, size_t upstream,
 uint64_t sl_shm_affinity_sum(const struct sl_shm *, size_t upstream,
     enum sl_aff_outcome);
 
+/* Why a request moved to another replica (sluice_upstream_retries_total). */
 enum sl_retry_reason {
 	SL_RETRY_R_CONNECT = 0, SL_RETRY_R_BUSY, SL_RETRY_R_EMPTY, SL_RETRY_R_MAX
 };
@@ -286,7 +286,7 @@ uint64_t sl_shm_hist_bucket(const struct sl_shm *, enum sl_hist, int b);
 double sl_shm_hist_sum(const struct sl_shm *, enum sl_hist);
 
 /*
- * Models (issue 23, 32): sl_shm_model_slots slots, fixed at creation
+ * Models: sl_shm_model_slots slots, fixed at creation
  * (the master makes 2 x limits.max_models + 1). Slot 0 is "-": a request
  * that named no model or an unknown one, or any request without
  * `models:`. The master gives slots 1.. to model names on start and
@@ -370,7 +370,7 @@ uint64_t sl_shm_tokens_model(const struct sl_shm *, size_t tenant,
 int sl_shm_tokens_next(const struct sl_shm *, size_t *pos, size_t *tenant,
     size_t *model, uint64_t n[SL_TOKENS_KINDS]);
 /*
- * Tokens charged in the last 58 to 60 s (2-second buckets, sl_shm.c).
+ * Tokens charged in the last 58 to 60 s (2-second buckets, shm_tokens.c).
  * With budget > 0 and the window at or over it, *retry_after (if not
  * NULL) gets the seconds until it is under (1..60); else 0.
  */

@@ -1,6 +1,39 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
- * The fair queue of the upstream pools: see sl_queue.h for the design.
+ * The fair queue of the upstream pools: see sl_queue.h for what it
+ * guarantees and how it is used.
+ *
+ * A slot handed to a waiter, between two workers:
+ *
+ *   releasing worker A (slot of replica R, pool p)   waiting worker B
+ *   ------------------------------------------------ -------------------
+ *   sl_queue_waiting(p) == 0 ? plain release (one atomic load)
+ *   else sl_queue_offer(p, R):
+ *     lock; best waiter W of p (band, counter, age);
+ *     move R's slot from A's row to the queue's row
+ *     (in-flight unchanged: never released, never
+ *     seen free by anyone); W := GRANTED(R), on B's
+ *     list; unlock; eventfd of row B += 1   ------->  ev_io readable:
+ *                                                    sl_queue_collect(B):
+ *                                                    slot moved queue row
+ *                                                    -> row B, entry freed,
+ *                                                    the request starts on R
+ *
+ * Where things live: a MAP_SHARED region of its own, made by the master
+ * before forking (its size fixed for the master's life, like sl_shm's):
+ * one process-shared robust mutex over the whole queue; per pool its
+ * settings, the count of waiters (an atomic on its own cache line: the
+ * only thing the path without a queue reads), the list of tenants with
+ * waiters and outcome counters; per pool and tenant the service counter,
+ * the count of waiters and their FIFO; per tenant weight and priority
+ * (the master publishes them on start and reload: they apply at once to
+ * waiters); a slab of entries (tenant, pool, worker row, enqueue time and
+ * order, state, the granted slot, a generation so that a stale handle is
+ * refused); per worker row the list of grants not yet collected and a
+ * wake flag. Each row has an eventfd made by the master before it forks
+ * the first workers of a config with a queue (sl_queue_enable_wake): a
+ * grant writes it once per batch, the worker watches it with ev_io. The
+ * queue row's held cells in sl_shm are written only under the lock.
  *
  * Everything below the lock is plain data except what is read without
  * it (a pool's waiter count and settings, counters, weights): those are

@@ -247,6 +247,197 @@ sig_quit_cb(struct ev_loop *loop, ev_signal *s, int revents)
 	ev_break(loop, EVBREAK_ALL);
 }
 
+/*
+ * The worker's state from its arguments: the loop, the pools, the models,
+ * the access log, the lists, the flush watcher and the spare fd. -1
+ * (logged) when one cannot be made.
+ */
+static int
+worker_init(struct sl_worker *w, const struct sl_worker_args *a)
+{
+	w->loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);
+	if (w->loop == NULL) {
+		sl_err("cannot create the event loop");
+		return -1;
+	}
+	w->cfg = a->cfg;
+	w->shm = a->shm;
+	w->tenant_slot = a->tenant_slot;
+	w->index_epoch = a->replica_epoch;
+	w->upstream_slot = a->upstream_slot;
+	w->queue_slot = a->queue_slot;
+	w->model_slot = a->model_slot;
+	if ((w->pools = sl_pools_new(a->cfg, a->shm, a->row,
+	    a->replica_slot, a->replica_epoch)) == NULL) {
+		sl_err("cannot set up the upstream pools");
+		return -1;
+	}
+	w->queue = a->queue;
+	TAILQ_INIT(&w->queued);
+	if (w->queue != NULL)
+		sl_pools_set_queue(w->pools, w->queue, a->queue_slot);
+	if (a->cfg->models != NULL && (w->models = sl_models_new(a->cfg)) == NULL) {
+		sl_err("cannot set up the models' targets");
+		return -1;
+	}
+	w->access_fd = -1;
+	access_log_open(w);
+	w->keys = a->keys;
+	w->row = a->row;
+	w->index = a->index;
+	w->listen_fd = a->listen_fd;
+	TAILQ_INIT(&w->conns);
+	TAILQ_INIT(&w->h2s);
+	w->h2_start = sl_h2_start;
+	TAILQ_INIT(&w->dirty);
+	TAILQ_INIT(&w->idle);
+	ev_prepare_init(&w->flush_prep, flush_cb);
+	w->flush_prep.data = w;
+	w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	return 0;
+}
+
+/*
+ * What the bytes go through: the block cache, the epoll set of stopped
+ * client sockets, http-parser's header limit, the libcurl multi handle
+ * and the cluster connection. -1 (logged) when one cannot be made.
+ */
+static int
+worker_init_transport(struct sl_worker *w, const struct sl_worker_args *a)
+{
+	const struct sl_transfer_hooks hooks = {
+		sl_conn_upstream_done, sl_conn_flush_dirty_hook, w
+	};
+
+	/* Idle blocks kept for reuse: at most 4 MiB per worker. */
+	if (sl_blocks_init(&w->blocks, 1024) == -1) {
+		sl_err("out of memory");
+		return -1;
+	}
+	if ((w->hup_fd = epoll_create1(EPOLL_CLOEXEC)) == -1)
+		sl_warn("epoll_create1: %s (a client leaving behind unread "
+		    "pipelined bytes is noticed at the next write)",
+		    strerror(errno));
+	http_parser_set_max_header_size(
+	    (uint32_t)a->cfg->limits.max_header_bytes + 1024);
+	if ((w->xfers = sl_transfers_new(w->loop, a->cfg, &hooks)) == NULL) {
+		sl_err("cannot create the libcurl multi handle");
+		return -1;
+	}
+	if (a->cfg->cluster.enabled && a->cluster_shm != NULL &&
+	    (w->cluster = sl_cluster_worker_new(w->loop, a->cfg, a->shm,
+	    a->cluster_shm, a->row, a->tenant_slot)) == NULL) {
+		sl_err("cannot set up the cluster connection");
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * The watchers made, not started save the signals' and the gauge timer:
+ * accept, its retry timer, the drain timer, SIGTERM, SIGINT, SIGUSR2
+ * (drain), SIGQUIT (cut), SIGUSR1 (reopen the access log), the gauges
+ * once a second; SIGHUP ignored.
+ */
+static void
+worker_watchers_init(struct sl_worker *w)
+{
+	ev_io_init(&w->accept_io, accept_cb, w->listen_fd, EV_READ);
+	w->accept_io.data = w;
+	ev_timer_init(&w->accept_retry, accept_retry_cb, 0.1, 0.0);
+	w->accept_retry.data = w;
+	ev_init(&w->drain_timer, drain_timeout_cb);
+	w->drain_timer.data = w;
+	ev_signal_init(&w->sig_term, sig_drain_cb, SIGTERM);
+	ev_signal_init(&w->sig_int, sig_drain_cb, SIGINT);
+	ev_signal_init(&w->sig_usr2, sig_drain_cb, SIGUSR2);
+	ev_signal_init(&w->sig_quit, sig_quit_cb, SIGQUIT);
+	w->sig_term.data = w->sig_int.data = w->sig_quit.data = w;
+	w->sig_usr2.data = w;
+	ev_signal_start(w->loop, &w->sig_usr2);
+	ev_signal_start(w->loop, &w->sig_term);
+	ev_signal_start(w->loop, &w->sig_int);
+	ev_signal_start(w->loop, &w->sig_quit);
+	ev_signal_init(&w->sig_usr1, sig_usr1_cb, SIGUSR1);
+	w->sig_usr1.data = w;
+	ev_signal_start(w->loop, &w->sig_usr1);
+	/* Gauges are published once a second, never per chunk. */
+	ev_timer_init(&w->gauge_timer, gauge_cb, 1.0, 1.0);
+	w->gauge_timer.data = w;
+	ev_timer_start(w->loop, &w->gauge_timer);
+	/* SIGHUP goes to the master; a worker ignores it. */
+	signal(SIGHUP, SIG_IGN);
+}
+
+/*
+ * Start the rest: the flush before each sleep, the epoll set of stopped
+ * sockets, then accepting (or, in a cluster whose Redis has not answered
+ * yet, the timer that starts accepting anyway), and the queue's eventfd.
+ */
+static void
+worker_start(struct sl_worker *w, const struct sl_worker_args *a)
+{
+	ev_prepare_start(w->loop, &w->flush_prep);
+	if (w->hup_fd >= 0) {
+		ev_io_init(&w->hup_io, hup_cb, w->hup_fd, EV_READ);
+		w->hup_io.data = w;
+		ev_io_start(w->loop, &w->hup_io);
+	}
+	if (w->cluster != NULL && !sl_cluster_worker_await(w->cluster,
+	    accept_ready, w)) {
+		/*
+		 * Redis is up (the node's mode says so): its first answer
+		 * is due in a round trip. A slow start (a loaded machine)
+		 * may take longer than an admission may wait, and not
+		 * accepting meanwhile costs nothing but that wait, where
+		 * accepting would admit by on_redis_down: at least a second.
+		 */
+		double wait = (double)a->cfg->cluster.timeout_ms / 1000.0;
+
+		w->accept_await = 1;
+		ev_timer_set(&w->accept_retry, wait > ACCEPT_AWAIT_MIN_S ? wait :
+		    ACCEPT_AWAIT_MIN_S, 0.0);
+		ev_timer_start(w->loop, &w->accept_retry);
+	} else
+		ev_io_start(w->loop, &w->accept_io);
+	if (w->queue != NULL && sl_queue_wake_fd(w->queue, a->row) >= 0) {
+		ev_io_init(&w->queue_io, queue_cb, sl_queue_wake_fd(w->queue,
+		    a->row), EV_READ);
+		w->queue_io.data = w;
+		ev_io_start(w->loop, &w->queue_io);
+	}
+}
+
+/*
+ * After the loop: cut what is left, publish the last gauges, give back
+ * the cluster's leases after the last release, free and close the rest.
+ */
+static void
+worker_teardown(struct sl_worker *w)
+{
+	sl_h2_close_all(w);
+	sl_conn_close_all(w);
+	if (w->queue != NULL)
+		ev_io_stop(w->loop, &w->queue_io);
+	h2_gauges(w);
+	sl_cluster_worker_free(w->cluster);   /* after the last release */
+	sl_transfers_free(w->xfers);
+	sl_blocks_free(&w->blocks);
+	if (w->access_fd > STDERR_FILENO)
+		close(w->access_fd);
+	sl_pools_free(w->pools);
+	sl_models_free(w->models);
+	if (w->spare_fd >= 0)
+		close(w->spare_fd);
+	if (w->hup_fd >= 0) {
+		ev_io_stop(w->loop, &w->hup_io);
+		close(w->hup_fd);
+	}
+	if (w->listen_fd >= 0)
+		close(w->listen_fd);
+	ev_loop_destroy(w->loop);
+}
+
 int
 sl_worker_main(const struct sl_worker_args *a)
 {
@@ -262,100 +453,9 @@ sl_worker_main(const struct sl_worker_args *a)
 	prctl(PR_SET_PDEATHSIG, SIGTERM);
 	signal(SIGPIPE, SIG_IGN);
 
-	w.loop = ev_default_loop(EVFLAG_AUTO | EVFLAG_NOENV);
-	if (w.loop == NULL) {
-		sl_err("cannot create the event loop");
+	if (worker_init(&w, a) == -1 || worker_init_transport(&w, a) == -1)
 		return 1;
-	}
-	w.cfg = a->cfg;
-	w.shm = a->shm;
-	w.tenant_slot = a->tenant_slot;
-	w.index_epoch = a->replica_epoch;
-	w.upstream_slot = a->upstream_slot;
-	w.queue_slot = a->queue_slot;
-	w.model_slot = a->model_slot;
-	if ((w.pools = sl_pools_new(a->cfg, a->shm, a->row,
-	    a->replica_slot, a->replica_epoch)) == NULL) {
-		sl_err("cannot set up the upstream pools");
-		return 1;
-	}
-	w.queue = a->queue;
-	TAILQ_INIT(&w.queued);
-	if (w.queue != NULL)
-		sl_pools_set_queue(w.pools, w.queue, a->queue_slot);
-	if (a->cfg->models != NULL && (w.models = sl_models_new(a->cfg)) == NULL) {
-		sl_err("cannot set up the models' targets");
-		return 1;
-	}
-	w.access_fd = -1;
-	access_log_open(&w);
-	w.keys = a->keys;
-	w.row = a->row;
-	w.index = a->index;
-	w.listen_fd = a->listen_fd;
-	TAILQ_INIT(&w.conns);
-	TAILQ_INIT(&w.h2s);
-	w.h2_start = sl_h2_start;
-	TAILQ_INIT(&w.dirty);
-	TAILQ_INIT(&w.idle);
-	ev_prepare_init(&w.flush_prep, flush_cb);
-	w.flush_prep.data = &w;
-	w.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	/* Idle blocks kept for reuse: at most 4 MiB per worker. */
-	if (sl_blocks_init(&w.blocks, 1024) == -1) {
-		sl_err("out of memory");
-		return 1;
-	}
-	if ((w.hup_fd = epoll_create1(EPOLL_CLOEXEC)) == -1)
-		sl_warn("epoll_create1: %s (a client leaving behind unread "
-		    "pipelined bytes is noticed at the next write)",
-		    strerror(errno));
-	http_parser_set_max_header_size(
-	    (uint32_t)a->cfg->limits.max_header_bytes + 1024);
-
-	{
-		const struct sl_transfer_hooks hooks = {
-			sl_conn_upstream_done, sl_conn_flush_dirty_hook, &w
-		};
-
-		if ((w.xfers = sl_transfers_new(w.loop, a->cfg, &hooks)) == NULL) {
-			sl_err("cannot create the libcurl multi handle");
-			return 1;
-		}
-	}
-
-	if (a->cfg->cluster.enabled && a->cluster_shm != NULL &&
-	    (w.cluster = sl_cluster_worker_new(w.loop, a->cfg, a->shm,
-	    a->cluster_shm, a->row, a->tenant_slot)) == NULL) {
-		sl_err("cannot set up the cluster connection");
-		return 1;
-	}
-
-	ev_io_init(&w.accept_io, accept_cb, w.listen_fd, EV_READ);
-	w.accept_io.data = &w;
-	ev_timer_init(&w.accept_retry, accept_retry_cb, 0.1, 0.0);
-	w.accept_retry.data = &w;
-	ev_init(&w.drain_timer, drain_timeout_cb);
-	w.drain_timer.data = &w;
-	ev_signal_init(&w.sig_term, sig_drain_cb, SIGTERM);
-	ev_signal_init(&w.sig_int, sig_drain_cb, SIGINT);
-	ev_signal_init(&w.sig_usr2, sig_drain_cb, SIGUSR2);
-	ev_signal_init(&w.sig_quit, sig_quit_cb, SIGQUIT);
-	w.sig_term.data = w.sig_int.data = w.sig_quit.data = &w;
-	w.sig_usr2.data = &w;
-	ev_signal_start(w.loop, &w.sig_usr2);
-	ev_signal_start(w.loop, &w.sig_term);
-	ev_signal_start(w.loop, &w.sig_int);
-	ev_signal_start(w.loop, &w.sig_quit);
-	ev_signal_init(&w.sig_usr1, sig_usr1_cb, SIGUSR1);
-	w.sig_usr1.data = &w;
-	ev_signal_start(w.loop, &w.sig_usr1);
-	/* Gauges are published once a second, never per chunk. */
-	ev_timer_init(&w.gauge_timer, gauge_cb, 1.0, 1.0);
-	w.gauge_timer.data = &w;
-	ev_timer_start(w.loop, &w.gauge_timer);
-	/* SIGHUP goes to the master; a worker ignores it. */
-	signal(SIGHUP, SIG_IGN);
+	worker_watchers_init(&w);
 
 	/*
 	 * Signals stayed blocked since fork (inherited from the master): only
@@ -373,35 +473,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	if (getppid() != a->master_pid)
 		return 0;
 
-	ev_prepare_start(w.loop, &w.flush_prep);
-	if (w.hup_fd >= 0) {
-		ev_io_init(&w.hup_io, hup_cb, w.hup_fd, EV_READ);
-		w.hup_io.data = &w;
-		ev_io_start(w.loop, &w.hup_io);
-	}
-	if (w.cluster != NULL && !sl_cluster_worker_await(w.cluster,
-	    accept_ready, &w)) {
-		/*
-		 * Redis is up (the node's mode says so): its first answer
-		 * is due in a round trip. A slow start (a loaded machine)
-		 * may take longer than an admission may wait, and not
-		 * accepting meanwhile costs nothing but that wait, where
-		 * accepting would admit by on_redis_down: at least a second.
-		 */
-		double wait = (double)a->cfg->cluster.timeout_ms / 1000.0;
-
-		w.accept_await = 1;
-		ev_timer_set(&w.accept_retry, wait > ACCEPT_AWAIT_MIN_S ? wait :
-		    ACCEPT_AWAIT_MIN_S, 0.0);
-		ev_timer_start(w.loop, &w.accept_retry);
-	} else
-		ev_io_start(w.loop, &w.accept_io);
-	if (w.queue != NULL && sl_queue_wake_fd(w.queue, a->row) >= 0) {
-		ev_io_init(&w.queue_io, queue_cb, sl_queue_wake_fd(w.queue,
-		    a->row), EV_READ);
-		w.queue_io.data = &w;
-		ev_io_start(w.loop, &w.queue_io);
-	}
+	worker_start(&w, a);
 	/*
 	 * Ready: the name tells ps(1) and the tests that setup is done (the
 	 * master's admin socket was closed before sl_worker_main was called).
@@ -410,27 +482,7 @@ sl_worker_main(const struct sl_worker_args *a)
 	sl_debug("worker started (row %zu)", w.row);
 	ev_run(w.loop, 0);
 
-	sl_h2_close_all(&w);
-	sl_conn_close_all(&w);
-	if (w.queue != NULL)
-		ev_io_stop(w.loop, &w.queue_io);
-	h2_gauges(&w);
-	sl_cluster_worker_free(w.cluster);   /* after the last release */
-	sl_transfers_free(w.xfers);
-	sl_blocks_free(&w.blocks);
-	if (w.access_fd > STDERR_FILENO)
-		close(w.access_fd);
-	sl_pools_free(w.pools);
-	sl_models_free(w.models);
-	if (w.spare_fd >= 0)
-		close(w.spare_fd);
-	if (w.hup_fd >= 0) {
-		ev_io_stop(w.loop, &w.hup_io);
-		close(w.hup_fd);
-	}
-	if (w.listen_fd >= 0)
-		close(w.listen_fd);
-	ev_loop_destroy(w.loop);
+	worker_teardown(&w);
 	sl_debug("worker exiting");
 	return 0;
 }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
- * Unit tests for the shared admission region (src/shm.c): exact limits,
+ * Unit tests for the shared admission region (src/shm*.c): exact limits,
  * per-row held counts, reclaim of a dead worker's row, stats, and real
  * processes (fork) hammering one tenant at once.
  */
