@@ -32,6 +32,7 @@
 
 #include "sl_config.h"
 #include "sl_shm.h"
+#include "sl_util.h"
 
 struct sl_pools;
 
@@ -130,9 +131,6 @@ int sl_pool_report(struct sl_pools *, size_t u, int r, int code,
  * silent too long): counts toward passive ejection, not as a request.
  */
 void sl_pool_failed(struct sl_pools *, size_t u, int r);
-
-/* Milliseconds on CLOCK_MONOTONIC: the clock of every time in the region. */
-int64_t sl_mono_ms(void);
 
 /* ---- transfers ---------------------------------------------------------- */
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "sl_auth.h"
+#include "sl_util.h"
 #include "sl_http.h"
 
 struct slot {
@@ -24,18 +25,6 @@ struct sl_keyidx {
 	size_t mask;
 };
 
-static uint64_t
-fnv1a(const char *p, size_t n)
-{
-	uint64_t h = 0xcbf29ce484222325ULL;
-	size_t i;
-
-	for (i = 0; i < n; i++) {
-		h ^= (unsigned char)p[i];
-		h *= 0x100000001b3ULL;
-	}
-	return h;
-}
 
 struct sl_keyidx *
 sl_keyidx_build(const struct sl_config *cfg)
@@ -57,7 +46,7 @@ sl_keyidx_build(const struct sl_config *cfg)
 		for (k = 0; k < cfg->tenants[t].nkeys; k++) {
 			const char *key = cfg->tenants[t].keys[k];
 			size_t len = strlen(key), i;
-			uint64_t h = fnv1a(key, len);
+			uint64_t h = sl_fnv1a(SL_FNV_OFFSET, key, len);
 
 			for (i = (size_t)h & x->mask; x->slots[i].key != NULL;
 			    i = (i + 1) & x->mask)
@@ -81,7 +70,7 @@ sl_keyidx_free(struct sl_keyidx *x)
 int
 sl_keyidx_lookup(const struct sl_keyidx *x, const char *tok, size_t len)
 {
-	uint64_t h = fnv1a(tok, len);
+	uint64_t h = sl_fnv1a(SL_FNV_OFFSET, tok, len);
 	size_t i;
 	int found = -1;
 

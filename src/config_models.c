@@ -16,25 +16,10 @@
 
 #include "sl_config.h"
 #include "config_int.h"
+#include "sl_util.h"
 
 /* ---- one model -------------------------------------------------------- */
 
-/* FNV-1a over len bytes, then a mixer: names from clients may hold NULs. */
-static uint64_t
-mem_hash(const char *p, size_t len)
-{
-	uint64_t h = 0xcbf29ce484222325ULL;
-	size_t i;
-
-	for (i = 0; i < len; i++) {
-		h ^= (unsigned char)p[i];
-		h *= 0x100000001b3ULL;
-	}
-	h ^= h >> 33;
-	h *= 0xff51afd7ed558ccdULL;
-	h ^= h >> 33;
-	return h;
-}
 
 /*
  * A name a client can send and a response header can carry: 1 to
@@ -262,7 +247,7 @@ build_model_names(struct sl_config *cfg)
 			if (s == NULL)
 				continue;
 			len = strlen(s);
-			for (h = (size_t)mem_hash(s, len) & cfg->model_mask;
+			for (h = (size_t)sl_hash64(s, len) & cfg->model_mask;
 			    cfg->model_names[h].name != NULL;
 			    h = (h + 1) & cfg->model_mask)
 				if (cfg->model_names[h].len == len &&
@@ -439,7 +424,7 @@ sl_config_model_find(const struct sl_config *cfg, const char *name, size_t len)
 
 	if (cfg->model_names == NULL)
 		return -1;
-	for (i = (size_t)mem_hash(name, len) & cfg->model_mask;
+	for (i = (size_t)sl_hash64(name, len) & cfg->model_mask;
 	    cfg->model_names[i].name != NULL; i = (i + 1) & cfg->model_mask)
 		if (cfg->model_names[i].len == len &&
 		    memcmp(cfg->model_names[i].name, name, len) == 0)

@@ -15,6 +15,7 @@
 
 #include "sl_config.h"
 #include "config_int.h"
+#include "sl_util.h"
 
 /* ---- string sets ------------------------------------------------------ */
 
@@ -24,20 +25,6 @@
  * addressing, power-of-two table at most half full, sized once.
  */
 
-static uint64_t
-str_hash(const char *p)
-{
-	uint64_t h = 0xcbf29ce484222325ULL;   /* FNV-1a, then a mixer */
-
-	for (; *p != '\0'; p++) {
-		h ^= (unsigned char)*p;
-		h *= 0x100000001b3ULL;
-	}
-	h ^= h >> 33;
-	h *= 0xff51afd7ed558ccdULL;
-	h ^= h >> 33;
-	return h;
-}
 
 /* Room for n strings; -1 on ENOMEM. Free with strset_free. */
 int
@@ -67,7 +54,7 @@ cfg_strset_free(struct strset *set)
 const struct strset_slot *
 cfg_strset_add(struct strset *set, const char *s, size_t a, size_t b)
 {
-	uint64_t h = str_hash(s);
+	uint64_t h = sl_hash64(s, strlen(s));
 	size_t i;
 
 	for (i = (size_t)h & set->mask; set->slots[i].s != NULL;

@@ -783,9 +783,9 @@ h2_outq(struct sl_h2 *h)
  * socket now would lose what the kernel still holds for a client that
  * reads at its own pace: its frames (WINDOW_UPDATE for the DATA it is still
  * reading) would reach a closed socket, which the kernel answers with a
- * reset, dropping the rest, the last stream's last DATA and END_STREAM
- * (issue 31). So the connection says it is done (close_notify, then FIN
- * after the last byte) and reads, discarding, until the client closes too,
+ * reset, dropping the rest, the last stream's last DATA and END_STREAM.
+ * So the connection says it is done (close_notify, then FIN after the
+ * last byte) and reads, discarding, until the client closes too,
  * or until a look every LINGER_SECONDS finds that the client has taken
  * every byte, or that what it has not taken did not move for
  * timeouts.client_stall. Until then it counts as open: a draining worker

@@ -45,6 +45,7 @@
 #include "sl_tls.h"
 #include "sl_transfer.h"
 #include "sl_upstream.h"
+#include "sl_util.h"
 #include "sl_json.h"
 #include "sl_usage.h"
 #include "sl_worker_state.h"
@@ -221,7 +222,6 @@ static void conn_timer_update(struct sl_conn *);
 static void conn_usage_charge(struct sl_conn *);
 static void conn_queue_charge(struct sl_conn *);
 static void conn_queue_charge_running(struct sl_conn *);
-static uint64_t mono_sec(void);
 static void conn_usage_head(struct sl_conn *);
 static void conn_usage_reset(struct sl_conn *);
 static void conn_unref(struct sl_conn *);
@@ -1488,15 +1488,6 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 
 /* ---- tokens: usage read from the response ----------------------------- */
 
-static uint64_t
-mono_sec(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec;
-}
-
 /*
  * A body a Python runner reads as JSON in UTF-16 or UTF-32 where sluice
  * reads it (counted paths; prefix_affinity): sluice reads UTF-8 only, so
@@ -1529,7 +1520,7 @@ conn_usage_charge(struct sl_conn *c)
 	if (!sl_meter_end(&c->meter, c->status, n))
 		return;
 	sl_shm_tokens_charge(c->w->shm, c->w->tenant_slot[c->tenant],
-	    conn_model_slot(c), mono_sec(), n);
+	    conn_model_slot(c), sl_mono_sec(), n);
 	if (c->w->cluster != NULL)
 		sl_cluster_charge(c->w->cluster, c->tenant, n[SL_TOKENS_PROMPT] +
 		    n[SL_TOKENS_COMPLETION] + n[SL_TOKENS_ESTIMATED]);
@@ -2686,7 +2677,7 @@ conn_on_head(struct sl_conn *c)
 		int64_t budget = w->cluster != NULL ?
 		    sl_cluster_token_budget(w->cluster, tenant) : tpm;
 		uint64_t used = budget <= 0 ? 0 : sl_shm_tokens_window(w->shm,
-		    w->tenant_slot[tenant], mono_sec(), (uint64_t)budget, &ra);
+		    w->tenant_slot[tenant], sl_mono_sec(), (uint64_t)budget, &ra);
 
 		/* budget -1: the cluster's window, checked with the lease. */
 		if (budget > 0 && used >= (uint64_t)budget) {

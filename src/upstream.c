@@ -43,15 +43,6 @@ struct sl_pools {
 	const size_t *qpool;         /* [n] the queue's pool index of u */
 };
 
-int64_t
-sl_mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* xorshift64*: ties and weighted random draws, per worker, no locking. */
 static uint64_t
 rnd(struct sl_pools *ps)
