@@ -9,6 +9,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -36,6 +37,7 @@
 #include "sl_net.h"
 #include "sl_queue.h"
 #include "sl_shm.h"
+#include "sl_slots.h"
 #include "sl_upstream.h"
 #include "sl_worker.h"
 
@@ -48,33 +50,10 @@
  */
 #define MAX_ROWS (2 * SL_MAX_WORKERS + 1)
 #define WORKER_ROWS (MAX_ROWS - 1)
-/*
- * The region's index space: tenants (limits.max_tenants, twice over, so
- * that a reload may name max_tenants new ones while as many removed ones
- * finish their streams) and pool replicas. Reserved, not committed
- * (sl_shm.h): room costs nothing until an index is used.
- */
-/*
- * The fair queue's pools: one per upstream with a queue (pool 0 is "no
- * queue"), removed ones included until the workers that knew them are
- * gone. Not twice over like the other slots: the queue's cells are
- * reserved for every pool x shared index (sl_queue.h), so each pool of
- * room costs 32 bytes of address space per index.
- */
-#define QUEUE_POOLS (SL_MAX_QUEUED_UPSTREAMS + 1)
 /* The console's samples (console_sample). */
 #define CONSOLE_SAMPLES 13
 #define CONSOLE_SAMPLE_S 5.0
 #define CONSOLE_SPAN_S 60.0
-#define MODEL_VALUES (2 + SL_MHIST_BOUNDS_MAX)  /* requests, TTFT buckets */
-#define INDEX_VALUES 2
-/*
- * Per-model histograms (three, 15 to 18 series each) under a model's own
- * label for the models of slots 1..MODEL_HIST_SERIES (the first models of
- * the configuration at start, and those that took their slots); the
- * others are summed under model="_other" (sluice.8, METRICS).
- */
-#define MODEL_HIST_SERIES 100
 #define RESPAWN_BACKOFF_S 1.0        /* a worker that dies young waits this */
 #define LISTEN_BACKLOG 4096
 
@@ -87,79 +66,11 @@ struct child {
 	int draining;
 };
 
-/*
- * Named slots of a shared table (models, upstreams, queue pools): the
- * name of each (slot 0 is never named; NULL: free or never used) and the
- * newest generation that maps it; slots below hwm were handed out. Arrays
- * reserved like the index arrays: a slot costs once used.
- */
-struct slot_table {
-	char **names;
-	unsigned *gen;
-	size_t n;
-	size_t hwm;
-};
-
-/* A generation: one config and the tenant mapping its workers use. */
-struct gen {
-	struct sl_config *cfg;
-	size_t *tenant_slot;
-	size_t *upstream_slot;
-	size_t *queue_slot;          /* config upstream -> queue pool; 0: none */
-	size_t **replica_slot;       /* [upstream][replica] -> shm index */
-	size_t *model_slot;          /* config model -> shm model slot */
-	/*
-	 * API key -> tenant, built here once per generation and shared by
-	 * its workers (copy-on-write pages never written): one index, not one
-	 * per worker.
-	 */
-	struct sl_keyidx *keys;
-	unsigned id;
-};
-
 struct master {
 	const char *path;
-	struct gen cur;
+	struct sl_gen cur;
 	struct sl_shm *shm;
-	/*
-	 * Tenants and pool replicas share the region's index space (a
-	 * replica's cap and count are a tenant slot's); a replica's name is
-	 * "\x01UPSTREAM\x01URL", so it never meets a tenant's.
-	 */
-	char **shm_names;            /* shm index -> name (or NULL) */
-	unsigned char *shm_replica;  /* shm index -> 1 for a replica */
-	/*
-	 * A replica's index is reused once a reload removed it and its
-	 * streams ended (reuse_retired): shm_gen is the newest generation
-	 * that may map the index, shm_epoch its epoch as this process (and so
-	 * a worker forked now) knows it, shm_free marks an index given back
-	 * (name freed, region zeroed).
-	 */
-	unsigned *shm_gen;
-	uint32_t *shm_epoch;         /* the region's epochs, as forked workers see */
-	unsigned char *shm_free;
-	size_t *free_stack;          /* the indices given back, [shm_nfree] */
-	size_t shm_nfree;
-	size_t shm_ntenants;         /* indices handed out so far */
-	size_t shm_tenants_live;     /* tenant indices not free */
-	size_t max_tenants;          /* limits.max_tenants at start */
-	size_t *name_ht;             /* open addressing: shm index + 1, 0 empty */
-	size_t name_ht_mask;         /* capacity - 1, a power of two */
-	size_t name_ht_n;            /* names in it */
-	/*
-	 * Model slots of the region (sl_shm.h, 2 x limits.max_models + 1),
-	 * upstream slots (2 x limits.max_upstreams + 1) and the fair queue's
-	 * pools (QUEUE_POOLS; 0 is "no queue"): map_slots.
-	 */
-	struct slot_table models;
-	struct slot_table ups;
-	struct slot_table queues;
-	size_t max_models;           /* limits.max_models at start */
-	size_t max_upstreams;        /* limits.max_upstreams at start */
-	size_t replica_room;         /* sl_config_replica_room at start */
-	/* What slots past MODEL_HIST_SERIES counted before they were reused. */
-	uint64_t other_hist[SL_MHIST_MAX][SL_MHIST_BOUNDS_MAX + 1];
-	uint64_t other_hist_us[SL_MHIST_MAX];
+	struct sl_slots slots;      /* names -> slots of the region */
 	struct sl_admin *admin;
 	struct sl_prober *prober;    /* health probes of the current pools */
 	struct sl_cluster_shm *cshm; /* `cluster:` leases; NULL: one node */
@@ -185,7 +96,7 @@ struct master {
 	 * "last minute" numbers, sampled every CONSOLE_SAMPLE_S (console_sample).
 	 */
 	struct sl_window *window;
-	struct sl_window *mwindow;   /* the models', MODEL_VALUES a slot */
+	struct sl_window *mwindow;   /* the models', SL_MODEL_VALUES a slot */
 	double next_sample;
 	uint64_t *sample;            /* scratch for a sample */
 	size_t sample_cap;
@@ -206,49 +117,6 @@ heap_trim(void)
 #ifdef __GLIBC__
 	malloc_trim(0);
 #endif
-}
-
-/*
- * Zeroed memory for an array sized by the region's room (limits.max_tenants):
- * its own mapping, so that its pages cost nothing until an index in use
- * writes them. calloc could hand out the heap's free top (a big
- * configuration's parse leaves one) and zero all of it.
- */
-static void *
-reserve(size_t n)
-{
-	void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE,
-	    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-
-	return p == MAP_FAILED ? NULL : p;
-}
-
-static void
-unreserve(void *p, size_t n)
-{
-	if (p != NULL)
-		munmap(p, n ? n : 1);
-}
-
-static int
-slot_table_init(struct slot_table *st, size_t n)
-{
-	st->n = n;
-	st->hwm = 1;               /* slot 0 is never named */
-	st->names = reserve(n * sizeof(*st->names));
-	st->gen = reserve(n * sizeof(*st->gen));
-	return st->names != NULL && st->gen != NULL ? 0 : -1;
-}
-
-static void
-slot_table_free(struct slot_table *st)
-{
-	size_t j;
-
-	for (j = 0; st->names != NULL && j < st->hwm; j++)
-		free(st->names[j]);
-	unreserve(st->names, st->n * sizeof(*st->names));
-	unreserve(st->gen, st->n * sizeof(*st->gen));
 }
 
 static volatile sig_atomic_t got_hup, got_term, got_quit, got_chld, got_usr1;
@@ -300,499 +168,70 @@ resolve_workers(const struct sl_config *cfg)
 	return (int)n;
 }
 
-static size_t
-name_hash(const char *s)
+/* The oldest generation with a worker alive; UINT_MAX: none. */
+static unsigned
+oldest_live(const struct master *m)
 {
-	size_t h = 14695981039346656037ULL;
-
-	for (; *s != '\0'; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-	return h;
-}
-
-/*
- * Slot of name in the name table: its entry, or the empty slot where it
- * goes. The table is kept at most half full (name_table_grow) and names
- * are removed only by rebuilding it (name_table_rebuild), so a probe
- * ends. It grows with the names, not with the region's room: a table
- * sized for a million names, written at random, would cost its whole size
- * at ten thousand.
- */
-static size_t *
-name_slot(struct master *m, const char *name)
-{
-	size_t i = name_hash(name) & m->name_ht_mask;
-
-	while (m->name_ht[i] != 0 &&
-	    strcmp(m->shm_names[m->name_ht[i] - 1], name) != 0)
-		i = (i + 1) & m->name_ht_mask;
-	return &m->name_ht[i];
-}
-
-/* Every name again, after some were freed (open addressing: no holes). */
-static void
-name_table_rebuild(struct master *m)
-{
-	size_t j;
-
-	memset(m->name_ht, 0, (m->name_ht_mask + 1) * sizeof(*m->name_ht));
-	m->name_ht_n = 0;
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (m->shm_names[j] != NULL) {
-			*name_slot(m, m->shm_names[j]) = j + 1;
-			m->name_ht_n++;
-		}
-}
-
-/* Room for one more name: double the table past half full. -1: no memory. */
-static int
-name_table_grow(struct master *m)
-{
-	size_t size = m->name_ht_mask + 1, *ht;
-
-	if (m->name_ht != NULL && 2 * (m->name_ht_n + 1) <= size)
-		return 0;
-	if (m->name_ht != NULL)
-		size *= 2;
-	if ((ht = calloc(size, sizeof(*ht))) == NULL)
-		return -1;
-	free(m->name_ht);
-	m->name_ht = ht;
-	m->name_ht_mask = size - 1;
-	name_table_rebuild(m);
-	return 0;
-}
-
-/*
- * Give back the indices of tenants and replicas that reloads removed,
- * once nothing can touch them any more: not mapped by the current
- * generation (nor a newer one that failed to start), retired (limit 0:
- * nothing admitted), nothing in flight and no worker row holding a slot
- * (a dead worker's row is reclaimed at its reaping). Their counters,
- * health and affinity hints are zeroed and their epoch bumped: a
- * draining worker that still maps one (a removed tenant's key, a replica
- * it may retry onto) sees the new epoch and leaves it alone (sl_shm.h).
- * Until then a retired index stays reserved, and its streams are shown
- * under its old name. Returns the indices given back.
- */
-static size_t
-reuse_retired(struct master *m)
-{
-	unsigned char *drop;
-	size_t j, n = 0;
-
-	if ((drop = reserve(sl_shm_max_tenants(m->shm))) == NULL)
-		return 0;
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (!m->shm_free[j] && m->shm_gen[j] < m->cur.id &&
-		    sl_shm_limit(m->shm, j) == 0 &&
-		    sl_shm_index_quiet(m->shm, j)) {
-			drop[j] = 1;
-			n++;
-		}
-	if (n > 0) {
-		sl_shm_hint_drop_slots(m->shm, drop);
-		for (j = 0; j < m->shm_ntenants; j++)
-			if (drop[j]) {
-				sl_shm_index_reset(m->shm, j);
-				sl_queue_forget_tenant(m->queue, SL_QUEUE_ROW, j);
-				if (m->window != NULL)
-					sl_window_forget(m->window,
-					    j * INDEX_VALUES, INDEX_VALUES);
-				m->shm_epoch[j] = sl_shm_epoch(m->shm, j);
-				free(m->shm_names[j]);
-				m->shm_names[j] = NULL;
-				m->shm_free[j] = 1;
-				m->free_stack[m->shm_nfree++] = j;
-				if (!m->shm_replica[j])
-					m->shm_tenants_live--;
-			}
-		name_table_rebuild(m);
-		sl_debug("%zu index(es) of removed tenants or replicas free "
-		    "again", n);
-	}
-	unreserve(drop, sl_shm_max_tenants(m->shm));
-	return n;
-}
-
-/*
- * The stable shm index of name (same name, same index across reloads),
- * handed out on first sight; (size_t)-1 when the region is full. A new
- * replica takes the index of a removed one when there is one free.
- */
-static size_t
-shm_index(struct master *m, const char *name, int replica)
-{
-	/* A hash lookup: 100k tenants must not cost 10^10 compares. */
-	size_t *slot, j;
-
-	if (name_table_grow(m) == -1)
-		return (size_t)-1;
-	slot = name_slot(m, name);
-	if (*slot != 0)
-		return *slot - 1;
-	if (!replica && m->shm_tenants_live >= 2 * m->max_tenants) {
-		sl_err("no room for tenant '%s': %zu tenants are mapped, removed "
-		    "ones among them until their streams end (limits.max_tenants "
-		    "%zu at start); reload again once they have ended", name,
-		    m->shm_tenants_live, m->max_tenants);
-		return (size_t)-1;
-	}
-	j = m->shm_nfree > 0 ? m->free_stack[m->shm_nfree - 1] :
-	    m->shm_ntenants;
-	if (j == sl_shm_max_tenants(m->shm)) {
-		sl_err("no room for %s: the %zu shared indices (2 x "
-		    "limits.max_tenants + 2 x %zu replicas) are in use; restart "
-		    "to grow them", replica ? "a replica" : "a tenant",
-		    sl_shm_max_tenants(m->shm), m->replica_room);
-		return (size_t)-1;
-	}
-	if ((m->shm_names[j] = strdup(name)) == NULL)
-		return (size_t)-1;
-	m->shm_replica[j] = (unsigned char)replica;
-	*slot = j + 1;
-	m->name_ht_n++;
-	if (!replica)
-		m->shm_tenants_live++;
-	if (m->shm_nfree > 0 && j == m->free_stack[m->shm_nfree - 1]) {
-		m->shm_free[j] = 0;
-		m->shm_nfree--;
-	} else {
-		m->shm_ntenants++;
-		sl_shm_set_indices_used(m->shm, m->shm_ntenants);
-	}
-	return j;
-}
-
-/*
- * Indices of one kind (tenants, or replicas) that the new mapping did not
- * keep get limit 0: nothing new is admitted, what is in flight finishes.
- */
-static void
-retire_unkept(struct master *m, const unsigned char *keep, int replica)
-{
-	size_t j;
-
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (!keep[j] && m->shm_replica[j] == replica)
-			sl_shm_set_limit(m->shm, j, 0);
-}
-
-static char *
-replica_key(const char *upstream, const char *url)
-{
-	size_t a = strlen(upstream), b = strlen(url);
-	char *k = malloc(a + b + 3);
-
-	if (k != NULL) {
-		k[0] = '\x01';
-		memcpy(k + 1, upstream, a);
-		k[a + 1] = '\x01';
-		memcpy(k + a + 2, url, b + 1);
-	}
-	return k;
-}
-
-static void
-free_replica_map(size_t **rmap, size_t n)
-{
-	size_t u;
-
-	if (rmap == NULL)
-		return;
-	for (u = 0; u < n; u++)
-		free(rmap[u]);
-	free(rmap);
-}
-
-/*
- * Map every replica of every pool to a stable shm index, keyed by upstream
- * name and URL (a reload keeps the counts and health of replicas that
- * stay), and publish caps: max_streams, or no cap. A replica a reload
- * removed gets cap 0: it takes no new stream, and those in flight finish.
- * gen: the generation the mapping is for. Returns the mapping (caller
- * owns; free_replica_map) or NULL.
- */
-static size_t **
-map_replicas(struct master *m, const struct sl_config *cfg, unsigned gen)
-{
-	size_t **map, u, r, j;
-	unsigned char *keep;
-
-	reuse_retired(m);
-	map = calloc(cfg->nupstreams ? cfg->nupstreams : 1, sizeof(*map));
-	keep = reserve(sl_shm_max_tenants(m->shm));
-	if (map == NULL || keep == NULL)
-		goto fail;
-	for (u = 0; u < cfg->nupstreams; u++) {
-		const struct sl_upstream_conf *up = &cfg->upstreams[u];
-
-		map[u] = calloc(up->nreplicas ? up->nreplicas : 1, sizeof(size_t));
-		if (map[u] == NULL)
-			goto fail;
-		for (r = 0; r < up->nreplicas; r++) {
-			char *k = replica_key(up->name, up->replicas[r].url);
-
-			j = k != NULL ? shm_index(m, k, 1) : (size_t)-1;
-			free(k);
-			if (j == (size_t)-1)
-				goto fail;
-			map[u][r] = j;
-			keep[j] = 1;
-			/* The newest generation that may map it. */
-			if (m->shm_gen[j] < gen)
-				m->shm_gen[j] = gen;
-		}
-	}
-	for (u = 0; u < cfg->nupstreams; u++)
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
-			int32_t cap = cfg->upstreams[u].replicas[r].max_streams;
-			struct sl_shm_replica *h = sl_shm_replica(m->shm,
-			    map[u][r]);
-
-			sl_shm_set_limit(m->shm, map[u][r], cap > 0 ? cap : INT32_MAX);
-			/*
-			 * A reload clears busy marks: the operator's way to
-			 * put a replica back at once (sluice.yaml.5).
-			 */
-			if (h != NULL)
-				atomic_store(&h->busy_until_ms, 0);
-		}
-	retire_unkept(m, keep, 1);
-	unreserve(keep, sl_shm_max_tenants(m->shm));
-	return map;
-fail:
-	free_replica_map(map, cfg->nupstreams);
-	unreserve(keep, sl_shm_max_tenants(m->shm));
-	return NULL;
-}
-
-/*
- * Map every tenant of cfg to a stable shm index (same name, same index
- * across reloads) and publish limits. Tenants that disappeared are retired
- * (limit 0): their in-flight streams still release. Returns the mapping
- * (caller owns) or NULL when the region is full.
- */
-static size_t *
-map_tenants(struct master *m, const struct sl_config *cfg, unsigned gen)
-{
-	size_t *map, i, j;
-	unsigned char *keep;
-
-	reuse_retired(m);
-	map = calloc(cfg->ntenants ? cfg->ntenants : 1, sizeof(*map));
-	keep = reserve(sl_shm_max_tenants(m->shm));
-	if (map == NULL || keep == NULL)
-		goto fail;
-	for (i = 0; i < cfg->ntenants; i++) {
-		if ((j = shm_index(m, cfg->tenants[i].name, 0)) == (size_t)-1)
-			goto fail;
-		map[i] = j;
-		keep[j] = 1;
-		/* The newest generation that may map it. */
-		if (m->shm_gen[j] < gen)
-			m->shm_gen[j] = gen;
-	}
-	/* Publish only once the whole mapping exists. */
-	for (i = 0; i < cfg->ntenants; i++) {
-		sl_shm_set_limit(m->shm, map[i], cfg->tenants[i].max_streams);
-		sl_shm_set_token_budget(m->shm, map[i],
-		    cfg->tenants[i].tokens_per_minute);
-	}
-	retire_unkept(m, keep, 0);
-	unreserve(keep, sl_shm_max_tenants(m->shm));
-	return map;
-fail:
-	free(map);
-	unreserve(keep, sl_shm_max_tenants(m->shm));
-	return NULL;
-}
-
-_Static_assert(2 * SL_MAX_MODELS + 1 <= SL_SHM_MAX_MODEL_SLOTS,
-    "slot 0 is \"-\"");
-
-/* Is a worker of generation `gen` or an older one alive? */
-static int
-gen_alive(const struct master *m, unsigned gen)
-{
+	unsigned g = UINT_MAX;
 	int i;
 
 	for (i = 0; i < MAX_ROWS; i++)
-		if (m->children[i].pid > 0 && m->children[i].gen <= gen)
-			return 1;
-	return 0;
+		if (m->children[i].pid > 0 && m->children[i].gen < g)
+			g = m->children[i].gen;
+	return g;
 }
 
-/*
- * A slot summed under "_other" goes to another name: what it counted
- * stays in the sum.
- */
-static void
-keep_other_hist(struct master *m, size_t slot)
+/* What the slot maps need of the master now (sl_slots.h). */
+static struct sl_slots_ctx
+slots_ctx(const struct master *m)
 {
-	int h, b, n;
+	struct sl_slots_ctx c;
 
-	for (h = 0; h < SL_MHIST_MAX; h++) {
-		sl_shm_mhist_bounds((enum sl_mhist)h, &n);
-		for (b = 0; b <= n; b++)   /* cumulative, as rendered */
-			m->other_hist[h][b] += sl_shm_model_hist_bucket(m->shm,
-			    slot, (enum sl_mhist)h, b);
-		m->other_hist_us[h] += (uint64_t)(sl_shm_model_hist_sum(m->shm,
-		    slot, (enum sl_mhist)h) * 1e6);
-	}
+	c.cur = m->cur.id;
+	c.oldest_live = oldest_live(m);
+	c.queue = m->queue;
+	c.window = m->window;
+	c.mwindow = m->mwindow;
+	return c;
 }
 
-/*
- * Give each of the count names of want (NULL: no slot wanted) a slot of
- * st for generation gen, into map[] (0: none): the slot it had (a name a
- * reload keeps keeps its counters), else a slot never used, else the slot
- * of a removed name that no live worker can count under any more. drop[]
- * (st->n bytes, zeroed) gets the slots that changed name: the caller
- * zeroes their counters before a worker of gen starts. There are twice
- * the names a configuration may hold, so a reload may replace them all
- * while as many removed ones drain. O(slots + names). Returns the names
- * left without a slot (only when reloads replaced names faster than
- * workers drained), or -1 without memory.
- */
-static long
-map_slots(struct master *m, struct slot_table *st, const char *const *want,
-    size_t count, unsigned gen, size_t *map, unsigned char *drop)
+/* The slot maps (sl_slots.h), told what they need of the master now. */
+static size_t *
+map_tenants(struct master *m, const struct sl_config *cfg, unsigned gen)
 {
-	size_t *ht, mask, i, j, h, nfree = 0, *freel = NULL;
-	unsigned char *keep;
-	long left = 0;
+	struct sl_slots_ctx c = slots_ctx(m);
 
-	for (mask = 1; mask < 2 * (st->hwm + 1); mask <<= 1)
-		;
-	ht = calloc(mask, sizeof(*ht));
-	mask--;
-	keep = calloc(st->n, 1);
-	if (ht == NULL || keep == NULL)
-		goto fail;
-	for (j = 1; j < st->hwm; j++)
-		if (st->names[j] != NULL) {
-			for (h = name_hash(st->names[j]) & mask; ht[h] != 0;
-			    h = (h + 1) & mask)
-				;
-			ht[h] = j;
-		}
-	for (i = 0; i < count; i++) {
-		map[i] = 0;
-		if (want[i] == NULL)
-			continue;
-		for (h = name_hash(want[i]) & mask; ht[h] != 0; h = (h + 1) & mask)
-			if (strcmp(st->names[ht[h]], want[i]) == 0) {
-				map[i] = ht[h];
-				keep[ht[h]] = 1;
-				break;
-			}
-	}
-	for (i = 0; i < count; i++) {
-		if (map[i] != 0 || want[i] == NULL)
-			continue;
-		if (st->hwm < st->n) {
-			j = st->hwm++;
-		} else {
-			if (freel == NULL) {
-				/* Once: the slots of removed names nobody counts under. */
-				if ((freel = calloc(st->n, sizeof(*freel))) == NULL)
-					goto fail;
-				for (j = st->n - 1; j >= 1; j--)
-					if (!keep[j] && st->gen[j] < m->cur.id &&
-					    !gen_alive(m, st->gen[j]))
-						freel[nfree++] = j;
-			}
-			if (nfree == 0) {
-				left++;
-				continue;
-			}
-			j = freel[--nfree];
-		}
-		if (st->names[j] != NULL) {
-			drop[j] = 1;
-			free(st->names[j]);
-			st->names[j] = NULL;
-		}
-		if ((st->names[j] = strdup(want[i])) == NULL)
-			goto fail;
-		map[i] = j;
-		keep[j] = 1;
-	}
-	for (j = 1; j < st->hwm; j++)
-		if (keep[j])
-			st->gen[j] = gen;
-	free(ht);
-	free(keep);
-	free(freel);
-	return left;
-fail:
-	free(ht);
-	free(keep);
-	free(freel);
-	return -1;
+	return sl_slots_map_tenants(&m->slots, &c, cfg, gen);
 }
 
-/*
- * Map every model of cfg to a model slot of the region for generation
- * gen (map_slots). A model with no slot left counts under "-" for this
- * generation, and a warning says so. Returns the mapping (caller owns),
- * or NULL without memory.
- */
+static size_t **
+map_replicas(struct master *m, const struct sl_config *cfg, unsigned gen)
+{
+	struct sl_slots_ctx c = slots_ctx(m);
+
+	return sl_slots_map_replicas(&m->slots, &c, cfg, gen);
+}
+
 static size_t *
 map_models(struct master *m, const struct sl_config *cfg, unsigned gen)
 {
-	size_t *map, i, j;
-	const char **want;
-	unsigned char *drop;
-	long left;
-	int reset = 0;
+	struct sl_slots_ctx c = slots_ctx(m);
 
-	map = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*map));
-	want = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*want));
-	drop = calloc(m->models.n, 1);
-	if (map == NULL || want == NULL || drop == NULL) {
-		free(map);
-		map = NULL;
-		goto out;
-	}
-	for (i = 0; i < cfg->nmodels; i++)
-		want[i] = cfg->models[i].name;
-	left = map_slots(m, &m->models, want, cfg->nmodels, gen, map, drop);
-	for (j = 1; j < m->models.n; j++)
-		if (drop[j]) {
-			sl_debug("model slot %zu goes to another model", j);
-			if (j > MODEL_HIST_SERIES)
-				keep_other_hist(m, j);
-			if (m->mwindow != NULL)
-				sl_window_forget(m->mwindow, j * MODEL_VALUES,
-				    MODEL_VALUES);
-			reset = 1;
-		}
-	if (reset)
-		sl_shm_models_reset(m->shm, drop);
-	if (left < 0) {
-		free(map);
-		map = NULL;
-		goto out;
-	}
-	for (i = 0; left > 0 && i < cfg->nmodels; i++)
-		if (map[i] == 0)
-			sl_warn("model '%s': all %zu model metric slots are held by "
-			    "models that workers still draining may count; its "
-			    "metrics go under model \"-\" until a later reload",
-			    cfg->models[i].name, m->models.n - 1);
-out:
-	free(want);
-	free(drop);
-	return map;
+	return sl_slots_map_models(&m->slots, &c, cfg, gen);
+}
+
+static int
+map_upstreams(struct master *m, const struct sl_config *cfg, unsigned gen,
+    size_t **umapp, size_t **qmapp)
+{
+	struct sl_slots_ctx c = slots_ctx(m);
+
+	return sl_slots_map_upstreams(&m->slots, &c, cfg, gen, umapp, qmapp);
 }
 
 /*
- * The fair queue follows cfg (start and reload): each pool's queue, each
- * tenant's weight and priority, at once for the requests waiting, before
- * the workers that use them start; with close_removed (once the reload
- * cannot fail any more), a pool the reload removed answers its waiters
- * 503 upstream_unavailable.
+ * The fair queue follows cfg (start and reload), before the workers that
+ * use it start (sl_slots_publish_queue).
  */
 #define QUEUE_ENTRIES_MIN 1024
 #define QUEUE_ENTRIES_MAX 65536
@@ -801,98 +240,9 @@ static void
 publish_queue(struct master *m, const struct sl_config *cfg,
     const size_t *tmap, const size_t *qmap, int close_removed)
 {
-	unsigned char kept[QUEUE_POOLS];
-	size_t i;
-	int wake = 1;
+	struct sl_slots_ctx c = slots_ctx(m);
 
-	memset(kept, 0, sizeof(kept));
-	for (i = 0; i < cfg->nupstreams; i++)
-		if (cfg->upstreams[i].queue.enabled &&
-		    sl_queue_enable_wake(m->queue) == -1) {
-			sl_err("cannot make the fair queue's eventfds: %s; "
-			    "requests to a full pool get 503 at once",
-			    strerror(errno));
-			wake = 0;
-			break;
-		}
-	for (i = 0; i < cfg->nupstreams; i++) {
-		const struct sl_upstream_conf *u = &cfg->upstreams[i];
-
-		if (qmap[i] == 0)
-			continue;       /* no queue: pool 0, never set */
-		kept[qmap[i]] = 1;
-		sl_queue_set_pool(m->queue, qmap[i],
-		    u->queue.enabled && wake ? u->queue.max : 0,
-		    (int32_t)u->queue.timeout_ms,
-		    u->queue.fairness == SL_FAIRNESS_FIFO ? SL_QUEUE_FIFO :
-		    SL_QUEUE_TOKENS);
-	}
-	for (i = 1; close_removed && i < m->queues.hwm; i++)
-		if (!kept[i] && m->queues.names[i] != NULL)
-			sl_queue_close_pool(m->queue, SL_QUEUE_ROW, i);
-	for (i = 0; i < cfg->ntenants; i++)
-		sl_queue_set_tenant(m->queue, tmap[i], cfg->tenants[i].weight,
-		    cfg->tenants[i].priority);
-}
-
-/*
- * Upstream slots for the error counters, and queue pools for the
- * upstreams with a queue (*qmapp), both by name for generation gen
- * (map_slots): 0, or -1 (said why) when a reload replaced upstreams
- * faster than workers drained, or without memory.
- */
-static int
-map_upstreams(struct master *m, const struct sl_config *cfg, unsigned gen,
-    size_t **umapp, size_t **qmapp)
-{
-	size_t n = cfg->nupstreams ? cfg->nupstreams : 1, i, j;
-	size_t *umap = calloc(n, sizeof(*umap)), *qmap = calloc(n, sizeof(*qmap));
-	const char **want = calloc(n, sizeof(*want));
-	unsigned char *udrop = calloc(m->ups.n, 1), *qdrop = calloc(QUEUE_POOLS, 1);
-	long left = -1, qleft = -1;
-
-	*umapp = *qmapp = NULL;
-	if (umap == NULL || qmap == NULL || want == NULL || udrop == NULL ||
-	    qdrop == NULL)
-		goto out;
-	for (i = 0; i < cfg->nupstreams; i++)
-		want[i] = cfg->upstreams[i].name;
-	left = map_slots(m, &m->ups, want, cfg->nupstreams, gen, umap, udrop);
-	for (i = 0; i < cfg->nupstreams; i++)
-		want[i] = cfg->upstreams[i].queue.enabled ?
-		    cfg->upstreams[i].name : NULL;
-	qleft = map_slots(m, &m->queues, want, cfg->nupstreams, gen, qmap, qdrop);
-	for (j = 1; j < m->ups.n; j++)
-		if (udrop[j])
-			sl_shm_upstream_reset(m->shm, j);
-	for (j = 1; m->queue != NULL && j < QUEUE_POOLS; j++)
-		if (qdrop[j])
-			sl_queue_reset_pool(m->queue, j);
-	for (i = 0; left > 0 && i < cfg->nupstreams; i++)
-		if (umap[i] == 0)
-			sl_err("no room for upstream '%s': all %zu upstream slots "
-			    "are held by upstreams that workers still draining "
-			    "may use (limits.max_upstreams %zu at start); reload "
-			    "again once they have ended", cfg->upstreams[i].name,
-			    m->ups.n - 1, m->max_upstreams);
-	for (i = 0; qleft > 0 && i < cfg->nupstreams; i++)
-		if (qmap[i] == 0 && cfg->upstreams[i].queue.enabled)
-			sl_err("no room for the queue of upstream '%s': all %d "
-			    "queues are held by upstreams that workers still "
-			    "draining may use; reload again once they have ended",
-			    cfg->upstreams[i].name, QUEUE_POOLS - 1);
-out:
-	free(want);
-	free(udrop);
-	free(qdrop);
-	if (left != 0 || qleft != 0) {
-		free(umap);
-		free(qmap);
-		return -1;
-	}
-	*umapp = umap;
-	*qmapp = qmap;
-	return 0;
+	sl_slots_publish_queue(&m->slots, &c, cfg, tmap, qmap, close_removed);
 }
 
 static int
@@ -1014,7 +364,7 @@ spawn(struct master *m, int slot)
 		a.queue_slot = m->cur.queue_slot;
 		a.model_slot = m->cur.model_slot;
 		a.replica_slot = (const size_t *const *)m->cur.replica_slot;
-		a.replica_epoch = m->shm_epoch;
+		a.replica_epoch = m->slots.shm_epoch;
 		a.row = (size_t)row;
 		a.cluster_shm = m->cshm;
 		a.queue = m->queue;
@@ -1274,7 +624,7 @@ reload(struct master *m)
 	size_t i, nrep;
 	int rows[SL_MAX_WORKERS], old_rows[SL_MAX_WORKERS];
 	int nw = 0, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
-	struct gen old;
+	struct sl_gen old;
 
 	sl_info("reloading %s", m->path);
 	if (sl_config_load_file_apart(m->path, &ncfg, &errs) == -1) {
@@ -1301,16 +651,16 @@ reload(struct master *m)
 	keep_cluster(m, ncfg);
 	nrep = sl_config_nreplicas(ncfg);
 	if (keep_limit("limits.max_tenants", &ncfg->limits.max_tenants,
-	    m->max_tenants, ncfg->ntenants, "tenants", m->cur.id) == -1 ||
+	    m->slots.max_tenants, ncfg->ntenants, "tenants", m->cur.id) == -1 ||
 	    keep_limit("limits.max_models", &ncfg->limits.max_models,
-	    m->max_models, ncfg->nmodels, "models", m->cur.id) == -1 ||
+	    m->slots.max_models, ncfg->nmodels, "models", m->cur.id) == -1 ||
 	    keep_limit("limits.max_upstreams", &ncfg->limits.max_upstreams,
-	    m->max_upstreams, ncfg->nupstreams, "upstreams", m->cur.id) == -1)
+	    m->slots.max_upstreams, ncfg->nupstreams, "upstreams", m->cur.id) == -1)
 		goto fail;
-	if (nrep > m->replica_room) {
+	if (nrep > m->slots.replica_room) {
 		sl_err("reload failed: %zu replicas in all, at most %zu (4 per "
 		    "limits.max_upstreams, at least 4096) until a restart; "
-		    "keeping generation %u", nrep, m->replica_room, m->cur.id);
+		    "keeping generation %u", nrep, m->slots.replica_room, m->cur.id);
 		goto fail;
 	}
 	nw = resolve_workers(ncfg);
@@ -1356,7 +706,7 @@ reload(struct master *m)
 	if ((mmap_ = map_models(m, ncfg, m->last_gen + 1)) == NULL) {
 		sl_err("reload failed: cannot map the models");
 		free(map_tenants(m, m->cur.cfg, m->cur.id));
-		free_replica_map(map_replicas(m, m->cur.cfg, m->cur.id),
+		sl_slots_free_replica_map(map_replicas(m, m->cur.cfg, m->cur.id),
 		    m->cur.cfg->nupstreams);
 		goto fail;
 	}
@@ -1397,7 +747,7 @@ reload(struct master *m)
 		m->nworkers = old_nw;
 		memcpy(m->slot_row, old_rows, sizeof(old_rows));
 		free(map_tenants(m, old.cfg, old.id));
-		free_replica_map(map_replicas(m, old.cfg, old.id),
+		sl_slots_free_replica_map(map_replicas(m, old.cfg, old.id),
 		    old.cfg->nupstreams);
 		publish_queue(m, old.cfg, old.tenant_slot, old.queue_slot, 0);
 		sl_err("reload failed: cannot start worker %d of the new "
@@ -1443,7 +793,7 @@ reload(struct master *m)
 			    "the old ones");
 	}
 	/* Children hold their own copies of the old generation. */
-	free_replica_map(old.replica_slot, old.cfg->nupstreams);
+	sl_slots_free_replica_map(old.replica_slot, old.cfg->nupstreams);
 	sl_config_free(old.cfg);
 	free(old.tenant_slot);
 	free(old.upstream_slot);
@@ -1466,7 +816,7 @@ fail:
 	free(qmap);
 	free(mmap_);
 	sl_keyidx_free(keys);
-	free_replica_map(rmap, ncfg->nupstreams);
+	sl_slots_free_replica_map(rmap, ncfg->nupstreams);
 	sl_config_free(ncfg);
 	m->reloads_failed++;
 }
@@ -1475,7 +825,7 @@ fail:
 static int
 index_is_tenant(const struct master *m, size_t t)
 {
-	return !m->shm_replica[t] && m->shm_names[t] != NULL;
+	return !m->slots.shm_replica[t] && m->slots.shm_names[t] != NULL;
 }
 
 /* Prometheus label value: escape backslash, quote and newline. */
@@ -1701,17 +1051,17 @@ retired_streams(struct master *m, struct sl_str *o)
 	unsigned char *cur;
 	size_t u, r, j;
 
-	if ((cur = reserve(sl_shm_max_tenants(m->shm))) == NULL)
+	if ((cur = sl_slots_reserve(sl_shm_max_tenants(m->shm))) == NULL)
 		return;
 	for (u = 0; u < cfg->nupstreams; u++)
 		for (r = 0; r < cfg->upstreams[u].nreplicas; r++)
 			cur[m->cur.replica_slot[u][r]] = 1;
-	for (j = 0; j < m->shm_ntenants; j++) {
-		const char *name = m->shm_names[j], *url;
+	for (j = 0; j < m->slots.shm_ntenants; j++) {
+		const char *name = m->slots.shm_names[j], *url;
 		int32_t n;
 		char *up;
 
-		if (!m->shm_replica[j] || cur[j] || name == NULL ||
+		if (!m->slots.shm_replica[j] || cur[j] || name == NULL ||
 		    (n = sl_shm_inflight(m->shm, j)) <= 0 ||
 		    (url = strchr(name + 1, '\x01')) == NULL)
 			continue;
@@ -1722,7 +1072,7 @@ retired_streams(struct master *m, struct sl_str *o)
 		sl_str_printf(o, "} %d\n", (int)n);
 		free(up);
 	}
-	unreserve(cur, sl_shm_max_tenants(m->shm));
+	sl_slots_unreserve(cur, sl_shm_max_tenants(m->shm));
 }
 
 /* The pools of the current generation, replica by replica. */
@@ -1765,10 +1115,10 @@ render_replicas(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_upstream_retries_total Requests moved "
 	    "to another replica, by reason.\n"
 	    "# TYPE sluice_upstream_retries_total counter\n");
-	for (k = 1; k < m->ups.hwm; k++)
-		for (c = 0; c < SL_RETRY_R_MAX && m->ups.names[k] != NULL; c++) {
+	for (k = 1; k < m->slots.ups.hwm; k++)
+		for (c = 0; c < SL_RETRY_R_MAX && m->slots.ups.names[k] != NULL; c++) {
 			sl_str_printf(o, "sluice_upstream_retries_total{upstream=\"");
-			label(o, m->ups.names[k]);
+			label(o, m->slots.ups.names[k]);
 			sl_str_printf(o, "\",reason=\"%s\"} %llu\n",
 			    sl_shm_retry_label((enum sl_retry_reason)c),
 			    (unsigned long long)sl_shm_retry_sum(m->shm, k,
@@ -1795,7 +1145,7 @@ render_replicas(struct master *m, struct sl_str *o)
 				continue;
 			k = m->cur.upstream_slot[j];   /* map_upstreams() */
 			sl_str_printf(o, "%s{upstream=\"", an[c]);
-			label(o, m->ups.names[k]);
+			label(o, m->slots.ups.names[k]);
 			sl_str_printf(o, "\"} %llu\n", (unsigned long long)
 			    sl_shm_affinity_sum(m->shm, k, (enum sl_aff_outcome)c));
 		}
@@ -1806,8 +1156,8 @@ render_replicas(struct master *m, struct sl_str *o)
 static const char *
 model_label(const struct master *m, size_t slot)
 {
-	return slot == 0 || m->models.names[slot] == NULL ? "-" :
-	    m->models.names[slot];
+	return slot == 0 || m->slots.models.names[slot] == NULL ? "-" :
+	    m->slots.models.names[slot];
 }
 
 /* A tenant x model pair of the token table, for sorting. */
@@ -1935,7 +1285,7 @@ tok_line(struct master *m, struct sl_str *o, size_t t, size_t model,
 	};
 
 	sl_str_printf(o, "sluice_tenant_tokens_total{tenant=\"");
-	label(o, m->shm_names[t]);
+	label(o, m->slots.shm_names[t]);
 	sl_str_printf(o, "\",model=\"");
 	label(o, model_label(m, model));
 	sl_str_printf(o, "\",kind=\"%s\"} %llu\n", kinds[kind],
@@ -1958,7 +1308,7 @@ render_tokens(struct master *m, struct sl_str *o)
 	    "completion as reported by the runner, estimated where no usage "
 	    "arrived.\n"
 	    "# TYPE sluice_tenant_tokens_total counter\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
+	for (t = 0; t < m->slots.shm_ntenants; t++) {
 		if (!index_is_tenant(m, t))
 			continue;
 		for (k = 0; k < SL_TOKENS_KINDS; k++)
@@ -1973,11 +1323,11 @@ render_tokens(struct master *m, struct sl_str *o)
 	sl_str_printf(o, "# HELP sluice_tenant_tokens_window Tokens charged to "
 	    "the tenant in the last 60 s (what tokens_per_minute bounds).\n"
 	    "# TYPE sluice_tenant_tokens_window gauge\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
+	for (t = 0; t < m->slots.shm_ntenants; t++) {
 		if (!index_is_tenant(m, t))
 			continue;
 		sl_str_printf(o, "sluice_tenant_tokens_window{tenant=\"");
-		label(o, m->shm_names[t]);
+		label(o, m->slots.shm_names[t]);
 		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
 		    sl_shm_tokens_window(m->shm, t, (uint64_t)ts.tv_sec, 0, NULL));
 	}
@@ -1987,7 +1337,7 @@ render_tokens(struct master *m, struct sl_str *o)
 static int
 model_shown(const struct master *m, size_t slot)
 {
-	return slot == 0 || (slot < m->models.hwm && m->models.names[slot] != NULL);
+	return slot == 0 || (slot < m->slots.models.hwm && m->slots.models.names[slot] != NULL);
 }
 
 #define OTHER_MODELS "_other"
@@ -2008,20 +1358,20 @@ render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
 	b = sl_shm_mhist_bounds(h, &n);
 	sl_str_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
 	/*
-	 * "-" and the first MODEL_HIST_SERIES slots under their own model's
+	 * "-" and the first SL_MODEL_HIST_SERIES slots under their own model's
 	 * label; the others summed under OTHER_MODELS, with what the slots
 	 * given to other names had counted (other_hist), so that the sum
 	 * never goes back.
 	 */
 	for (k = 0; k <= (size_t)n; k++)
-		rest[k] = m->other_hist[h][k];
-	rest_sum = (double)m->other_hist_us[h] / 1e6;
-	for (j = 0; j < m->models.hwm; j++) {
+		rest[k] = m->slots.other_hist[h][k];
+	rest_sum = (double)m->slots.other_hist_us[h] / 1e6;
+	for (j = 0; j < m->slots.models.hwm; j++) {
 		if (!model_shown(m, j))
 			continue;
 		for (i = 0; i <= n; i++)
 			cum[i] = sl_shm_model_hist_bucket(m->shm, j, h, i);
-		if (j > MODEL_HIST_SERIES) {
+		if (j > SL_MODEL_HIST_SERIES) {
 			for (k = 0; k <= (size_t)n; k++)
 				rest[k] += cum[k];
 			rest_sum += sl_shm_model_hist_sum(m->shm, j, h);
@@ -2030,7 +1380,7 @@ render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
 		render_hist_series(o, name, "model", model_label(m, j), b, n, cum,
 		    sl_shm_model_hist_sum(m->shm, j, h), 6);
 	}
-	if (m->models.hwm > MODEL_HIST_SERIES + 1)
+	if (m->slots.models.hwm > SL_MODEL_HIST_SERIES + 1)
 		render_hist_series(o, name, "model", OTHER_MODELS, b, n, rest,
 		    rest_sum, 6);
 }
@@ -2047,7 +1397,7 @@ render_models(struct master *m, struct sl_str *o)
 	    "by the model that answered (\"-\": none named, an unknown one, or "
 	    "no models:) and status.\n"
 	    "# TYPE sluice_model_requests_total counter\n");
-	for (j = 0; j < m->models.hwm; j++) {
+	for (j = 0; j < m->slots.models.hwm; j++) {
 		if (!model_shown(m, j))
 			continue;
 		for (c = 0; c < SL_NCODES; c++) {
@@ -2120,28 +1470,28 @@ render_metrics(struct master *m, struct sl_str *o)
 
 	sl_str_printf(o, "# HELP sluice_tenant_streams Requests in flight per "
 	    "tenant, across all workers.\n# TYPE sluice_tenant_streams gauge\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
+	for (t = 0; t < m->slots.shm_ntenants; t++) {
 		if (!index_is_tenant(m, t))
 			continue;
 		sl_str_printf(o, "sluice_tenant_streams{tenant=\"");
-		label(o, m->shm_names[t]);
+		label(o, m->slots.shm_names[t]);
 		sl_str_printf(o, "\"} %d\n", (int)sl_shm_inflight(shm, t));
 	}
 	sl_str_printf(o, "# HELP sluice_tenant_max_streams Configured limit per "
 	    "tenant (0: retired).\n# TYPE sluice_tenant_max_streams gauge\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
+	for (t = 0; t < m->slots.shm_ntenants; t++) {
 		if (!index_is_tenant(m, t))
 			continue;
 		sl_str_printf(o, "sluice_tenant_max_streams{tenant=\"");
-		label(o, m->shm_names[t]);
+		label(o, m->slots.shm_names[t]);
 		sl_str_printf(o, "\"} %d\n", (int)sl_shm_limit(shm, t));
 	}
 	sl_str_printf(o, "# HELP sluice_requests_total Requests answered, by "
 	    "tenant and status.\n# TYPE sluice_requests_total counter\n");
-	for (t = 0; t <= m->shm_ntenants; t++) {
-		size_t ti = t < m->shm_ntenants ? t : SL_TENANT_NONE(shm);
+	for (t = 0; t <= m->slots.shm_ntenants; t++) {
+		size_t ti = t < m->slots.shm_ntenants ? t : SL_TENANT_NONE(shm);
 
-		if (t < m->shm_ntenants && !index_is_tenant(m, t))
+		if (t < m->slots.shm_ntenants && !index_is_tenant(m, t))
 			continue;
 
 		for (c = 0; c < SL_NCODES; c++) {
@@ -2150,33 +1500,33 @@ render_metrics(struct master *m, struct sl_str *o)
 			if (v == 0)
 				continue;
 			sl_str_printf(o, "sluice_requests_total{tenant=\"");
-			label(o, t < m->shm_ntenants ? m->shm_names[t] : "-");
+			label(o, t < m->slots.shm_ntenants ? m->slots.shm_names[t] : "-");
 			sl_str_printf(o, "\",code=\"%s\"} %llu\n",
 			    sl_shm_code_label(c), (unsigned long long)v);
 		}
 	}
 	sl_str_printf(o, "# HELP sluice_rejected_total Requests refused by "
 	    "admission.\n# TYPE sluice_rejected_total counter\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
+	for (t = 0; t < m->slots.shm_ntenants; t++) {
 		if (!index_is_tenant(m, t))
 			continue;
 		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
-		label(o, m->shm_names[t]);
+		label(o, m->slots.shm_names[t]);
 		sl_str_printf(o, "\",reason=\"max_streams\"} %llu\n",
 		    (unsigned long long)sl_shm_rejected_sum(shm, t,
 		    SL_REJECT_MAX_STREAMS));
 		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
-		label(o, m->shm_names[t]);
+		label(o, m->slots.shm_names[t]);
 		sl_str_printf(o, "\",reason=\"token_budget\"} %llu\n",
 		    (unsigned long long)sl_shm_rejected_sum(shm, t,
 		    SL_REJECT_TOKEN_BUDGET));
 	}
 	sl_str_printf(o, "# HELP sluice_upstream_errors_total Upstream failures "
 	    "by kind.\n# TYPE sluice_upstream_errors_total counter\n");
-	for (u = 1; u < m->ups.hwm; u++)
-		for (k = 0; k < SL_UERR_MAX && m->ups.names[u] != NULL; k++) {
+	for (u = 1; u < m->slots.ups.hwm; u++)
+		for (k = 0; k < SL_UERR_MAX && m->slots.ups.names[u] != NULL; k++) {
 			sl_str_printf(o, "sluice_upstream_errors_total{upstream=\"");
-			label(o, m->ups.names[u]);
+			label(o, m->slots.ups.names[u]);
 			sl_str_printf(o, "\",kind=\"%s\"} %llu\n",
 			    sl_shm_uerr_label((enum sl_uerr)k),
 			    (unsigned long long)sl_shm_uerr_sum(shm, u,
@@ -2256,8 +1606,8 @@ render_metrics(struct master *m, struct sl_str *o)
  * samples them every CONSOLE_SAMPLE_S (5 s) into a window of
  * CONSOLE_SAMPLES, 32 bits a counter (sl_console.h), so a tenant's two
  * counters cost 104 bytes of samples. Two windows: `window` samples
- * INDEX_VALUES per shared index handed out (tenants and replicas),
- * `mwindow` MODEL_VALUES per model slot handed out.
+ * SL_INDEX_VALUES per shared index handed out (tenants and replicas),
+ * `mwindow` SL_MODEL_VALUES per model slot handed out.
  */
 
 /* A status slot that is a replica's failure: 5xx, or no status at all. */
@@ -2275,12 +1625,12 @@ code_is_error(int slot)
  * ones (code_is_error).
  */
 static void
-index_counters(struct master *m, size_t j, uint64_t v[INDEX_VALUES])
+index_counters(struct master *m, size_t j, uint64_t v[SL_INDEX_VALUES])
 {
 	int c;
 
 	v[0] = v[1] = 0;
-	if (!m->shm_replica[j]) {
+	if (!m->slots.shm_replica[j]) {
 		for (c = 0; c < SL_REJECT_MAX; c++)
 			v[0] += sl_shm_rejected_sum(m->shm, j,
 			    (enum sl_reject_reason)c);
@@ -2297,11 +1647,11 @@ index_counters(struct master *m, size_t j, uint64_t v[INDEX_VALUES])
 
 /* Requests answered under model slot `slot`, then its TTFT buckets. */
 static void
-model_counters(struct master *m, size_t slot, uint64_t v[MODEL_VALUES])
+model_counters(struct master *m, size_t slot, uint64_t v[SL_MODEL_VALUES])
 {
 	int c, i, n;
 
-	memset(v, 0, MODEL_VALUES * sizeof(*v));
+	memset(v, 0, SL_MODEL_VALUES * sizeof(*v));
 	sl_shm_mhist_bounds(SL_MHIST_TTFT, &n);
 	for (c = 0; c < SL_NCODES; c++)
 		v[0] += sl_shm_model_requests_sum(m->shm, slot, c);
@@ -2313,10 +1663,10 @@ model_counters(struct master *m, size_t slot, uint64_t v[MODEL_VALUES])
 static void
 console_sample(struct master *m, double now)
 {
-	size_t n = m->shm_ntenants * INDEX_VALUES, j;
+	size_t n = m->slots.shm_ntenants * SL_INDEX_VALUES, j;
 
-	if (m->models.hwm * MODEL_VALUES > n)
-		n = m->models.hwm * MODEL_VALUES;
+	if (m->slots.models.hwm * SL_MODEL_VALUES > n)
+		n = m->slots.models.hwm * SL_MODEL_VALUES;
 	if (n > m->sample_cap) {
 		uint64_t *ns = realloc(m->sample, n * sizeof(*ns));
 
@@ -2325,18 +1675,18 @@ console_sample(struct master *m, double now)
 		m->sample = ns;
 		m->sample_cap = n;
 	}
-	n = m->models.hwm * MODEL_VALUES;
+	n = m->slots.models.hwm * SL_MODEL_VALUES;
 	memset(m->sample, 0, n * sizeof(*m->sample));
-	for (j = 1; j < m->models.hwm; j++)
-		if (m->models.names[j] != NULL)
-			model_counters(m, j, m->sample + j * MODEL_VALUES);
+	for (j = 1; j < m->slots.models.hwm; j++)
+		if (m->slots.models.names[j] != NULL)
+			model_counters(m, j, m->sample + j * SL_MODEL_VALUES);
 	sl_window_push(m->mwindow, now, m->sample, n);
-	n = m->shm_ntenants * INDEX_VALUES;
+	n = m->slots.shm_ntenants * SL_INDEX_VALUES;
 	memset(m->sample, 0, n * sizeof(*m->sample));
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (m->shm_names[j] != NULL)
+	for (j = 0; j < m->slots.shm_ntenants; j++)
+		if (m->slots.shm_names[j] != NULL)
 			index_counters(m, j,
-			    m->sample + j * INDEX_VALUES);
+			    m->sample + j * SL_INDEX_VALUES);
 	sl_window_push(m->window, now, m->sample, n);
 }
 
@@ -2363,7 +1713,7 @@ status_tenants(struct master *m, struct sl_str *o, const struct since *b)
 	for (t = 0; t < cfg->ntenants; t++) {
 		const struct sl_tenant_conf *tc = &cfg->tenants[t];
 		size_t j = m->cur.tenant_slot[t];
-		uint64_t v[INDEX_VALUES];
+		uint64_t v[SL_INDEX_VALUES];
 		long waiting = 0;
 
 		index_counters(m, j, v);
@@ -2385,7 +1735,7 @@ status_tenants(struct master *m, struct sl_str *o, const struct since *b)
 			sl_str_printf(o, "null");
 		sl_str_printf(o, ",\"rejected_last_minute\":%llu}",
 		    (unsigned long long)last_minute(b,
-		    j * INDEX_VALUES, v[0]));
+		    j * SL_INDEX_VALUES, v[0]));
 	}
 	sl_str_printf(o, "]");
 }
@@ -2396,7 +1746,7 @@ status_replica(struct master *m, struct sl_str *o, const struct since *b,
 {
 	const struct sl_upstream_conf *up = &m->cur.cfg->upstreams[u];
 	size_t j = m->cur.replica_slot[u][r];
-	uint64_t v[INDEX_VALUES];
+	uint64_t v[SL_INDEX_VALUES];
 	int32_t waiting = -1, kv = -1;
 
 	index_counters(m, j, v);
@@ -2423,8 +1773,8 @@ status_replica(struct master *m, struct sl_str *o, const struct since *b,
 		sl_str_printf(o, ",\"kv_cache\":null");
 	sl_str_printf(o, ",\"requests_last_minute\":%llu,"
 	    "\"errors_last_minute\":%llu}",
-	    (unsigned long long)last_minute(b, j * INDEX_VALUES, v[0]),
-	    (unsigned long long)last_minute(b, j * INDEX_VALUES + 1,
+	    (unsigned long long)last_minute(b, j * SL_INDEX_VALUES, v[0]),
+	    (unsigned long long)last_minute(b, j * SL_INDEX_VALUES + 1,
 	    v[1]));
 }
 
@@ -2470,11 +1820,11 @@ status_models(struct master *m, struct sl_str *o, const struct since *b)
 	bounds = sl_shm_mhist_bounds(SL_MHIST_TTFT, &n);
 	sl_str_printf(o, ",\"models\":[");
 	for (i = 0; i < cfg->nmodels; i++) {
-		size_t slot = m->cur.model_slot[i], off = slot * MODEL_VALUES;
-		uint64_t v[MODEL_VALUES], d[MODEL_VALUES];
+		size_t slot = m->cur.model_slot[i], off = slot * SL_MODEL_VALUES;
+		uint64_t v[SL_MODEL_VALUES], d[SL_MODEL_VALUES];
 
 		model_counters(m, slot, v);
-		for (k = 0; k < MODEL_VALUES; k++)
+		for (k = 0; k < SL_MODEL_VALUES; k++)
 			d[k] = last_minute(b, off + (size_t)k, v[k]);
 		sl_str_printf(o, "%s{\"name\":", i > 0 ? "," : "");
 		sl_console_json_str(o, cfg->models[i].name);
@@ -2537,9 +1887,9 @@ shm_tenant_name(void *arg, size_t tslot)
 {
 	struct master *m = arg;
 
-	if (tslot >= m->shm_ntenants || m->shm_replica[tslot])
+	if (tslot >= m->slots.shm_ntenants || m->slots.shm_replica[tslot])
 		return NULL;
-	return m->shm_names[tslot];
+	return m->slots.shm_names[tslot];
 }
 
 static void
@@ -2607,27 +1957,22 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	 * once it is handed out.
 	 */
 	heap_trim();
-	m.max_tenants = (size_t)cfg->limits.max_tenants;
-	m.replica_room = sl_config_replica_room(cfg);
-	cap = 2 * m.max_tenants + 2 * m.replica_room;
-	m.max_models = (size_t)cfg->limits.max_models;
-	m.max_upstreams = (size_t)cfg->limits.max_upstreams;
-	if (slot_table_init(&m.models, 2 * m.max_models + 1) == -1 ||
-	    slot_table_init(&m.ups, 2 * m.max_upstreams + 1) == -1 ||
-	    slot_table_init(&m.queues, QUEUE_POOLS) == -1) {
+	m.slots.max_tenants = (size_t)cfg->limits.max_tenants;
+	m.slots.replica_room = sl_config_replica_room(cfg);
+	/*
+	 * The region's index space: tenants (limits.max_tenants, twice over, so
+	 * that a reload may name max_tenants new ones while as many removed ones
+	 * finish their streams) and pool replicas. Reserved, not committed
+	 * (sl_shm.h): room costs nothing until an index is used.
+	 */
+	cap = 2 * m.slots.max_tenants + 2 * m.slots.replica_room;
+	if (sl_slots_init_tables(&m.slots, (size_t)cfg->limits.max_models,
+	    (size_t)cfg->limits.max_upstreams) == -1) {
 		sl_err("cannot reserve the slot tables: %s", strerror(errno));
 		return 1;
 	}
-	m.shm = sl_shm_create(cap, MAX_ROWS, m.models.n, m.ups.n);
-	m.shm_names = reserve(cap * sizeof(char *));
-	m.shm_replica = reserve(cap);
-	m.shm_gen = reserve(cap * sizeof(*m.shm_gen));
-	m.shm_epoch = reserve(cap * sizeof(*m.shm_epoch));
-	m.shm_free = reserve(cap);
-	m.free_stack = reserve(cap * sizeof(*m.free_stack));
-	if (m.shm == NULL || m.shm_names == NULL || name_table_grow(&m) == -1 ||
-	    m.shm_replica == NULL || m.shm_gen == NULL || m.shm_free == NULL ||
-	    m.shm_epoch == NULL || m.free_stack == NULL) {
+	m.shm = sl_shm_create(cap, MAX_ROWS, m.slots.models.n, m.slots.ups.n);
+	if (sl_slots_init_index(&m.slots, m.shm, cap) == -1) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
 		return 1;
 	}
@@ -2653,7 +1998,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 				qn += (size_t)cfg->upstreams[s].queue.max;
 		qn = qn < QUEUE_ENTRIES_MIN ? QUEUE_ENTRIES_MIN :
 		    qn > QUEUE_ENTRIES_MAX ? QUEUE_ENTRIES_MAX : qn;
-		m.queue = sl_queue_create(m.shm, QUEUE_POOLS, cap, qn,
+		m.queue = sl_queue_create(m.shm, SL_QUEUE_POOLS, cap, qn,
 		    MAX_ROWS);
 		if (m.queue == NULL) {
 			sl_err("cannot map the fair queue: %s", strerror(errno));
@@ -2851,25 +2196,13 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	for (s = 0; s < m.nlisten; s++)
 		close(m.listen_fds[s]);
 	free(m.listen_fds);
-	for (cap = 0; cap < m.shm_ntenants; cap++)
-		free(m.shm_names[cap]);
-	cap = sl_shm_max_tenants(m.shm);
-	unreserve(m.shm_names, cap * sizeof(char *));
-	free(m.name_ht);
 	free(m.cur.tenant_slot);
 	free(m.cur.upstream_slot);
 	free(m.cur.queue_slot);
 	free(m.cur.model_slot);
 	sl_probe_free(m.prober);
-	free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
-	unreserve(m.shm_replica, cap);
-	unreserve(m.shm_gen, cap * sizeof(*m.shm_gen));
-	unreserve(m.shm_epoch, cap * sizeof(*m.shm_epoch));
-	unreserve(m.shm_free, cap);
-	unreserve(m.free_stack, cap * sizeof(*m.free_stack));
-	slot_table_free(&m.ups);
-	slot_table_free(&m.queues);
-	slot_table_free(&m.models);
+	sl_slots_free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
+	sl_slots_free(&m.slots);
 	sl_admin_close(m.admin);
 	sl_window_free(m.window);
 	sl_window_free(m.mwindow);
