@@ -546,12 +546,6 @@ slot_live(const struct master *m, unsigned gen, int s)
 }
 
 /*
- * SIGHUP: parse, validate, then swap. An invalid file changes nothing, and
- * neither does a valid one that cannot get a whole new generation (worker
- * rows, listen sockets, room in the shared region, fork): the serving
- * generation is retired only once every worker of its replacement runs.
- */
-/*
  * Which Redis, as whom, and whether at all, are fixed for the master's
  * life (members name the node; the region is sized at start); a reload
  * takes the rest of `cluster:` (timing, on_redis_down).
@@ -609,20 +603,29 @@ keep_limit(const char *key, uint64_t *val, size_t start, size_t n,
 	return -1;
 }
 
-static void
-reload(struct master *m)
+/*
+ * What a reload builds before it may replace the serving generation:
+ * all of it is given back (reload_undo) unless the new generation starts.
+ */
+struct reload {
+	struct sl_config *ncfg;
+	struct sl_keyidx *keys;
+	size_t *map, *umap, *qmap, **rmap, *mmap_;
+	int rows[SL_MAX_WORKERS];
+	int nw;
+	int have_rows;
+	int nlisten0;                /* listen sockets before the reload */
+};
+
+/* Read and validate the file apart; -1 (said why, counted) if invalid. */
+static int
+reload_read(struct master *m, struct reload *r)
 {
-	struct sl_config *ncfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
-	size_t *map = NULL, *umap = NULL, *qmap = NULL, **rmap = NULL, *mmap_ = NULL;
-	struct sl_keyidx *keys = NULL;
-	size_t i, nrep;
-	int rows[SL_MAX_WORKERS], old_rows[SL_MAX_WORKERS];
-	int nw = 0, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
-	struct sl_gen old;
+	size_t i;
 
 	sl_info("reloading %s", m->path);
-	if (sl_config_load_file_apart(m->path, &ncfg, &errs) == -1) {
+	if (sl_config_load_file_apart(m->path, &r->ncfg, &errs) == -1) {
 		for (i = 0; i < errs.n; i++)
 			sl_err("%s", errs.msg[i]);
 		sl_err("reload failed: %zu problem(s); keeping the running "
@@ -630,12 +633,26 @@ reload(struct master *m)
 		sl_errors_free(&errs);
 		m->reloads_failed++;
 		heap_trim();
-		return;
+		return -1;
 	}
 	heap_trim();
-	if ((keys = sl_keyidx_build(ncfg)) == NULL) {
+	return 0;
+}
+
+/*
+ * The key index of the new file, and what a reload cannot change (listen,
+ * the cluster's identity, the room limits) set back to the running
+ * values: -1 when the new file needs more room than the master has.
+ */
+static int
+reload_keep_fixed(struct master *m, struct reload *r)
+{
+	struct sl_config *ncfg = r->ncfg;
+	size_t nrep;
+
+	if ((r->keys = sl_keyidx_build(ncfg)) == NULL) {
 		sl_err("reload failed: cannot build the key index");
-		goto fail;
+		return -1;
 	}
 	if (strcmp(ncfg->listen, m->cur.cfg->listen) != 0) {
 		sl_warn("reload: 'listen' changes need a restart; keeping %s",
@@ -650,31 +667,46 @@ reload(struct master *m)
 	    keep_limit("limits.max_models", &ncfg->limits.max_models,
 	    m->slots.max_models, ncfg->nmodels, "models", m->cur.id) == -1 ||
 	    keep_limit("limits.max_upstreams", &ncfg->limits.max_upstreams,
-	    m->slots.max_upstreams, ncfg->nupstreams, "upstreams", m->cur.id) == -1)
-		goto fail;
+	    m->slots.max_upstreams, ncfg->nupstreams, "upstreams",
+	    m->cur.id) == -1)
+		return -1;
 	if (nrep > m->slots.replica_room) {
 		sl_err("reload failed: %zu replicas in all, at most %zu (4 per "
 		    "limits.max_upstreams, at least 4096) until a restart; "
-		    "keeping generation %u", nrep, m->slots.replica_room, m->cur.id);
-		goto fail;
+		    "keeping generation %u", nrep, m->slots.replica_room,
+		    m->cur.id);
+		return -1;
 	}
-	nw = resolve_workers(ncfg);
+	return 0;
+}
+
+/*
+ * Worker rows and listen sockets for every worker of the new generation,
+ * all or none; admin_listen kept as it runs. -1 (said why) without them.
+ */
+static int
+reload_reserve(struct master *m, struct reload *r)
+{
+	struct sl_config *ncfg = r->ncfg;
+
+	r->nw = resolve_workers(ncfg);
 	/*
 	 * Rows first, for every worker of the new generation: when draining
 	 * workers of earlier reloads hold too many, refuse before anything
 	 * changes; the current generation goes on serving.
 	 */
-	if (reserve_rows(m, nw, rows) == -1) {
+	if (reserve_rows(m, r->nw, r->rows) == -1) {
 		sl_err("reload failed: %d worker row(s) needed, %d free; %d "
 		    "draining worker(s) hold the rest of the %d rows until their "
-		    "streams end; keeping generation %u", nw, rows_free(m),
+		    "streams end; keeping generation %u", r->nw, rows_free(m),
 		    ndraining(m), WORKER_ROWS, m->cur.id);
-		goto fail;
+		return -1;
 	}
-	have_rows = 1;
-	if (nw > m->nlisten && open_listeners(m, ncfg->listen, m->nlisten, nw) == -1) {
+	r->have_rows = 1;
+	if (r->nw > m->nlisten &&
+	    open_listeners(m, ncfg->listen, m->nlisten, r->nw) == -1) {
 		sl_err("reload failed: cannot open listen sockets");
-		goto fail;
+		return -1;
 	}
 	if (ncfg->admin_listen == NULL ? m->cur.cfg->admin_listen != NULL :
 	    m->cur.cfg->admin_listen == NULL ||
@@ -685,77 +717,91 @@ reload(struct master *m)
 		ncfg->admin_listen = m->cur.cfg->admin_listen ?
 		    strdup(m->cur.cfg->admin_listen) : NULL;
 	}
-	if (map_upstreams(m, ncfg, m->last_gen + 1, &umap, &qmap) == -1)
-		umap = NULL;
-	map = umap != NULL ? map_tenants(m, ncfg, m->last_gen + 1) : NULL;
-	if (map == NULL) {
+	return 0;
+}
+
+/*
+ * Slots of the region for the new generation's names, and its limits
+ * published; on failure (-1, said why) the running limits again.
+ */
+static int
+reload_map(struct master *m, struct reload *r)
+{
+	struct sl_config *ncfg = r->ncfg;
+	unsigned gen = m->last_gen + 1;
+
+	if (map_upstreams(m, ncfg, gen, &r->umap, &r->qmap) == -1)
+		r->umap = NULL;
+	r->map = r->umap != NULL ? map_tenants(m, ncfg, gen) : NULL;
+	if (r->map == NULL) {
 		sl_err("reload failed: cannot map tenants or upstreams");
-		goto fail;
+		return -1;
 	}
-	if ((rmap = map_replicas(m, ncfg, m->last_gen + 1)) == NULL) {
+	if ((r->rmap = map_replicas(m, ncfg, gen)) == NULL) {
 		sl_err("reload failed: cannot map the upstreams' replicas");
 		/* the old limits again */
 		free(map_tenants(m, m->cur.cfg, m->cur.id));
-		goto fail;
+		return -1;
 	}
-	if ((mmap_ = map_models(m, ncfg, m->last_gen + 1)) == NULL) {
+	if ((r->mmap_ = map_models(m, ncfg, gen)) == NULL) {
 		sl_err("reload failed: cannot map the models");
 		free(map_tenants(m, m->cur.cfg, m->cur.id));
 		sl_slots_free_replica_map(map_replicas(m, m->cur.cfg, m->cur.id),
 		    m->cur.cfg->nupstreams);
-		goto fail;
+		return -1;
 	}
-	publish_queue(m, ncfg, map, qmap, 0);
-	old = m->cur;
-	old_nw = m->nworkers;
-	memcpy(old_rows, m->slot_row, sizeof(old_rows));
-	m->cur.cfg = ncfg;
-	m->cur.tenant_slot = map;
-	m->cur.upstream_slot = umap;
-	m->cur.queue_slot = qmap;
-	m->cur.replica_slot = rmap;
-	m->cur.model_slot = mmap_;
-	m->cur.keys = keys;
-	m->cur.id = ++m->last_gen;
-	m->nworkers = nw;
-	for (s = 0; s < SL_MAX_WORKERS; s++)
-		m->slot_row[s] = s < nw ? rows[s] : 0;
-	/* The new generation starts beside the serving one. */
-	for (started = 0; started < nw; started++)
-		if (spawn(m, started) == -1)
-			break;
-	if (started < nw) {
-		/*
-		 * Not all of it: those that started retire (they may have
-		 * accepted a connection already) and the old generation, with
-		 * its limits, stays.
-		 */
-		for (s = 0; s < MAX_ROWS; s++)
-			if (m->children[s].pid > 0 && m->children[s].gen == m->cur.id) {
-				m->children[s].draining = 1;
-				kill(m->children[s].pid, SIGUSR2);
-			}
-		for (s = started; s < nw; s++)
-			release_row(m, rows[s]);
-		have_rows = 0;          /* the others go when their workers exit */
-		m->cur = old;
-		m->nworkers = old_nw;
-		memcpy(m->slot_row, old_rows, sizeof(old_rows));
-		free(map_tenants(m, old.cfg, old.id));
-		sl_slots_free_replica_map(map_replicas(m, old.cfg, old.id),
-		    old.cfg->nupstreams);
-		publish_queue(m, old.cfg, old.tenant_slot, old.queue_slot, 0);
-		sl_err("reload failed: cannot start worker %d of the new "
-		    "generation; keeping generation %u", started, m->cur.id);
-		goto fail;
-	}
+	publish_queue(m, ncfg, r->map, r->qmap, 0);
+	return 0;
+}
+
+/*
+ * Not all of the new generation started: those that did retire (they
+ * may have accepted a connection already) and the old generation, with
+ * its limits, stays. The maps of r are still the caller's to free.
+ */
+static void
+reload_roll_back(struct master *m, struct reload *r, const struct sl_gen *old,
+    int old_nw, const int *old_rows, int started)
+{
+	int s;
+
+	for (s = 0; s < MAX_ROWS; s++)
+		if (m->children[s].pid > 0 && m->children[s].gen == m->cur.id) {
+			m->children[s].draining = 1;
+			kill(m->children[s].pid, SIGUSR2);
+		}
+	for (s = started; s < r->nw; s++)
+		release_row(m, r->rows[s]);
+	r->have_rows = 0;          /* the others go when their workers exit */
+	m->cur = *old;
+	m->nworkers = old_nw;
+	memcpy(m->slot_row, old_rows, sizeof(m->slot_row));
+	free(map_tenants(m, old->cfg, old->id));
+	sl_slots_free_replica_map(map_replicas(m, old->cfg, old->id),
+	    old->cfg->nupstreams);
+	publish_queue(m, old->cfg, old->tenant_slot, old->queue_slot, 0);
+	sl_err("reload failed: cannot start worker %d of the new "
+	    "generation; keeping generation %u", started, m->cur.id);
+}
+
+/*
+ * The new generation runs: it takes the log level, the queue and the
+ * probes; the old one retires and its rows and sockets go back.
+ */
+static void
+reload_retire_old(struct master *m, const struct sl_gen *old, int old_nw,
+    const int *old_rows)
+{
+	struct sl_config *ncfg = m->cur.cfg;
+	int s, nw = m->nworkers;
+
 	config_warn_permissions(m->path, ncfg);
 	sl_log_set_level(ncfg->log_level);
-	publish_queue(m, ncfg, map, qmap, 1);
+	publish_queue(m, ncfg, m->cur.tenant_slot, m->cur.queue_slot, 1);
 	sl_cluster_master_reconf(m->cluster, ncfg);
 	/* Rows kept for a respawn that will not happen now go back. */
 	for (s = 0; s < old_nw; s++)
-		if (!slot_live(m, old.id, s))
+		if (!slot_live(m, old->id, s))
 			release_row(m, old_rows[s]);
 	memset(m->respawn_at, 0, sizeof(m->respawn_at));
 	/*
@@ -778,7 +824,8 @@ reload(struct master *m)
 		m->nlisten = nw;
 	/* The probes follow the pools of the new generation. */
 	{
-		struct sl_prober *np = sl_probe_new(ncfg, m->shm, rmap);
+		struct sl_prober *np = sl_probe_new(ncfg, m->shm,
+		    m->cur.replica_slot);
 
 		if (np != NULL) {
 			sl_probe_free(m->prober);
@@ -788,32 +835,96 @@ reload(struct master *m)
 			    "the old ones");
 	}
 	/* Children hold their own copies of the old generation. */
-	sl_slots_free_replica_map(old.replica_slot, old.cfg->nupstreams);
-	sl_config_free(old.cfg);
-	free(old.tenant_slot);
-	free(old.upstream_slot);
-	free(old.queue_slot);
-	free(old.model_slot);
-	sl_keyidx_free(old.keys);
+	sl_slots_free_replica_map(old->replica_slot, old->cfg->nupstreams);
+	sl_config_free(old->cfg);
+	free(old->tenant_slot);
+	free(old->upstream_slot);
+	free(old->queue_slot);
+	free(old->model_slot);
+	sl_keyidx_free(old->keys);
 	m->reloads_ok++;
 	sl_info("reloaded: generation %u, %d worker(s), %zu tenant(s)",
 	    m->cur.id, nw, ncfg->ntenants);
-	return;
-fail:
+}
+
+/*
+ * The new generation takes over (its workers start beside the serving
+ * ones, which retire once all of them run): 0, or -1 with the old one
+ * back in place.
+ */
+static int
+reload_switch(struct master *m, struct reload *r)
+{
+	int old_rows[SL_MAX_WORKERS];
+	int s, started, old_nw;
+	struct sl_gen old;
+
+	old = m->cur;
+	old_nw = m->nworkers;
+	memcpy(old_rows, m->slot_row, sizeof(old_rows));
+	m->cur.cfg = r->ncfg;
+	m->cur.tenant_slot = r->map;
+	m->cur.upstream_slot = r->umap;
+	m->cur.queue_slot = r->qmap;
+	m->cur.replica_slot = r->rmap;
+	m->cur.model_slot = r->mmap_;
+	m->cur.keys = r->keys;
+	m->cur.id = ++m->last_gen;
+	m->nworkers = r->nw;
+	for (s = 0; s < SL_MAX_WORKERS; s++)
+		m->slot_row[s] = s < r->nw ? r->rows[s] : 0;
+	/* The new generation starts beside the serving one. */
+	for (started = 0; started < r->nw; started++)
+		if (spawn(m, started) == -1)
+			break;
+	if (started < r->nw) {
+		reload_roll_back(m, r, &old, old_nw, old_rows, started);
+		return -1;
+	}
+	reload_retire_old(m, &old, old_nw, old_rows);
+	return 0;
+}
+
+/* A failed reload gives back what it took; the running one goes on. */
+static void
+reload_undo(struct master *m, struct reload *r)
+{
+	int s;
+
 	/* Listen sockets opened for this reload: nobody accepts on them. */
-	for (s = nlisten0; s < m->nlisten; s++)
+	for (s = r->nlisten0; s < m->nlisten; s++)
 		close(m->listen_fds[s]);
-	m->nlisten = nlisten0;
-	for (s = 0; have_rows && s < nw; s++)
-		release_row(m, rows[s]);
-	free(map);
-	free(umap);
-	free(qmap);
-	free(mmap_);
-	sl_keyidx_free(keys);
-	sl_slots_free_replica_map(rmap, ncfg->nupstreams);
-	sl_config_free(ncfg);
+	m->nlisten = r->nlisten0;
+	for (s = 0; r->have_rows && s < r->nw; s++)
+		release_row(m, r->rows[s]);
+	free(r->map);
+	free(r->umap);
+	free(r->qmap);
+	free(r->mmap_);
+	sl_keyidx_free(r->keys);
+	sl_slots_free_replica_map(r->rmap, r->ncfg->nupstreams);
+	sl_config_free(r->ncfg);
 	m->reloads_failed++;
+}
+
+/*
+ * SIGHUP: parse, validate, then swap. An invalid file changes nothing, and
+ * neither does a valid one that cannot get a whole new generation (worker
+ * rows, listen sockets, room in the shared region, fork): the serving
+ * generation is retired only once every worker of its replacement runs.
+ */
+static void
+reload(struct master *m)
+{
+	struct reload r;
+
+	memset(&r, 0, sizeof(r));
+	r.nlisten0 = m->nlisten;
+	if (reload_read(m, &r) == -1)
+		return;
+	if (reload_keep_fixed(m, &r) == -1 || reload_reserve(m, &r) == -1 ||
+	    reload_map(m, &r) == -1 || reload_switch(m, &r) == -1)
+		reload_undo(m, &r);
 }
 
 static int
