@@ -1005,122 +1005,133 @@ admin_handle(void *arg, const char *method, const char *path,
 	}
 }
 
-int
-sl_master_run(const char *path, struct sl_config *cfg)
+/*
+ * The shared region and the first generation's slots in it: 0, or -1
+ * (said why, unless a map did).
+ */
+static int
+start_region(struct master *m, struct sl_config *cfg)
 {
-	struct master m;
-	struct sigaction sa;
-	sigset_t block, empty;
-	int s, rc = 0;
 	size_t cap;
 
-	memset(&m, 0, sizeof(m));
-	m.started = now_s();
-	m.path = path;
-	m.cur.cfg = cfg;
-	m.cur.id = m.last_gen = 1;
-	sl_log_init(cfg->log_level, "master");
-	config_warn_permissions(path, cfg);
-
-	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-		sl_err("curl_global_init failed");
-		return 1;
-	}
 	/*
 	 * Room is reserved, not committed, here and in the region: calloc of
 	 * this size maps zero pages, and an index's entries are written only
 	 * once it is handed out.
 	 */
 	heap_trim();
-	m.slots.max_tenants = (size_t)cfg->limits.max_tenants;
-	m.slots.replica_room = sl_config_replica_room(cfg);
+	m->slots.max_tenants = (size_t)cfg->limits.max_tenants;
+	m->slots.replica_room = sl_config_replica_room(cfg);
 	/*
 	 * The region's index space: tenants (limits.max_tenants, twice over, so
 	 * that a reload may name max_tenants new ones while as many removed ones
 	 * finish their streams) and pool replicas. Reserved, not committed
 	 * (sl_shm.h): room costs nothing until an index is used.
 	 */
-	cap = 2 * m.slots.max_tenants + 2 * m.slots.replica_room;
-	if (sl_slots_init_tables(&m.slots, (size_t)cfg->limits.max_models,
+	cap = 2 * m->slots.max_tenants + 2 * m->slots.replica_room;
+	if (sl_slots_init_tables(&m->slots, (size_t)cfg->limits.max_models,
 	    (size_t)cfg->limits.max_upstreams) == -1) {
 		sl_err("cannot reserve the slot tables: %s", strerror(errno));
-		return 1;
+		return -1;
 	}
-	m.shm = sl_shm_create(cap, MAX_ROWS, m.slots.models.n, m.slots.ups.n);
-	if (sl_slots_init_index(&m.slots, m.shm, cap) == -1) {
+	m->shm = sl_shm_create(cap, MAX_ROWS, m->slots.models.n,
+	    m->slots.ups.n);
+	if (sl_slots_init_index(&m->slots, m->shm, cap) == -1) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
-		return 1;
+		return -1;
 	}
-	if ((m.cur.keys = sl_keyidx_build(cfg)) == NULL) {
+	if ((m->cur.keys = sl_keyidx_build(cfg)) == NULL) {
 		sl_err("cannot build the key index");
-		return 1;
+		return -1;
 	}
-	m.cur.tenant_slot = map_tenants(&m, cfg, m.cur.id);
-	if (map_upstreams(&m, cfg, m.cur.id, &m.cur.upstream_slot,
-	    &m.cur.queue_slot) == -1)
-		m.cur.upstream_slot = NULL;
-	m.cur.replica_slot = map_replicas(&m, cfg, m.cur.id);
-	m.cur.model_slot = map_models(&m, cfg, m.cur.id);
-	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL ||
-	    m.cur.replica_slot == NULL || m.cur.model_slot == NULL)
-		return 1;
-	sl_debug("shared region: %zu bytes", sl_shm_size(m.shm));
-	{
-		size_t qn = 0;
+	m->cur.tenant_slot = map_tenants(m, cfg, m->cur.id);
+	if (map_upstreams(m, cfg, m->cur.id, &m->cur.upstream_slot,
+	    &m->cur.queue_slot) == -1)
+		m->cur.upstream_slot = NULL;
+	m->cur.replica_slot = map_replicas(m, cfg, m->cur.id);
+	m->cur.model_slot = map_models(m, cfg, m->cur.id);
+	if (m->cur.tenant_slot == NULL || m->cur.upstream_slot == NULL ||
+	    m->cur.replica_slot == NULL || m->cur.model_slot == NULL)
+		return -1;
+	sl_debug("shared region: %zu bytes", sl_shm_size(m->shm));
+	return 0;
+}
 
-		for (s = 0; (size_t)s < cfg->nupstreams; s++)
-			if (cfg->upstreams[s].queue.enabled)
-				qn += (size_t)cfg->upstreams[s].queue.max;
-		qn = qn < QUEUE_ENTRIES_MIN ? QUEUE_ENTRIES_MIN :
-		    qn > QUEUE_ENTRIES_MAX ? QUEUE_ENTRIES_MAX : qn;
-		m.queue = sl_queue_create(m.shm, SL_QUEUE_POOLS, cap, qn,
-		    MAX_ROWS);
-		if (m.queue == NULL) {
-			sl_err("cannot map the fair queue: %s", strerror(errno));
-			return 1;
-		}
-		publish_queue(&m, cfg, m.cur.tenant_slot, m.cur.queue_slot, 0);
-	}
-	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
-		sl_err("cannot set up health probes");
-		return 1;
-	}
-	if (cfg->cluster.enabled) {
-		size_t cells = cfg->limits.max_connections;
+/* The pools' fair queue, sized by the queues of cfg: 0, or -1 (said why). */
+static int
+start_queue(struct master *m, const struct sl_config *cfg)
+{
+	size_t qn = 0, u;
 
-		if (cells < 1024)
-			cells = 1024;
-		if (cells > SL_CLUSTER_MAX_CELLS)
-			cells = SL_CLUSTER_MAX_CELLS;
-		m.cshm = sl_cluster_shm_create(MAX_ROWS, cells);
-		if (m.cshm == NULL || (m.cluster = sl_cluster_master_new(cfg,
-		    m.cshm, shm_tenant_name, &m)) == NULL) {
-			sl_err("cannot set up the cluster: %s", strerror(errno));
-			return 1;
-		}
-		/* Registered (or in on_redis_down mode) before it listens. */
-		sl_cluster_master_start(m.cluster);
+	for (u = 0; u < cfg->nupstreams; u++)
+		if (cfg->upstreams[u].queue.enabled)
+			qn += (size_t)cfg->upstreams[u].queue.max;
+	qn = qn < QUEUE_ENTRIES_MIN ? QUEUE_ENTRIES_MIN :
+	    qn > QUEUE_ENTRIES_MAX ? QUEUE_ENTRIES_MAX : qn;
+	m->queue = sl_queue_create(m->shm, SL_QUEUE_POOLS,
+	    2 * m->slots.max_tenants + 2 * m->slots.replica_room, qn,
+	    MAX_ROWS);
+	if (m->queue == NULL) {
+		sl_err("cannot map the fair queue: %s", strerror(errno));
+		return -1;
 	}
-	m.nworkers = resolve_workers(cfg);
-	if (open_listeners(&m, cfg->listen, 0, m.nworkers) == -1)
-		return 1;
-	if (cfg->admin_listen != NULL) {
-		char err[256];
+	publish_queue(m, cfg, m->cur.tenant_slot, m->cur.queue_slot, 0);
+	return 0;
+}
 
-		m.admin = sl_admin_open(cfg->admin_listen, err, sizeof(err));
-		if (m.admin == NULL) {
-			sl_err("admin_listen %s", err);
-			return 1;
-		}
-		if ((m.console.window = sl_window_new(SL_STATUS_SAMPLES)) == NULL ||
-		    (m.console.mwindow = sl_window_new(SL_STATUS_SAMPLES)) == NULL) {
-			sl_err("cannot set up the console: %s", strerror(errno));
-			return 1;
-		}
-		/* Every counter is 0 yet: the first minute counts from here. */
-		sl_status_sample(&m.console, &m.slots, now_s());
-		m.next_sample = now_s() + SL_STATUS_SAMPLE_S;
+/* `cluster:`: its leases' region and the node's registration. */
+static int
+start_cluster(struct master *m, const struct sl_config *cfg)
+{
+	size_t cells = cfg->limits.max_connections;
+
+	if (cells < 1024)
+		cells = 1024;
+	if (cells > SL_CLUSTER_MAX_CELLS)
+		cells = SL_CLUSTER_MAX_CELLS;
+	m->cshm = sl_cluster_shm_create(MAX_ROWS, cells);
+	if (m->cshm == NULL || (m->cluster = sl_cluster_master_new(cfg,
+	    m->cshm, shm_tenant_name, m)) == NULL) {
+		sl_err("cannot set up the cluster: %s", strerror(errno));
+		return -1;
 	}
+	/* Registered (or in on_redis_down mode) before it listens. */
+	sl_cluster_master_start(m->cluster);
+	return 0;
+}
+
+/* The admin listener and the console's windows: 0, or -1 (said why). */
+static int
+start_admin(struct master *m, const struct sl_config *cfg)
+{
+	char err[256];
+
+	m->admin = sl_admin_open(cfg->admin_listen, err, sizeof(err));
+	if (m->admin == NULL) {
+		sl_err("admin_listen %s", err);
+		return -1;
+	}
+	if ((m->console.window = sl_window_new(SL_STATUS_SAMPLES)) == NULL ||
+	    (m->console.mwindow = sl_window_new(SL_STATUS_SAMPLES)) == NULL) {
+		sl_err("cannot set up the console: %s", strerror(errno));
+		return -1;
+	}
+	/* Every counter is 0 yet: the first minute counts from here. */
+	sl_status_sample(&m->console, &m->slots, now_s());
+	m->next_sample = now_s() + SL_STATUS_SAMPLE_S;
+	return 0;
+}
+
+/*
+ * The master's signals are blocked but while it sleeps in ppoll (with
+ * *empty, the mask to sleep with), so a flag set by on_signal is never
+ * missed between its check and the sleep.
+ */
+static void
+install_signals(sigset_t *empty)
+{
+	struct sigaction sa;
+	sigset_t block;
 
 	sigemptyset(&block);
 	sigaddset(&block, SIGHUP);
@@ -1142,8 +1153,239 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sigaction(SIGUSR1, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGUSR2, SIG_IGN);     /* meant for workers only */
-	sigemptyset(&empty);
+	sigemptyset(empty);
+}
 
+/* Act on the signals that came since the last turn of the loop. */
+static void
+handle_signals(struct master *m)
+{
+	int s;
+
+	if (got_chld) {
+		got_chld = 0;
+		reap(m);
+	}
+	if (got_quit && m->stopping < 2) {
+		got_quit = 0;
+		sl_info("SIGQUIT: exiting now");
+		m->stopping = 2;
+		signal_children(m, SIGQUIT, 0);
+		m->stop_deadline = now_s() + 2.0;
+	}
+	if (got_term && !m->stopping) {
+		got_term = 0;
+		sl_info("shutting down: draining for up to %.1f s",
+		    (double)m->cur.cfg->drain_timeout_ms / 1000.0);
+		m->stopping = 1;
+		signal_children(m, SIGTERM, 0);
+		/*
+		 * Refuse new connections at once: with every copy of the
+		 * listen sockets closed, the kernel answers RST instead
+		 * of queueing clients nobody will accept.
+		 */
+		for (s = 0; s < m->nlisten; s++)
+			close(m->listen_fds[s]);
+		m->nlisten = 0;
+		m->stop_deadline = now_s() +
+		    (double)m->cur.cfg->drain_timeout_ms / 1000.0 + 5.0;
+	}
+	if (got_hup) {
+		got_hup = 0;
+		if (!m->stopping)
+			reload(m);
+	}
+	if (got_usr1) {
+		got_usr1 = 0;
+		sl_info("SIGUSR1: workers reopen the access log");
+		signal_children(m, SIGUSR1, 0);
+	}
+}
+
+/*
+ * Stopping: 1 once every worker is gone, else the deadline (workers
+ * that miss it are killed) bounds *timeout. Serving: respawns due.
+ */
+static int
+drain_or_respawn(struct master *m, double *timeout)
+{
+	if (!m->stopping) {
+		respawn_due(m, timeout);
+		return 0;
+	}
+	if (nchildren(m) == 0)
+		return 1;
+	if (now_s() >= m->stop_deadline) {
+		sl_warn("workers did not exit in time; killing them");
+		signal_children(m, SIGKILL, 0);
+		m->stop_deadline = now_s() + 5.0;
+	}
+	*timeout = m->stop_deadline - now_s();
+	return 0;
+}
+
+/* *timeout becomes t when t is sooner (a negative t or *timeout: none). */
+static void
+sooner(double *timeout, double t)
+{
+	if (t >= 0 && (*timeout < 0 || t < *timeout))
+		*timeout = t;
+}
+
+/*
+ * The admin listener's descriptors into pfd (their count), its next
+ * deadline and the console's next sample into *timeout; a sample due
+ * is taken now.
+ */
+static int
+admin_pollfds(struct master *m, struct pollfd *pfd, double *timeout)
+{
+	double at = sl_admin_timeout(m->admin, now_s());
+	int n;
+
+	if (now_s() >= m->next_sample) {
+		sl_status_sample(&m->console, &m->slots, now_s());
+		/* Late (a long reload): from now, not in a burst. */
+		m->next_sample += SL_STATUS_SAMPLE_S;
+		if (m->next_sample <= now_s())
+			m->next_sample = now_s() + SL_STATUS_SAMPLE_S;
+	}
+	if (at < 0 || m->next_sample - now_s() < at)
+		at = m->next_sample - now_s() > 0 ?
+		    m->next_sample - now_s() : 0;
+
+	n = sl_admin_pollfds(m->admin, pfd, SL_ADMIN_POLLFDS, now_s());
+	sooner(timeout, at);
+	return n;
+}
+
+/* Sleep in ppoll until a descriptor, the timeout (< 0: none) or a signal. */
+static int
+sleep_until(struct pollfd *pfd, int npfd, double timeout,
+    const sigset_t *empty)
+{
+	struct timespec ts;
+
+	if (timeout >= 0) {
+		if (timeout < 0.001)
+			timeout = 0.001;
+		ts.tv_sec = (time_t)timeout;
+		ts.tv_nsec = (long)((timeout - (double)ts.tv_sec) * 1e9);
+	}
+	/* Sleep with signals unblocked; flags are rechecked on wake. */
+	return ppoll(npfd ? pfd : NULL, (nfds_t)npfd, timeout >= 0 ? &ts : NULL,
+	    empty);
+}
+
+/*
+ * The master's loop: signals, children, the admin listener, the health
+ * probes and the cluster, until every worker is gone after a stop.
+ * Returns the exit status.
+ */
+static int
+run_loop(struct master *m, const sigset_t *empty)
+{
+	for (;;) {
+		double timeout = -1;
+		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 1];
+		int npfd = 0, nadmin = 0, ncl = 0;
+
+		handle_signals(m);
+		if (drain_or_respawn(m, &timeout))
+			return 0;
+		if (m->admin != NULL)
+			npfd = admin_pollfds(m, pfd, &timeout);
+		nadmin = npfd;
+		if (!m->stopping) {
+			npfd += sl_probe_pollfds(m->prober, pfd + npfd,
+			    SL_PROBE_POLLFDS);
+			sooner(&timeout, sl_probe_timeout(m->prober, now_s()));
+		}
+		if (m->cluster != NULL) {
+			/* Also while draining: leases of running streams live on. */
+			ncl = sl_cluster_master_pollfds(m->cluster, pfd + npfd, 1);
+			npfd += ncl;
+			sooner(&timeout, sl_cluster_master_timeout(m->cluster,
+			    now_s()));
+		}
+		if (sleep_until(pfd, npfd, timeout, empty) == -1) {
+			if (errno == EINTR)
+				continue;
+			sl_err("ppoll: %s", strerror(errno));
+			return 1;
+		}
+		if (m->admin != NULL)
+			sl_admin_service(m->admin, pfd, nadmin, now_s(), admin_handle,
+			    m);
+		if (!m->stopping)
+			sl_probe_service(m->prober, now_s());
+		if (m->cluster != NULL)
+			sl_cluster_master_service(m->cluster, pfd + npfd - ncl, ncl,
+			    now_s());
+	}
+}
+
+/* Everything the master holds, at its exit. */
+static void
+master_free(struct master *m)
+{
+	int s;
+
+	for (s = 0; s < m->nlisten; s++)
+		close(m->listen_fds[s]);
+	free(m->listen_fds);
+	free(m->cur.tenant_slot);
+	free(m->cur.upstream_slot);
+	free(m->cur.queue_slot);
+	free(m->cur.model_slot);
+	sl_probe_free(m->prober);
+	sl_slots_free_replica_map(m->cur.replica_slot, m->cur.cfg->nupstreams);
+	sl_slots_free(&m->slots);
+	sl_admin_close(m->admin);
+	sl_window_free(m->console.window);
+	sl_window_free(m->console.mwindow);
+	free(m->console.sample);
+	sl_cluster_master_free(m->cluster);
+	sl_cluster_shm_destroy(m->cshm);
+	sl_config_free(m->cur.cfg);
+	sl_keyidx_free(m->cur.keys);
+	sl_queue_destroy(m->queue);
+	sl_shm_destroy(m->shm);
+}
+
+int
+sl_master_run(const char *path, struct sl_config *cfg)
+{
+	struct master m;
+	sigset_t empty;
+	int s, rc;
+
+	memset(&m, 0, sizeof(m));
+	m.started = now_s();
+	m.path = path;
+	m.cur.cfg = cfg;
+	m.cur.id = m.last_gen = 1;
+	sl_log_init(cfg->log_level, "master");
+	config_warn_permissions(path, cfg);
+
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+		sl_err("curl_global_init failed");
+		return 1;
+	}
+	if (start_region(&m, cfg) == -1 || start_queue(&m, cfg) == -1)
+		return 1;
+	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
+		sl_err("cannot set up health probes");
+		return 1;
+	}
+	if (cfg->cluster.enabled && start_cluster(&m, cfg) == -1)
+		return 1;
+	m.nworkers = resolve_workers(cfg);
+	if (open_listeners(&m, cfg->listen, 0, m.nworkers) == -1)
+		return 1;
+	if (cfg->admin_listen != NULL && start_admin(&m, cfg) == -1)
+		return 1;
+	install_signals(&empty);
 	if (reserve_rows(&m, m.nworkers, m.slot_row) == -1)
 		return 1;
 	for (s = 0; s < m.nworkers; s++)
@@ -1151,143 +1393,9 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			return 1;
 	sl_info("sluice %s listening on %s with %d worker(s), %zu tenant(s)",
 	    PACKAGE_VERSION, cfg->listen, m.nworkers, cfg->ntenants);
-
-	for (;;) {
-		double timeout = -1;
-		struct timespec ts;
-		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 1];
-		int npfd = 0, nadmin = 0, ncl = 0;
-		double pt;
-
-		if (got_chld) {
-			got_chld = 0;
-			reap(&m);
-		}
-		if (got_quit && m.stopping < 2) {
-			got_quit = 0;
-			sl_info("SIGQUIT: exiting now");
-			m.stopping = 2;
-			signal_children(&m, SIGQUIT, 0);
-			m.stop_deadline = now_s() + 2.0;
-		}
-		if (got_term && !m.stopping) {
-			got_term = 0;
-			sl_info("shutting down: draining for up to %.1f s",
-			    (double)m.cur.cfg->drain_timeout_ms / 1000.0);
-			m.stopping = 1;
-			signal_children(&m, SIGTERM, 0);
-			/*
-			 * Refuse new connections at once: with every copy of the
-			 * listen sockets closed, the kernel answers RST instead
-			 * of queueing clients nobody will accept.
-			 */
-			for (s = 0; s < m.nlisten; s++)
-				close(m.listen_fds[s]);
-			m.nlisten = 0;
-			m.stop_deadline = now_s() +
-			    (double)m.cur.cfg->drain_timeout_ms / 1000.0 + 5.0;
-		}
-		if (got_hup) {
-			got_hup = 0;
-			if (!m.stopping)
-				reload(&m);
-		}
-		if (got_usr1) {
-			got_usr1 = 0;
-			sl_info("SIGUSR1: workers reopen the access log");
-			signal_children(&m, SIGUSR1, 0);
-		}
-		if (m.stopping) {
-			if (nchildren(&m) == 0)
-				break;
-			if (now_s() >= m.stop_deadline) {
-				sl_warn("workers did not exit in time; killing them");
-				signal_children(&m, SIGKILL, 0);
-				m.stop_deadline = now_s() + 5.0;
-			}
-			timeout = m.stop_deadline - now_s();
-		} else
-			respawn_due(&m, &timeout);
-		if (m.admin != NULL) {
-			double at = sl_admin_timeout(m.admin, now_s());
-
-			if (now_s() >= m.next_sample) {
-				sl_status_sample(&m.console, &m.slots, now_s());
-				/* Late (a long reload): from now, not in a burst. */
-				m.next_sample += SL_STATUS_SAMPLE_S;
-				if (m.next_sample <= now_s())
-					m.next_sample = now_s() + SL_STATUS_SAMPLE_S;
-			}
-			if (at < 0 || m.next_sample - now_s() < at)
-				at = m.next_sample - now_s() > 0 ?
-				    m.next_sample - now_s() : 0;
-
-			npfd = sl_admin_pollfds(m.admin, pfd, SL_ADMIN_POLLFDS,
-			    now_s());
-			if (at >= 0 && (timeout < 0 || at < timeout))
-				timeout = at;
-		}
-		nadmin = npfd;
-		if (!m.stopping) {
-			npfd += sl_probe_pollfds(m.prober, pfd + npfd,
-			    SL_PROBE_POLLFDS);
-			pt = sl_probe_timeout(m.prober, now_s());
-			if (pt >= 0 && (timeout < 0 || pt < timeout))
-				timeout = pt;
-		}
-		if (m.cluster != NULL) {
-			/* Also while draining: leases of running streams live on. */
-			ncl = sl_cluster_master_pollfds(m.cluster, pfd + npfd, 1);
-			npfd += ncl;
-			pt = sl_cluster_master_timeout(m.cluster, now_s());
-			if (pt >= 0 && (timeout < 0 || pt < timeout))
-				timeout = pt;
-		}
-		if (timeout >= 0) {
-			if (timeout < 0.001)
-				timeout = 0.001;
-			ts.tv_sec = (time_t)timeout;
-			ts.tv_nsec = (long)((timeout - (double)ts.tv_sec) * 1e9);
-		}
-		/* Sleep with signals unblocked; flags are rechecked on wake. */
-		if (ppoll(npfd ? pfd : NULL, (nfds_t)npfd, timeout >= 0 ? &ts : NULL,
-		    &empty) == -1) {
-			if (errno == EINTR)
-				continue;
-			sl_err("ppoll: %s", strerror(errno));
-			rc = 1;
-			break;
-		}
-		if (m.admin != NULL)
-			sl_admin_service(m.admin, pfd, nadmin, now_s(), admin_handle,
-			    &m);
-		if (!m.stopping)
-			sl_probe_service(m.prober, now_s());
-		if (m.cluster != NULL)
-			sl_cluster_master_service(m.cluster, pfd + npfd - ncl, ncl,
-			    now_s());
-	}
+	rc = run_loop(&m, &empty);
 	sl_info("stopped");
-	for (s = 0; s < m.nlisten; s++)
-		close(m.listen_fds[s]);
-	free(m.listen_fds);
-	free(m.cur.tenant_slot);
-	free(m.cur.upstream_slot);
-	free(m.cur.queue_slot);
-	free(m.cur.model_slot);
-	sl_probe_free(m.prober);
-	sl_slots_free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
-	sl_slots_free(&m.slots);
-	sl_admin_close(m.admin);
-	sl_window_free(m.console.window);
-	sl_window_free(m.console.mwindow);
-	free(m.console.sample);
-	sl_cluster_master_free(m.cluster);
-	sl_cluster_shm_destroy(m.cshm);
-	sl_config_free(m.cur.cfg);
-	sl_keyidx_free(m.cur.keys);
-	sl_queue_destroy(m.queue);
-	sl_shm_destroy(m.shm);
+	master_free(&m);
 	curl_global_cleanup();
 	return rc;
 }
