@@ -4,7 +4,10 @@
  * per worker slot before forking (a respawned worker inherits its slot's
  * accept queue), maps the shared region, forks workers and then only waits
  * for signals and child exits, in a ppoll() loop whose signal mask closes
- * the race between checking flags and sleeping.
+ * the race between checking flags and sleeping. The names it maps to
+ * slots of the region are kept by slots.c; the admin listener's pages are
+ * rendered by prom.c (/metrics) and status_json.c (/status.json) from
+ * what the master shows them (page_in).
  */
 #include "config.h"
 
@@ -163,6 +166,8 @@ resolve_workers(const struct sl_config *cfg)
 	return (int)n;
 }
 
+/* ---- the region's slots, kept by slots.c --------------------------------- */
+
 /* The oldest generation with a worker alive; UINT_MAX: none. */
 static unsigned
 oldest_live(const struct master *m)
@@ -239,6 +244,8 @@ publish_queue(struct master *m, const struct sl_config *cfg,
 
 	sl_slots_publish_queue(&m->slots, &c, cfg, tmap, qmap, close_removed);
 }
+
+/* ---- worker rows, children and listen sockets --------------------------- */
 
 static int
 rows_free(const struct master *m)
@@ -520,6 +527,8 @@ open_listeners(struct master *m, const char *addr, int from, int to)
 	m->nlisten = to;
 	return 0;
 }
+
+/* ---- reload (SIGHUP) ----------------------------------------------------- */
 
 static void
 config_warn_permissions(const char *path, const struct sl_config *cfg)
@@ -927,6 +936,8 @@ reload(struct master *m)
 		reload_undo(m, &r);
 }
 
+/* ---- the admin listener's routes ----------------------------------------- */
+
 static int
 current_workers(const struct master *m)
 {
@@ -1004,6 +1015,8 @@ admin_handle(void *arg, const char *method, const char *path,
 		sl_prom_render(&in, &r->body);
 	}
 }
+
+/* ---- start --------------------------------------------------------------- */
 
 /*
  * The shared region and the first generation's slots in it: 0, or -1
@@ -1155,6 +1168,8 @@ install_signals(sigset_t *empty)
 	signal(SIGUSR2, SIG_IGN);     /* meant for workers only */
 	sigemptyset(empty);
 }
+
+/* ---- the loop ------------------------------------------------------------ */
 
 /* Act on the signals that came since the last turn of the loop. */
 static void
@@ -1324,6 +1339,8 @@ run_loop(struct master *m, const sigset_t *empty)
 			    now_s());
 	}
 }
+
+/* ---- exit ---------------------------------------------------------------- */
 
 /* Everything the master holds, at its exit. */
 static void

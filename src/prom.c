@@ -226,7 +226,7 @@ replica_gauge(const struct sl_page_in *p, struct sl_str *o,
  * Replicas a reload removed that still have streams in flight: their
  * series stays, under the URL they had, until those end (their tenants'
  * sluice_tenant_streams counts the same streams). The index is reserved
- * meanwhile (reuse_retired).
+ * meanwhile (slots.c, reuse_retired).
  */
 static void
 retired_streams(const struct sl_page_in *p, struct sl_str *o)
@@ -249,7 +249,7 @@ retired_streams(const struct sl_page_in *p, struct sl_str *o)
 		    (n = sl_shm_inflight(p->slots->shm, j)) <= 0 ||
 		    (url = strchr(name + 1, '\x01')) == NULL)
 			continue;
-		/* name is "\x01UPSTREAM\x01URL" (replica_key). */
+		/* name is "\x01UPSTREAM\x01URL" (slots.c, replica_key). */
 		if ((up = strndup(name + 1, (size_t)(url - name - 1))) == NULL)
 			continue;
 		replica_labels(o, "sluice_replica_streams", up, url + 1);
@@ -646,12 +646,13 @@ render_reasons(struct sl_str *o, struct sl_shm *shm, const char *name,
 		    (enum sl_stat)(first + k)));
 }
 
-void
-sl_prom_render(const struct sl_page_in *p, struct sl_str *o)
+/* The tenant families: streams, limits, requests by status, refusals. */
+static void
+render_tenants(const struct sl_page_in *p, struct sl_str *o)
 {
 	struct sl_shm *shm = p->slots->shm;
-	size_t t, u;
-	int c, k;
+	size_t t;
+	int c;
 
 	sl_str_printf(o, "# HELP sluice_tenant_streams Requests in flight per "
 	    "tenant, across all workers.\n# TYPE sluice_tenant_streams gauge\n");
@@ -685,7 +686,8 @@ sl_prom_render(const struct sl_page_in *p, struct sl_str *o)
 			if (v == 0)
 				continue;
 			sl_str_printf(o, "sluice_requests_total{tenant=\"");
-			label(o, t < p->slots->shm_ntenants ? p->slots->shm_names[t] : "-");
+			label(o, t < p->slots->shm_ntenants ?
+			    p->slots->shm_names[t] : "-");
 			sl_str_printf(o, "\",code=\"%s\"} %llu\n",
 			    sl_shm_code_label(c), (unsigned long long)v);
 		}
@@ -706,6 +708,16 @@ sl_prom_render(const struct sl_page_in *p, struct sl_str *o)
 		    (unsigned long long)sl_shm_rejected_sum(shm, t,
 		    SL_REJECT_TOKEN_BUDGET));
 	}
+}
+
+void
+sl_prom_render(const struct sl_page_in *p, struct sl_str *o)
+{
+	struct sl_shm *shm = p->slots->shm;
+	size_t u;
+	int k;
+
+	render_tenants(p, o);
 	sl_str_printf(o, "# HELP sluice_upstream_errors_total Upstream failures "
 	    "by kind.\n# TYPE sluice_upstream_errors_total counter\n");
 	for (u = 1; u < p->slots->ups.hwm; u++)
