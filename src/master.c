@@ -4,11 +4,15 @@
  * per worker slot before forking (a respawned worker inherits its slot's
  * accept queue), maps the shared region, forks workers and then only waits
  * for signals and child exits, in a ppoll() loop whose signal mask closes
- * the race between checking flags and sleeping.
+ * the race between checking flags and sleeping. The names it maps to
+ * slots of the region are kept by slots.c; the admin listener's pages are
+ * rendered by prom.c (/metrics) and status_json.c (/status.json) from
+ * what the master shows them (page_in).
  */
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -34,9 +38,12 @@
 #include "sl_log.h"
 #include "sl_master.h"
 #include "sl_probe.h"
+#include "sl_prom.h"
 #include "sl_net.h"
 #include "sl_queue.h"
 #include "sl_shm.h"
+#include "sl_slots.h"
+#include "sl_status_json.h"
 #include "sl_upstream.h"
 #include "sl_worker.h"
 
@@ -49,33 +56,6 @@
  */
 #define MAX_ROWS (2 * SL_MAX_WORKERS + 1)
 #define WORKER_ROWS (MAX_ROWS - 1)
-/*
- * The region's index space: tenants (limits.max_tenants, twice over, so
- * that a reload may name max_tenants new ones while as many removed ones
- * finish their streams) and pool replicas. Reserved, not committed
- * (sl_shm.h): room costs nothing until an index is used.
- */
-/*
- * The fair queue's pools: one per upstream with a queue (pool 0 is "no
- * queue"), removed ones included until the workers that knew them are
- * gone. Not twice over like the other slots: the queue's cells are
- * reserved for every pool x shared index (sl_queue.h), so each pool of
- * room costs 32 bytes of address space per index.
- */
-#define QUEUE_POOLS (SL_MAX_QUEUED_UPSTREAMS + 1)
-/* The console's samples (console_sample). */
-#define CONSOLE_SAMPLES 13
-#define CONSOLE_SAMPLE_S 5.0
-#define CONSOLE_SPAN_S 60.0
-#define MODEL_VALUES (2 + SL_MHIST_BOUNDS_MAX)  /* requests, TTFT buckets */
-#define INDEX_VALUES 2
-/*
- * Per-model histograms (three, 15 to 18 series each) under a model's own
- * label for the models of slots 1..MODEL_HIST_SERIES (the first models of
- * the configuration at start, and those that took their slots); the
- * others are summed under model="_other" (sluice.8, METRICS).
- */
-#define MODEL_HIST_SERIES 100
 #define RESPAWN_BACKOFF_S 1.0        /* a worker that dies young waits this */
 #define LISTEN_BACKLOG 4096
 
@@ -88,79 +68,11 @@ struct child {
 	int draining;
 };
 
-/*
- * Named slots of a shared table (models, upstreams, queue pools): the
- * name of each (slot 0 is never named; NULL: free or never used) and the
- * newest generation that maps it; slots below hwm were handed out. Arrays
- * reserved like the index arrays: a slot costs once used.
- */
-struct slot_table {
-	char **names;
-	unsigned *gen;
-	size_t n;
-	size_t hwm;
-};
-
-/* A generation: one config and the tenant mapping its workers use. */
-struct gen {
-	struct sl_config *cfg;
-	size_t *tenant_slot;
-	size_t *upstream_slot;
-	size_t *queue_slot;          /* config upstream -> queue pool; 0: none */
-	size_t **replica_slot;       /* [upstream][replica] -> shm index */
-	size_t *model_slot;          /* config model -> shm model slot */
-	/*
-	 * API key -> tenant, built here once per generation and shared by
-	 * its workers (copy-on-write pages never written): one index, not one
-	 * per worker.
-	 */
-	struct sl_keyidx *keys;
-	unsigned id;
-};
-
 struct master {
 	const char *path;
-	struct gen cur;
+	struct sl_gen cur;
 	struct sl_shm *shm;
-	/*
-	 * Tenants and pool replicas share the region's index space (a
-	 * replica's cap and count are a tenant slot's); a replica's name is
-	 * "\x01UPSTREAM\x01URL", so it never meets a tenant's.
-	 */
-	char **shm_names;            /* shm index -> name (or NULL) */
-	unsigned char *shm_replica;  /* shm index -> 1 for a replica */
-	/*
-	 * A replica's index is reused once a reload removed it and its
-	 * streams ended (reuse_retired): shm_gen is the newest generation
-	 * that may map the index, shm_epoch its epoch as this process (and so
-	 * a worker forked now) knows it, shm_free marks an index given back
-	 * (name freed, region zeroed).
-	 */
-	unsigned *shm_gen;
-	uint32_t *shm_epoch;         /* the region's epochs, as forked workers see */
-	unsigned char *shm_free;
-	size_t *free_stack;          /* the indices given back, [shm_nfree] */
-	size_t shm_nfree;
-	size_t shm_ntenants;         /* indices handed out so far */
-	size_t shm_tenants_live;     /* tenant indices not free */
-	size_t max_tenants;          /* limits.max_tenants at start */
-	size_t *name_ht;             /* open addressing: shm index + 1, 0 empty */
-	size_t name_ht_mask;         /* capacity - 1, a power of two */
-	size_t name_ht_n;            /* names in it */
-	/*
-	 * Model slots of the region (sl_shm.h, 2 x limits.max_models + 1),
-	 * upstream slots (2 x limits.max_upstreams + 1) and the fair queue's
-	 * pools (QUEUE_POOLS; 0 is "no queue"): map_slots.
-	 */
-	struct slot_table models;
-	struct slot_table ups;
-	struct slot_table queues;
-	size_t max_models;           /* limits.max_models at start */
-	size_t max_upstreams;        /* limits.max_upstreams at start */
-	size_t replica_room;         /* sl_config_replica_room at start */
-	/* What slots past MODEL_HIST_SERIES counted before they were reused. */
-	uint64_t other_hist[SL_MHIST_MAX][SL_MHIST_BOUNDS_MAX + 1];
-	uint64_t other_hist_us[SL_MHIST_MAX];
+	struct sl_slots slots;      /* names -> slots of the region */
 	struct sl_admin *admin;
 	struct sl_prober *prober;    /* health probes of the current pools */
 	struct sl_cluster_shm *cshm; /* `cluster:` leases; NULL: one node */
@@ -182,14 +94,11 @@ struct master {
 	unsigned last_gen;           /* generation ids are never reused */
 	double started;              /* now_s() at start: uptime_seconds */
 	/*
-	 * The console's window (admin_listen only): the counters behind its
-	 * "last minute" numbers, sampled every CONSOLE_SAMPLE_S (console_sample).
+	 * The console's windows (admin_listen only): the counters behind its
+	 * "last minute" numbers, sampled every SL_STATUS_SAMPLE_S.
 	 */
-	struct sl_window *window;
-	struct sl_window *mwindow;   /* the models', MODEL_VALUES a slot */
+	struct sl_status_windows console;
 	double next_sample;
-	uint64_t *sample;            /* scratch for a sample */
-	size_t sample_cap;
 	int stopping;                /* 1 drain, 2 quit */
 	double stop_deadline;
 	unsigned reloads_ok, reloads_failed;
@@ -207,49 +116,6 @@ heap_trim(void)
 #ifdef __GLIBC__
 	malloc_trim(0);
 #endif
-}
-
-/*
- * Zeroed memory for an array sized by the region's room (limits.max_tenants):
- * its own mapping, so that its pages cost nothing until an index in use
- * writes them. calloc could hand out the heap's free top (a big
- * configuration's parse leaves one) and zero all of it.
- */
-static void *
-reserve(size_t n)
-{
-	void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE,
-	    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-
-	return p == MAP_FAILED ? NULL : p;
-}
-
-static void
-unreserve(void *p, size_t n)
-{
-	if (p != NULL)
-		munmap(p, n ? n : 1);
-}
-
-static int
-slot_table_init(struct slot_table *st, size_t n)
-{
-	st->n = n;
-	st->hwm = 1;               /* slot 0 is never named */
-	st->names = reserve(n * sizeof(*st->names));
-	st->gen = reserve(n * sizeof(*st->gen));
-	return st->names != NULL && st->gen != NULL ? 0 : -1;
-}
-
-static void
-slot_table_free(struct slot_table *st)
-{
-	size_t j;
-
-	for (j = 0; st->names != NULL && j < st->hwm; j++)
-		free(st->names[j]);
-	unreserve(st->names, st->n * sizeof(*st->names));
-	unreserve(st->gen, st->n * sizeof(*st->gen));
 }
 
 static volatile sig_atomic_t got_hup, got_term, got_quit, got_chld, got_usr1;
@@ -301,499 +167,72 @@ resolve_workers(const struct sl_config *cfg)
 	return (int)n;
 }
 
-static size_t
-name_hash(const char *s)
+/* ---- the region's slots, kept by slots.c --------------------------------- */
+
+/* The oldest generation with a worker alive; UINT_MAX: none. */
+static unsigned
+oldest_live(const struct master *m)
 {
-	size_t h = 14695981039346656037ULL;
-
-	for (; *s != '\0'; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-	return h;
-}
-
-/*
- * Slot of name in the name table: its entry, or the empty slot where it
- * goes. The table is kept at most half full (name_table_grow) and names
- * are removed only by rebuilding it (name_table_rebuild), so a probe
- * ends. It grows with the names, not with the region's room: a table
- * sized for a million names, written at random, would cost its whole size
- * at ten thousand.
- */
-static size_t *
-name_slot(struct master *m, const char *name)
-{
-	size_t i = name_hash(name) & m->name_ht_mask;
-
-	while (m->name_ht[i] != 0 &&
-	    strcmp(m->shm_names[m->name_ht[i] - 1], name) != 0)
-		i = (i + 1) & m->name_ht_mask;
-	return &m->name_ht[i];
-}
-
-/* Every name again, after some were freed (open addressing: no holes). */
-static void
-name_table_rebuild(struct master *m)
-{
-	size_t j;
-
-	memset(m->name_ht, 0, (m->name_ht_mask + 1) * sizeof(*m->name_ht));
-	m->name_ht_n = 0;
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (m->shm_names[j] != NULL) {
-			*name_slot(m, m->shm_names[j]) = j + 1;
-			m->name_ht_n++;
-		}
-}
-
-/* Room for one more name: double the table past half full. -1: no memory. */
-static int
-name_table_grow(struct master *m)
-{
-	size_t size = m->name_ht_mask + 1, *ht;
-
-	if (m->name_ht != NULL && 2 * (m->name_ht_n + 1) <= size)
-		return 0;
-	if (m->name_ht != NULL)
-		size *= 2;
-	if ((ht = calloc(size, sizeof(*ht))) == NULL)
-		return -1;
-	free(m->name_ht);
-	m->name_ht = ht;
-	m->name_ht_mask = size - 1;
-	name_table_rebuild(m);
-	return 0;
-}
-
-/*
- * Give back the indices of tenants and replicas that reloads removed,
- * once nothing can touch them any more: not mapped by the current
- * generation (nor a newer one that failed to start), retired (limit 0:
- * nothing admitted), nothing in flight and no worker row holding a slot
- * (a dead worker's row is reclaimed at its reaping). Their counters,
- * health and affinity hints are zeroed and their epoch bumped: a
- * draining worker that still maps one (a removed tenant's key, a replica
- * it may retry onto) sees the new epoch and leaves it alone (sl_shm.h).
- * Until then a retired index stays reserved, and its streams are shown
- * under its old name. Returns the indices given back.
- */
-static size_t
-reuse_retired(struct master *m)
-{
-	unsigned char *drop;
-	size_t j, n = 0;
-
-	if ((drop = reserve(sl_shm_max_tenants(m->shm))) == NULL)
-		return 0;
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (!m->shm_free[j] && m->shm_gen[j] < m->cur.id &&
-		    sl_shm_limit(m->shm, j) == 0 &&
-		    sl_shm_index_quiet(m->shm, j)) {
-			drop[j] = 1;
-			n++;
-		}
-	if (n > 0) {
-		sl_shm_hint_drop_slots(m->shm, drop);
-		for (j = 0; j < m->shm_ntenants; j++)
-			if (drop[j]) {
-				sl_shm_index_reset(m->shm, j);
-				sl_queue_forget_tenant(m->queue, SL_QUEUE_ROW, j);
-				if (m->window != NULL)
-					sl_window_forget(m->window,
-					    j * INDEX_VALUES, INDEX_VALUES);
-				m->shm_epoch[j] = sl_shm_epoch(m->shm, j);
-				free(m->shm_names[j]);
-				m->shm_names[j] = NULL;
-				m->shm_free[j] = 1;
-				m->free_stack[m->shm_nfree++] = j;
-				if (!m->shm_replica[j])
-					m->shm_tenants_live--;
-			}
-		name_table_rebuild(m);
-		sl_debug("%zu index(es) of removed tenants or replicas free "
-		    "again", n);
-	}
-	unreserve(drop, sl_shm_max_tenants(m->shm));
-	return n;
-}
-
-/*
- * The stable shm index of name (same name, same index across reloads),
- * handed out on first sight; (size_t)-1 when the region is full. A new
- * replica takes the index of a removed one when there is one free.
- */
-static size_t
-shm_index(struct master *m, const char *name, int replica)
-{
-	/* A hash lookup: 100k tenants must not cost 10^10 compares. */
-	size_t *slot, j;
-
-	if (name_table_grow(m) == -1)
-		return (size_t)-1;
-	slot = name_slot(m, name);
-	if (*slot != 0)
-		return *slot - 1;
-	if (!replica && m->shm_tenants_live >= 2 * m->max_tenants) {
-		sl_err("no room for tenant '%s': %zu tenants are mapped, removed "
-		    "ones among them until their streams end (limits.max_tenants "
-		    "%zu at start); reload again once they have ended", name,
-		    m->shm_tenants_live, m->max_tenants);
-		return (size_t)-1;
-	}
-	j = m->shm_nfree > 0 ? m->free_stack[m->shm_nfree - 1] :
-	    m->shm_ntenants;
-	if (j == sl_shm_max_tenants(m->shm)) {
-		sl_err("no room for %s: the %zu shared indices (2 x "
-		    "limits.max_tenants + 2 x %zu replicas) are in use; restart "
-		    "to grow them", replica ? "a replica" : "a tenant",
-		    sl_shm_max_tenants(m->shm), m->replica_room);
-		return (size_t)-1;
-	}
-	if ((m->shm_names[j] = strdup(name)) == NULL)
-		return (size_t)-1;
-	m->shm_replica[j] = (unsigned char)replica;
-	*slot = j + 1;
-	m->name_ht_n++;
-	if (!replica)
-		m->shm_tenants_live++;
-	if (m->shm_nfree > 0 && j == m->free_stack[m->shm_nfree - 1]) {
-		m->shm_free[j] = 0;
-		m->shm_nfree--;
-	} else {
-		m->shm_ntenants++;
-		sl_shm_set_indices_used(m->shm, m->shm_ntenants);
-	}
-	return j;
-}
-
-/*
- * Indices of one kind (tenants, or replicas) that the new mapping did not
- * keep get limit 0: nothing new is admitted, what is in flight finishes.
- */
-static void
-retire_unkept(struct master *m, const unsigned char *keep, int replica)
-{
-	size_t j;
-
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (!keep[j] && m->shm_replica[j] == replica)
-			sl_shm_set_limit(m->shm, j, 0);
-}
-
-static char *
-replica_key(const char *upstream, const char *url)
-{
-	size_t a = strlen(upstream), b = strlen(url);
-	char *k = malloc(a + b + 3);
-
-	if (k != NULL) {
-		k[0] = '\x01';
-		memcpy(k + 1, upstream, a);
-		k[a + 1] = '\x01';
-		memcpy(k + a + 2, url, b + 1);
-	}
-	return k;
-}
-
-static void
-free_replica_map(size_t **rmap, size_t n)
-{
-	size_t u;
-
-	if (rmap == NULL)
-		return;
-	for (u = 0; u < n; u++)
-		free(rmap[u]);
-	free(rmap);
-}
-
-/*
- * Map every replica of every pool to a stable shm index, keyed by upstream
- * name and URL (a reload keeps the counts and health of replicas that
- * stay), and publish caps: max_streams, or no cap. A replica a reload
- * removed gets cap 0: it takes no new stream, and those in flight finish.
- * gen: the generation the mapping is for. Returns the mapping (caller
- * owns; free_replica_map) or NULL.
- */
-static size_t **
-map_replicas(struct master *m, const struct sl_config *cfg, unsigned gen)
-{
-	size_t **map, u, r, j;
-	unsigned char *keep;
-
-	reuse_retired(m);
-	map = calloc(cfg->nupstreams ? cfg->nupstreams : 1, sizeof(*map));
-	keep = reserve(sl_shm_max_tenants(m->shm));
-	if (map == NULL || keep == NULL)
-		goto fail;
-	for (u = 0; u < cfg->nupstreams; u++) {
-		const struct sl_upstream_conf *up = &cfg->upstreams[u];
-
-		map[u] = calloc(up->nreplicas ? up->nreplicas : 1, sizeof(size_t));
-		if (map[u] == NULL)
-			goto fail;
-		for (r = 0; r < up->nreplicas; r++) {
-			char *k = replica_key(up->name, up->replicas[r].url);
-
-			j = k != NULL ? shm_index(m, k, 1) : (size_t)-1;
-			free(k);
-			if (j == (size_t)-1)
-				goto fail;
-			map[u][r] = j;
-			keep[j] = 1;
-			/* The newest generation that may map it. */
-			if (m->shm_gen[j] < gen)
-				m->shm_gen[j] = gen;
-		}
-	}
-	for (u = 0; u < cfg->nupstreams; u++)
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
-			int32_t cap = cfg->upstreams[u].replicas[r].max_streams;
-			struct sl_shm_replica *h = sl_shm_replica(m->shm,
-			    map[u][r]);
-
-			sl_shm_set_limit(m->shm, map[u][r], cap > 0 ? cap : INT32_MAX);
-			/*
-			 * A reload clears busy marks: the operator's way to
-			 * put a replica back at once (sluice.yaml.5).
-			 */
-			if (h != NULL)
-				atomic_store(&h->busy_until_ms, 0);
-		}
-	retire_unkept(m, keep, 1);
-	unreserve(keep, sl_shm_max_tenants(m->shm));
-	return map;
-fail:
-	free_replica_map(map, cfg->nupstreams);
-	unreserve(keep, sl_shm_max_tenants(m->shm));
-	return NULL;
-}
-
-/*
- * Map every tenant of cfg to a stable shm index (same name, same index
- * across reloads) and publish limits. Tenants that disappeared are retired
- * (limit 0): their in-flight streams still release. Returns the mapping
- * (caller owns) or NULL when the region is full.
- */
-static size_t *
-map_tenants(struct master *m, const struct sl_config *cfg, unsigned gen)
-{
-	size_t *map, i, j;
-	unsigned char *keep;
-
-	reuse_retired(m);
-	map = calloc(cfg->ntenants ? cfg->ntenants : 1, sizeof(*map));
-	keep = reserve(sl_shm_max_tenants(m->shm));
-	if (map == NULL || keep == NULL)
-		goto fail;
-	for (i = 0; i < cfg->ntenants; i++) {
-		if ((j = shm_index(m, cfg->tenants[i].name, 0)) == (size_t)-1)
-			goto fail;
-		map[i] = j;
-		keep[j] = 1;
-		/* The newest generation that may map it. */
-		if (m->shm_gen[j] < gen)
-			m->shm_gen[j] = gen;
-	}
-	/* Publish only once the whole mapping exists. */
-	for (i = 0; i < cfg->ntenants; i++) {
-		sl_shm_set_limit(m->shm, map[i], cfg->tenants[i].max_streams);
-		sl_shm_set_token_budget(m->shm, map[i],
-		    cfg->tenants[i].tokens_per_minute);
-	}
-	retire_unkept(m, keep, 0);
-	unreserve(keep, sl_shm_max_tenants(m->shm));
-	return map;
-fail:
-	free(map);
-	unreserve(keep, sl_shm_max_tenants(m->shm));
-	return NULL;
-}
-
-_Static_assert(2 * SL_MAX_MODELS + 1 <= SL_SHM_MAX_MODEL_SLOTS,
-    "slot 0 is \"-\"");
-
-/* Is a worker of generation `gen` or an older one alive? */
-static int
-gen_alive(const struct master *m, unsigned gen)
-{
+	unsigned g = UINT_MAX;
 	int i;
 
 	for (i = 0; i < MAX_ROWS; i++)
-		if (m->children[i].pid > 0 && m->children[i].gen <= gen)
-			return 1;
-	return 0;
+		if (m->children[i].pid > 0 && m->children[i].gen < g)
+			g = m->children[i].gen;
+	return g;
 }
 
-/*
- * A slot summed under "_other" goes to another name: what it counted
- * stays in the sum.
- */
-static void
-keep_other_hist(struct master *m, size_t slot)
+/* What the slot maps need of the master now (sl_slots.h). */
+static struct sl_slots_ctx
+slots_ctx(const struct master *m)
 {
-	int h, b, n;
+	struct sl_slots_ctx c;
 
-	for (h = 0; h < SL_MHIST_MAX; h++) {
-		sl_shm_mhist_bounds((enum sl_mhist)h, &n);
-		for (b = 0; b <= n; b++)   /* cumulative, as rendered */
-			m->other_hist[h][b] += sl_shm_model_hist_bucket(m->shm,
-			    slot, (enum sl_mhist)h, b);
-		m->other_hist_us[h] += (uint64_t)(sl_shm_model_hist_sum(m->shm,
-		    slot, (enum sl_mhist)h) * 1e6);
-	}
+	c.cur = m->cur.id;
+	c.oldest_live = oldest_live(m);
+	c.queue = m->queue;
+	c.window = m->console.window;
+	c.mwindow = m->console.mwindow;
+	return c;
 }
 
-/*
- * Give each of the count names of want (NULL: no slot wanted) a slot of
- * st for generation gen, into map[] (0: none): the slot it had (a name a
- * reload keeps keeps its counters), else a slot never used, else the slot
- * of a removed name that no live worker can count under any more. drop[]
- * (st->n bytes, zeroed) gets the slots that changed name: the caller
- * zeroes their counters before a worker of gen starts. There are twice
- * the names a configuration may hold, so a reload may replace them all
- * while as many removed ones drain. O(slots + names). Returns the names
- * left without a slot (only when reloads replaced names faster than
- * workers drained), or -1 without memory.
- */
-static long
-map_slots(struct master *m, struct slot_table *st, const char *const *want,
-    size_t count, unsigned gen, size_t *map, unsigned char *drop)
+/* The slot maps (sl_slots.h), told what they need of the master now. */
+static size_t *
+map_tenants(struct master *m, const struct sl_config *cfg, unsigned gen)
 {
-	size_t *ht, mask, i, j, h, nfree = 0, *freel = NULL;
-	unsigned char *keep;
-	long left = 0;
+	struct sl_slots_ctx c = slots_ctx(m);
 
-	for (mask = 1; mask < 2 * (st->hwm + 1); mask <<= 1)
-		;
-	ht = calloc(mask, sizeof(*ht));
-	mask--;
-	keep = calloc(st->n, 1);
-	if (ht == NULL || keep == NULL)
-		goto fail;
-	for (j = 1; j < st->hwm; j++)
-		if (st->names[j] != NULL) {
-			for (h = name_hash(st->names[j]) & mask; ht[h] != 0;
-			    h = (h + 1) & mask)
-				;
-			ht[h] = j;
-		}
-	for (i = 0; i < count; i++) {
-		map[i] = 0;
-		if (want[i] == NULL)
-			continue;
-		for (h = name_hash(want[i]) & mask; ht[h] != 0; h = (h + 1) & mask)
-			if (strcmp(st->names[ht[h]], want[i]) == 0) {
-				map[i] = ht[h];
-				keep[ht[h]] = 1;
-				break;
-			}
-	}
-	for (i = 0; i < count; i++) {
-		if (map[i] != 0 || want[i] == NULL)
-			continue;
-		if (st->hwm < st->n) {
-			j = st->hwm++;
-		} else {
-			if (freel == NULL) {
-				/* Once: the slots of removed names nobody counts under. */
-				if ((freel = calloc(st->n, sizeof(*freel))) == NULL)
-					goto fail;
-				for (j = st->n - 1; j >= 1; j--)
-					if (!keep[j] && st->gen[j] < m->cur.id &&
-					    !gen_alive(m, st->gen[j]))
-						freel[nfree++] = j;
-			}
-			if (nfree == 0) {
-				left++;
-				continue;
-			}
-			j = freel[--nfree];
-		}
-		if (st->names[j] != NULL) {
-			drop[j] = 1;
-			free(st->names[j]);
-			st->names[j] = NULL;
-		}
-		if ((st->names[j] = strdup(want[i])) == NULL)
-			goto fail;
-		map[i] = j;
-		keep[j] = 1;
-	}
-	for (j = 1; j < st->hwm; j++)
-		if (keep[j])
-			st->gen[j] = gen;
-	free(ht);
-	free(keep);
-	free(freel);
-	return left;
-fail:
-	free(ht);
-	free(keep);
-	free(freel);
-	return -1;
+	return sl_slots_map_tenants(&m->slots, &c, cfg, gen);
 }
 
-/*
- * Map every model of cfg to a model slot of the region for generation
- * gen (map_slots). A model with no slot left counts under "-" for this
- * generation, and a warning says so. Returns the mapping (caller owns),
- * or NULL without memory.
- */
+static size_t **
+map_replicas(struct master *m, const struct sl_config *cfg, unsigned gen)
+{
+	struct sl_slots_ctx c = slots_ctx(m);
+
+	return sl_slots_map_replicas(&m->slots, &c, cfg, gen);
+}
+
 static size_t *
 map_models(struct master *m, const struct sl_config *cfg, unsigned gen)
 {
-	size_t *map, i, j;
-	const char **want;
-	unsigned char *drop;
-	long left;
-	int reset = 0;
+	struct sl_slots_ctx c = slots_ctx(m);
 
-	map = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*map));
-	want = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*want));
-	drop = calloc(m->models.n, 1);
-	if (map == NULL || want == NULL || drop == NULL) {
-		free(map);
-		map = NULL;
-		goto out;
-	}
-	for (i = 0; i < cfg->nmodels; i++)
-		want[i] = cfg->models[i].name;
-	left = map_slots(m, &m->models, want, cfg->nmodels, gen, map, drop);
-	for (j = 1; j < m->models.n; j++)
-		if (drop[j]) {
-			sl_debug("model slot %zu goes to another model", j);
-			if (j > MODEL_HIST_SERIES)
-				keep_other_hist(m, j);
-			if (m->mwindow != NULL)
-				sl_window_forget(m->mwindow, j * MODEL_VALUES,
-				    MODEL_VALUES);
-			reset = 1;
-		}
-	if (reset)
-		sl_shm_models_reset(m->shm, drop);
-	if (left < 0) {
-		free(map);
-		map = NULL;
-		goto out;
-	}
-	for (i = 0; left > 0 && i < cfg->nmodels; i++)
-		if (map[i] == 0)
-			sl_warn("model '%s': all %zu model metric slots are held by "
-			    "models that workers still draining may count; its "
-			    "metrics go under model \"-\" until a later reload",
-			    cfg->models[i].name, m->models.n - 1);
-out:
-	free(want);
-	free(drop);
-	return map;
+	return sl_slots_map_models(&m->slots, &c, cfg, gen);
+}
+
+static int
+map_upstreams(struct master *m, const struct sl_config *cfg, unsigned gen,
+    size_t **umapp, size_t **qmapp)
+{
+	struct sl_slots_ctx c = slots_ctx(m);
+
+	return sl_slots_map_upstreams(&m->slots, &c, cfg, gen, umapp, qmapp);
 }
 
 /*
- * The fair queue follows cfg (start and reload): each pool's queue, each
- * tenant's weight and priority, at once for the requests waiting, before
- * the workers that use them start; with close_removed (once the reload
- * cannot fail any more), a pool the reload removed answers its waiters
- * 503 upstream_unavailable.
+ * The fair queue follows cfg (start and reload), before the workers that
+ * use it start (sl_slots_publish_queue).
  */
 #define QUEUE_ENTRIES_MIN 1024
 #define QUEUE_ENTRIES_MAX 65536
@@ -802,99 +241,12 @@ static void
 publish_queue(struct master *m, const struct sl_config *cfg,
     const size_t *tmap, const size_t *qmap, int close_removed)
 {
-	unsigned char kept[QUEUE_POOLS];
-	size_t i;
-	int wake = 1;
+	struct sl_slots_ctx c = slots_ctx(m);
 
-	memset(kept, 0, sizeof(kept));
-	for (i = 0; i < cfg->nupstreams; i++)
-		if (cfg->upstreams[i].queue.enabled &&
-		    sl_queue_enable_wake(m->queue) == -1) {
-			sl_err("cannot make the fair queue's eventfds: %s; "
-			    "requests to a full pool get 503 at once",
-			    strerror(errno));
-			wake = 0;
-			break;
-		}
-	for (i = 0; i < cfg->nupstreams; i++) {
-		const struct sl_upstream_conf *u = &cfg->upstreams[i];
-
-		if (qmap[i] == 0)
-			continue;       /* no queue: pool 0, never set */
-		kept[qmap[i]] = 1;
-		sl_queue_set_pool(m->queue, qmap[i],
-		    u->queue.enabled && wake ? u->queue.max : 0,
-		    (int32_t)u->queue.timeout_ms,
-		    u->queue.fairness == SL_FAIRNESS_FIFO ? SL_QUEUE_FIFO :
-		    SL_QUEUE_TOKENS);
-	}
-	for (i = 1; close_removed && i < m->queues.hwm; i++)
-		if (!kept[i] && m->queues.names[i] != NULL)
-			sl_queue_close_pool(m->queue, SL_QUEUE_ROW, i);
-	for (i = 0; i < cfg->ntenants; i++)
-		sl_queue_set_tenant(m->queue, tmap[i], cfg->tenants[i].weight,
-		    cfg->tenants[i].priority);
+	sl_slots_publish_queue(&m->slots, &c, cfg, tmap, qmap, close_removed);
 }
 
-/*
- * Upstream slots for the error counters, and queue pools for the
- * upstreams with a queue (*qmapp), both by name for generation gen
- * (map_slots): 0, or -1 (said why) when a reload replaced upstreams
- * faster than workers drained, or without memory.
- */
-static int
-map_upstreams(struct master *m, const struct sl_config *cfg, unsigned gen,
-    size_t **umapp, size_t **qmapp)
-{
-	size_t n = cfg->nupstreams ? cfg->nupstreams : 1, i, j;
-	size_t *umap = calloc(n, sizeof(*umap)), *qmap = calloc(n, sizeof(*qmap));
-	const char **want = calloc(n, sizeof(*want));
-	unsigned char *udrop = calloc(m->ups.n, 1), *qdrop = calloc(QUEUE_POOLS, 1);
-	long left = -1, qleft = -1;
-
-	*umapp = *qmapp = NULL;
-	if (umap == NULL || qmap == NULL || want == NULL || udrop == NULL ||
-	    qdrop == NULL)
-		goto out;
-	for (i = 0; i < cfg->nupstreams; i++)
-		want[i] = cfg->upstreams[i].name;
-	left = map_slots(m, &m->ups, want, cfg->nupstreams, gen, umap, udrop);
-	for (i = 0; i < cfg->nupstreams; i++)
-		want[i] = cfg->upstreams[i].queue.enabled ?
-		    cfg->upstreams[i].name : NULL;
-	qleft = map_slots(m, &m->queues, want, cfg->nupstreams, gen, qmap, qdrop);
-	for (j = 1; j < m->ups.n; j++)
-		if (udrop[j])
-			sl_shm_upstream_reset(m->shm, j);
-	for (j = 1; m->queue != NULL && j < QUEUE_POOLS; j++)
-		if (qdrop[j])
-			sl_queue_reset_pool(m->queue, j);
-	for (i = 0; left > 0 && i < cfg->nupstreams; i++)
-		if (umap[i] == 0)
-			sl_err("no room for upstream '%s': all %zu upstream slots "
-			    "are held by upstreams that workers still draining "
-			    "may use (limits.max_upstreams %zu at start); reload "
-			    "again once they have ended", cfg->upstreams[i].name,
-			    m->ups.n - 1, m->max_upstreams);
-	for (i = 0; qleft > 0 && i < cfg->nupstreams; i++)
-		if (qmap[i] == 0 && cfg->upstreams[i].queue.enabled)
-			sl_err("no room for the queue of upstream '%s': all %d "
-			    "queues are held by upstreams that workers still "
-			    "draining may use; reload again once they have ended",
-			    cfg->upstreams[i].name, QUEUE_POOLS - 1);
-out:
-	free(want);
-	free(udrop);
-	free(qdrop);
-	if (left != 0 || qleft != 0) {
-		free(umap);
-		free(qmap);
-		return -1;
-	}
-	*umapp = umap;
-	*qmapp = qmap;
-	return 0;
-}
+/* ---- worker rows, children and listen sockets --------------------------- */
 
 static int
 rows_free(const struct master *m)
@@ -1015,7 +367,7 @@ spawn(struct master *m, int slot)
 		a.queue_slot = m->cur.queue_slot;
 		a.model_slot = m->cur.model_slot;
 		a.replica_slot = (const size_t *const *)m->cur.replica_slot;
-		a.replica_epoch = m->shm_epoch;
+		a.replica_epoch = m->slots.shm_epoch;
 		a.row = (size_t)row;
 		a.cluster_shm = m->cshm;
 		a.queue = m->queue;
@@ -1177,6 +529,8 @@ open_listeners(struct master *m, const char *addr, int from, int to)
 	return 0;
 }
 
+/* ---- reload (SIGHUP) ----------------------------------------------------- */
+
 static void
 config_warn_permissions(const char *path, const struct sl_config *cfg)
 {
@@ -1201,12 +555,6 @@ slot_live(const struct master *m, unsigned gen, int s)
 	return 0;
 }
 
-/*
- * SIGHUP: parse, validate, then swap. An invalid file changes nothing, and
- * neither does a valid one that cannot get a whole new generation (worker
- * rows, listen sockets, room in the shared region, fork): the serving
- * generation is retired only once every worker of its replacement runs.
- */
 /*
  * Which Redis, as whom, and whether at all, are fixed for the master's
  * life (members name the node; the region is sized at start); a reload
@@ -1265,20 +613,29 @@ keep_limit(const char *key, uint64_t *val, size_t start, size_t n,
 	return -1;
 }
 
-static void
-reload(struct master *m)
+/*
+ * What a reload builds before it may replace the serving generation:
+ * all of it is given back (reload_undo) unless the new generation starts.
+ */
+struct reload {
+	struct sl_config *ncfg;
+	struct sl_keyidx *keys;
+	size_t *map, *umap, *qmap, **rmap, *mmap_;
+	int rows[SL_MAX_WORKERS];
+	int nw;
+	int have_rows;
+	int nlisten0;                /* listen sockets before the reload */
+};
+
+/* Read and validate the file apart; -1 (said why, counted) if invalid. */
+static int
+reload_read(struct master *m, struct reload *r)
 {
-	struct sl_config *ncfg = NULL;
 	struct sl_errors errs = { NULL, 0 };
-	size_t *map = NULL, *umap = NULL, *qmap = NULL, **rmap = NULL, *mmap_ = NULL;
-	struct sl_keyidx *keys = NULL;
-	size_t i, nrep;
-	int rows[SL_MAX_WORKERS], old_rows[SL_MAX_WORKERS];
-	int nw = 0, s, started, old_nw, have_rows = 0, nlisten0 = m->nlisten;
-	struct gen old;
+	size_t i;
 
 	sl_info("reloading %s", m->path);
-	if (sl_config_load_file_apart(m->path, &ncfg, &errs) == -1) {
+	if (sl_config_load_file_apart(m->path, &r->ncfg, &errs) == -1) {
 		for (i = 0; i < errs.n; i++)
 			sl_err("%s", errs.msg[i]);
 		sl_err("reload failed: %zu problem(s); keeping the running "
@@ -1286,12 +643,26 @@ reload(struct master *m)
 		sl_errors_free(&errs);
 		m->reloads_failed++;
 		heap_trim();
-		return;
+		return -1;
 	}
 	heap_trim();
-	if ((keys = sl_keyidx_build(ncfg)) == NULL) {
+	return 0;
+}
+
+/*
+ * The key index of the new file, and what a reload cannot change (listen,
+ * the cluster's identity, the room limits) set back to the running
+ * values: -1 when the new file needs more room than the master has.
+ */
+static int
+reload_keep_fixed(struct master *m, struct reload *r)
+{
+	struct sl_config *ncfg = r->ncfg;
+	size_t nrep;
+
+	if ((r->keys = sl_keyidx_build(ncfg)) == NULL) {
 		sl_err("reload failed: cannot build the key index");
-		goto fail;
+		return -1;
 	}
 	if (strcmp(ncfg->listen, m->cur.cfg->listen) != 0) {
 		sl_warn("reload: 'listen' changes need a restart; keeping %s",
@@ -1302,35 +673,50 @@ reload(struct master *m)
 	keep_cluster(m, ncfg);
 	nrep = sl_config_nreplicas(ncfg);
 	if (keep_limit("limits.max_tenants", &ncfg->limits.max_tenants,
-	    m->max_tenants, ncfg->ntenants, "tenants", m->cur.id) == -1 ||
+	    m->slots.max_tenants, ncfg->ntenants, "tenants", m->cur.id) == -1 ||
 	    keep_limit("limits.max_models", &ncfg->limits.max_models,
-	    m->max_models, ncfg->nmodels, "models", m->cur.id) == -1 ||
+	    m->slots.max_models, ncfg->nmodels, "models", m->cur.id) == -1 ||
 	    keep_limit("limits.max_upstreams", &ncfg->limits.max_upstreams,
-	    m->max_upstreams, ncfg->nupstreams, "upstreams", m->cur.id) == -1)
-		goto fail;
-	if (nrep > m->replica_room) {
+	    m->slots.max_upstreams, ncfg->nupstreams, "upstreams",
+	    m->cur.id) == -1)
+		return -1;
+	if (nrep > m->slots.replica_room) {
 		sl_err("reload failed: %zu replicas in all, at most %zu (4 per "
 		    "limits.max_upstreams, at least 4096) until a restart; "
-		    "keeping generation %u", nrep, m->replica_room, m->cur.id);
-		goto fail;
+		    "keeping generation %u", nrep, m->slots.replica_room,
+		    m->cur.id);
+		return -1;
 	}
-	nw = resolve_workers(ncfg);
+	return 0;
+}
+
+/*
+ * Worker rows and listen sockets for every worker of the new generation,
+ * all or none; admin_listen kept as it runs. -1 (said why) without them.
+ */
+static int
+reload_reserve(struct master *m, struct reload *r)
+{
+	struct sl_config *ncfg = r->ncfg;
+
+	r->nw = resolve_workers(ncfg);
 	/*
 	 * Rows first, for every worker of the new generation: when draining
 	 * workers of earlier reloads hold too many, refuse before anything
 	 * changes; the current generation goes on serving.
 	 */
-	if (reserve_rows(m, nw, rows) == -1) {
+	if (reserve_rows(m, r->nw, r->rows) == -1) {
 		sl_err("reload failed: %d worker row(s) needed, %d free; %d "
 		    "draining worker(s) hold the rest of the %d rows until their "
-		    "streams end; keeping generation %u", nw, rows_free(m),
+		    "streams end; keeping generation %u", r->nw, rows_free(m),
 		    ndraining(m), WORKER_ROWS, m->cur.id);
-		goto fail;
+		return -1;
 	}
-	have_rows = 1;
-	if (nw > m->nlisten && open_listeners(m, ncfg->listen, m->nlisten, nw) == -1) {
+	r->have_rows = 1;
+	if (r->nw > m->nlisten &&
+	    open_listeners(m, ncfg->listen, m->nlisten, r->nw) == -1) {
 		sl_err("reload failed: cannot open listen sockets");
-		goto fail;
+		return -1;
 	}
 	if (ncfg->admin_listen == NULL ? m->cur.cfg->admin_listen != NULL :
 	    m->cur.cfg->admin_listen == NULL ||
@@ -1341,77 +727,91 @@ reload(struct master *m)
 		ncfg->admin_listen = m->cur.cfg->admin_listen ?
 		    strdup(m->cur.cfg->admin_listen) : NULL;
 	}
-	if (map_upstreams(m, ncfg, m->last_gen + 1, &umap, &qmap) == -1)
-		umap = NULL;
-	map = umap != NULL ? map_tenants(m, ncfg, m->last_gen + 1) : NULL;
-	if (map == NULL) {
+	return 0;
+}
+
+/*
+ * Slots of the region for the new generation's names, and its limits
+ * published; on failure (-1, said why) the running limits again.
+ */
+static int
+reload_map(struct master *m, struct reload *r)
+{
+	struct sl_config *ncfg = r->ncfg;
+	unsigned gen = m->last_gen + 1;
+
+	if (map_upstreams(m, ncfg, gen, &r->umap, &r->qmap) == -1)
+		r->umap = NULL;
+	r->map = r->umap != NULL ? map_tenants(m, ncfg, gen) : NULL;
+	if (r->map == NULL) {
 		sl_err("reload failed: cannot map tenants or upstreams");
-		goto fail;
+		return -1;
 	}
-	if ((rmap = map_replicas(m, ncfg, m->last_gen + 1)) == NULL) {
+	if ((r->rmap = map_replicas(m, ncfg, gen)) == NULL) {
 		sl_err("reload failed: cannot map the upstreams' replicas");
 		/* the old limits again */
 		free(map_tenants(m, m->cur.cfg, m->cur.id));
-		goto fail;
+		return -1;
 	}
-	if ((mmap_ = map_models(m, ncfg, m->last_gen + 1)) == NULL) {
+	if ((r->mmap_ = map_models(m, ncfg, gen)) == NULL) {
 		sl_err("reload failed: cannot map the models");
 		free(map_tenants(m, m->cur.cfg, m->cur.id));
-		free_replica_map(map_replicas(m, m->cur.cfg, m->cur.id),
+		sl_slots_free_replica_map(map_replicas(m, m->cur.cfg, m->cur.id),
 		    m->cur.cfg->nupstreams);
-		goto fail;
+		return -1;
 	}
-	publish_queue(m, ncfg, map, qmap, 0);
-	old = m->cur;
-	old_nw = m->nworkers;
-	memcpy(old_rows, m->slot_row, sizeof(old_rows));
-	m->cur.cfg = ncfg;
-	m->cur.tenant_slot = map;
-	m->cur.upstream_slot = umap;
-	m->cur.queue_slot = qmap;
-	m->cur.replica_slot = rmap;
-	m->cur.model_slot = mmap_;
-	m->cur.keys = keys;
-	m->cur.id = ++m->last_gen;
-	m->nworkers = nw;
-	for (s = 0; s < SL_MAX_WORKERS; s++)
-		m->slot_row[s] = s < nw ? rows[s] : 0;
-	/* The new generation starts beside the serving one. */
-	for (started = 0; started < nw; started++)
-		if (spawn(m, started) == -1)
-			break;
-	if (started < nw) {
-		/*
-		 * Not all of it: those that started retire (they may have
-		 * accepted a connection already) and the old generation, with
-		 * its limits, stays.
-		 */
-		for (s = 0; s < MAX_ROWS; s++)
-			if (m->children[s].pid > 0 && m->children[s].gen == m->cur.id) {
-				m->children[s].draining = 1;
-				kill(m->children[s].pid, SIGUSR2);
-			}
-		for (s = started; s < nw; s++)
-			release_row(m, rows[s]);
-		have_rows = 0;          /* the others go when their workers exit */
-		m->cur = old;
-		m->nworkers = old_nw;
-		memcpy(m->slot_row, old_rows, sizeof(old_rows));
-		free(map_tenants(m, old.cfg, old.id));
-		free_replica_map(map_replicas(m, old.cfg, old.id),
-		    old.cfg->nupstreams);
-		publish_queue(m, old.cfg, old.tenant_slot, old.queue_slot, 0);
-		sl_err("reload failed: cannot start worker %d of the new "
-		    "generation; keeping generation %u", started, m->cur.id);
-		goto fail;
-	}
+	publish_queue(m, ncfg, r->map, r->qmap, 0);
+	return 0;
+}
+
+/*
+ * Not all of the new generation started: those that did retire (they
+ * may have accepted a connection already) and the old generation, with
+ * its limits, stays. The maps of r are still the caller's to free.
+ */
+static void
+reload_roll_back(struct master *m, struct reload *r, const struct sl_gen *old,
+    int old_nw, const int *old_rows, int started)
+{
+	int s;
+
+	for (s = 0; s < MAX_ROWS; s++)
+		if (m->children[s].pid > 0 && m->children[s].gen == m->cur.id) {
+			m->children[s].draining = 1;
+			kill(m->children[s].pid, SIGUSR2);
+		}
+	for (s = started; s < r->nw; s++)
+		release_row(m, r->rows[s]);
+	r->have_rows = 0;          /* the others go when their workers exit */
+	m->cur = *old;
+	m->nworkers = old_nw;
+	memcpy(m->slot_row, old_rows, sizeof(m->slot_row));
+	free(map_tenants(m, old->cfg, old->id));
+	sl_slots_free_replica_map(map_replicas(m, old->cfg, old->id),
+	    old->cfg->nupstreams);
+	publish_queue(m, old->cfg, old->tenant_slot, old->queue_slot, 0);
+	sl_err("reload failed: cannot start worker %d of the new "
+	    "generation; keeping generation %u", started, m->cur.id);
+}
+
+/*
+ * The new generation runs: it takes the log level, the queue and the
+ * probes; the old one retires and its rows and sockets go back.
+ */
+static void
+reload_retire_old(struct master *m, const struct sl_gen *old, int old_nw,
+    const int *old_rows)
+{
+	struct sl_config *ncfg = m->cur.cfg;
+	int s, nw = m->nworkers;
+
 	config_warn_permissions(m->path, ncfg);
 	sl_log_set_level(ncfg->log_level);
-	publish_queue(m, ncfg, map, qmap, 1);
+	publish_queue(m, ncfg, m->cur.tenant_slot, m->cur.queue_slot, 1);
 	sl_cluster_master_reconf(m->cluster, ncfg);
 	/* Rows kept for a respawn that will not happen now go back. */
 	for (s = 0; s < old_nw; s++)
-		if (!slot_live(m, old.id, s))
+		if (!slot_live(m, old->id, s))
 			release_row(m, old_rows[s]);
 	memset(m->respawn_at, 0, sizeof(m->respawn_at));
 	/*
@@ -1434,7 +834,8 @@ reload(struct master *m)
 		m->nlisten = nw;
 	/* The probes follow the pools of the new generation. */
 	{
-		struct sl_prober *np = sl_probe_new(ncfg, m->shm, rmap);
+		struct sl_prober *np = sl_probe_new(ncfg, m->shm,
+		    m->cur.replica_slot);
 
 		if (np != NULL) {
 			sl_probe_free(m->prober);
@@ -1444,59 +845,99 @@ reload(struct master *m)
 			    "the old ones");
 	}
 	/* Children hold their own copies of the old generation. */
-	free_replica_map(old.replica_slot, old.cfg->nupstreams);
-	sl_config_free(old.cfg);
-	free(old.tenant_slot);
-	free(old.upstream_slot);
-	free(old.queue_slot);
-	free(old.model_slot);
-	sl_keyidx_free(old.keys);
+	sl_slots_free_replica_map(old->replica_slot, old->cfg->nupstreams);
+	sl_config_free(old->cfg);
+	free(old->tenant_slot);
+	free(old->upstream_slot);
+	free(old->queue_slot);
+	free(old->model_slot);
+	sl_keyidx_free(old->keys);
 	m->reloads_ok++;
 	sl_info("reloaded: generation %u, %d worker(s), %zu tenant(s)",
 	    m->cur.id, nw, ncfg->ntenants);
-	return;
-fail:
+}
+
+/*
+ * The new generation takes over (its workers start beside the serving
+ * ones, which retire once all of them run): 0, or -1 with the old one
+ * back in place.
+ */
+static int
+reload_switch(struct master *m, struct reload *r)
+{
+	int old_rows[SL_MAX_WORKERS];
+	int s, started, old_nw;
+	struct sl_gen old;
+
+	old = m->cur;
+	old_nw = m->nworkers;
+	memcpy(old_rows, m->slot_row, sizeof(old_rows));
+	m->cur.cfg = r->ncfg;
+	m->cur.tenant_slot = r->map;
+	m->cur.upstream_slot = r->umap;
+	m->cur.queue_slot = r->qmap;
+	m->cur.replica_slot = r->rmap;
+	m->cur.model_slot = r->mmap_;
+	m->cur.keys = r->keys;
+	m->cur.id = ++m->last_gen;
+	m->nworkers = r->nw;
+	for (s = 0; s < SL_MAX_WORKERS; s++)
+		m->slot_row[s] = s < r->nw ? r->rows[s] : 0;
+	/* The new generation starts beside the serving one. */
+	for (started = 0; started < r->nw; started++)
+		if (spawn(m, started) == -1)
+			break;
+	if (started < r->nw) {
+		reload_roll_back(m, r, &old, old_nw, old_rows, started);
+		return -1;
+	}
+	reload_retire_old(m, &old, old_nw, old_rows);
+	return 0;
+}
+
+/* A failed reload gives back what it took; the running one goes on. */
+static void
+reload_undo(struct master *m, struct reload *r)
+{
+	int s;
+
 	/* Listen sockets opened for this reload: nobody accepts on them. */
-	for (s = nlisten0; s < m->nlisten; s++)
+	for (s = r->nlisten0; s < m->nlisten; s++)
 		close(m->listen_fds[s]);
-	m->nlisten = nlisten0;
-	for (s = 0; have_rows && s < nw; s++)
-		release_row(m, rows[s]);
-	free(map);
-	free(umap);
-	free(qmap);
-	free(mmap_);
-	sl_keyidx_free(keys);
-	free_replica_map(rmap, ncfg->nupstreams);
-	sl_config_free(ncfg);
+	m->nlisten = r->nlisten0;
+	for (s = 0; r->have_rows && s < r->nw; s++)
+		release_row(m, r->rows[s]);
+	free(r->map);
+	free(r->umap);
+	free(r->qmap);
+	free(r->mmap_);
+	sl_keyidx_free(r->keys);
+	sl_slots_free_replica_map(r->rmap, r->ncfg->nupstreams);
+	sl_config_free(r->ncfg);
 	m->reloads_failed++;
 }
 
-/* Index t is a tenant's (not a replica's, not given back). */
-static int
-index_is_tenant(const struct master *m, size_t t)
-{
-	return !m->shm_replica[t] && m->shm_names[t] != NULL;
-}
-
-/* Prometheus label value: escape backslash, quote and newline. */
+/*
+ * SIGHUP: parse, validate, then swap. An invalid file changes nothing, and
+ * neither does a valid one that cannot get a whole new generation (worker
+ * rows, listen sockets, room in the shared region, fork): the serving
+ * generation is retired only once every worker of its replacement runs.
+ */
 static void
-label(struct sl_str *o, const char *v)
+reload(struct master *m)
 {
-	size_t n;
+	struct reload r;
 
-	/* Runs of plain bytes at once: 100,000 tenants' series are many. */
-	for (;;) {
-		n = strcspn(v, "\\\"\n");
-		sl_str_append(o, v, n);
-		v += n;
-		if (*v == '\0')
-			return;
-		sl_str_append(o, *v == '\n' ? "\\n" : *v == '"' ? "\\\"" :
-		    "\\\\", 2);
-		v++;
-	}
+	memset(&r, 0, sizeof(r));
+	r.nlisten0 = m->nlisten;
+	if (reload_read(m, &r) == -1)
+		return;
+	if (reload_keep_fixed(m, &r) == -1 || reload_reserve(m, &r) == -1 ||
+	    reload_map(m, &r) == -1 || reload_switch(m, &r) == -1)
+		reload_undo(m, &r);
 }
+
+/* ---- the admin listener's routes ----------------------------------------- */
 
 static int
 current_workers(const struct master *m)
@@ -1510,1026 +951,18 @@ current_workers(const struct master *m)
 	return n;
 }
 
+/* What the admin pages (sl_prom.h, sl_status_json.h) read of the master. */
 static void
-render_hist(struct sl_str *o, struct sl_shm *shm, enum sl_hist h,
-    const char *name, const char *help)
+page_in(const struct master *m, struct sl_page_in *in)
 {
-	const double *b = sl_shm_hist_bounds();
-	int i;
-
-	sl_str_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-	for (i = 0; i < SL_HIST_BUCKETS; i++)
-		sl_str_printf(o, "%s_bucket{le=\"%g\"} %llu\n", name, b[i],
-		    (unsigned long long)sl_shm_hist_bucket(shm, h, i));
-	sl_str_printf(o, "%s_bucket{le=\"+Inf\"} %llu\n", name,
-	    (unsigned long long)sl_shm_hist_bucket(shm, h, SL_HIST_BUCKETS));
-	sl_str_printf(o, "%s_sum %.6f\n%s_count %llu\n", name,
-	    sl_shm_hist_sum(shm, h), name,
-	    (unsigned long long)sl_shm_hist_bucket(shm, h, SL_HIST_BUCKETS));
-}
-
-/*
- * One labelled series of a histogram: NAME_bucket{LABEL="V",le=...} for
- * the n bounds b and +Inf (cum: n + 1 cumulative counts), then NAME_sum
- * (printed with prec decimals) and NAME_count.
- */
-#define SERIES_BUCKETS_MAX 16
-_Static_assert(SL_HIST_BUCKETS <= SERIES_BUCKETS_MAX &&
-    SL_MHIST_BOUNDS_MAX <= SERIES_BUCKETS_MAX, "a series' buckets fit");
-
-static void
-render_hist_series(struct sl_str *o, const char *name, const char *lname,
-    const char *lvalue, const double *b, int n, const uint64_t *cum,
-    double sum, int prec)
-{
-	int i;
-
-	for (i = 0; i <= n; i++) {
-		sl_str_printf(o, "%s_bucket{%s=\"", name, lname);
-		label(o, lvalue);
-		if (i < n)
-			sl_str_printf(o, "\",le=\"%g\"} ", b[i]);
-		else
-			sl_str_printf(o, "\",le=\"+Inf\"} ");
-		sl_str_printf(o, "%llu\n", (unsigned long long)cum[i]);
-	}
-	sl_str_printf(o, "%s_sum{%s=\"", name, lname);
-	label(o, lvalue);
-	sl_str_printf(o, "\"} %.*f\n%s_count{%s=\"", prec, sum, name, lname);
-	label(o, lvalue);
-	sl_str_printf(o, "\"} %llu\n", (unsigned long long)cum[n]);
-}
-
-/* {upstream="U",replica="URL" */
-static void
-replica_labels(struct sl_str *o, const char *metric, const char *up,
-    const char *url)
-{
-	sl_str_printf(o, "%s{upstream=\"", metric);
-	label(o, up);
-	sl_str_printf(o, "\",replica=\"");
-	label(o, url);
-	sl_str_printf(o, "\"");
-}
-
-static long
-value_streams(struct sl_shm *shm, size_t slot, int64_t now)
-{
-	(void)now;
-	return sl_shm_inflight(shm, slot);
-}
-
-static long
-value_up(struct sl_shm *shm, size_t slot, int64_t now)
-{
-	struct sl_shm_replica *h = sl_shm_replica(shm, slot);
-
-	(void)now;
-	return h != NULL && h->down == 0;
-}
-
-static long
-value_busy(struct sl_shm *shm, size_t slot, int64_t now)
-{
-	struct sl_shm_replica *h = sl_shm_replica(shm, slot);
-
-	return h != NULL && h->busy_until_ms > now;
-}
-
-static long
-value_ejected(struct sl_shm *shm, size_t slot, int64_t now)
-{
-	struct sl_shm_replica *h = sl_shm_replica(shm, slot);
-
-	return h != NULL && h->ejected_until_ms > now;
-}
-
-/*
- * The runner's own load as load_metrics last scraped it: 1 and the
- * replica's queue and KV-cache use (per mille; each -1 when its page
- * lacks it) when the upstream scrapes and the sample is fresh (4
- * intervals), else 0.
- */
-static int
-replica_load(struct master *m, const struct sl_upstream_conf *up,
-    size_t slot, int64_t now, int32_t *waiting, int32_t *kv)
-{
-	struct sl_shm_replica *h = sl_shm_replica(m->shm, slot);
-	int64_t at;
-
-	if (!up->load_metrics.enabled || h == NULL)
-		return 0;
-	at = atomic_load(&h->lm_at_ms);
-	if (at == 0 || now - at > 4 * (int64_t)up->load_metrics.interval_ms)
-		return 0;
-	*waiting = atomic_load(&h->lm_waiting);
-	*kv = atomic_load(&h->lm_kv);
-	return 1;
-}
-
-/* The runner's own load, for replicas with a fresh sample (replica_load). */
-static void
-replica_load_gauges(struct master *m, struct sl_str *o, int64_t now)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	size_t u, r;
-	int g;
-
-	for (g = 0; g < 2; g++) {
-		const char *name = g == 0 ? "sluice_replica_queue" :
-		    "sluice_replica_kv_cache";
-
-		sl_str_printf(o, "# HELP %s %s\n# TYPE %s gauge\n", name,
-		    g == 0 ? "Requests waiting in the replica's own queue, as "
-		    "its metrics page said (load_metrics)." :
-		    "KV-cache use of the replica, 0 to 1, as its metrics page "
-		    "said (load_metrics).", name);
-		for (u = 0; u < cfg->nupstreams; u++) {
-			const struct sl_upstream_conf *up = &cfg->upstreams[u];
-
-			if (!up->load_metrics.enabled)
-				continue;
-			for (r = 0; r < up->nreplicas; r++) {
-				int32_t waiting, kv, v;
-
-				if (!replica_load(m, up, m->cur.replica_slot[u][r],
-				    now, &waiting, &kv))
-					continue;
-				v = g == 0 ? waiting : kv;
-				if (v < 0)
-					continue;
-				replica_labels(o, name, up->name,
-				    up->replicas[r].url);
-				if (g == 0)
-					sl_str_printf(o, "} %d\n", (int)v);
-				else
-					sl_str_printf(o, "} %d.%03d\n",
-					    (int)v / 1000, (int)v % 1000);
-			}
-		}
-	}
-}
-
-/* One gauge per replica of the current pools. */
-static void
-replica_gauge(struct master *m, struct sl_str *o, const char *name,
-    const char *help, long (*value)(struct sl_shm *, size_t, int64_t),
-    int64_t now)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	size_t u, r;
-
-	sl_str_printf(o, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
-	for (u = 0; u < cfg->nupstreams; u++)
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++) {
-			replica_labels(o, name, cfg->upstreams[u].name,
-			    cfg->upstreams[u].replicas[r].url);
-			sl_str_printf(o, "} %ld\n", value(m->shm,
-			    m->cur.replica_slot[u][r], now));
-		}
-}
-
-/*
- * Replicas a reload removed that still have streams in flight: their
- * series stays, under the URL they had, until those end (their tenants'
- * sluice_tenant_streams counts the same streams). The index is reserved
- * meanwhile (reuse_retired).
- */
-static void
-retired_streams(struct master *m, struct sl_str *o)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	unsigned char *cur;
-	size_t u, r, j;
-
-	if ((cur = reserve(sl_shm_max_tenants(m->shm))) == NULL)
-		return;
-	for (u = 0; u < cfg->nupstreams; u++)
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++)
-			cur[m->cur.replica_slot[u][r]] = 1;
-	for (j = 0; j < m->shm_ntenants; j++) {
-		const char *name = m->shm_names[j], *url;
-		int32_t n;
-		char *up;
-
-		if (!m->shm_replica[j] || cur[j] || name == NULL ||
-		    (n = sl_shm_inflight(m->shm, j)) <= 0 ||
-		    (url = strchr(name + 1, '\x01')) == NULL)
-			continue;
-		/* name is "\x01UPSTREAM\x01URL" (replica_key). */
-		if ((up = strndup(name + 1, (size_t)(url - name - 1))) == NULL)
-			continue;
-		replica_labels(o, "sluice_replica_streams", up, url + 1);
-		sl_str_printf(o, "} %d\n", (int)n);
-		free(up);
-	}
-	unreserve(cur, sl_shm_max_tenants(m->shm));
-}
-
-/* The pools of the current generation, replica by replica. */
-static void
-render_replicas(struct master *m, struct sl_str *o)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	int64_t now = sl_mono_ms();
-	size_t u, r, k;
-	int c;
-
-	replica_gauge(m, o, "sluice_replica_streams", "Streams in flight to "
-	    "the replica, across all workers.", value_streams, now);
-	retired_streams(m, o);
-	replica_gauge(m, o, "sluice_replica_up", "1 when the replica takes "
-	    "traffic by its health probes, 0 down or loading.", value_up, now);
-	replica_gauge(m, o, "sluice_replica_ejected", "1 while the replica is "
-	    "ejected after failures on traffic.", value_ejected, now);
-	replica_gauge(m, o, "sluice_replica_busy", "1 while the replica is "
-	    "marked busy by its Retry-After (at most busy_max).", value_busy,
-	    now);
-	replica_load_gauges(m, o, now);
-	sl_str_printf(o, "# HELP sluice_replica_requests_total Tries sent to "
-	    "the replica, by response status (connect, timeout, reset: none).\n"
-	    "# TYPE sluice_replica_requests_total counter\n");
-	for (u = 0; u < cfg->nupstreams; u++)
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++)
-			for (c = 0; c < SL_NCODES; c++) {
-				uint64_t v = sl_shm_requests_sum(m->shm,
-				    m->cur.replica_slot[u][r], c);
-
-				if (v == 0)
-					continue;
-				replica_labels(o, "sluice_replica_requests_total",
-				    cfg->upstreams[u].name,
-				    cfg->upstreams[u].replicas[r].url);
-				sl_str_printf(o, ",code=\"%s\"} %llu\n",
-				    sl_shm_code_label(c), (unsigned long long)v);
-			}
-	sl_str_printf(o, "# HELP sluice_upstream_retries_total Requests moved "
-	    "to another replica, by reason.\n"
-	    "# TYPE sluice_upstream_retries_total counter\n");
-	for (k = 1; k < m->ups.hwm; k++)
-		for (c = 0; c < SL_RETRY_R_MAX && m->ups.names[k] != NULL; c++) {
-			sl_str_printf(o, "sluice_upstream_retries_total{upstream=\"");
-			label(o, m->ups.names[k]);
-			sl_str_printf(o, "\",reason=\"%s\"} %llu\n",
-			    sl_shm_retry_label((enum sl_retry_reason)c),
-			    (unsigned long long)sl_shm_retry_sum(m->shm, k,
-			    (enum sl_retry_reason)c));
-		}
-	for (c = 0; c < SL_AFF_MAX; c++) {
-		static const char *const an[SL_AFF_MAX] = {
-			"sluice_affinity_hits_total", "sluice_affinity_misses_total",
-			"sluice_affinity_spills_total"
-		};
-		static const char *const ah[SL_AFF_MAX] = {
-			"sent to the replica holding their longest known prompt "
-			"prefix",
-			"whose prompt prefix no replica was known to hold",
-			"not sent to the replica holding their prefix: it was "
-			"overloaded (max_imbalance), down or full"
-		};
-		size_t j;
-
-		sl_str_printf(o, "# HELP %s Requests of prefix_affinity "
-		    "upstreams %s.\n# TYPE %s counter\n", an[c], ah[c], an[c]);
-		for (j = 0; j < cfg->nupstreams; j++) {
-			if (cfg->upstreams[j].balance != SL_BALANCE_PREFIX_AFFINITY)
-				continue;
-			k = m->cur.upstream_slot[j];   /* map_upstreams() */
-			sl_str_printf(o, "%s{upstream=\"", an[c]);
-			label(o, m->ups.names[k]);
-			sl_str_printf(o, "\"} %llu\n", (unsigned long long)
-			    sl_shm_affinity_sum(m->shm, k, (enum sl_aff_outcome)c));
-		}
-	}
-}
-
-/* A model slot's label value: its name, "-" for slot 0. */
-static const char *
-model_label(const struct master *m, size_t slot)
-{
-	return slot == 0 || m->models.names[slot] == NULL ? "-" :
-	    m->models.names[slot];
-}
-
-/* A tenant x model pair of the token table, for sorting. */
-struct tok_pair {
-	size_t tenant, model;
-	uint64_t n[SL_TOKENS_KINDS];
-};
-
-static int
-tok_pair_cmp(const void *a, const void *b)
-{
-	const struct tok_pair *x = a, *y = b;
-
-	if (x->tenant != y->tenant)
-		return x->tenant < y->tenant ? -1 : 1;
-	return x->model < y->model ? -1 : x->model > y->model;
-}
-
-/* The table's pairs, sorted by tenant and model (caller frees); *n. */
-static struct tok_pair *
-tok_pairs(struct master *m, size_t *n)
-{
-	struct tok_pair *v = NULL, *nv;
-	size_t pos = 0, cap = 0;
-	struct tok_pair p;
-
-	*n = 0;
-	while (sl_shm_tokens_next(m->shm, &pos, &p.tenant, &p.model, p.n)) {
-		if (*n == cap) {
-			cap = cap ? 2 * cap : 64;
-			if ((nv = realloc(v, cap * sizeof(*v))) == NULL)
-				break;   /* what fits is shown */
-			v = nv;
-		}
-		v[(*n)++] = p;
-	}
-	if (*n > 1)
-		qsort(v, *n, sizeof(*v), tok_pair_cmp);
-	return v;
-}
-
-/*
- * The fair queue of each pool that has one (sl_queue.h): waiters per
- * tenant, outcomes, and the tenants' service counters, in tokens.
- */
-static void
-render_queue(struct master *m, struct sl_str *o)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	size_t u, t, k;
-
-	sl_str_printf(o, "# HELP sluice_queue_waiting Requests waiting in the "
-	    "pool's fair queue, per tenant, all workers.\n"
-	    "# TYPE sluice_queue_waiting gauge\n");
-	for (u = 0; u < cfg->nupstreams; u++) {
-		if (!cfg->upstreams[u].queue.enabled)
-			continue;
-		for (t = 0; t < cfg->ntenants; t++) {
-			sl_str_printf(o, "sluice_queue_waiting{upstream=\"");
-			label(o, cfg->upstreams[u].name);
-			sl_str_printf(o, "\",tenant=\"");
-			label(o, cfg->tenants[t].name);
-			sl_str_printf(o, "\"} %d\n", (int)sl_queue_waiting_tenant(
-			    m->queue, m->cur.queue_slot[u], m->cur.tenant_slot[t]));
-		}
-	}
-	sl_str_printf(o, "# HELP sluice_queue_total Requests that met a full "
-	    "pool with a queue, by outcome.\n"
-	    "# TYPE sluice_queue_total counter\n");
-	for (u = 0; u < cfg->nupstreams; u++) {
-		if (!cfg->upstreams[u].queue.enabled)
-			continue;
-		for (k = 0; k < SL_QUEUE_O_MAX; k++) {
-			sl_str_printf(o, "sluice_queue_total{upstream=\"");
-			label(o, cfg->upstreams[u].name);
-			sl_str_printf(o, "\",outcome=\"%s\"} %llu\n",
-			    sl_queue_outcome_label((enum sl_queue_outcome)k),
-			    (unsigned long long)sl_queue_outcomes(m->queue,
-			    m->cur.queue_slot[u], (enum sl_queue_outcome)k));
-		}
-	}
-	sl_str_printf(o, "# HELP sluice_queue_wait_seconds Time a request "
-	    "dispatched from the pool's queue waited there.\n"
-	    "# TYPE sluice_queue_wait_seconds histogram\n");
-	for (u = 0; u < cfg->nupstreams; u++) {
-		size_t qp = m->cur.queue_slot[u];
-		uint64_t cum[SERIES_BUCKETS_MAX + 1];
-		int i;
-
-		if (!cfg->upstreams[u].queue.enabled)
-			continue;
-		for (i = 0; i <= SL_HIST_BUCKETS; i++)
-			cum[i] = sl_queue_wait_bucket(m->queue, qp, i);
-		render_hist_series(o, "sluice_queue_wait_seconds", "upstream",
-		    cfg->upstreams[u].name, sl_shm_hist_bounds(), SL_HIST_BUCKETS,
-		    cum, (double)sl_queue_wait_ms_sum(m->queue, qp) / 1000.0, 3);
-	}
-	sl_str_printf(o, "# HELP sluice_tenant_service The tenant's service "
-	    "counter in the pool's queue: (prompt + 2 x completion tokens) / "
-	    "weight.\n"
-	    "# TYPE sluice_tenant_service counter\n");
-	for (u = 0; u < cfg->nupstreams; u++) {
-		if (!cfg->upstreams[u].queue.enabled)
-			continue;
-		for (t = 0; t < cfg->ntenants; t++) {
-			uint64_t v = sl_queue_service(m->queue,
-			    m->cur.queue_slot[u], m->cur.tenant_slot[t]);
-
-			sl_str_printf(o, "sluice_tenant_service{upstream=\"");
-			label(o, cfg->upstreams[u].name);
-			sl_str_printf(o, "\",tenant=\"");
-			label(o, cfg->tenants[t].name);
-			sl_str_printf(o, "\"} %llu.%03u\n",
-			    (unsigned long long)(v / 1000), (unsigned)(v % 1000));
-		}
-	}
-}
-
-static void
-tok_line(struct master *m, struct sl_str *o, size_t t, size_t model,
-    int kind, uint64_t v)
-{
-	static const char *const kinds[SL_TOKENS_KINDS] = {
-		"prompt", "completion", "estimated"
-	};
-
-	sl_str_printf(o, "sluice_tenant_tokens_total{tenant=\"");
-	label(o, m->shm_names[t]);
-	sl_str_printf(o, "\",model=\"");
-	label(o, model_label(m, model));
-	sl_str_printf(o, "\",kind=\"%s\"} %llu\n", kinds[kind],
-	    (unsigned long long)v);
-}
-
-/* Tokens per tenant and model, read from responses (usage). */
-static void
-render_tokens(struct master *m, struct sl_str *o)
-{
-	struct timespec ts;
-	struct tok_pair *pairs;
-	size_t t, np, i = 0;
-	int k;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	pairs = tok_pairs(m, &np);
-	sl_str_printf(o, "# HELP sluice_tenant_tokens_total Tokens used per "
-	    "tenant and model (\"-\": not routed by model): prompt and "
-	    "completion as reported by the runner, estimated where no usage "
-	    "arrived.\n"
-	    "# TYPE sluice_tenant_tokens_total counter\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
-		if (!index_is_tenant(m, t))
-			continue;
-		for (k = 0; k < SL_TOKENS_KINDS; k++)
-			tok_line(m, o, t, 0, k, sl_shm_tokens_model(m->shm, t, 0, k));
-		for (; i < np && pairs[i].tenant < t; i++)
-			;
-		for (; i < np && pairs[i].tenant == t; i++)
-			for (k = 0; k < SL_TOKENS_KINDS; k++)
-				tok_line(m, o, t, pairs[i].model, k, pairs[i].n[k]);
-	}
-	free(pairs);
-	sl_str_printf(o, "# HELP sluice_tenant_tokens_window Tokens charged to "
-	    "the tenant in the last 60 s (what tokens_per_minute bounds).\n"
-	    "# TYPE sluice_tenant_tokens_window gauge\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
-		if (!index_is_tenant(m, t))
-			continue;
-		sl_str_printf(o, "sluice_tenant_tokens_window{tenant=\"");
-		label(o, m->shm_names[t]);
-		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
-		    sl_shm_tokens_window(m->shm, t, (uint64_t)ts.tv_sec, 0, NULL));
-	}
-}
-
-/* Slots worth showing: "-" and every slot that has had a name. */
-static int
-model_shown(const struct master *m, size_t slot)
-{
-	return slot == 0 || (slot < m->models.hwm && m->models.names[slot] != NULL);
-}
-
-#define OTHER_MODELS "_other"
-
-static void
-render_model_hist(struct master *m, struct sl_str *o, enum sl_mhist h,
-    const char *name, const char *help)
-{
-	uint64_t cum[SERIES_BUCKETS_MAX + 1];
-	const double *b;
-	size_t j;
-	int i, n;
-
-	uint64_t rest[SERIES_BUCKETS_MAX + 1];
-	double rest_sum;
-	size_t k;
-
-	b = sl_shm_mhist_bounds(h, &n);
-	sl_str_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-	/*
-	 * "-" and the first MODEL_HIST_SERIES slots under their own model's
-	 * label; the others summed under OTHER_MODELS, with what the slots
-	 * given to other names had counted (other_hist), so that the sum
-	 * never goes back.
-	 */
-	for (k = 0; k <= (size_t)n; k++)
-		rest[k] = m->other_hist[h][k];
-	rest_sum = (double)m->other_hist_us[h] / 1e6;
-	for (j = 0; j < m->models.hwm; j++) {
-		if (!model_shown(m, j))
-			continue;
-		for (i = 0; i <= n; i++)
-			cum[i] = sl_shm_model_hist_bucket(m->shm, j, h, i);
-		if (j > MODEL_HIST_SERIES) {
-			for (k = 0; k <= (size_t)n; k++)
-				rest[k] += cum[k];
-			rest_sum += sl_shm_model_hist_sum(m->shm, j, h);
-			continue;
-		}
-		render_hist_series(o, name, "model", model_label(m, j), b, n, cum,
-		    sl_shm_model_hist_sum(m->shm, j, h), 6);
-	}
-	if (m->models.hwm > MODEL_HIST_SERIES + 1)
-		render_hist_series(o, name, "model", OTHER_MODELS, b, n, rest,
-		    rest_sum, 6);
-}
-
-/* Per model (issue 23): requests, fallbacks, latencies. */
-static void
-render_models(struct master *m, struct sl_str *o)
-{
-	size_t j, k, pos;
-	uint64_t v;
-	int c;
-
-	sl_str_printf(o, "# HELP sluice_model_requests_total Requests answered, "
-	    "by the model that answered (\"-\": none named, an unknown one, or "
-	    "no models:) and status.\n"
-	    "# TYPE sluice_model_requests_total counter\n");
-	for (j = 0; j < m->models.hwm; j++) {
-		if (!model_shown(m, j))
-			continue;
-		for (c = 0; c < SL_NCODES; c++) {
-			if ((v = sl_shm_model_requests_sum(m->shm, j, c)) == 0)
-				continue;
-			sl_str_printf(o, "sluice_model_requests_total{model=\"");
-			label(o, model_label(m, j));
-			sl_str_printf(o, "\",code=\"%s\"} %llu\n",
-			    sl_shm_code_label(c), (unsigned long long)v);
-		}
-	}
-	sl_str_printf(o, "# HELP sluice_model_fallbacks_total Requests moved "
-	    "from one model to a fallback model (to the same model: to another "
-	    "of its targets).\n"
-	    "# TYPE sluice_model_fallbacks_total counter\n");
-	for (pos = 0; sl_shm_fallbacks_next(m->shm, &pos, &j, &k, &v);) {
-		if (!model_shown(m, j) || !model_shown(m, k))
-			continue;
-		sl_str_printf(o, "sluice_model_fallbacks_total{model=\"");
-		label(o, model_label(m, j));
-		sl_str_printf(o, "\",to=\"");
-		label(o, model_label(m, k));
-		sl_str_printf(o, "\"} %llu\n", (unsigned long long)v);
-	}
-	render_model_hist(m, o, SL_MHIST_TTFT,
-	    "sluice_time_to_first_token_seconds", "Time from request head to "
-	    "the first relayed content: an event carrying content, or the "
-	    "first body byte (successful responses).");
-	render_model_hist(m, o, SL_MHIST_TPOT,
-	    "sluice_time_per_output_token_seconds", "(duration - time to first "
-	    "token) / (completion tokens - 1), for successful event streams of "
-	    "2 completion tokens or more.");
-	render_model_hist(m, o, SL_MHIST_DURATION,
-	    "sluice_request_duration_seconds", "Time from request head to the "
-	    "end of the relayed response.");
-}
-
-static const char *
-tls_reason(int k)
-{
-	return sl_tls_err_name((enum sl_tls_err)k);
-}
-
-static const char *
-h2_reason(int k)
-{
-	return sl_h2_err_name((enum sl_h2_err)k);
-}
-
-/* A counter family by reason: n per-worker stats from first, summed. */
-static void
-render_reasons(struct sl_str *o, struct sl_shm *shm, const char *name,
-    const char *help, int first, int n, const char *(*reason)(int))
-{
-	int k;
-
-	sl_str_printf(o, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
-	for (k = 0; k < n; k++)
-		sl_str_printf(o, "%s{reason=\"%s\"} %llu\n", name, reason(k),
-		    (unsigned long long)sl_shm_stat_sum(shm,
-		    (enum sl_stat)(first + k)));
-}
-
-static void
-render_metrics(struct master *m, struct sl_str *o)
-{
-	struct sl_shm *shm = m->shm;
-	size_t t, u;
-	int c, k;
-
-	sl_str_printf(o, "# HELP sluice_tenant_streams Requests in flight per "
-	    "tenant, across all workers.\n# TYPE sluice_tenant_streams gauge\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
-		if (!index_is_tenant(m, t))
-			continue;
-		sl_str_printf(o, "sluice_tenant_streams{tenant=\"");
-		label(o, m->shm_names[t]);
-		sl_str_printf(o, "\"} %d\n", (int)sl_shm_inflight(shm, t));
-	}
-	sl_str_printf(o, "# HELP sluice_tenant_max_streams Configured limit per "
-	    "tenant (0: retired).\n# TYPE sluice_tenant_max_streams gauge\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
-		if (!index_is_tenant(m, t))
-			continue;
-		sl_str_printf(o, "sluice_tenant_max_streams{tenant=\"");
-		label(o, m->shm_names[t]);
-		sl_str_printf(o, "\"} %d\n", (int)sl_shm_limit(shm, t));
-	}
-	sl_str_printf(o, "# HELP sluice_requests_total Requests answered, by "
-	    "tenant and status.\n# TYPE sluice_requests_total counter\n");
-	for (t = 0; t <= m->shm_ntenants; t++) {
-		size_t ti = t < m->shm_ntenants ? t : SL_TENANT_NONE(shm);
-
-		if (t < m->shm_ntenants && !index_is_tenant(m, t))
-			continue;
-
-		for (c = 0; c < SL_NCODES; c++) {
-			uint64_t v = sl_shm_requests_sum(shm, ti, c);
-
-			if (v == 0)
-				continue;
-			sl_str_printf(o, "sluice_requests_total{tenant=\"");
-			label(o, t < m->shm_ntenants ? m->shm_names[t] : "-");
-			sl_str_printf(o, "\",code=\"%s\"} %llu\n",
-			    sl_shm_code_label(c), (unsigned long long)v);
-		}
-	}
-	sl_str_printf(o, "# HELP sluice_rejected_total Requests refused by "
-	    "admission.\n# TYPE sluice_rejected_total counter\n");
-	for (t = 0; t < m->shm_ntenants; t++) {
-		if (!index_is_tenant(m, t))
-			continue;
-		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
-		label(o, m->shm_names[t]);
-		sl_str_printf(o, "\",reason=\"max_streams\"} %llu\n",
-		    (unsigned long long)sl_shm_rejected_sum(shm, t,
-		    SL_REJECT_MAX_STREAMS));
-		sl_str_printf(o, "sluice_rejected_total{tenant=\"");
-		label(o, m->shm_names[t]);
-		sl_str_printf(o, "\",reason=\"token_budget\"} %llu\n",
-		    (unsigned long long)sl_shm_rejected_sum(shm, t,
-		    SL_REJECT_TOKEN_BUDGET));
-	}
-	sl_str_printf(o, "# HELP sluice_upstream_errors_total Upstream failures "
-	    "by kind.\n# TYPE sluice_upstream_errors_total counter\n");
-	for (u = 1; u < m->ups.hwm; u++)
-		for (k = 0; k < SL_UERR_MAX && m->ups.names[u] != NULL; k++) {
-			sl_str_printf(o, "sluice_upstream_errors_total{upstream=\"");
-			label(o, m->ups.names[u]);
-			sl_str_printf(o, "\",kind=\"%s\"} %llu\n",
-			    sl_shm_uerr_label((enum sl_uerr)k),
-			    (unsigned long long)sl_shm_uerr_sum(shm, u,
-			    (enum sl_uerr)k));
-		}
-	sl_str_printf(o,
-	    "# HELP sluice_upstream_paused_streams Streams whose upstream is "
-	    "paused because the client is slow.\n"
-	    "# TYPE sluice_upstream_paused_streams gauge\n"
-	    "sluice_upstream_paused_streams %llu\n"
-	    "# HELP sluice_stream_buffer_bytes Response bytes waiting for "
-	    "clients in stream buffers.\n"
-	    "# TYPE sluice_stream_buffer_bytes gauge\n"
-	    "sluice_stream_buffer_bytes %llu\n"
-	    "# HELP sluice_connections Open client connections by protocol.\n"
-	    "# TYPE sluice_connections gauge\n"
-	    "sluice_connections{proto=\"h1\"} %llu\n"
-	    "sluice_connections{proto=\"h2\"} %llu\n"
-	    "# HELP sluice_h2_streams Open HTTP/2 streams with a request.\n"
-	    "# TYPE sluice_h2_streams gauge\nsluice_h2_streams %llu\n"
-	    "# HELP sluice_upstream_streams Upstream transfers in progress.\n"
-	    "# TYPE sluice_upstream_streams gauge\nsluice_upstream_streams %llu\n"
-	    "# HELP sluice_admitted_total Requests admitted.\n"
-	    "# TYPE sluice_admitted_total counter\nsluice_admitted_total %llu\n"
-	    "# HELP sluice_upstream_pauses_total Times a stream's upstream was "
-	    "paused.\n# TYPE sluice_upstream_pauses_total counter\n"
-	    "sluice_upstream_pauses_total %llu\n"
-	    "# HELP sluice_idle_connections_closed_total Connections closed "
-	    "after sending no request byte within timeouts.client_header "
-	    "(preconnects); not requests.\n"
-	    "# TYPE sluice_idle_connections_closed_total counter\n"
-	    "sluice_idle_connections_closed_total %llu\n"
-	    "# HELP sluice_bytes_out_total Bytes written to clients.\n"
-	    "# TYPE sluice_bytes_out_total counter\nsluice_bytes_out_total %llu\n"
-	    "# HELP sluice_workers Worker processes of the current generation.\n"
-	    "# TYPE sluice_workers gauge\nsluice_workers %d\n"
-	    "# HELP sluice_reloads_total Configuration reloads by result.\n"
-	    "# TYPE sluice_reloads_total counter\n"
-	    "sluice_reloads_total{result=\"ok\"} %u\n"
-	    "sluice_reloads_total{result=\"failed\"} %u\n",
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_PAUSED_STREAMS),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BUFFERED_BYTES),
-	    (unsigned long long)(sl_shm_stat_sum(shm, SL_STAT_CONNECTIONS) -
-	    sl_shm_stat_sum(shm, SL_STAT_H2_CONNECTIONS)),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_H2_CONNECTIONS),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_H2_STREAMS),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_STREAMS),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_ADMITTED),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_PAUSES),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_IDLE_CLOSED),
-	    (unsigned long long)sl_shm_stat_sum(shm, SL_STAT_BYTES_OUT),
-	    current_workers(m), m->reloads_ok, m->reloads_failed);
-	render_reasons(o, shm, "sluice_tls_handshake_errors_total", "TLS "
-	    "handshakes that failed, by reason; no request was read.",
-	    SL_STAT_TLS_ERR_FIRST, SL_TLS_E_MAX, tls_reason);
-	render_reasons(o, shm, "sluice_h2_protocol_errors_total", "HTTP/2 "
-	    "connections or streams ended by the protocol's rules, by reason.",
-	    SL_STAT_H2_ERR_FIRST, SL_H2_E_MAX, h2_reason);
-	render_tokens(m, o);
-	render_models(m, o);
-	render_queue(m, o);
-	render_replicas(m, o);
-	render_hist(o, shm, SL_HIST_TTFB, "sluice_ttfb_seconds",
-	    "Time from request head to the upstream's response head.");
-	render_hist(o, shm, SL_HIST_DURATION, "sluice_stream_duration_seconds",
-	    "Time from request head to the end of the relayed response.");
-	if (m->cluster != NULL)
-		sl_cluster_render(m->cluster, o);
-}
-
-/*
- * The console (sluice.8, ADMIN ENDPOINTS): /status.json is read from the
- * shared region like /metrics, by the same readers, and costs O(tenants
- * + replicas) (a tenant's waiters: once per pool with a queue, at most
- * SL_SHM_MAX_UPSTREAMS). Its "last minute" numbers are the counters now
- * minus the oldest sample of them taken within the last minute: the loop
- * samples them every CONSOLE_SAMPLE_S (5 s) into a window of
- * CONSOLE_SAMPLES, 32 bits a counter (sl_console.h), so a tenant's two
- * counters cost 104 bytes of samples. Two windows: `window` samples
- * INDEX_VALUES per shared index handed out (tenants and replicas),
- * `mwindow` MODEL_VALUES per model slot handed out.
- */
-
-/* A status slot that is a replica's failure: 5xx, or no status at all. */
-static int
-code_is_error(int slot)
-{
-	const char *l = sl_shm_code_label(slot);
-
-	return l[0] == '5' || l[0] < '0' || l[0] > '9';
-}
-
-/*
- * The counters of shared index j: a tenant's refusals by admission (429
- * at max_streams or tokens_per_minute); a replica's tries and its failed
- * ones (code_is_error).
- */
-static void
-index_counters(struct master *m, size_t j, uint64_t v[INDEX_VALUES])
-{
-	int c;
-
-	v[0] = v[1] = 0;
-	if (!m->shm_replica[j]) {
-		for (c = 0; c < SL_REJECT_MAX; c++)
-			v[0] += sl_shm_rejected_sum(m->shm, j,
-			    (enum sl_reject_reason)c);
-		return;
-	}
-	for (c = 0; c < SL_NCODES; c++) {
-		uint64_t n = sl_shm_requests_sum(m->shm, j, c);
-
-		v[0] += n;
-		if (code_is_error(c))
-			v[1] += n;
-	}
-}
-
-/* Requests answered under model slot `slot`, then its TTFT buckets. */
-static void
-model_counters(struct master *m, size_t slot, uint64_t v[MODEL_VALUES])
-{
-	int c, i, n;
-
-	memset(v, 0, MODEL_VALUES * sizeof(*v));
-	sl_shm_mhist_bounds(SL_MHIST_TTFT, &n);
-	for (c = 0; c < SL_NCODES; c++)
-		v[0] += sl_shm_model_requests_sum(m->shm, slot, c);
-	for (i = 0; i <= n; i++)
-		v[1 + i] = sl_shm_model_hist_bucket(m->shm, slot, SL_MHIST_TTFT, i);
-}
-
-/* Take the console's sample of now (the loop, every CONSOLE_SAMPLE_S). */
-static void
-console_sample(struct master *m, double now)
-{
-	size_t n = m->shm_ntenants * INDEX_VALUES, j;
-
-	if (m->models.hwm * MODEL_VALUES > n)
-		n = m->models.hwm * MODEL_VALUES;
-	if (n > m->sample_cap) {
-		uint64_t *ns = realloc(m->sample, n * sizeof(*ns));
-
-		if (ns == NULL)
-			return;         /* the next second tries again */
-		m->sample = ns;
-		m->sample_cap = n;
-	}
-	n = m->models.hwm * MODEL_VALUES;
-	memset(m->sample, 0, n * sizeof(*m->sample));
-	for (j = 1; j < m->models.hwm; j++)
-		if (m->models.names[j] != NULL)
-			model_counters(m, j, m->sample + j * MODEL_VALUES);
-	sl_window_push(m->mwindow, now, m->sample, n);
-	n = m->shm_ntenants * INDEX_VALUES;
-	memset(m->sample, 0, n * sizeof(*m->sample));
-	for (j = 0; j < m->shm_ntenants; j++)
-		if (m->shm_names[j] != NULL)
-			index_counters(m, j,
-			    m->sample + j * INDEX_VALUES);
-	sl_window_push(m->window, now, m->sample, n);
-}
-
-struct since {                   /* the sample a minute ago */
-	const uint32_t *v;
-	size_t n;
-};
-
-static uint64_t
-last_minute(const struct since *b, size_t i, uint64_t cur)
-{
-	return sl_window_delta(b->v, b->n, i, cur);
-}
-
-static void
-status_tenants(struct master *m, struct sl_str *o, const struct since *b)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	struct timespec ts;
-	size_t t, u;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	sl_str_printf(o, "\"tenants\":[");
-	for (t = 0; t < cfg->ntenants; t++) {
-		const struct sl_tenant_conf *tc = &cfg->tenants[t];
-		size_t j = m->cur.tenant_slot[t];
-		uint64_t v[INDEX_VALUES];
-		long waiting = 0;
-
-		index_counters(m, j, v);
-		for (u = 0; u < cfg->nupstreams; u++)
-			if (cfg->upstreams[u].queue.enabled)
-				waiting += sl_queue_waiting_tenant(m->queue,
-				    m->cur.queue_slot[u], j);
-		sl_str_printf(o, "%s{\"name\":", t > 0 ? "," : "");
-		sl_console_json_str(o, tc->name);
-		sl_str_printf(o, ",\"streams\":%d,\"max_streams\":%d,"
-		    "\"waiting\":%ld,\"tokens_last_minute\":%llu,"
-		    "\"tokens_per_minute\":",
-		    (int)sl_shm_inflight(m->shm, j), (int)sl_shm_limit(m->shm, j),
-		    waiting, (unsigned long long)sl_shm_tokens_window(m->shm, j,
-		    (uint64_t)ts.tv_sec, 0, NULL));
-		if (tc->tokens_per_minute > 0)
-			sl_str_printf(o, "%d", (int)tc->tokens_per_minute);
-		else
-			sl_str_printf(o, "null");
-		sl_str_printf(o, ",\"rejected_last_minute\":%llu}",
-		    (unsigned long long)last_minute(b,
-		    j * INDEX_VALUES, v[0]));
-	}
-	sl_str_printf(o, "]");
-}
-
-static void
-status_replica(struct master *m, struct sl_str *o, const struct since *b,
-    size_t u, size_t r, int64_t now)
-{
-	const struct sl_upstream_conf *up = &m->cur.cfg->upstreams[u];
-	size_t j = m->cur.replica_slot[u][r];
-	uint64_t v[INDEX_VALUES];
-	int32_t waiting = -1, kv = -1;
-
-	index_counters(m, j, v);
-	replica_load(m, up, j, now, &waiting, &kv);
-	sl_str_printf(o, "%s{\"url\":", r > 0 ? "," : "");
-	sl_console_json_str(o, up->replicas[r].url);
-	sl_str_printf(o, ",\"up\":%s,\"ejected\":%s,\"busy\":%s,\"streams\":%ld,"
-	    "\"max_streams\":", value_up(m->shm, j, now) ? "true" : "false",
-	    value_ejected(m->shm, j, now) ? "true" : "false",
-	    value_busy(m->shm, j, now) ? "true" : "false",
-	    value_streams(m->shm, j, now));
-	if (up->replicas[r].max_streams > 0)
-		sl_str_printf(o, "%d", (int)up->replicas[r].max_streams);
-	else
-		sl_str_printf(o, "null");
-	if (waiting >= 0)
-		sl_str_printf(o, ",\"queue\":%d", (int)waiting);
-	else
-		sl_str_printf(o, ",\"queue\":null");
-	if (kv >= 0)
-		sl_str_printf(o, ",\"kv_cache\":%d.%03d", (int)kv / 1000,
-		    (int)kv % 1000);
-	else
-		sl_str_printf(o, ",\"kv_cache\":null");
-	sl_str_printf(o, ",\"requests_last_minute\":%llu,"
-	    "\"errors_last_minute\":%llu}",
-	    (unsigned long long)last_minute(b, j * INDEX_VALUES, v[0]),
-	    (unsigned long long)last_minute(b, j * INDEX_VALUES + 1,
-	    v[1]));
-}
-
-static void
-status_upstreams(struct master *m, struct sl_str *o, const struct since *b)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	int64_t now = sl_mono_ms();
-	size_t u, r;
-
-	sl_str_printf(o, "\"upstreams\":[");
-	for (u = 0; u < cfg->nupstreams; u++) {
-		sl_str_printf(o, "%s{\"name\":", u > 0 ? "," : "");
-		sl_console_json_str(o, cfg->upstreams[u].name);
-		sl_str_printf(o, ",\"replicas\":[");
-		for (r = 0; r < cfg->upstreams[u].nreplicas; r++)
-			status_replica(m, o, b, u, r, now);
-		sl_str_printf(o, "],\"waiting\":%d}",
-		    cfg->upstreams[u].queue.enabled ? (int)sl_queue_waiting(
-		    m->queue, m->cur.queue_slot[u]) : 0);
-	}
-	sl_str_printf(o, "]");
-}
-
-/* A latency in ms, or null for none (sl_console_quantile: -1). */
-static void
-json_ms(struct sl_str *o, double seconds)
-{
-	if (seconds < 0)
-		sl_str_printf(o, "null");
-	else
-		sl_str_printf(o, "%.1f", seconds * 1000.0);
-}
-
-static void
-status_models(struct master *m, struct sl_str *o, const struct since *b)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	const double *bounds;
-	size_t i;
-	int k, n;
-
-	bounds = sl_shm_mhist_bounds(SL_MHIST_TTFT, &n);
-	sl_str_printf(o, ",\"models\":[");
-	for (i = 0; i < cfg->nmodels; i++) {
-		size_t slot = m->cur.model_slot[i], off = slot * MODEL_VALUES;
-		uint64_t v[MODEL_VALUES], d[MODEL_VALUES];
-
-		model_counters(m, slot, v);
-		for (k = 0; k < MODEL_VALUES; k++)
-			d[k] = last_minute(b, off + (size_t)k, v[k]);
-		sl_str_printf(o, "%s{\"name\":", i > 0 ? "," : "");
-		sl_console_json_str(o, cfg->models[i].name);
-		sl_str_printf(o, ",\"ttft_p50_ms\":");
-		json_ms(o, sl_console_quantile(bounds, n, d + 1, 0.5));
-		sl_str_printf(o, ",\"ttft_p99_ms\":");
-		json_ms(o, sl_console_quantile(bounds, n, d + 1, 0.99));
-		sl_str_printf(o, ",\"requests_last_minute\":%llu}",
-		    (unsigned long long)d[0]);
-	}
-	sl_str_printf(o, "]");
-}
-
-static void
-render_status(struct master *m, struct sl_str *o)
-{
-	const struct sl_config *cfg = m->cur.cfg;
-	double now = now_s();
-	struct since b;
-	char host[256];
-
-	b.v = sl_window_since(m->window, now - CONSOLE_SPAN_S, &b.n);
-	if (cfg->cluster.enabled && cfg->cluster.node != NULL)
-		snprintf(host, sizeof(host), "%s", cfg->cluster.node);
-	else if (gethostname(host, sizeof(host) - 1) == -1)
-		snprintf(host, sizeof(host), "-");
-	host[sizeof(host) - 1] = '\0';
-	sl_str_printf(o, "{\"node\":");
-	sl_console_json_str(o, host);
-	sl_str_printf(o, ",\"version\":");
-	sl_console_json_str(o, PACKAGE_VERSION);
-	sl_str_printf(o, ",\"uptime_seconds\":%lld,\"generation\":%u,"
-	    "\"workers\":%d,", (long long)(now - m->started), m->cur.id,
-	    current_workers(m));
-	status_tenants(m, o, &b);
-	sl_str_printf(o, ",");
-	status_upstreams(m, o, &b);
-	if (cfg->models != NULL) {
-		struct since mb;
-
-		mb.v = sl_window_since(m->mwindow, now - CONSOLE_SPAN_S, &mb.n);
-		status_models(m, o, &mb);
-	}
-	sl_str_printf(o, ",\"cluster\":");
-	if (m->cluster == NULL)
-		sl_str_printf(o, "null");
-	else {
-		sl_str_printf(o, "{\"mode\":");
-		sl_console_json_str(o, sl_cluster_mode(m->cluster));
-		sl_str_printf(o, ",\"nodes\":%d,\"leases\":%llu}",
-		    sl_cluster_nodes(m->cluster),
-		    (unsigned long long)sl_cluster_leases(m->cluster));
-	}
-	sl_str_printf(o, "}\n");
+	in->cur = &m->cur;
+	in->slots = &m->slots;
+	in->queue = m->queue;
+	in->cluster = m->cluster;
+	in->workers = current_workers(m);
+	in->reloads_ok = m->reloads_ok;
+	in->reloads_failed = m->reloads_failed;
+	in->started = m->started;
 }
 
 /* A lease's tenant, by shared index (the cluster renews by name). */
@@ -2538,9 +971,9 @@ shm_tenant_name(void *arg, size_t tslot)
 {
 	struct master *m = arg;
 
-	if (tslot >= m->shm_ntenants || m->shm_replica[tslot])
+	if (tslot >= m->slots.shm_ntenants || m->slots.shm_replica[tslot])
 		return NULL;
-	return m->shm_names[tslot];
+	return m->slots.shm_names[tslot];
 }
 
 static void
@@ -2549,6 +982,7 @@ admin_handle(void *arg, const char *method, const char *path,
 {
 	struct master *m = arg;
 	const struct sl_console_asset *page = sl_console_asset(path);
+	struct sl_page_in in;
 
 	if (strcmp(path, "/healthz") != 0 && strcmp(path, "/metrics") != 0 &&
 	    strcmp(path, "/status.json") != 0 && page == NULL)
@@ -2574,134 +1008,144 @@ admin_handle(void *arg, const char *method, const char *path,
 		    (const char *)page->data);
 	} else if (strcmp(path, "/status.json") == 0) {
 		r->content_type = "application/json";
-		render_status(m, &r->body);
+		page_in(m, &in);
+		sl_status_render(&in, &m->console, now_s(), &r->body);
 	} else {
 		r->content_type = "text/plain; version=0.0.4; charset=utf-8";
-		render_metrics(m, &r->body);
+		page_in(m, &in);
+		sl_prom_render(&in, &r->body);
 	}
 }
 
-int
-sl_master_run(const char *path, struct sl_config *cfg)
+/* ---- start --------------------------------------------------------------- */
+
+/*
+ * The shared region and the first generation's slots in it: 0, or -1
+ * (said why, unless a map did).
+ */
+static int
+start_region(struct master *m, struct sl_config *cfg)
 {
-	struct master m;
-	struct sigaction sa;
-	sigset_t block, empty;
-	int s, rc = 0;
 	size_t cap;
 
-	memset(&m, 0, sizeof(m));
-	m.started = now_s();
-	m.path = path;
-	m.cur.cfg = cfg;
-	m.cur.id = m.last_gen = 1;
-	sl_log_init(cfg->log_level, "master");
-	config_warn_permissions(path, cfg);
-
-	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-		sl_err("curl_global_init failed");
-		return 1;
-	}
 	/*
 	 * Room is reserved, not committed, here and in the region: calloc of
 	 * this size maps zero pages, and an index's entries are written only
 	 * once it is handed out.
 	 */
 	heap_trim();
-	m.max_tenants = (size_t)cfg->limits.max_tenants;
-	m.replica_room = sl_config_replica_room(cfg);
-	cap = 2 * m.max_tenants + 2 * m.replica_room;
-	m.max_models = (size_t)cfg->limits.max_models;
-	m.max_upstreams = (size_t)cfg->limits.max_upstreams;
-	if (slot_table_init(&m.models, 2 * m.max_models + 1) == -1 ||
-	    slot_table_init(&m.ups, 2 * m.max_upstreams + 1) == -1 ||
-	    slot_table_init(&m.queues, QUEUE_POOLS) == -1) {
+	m->slots.max_tenants = (size_t)cfg->limits.max_tenants;
+	m->slots.replica_room = sl_config_replica_room(cfg);
+	/*
+	 * The region's index space: tenants (limits.max_tenants, twice over, so
+	 * that a reload may name max_tenants new ones while as many removed ones
+	 * finish their streams) and pool replicas. Reserved, not committed
+	 * (sl_shm.h): room costs nothing until an index is used.
+	 */
+	cap = 2 * m->slots.max_tenants + 2 * m->slots.replica_room;
+	if (sl_slots_init_tables(&m->slots, (size_t)cfg->limits.max_models,
+	    (size_t)cfg->limits.max_upstreams) == -1) {
 		sl_err("cannot reserve the slot tables: %s", strerror(errno));
-		return 1;
+		return -1;
 	}
-	m.shm = sl_shm_create(cap, MAX_ROWS, m.models.n, m.ups.n);
-	m.shm_names = reserve(cap * sizeof(char *));
-	m.shm_replica = reserve(cap);
-	m.shm_gen = reserve(cap * sizeof(*m.shm_gen));
-	m.shm_epoch = reserve(cap * sizeof(*m.shm_epoch));
-	m.shm_free = reserve(cap);
-	m.free_stack = reserve(cap * sizeof(*m.free_stack));
-	if (m.shm == NULL || m.shm_names == NULL || name_table_grow(&m) == -1 ||
-	    m.shm_replica == NULL || m.shm_gen == NULL || m.shm_free == NULL ||
-	    m.shm_epoch == NULL || m.free_stack == NULL) {
+	m->shm = sl_shm_create(cap, MAX_ROWS, m->slots.models.n,
+	    m->slots.ups.n);
+	if (sl_slots_init_index(&m->slots, m->shm, cap) == -1) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
-		return 1;
+		return -1;
 	}
-	if ((m.cur.keys = sl_keyidx_build(cfg)) == NULL) {
+	if ((m->cur.keys = sl_keyidx_build(cfg)) == NULL) {
 		sl_err("cannot build the key index");
-		return 1;
+		return -1;
 	}
-	m.cur.tenant_slot = map_tenants(&m, cfg, m.cur.id);
-	if (map_upstreams(&m, cfg, m.cur.id, &m.cur.upstream_slot,
-	    &m.cur.queue_slot) == -1)
-		m.cur.upstream_slot = NULL;
-	m.cur.replica_slot = map_replicas(&m, cfg, m.cur.id);
-	m.cur.model_slot = map_models(&m, cfg, m.cur.id);
-	if (m.cur.tenant_slot == NULL || m.cur.upstream_slot == NULL ||
-	    m.cur.replica_slot == NULL || m.cur.model_slot == NULL)
-		return 1;
-	sl_debug("shared region: %zu bytes", sl_shm_size(m.shm));
-	{
-		size_t qn = 0;
+	m->cur.tenant_slot = map_tenants(m, cfg, m->cur.id);
+	if (map_upstreams(m, cfg, m->cur.id, &m->cur.upstream_slot,
+	    &m->cur.queue_slot) == -1)
+		m->cur.upstream_slot = NULL;
+	m->cur.replica_slot = map_replicas(m, cfg, m->cur.id);
+	m->cur.model_slot = map_models(m, cfg, m->cur.id);
+	if (m->cur.tenant_slot == NULL || m->cur.upstream_slot == NULL ||
+	    m->cur.replica_slot == NULL || m->cur.model_slot == NULL)
+		return -1;
+	sl_debug("shared region: %zu bytes", sl_shm_size(m->shm));
+	return 0;
+}
 
-		for (s = 0; (size_t)s < cfg->nupstreams; s++)
-			if (cfg->upstreams[s].queue.enabled)
-				qn += (size_t)cfg->upstreams[s].queue.max;
-		qn = qn < QUEUE_ENTRIES_MIN ? QUEUE_ENTRIES_MIN :
-		    qn > QUEUE_ENTRIES_MAX ? QUEUE_ENTRIES_MAX : qn;
-		m.queue = sl_queue_create(m.shm, QUEUE_POOLS, cap, qn,
-		    MAX_ROWS);
-		if (m.queue == NULL) {
-			sl_err("cannot map the fair queue: %s", strerror(errno));
-			return 1;
-		}
-		publish_queue(&m, cfg, m.cur.tenant_slot, m.cur.queue_slot, 0);
-	}
-	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
-		sl_err("cannot set up health probes");
-		return 1;
-	}
-	if (cfg->cluster.enabled) {
-		size_t cells = cfg->limits.max_connections;
+/* The pools' fair queue, sized by the queues of cfg: 0, or -1 (said why). */
+static int
+start_queue(struct master *m, const struct sl_config *cfg)
+{
+	size_t qn = 0, u;
 
-		if (cells < 1024)
-			cells = 1024;
-		if (cells > SL_CLUSTER_MAX_CELLS)
-			cells = SL_CLUSTER_MAX_CELLS;
-		m.cshm = sl_cluster_shm_create(MAX_ROWS, cells);
-		if (m.cshm == NULL || (m.cluster = sl_cluster_master_new(cfg,
-		    m.cshm, shm_tenant_name, &m)) == NULL) {
-			sl_err("cannot set up the cluster: %s", strerror(errno));
-			return 1;
-		}
-		/* Registered (or in on_redis_down mode) before it listens. */
-		sl_cluster_master_start(m.cluster);
+	for (u = 0; u < cfg->nupstreams; u++)
+		if (cfg->upstreams[u].queue.enabled)
+			qn += (size_t)cfg->upstreams[u].queue.max;
+	qn = qn < QUEUE_ENTRIES_MIN ? QUEUE_ENTRIES_MIN :
+	    qn > QUEUE_ENTRIES_MAX ? QUEUE_ENTRIES_MAX : qn;
+	m->queue = sl_queue_create(m->shm, SL_QUEUE_POOLS,
+	    2 * m->slots.max_tenants + 2 * m->slots.replica_room, qn,
+	    MAX_ROWS);
+	if (m->queue == NULL) {
+		sl_err("cannot map the fair queue: %s", strerror(errno));
+		return -1;
 	}
-	m.nworkers = resolve_workers(cfg);
-	if (open_listeners(&m, cfg->listen, 0, m.nworkers) == -1)
-		return 1;
-	if (cfg->admin_listen != NULL) {
-		char err[256];
+	publish_queue(m, cfg, m->cur.tenant_slot, m->cur.queue_slot, 0);
+	return 0;
+}
 
-		m.admin = sl_admin_open(cfg->admin_listen, err, sizeof(err));
-		if (m.admin == NULL) {
-			sl_err("admin_listen %s", err);
-			return 1;
-		}
-		if ((m.window = sl_window_new(CONSOLE_SAMPLES)) == NULL ||
-		    (m.mwindow = sl_window_new(CONSOLE_SAMPLES)) == NULL) {
-			sl_err("cannot set up the console: %s", strerror(errno));
-			return 1;
-		}
-		/* Every counter is 0 yet: the first minute counts from here. */
-		console_sample(&m, now_s());
-		m.next_sample = now_s() + CONSOLE_SAMPLE_S;
+/* `cluster:`: its leases' region and the node's registration. */
+static int
+start_cluster(struct master *m, const struct sl_config *cfg)
+{
+	size_t cells = cfg->limits.max_connections;
+
+	if (cells < 1024)
+		cells = 1024;
+	if (cells > SL_CLUSTER_MAX_CELLS)
+		cells = SL_CLUSTER_MAX_CELLS;
+	m->cshm = sl_cluster_shm_create(MAX_ROWS, cells);
+	if (m->cshm == NULL || (m->cluster = sl_cluster_master_new(cfg,
+	    m->cshm, shm_tenant_name, m)) == NULL) {
+		sl_err("cannot set up the cluster: %s", strerror(errno));
+		return -1;
 	}
+	/* Registered (or in on_redis_down mode) before it listens. */
+	sl_cluster_master_start(m->cluster);
+	return 0;
+}
+
+/* The admin listener and the console's windows: 0, or -1 (said why). */
+static int
+start_admin(struct master *m, const struct sl_config *cfg)
+{
+	char err[256];
+
+	m->admin = sl_admin_open(cfg->admin_listen, err, sizeof(err));
+	if (m->admin == NULL) {
+		sl_err("admin_listen %s", err);
+		return -1;
+	}
+	if ((m->console.window = sl_window_new(SL_STATUS_SAMPLES)) == NULL ||
+	    (m->console.mwindow = sl_window_new(SL_STATUS_SAMPLES)) == NULL) {
+		sl_err("cannot set up the console: %s", strerror(errno));
+		return -1;
+	}
+	/* Every counter is 0 yet: the first minute counts from here. */
+	sl_status_sample(&m->console, &m->slots, now_s());
+	m->next_sample = now_s() + SL_STATUS_SAMPLE_S;
+	return 0;
+}
+
+/*
+ * The master's signals are blocked but while it sleeps in ppoll (with
+ * *empty, the mask to sleep with), so a flag set by on_signal is never
+ * missed between its check and the sleep.
+ */
+static void
+install_signals(sigset_t *empty)
+{
+	struct sigaction sa;
+	sigset_t block;
 
 	sigemptyset(&block);
 	sigaddset(&block, SIGHUP);
@@ -2723,8 +1167,243 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	sigaction(SIGUSR1, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGUSR2, SIG_IGN);     /* meant for workers only */
-	sigemptyset(&empty);
+	sigemptyset(empty);
+}
 
+/* ---- the loop ------------------------------------------------------------ */
+
+/* Act on the signals that came since the last turn of the loop. */
+static void
+handle_signals(struct master *m)
+{
+	int s;
+
+	if (got_chld) {
+		got_chld = 0;
+		reap(m);
+	}
+	if (got_quit && m->stopping < 2) {
+		got_quit = 0;
+		sl_info("SIGQUIT: exiting now");
+		m->stopping = 2;
+		signal_children(m, SIGQUIT, 0);
+		m->stop_deadline = now_s() + 2.0;
+	}
+	if (got_term && !m->stopping) {
+		got_term = 0;
+		sl_info("shutting down: draining for up to %.1f s",
+		    (double)m->cur.cfg->drain_timeout_ms / 1000.0);
+		m->stopping = 1;
+		signal_children(m, SIGTERM, 0);
+		/*
+		 * Refuse new connections at once: with every copy of the
+		 * listen sockets closed, the kernel answers RST instead
+		 * of queueing clients nobody will accept.
+		 */
+		for (s = 0; s < m->nlisten; s++)
+			close(m->listen_fds[s]);
+		m->nlisten = 0;
+		m->stop_deadline = now_s() +
+		    (double)m->cur.cfg->drain_timeout_ms / 1000.0 + 5.0;
+	}
+	if (got_hup) {
+		got_hup = 0;
+		if (!m->stopping)
+			reload(m);
+	}
+	if (got_usr1) {
+		got_usr1 = 0;
+		sl_info("SIGUSR1: workers reopen the access log");
+		signal_children(m, SIGUSR1, 0);
+	}
+}
+
+/*
+ * Stopping: 1 once every worker is gone, else the deadline (workers
+ * that miss it are killed) bounds *timeout. Serving: respawns due.
+ */
+static int
+drain_or_respawn(struct master *m, double *timeout)
+{
+	if (!m->stopping) {
+		respawn_due(m, timeout);
+		return 0;
+	}
+	if (nchildren(m) == 0)
+		return 1;
+	if (now_s() >= m->stop_deadline) {
+		sl_warn("workers did not exit in time; killing them");
+		signal_children(m, SIGKILL, 0);
+		m->stop_deadline = now_s() + 5.0;
+	}
+	*timeout = m->stop_deadline - now_s();
+	return 0;
+}
+
+/* *timeout becomes t when t is sooner (a negative t or *timeout: none). */
+static void
+sooner(double *timeout, double t)
+{
+	if (t >= 0 && (*timeout < 0 || t < *timeout))
+		*timeout = t;
+}
+
+/*
+ * The admin listener's descriptors into pfd (their count), its next
+ * deadline and the console's next sample into *timeout; a sample due
+ * is taken now.
+ */
+static int
+admin_pollfds(struct master *m, struct pollfd *pfd, double *timeout)
+{
+	double at = sl_admin_timeout(m->admin, now_s());
+	int n;
+
+	if (now_s() >= m->next_sample) {
+		sl_status_sample(&m->console, &m->slots, now_s());
+		/* Late (a long reload): from now, not in a burst. */
+		m->next_sample += SL_STATUS_SAMPLE_S;
+		if (m->next_sample <= now_s())
+			m->next_sample = now_s() + SL_STATUS_SAMPLE_S;
+	}
+	if (at < 0 || m->next_sample - now_s() < at)
+		at = m->next_sample - now_s() > 0 ?
+		    m->next_sample - now_s() : 0;
+
+	n = sl_admin_pollfds(m->admin, pfd, SL_ADMIN_POLLFDS, now_s());
+	sooner(timeout, at);
+	return n;
+}
+
+/* Sleep in ppoll until a descriptor, the timeout (< 0: none) or a signal. */
+static int
+sleep_until(struct pollfd *pfd, int npfd, double timeout,
+    const sigset_t *empty)
+{
+	struct timespec ts;
+
+	if (timeout >= 0) {
+		if (timeout < 0.001)
+			timeout = 0.001;
+		ts.tv_sec = (time_t)timeout;
+		ts.tv_nsec = (long)((timeout - (double)ts.tv_sec) * 1e9);
+	}
+	/* Sleep with signals unblocked; flags are rechecked on wake. */
+	return ppoll(npfd ? pfd : NULL, (nfds_t)npfd, timeout >= 0 ? &ts : NULL,
+	    empty);
+}
+
+/*
+ * The master's loop: signals, children, the admin listener, the health
+ * probes and the cluster, until every worker is gone after a stop.
+ * Returns the exit status.
+ */
+static int
+run_loop(struct master *m, const sigset_t *empty)
+{
+	for (;;) {
+		double timeout = -1;
+		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 1];
+		int npfd = 0, nadmin = 0, ncl = 0;
+
+		handle_signals(m);
+		if (drain_or_respawn(m, &timeout))
+			return 0;
+		if (m->admin != NULL)
+			npfd = admin_pollfds(m, pfd, &timeout);
+		nadmin = npfd;
+		if (!m->stopping) {
+			npfd += sl_probe_pollfds(m->prober, pfd + npfd,
+			    SL_PROBE_POLLFDS);
+			sooner(&timeout, sl_probe_timeout(m->prober, now_s()));
+		}
+		if (m->cluster != NULL) {
+			/* Also while draining: leases of running streams live on. */
+			ncl = sl_cluster_master_pollfds(m->cluster, pfd + npfd, 1);
+			npfd += ncl;
+			sooner(&timeout, sl_cluster_master_timeout(m->cluster,
+			    now_s()));
+		}
+		if (sleep_until(pfd, npfd, timeout, empty) == -1) {
+			if (errno == EINTR)
+				continue;
+			sl_err("ppoll: %s", strerror(errno));
+			return 1;
+		}
+		if (m->admin != NULL)
+			sl_admin_service(m->admin, pfd, nadmin, now_s(), admin_handle,
+			    m);
+		if (!m->stopping)
+			sl_probe_service(m->prober, now_s());
+		if (m->cluster != NULL)
+			sl_cluster_master_service(m->cluster, pfd + npfd - ncl, ncl,
+			    now_s());
+	}
+}
+
+/* ---- exit ---------------------------------------------------------------- */
+
+/* Everything the master holds, at its exit. */
+static void
+master_free(struct master *m)
+{
+	int s;
+
+	for (s = 0; s < m->nlisten; s++)
+		close(m->listen_fds[s]);
+	free(m->listen_fds);
+	free(m->cur.tenant_slot);
+	free(m->cur.upstream_slot);
+	free(m->cur.queue_slot);
+	free(m->cur.model_slot);
+	sl_probe_free(m->prober);
+	sl_slots_free_replica_map(m->cur.replica_slot, m->cur.cfg->nupstreams);
+	sl_slots_free(&m->slots);
+	sl_admin_close(m->admin);
+	sl_window_free(m->console.window);
+	sl_window_free(m->console.mwindow);
+	free(m->console.sample);
+	sl_cluster_master_free(m->cluster);
+	sl_cluster_shm_destroy(m->cshm);
+	sl_config_free(m->cur.cfg);
+	sl_keyidx_free(m->cur.keys);
+	sl_queue_destroy(m->queue);
+	sl_shm_destroy(m->shm);
+}
+
+int
+sl_master_run(const char *path, struct sl_config *cfg)
+{
+	struct master m;
+	sigset_t empty;
+	int s, rc;
+
+	memset(&m, 0, sizeof(m));
+	m.started = now_s();
+	m.path = path;
+	m.cur.cfg = cfg;
+	m.cur.id = m.last_gen = 1;
+	sl_log_init(cfg->log_level, "master");
+	config_warn_permissions(path, cfg);
+
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+		sl_err("curl_global_init failed");
+		return 1;
+	}
+	if (start_region(&m, cfg) == -1 || start_queue(&m, cfg) == -1)
+		return 1;
+	if ((m.prober = sl_probe_new(cfg, m.shm, m.cur.replica_slot)) == NULL) {
+		sl_err("cannot set up health probes");
+		return 1;
+	}
+	if (cfg->cluster.enabled && start_cluster(&m, cfg) == -1)
+		return 1;
+	m.nworkers = resolve_workers(cfg);
+	if (open_listeners(&m, cfg->listen, 0, m.nworkers) == -1)
+		return 1;
+	if (cfg->admin_listen != NULL && start_admin(&m, cfg) == -1)
+		return 1;
+	install_signals(&empty);
 	if (reserve_rows(&m, m.nworkers, m.slot_row) == -1)
 		return 1;
 	for (s = 0; s < m.nworkers; s++)
@@ -2732,155 +1411,9 @@ sl_master_run(const char *path, struct sl_config *cfg)
 			return 1;
 	sl_info("sluice %s listening on %s with %d worker(s), %zu tenant(s)",
 	    PACKAGE_VERSION, cfg->listen, m.nworkers, cfg->ntenants);
-
-	for (;;) {
-		double timeout = -1;
-		struct timespec ts;
-		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 1];
-		int npfd = 0, nadmin = 0, ncl = 0;
-		double pt;
-
-		if (got_chld) {
-			got_chld = 0;
-			reap(&m);
-		}
-		if (got_quit && m.stopping < 2) {
-			got_quit = 0;
-			sl_info("SIGQUIT: exiting now");
-			m.stopping = 2;
-			signal_children(&m, SIGQUIT, 0);
-			m.stop_deadline = now_s() + 2.0;
-		}
-		if (got_term && !m.stopping) {
-			got_term = 0;
-			sl_info("shutting down: draining for up to %.1f s",
-			    (double)m.cur.cfg->drain_timeout_ms / 1000.0);
-			m.stopping = 1;
-			signal_children(&m, SIGTERM, 0);
-			/*
-			 * Refuse new connections at once: with every copy of the
-			 * listen sockets closed, the kernel answers RST instead
-			 * of queueing clients nobody will accept.
-			 */
-			for (s = 0; s < m.nlisten; s++)
-				close(m.listen_fds[s]);
-			m.nlisten = 0;
-			m.stop_deadline = now_s() +
-			    (double)m.cur.cfg->drain_timeout_ms / 1000.0 + 5.0;
-		}
-		if (got_hup) {
-			got_hup = 0;
-			if (!m.stopping)
-				reload(&m);
-		}
-		if (got_usr1) {
-			got_usr1 = 0;
-			sl_info("SIGUSR1: workers reopen the access log");
-			signal_children(&m, SIGUSR1, 0);
-		}
-		if (m.stopping) {
-			if (nchildren(&m) == 0)
-				break;
-			if (now_s() >= m.stop_deadline) {
-				sl_warn("workers did not exit in time; killing them");
-				signal_children(&m, SIGKILL, 0);
-				m.stop_deadline = now_s() + 5.0;
-			}
-			timeout = m.stop_deadline - now_s();
-		} else
-			respawn_due(&m, &timeout);
-		if (m.admin != NULL) {
-			double at = sl_admin_timeout(m.admin, now_s());
-
-			if (now_s() >= m.next_sample) {
-				console_sample(&m, now_s());
-				/* Late (a long reload): from now, not in a burst. */
-				m.next_sample += CONSOLE_SAMPLE_S;
-				if (m.next_sample <= now_s())
-					m.next_sample = now_s() + CONSOLE_SAMPLE_S;
-			}
-			if (at < 0 || m.next_sample - now_s() < at)
-				at = m.next_sample - now_s() > 0 ?
-				    m.next_sample - now_s() : 0;
-
-			npfd = sl_admin_pollfds(m.admin, pfd, SL_ADMIN_POLLFDS,
-			    now_s());
-			if (at >= 0 && (timeout < 0 || at < timeout))
-				timeout = at;
-		}
-		nadmin = npfd;
-		if (!m.stopping) {
-			npfd += sl_probe_pollfds(m.prober, pfd + npfd,
-			    SL_PROBE_POLLFDS);
-			pt = sl_probe_timeout(m.prober, now_s());
-			if (pt >= 0 && (timeout < 0 || pt < timeout))
-				timeout = pt;
-		}
-		if (m.cluster != NULL) {
-			/* Also while draining: leases of running streams live on. */
-			ncl = sl_cluster_master_pollfds(m.cluster, pfd + npfd, 1);
-			npfd += ncl;
-			pt = sl_cluster_master_timeout(m.cluster, now_s());
-			if (pt >= 0 && (timeout < 0 || pt < timeout))
-				timeout = pt;
-		}
-		if (timeout >= 0) {
-			if (timeout < 0.001)
-				timeout = 0.001;
-			ts.tv_sec = (time_t)timeout;
-			ts.tv_nsec = (long)((timeout - (double)ts.tv_sec) * 1e9);
-		}
-		/* Sleep with signals unblocked; flags are rechecked on wake. */
-		if (ppoll(npfd ? pfd : NULL, (nfds_t)npfd, timeout >= 0 ? &ts : NULL,
-		    &empty) == -1) {
-			if (errno == EINTR)
-				continue;
-			sl_err("ppoll: %s", strerror(errno));
-			rc = 1;
-			break;
-		}
-		if (m.admin != NULL)
-			sl_admin_service(m.admin, pfd, nadmin, now_s(), admin_handle,
-			    &m);
-		if (!m.stopping)
-			sl_probe_service(m.prober, now_s());
-		if (m.cluster != NULL)
-			sl_cluster_master_service(m.cluster, pfd + npfd - ncl, ncl,
-			    now_s());
-	}
+	rc = run_loop(&m, &empty);
 	sl_info("stopped");
-	for (s = 0; s < m.nlisten; s++)
-		close(m.listen_fds[s]);
-	free(m.listen_fds);
-	for (cap = 0; cap < m.shm_ntenants; cap++)
-		free(m.shm_names[cap]);
-	cap = sl_shm_max_tenants(m.shm);
-	unreserve(m.shm_names, cap * sizeof(char *));
-	free(m.name_ht);
-	free(m.cur.tenant_slot);
-	free(m.cur.upstream_slot);
-	free(m.cur.queue_slot);
-	free(m.cur.model_slot);
-	sl_probe_free(m.prober);
-	free_replica_map(m.cur.replica_slot, m.cur.cfg->nupstreams);
-	unreserve(m.shm_replica, cap);
-	unreserve(m.shm_gen, cap * sizeof(*m.shm_gen));
-	unreserve(m.shm_epoch, cap * sizeof(*m.shm_epoch));
-	unreserve(m.shm_free, cap);
-	unreserve(m.free_stack, cap * sizeof(*m.free_stack));
-	slot_table_free(&m.ups);
-	slot_table_free(&m.queues);
-	slot_table_free(&m.models);
-	sl_admin_close(m.admin);
-	sl_window_free(m.window);
-	sl_window_free(m.mwindow);
-	free(m.sample);
-	sl_cluster_master_free(m.cluster);
-	sl_cluster_shm_destroy(m.cshm);
-	sl_config_free(m.cur.cfg);
-	sl_keyidx_free(m.cur.keys);
-	sl_queue_destroy(m.queue);
-	sl_shm_destroy(m.shm);
+	master_free(&m);
 	curl_global_cleanup();
 	return rc;
 }
