@@ -45,6 +45,7 @@
 #include "sl_slots.h"
 #include "sl_status_json.h"
 #include "sl_upstream.h"
+#include "sl_util.h"
 #include "sl_worker.h"
 
 /*
@@ -146,10 +147,7 @@ on_signal(int sig)
 static double
 now_s(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+	return (double)sl_mono_ns() / 1e9;
 }
 
 static int

@@ -13,6 +13,7 @@
 
 #include "sl_h2.h"
 #include "sl_prom.h"
+#include "sl_util.h"
 #include "sl_tls.h"
 #include "sl_upstream.h"
 
@@ -480,12 +481,11 @@ tok_line(const struct sl_page_in *p, struct sl_str *o, size_t t,
 static void
 render_tokens(const struct sl_page_in *p, struct sl_str *o)
 {
-	struct timespec ts;
+	uint64_t now = sl_mono_sec();
 	struct tok_pair *pairs;
 	size_t t, np, i = 0;
 	int k;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
 	pairs = tok_pairs(p->slots->shm, &np);
 	sl_str_printf(o, "# HELP sluice_tenant_tokens_total Tokens used per "
 	    "tenant and model (\"-\": not routed by model): prompt and "
@@ -513,7 +513,7 @@ render_tokens(const struct sl_page_in *p, struct sl_str *o)
 		sl_str_printf(o, "sluice_tenant_tokens_window{tenant=\"");
 		label(o, p->slots->shm_names[t]);
 		sl_str_printf(o, "\"} %llu\n", (unsigned long long)
-		    sl_shm_tokens_window(p->slots->shm, t, (uint64_t)ts.tv_sec, 0, NULL));
+		    sl_shm_tokens_window(p->slots->shm, t, now, 0, NULL));
 	}
 }
 

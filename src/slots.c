@@ -16,6 +16,7 @@
 
 #include "sl_log.h"
 #include "sl_slots.h"
+#include "sl_util.h"
 
 /*
  * Zeroed memory for an array sized by the region's room (limits.max_tenants):
@@ -63,11 +64,7 @@ slot_table_free(struct sl_slot_table *st)
 static size_t
 name_hash(const char *s)
 {
-	size_t h = 14695981039346656037ULL;
-
-	for (; *s != '\0'; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-	return h;
+	return (size_t)sl_fnv1a(SL_FNV_OFFSET, s, strlen(s));
 }
 
 /*

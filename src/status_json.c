@@ -13,6 +13,7 @@
 
 #include "sl_console.h"
 #include "sl_status_json.h"
+#include "sl_util.h"
 #include "sl_upstream.h"
 
 /*
@@ -128,10 +129,9 @@ status_tenants(const struct sl_page_in *p, struct sl_str *o,
     const struct since *b)
 {
 	const struct sl_config *cfg = p->cur->cfg;
-	struct timespec ts;
+	uint64_t now = sl_mono_sec();
 	size_t t, u;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
 	sl_str_printf(o, "\"tenants\":[");
 	for (t = 0; t < cfg->ntenants; t++) {
 		const struct sl_tenant_conf *tc = &cfg->tenants[t];
@@ -152,7 +152,7 @@ status_tenants(const struct sl_page_in *p, struct sl_str *o,
 		    (int)sl_shm_inflight(p->slots->shm, j),
 		    (int)sl_shm_limit(p->slots->shm, j), waiting,
 		    (unsigned long long)sl_shm_tokens_window(p->slots->shm, j,
-		    (uint64_t)ts.tv_sec, 0, NULL));
+		    now, 0, NULL));
 		if (tc->tokens_per_minute > 0)
 			sl_str_printf(o, "%d", (int)tc->tokens_per_minute);
 		else
