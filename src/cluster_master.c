@@ -626,6 +626,71 @@ cell_unheld(struct sl_cluster_m *cm, const struct rcell *rc)
 	    CELL_WORD(CELL_GEN(rc->word), CELL_LOCAL));
 }
 
+/*
+ * Added: a stream admitted without Redis is held now. A stream that
+ * ended while its lease was being added released it before the add
+ * ran (its worker's ZREM, on another connection): remove it again,
+ * or it would hold a slot until it expires.
+ */
+static void
+round_settle_added(struct sl_cluster_m *cm)
+{
+	struct rcell *gone = NULL, *ng;
+	size_t j, ngone = 0;
+
+	for (j = 0; j < cm->nrc; j++) {
+		struct cell *c = cl_cell_at(cm->cs, cm->rc[j].row, cm->rc[j].i);
+		uint64_t w = cm->rc[j].word, cur;
+
+		if (cm->rc[j].failed)
+			continue;
+		if (CELL_STATE(w) == CELL_LOCAL &&
+		    atomic_compare_exchange_strong(&c->word, &w,
+		    CELL_WORD(CELL_GEN(w), CELL_HELD)))
+			continue;
+		cur = atomic_load(&c->word);
+		if (CELL_GEN(cur) == CELL_GEN(cm->rc[j].word) &&
+		    CELL_STATE(cur) != CELL_FREE)
+			continue;   /* still the same stream */
+		if ((ng = realloc(gone, (ngone + 1) * sizeof(*ng))) == NULL)
+			continue;
+		gone = ng;
+		gone[ngone++] = cm->rc[j];
+	}
+	if (ngone > 0 && cm->rd.ac != NULL)
+		send_grouped(cm, gone, ngone, NULL, cm_count_cb);
+	free(gone);
+}
+
+/*
+ * A round that re-added the node's leases after a loss, and registered:
+ * admit through Redis again once as many nodes are back as before.
+ */
+static void
+round_rejoined(struct sl_cluster_m *cm)
+{
+	if (cm->nrc > 0)
+		sl_info("cluster: re-added %zu lease(s) of streams in flight",
+		    cm->nrc);
+	/*
+	 * Every node registers after re-adding its leases: once as
+	 * many nodes as before the loss are registered, the sets hold
+	 * their leases again, and an admission counted against them is
+	 * exact. A node gone meanwhile: its leases expired by the end
+	 * of the floor.
+	 */
+	cm_publish_live(cm);
+	if (!cm->floor_on || cm->live_seen >= cm->floor_live)
+		cm_set_mode(cm, MODE_REDIS, NULL);
+	else if (!cm->waiting_logged) {
+		cm->waiting_logged = 1;
+		sl_info("cluster: Redis answers again; %d of the %d node(s) "
+		    "live before are registered: admitting by on_redis_down "
+		    "until the others have re-added their leases (at most "
+		    "lease_ttl)", (int)cm->live_seen, (int)cm->floor_live);
+	}
+}
+
 static void
 cm_round_done(struct sl_cluster_m *cm)
 {
@@ -659,61 +724,9 @@ cm_round_done(struct sl_cluster_m *cm)
 	cm->ack_hb_ms = cm->round_hb_ms;
 	cm->ever_acked = 1;
 	cm_publish_fence(cm);
-	/*
-	 * Added: a stream admitted without Redis is held now. A stream that
-	 * ended while its lease was being added released it before the add
-	 * ran (its worker's ZREM, on another connection): remove it again,
-	 * or it would hold a slot until it expires.
-	 */
-	{
-		struct rcell *gone = NULL, *ng;
-		size_t ngone = 0;
-
-		for (j = 0; j < cm->nrc; j++) {
-			struct cell *c = cl_cell_at(cm->cs, cm->rc[j].row, cm->rc[j].i);
-			uint64_t w = cm->rc[j].word, cur;
-
-			if (cm->rc[j].failed)
-				continue;
-			if (CELL_STATE(w) == CELL_LOCAL &&
-			    atomic_compare_exchange_strong(&c->word, &w,
-			    CELL_WORD(CELL_GEN(w), CELL_HELD)))
-				continue;
-			cur = atomic_load(&c->word);
-			if (CELL_GEN(cur) == CELL_GEN(cm->rc[j].word) &&
-			    CELL_STATE(cur) != CELL_FREE)
-				continue;   /* still the same stream */
-			if ((ng = realloc(gone, (ngone + 1) * sizeof(*ng))) == NULL)
-				continue;
-			gone = ng;
-			gone[ngone++] = cm->rc[j];
-		}
-		if (ngone > 0 && cm->rd.ac != NULL)
-			send_grouped(cm, gone, ngone, NULL, cm_count_cb);
-		free(gone);
-	}
-	if (cm->round_readd && cm->reg_exp != 0) {
-		if (cm->nrc > 0)
-			sl_info("cluster: re-added %zu lease(s) of streams in flight",
-			    cm->nrc);
-		/*
-		 * Every node registers after re-adding its leases: once as
-		 * many nodes as before the loss are registered, the sets hold
-		 * their leases again, and an admission counted against them is
-		 * exact. A node gone meanwhile: its leases expired by the end
-		 * of the floor.
-		 */
-		cm_publish_live(cm);
-		if (!cm->floor_on || cm->live_seen >= cm->floor_live)
-			cm_set_mode(cm, MODE_REDIS, NULL);
-		else if (!cm->waiting_logged) {
-			cm->waiting_logged = 1;
-			sl_info("cluster: Redis answers again; %d of the %d node(s) "
-			    "live before are registered: admitting by on_redis_down "
-			    "until the others have re-added their leases (at most "
-			    "lease_ttl)", (int)cm->live_seen, (int)cm->floor_live);
-		}
-	}
+	round_settle_added(cm);
+	if (cm->round_readd && cm->reg_exp != 0)
+		round_rejoined(cm);
 	round_free(cm);
 }
 

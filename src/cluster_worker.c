@@ -654,6 +654,70 @@ wait_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 static int send_acquire(struct sl_cluster_w *, struct sl_cl_wait *, int eval);
 
+/*
+ * The acquire's answer {tokens in the window, seconds until it has room}:
+ * refused for the tenant's token window.
+ */
+static void
+acquire_out_of_tokens(struct sl_cluster_w *cw, struct sl_cl_wait *w,
+    long long ra)
+{
+	ra = ra < 1 ? 1 : ra > 60 ? 60 : ra;
+	/*
+	 * Charges only add to the window: it has no room for ra - 1
+	 * s at least (Redis counts whole seconds of its clock). Until
+	 * then this worker refuses the tenant itself, without a slot
+	 * or a round trip (sl_cluster_tokens_full).
+	 */
+	if (ra > 1) {
+		cw->tok_full[w->tenant].until = ev_now(cw->loop) +
+		    (double)(ra - 1);
+		cw->tok_full[w->tenant].tpm = tenant_tpm(cw, w->tenant);
+	}
+	if (!w->decided) {
+		w->replied_full = 1;
+		w->retry_after = (int)ra;
+		wait_decide(w, SL_CL_TOKENS);
+	}
+}
+
+/*
+ * The acquire's answer -1: sluice:nodes does not hold this node. Redis
+ * lost its state with the connection up (FLUSHALL) and the master has not
+ * noticed yet (within a heartbeat). Nothing was added.
+ */
+static void
+acquire_node_unknown(struct sl_cluster_w *cw, struct sl_cl_wait *w)
+{
+	atomic_store(&cw->cs->unknown, 1);
+	if (ev_now(cw->loop) - cw->unknown_logged >= REFUSAL_QUIET) {
+		cw->unknown_logged = ev_now(cw->loop);
+		sl_warn("cluster: Redis does not know node %s (flushed or "
+		    "restarted); admitting by on_redis_down until the "
+		    "master has re-added its leases",
+		    cw->cfg->cluster.node);
+	}
+	if (!w->decided) {
+		w->replied_full = 1;
+		wait_decide(w, fail_verdict(cw, w->tenant));
+	}
+}
+
+/* The acquire's answer 1: Redis holds the lease. */
+static void
+acquire_held(struct sl_cluster_w *cw, struct sl_cl_wait *w)
+{
+	if (!w->decided) {
+		cell_set(cw, w->cell, CELL_HELD);
+		wait_decide(w, SL_CL_ADMIT);
+	} else if (w->cb != NULL && cell_gen(cw, w->cell) == w->gen &&
+	    CELL_STATE(atomic_load(&cl_cell_at(cw->cs, cw->row,
+	    (size_t)w->cell)->word)) == CELL_LOCAL) {
+		/* Admitted by on_redis_down after the deadline: now held. */
+		cell_set(cw, w->cell, CELL_HELD);
+	}
+}
+
 static void
 acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 {
@@ -691,26 +755,7 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 	if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
 	    reply->element[0]->type == REDIS_REPLY_INTEGER &&
 	    reply->element[1]->type == REDIS_REPLY_INTEGER) {
-		/* {tokens in the window, seconds until it has room} */
-		long long ra = reply->element[1]->integer;
-
-		ra = ra < 1 ? 1 : ra > 60 ? 60 : ra;
-		/*
-		 * Charges only add to the window: it has no room for ra - 1
-		 * s at least (Redis counts whole seconds of its clock). Until
-		 * then this worker refuses the tenant itself, without a slot
-		 * or a round trip (sl_cluster_tokens_full).
-		 */
-		if (ra > 1) {
-			cw->tok_full[w->tenant].until = ev_now(cw->loop) +
-			    (double)(ra - 1);
-			cw->tok_full[w->tenant].tpm = tenant_tpm(cw, w->tenant);
-		}
-		if (!w->decided) {
-			w->replied_full = 1;
-			w->retry_after = (int)ra;
-			wait_decide(w, SL_CL_TOKENS);
-		}
+		acquire_out_of_tokens(cw, w, reply->element[1]->integer);
 	} else if (reply->type != REDIS_REPLY_INTEGER) {
 		cl_row_err(cw->cs, cw->row, ERR_REPLY);
 		sl_warn("cluster: acquire: unexpected reply: %s",
@@ -718,33 +763,9 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 		if (!w->decided)
 			wait_decide(w, fail_verdict(cw, w->tenant));
 	} else if (reply->integer == -1) {
-		/*
-		 * sluice:nodes does not hold this node: Redis lost its state
-		 * with the connection up (FLUSHALL) and the master has not
-		 * noticed yet (within a heartbeat). Nothing was added.
-		 */
-		atomic_store(&cw->cs->unknown, 1);
-		if (ev_now(cw->loop) - cw->unknown_logged >= REFUSAL_QUIET) {
-			cw->unknown_logged = ev_now(cw->loop);
-			sl_warn("cluster: Redis does not know node %s (flushed or "
-			    "restarted); admitting by on_redis_down until the "
-			    "master has re-added its leases",
-			    cw->cfg->cluster.node);
-		}
-		if (!w->decided) {
-			w->replied_full = 1;
-			wait_decide(w, fail_verdict(cw, w->tenant));
-		}
+		acquire_node_unknown(cw, w);
 	} else if (reply->integer == 1) {
-		if (!w->decided) {
-			cell_set(cw, w->cell, CELL_HELD);
-			wait_decide(w, SL_CL_ADMIT);
-		} else if (w->cb != NULL && cell_gen(cw, w->cell) == w->gen &&
-		    CELL_STATE(atomic_load(&cl_cell_at(cw->cs, cw->row,
-		    (size_t)w->cell)->word)) == CELL_LOCAL) {
-			/* Admitted by on_redis_down after the deadline: now held. */
-			cell_set(cw, w->cell, CELL_HELD);
-		}
+		acquire_held(cw, w);
 	} else if (!w->decided) {
 		w->replied_full = 1;
 		wait_decide(w, SL_CL_FULL);
