@@ -70,7 +70,7 @@ static const char register_lua[] =
     "redis.call('PEXPIREAT',KEYS[1],top[2]) "
     "return {redis.call('ZCARD',KEYS[1]),exp,clash,0}";
 
-/* ---- the heartbeat ---------------------------------------------------- */
+/* ---- the master and its connection ------------------------------------ */
 
 #define RENEW_CHUNK 256          /* members per renew call */
 
@@ -436,6 +436,8 @@ out:
 		redisFree(c);
 	cm->connect_at = 0;   /* the async connection, at the first turn */
 }
+
+/* ---- the heartbeat: renew, re-add, register --------------------------- */
 
 static void
 cm_register_cb(redisAsyncContext *ac, void *r, void *priv)
@@ -833,6 +835,8 @@ cm_round(struct sl_cluster_m *cm, double now)
 	round_call(cm, NULL, 0);
 }
 
+/* ---- the master's loop and self-fencing ------------------------------- */
+
 int
 sl_cluster_master_pollfds(struct sl_cluster_m *cm, struct pollfd *pfd, int max)
 {
@@ -925,6 +929,8 @@ sl_cluster_master_service(struct sl_cluster_m *cm, const struct pollfd *pfd,
 	}
 }
 
+/* ---- dead workers' rows ----------------------------------------------- */
+
 /* Fold a dead worker's counters into row 0, like sl_shm_retire_stats. */
 static void
 fold_row(struct sl_cluster_shm *cs, size_t row)
@@ -1005,6 +1011,8 @@ sl_cluster_master_row_started(struct sl_cluster_m *cm, size_t row, int started)
 	if (cm != NULL && row > 0 && row < cm->cs->rows)
 		cl_row_state(cm->cs, row, started ? ROW_STARTING : ROW_UNUSED);
 }
+
+/* ---- the node's view and metrics -------------------------------------- */
 
 /*
  * "redis" only while every worker of the node admits through Redis: a

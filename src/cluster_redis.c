@@ -24,7 +24,7 @@ const double cl_rtt_bounds[RTT_BUCKETS] = {
 	0.1, 0.25, 0.5, 1.0
 };
 
-/* ---- error accounting ------------------------------------------------ */
+/* ---- error accounting ------------------------------------------------- */
 
 void
 cl_row_err(struct sl_cluster_shm *cs, size_t row, enum cl_err e)
@@ -107,7 +107,7 @@ cl_redis_count_cb(redisAsyncContext *ac, void *r, void *priv)
 		cl_row_err(rd->cs, rd->row, ERR_REPLY);
 }
 
-/* ---- the connection -------------------------------------------------- */
+/* ---- the connection --------------------------------------------------- */
 
 static void
 addr_parse(const char *s, struct cl_addr *a)
@@ -239,7 +239,8 @@ on_disconnect(const redisAsyncContext *ac, int status)
 	rd->connected = 0;
 	if (status != REDIS_OK)
 		cl_row_err(rd->cs, rd->row, ERR_CONNECT);
-	rd->hooks->gone(rd, CL_GONE_LOST, status != REDIS_OK ? ac->errstr : NULL);
+	rd->hooks->gone(rd, CL_GONE_LOST,
+	    status != REDIS_OK ? ac->errstr : NULL);
 }
 
 /* The answer to the first command of a connection: AUTH, or PING. */
@@ -330,7 +331,7 @@ cl_redis_connect_limit(uint64_t timeout_ms)
 	    (double)timeout_ms / 1000.0 * 10;
 }
 
-/* ---- scripts --------------------------------------------------------- */
+/* ---- scripts ---------------------------------------------------------- */
 
 int
 cl_redis_load(struct cl_redis *rd, const char *script, size_t len,
@@ -349,7 +350,7 @@ cl_redis_take_sha(const redisReply *reply, char sha[41])
 		memcpy(sha, reply->str, 41);
 }
 
-/* ---- a polled connection --------------------------------------------- */
+/* ---- a polled connection ---------------------------------------------- */
 
 int
 cl_redis_pollfd(const struct cl_redis *rd, struct pollfd *pfd)
@@ -374,7 +375,7 @@ cl_redis_handle(struct cl_redis *rd, const struct pollfd *pfd)
 		redisAsyncHandleWrite(rd->ac);
 }
 
-/* ---- a blocking connection ------------------------------------------- */
+/* ---- a blocking connection -------------------------------------------- */
 
 redisContext *
 cl_redis_open_sync(const struct cl_redis *rd, struct timeval tv)

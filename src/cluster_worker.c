@@ -76,7 +76,7 @@ static const char charge_lua[] =
     "redis.call('EXPIRE',KEYS[1],120) "
     "return 1";
 
-/* ---- the connection -------------------------------------------------- */
+/* ---- the worker and its connection ------------------------------------ */
 
 #define MAX_PENDING 4096         /* acquires waiting for Redis at once */
 #define TIMEOUTS_TO_RECONNECT 8  /* in a row, with no reply between */
@@ -179,8 +179,10 @@ cw_up(struct cl_redis *rd)
 {
 	struct sl_cluster_w *cw = rd->owner;
 
-	/* Connected: the connect deadline is over; the backoff is reset by
-	 * the first answer (cw_sha_cb). */
+	/*
+	 * Connected: the connect deadline is over. The backoff is reset by
+	 * the first answer (cw_sha_cb).
+	 */
 	ev_timer_stop(cw->loop, &cw->retry);
 }
 
@@ -317,8 +319,8 @@ sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
 	cw->cs = cs;
 	cw->row = row;
 	cw->tenant_slot = tenant_slot;
-	cl_redis_init(&cw->rd, cfg->cluster.redis, cfg->cluster.password, cs, row,
-	    loop, 0, &cw_hooks, cw);
+	cl_redis_init(&cw->rd, cfg->cluster.redis, cfg->cluster.password, cs,
+	    row, loop, 0, &cw_hooks, cw);
 	if ((cw->keys = calloc(cfg->ntenants ? cfg->ntenants : 1,
 	    sizeof(char *))) == NULL || (cw->tkeys = calloc(cfg->ntenants ?
 	    cfg->ntenants : 1, sizeof(char *))) == NULL ||
@@ -373,6 +375,8 @@ sl_cluster_worker_free(struct sl_cluster_w *cw)
 	free(cw->free);
 	free(cw);
 }
+
+/* ---- cells: one per admitted stream ----------------------------------- */
 
 static int32_t
 cell_alloc(struct sl_cluster_w *cw, int tenant)
@@ -503,6 +507,8 @@ cell_free(struct sl_cluster_w *cw, int32_t i, int zrem)
 	cw->free[cw->nfree++] = (uint32_t)i;
 }
 
+/* ---- verdicts: Redis, on_redis_down, the fence ------------------------ */
+
 /*
  * The tenant's max_streams and tokens_per_minute as the master published
  * them last, not this worker's copy: a worker retiring at a reload that
@@ -599,6 +605,8 @@ cw_reconnect_now(struct sl_cluster_w *cw)
 	ev_timer_stop(cw->loop, &cw->retry);
 	cw_connect(cw);
 }
+
+/* ---- asking for a lease ----------------------------------------------- */
 
 static void
 wait_free(struct sl_cl_wait *w)
@@ -871,6 +879,8 @@ sl_cluster_acquire(struct sl_cluster_w *cw, int tenant, sl_cl_cb *cb,
 	return SL_CL_PENDING;
 }
 
+/* ---- giving a lease back ---------------------------------------------- */
+
 void
 sl_cluster_cancel(struct sl_cluster_w *cw, struct sl_cl_wait *w)
 {
@@ -897,6 +907,8 @@ sl_cluster_release(struct sl_cluster_w *cw, int32_t lease)
 		return;
 	cell_free(cw, lease, 1);
 }
+
+/* ---- token windows and charges ---------------------------------------- */
 
 int64_t
 sl_cluster_token_budget(struct sl_cluster_w *cw, int tenant)
