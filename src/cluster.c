@@ -62,15 +62,6 @@ cl_member_fmt(char *dst, size_t len, const char *node, uint64_t epoch,
 	    epoch, row, i, gen);
 }
 
-int64_t
-cl_mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
-}
-
 void
 cl_row_state(struct sl_cluster_shm *cs, size_t row, uint32_t st)
 {

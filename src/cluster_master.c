@@ -142,13 +142,11 @@ struct sl_cluster_m {
 	double clash_logged;         /* when a name clash was last logged */
 };
 
+/* Seconds on CLOCK_MONOTONIC (sl_util.h). */
 static double
 mono(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+	return (double)sl_mono_ns() / 1e9;
 }
 
 static void cm_publish_fence(struct sl_cluster_m *);
