@@ -33,6 +33,13 @@ sl_mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Seconds, with their fraction: the master's deadlines and backoffs. */
+static inline double
+sl_mono_s(void)
+{
+	return (double)sl_mono_ns() / 1e9;
+}
+
 static inline uint64_t
 sl_mono_sec(void)
 {

@@ -117,8 +117,6 @@ struct cell *cl_cell_at(struct sl_cluster_shm *, size_t row, size_t i);
 /* A lease's member, "NODE:EPOCH:ROW.CELL.GEN", into dst (MEMBER_MAX). */
 int cl_member_fmt(char *dst, size_t len, const char *node, uint64_t epoch,
     size_t row, size_t i, uint32_t gen);
-/* CLOCK_MONOTONIC, ns: the clock of the fence (sl_util.h). */
-#define cl_mono_ns() ((int64_t)sl_mono_ns())
 void cl_row_state(struct sl_cluster_shm *, size_t row, uint32_t st);
 
 /* ---- one Redis connection (cluster_redis.c) --------------------------- */

@@ -142,13 +142,6 @@ struct sl_cluster_m {
 	double clash_logged;         /* when a name clash was last logged */
 };
 
-/* Seconds on CLOCK_MONOTONIC (sl_util.h). */
-static double
-mono(void)
-{
-	return (double)sl_mono_ns() / 1e9;
-}
-
 static void cm_publish_fence(struct sl_cluster_m *);
 
 /* Forget the cells and calls of the round out (answered or abandoned). */
@@ -172,7 +165,7 @@ cm_publish_live(struct sl_cluster_m *cm)
 {
 	int32_t live = cm->live_seen;
 
-	if (cm->floor_on && cm->floor_until > 0 && mono() >= cm->floor_until)
+	if (cm->floor_on && cm->floor_until > 0 && sl_mono_s() >= cm->floor_until)
 		cm->floor_on = 0;
 	if (cm->floor_on && cm->floor_live > live)
 		live = cm->floor_live;
@@ -204,7 +197,7 @@ cm_set_mode(struct sl_cluster_m *cm, int mode, const char *why)
 static void
 cm_lost(struct sl_cluster_m *cm, const char *why)
 {
-	double now = mono();
+	double now = sl_mono_s();
 
 	cm->rd.connected = 0;
 	cm->round_out = 0;
@@ -255,7 +248,7 @@ cm_connect(struct sl_cluster_m *cm)
 		cm_lost(cm, "cannot connect to Redis");
 		return;
 	}
-	cm->connect_deadline = mono() + cl_redis_connect_limit(cm->timeout_ms);
+	cm->connect_deadline = sl_mono_s() + cl_redis_connect_limit(cm->timeout_ms);
 }
 
 /*
@@ -297,11 +290,11 @@ register_reply(struct sl_cluster_m *cm, const redisReply *r)
 		atomic_store(&cm->cs->unknown, 0);
 	cm->live_seen = (int32_t)r->element[0]->integer;
 	if (cm->floor_on && cm->floor_until == 0)
-		cm->floor_until = mono() + (double)cm->ttl_ms / 1000.0;
+		cm->floor_until = sl_mono_s() + (double)cm->ttl_ms / 1000.0;
 	cm_publish_live(cm);
 	cm->reg_exp = r->element[1]->integer;
 	if (r->element[2]->integer != 0) {
-		now = mono();
+		now = sl_mono_s();
 		if (cm->clash_logged == 0 || now - cm->clash_logged >= 60) {
 			cm->clash_logged = now;
 			sl_err("cluster: another node registers as '%s' at %s: node "
@@ -323,7 +316,7 @@ cm_conf(struct sl_cluster_m *cm, const struct sl_config *cfg)
 	cm->timeout_ms = cfg->cluster.timeout_ms;
 	cm->down_mode = cfg->cluster.on_redis_down;
 	/* A shorter heartbeat applies now, not after the old one elapsed. */
-	hb = mono() + (double)cm->hb_ms / 1000.0;
+	hb = sl_mono_s() + (double)cm->hb_ms / 1000.0;
 	if (cm->next_hb > hb)
 		cm->next_hb = hb;
 }
@@ -420,7 +413,7 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 		goto out;
 	}
 	freeReplyObject(r);
-	cm->last_ack = mono();
+	cm->last_ack = sl_mono_s();
 	cm->ack_ttl_ms = cm->ttl_ms;
 	cm->ack_hb_ms = cm->hb_ms;
 	cm->ever_acked = 1;
@@ -876,7 +869,7 @@ sl_cluster_master_timeout(struct sl_cluster_m *cm, double now)
 
 	if (cm == NULL)
 		return -1;
-	now = mono();
+	now = sl_mono_s();
 #define EARLIER(x) do { d = (x) - now; if (d < 0) d = 0; \
 	if (t < 0 || d < t) t = d; } while (0)
 	if (cm->rd.ac == NULL)
@@ -900,7 +893,7 @@ sl_cluster_master_service(struct sl_cluster_m *cm, const struct pollfd *pfd,
 	if (cm == NULL)
 		return;
 	(void)now;
-	now = mono();
+	now = sl_mono_s();
 	if (n > 0)
 		cl_redis_handle(&cm->rd, &pfd[0]);
 	if (cm->rd.ac == NULL && now >= cm->connect_at)

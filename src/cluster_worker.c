@@ -568,8 +568,8 @@ fail_verdict(struct sl_cluster_w *cw, int tenant)
 static int
 cw_stale(struct sl_cluster_w *cw)
 {
-	int stale = cl_mono_ns() >= atomic_load_explicit(&cw->cs->fence_ns,
-	    memory_order_acquire);
+	int stale = (int64_t)sl_mono_ns() >=
+	    atomic_load_explicit(&cw->cs->fence_ns, memory_order_acquire);
 
 	if (stale && !cw->stale)
 		sl_warn("cluster: the master's last acknowledged heartbeat is "
@@ -587,7 +587,7 @@ cw_by_redis(const struct sl_cluster_w *cw)
 {
 	return atomic_load_explicit(&cw->cs->mode, memory_order_acquire) ==
 	    MODE_REDIS && cw->rd.ac != NULL && cw->rd.connected &&
-	    cl_mono_ns() < atomic_load_explicit(&cw->cs->fence_ns,
+	    (int64_t)sl_mono_ns() < atomic_load_explicit(&cw->cs->fence_ns,
 	    memory_order_acquire);
 }
 

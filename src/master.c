@@ -93,7 +93,7 @@ struct master {
 	 */
 	int slot_row[SL_MAX_WORKERS];
 	unsigned last_gen;           /* generation ids are never reused */
-	double started;              /* now_s() at start: uptime_seconds */
+	double started;              /* sl_mono_s() at start: uptime_seconds */
 	/*
 	 * The console's windows (admin_listen only): the counters behind its
 	 * "last minute" numbers, sampled every SL_STATUS_SAMPLE_S.
@@ -142,12 +142,6 @@ on_signal(int sig)
 		got_usr1 = 1;
 		break;
 	}
-}
-
-static double
-now_s(void)
-{
-	return (double)sl_mono_ns() / 1e9;
 }
 
 static int
@@ -380,7 +374,7 @@ spawn(struct master *m, int slot)
 	ch->row = (size_t)row;
 	ch->slot = slot;
 	ch->gen = m->cur.id;
-	ch->started = now_s();
+	ch->started = sl_mono_s();
 	ch->draining = 0;
 	sl_debug("worker %d started: pid %d, row %d, generation %u", slot,
 	    (int)pid, row, m->cur.id);
@@ -458,11 +452,11 @@ reap(struct master *m)
 			sl_debug("worker %d (pid %d) exited", ch->slot, (int)pid);
 		if (!m->stopping && !ch->draining && ch->gen == m->cur.id &&
 		    ch->slot < m->nworkers) {
-			double age = now_s() - ch->started;
+			double age = sl_mono_s() - ch->started;
 
 			/* The row stays reserved for the replacement. */
 			m->respawn_at[ch->slot] = age < RESPAWN_BACKOFF_S ?
-			    now_s() + RESPAWN_BACKOFF_S : now_s();
+			    sl_mono_s() + RESPAWN_BACKOFF_S : sl_mono_s();
 		} else
 			release_row(m, (int)ch->row);
 		ch->pid = 0;
@@ -475,7 +469,7 @@ reap(struct master *m)
 static void
 respawn_due(struct master *m, double *timeout)
 {
-	double t = now_s();
+	double t = sl_mono_s();
 	int s;
 
 	for (s = 0; s < m->nworkers; s++) {
@@ -1007,7 +1001,7 @@ admin_handle(void *arg, const char *method, const char *path,
 	} else if (strcmp(path, "/status.json") == 0) {
 		r->content_type = "application/json";
 		page_in(m, &in);
-		sl_status_render(&in, &m->console, now_s(), &r->body);
+		sl_status_render(&in, &m->console, sl_mono_s(), &r->body);
 	} else {
 		r->content_type = "text/plain; version=0.0.4; charset=utf-8";
 		page_in(m, &in);
@@ -1129,8 +1123,8 @@ start_admin(struct master *m, const struct sl_config *cfg)
 		return -1;
 	}
 	/* Every counter is 0 yet: the first minute counts from here. */
-	sl_status_sample(&m->console, &m->slots, now_s());
-	m->next_sample = now_s() + SL_STATUS_SAMPLE_S;
+	sl_status_sample(&m->console, &m->slots, sl_mono_s());
+	m->next_sample = sl_mono_s() + SL_STATUS_SAMPLE_S;
 	return 0;
 }
 
@@ -1185,7 +1179,7 @@ handle_signals(struct master *m)
 		sl_info("SIGQUIT: exiting now");
 		m->stopping = 2;
 		signal_children(m, SIGQUIT, 0);
-		m->stop_deadline = now_s() + 2.0;
+		m->stop_deadline = sl_mono_s() + 2.0;
 	}
 	if (got_term && !m->stopping) {
 		got_term = 0;
@@ -1201,7 +1195,7 @@ handle_signals(struct master *m)
 		for (s = 0; s < m->nlisten; s++)
 			close(m->listen_fds[s]);
 		m->nlisten = 0;
-		m->stop_deadline = now_s() +
+		m->stop_deadline = sl_mono_s() +
 		    (double)m->cur.cfg->drain_timeout_ms / 1000.0 + 5.0;
 	}
 	if (got_hup) {
@@ -1229,12 +1223,12 @@ drain_or_respawn(struct master *m, double *timeout)
 	}
 	if (nchildren(m) == 0)
 		return 1;
-	if (now_s() >= m->stop_deadline) {
+	if (sl_mono_s() >= m->stop_deadline) {
 		sl_warn("workers did not exit in time; killing them");
 		signal_children(m, SIGKILL, 0);
-		m->stop_deadline = now_s() + 5.0;
+		m->stop_deadline = sl_mono_s() + 5.0;
 	}
-	*timeout = m->stop_deadline - now_s();
+	*timeout = m->stop_deadline - sl_mono_s();
 	return 0;
 }
 
@@ -1254,21 +1248,21 @@ sooner(double *timeout, double t)
 static int
 admin_pollfds(struct master *m, struct pollfd *pfd, double *timeout)
 {
-	double at = sl_admin_timeout(m->admin, now_s());
+	double at = sl_admin_timeout(m->admin, sl_mono_s());
 	int n;
 
-	if (now_s() >= m->next_sample) {
-		sl_status_sample(&m->console, &m->slots, now_s());
+	if (sl_mono_s() >= m->next_sample) {
+		sl_status_sample(&m->console, &m->slots, sl_mono_s());
 		/* Late (a long reload): from now, not in a burst. */
 		m->next_sample += SL_STATUS_SAMPLE_S;
-		if (m->next_sample <= now_s())
-			m->next_sample = now_s() + SL_STATUS_SAMPLE_S;
+		if (m->next_sample <= sl_mono_s())
+			m->next_sample = sl_mono_s() + SL_STATUS_SAMPLE_S;
 	}
-	if (at < 0 || m->next_sample - now_s() < at)
-		at = m->next_sample - now_s() > 0 ?
-		    m->next_sample - now_s() : 0;
+	if (at < 0 || m->next_sample - sl_mono_s() < at)
+		at = m->next_sample - sl_mono_s() > 0 ?
+		    m->next_sample - sl_mono_s() : 0;
 
-	n = sl_admin_pollfds(m->admin, pfd, SL_ADMIN_POLLFDS, now_s());
+	n = sl_admin_pollfds(m->admin, pfd, SL_ADMIN_POLLFDS, sl_mono_s());
 	sooner(timeout, at);
 	return n;
 }
@@ -1313,14 +1307,14 @@ run_loop(struct master *m, const sigset_t *empty)
 		if (!m->stopping) {
 			npfd += sl_probe_pollfds(m->prober, pfd + npfd,
 			    SL_PROBE_POLLFDS);
-			sooner(&timeout, sl_probe_timeout(m->prober, now_s()));
+			sooner(&timeout, sl_probe_timeout(m->prober, sl_mono_s()));
 		}
 		if (m->cluster != NULL) {
 			/* Also while draining: leases of running streams live on. */
 			ncl = sl_cluster_master_pollfds(m->cluster, pfd + npfd, 1);
 			npfd += ncl;
 			sooner(&timeout, sl_cluster_master_timeout(m->cluster,
-			    now_s()));
+			    sl_mono_s()));
 		}
 		if (sleep_until(pfd, npfd, timeout, empty) == -1) {
 			if (errno == EINTR)
@@ -1329,13 +1323,13 @@ run_loop(struct master *m, const sigset_t *empty)
 			return 1;
 		}
 		if (m->admin != NULL)
-			sl_admin_service(m->admin, pfd, nadmin, now_s(), admin_handle,
+			sl_admin_service(m->admin, pfd, nadmin, sl_mono_s(), admin_handle,
 			    m);
 		if (!m->stopping)
-			sl_probe_service(m->prober, now_s());
+			sl_probe_service(m->prober, sl_mono_s());
 		if (m->cluster != NULL)
 			sl_cluster_master_service(m->cluster, pfd + npfd - ncl, ncl,
-			    now_s());
+			    sl_mono_s());
 	}
 }
 
@@ -1377,7 +1371,7 @@ sl_master_run(const char *path, struct sl_config *cfg)
 	int s, rc;
 
 	memset(&m, 0, sizeof(m));
-	m.started = now_s();
+	m.started = sl_mono_s();
 	m.path = path;
 	m.cur.cfg = cfg;
 	m.cur.id = m.last_gen = 1;
