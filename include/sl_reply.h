@@ -87,6 +87,14 @@ size_t sl_err_body(char *dst, size_t len, enum sl_err e, const char *message);
  */
 void sl_err_headers(char *dst, size_t len, enum sl_err e, int retry_after);
 
+/*
+ * Error e as a whole response that closes its connection (head and body,
+ * for a socket that has no exchange yet: a refusal at accept, plain HTTP
+ * to a TLS port) into dst. Returns its length, or 0 when it does not fit.
+ */
+size_t sl_err_response(char *dst, size_t len, enum sl_err e,
+    const char *message, int retry_after);
+
 /* ---- the response head ------------------------------------------------ */
 
 struct sl_head {

@@ -638,9 +638,8 @@ conn_models_list(struct sl_conn *c)
 void
 sl_conn_refuse(struct sl_worker *w, int fd)
 {
-	char body[256], resp[512];
-	size_t blen;
-	int n;
+	char resp[768];
+	size_t n;
 
 	if (w->cfg->tls.ctx != NULL) {
 		/* No words before a handshake: the refusal is the close. */
@@ -648,14 +647,10 @@ sl_conn_refuse(struct sl_worker *w, int fd)
 		sl_shm_count_request(w->shm, w->row, SL_TENANT_NONE(w->shm), 503);
 		return;
 	}
-	blen = sl_err_body(body, sizeof(body), SL_ERR_OVERLOADED,
-	    "too many connections");
-	n = snprintf(resp, sizeof(resp),
-	    "HTTP/1.1 503 Service Unavailable\r\n"
-	    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-	    "Retry-After: 1\r\nConnection: close\r\n\r\n%s", blen, body);
-	if (n > 0 && (size_t)n < sizeof(resp))
-		(void)!write(fd, resp, (size_t)n);
+	n = sl_err_response(resp, sizeof(resp), SL_ERR_OVERLOADED,
+	    "too many connections", 1);
+	if (n > 0)
+		(void)!write(fd, resp, n);
 	close(fd);
 	sl_shm_count_request(w->shm, w->row, SL_TENANT_NONE(w->shm), 503);
 }
@@ -2902,9 +2897,8 @@ conn_on_read(struct ev_loop *loop, ev_io *io, int revents)
 static void
 conn_tls_failed(struct sl_conn *c, enum sl_tls_err why)
 {
-	char sink[4096], body[256];
-	size_t blen;
-	int n;
+	char sink[4096];
+	size_t n;
 
 	sl_debug("conn %d: TLS handshake failed: %s", c->fd,
 	    sl_tls_err_name(why));
@@ -2912,12 +2906,9 @@ conn_tls_failed(struct sl_conn *c, enum sl_tls_err why)
 	if (why == SL_TLS_E_HTTP) {
 		while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
 			;
-		blen = sl_err_body(body, sizeof(body), SL_ERR_PLAIN_HTTP_TO_TLS,
-		    NULL);
-		n = snprintf(sink, sizeof(sink), "HTTP/1.1 400 Bad Request\r\n"
-		    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-		    "Connection: close\r\n\r\n%s", blen, body);
-		(void)!write(c->fd, sink, (size_t)n);
+		n = sl_err_response(sink, sizeof(sink),
+		    SL_ERR_PLAIN_HTTP_TO_TLS, NULL, 0);
+		(void)!write(c->fd, sink, n);
 		shutdown(c->fd, SHUT_WR);
 	}
 	c->client_gone = 1;

@@ -123,6 +123,23 @@ sl_err_headers(char *dst, size_t len, enum sl_err e, int retry_after)
 		    "Allow: " SL_ALLOW_METHODS "\r\n");
 }
 
+size_t
+sl_err_response(char *dst, size_t len, enum sl_err e, const char *message,
+    int retry_after)
+{
+	char body[512], extra[128];
+	size_t blen;
+	int n;
+
+	blen = sl_err_body(body, sizeof(body), e, message);
+	sl_err_headers(extra, sizeof(extra), e, retry_after);
+	n = snprintf(dst, len, "HTTP/1.1 %d %s\r\n"
+	    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+	    "%sConnection: close\r\n\r\n%s", sl_errs[e].status,
+	    sl_http_reason(sl_errs[e].status), blen, extra, body);
+	return n < 0 || (size_t)n >= len ? 0 : (size_t)n;
+}
+
 int
 sl_head_reserve(struct sl_head *h, size_t add)
 {
