@@ -7,10 +7,7 @@
 #ifndef SL_WORKER_H
 #define SL_WORKER_H
 
-#include <curl/curl.h>
-#include <ev.h>
 #include <stddef.h>
-#include <sys/queue.h>
 #include <sys/types.h>
 
 #include "sl_worker_state.h"
