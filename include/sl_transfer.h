@@ -36,7 +36,11 @@ struct sl_xfer {
 	int no_fds;                /* its socket() hit EMFILE/ENFILE */
 };
 
-/* Where the upstream's answer goes: arg is their data and CURLOPT_PRIVATE. */
+/*
+ * Where the upstream's answer goes: arg is their data and CURLOPT_PRIVATE.
+ * head and body are set once per easy handle (a reused one keeps them):
+ * every try of a worker must pass the same two functions.
+ */
 struct sl_xfer_sink {
 	curl_write_callback head;  /* each line of the response head */
 	curl_write_callback body;  /* body bytes; may pause */
