@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
  * sl_exchange: one request and its response, apart from the framing that
- * carries them. An HTTP/1.x connection carries one exchange at a time on
- * its socket (relay.c); an HTTP/2 connection (h2.c) carries many, one per
- * stream, and reaches each only through the entry points below. The
+ * carries them. An HTTP/1.x connection carries one exchange at a time
+ * on its socket (exchange_h1.c); an HTTP/2 connection (h2.c) carries
+ * many, one per stream, and reaches each only through the entry points
+ * below (exchange_stream.c). The
  * exchange reaches an HTTP/2 stream only through the function table its
- * framing gave it, so h2.c depends on this header and relay.c does not
+ * framing gave it, so h2.c depends on this header and the exchange does not
  * depend on h2.c.
  *
  * The request reaches the exchange as HTTP/1.1 bytes (the framing writes

@@ -3,7 +3,7 @@
  * sl_model: route a request by the model its body names.
  *
  * Pure functions over a request body plus one small per-worker state (the
- * smooth weighted round robin of each model's targets). relay.c calls
+ * smooth weighted round robin of each model's targets). The exchange calls
  * sl_model_route() once per request, after the body is read and before the
  * upstream is chosen; everything else here is used by it and by tests.
  *
@@ -41,7 +41,7 @@ enum sl_model_kind {
 	SL_MODEL_AMBIGUOUS     /* a body a runner may read otherwise: why */
 };
 
-/* The 400's message for an AMBIGUOUS body (relay.c's head checks too). */
+/* The 400's message for an AMBIGUOUS body (exchange_tries.c's checks too). */
 #define SL_MODEL_AMBIGUOUS_MSG "the request body cannot be read unambiguously: "
 
 /* What a request body names. */
@@ -136,7 +136,7 @@ struct sl_model_pick {
 int sl_model_chain(const struct sl_config *cfg, size_t tenant, size_t m0,
     size_t t0, struct sl_model_pick **out, size_t *n);
 
-/* Why a request's target cannot serve it, as relay.c knows it. */
+/* Why a request's target cannot serve it, as the exchange knows it. */
 enum sl_fb_cause {
 	SL_FB_NO_REPLICA,   /* no replica of its upstream can take it now */
 	SL_FB_CONNECT,      /* its tries failed to connect (retries spent) */
@@ -187,7 +187,7 @@ int sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
  * runners write them plain). Every other byte passes unchanged, and the
  * state carries over reads, so a member split across reads at any byte is
  * rewritten the same. The state is a few words: copy it to undo a feed
- * (relay.c does when the stream buffer is full and libcurl will hand the
+ * (exchange_response.c does when the stream buffer is full and libcurl will hand the
  * same bytes over again).
  */
 struct sl_mrw {

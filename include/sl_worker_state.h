@@ -83,7 +83,7 @@ struct sl_worker {
 	/* Hand a TLS connection whose ALPN chose h2 to its framing. */
 	void (*h2_start)(struct sl_worker *, int fd, void *ssl, const char *peer);
 	TAILQ_HEAD(, sl_conn) dirty;     /* connections with bytes to flush */
-	TAILQ_HEAD(, sl_conn) idle;      /* kept alive, oldest first (relay.c) */
+	TAILQ_HEAD(, sl_conn) idle;      /* kept alive, oldest first (exchange_h1.c) */
 	ev_prepare flush_prep;
 	/* Scratch of the response path, used by one callback at a time. */
 	struct sl_mrw_buf mrw_buf;   /* an answer with its "model" set back */

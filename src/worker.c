@@ -207,7 +207,7 @@ queue_cb(struct ev_loop *loop, ev_io *io, int revents)
 	sl_conn_queue_event(io->data);
 }
 
-/* The connection gauges, HTTP/2's apart (relay.c cannot see them). */
+/* The connection gauges, HTTP/2's apart (the exchange cannot see them). */
 static void
 h2_gauges(struct sl_worker *w)
 {

@@ -439,9 +439,9 @@ def test_a_client_that_never_opens_its_window_is_cut_by_the_stall_timeout():
 SETTINGS_HEADER_TABLE_SIZE = 1
 SETTINGS_INITIAL_WINDOW_SIZE = 4
 DEFAULT_WINDOW = 65535            # RFC 9113 6.9.2: until SETTINGS say otherwise
-XIN_LOW = 64 * 1024               # relay.c: an exchange gives the window back
+XIN_LOW = 64 * 1024               # exchange_int.h: an exchange gives the window back
                                   # while less than this of its input waits
-CONN_IN_SIZE = 4096               # relay.c: the exchange's input block
+CONN_IN_SIZE = 4096               # exchange_int.h: the exchange's input block
 RSS_PER_STREAM_KB = 1536          # a refused stream's bytes (~400 KiB), its
                                   # TLS and nghttp2 state, allocator slack
 

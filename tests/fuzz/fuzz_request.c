@@ -4,7 +4,7 @@
  *
  * Input: byte 0 chooses the limits and modes, bytes 1-2 a split point, the
  * rest is what a client sends on one connection. The bytes are parsed the
- * way relay.c drives the parser (feed what is buffered; at HEAD_DONE call
+ * way the exchange drives the parser (feed what is buffered; at HEAD_DONE call
  * sl_req_continue(); at DONE reset and parse the next pipelined request),
  * once in a single read, once in two reads split at the chosen point and,
  * when byte 0 says so, one byte per read. Every run must reach the same
@@ -241,7 +241,7 @@ parse(struct run *run, const struct opts *o, const uint8_t *in, size_t len,
 	sl_req_init(&r, o->max_head, o->max_body);
 	while (avail < len && !stop) {
 		avail = next_read_end(mode, avail, split, len);
-		/* relay.c: feed while bytes are buffered and the parser moves on. */
+		/* exchange.c: feed while bytes are buffered and the parser moves on. */
 		while (off < avail && !stop) {
 			want = avail - off;
 			if ((copy = malloc(want)) == NULL)
@@ -266,7 +266,7 @@ parse(struct run *run, const struct opts *o, const uint8_t *in, size_t len,
 				run->head_end = off;
 				check_head(run, &r, o);
 				if (r.too_large) {
-					/* relay.c answers 413 and reads no body. */
+					/* exchange.c answers 413 and reads no body. */
 					fz_addf(&run->verdict, "[error 413]");
 					stop = 1;
 					break;

@@ -14,9 +14,9 @@
  *
  * What follows the head is the body. It is cut into pieces (sizes from the
  * seed, as libcurl's write callback would deliver them), framed the way
- * relay.c does (sl_http_chunk_header(), data, CRLF, then "0\r\n\r\n"),
+ * exchange_response.c does (sl_http_chunk_header(), data, CRLF, then "0\r\n\r\n"),
  * de-chunked by a strict decoder and compared with the input. The whole
- * client response (status line, block, the headers relay.c adds, body)
+ * client response (status line, block, the headers the exchange adds, body)
  * is finally parsed by http-parser, which must find the same headers and
  * body.
  */
@@ -317,7 +317,7 @@ check_chunk_header(size_t n, size_t dstlen)
 	    "chunk-header", "wrote past %zu bytes", dstlen);
 }
 
-/* Strict chunked decoder for what relay.c writes; -1 on any deviation. */
+/* Strict chunked decoder for what the exchange writes; -1 on any deviation. */
 static int
 dechunk(const unsigned char *p, size_t len, struct fz_buf *out)
 {
@@ -478,7 +478,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		    (plain.len == 0 || memcmp(plain.p, in + body_start, plain.len) == 0),
 		    "dechunk", "de-chunked body differs from what the upstream sent");
 
-	/* The client response as relay.c's conn_build_head() writes it. */
+	/* The client response as exchange_response.c's conn_build_head() writes it. */
 	k = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", h.status,
 	    h.reason[0] ? h.reason : "Whatever");
 	fz_add(&resp, line, (size_t)k);

@@ -590,7 +590,7 @@ test_fallback_chain_order(void **state)
 /*
  * The fallback rule (sluice.8, Fallback): a request moves to another
  * target only before the first byte of an answer went to its client, and
- * only when no runner can have started on it. relay.c asks
+ * only when no runner can have started on it. exchange_tries.c asks
  * sl_model_may_fall_back before every fallback; what follows pins it.
  */
 static const enum sl_fb_cause fb_causes[] = {

@@ -1,0 +1,986 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
+/*
+ * The exchange: one request's life, whatever carries it. Its states and
+ * deadlines; the head's rules, the key to a tenant and admission (the
+ * node's slot, the cluster's lease, the token budget); the answers sluice
+ * makes itself (a row of sl_reply.h's error table); the request's end,
+ * counted and logged once. exchange_int.h draws the state machine and
+ * names the other rooms.
+ */
+#include "config.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "sl_exchange.h"
+#include "sl_log.h"
+#include "sl_relay.h"
+#include "exchange_int.h"
+
+static const char *const state_names[] = {
+	"head", "admit", "body", "upstream", "stream", "local", "linger",
+	"queued"
+};
+
+static void conn_on_timer(struct ev_loop *loop, ev_timer *t, int revents);
+static void conn_timer_event(struct sl_conn *c);
+static void conn_admitted(struct sl_conn *c);
+static void conn_process_input(struct sl_conn *c);
+
+void
+conn_set_state(struct sl_conn *c, enum conn_state s)
+{
+	sl_debug("conn %d: %s -> %s", c->fd, state_names[c->state], state_names[s]);
+	c->state = s;
+	conn_timer_update(c);
+	/*
+	 * A stream's exchange that can take input again (admitted after a
+	 * wait, say) goes on with what its client already sent: no socket
+	 * will say so.
+	 */
+	if (c->fr != NULL && c->reading && c->xin_off < c->xin_len &&
+	    (s == CS_HEAD || s == CS_BODY || s == CS_LOCAL))
+		ev_feed_event(c->w->loop, &c->rio, EV_READ);
+}
+
+/* Give the tenant slot back; safe to call on every path, acts once. */
+void
+conn_release(struct sl_conn *c)
+{
+	if (c->slot_held) {
+		sl_shm_release(c->w->shm, c->w->row,
+		    c->w->tenant_slot[c->tenant]);
+		c->slot_held = 0;
+	}
+	/*
+	 * The cluster lease goes with the slot, not with a retaken slot
+	 * (conn_flush): a stream whose response is complete holds none.
+	 */
+	if (c->admit_wait != NULL) {
+		sl_cluster_cancel(c->w->cluster, c->admit_wait);
+		c->admit_wait = NULL;
+		c->lease = -1;
+	}
+	if (c->lease >= 0) {
+		sl_cluster_release(c->w->cluster, c->lease);
+		c->lease = -1;
+	}
+}
+
+/*
+ * Answer the current request here: status, a JSON body of blen bytes, and
+ * the header lines in extra ("Name: value\r\n" each, or ""). When the
+ * request body was not read yet, it is read and discarded so that the
+ * connection can be kept; unless close is set (or the request or worker
+ * says so). A body larger than the stream buffer stretches it: what is
+ * answered here is bounded by the config, not by a client.
+ */
+static void
+conn_local_answer(struct sl_conn *c, int status, const char *extra,
+    const char *body, size_t blen, int close)
+{
+	if (c->req.state == SL_REQ_ERROR || !c->req.keep_alive ||
+	    c->w->draining || c->w->cfg->timeouts.keepalive_ms == 0)
+		close = 1;
+	c->rh.len = c->rh_off = 0;
+	sl_buf_consume(&c->out, sl_buf_len(&c->out));
+	sl_head_status_line(&c->rh, status, sl_http_reason(status));
+	SL_HEAD_LIT(&c->rh, "Content-Type: application/json\r\nContent-Length: ");
+	sl_head_add_uint(&c->rh, (unsigned long)blen);
+	SL_HEAD_LIT(&c->rh, "\r\nCache-Control: no-store\r\n");
+	sl_head_add(&c->rh, extra, strlen(extra));
+	conn_head_model(c);
+	sl_head_connection(&c->rh, close);
+	/*
+	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection
+	 * the client would read this body as the start of its next response.
+	 */
+	if ((!c->req.method_known || c->req.method != HTTP_HEAD) && blen > 0) {
+		if (c->out.cap < blen)
+			c->out.cap = blen;
+		if (sl_buf_append(&c->out, body, blen) == -1)
+			close = 1;   /* cut short: the length tells the client */
+	}
+	c->close_after = close;
+	c->head_sent = 1;
+	c->resp_done = 1;
+	c->status = status;
+	if (c->req.state == SL_REQ_HEAD_DONE) {
+		c->req.discard_body = 1;
+		sl_req_continue(&c->req);
+	}
+	conn_set_state(c, CS_LOCAL);
+	if (conn_flush(c) == -1) {
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
+		return;
+	}
+	conn_after_write(c);
+}
+
+/*
+ * Answer the current request here with error e of sluice's own (sl_reply.h:
+ * the row's status, type, code and header lines), saying message (the row's
+ * own when NULL), its slot and any upstream try given up first (see
+ * conn_local_answer).
+ */
+void
+conn_error(struct sl_conn *c, enum sl_err e, const char *message,
+    int retry_after)
+{
+	const struct sl_err_row *r = &sl_errs[e];
+	char body[512], extra[128];
+	size_t blen;
+
+	if (!c->req_active) {
+		c->req_active = 1;
+		c->t_start = c->t_rx > 0 ? c->t_rx : c->t_req;
+	}
+	if (c->end == SL_END_NONE) {
+		if (r->status == 408 || r->status == 504)
+			c->end = SL_END_TIMEOUT;
+		else if (r->status == 502)
+			c->end = SL_END_UPSTREAM_ERROR;
+		else
+			c->end = SL_END_REJECTED;
+	}
+	conn_abort_upstream(c);
+	conn_release(c);
+	blen = sl_err_body(body, sizeof(body), e, message);
+	sl_err_headers(extra, sizeof(extra), e, retry_after);
+	sl_debug("conn %d: %d %s", c->fd, r->status, r->code);
+	conn_local_answer(c, r->status, extra, body, blen,
+	    (r->flags & SL_ERR_CLOSE) != 0);
+}
+
+/*
+ * GET /v1/models[/NAME] with models: answered here from the config, for
+ * the tenant's models (sl_model_list): no slot, no upstream. Returns 1 when
+ * the request was answered, 0 when it is not one of these.
+ */
+static int
+conn_models_list(struct sl_conn *c)
+{
+	const char *url, *q;
+	size_t ulen, blen;
+	char *body, msg[400];
+	int st;
+
+	if (c->w->cfg->models == NULL || (c->req.method != HTTP_GET &&
+	    c->req.method != HTTP_HEAD))
+		return 0;
+	url = sl_req_url(&c->req, &ulen);
+	if ((q = memchr(url, '?', ulen)) != NULL)
+		ulen = (size_t)(q - url);
+	st = sl_model_list(c->w->cfg, (size_t)c->tenant, url, ulen, &body, &blen,
+	    msg, sizeof(msg));
+	if (st == 0)
+		return 0;
+	if (st == 404)
+		conn_error(c, SL_ERR_MODEL_NOT_FOUND, msg, 0);
+	else if (st != 200)
+		conn_error(c, SL_ERR_OVERLOADED, "out of memory", 1);
+	else {
+		c->end = SL_END_DONE;
+		conn_local_answer(c, 200, "", body, blen, 0);
+		free(body);
+	}
+	return 1;
+}
+
+/*
+ * What every exchange starts with, on a socket of its own (HTTP/1.x) or on
+ * a stream (fd is its connection's, for the logs; rio is then never
+ * started, only fed).
+ */
+void
+conn_init(struct sl_conn *c, struct sl_worker *w, int fd)
+{
+	c->w = w;
+	c->fd = fd;
+	c->tenant = -1;
+	c->lease = -1;
+	c->model = -1;
+	c->fb_model = -1;
+	c->replica = c->last_replica = c->retry_next = -1;
+	sl_req_init(&c->req, w->cfg->limits.max_header_bytes,
+	    w->cfg->limits.max_body_bytes);
+	sl_buf_init(&c->out, BASE_CAP(c));
+	c->out.pool = &w->blocks;
+	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
+	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
+	ev_init(&c->timer, conn_on_timer);
+	c->rio.data = c->wio.data = c->timer.data = c;
+	TAILQ_INSERT_TAIL(&w->conns, c, entry);
+	c->state = CS_HEAD;
+	c->t_req = ev_now(w->loop);
+}
+
+/* The access log's affinity, by sl_conn.affinity. */
+static const char *const aff_words[SL_AFF_MAX + 1] = {
+	"-", "hit", "miss", "spill"
+};
+
+static void
+conn_access_log(struct sl_conn *c, enum sl_end end, ev_tstamp now)
+{
+	struct sl_worker *w = c->w;
+	struct sl_access_rec r;
+
+	if (w->access_fd < 0)
+		return;
+	memset(&r, 0, sizeof(r));
+	r.worker = w->index;
+	r.peer = c->peer;
+	if (c->req.url_len > 0)
+		r.url = sl_req_url(&c->req, &r.url_len);
+	if (c->tenant >= 0)
+		r.tenant = w->cfg->tenants[c->tenant].name;
+	if (c->tenant >= 0 && c->last_replica >= 0)
+		r.replica = sl_pool_url(w->pools, conn_upstream_idx(c),
+		    c->last_replica);
+	r.method = sl_req_method(&c->req);
+	r.status = c->status;
+	r.bytes_out = c->bytes_out;
+	r.ttfb_ms = c->t_first > 0 ? (c->t_first - c->t_start) * 1000.0 : 0.0;
+	r.duration_ms = (now - c->t_start) * 1000.0;
+	r.paused_ms = c->paused_total * 1000.0;
+	r.queued_ms = c->queued_total * 1000.0;
+	r.end = end;
+	r.tries = c->tries;
+	r.prompt_tokens = c->meter.prompt;
+	r.completion_tokens = c->meter.completion;
+	r.usage = c->meter.kind;
+	r.affinity = aff_words[c->affinity >= 0 && c->affinity <= SL_AFF_MAX ?
+	    c->affinity : 0];
+	r.model = c->mname;
+	r.model_len = c->mname_len;
+	r.upstream_model = c->msent;
+	r.proto = c->fr != NULL ? "h2" : "h1";
+	sl_access_write(w->access_fd, &r);
+}
+
+/* The shared model slot the request counts under: 0 ("-") when none. */
+size_t
+conn_model_slot(const struct sl_conn *c)
+{
+	return c->model >= 0 && c->w->model_slot != NULL ?
+	    c->w->model_slot[c->model] : 0;
+}
+
+/*
+ * A relayed response's latencies, under its model (sluice.8): the whole
+ * request; for a successful one, its time to first token (t_content) and,
+ * for an event stream of two completion tokens or more (reported or
+ * estimated), the time per output token after the first.
+ */
+static void
+conn_model_latency(struct sl_conn *c, ev_tstamp now)
+{
+	struct sl_worker *w = c->w;
+	size_t ms = conn_model_slot(c);
+
+	sl_shm_model_observe(w->shm, w->row, ms, SL_MHIST_DURATION,
+	    now - c->t_start);
+	if (c->status / 100 != 2 || c->t_content == 0)
+		return;
+	sl_shm_model_observe(w->shm, w->row, ms, SL_MHIST_TTFT,
+	    c->t_content - c->t_start);
+	if (c->resp_sse && c->meter.done && c->meter.completion >= 2)
+		sl_shm_model_observe(w->shm, w->row, ms, SL_MHIST_TPOT,
+		    (now - c->t_content) / (double)(c->meter.completion - 1));
+}
+
+/*
+ * The current request is over, one way or another: count it and log it.
+ * Called exactly once per request (req_active guards).
+ */
+void
+conn_request_end(struct sl_conn *c, enum sl_end end)
+{
+	struct sl_worker *w = c->w;
+	ev_tstamp now;
+	size_t tslot;
+
+	if (!c->req_active)
+		return;
+	c->req_active = 0;
+	/*
+	 * The slot is held until the client has the whole response (or it
+	 * is cut), not only until the upstream finished: max_streams also
+	 * bounds what a tenant keeps buffered here, and the gauge says so.
+	 * Freed before the log line: once the log says a request ended,
+	 * its slot is free.
+	 */
+	conn_release(c);
+	/* The real time: a refusal is answered within one loop iteration. */
+	now = ev_time();
+	if (c->end != SL_END_NONE)
+		end = c->end;
+	if (c->paused)
+		c->paused_total += now - c->t_pause;
+	if (c->status == 0)
+		c->status = 499;   /* nginx's "client closed request" */
+	tslot = c->tenant >= 0 ? w->tenant_slot[c->tenant] :
+	    SL_TENANT_NONE(w->shm);
+	conn_usage_charge(c);   /* a client that left: what was relayed */
+	/*
+	 * Latencies before the request counters: whoever sees the request
+	 * counted (a scrape, a test waiting on it) sees its latencies too.
+	 */
+	if (c->t_first > 0) {
+		/* Relayed responses feed the latency histograms. */
+		sl_shm_observe(w->shm, w->row, SL_HIST_TTFB, c->t_first - c->t_start);
+		sl_shm_observe(w->shm, w->row, SL_HIST_DURATION, now - c->t_start);
+		conn_model_latency(c, now);
+	}
+	sl_shm_count_request(w->shm, w->row, tslot, c->status);
+	sl_shm_count_model_request(w->shm, w->row, conn_model_slot(c), c->status);
+	conn_access_log(c, end, now);
+	sl_meter_free(&c->meter);
+	free(c->mname);
+	c->mname = NULL;
+	c->msent = NULL;
+	conn_mrw_free(c);
+}
+
+void
+conn_close(struct sl_conn *c, enum sl_close why)
+{
+	struct sl_worker *w = c->w;
+
+	if (c->dead)
+		return;
+	sl_debug("conn %d: close (%s) in state %s", c->fd, sl_close_names[why],
+	    state_names[c->state]);
+	c->dead = 1;
+	/*
+	 * Upstream first, then the slot, then the log line: the runner never
+	 * sees the next admitted stream before this one's close, and once the
+	 * access log says a request ended, its slot is free.
+	 */
+	conn_abort_upstream(c);
+	conn_release(c);
+	conn_request_end(c, sl_end_of_close(why));
+	conn_read_stop(c);
+	ev_io_stop(w->loop, &c->rio);   /* and any event fed to it */
+	conn_hup_unwatch(c);
+	ev_io_stop(w->loop, &c->wio);
+	ev_timer_stop(w->loop, &c->timer);
+	if (c->fr != NULL) {
+		/* A stream: it is reset if it is still open (cut if the
+		 * response was not whole); the connection goes on. */
+		if (c->fr_ctx != NULL) {
+			if (c->xin_raw > 0)
+				c->fr->consume(c->fr_ctx, c->xin_raw);
+			c->fr->reset(c->fr_ctx, !c->x_eof);
+			c->fr_ctx = NULL;
+		}
+	} else {
+		if (c->ssl != NULL) {
+			if (!c->client_gone && !c->tls_hs)
+				sl_tls_close_notify(c->ssl);
+			sl_tls_free(c->ssl);
+			c->ssl = NULL;
+		}
+		if (!c->handed_over)
+			close(c->fd);
+		c->fd = -1;
+		w->nconns--;
+	}
+	TAILQ_REMOVE(&w->conns, c, entry);
+	if (c->dirty) {
+		TAILQ_REMOVE(&w->dirty, c, dirty_entry);
+		c->dirty = 0;
+	}
+	conn_idle_unlist(c);
+	if (w->draining && w->nconns == 0)
+		ev_break(w->loop, EVBREAK_ALL);
+	c->depth++;
+	conn_unref(c);
+}
+
+/*
+ * Leave an entry point. The connection is freed here, never in the middle
+ * of a call chain that may still look at it.
+ */
+void
+conn_unref(struct sl_conn *c)
+{
+	if (--c->depth > 0 || !c->dead)
+		return;
+	sl_req_free(&c->req);
+	free(c->xin);
+	free(c->mname);
+	free(c->mlit);
+	sl_buf_free(&c->out);
+	sl_block_put(&c->w->blocks, c->in);
+	sl_meter_free(&c->meter);
+	sl_head_free(&c->rh);
+	sl_resp_head_free(&c->uh);
+	free(c);
+}
+
+void
+conn_count_uerr(struct sl_conn *c, enum sl_uerr kind)
+{
+	if (c->tenant < 0)
+		return;
+	sl_shm_count_uerr(c->w->shm, c->w->row,
+	    c->w->upstream_slot[conn_upstream_idx(c)], kind);
+}
+
+static double
+ms(uint64_t v)
+{
+	return (double)v / 1000.0;
+}
+
+/* Earliest deadline that applies in the current state, or 0 for none. */
+static ev_tstamp
+conn_deadline(struct sl_conn *c)
+{
+	const struct sl_config *cfg = c->w->cfg;
+	int waiting = c->rh_off < c->rh.len || sl_buf_len(&c->out) > 0;
+
+	switch (c->state) {
+	case CS_HEAD:
+		if (c->nreq > 0 && c->req.head_bytes == 0 && c->in_len == 0) {
+			if (cfg->timeouts.keepalive_ms == 0)
+				return c->t_req;
+			return c->t_req + ms(cfg->timeouts.keepalive_ms);
+		}
+		return c->t_req + ms(cfg->timeouts.client_header_ms);
+	case CS_BODY: {
+		/* A pause between reads, and the whole body, are both bounded. */
+		ev_tstamp idle = c->t_req + ms(cfg->timeouts.client_header_ms);
+		ev_tstamp total = c->t_body + ms(cfg->timeouts.client_body_ms);
+
+		return idle < total ? idle : total;
+	}
+	case CS_ADMIT:
+		return 0;   /* the cluster decides within cluster.timeout */
+	case CS_UPSTREAM:
+		return c->t_upstream + ms(cfg->timeouts.upstream_first_byte_ms);
+	case CS_STREAM:
+		if (c->paused || (c->xf.easy == NULL && waiting))
+			return c->t_client + ms(cfg->timeouts.client_stall_ms);
+		if (c->xf.easy != NULL)
+			return c->t_upstream + ms(cfg->timeouts.upstream_idle_ms);
+		return 0;
+	case CS_LOCAL:
+		if (waiting)
+			return c->t_client + ms(cfg->timeouts.client_stall_ms);
+		return c->t_req + ms(cfg->timeouts.client_header_ms);
+	case CS_LINGER:
+		return c->t_client + LINGER_SECONDS;
+	case CS_QUEUED:
+		/* The pool's timeout now: a reload's applies to waiters. */
+		return c->t_queued +
+		    ms((uint64_t)sl_queue_timeout_ms(c->w->queue, c->qpool));
+	}
+	return 0;
+}
+
+void
+conn_timer_update(struct sl_conn *c)
+{
+	ev_tstamp d = conn_deadline(c), now = ev_now(c->w->loop);
+
+	ev_timer_stop(c->w->loop, &c->timer);
+	if (d <= 0)
+		return;
+	ev_timer_set(&c->timer, d > now ? d - now : 0.0, 0.0);
+	ev_timer_start(c->w->loop, &c->timer);
+}
+
+static void
+conn_on_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_conn *c = t->data;
+
+	c->depth++;
+	conn_timer_event(c);
+	conn_unref(c);
+}
+
+static void
+conn_timer_event(struct sl_conn *c)
+{
+	ev_tstamp now = ev_now(c->w->loop), d = conn_deadline(c);
+
+	if (d > now + 0.0005) {
+		/* Activity moved the deadline since the timer was armed. */
+		conn_timer_update(c);
+		return;
+	}
+	switch (c->state) {
+	case CS_HEAD:
+		if (c->nreq > 0 && c->req.head_bytes == 0 && c->in_len == 0) {
+			conn_close(c, SL_CLOSE_KEEPALIVE);
+			return;
+		}
+		if (c->tls_hs && c->tls_seen) {
+			conn_tls_failed(c, SL_TLS_E_TIMEOUT);
+			return;
+		}
+		if (c->req.head_bytes == 0 && c->in_len == 0) {
+			/*
+			 * Not one byte of a request: a browser's or an SDK's
+			 * preconnect, or a port scan. Nobody waits for an
+			 * answer; a 408 would only count as an error. Close
+			 * it silently and count it apart.
+			 */
+			sl_shm_stat_add(c->w->shm, c->w->row,
+			    SL_STAT_IDLE_CLOSED, 1);
+			conn_close(c, SL_CLOSE_IDLE);
+			return;
+		}
+		conn_error(c, SL_ERR_REQUEST_TIMEOUT, NULL, 0);
+		return;
+	case CS_BODY:
+		conn_error(c, SL_ERR_REQUEST_TIMEOUT, "request body not received in time", 0);
+		return;
+	case CS_UPSTREAM:
+		conn_count_uerr(c, SL_UERR_TIMEOUT);
+		conn_report_try(c, SL_CODE_TIMEOUT);
+		conn_error(c, SL_ERR_UPSTREAM_TIMEOUT, NULL, 0);
+		return;
+	case CS_STREAM:
+		if (c->paused || c->xf.easy == NULL) {
+			sl_info("conn %d: client stalled, stream cut", c->fd);
+			conn_close(c, SL_CLOSE_STALL);
+		} else {
+			sl_info("conn %d: upstream idle, stream cut", c->fd);
+			conn_count_uerr(c, SL_UERR_IDLE);
+			if (c->replica >= 0)
+				sl_pool_failed(c->w->pools, conn_upstream_idx(c),
+				    c->replica);
+			conn_close(c, SL_CLOSE_UPSTREAM_IDLE);
+		}
+		return;
+	case CS_QUEUED: {
+		char msg[160];
+
+		conn_queue_leave(c, SL_QUEUE_O_TIMEOUT);
+		snprintf(msg, sizeof(msg), "no replica of upstream '%s' became "
+		    "free within the queue's timeout",
+		    c->w->cfg->upstreams[conn_upstream_idx(c)].name);
+		conn_error(c, SL_ERR_QUEUE_TIMEOUT, msg, c->q_retry_after);
+		return;
+	}
+	case CS_ADMIT:
+	case CS_LOCAL:
+	case CS_LINGER:
+		conn_close(c, SL_CLOSE_TIMEOUT);
+		return;
+	}
+}
+
+/*
+ * A tenant of this worker's configuration that a reload removed, and
+ * whose shared index went to another tenant since (its epoch moved): its
+ * keys are unknown now, as they are to the workers of the new
+ * configuration, and nothing of it may count under the new tenant.
+ */
+static int
+conn_tenant_gone(const struct sl_worker *w, int tenant)
+{
+	size_t idx = w->tenant_slot[tenant];
+
+	return w->index_epoch != NULL &&
+	    sl_shm_epoch(w->shm, idx) != w->index_epoch[idx];
+}
+
+/* Find the tenant whose key is the bearer token; -1 if none. */
+static int
+conn_find_tenant(struct sl_conn *c)
+{
+	const char *v, *tok;
+	size_t vlen, tlen;
+
+	if ((v = sl_req_header(&c->req, "authorization", &vlen)) == NULL)
+		return -1;
+	if ((tok = sl_http_bearer(v, vlen, &tlen)) == NULL)
+		return -1;
+	return sl_keyidx_lookup(c->w->keys, tok, tlen);
+}
+
+/*
+ * 1 if the path part of a target could walk out of /v1/ once an upstream
+ * normalises or decodes it: a "." or ".." segment, spelt plainly or with
+ * %2e, or an encoded slash or backslash (%2f, %5c) inside a segment.
+ */
+static int
+path_has_dot_segment(const char *p, size_t len)
+{
+	size_t i = 0, dots = 0, other = 0;
+
+	for (;;) {
+		int end = i == len || p[i] == '?' || p[i] == '#';
+
+		if (end || p[i] == '/') {
+			if (other == 0 && (dots == 1 || dots == 2))
+				return 1;
+			if (end)
+				return 0;
+			dots = other = 0;
+			i++;
+			continue;
+		}
+		if (p[i] == '%' && i + 2 < len) {
+			char h1 = p[i + 1], h2 = (char)(p[i + 2] | 0x20);
+
+			if ((h1 == '2' && h2 == 'f') || (h1 == '5' && h2 == 'c'))
+				return 1;
+			if (h1 == '2' && h2 == 'e') {
+				dots++;
+				i += 3;
+				continue;
+			}
+		}
+		if (p[i] == '.')
+			dots++;
+		else
+			other++;
+		i++;
+	}
+}
+
+/* 429: the tenant is at max_streams (on this node, or in the cluster). */
+static void
+conn_refuse_full(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+	const struct sl_tenant_conf *t = &w->cfg->tenants[c->tenant];
+	char msg[160];
+
+	sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
+	sl_shm_count_rejected(w->shm, w->row, w->tenant_slot[c->tenant],
+	    SL_REJECT_MAX_STREAMS);
+	snprintf(msg, sizeof(msg),
+	    "tenant concurrency limit reached (%d streams); retry later",
+	    (int)t->max_streams);
+	conn_error(c, SL_ERR_CONCURRENCY_LIMIT, msg, t->retry_after);
+}
+
+/*
+ * 429: the tenant's tokens in the last 60 s reached its budget (used of
+ * budget; used 0: counted by the cluster, in Redis).
+ */
+static void
+conn_refuse_tokens(struct sl_conn *c, uint64_t used, uint64_t budget, int ra)
+{
+	struct sl_worker *w = c->w;
+	char msg[200];
+
+	sl_shm_stat_add(w->shm, w->row, SL_STAT_REJECTED, 1);
+	sl_shm_count_rejected(w->shm, w->row, w->tenant_slot[c->tenant],
+	    SL_REJECT_TOKEN_BUDGET);
+	if (used > 0)
+		snprintf(msg, sizeof(msg), "tenant token budget reached (%"
+		    PRIu64 " of %" PRIu64 " tokens in the last 60 s); retry later",
+		    used, budget);
+	else
+		snprintf(msg, sizeof(msg), "tenant token budget reached (%"
+		    PRIu64 " tokens in the last 60 s, across the cluster); retry "
+		    "later", budget);
+	conn_error(c, SL_ERR_TOKEN_BUDGET, msg, ra > 0 ? ra : 1);
+}
+
+/* The cluster refused, or cannot be asked and on_redis_down is closed. */
+static void
+conn_on_verdict(struct sl_conn *c, enum sl_cl_verdict v, int ra)
+{
+	c->lease = -1;
+	if (v == SL_CL_FULL) {
+		conn_refuse_full(c);
+		return;
+	}
+	if (v == SL_CL_TOKENS) {
+		/* The node slot taken for it goes back (conn_error frees it). */
+		conn_refuse_tokens(c, 0, (uint64_t)sl_shm_token_budget(c->w->shm,
+		    c->w->tenant_slot[c->tenant]), ra);
+		return;
+	}
+	conn_error(c, SL_ERR_CLUSTER_UNAVAILABLE, NULL,
+	    c->w->cfg->tenants[c->tenant].retry_after);
+}
+
+/* The cluster's answer to a request in CS_ADMIT. */
+static void
+conn_on_lease(void *arg, enum sl_cl_verdict v, int ra)
+{
+	struct sl_conn *c = arg;
+
+	c->admit_wait = NULL;
+	if (c->dead || c->state != CS_ADMIT)
+		return;   /* cannot happen: closing cancels the wait */
+	c->depth++;
+	conn_set_state(c, CS_HEAD);   /* the head path continues from here */
+	if (v == SL_CL_ADMIT)
+		conn_admitted(c);
+	else
+		conn_on_verdict(c, v, ra);
+	conn_process(c);   /* bytes read while it waited */
+	/* Reading stopped if they filled the input buffer meanwhile. */
+	if (!c->dead && c->in_len < CONN_IN_SIZE && c->state != CS_LINGER)
+		conn_read_start(c);
+	conn_unref(c);
+}
+
+/* The head is parsed: route, authenticate, admit. */
+static void
+conn_on_head(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+	const char *url;
+	size_t ulen;
+	int tenant;
+	int32_t tpm;
+
+	c->req_active = 1;
+	c->t_start = ev_now(w->loop);
+	c->t_content = 0;
+	c->resp_sse = 0;
+	c->model = -1;
+	if (c->req.method == HTTP_TRACE) {
+		/*
+		 * A runner that echoes TRACE would hand the client the head
+		 * sluice sends upstream: the api_key in Authorization.
+		 */
+		conn_error(c, SL_ERR_METHOD_NOT_ALLOWED, NULL, 0);
+		return;
+	}
+	url = sl_req_url(&c->req, &ulen);
+	if (ulen < 4 || strncmp(url, "/v1/", 4) != 0) {
+		conn_error(c, SL_ERR_NOT_FOUND, NULL, 0);
+		return;
+	}
+	if (path_has_dot_segment(url, ulen)) {
+		conn_error(c, SL_ERR_BAD_REQUEST,
+		    "dot segments are not allowed in the path", 0);
+		return;
+	}
+	if ((tenant = conn_find_tenant(c)) < 0) {
+		conn_error(c, SL_ERR_INVALID_API_KEY, NULL, 0);
+		return;
+	}
+	if (conn_tenant_gone(w, tenant)) {
+		conn_error(c, SL_ERR_INVALID_API_KEY, NULL, 0);
+		return;
+	}
+	c->tenant = tenant;
+	if (sl_shm_limit(w->shm, w->tenant_slot[tenant]) == 0) {
+		/*
+		 * Not "full, retry later": the operator switched it off. The
+		 * limit the master published, not this worker's copy: a retired
+		 * worker finishing a head that spans a reload says 403 too.
+		 */
+		conn_error(c, SL_ERR_TENANT_DISABLED, NULL, 0);
+		return;
+	}
+	if (conn_models_list(c))
+		return;   /* answered from the config: no slot, no budget */
+	/*
+	 * The budget the master published last, not this worker's copy: a
+	 * retired worker still admitting a request whose head was in flight
+	 * at a reload applies the new one, as it does the new max_streams.
+	 */
+	tpm = sl_shm_token_budget(w->shm, w->tenant_slot[tenant]);
+	if (tpm > 0) {
+		int ra;
+		int64_t budget = w->cluster != NULL ?
+		    sl_cluster_token_budget(w->cluster, tenant) : tpm;
+		uint64_t used = budget <= 0 ? 0 : sl_shm_tokens_window(w->shm,
+		    w->tenant_slot[tenant], sl_mono_sec(), (uint64_t)budget, &ra);
+
+		/* budget -1: the cluster's window, checked with the lease. */
+		if (budget > 0 && used >= (uint64_t)budget) {
+			conn_refuse_tokens(c, used, (uint64_t)budget, ra);
+			return;
+		}
+		/*
+		 * Redis refused this tenant's window a moment ago: refuse
+		 * here, before a node slot is taken (a burst would otherwise
+		 * fill the slots with requests waiting on Redis, and the rest
+		 * would hear "concurrency limit" for a budget refusal).
+		 */
+		if (budget == -1 &&
+		    sl_cluster_tokens_full(w->cluster, tenant, &ra)) {
+			conn_refuse_tokens(c, 0, (uint64_t)tpm, ra);
+			return;
+		}
+	}
+	if (sl_shm_try_acquire(w->shm, w->row, w->tenant_slot[tenant]) !=
+	    SL_ADMIT_OK) {
+		conn_refuse_full(c);
+		return;
+	}
+	if (conn_tenant_gone(w, tenant)) {
+		/* Reused between the look above and the slot: not ours. */
+		sl_shm_release(w->shm, w->row, w->tenant_slot[tenant]);
+		c->tenant = -1;
+		conn_error(c, SL_ERR_INVALID_API_KEY, NULL, 0);
+		return;
+	}
+	c->slot_held = 1;
+	if (w->cluster != NULL) {
+		/* The node's slot is the local cap; the lease the cluster's. */
+		enum sl_cl_verdict v = sl_cluster_acquire(w->cluster, tenant,
+		    conn_on_lease, c, &c->lease, &c->admit_wait);
+
+		if (v == SL_CL_PENDING) {
+			conn_set_state(c, CS_ADMIT);
+			return;
+		}
+		if (v != SL_CL_ADMIT) {
+			conn_on_verdict(c, v, 0);
+			return;
+		}
+	}
+	conn_admitted(c);
+}
+
+/* Admitted (node slot, and the cluster lease if there is a cluster). */
+static void
+conn_admitted(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+
+	sl_shm_stat_add(w->shm, w->row, SL_STAT_ADMITTED, 1);
+	if (c->req.too_large) {
+		/*
+		 * Known from Content-Length alone. Decided after the key and
+		 * admission, so the answer is counted under the tenant; the
+		 * body is not read (the connection closes after the answer).
+		 */
+		conn_error(c, SL_ERR_REQUEST_TOO_LARGE, NULL, 0);
+		return;
+	}
+	/* RFC 9110 15.2: no 1xx to an HTTP/1.0 client. */
+	if (c->req.has_body && c->req.http_minor >= 1) {
+		const char *e;
+		size_t elen;
+
+		/*
+		 * Admitted: a client waiting for 100-continue may send its body
+		 * now. (Refused requests get their final status instead.)
+		 */
+		e = sl_req_header(&c->req, "expect", &elen);
+		if (e != NULL && elen == 12 && strncasecmp(e, "100-continue", 12) == 0)
+			conn_send_small(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	}
+	sl_req_continue(&c->req);
+	c->t_body = ev_now(c->w->loop);
+	conn_set_state(c, CS_BODY);
+}
+
+static void
+conn_req_error(struct sl_conn *c)
+{
+	conn_error(c, sl_err_of_parse(c->req.status),
+	    c->req.reason ? c->req.reason : "bad request", 0);
+}
+
+/* No input waits: the input block goes back to the worker's pool. */
+void
+conn_in_release(struct sl_conn *c)
+{
+	if (c->in != NULL && c->in_len == 0 && !c->dead) {
+		sl_block_put(&c->w->blocks, c->in);
+		c->in = NULL;
+	}
+}
+
+/* Feed buffered input to the parser and act on what it finds. */
+void
+conn_process(struct sl_conn *c)
+{
+	conn_process_input(c);
+	conn_in_release(c);
+}
+
+static void
+conn_process_input(struct sl_conn *c)
+{
+	size_t n;
+
+	for (;;) {
+		if (c->dead)
+			return;
+		if (c->state != CS_HEAD && c->state != CS_BODY &&
+		    !(c->state == CS_LOCAL && c->req.state != SL_REQ_DONE &&
+		    c->req.state != SL_REQ_ERROR))
+			return;
+		n = c->in_len > 0 ? sl_req_feed(&c->req, c->in, c->in_len) : 0;
+		if (n > 0) {
+			memmove(c->in, c->in + n, c->in_len - n);
+			c->in_len -= n;
+		}
+		switch (c->req.state) {
+		case SL_REQ_ERROR:
+			if (c->state == CS_LOCAL) {
+				/* Discarding a refused body failed: just close. */
+				c->close_after = 1;
+				conn_after_write(c);
+				return;
+			}
+			conn_req_error(c);
+			return;
+		case SL_REQ_HEAD_DONE:
+			if (c->state == CS_HEAD)
+				conn_on_head(c);
+			continue;
+		case SL_REQ_DONE:
+			if (c->state == CS_BODY) {
+				conn_start_upstream(c);
+				return;
+			}
+			if (c->state == CS_LOCAL) {
+				conn_after_write(c);
+				return;
+			}
+			return;
+		default:
+			if (n == 0)
+				return;   /* need more bytes */
+			continue;
+		}
+	}
+}
+
+void
+sl_conn_gauges(struct sl_worker *w)
+{
+	struct sl_conn *c;
+	uint64_t paused = 0, buffered = 0, streams = 0;
+
+	TAILQ_FOREACH(c, &w->conns, entry) {
+		paused += c->paused ? 1 : 0;
+		buffered += sl_buf_len(&c->out) + (c->rh.len - c->rh_off);
+		streams += c->xf.easy != NULL ? 1 : 0;
+	}
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_PAUSED_STREAMS, paused);
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_BUFFERED_BYTES, buffered);
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_STREAMS, streams);
+	sl_shm_stat_set(w->shm, w->row, SL_STAT_CONNECTIONS, w->nconns);
+}
+
+void
+sl_conn_close_all(struct sl_worker *w)
+{
+	struct sl_conn *c;
+
+	while ((c = TAILQ_FIRST(&w->conns)) != NULL)
+		conn_close(c, SL_CLOSE_DRAINED);
+	/* The response path's scratch goes with the last exchange. */
+	free(w->mrw_buf.p);
+	memset(&w->mrw_buf, 0, sizeof(w->mrw_buf));
+	free(w->scan_buf);
+	w->scan_buf = NULL;
+	w->scan_buf_cap = 0;
+}
