@@ -25,6 +25,7 @@
 #include "sl_upstream.h"
 
 struct sl_conn;
+struct sl_h1;
 struct sl_h2;
 
 struct sl_worker {
@@ -76,14 +77,12 @@ struct sl_worker {
 	int draining;
 
 	size_t nconns;               /* HTTP/1.x and HTTP/2 connections */
-	TAILQ_HEAD(, sl_conn) conns;     /* exchanges (an HTTP/1.x connection
-	                                  * is its one exchange) */
+	TAILQ_HEAD(, sl_conn) conns;     /* exchanges: requests in progress */
+	TAILQ_HEAD(, sl_h1) h1s;         /* HTTP/1.x connections (h1.c) */
 	TAILQ_HEAD(, sl_h2) h2s;         /* HTTP/2 connections (h2.c) */
 	size_t nh2;
-	/* Hand a TLS connection whose ALPN chose h2 to its framing. */
-	void (*h2_start)(struct sl_worker *, int fd, void *ssl, const char *peer);
-	TAILQ_HEAD(, sl_conn) dirty;     /* connections with bytes to flush */
-	TAILQ_HEAD(, sl_conn) idle;      /* kept alive, oldest first (exchange_h1.c) */
+	TAILQ_HEAD(, sl_conn) dirty;     /* exchanges with bytes to flush */
+	TAILQ_HEAD(, sl_h1) idle;        /* kept alive, oldest first (h1.c) */
 	ev_prepare flush_prep;
 	/* Scratch of the response path, used by one callback at a time. */
 	struct sl_mrw_buf mrw_buf;   /* an answer with its "model" set back */

@@ -18,18 +18,15 @@
 
 #include "sl_exchange.h"
 #include "sl_log.h"
-#include "sl_relay.h"
 #include "exchange_int.h"
 
 static const char *const state_names[] = {
-	"head", "admit", "body", "upstream", "stream", "local", "linger",
-	"queued"
+	"head", "admit", "body", "upstream", "stream", "local", "queued"
 };
 
 static void conn_on_timer(struct ev_loop *loop, ev_timer *t, int revents);
 static void conn_timer_event(struct sl_conn *c);
 static void conn_admitted(struct sl_conn *c);
-static void conn_process_input(struct sl_conn *c);
 
 void
 conn_set_state(struct sl_conn *c, enum conn_state s)
@@ -38,13 +35,12 @@ conn_set_state(struct sl_conn *c, enum conn_state s)
 	c->state = s;
 	conn_timer_update(c);
 	/*
-	 * A stream's exchange that can take input again (admitted after a
-	 * wait, say) goes on with what its client already sent: no socket
-	 * will say so.
+	 * An exchange that can take input again (admitted after a wait, say)
+	 * goes on with what its client already sent: no socket will say so.
 	 */
-	if (c->fr != NULL && c->reading && c->xin_off < c->xin_len &&
-	    (s == CS_HEAD || s == CS_BODY || s == CS_LOCAL))
-		ev_feed_event(c->w->loop, &c->rio, EV_READ);
+	if ((s == CS_HEAD || s == CS_BODY || s == CS_LOCAL) && c->fr_ctx != NULL &&
+	    c->fr->input != NULL)
+		c->fr->input(c->fr_ctx);
 }
 
 /* Give the tenant slot back; safe to call on every path, acts once. */
@@ -191,11 +187,7 @@ conn_models_list(struct sl_conn *c)
 	return 1;
 }
 
-/*
- * What every exchange starts with, on a socket of its own (HTTP/1.x) or on
- * a stream (fd is its connection's, for the logs; rio is then never
- * started, only fed).
- */
+/* What every exchange starts with (fd is its connection's, for the logs). */
 void
 conn_init(struct sl_conn *c, struct sl_worker *w, int fd)
 {
@@ -210,10 +202,8 @@ conn_init(struct sl_conn *c, struct sl_worker *w, int fd)
 	    w->cfg->limits.max_body_bytes);
 	sl_buf_init(&c->out, BASE_CAP(c));
 	c->out.pool = &w->blocks;
-	ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
-	ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
 	ev_init(&c->timer, conn_on_timer);
-	c->rio.data = c->wio.data = c->timer.data = c;
+	c->timer.data = c;
 	TAILQ_INSERT_TAIL(&w->conns, c, entry);
 	c->state = CS_HEAD;
 	c->t_req = ev_now(w->loop);
@@ -259,7 +249,7 @@ conn_access_log(struct sl_conn *c, enum sl_end end, ev_tstamp now)
 	r.model = c->mname;
 	r.model_len = c->mname_len;
 	r.upstream_model = c->msent;
-	r.proto = c->fr != NULL ? "h2" : "h1";
+	r.proto = c->fr->proto;
 	sl_access_write(w->access_fd, &r);
 }
 
@@ -365,46 +355,30 @@ conn_close(struct sl_conn *c, enum sl_close why)
 	conn_abort_upstream(c);
 	conn_release(c);
 	conn_request_end(c, sl_end_of_close(why));
-	conn_read_stop(c);
-	ev_io_stop(w->loop, &c->rio);   /* and any event fed to it */
-	conn_hup_unwatch(c);
-	ev_io_stop(w->loop, &c->wio);
 	ev_timer_stop(w->loop, &c->timer);
-	if (c->fr != NULL) {
-		/* A stream: it is reset if it is still open (cut if the
-		 * response was not whole); the connection goes on. */
-		if (c->fr_ctx != NULL) {
-			if (c->xin_raw > 0)
-				c->fr->consume(c->fr_ctx, c->xin_raw);
-			c->fr->reset(c->fr_ctx, !c->x_eof);
-			c->fr_ctx = NULL;
-		}
-	} else {
-		if (c->ssl != NULL) {
-			if (!c->client_gone && !c->tls_hs)
-				sl_tls_close_notify(c->ssl);
-			sl_tls_free(c->ssl);
-			c->ssl = NULL;
-		}
-		if (!c->handed_over)
-			close(c->fd);
-		c->fd = -1;
-		w->nconns--;
-	}
 	TAILQ_REMOVE(&w->conns, c, entry);
 	if (c->dirty) {
 		TAILQ_REMOVE(&w->dirty, c, dirty_entry);
 		c->dirty = 0;
 	}
-	conn_idle_unlist(c);
-	if (w->draining && w->nconns == 0)
-		ev_break(w->loop, EVBREAK_ALL);
 	c->depth++;
+	/*
+	 * Its framing goes on without it, or not: an HTTP/1.x connection
+	 * closes, an HTTP/2 stream is reset (cut if the response was not
+	 * whole) and its connection goes on. Not when the framing let go
+	 * first (the response done, the stream closed).
+	 */
+	if (c->fr_ctx != NULL) {
+		void *ctx = c->fr_ctx;
+
+		c->fr_ctx = NULL;
+		c->fr->reset(ctx, !c->end_out);
+	}
 	conn_unref(c);
 }
 
 /*
- * Leave an entry point. The connection is freed here, never in the middle
+ * Leave an entry point. The exchange is freed here, never in the middle
  * of a call chain that may still look at it.
  */
 void
@@ -413,11 +387,9 @@ conn_unref(struct sl_conn *c)
 	if (--c->depth > 0 || !c->dead)
 		return;
 	sl_req_free(&c->req);
-	free(c->xin);
 	free(c->mname);
 	free(c->mlit);
 	sl_buf_free(&c->out);
-	sl_block_put(&c->w->blocks, c->in);
 	sl_meter_free(&c->meter);
 	sl_head_free(&c->rh);
 	sl_resp_head_free(&c->uh);
@@ -448,11 +420,6 @@ conn_deadline(struct sl_conn *c)
 
 	switch (c->state) {
 	case CS_HEAD:
-		if (c->nreq > 0 && c->req.head_bytes == 0 && c->in_len == 0) {
-			if (cfg->timeouts.keepalive_ms == 0)
-				return c->t_req;
-			return c->t_req + ms(cfg->timeouts.keepalive_ms);
-		}
 		return c->t_req + ms(cfg->timeouts.client_header_ms);
 	case CS_BODY: {
 		/* A pause between reads, and the whole body, are both bounded. */
@@ -475,8 +442,6 @@ conn_deadline(struct sl_conn *c)
 		if (waiting)
 			return c->t_client + ms(cfg->timeouts.client_stall_ms);
 		return c->t_req + ms(cfg->timeouts.client_header_ms);
-	case CS_LINGER:
-		return c->t_client + LINGER_SECONDS;
 	case CS_QUEUED:
 		/* The pool's timeout now: a reload's applies to waiters. */
 		return c->t_queued +
@@ -519,20 +484,11 @@ conn_timer_event(struct sl_conn *c)
 	}
 	switch (c->state) {
 	case CS_HEAD:
-		if (c->nreq > 0 && c->req.head_bytes == 0 && c->in_len == 0) {
-			conn_close(c, SL_CLOSE_KEEPALIVE);
-			return;
-		}
-		if (c->tls_hs && c->tls_seen) {
-			conn_tls_failed(c, SL_TLS_E_TIMEOUT);
-			return;
-		}
-		if (c->req.head_bytes == 0 && c->in_len == 0) {
+		if (c->req.head_bytes == 0) {
 			/*
-			 * Not one byte of a request: a browser's or an SDK's
-			 * preconnect, or a port scan. Nobody waits for an
-			 * answer; a 408 would only count as an error. Close
-			 * it silently and count it apart.
+			 * Not one byte of a request's head (only what comes
+			 * before one): as a connection that sent nothing
+			 * (h1.c), closed silently and counted apart.
 			 */
 			sl_shm_stat_add(c->w->shm, c->w->row,
 			    SL_STAT_IDLE_CLOSED, 1);
@@ -574,7 +530,6 @@ conn_timer_event(struct sl_conn *c)
 	}
 	case CS_ADMIT:
 	case CS_LOCAL:
-	case CS_LINGER:
 		conn_close(c, SL_CLOSE_TIMEOUT);
 		return;
 	}
@@ -725,10 +680,11 @@ conn_on_lease(void *arg, enum sl_cl_verdict v, int ra)
 		conn_admitted(c);
 	else
 		conn_on_verdict(c, v, ra);
-	conn_process(c);   /* bytes read while it waited */
-	/* Reading stopped if they filled the input buffer meanwhile. */
-	if (!c->dead && c->in_len < CONN_IN_SIZE && c->state != CS_LINGER)
-		conn_read_start(c);
+	/*
+	 * A request read whole while it waited goes on now; bytes its client
+	 * sent meanwhile come from the framing (input(), above).
+	 */
+	conn_process(c, NULL, 0);
 	conn_unref(c);
 }
 
@@ -872,7 +828,9 @@ conn_admitted(struct sl_conn *c)
 		 */
 		e = sl_req_header(&c->req, "expect", &elen);
 		if (e != NULL && elen == 12 && strncasecmp(e, "100-continue", 12) == 0)
-			conn_send_small(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+			if (c->fr->interim != NULL)
+				c->fr->interim(c->fr_ctx,
+				    "HTTP/1.1 100 Continue\r\n\r\n", 25);
 	}
 	sl_req_continue(&c->req);
 	c->t_body = ev_now(c->w->loop);
@@ -886,51 +844,37 @@ conn_req_error(struct sl_conn *c)
 	    c->req.reason ? c->req.reason : "bad request", 0);
 }
 
-/* No input waits: the input block goes back to the worker's pool. */
-void
-conn_in_release(struct sl_conn *c)
+/*
+ * Request bytes to the parser, and what it finds acted on, while the
+ * exchange takes input (reading a head or a body, or discarding the body
+ * of a request answered here). Returns how many of the n bytes it took.
+ */
+size_t
+conn_process(struct sl_conn *c, const char *p, size_t len)
 {
-	if (c->in != NULL && c->in_len == 0 && !c->dead) {
-		sl_block_put(&c->w->blocks, c->in);
-		c->in = NULL;
-	}
-}
+	size_t n, took = 0;
 
-/* Feed buffered input to the parser and act on what it finds. */
-void
-conn_process(struct sl_conn *c)
-{
-	conn_process_input(c);
-	conn_in_release(c);
-}
-
-static void
-conn_process_input(struct sl_conn *c)
-{
-	size_t n;
-
+	if (len > 0 && c->state == CS_BODY)
+		c->t_req = ev_now(c->w->loop);   /* body: idle, not total */
 	for (;;) {
 		if (c->dead)
-			return;
+			return took;
 		if (c->state != CS_HEAD && c->state != CS_BODY &&
 		    !(c->state == CS_LOCAL && c->req.state != SL_REQ_DONE &&
 		    c->req.state != SL_REQ_ERROR))
-			return;
-		n = c->in_len > 0 ? sl_req_feed(&c->req, c->in, c->in_len) : 0;
-		if (n > 0) {
-			memmove(c->in, c->in + n, c->in_len - n);
-			c->in_len -= n;
-		}
+			return took;
+		n = took < len ? sl_req_feed(&c->req, p + took, len - took) : 0;
+		took += n;
 		switch (c->req.state) {
 		case SL_REQ_ERROR:
 			if (c->state == CS_LOCAL) {
 				/* Discarding a refused body failed: just close. */
 				c->close_after = 1;
 				conn_after_write(c);
-				return;
+				return took;
 			}
 			conn_req_error(c);
-			return;
+			return took;
 		case SL_REQ_HEAD_DONE:
 			if (c->state == CS_HEAD)
 				conn_on_head(c);
@@ -938,16 +882,16 @@ conn_process_input(struct sl_conn *c)
 		case SL_REQ_DONE:
 			if (c->state == CS_BODY) {
 				conn_start_upstream(c);
-				return;
+				return took;
 			}
 			if (c->state == CS_LOCAL) {
 				conn_after_write(c);
-				return;
+				return took;
 			}
-			return;
+			return took;
 		default:
 			if (n == 0)
-				return;   /* need more bytes */
+				return took;   /* need more bytes */
 			continue;
 		}
 	}

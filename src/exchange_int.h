@@ -1,14 +1,13 @@
 /* SPDX-License-Identifier: BSD-2-Clause */
 /*
- * What the rooms of the exchange share: struct sl_conn (one request and,
- * for HTTP/1.x, the connection carrying it), its states and the functions
- * one room calls in another. The rooms:
+ * What the rooms of the exchange share: struct sl_conn (one request, on
+ * whatever framing carries it: h1.c's connection or h2.c's stream), its
+ * states and the functions one room calls in another. The rooms:
  *
  *   exchange.c           the request's life: states and deadlines, the head's
  *                        rules, auth and admission, answers made here, its end
- *   exchange_h1.c        the HTTP/1.x connection: socket and TLS, reads and
- *                        writev, keep-alive and pipelining, linger, idle reaping
- *   exchange_stream.c    the exchange of an HTTP/2 stream (sl_exchange.h)
+ *   exchange_framing.c   its framing's side (sl_exchange.h): opened, fed, the
+ *                        response taken (written or pulled), its end
  *   exchange_tries.c     which replica, and what follows a failure: model route,
  *                        fallback, the fair queue's wait, retries, a try's end
  *   exchange_response.c  the runner's answer: its head made the client's, body
@@ -41,13 +40,13 @@
 
 #include "sl_accesslog.h"
 #include "sl_buf.h"
+#include "sl_exchange.h"
 #include "sl_http.h"
 #include "sl_meter.h"
 #include "sl_model.h"
 #include "sl_queue.h"
 #include "sl_reply.h"
 #include "sl_shm.h"
-#include "sl_tls.h"
 #include "sl_transfer.h"
 #include "sl_upstream.h"
 #include "sl_worker_state.h"
@@ -59,16 +58,10 @@
  */
 #define SCAN_KEEP_PACE 0.25
 
-#define CONN_IN_SIZE SL_BLOCK_SIZE  /* client input buffer (heads stream through) */
 #define CHUNK_FRAMING 32            /* "%zx\r\n" + "\r\n", generously */
 /* The stream buffer's cap when not stretched for one oversized write. */
 #define BASE_CAP(c) ((c)->w->cfg->stream_buffer + CHUNK_FRAMING)
 #define LINGER_SECONDS 2.0
-/*
- * An exchange of an HTTP/2 stream gives the client's window back once it
- * buffers less than this of its request: at most about two windows wait.
- */
-#define XIN_LOW (64 * 1024)
 
 enum conn_state {
 	CS_HEAD,       /* waiting for or reading a request head */
@@ -77,47 +70,30 @@ enum conn_state {
 	CS_UPSTREAM,   /* request sent upstream, waiting for its response head */
 	CS_STREAM,     /* relaying the upstream response */
 	CS_LOCAL,      /* writing a response made here (errors) */
-	CS_LINGER,     /* response sent, reading until EOF before closing */
 	CS_QUEUED      /* body read, waiting in the fair queue for a replica */
 };
 
 struct sl_conn {
 	TAILQ_ENTRY(sl_conn) entry;
 	struct sl_worker *w;
-	int fd;
+	int fd;                    /* its connection's (logs only) */
 	enum conn_state state;
-	ev_io rio, wio;
 	ev_timer timer;
 	char peer[64];
 
+	/*
+	 * The framing that carries it (sl_exchange.h): an HTTP/1.x
+	 * connection or an HTTP/2 stream, reached only through fr.
+	 */
+	const struct sl_framing *fr;
+	void *fr_ctx;              /* NULL once the framing let go */
+	int end_out;               /* the response's end went to the framing */
+
 	/* Request side. */
 	struct sl_req req;
-	char *in;
-	size_t in_len;
-	unsigned nreq;             /* responses completed on this connection */
 	ev_tstamp t_req;           /* when the connection became ready for it */
 	ev_tstamp t_rx;            /* first byte of the current request; 0: none */
 	ev_tstamp t_body;          /* when its body began to be read */
-	int reading;               /* rio active */
-	int hup_watched;           /* in w->hup_fd while not reading */
-	void *ssl;                 /* TLS (sl_tls.h); NULL: plain */
-	int handed_over;           /* fd and ssl now belong to HTTP/2 */
-
-	/*
-	 * An exchange of an HTTP/2 stream (sl_exchange.h): no socket of its
-	 * own; request bytes arrive in xin, the response leaves through fr.
-	 */
-	const struct sl_framing *fr;   /* NULL: HTTP/1.x on fd */
-	void *fr_ctx;              /* its stream; NULL once the stream ended */
-	char *xin;                 /* request bytes not yet fed */
-	size_t xin_len, xin_off, xin_cap;
-	size_t xin_raw;            /* flow-controlled bytes not yet given back */
-	int x_responded;           /* the head went to the framing */
-	int x_eof;                 /* the body's end was pulled */
-	int tls_hs;                /* its handshake is not done */
-	int tls_seen;              /* a byte of it arrived */
-	int tls_rwant;             /* a handshake or read waits for the
-	                            * socket to take bytes (wio) */
 
 	/* Admission. */
 	int tenant;                /* config index, -1 before auth */
@@ -212,8 +188,7 @@ struct sl_conn {
 void conn_init(struct sl_conn *c, struct sl_worker *w, int fd);
 void conn_set_state(struct sl_conn *c, enum conn_state s);
 void conn_timer_update(struct sl_conn *c);
-void conn_process(struct sl_conn *c);
-void conn_in_release(struct sl_conn *c);
+size_t conn_process(struct sl_conn *c, const char *p, size_t n);
 void conn_error(struct sl_conn *c, enum sl_err e, const char *message,
     int retry_after);
 void conn_release(struct sl_conn *c);
@@ -230,22 +205,10 @@ conn_upstream_idx(const struct sl_conn *c)
 	return c->up_idx;
 }
 
-/* exchange_h1.c: the HTTP/1.x connection. */
-void conn_on_read(struct ev_loop *loop, ev_io *io, int revents);
-void conn_on_write(struct ev_loop *loop, ev_io *io, int revents);
-void conn_read_start(struct sl_conn *c);
-void conn_read_stop(struct sl_conn *c);
-void conn_hup_unwatch(struct sl_conn *c);
-void conn_send_small(struct sl_conn *c, const char *p, size_t n);
+/* exchange_framing.c: what the framing takes, and the end. */
 int conn_flush(struct sl_conn *c);
 void conn_after_write(struct sl_conn *c);
 void conn_mark_dirty(struct sl_conn *c);
-void conn_idle_unlist(struct sl_conn *c);
-void conn_tls_failed(struct sl_conn *c, enum sl_tls_err why);
-
-/* exchange_stream.c: the exchange of an HTTP/2 stream. */
-int conn_x_flush(struct sl_conn *c);
-void conn_x_drain(struct sl_conn *c);
 
 /* exchange_tries.c: replicas, fallbacks, the queue, retries. */
 void conn_start_upstream(struct sl_conn *c);

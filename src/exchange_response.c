@@ -45,9 +45,9 @@ conn_build_head(struct sl_conn *c)
 	c->body_allowed = !(method == HTTP_HEAD || c->status < 200 ||
 	    c->status == 204 || c->status == 304);
 	/* HTTP/2 frames the body itself. */
-	c->chunked = c->fr == NULL && c->body_allowed &&
+	c->chunked = c->fr->http1 && c->body_allowed &&
 	    c->req.http_major == 1 && c->req.http_minor >= 1;
-	if (c->fr == NULL && c->body_allowed && !c->chunked)
+	if (c->fr->http1 && c->body_allowed && !c->chunked)
 		c->close_after = 1;   /* HTTP/1.0: the body ends at close */
 	if (!c->req.keep_alive || c->w->draining ||
 	    c->w->cfg->timeouts.keepalive_ms == 0)

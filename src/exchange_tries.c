@@ -14,7 +14,7 @@
 #include <strings.h>
 
 #include "sl_log.h"
-#include "sl_relay.h"
+#include "sl_exchange.h"
 #include "exchange_int.h"
 
 /*

@@ -49,6 +49,11 @@
 #define MAX_HEADERS 128           /* response header lines turned into nv */
 #define LINGER_SECONDS 2.0        /* a closing connection's look at what the
                                    * client has not taken yet (h2_linger) */
+/*
+ * A stream gives the client's window back once it holds less than this of
+ * its request, not yet taken by its exchange: at most about two windows.
+ */
+#define XIN_LOW (64 * 1024)
 
 struct h2_stream {
 	TAILQ_ENTRY(h2_stream) entry;
@@ -64,6 +69,15 @@ struct h2_stream {
 	int head_done;
 	int deferred;             /* the data source said DEFERRED */
 	int ended;                /* our END_STREAM went out */
+	int responded;            /* the exchange's head went out */
+	/*
+	 * Request bytes the exchange did not take yet; fed from fio (never
+	 * started, only fed) as the exchange takes input again.
+	 */
+	char *xin;
+	size_t xin_len, xin_off, xin_cap;
+	size_t xin_raw;           /* flow-controlled bytes not yet given back */
+	ev_io fio;
 };
 
 struct sl_h2 {
@@ -108,6 +122,7 @@ sl_h2_err_name(enum sl_h2_err e)
 }
 
 static void h2_close(struct sl_h2 *);
+static void h2_unref(struct sl_h2 *);
 static void h2_linger(struct sl_h2 *);
 static void h2_want_send(struct sl_h2 *);
 static void h2_timer_update(struct sl_h2 *);
@@ -155,9 +170,8 @@ code_err(uint32_t code)
  * lower case, the connection's own fields dropped (RFC 9113 8.2.2).
  */
 static int
-fr_respond(void *ctx, const char *head, size_t len, int body)
+h2_respond(struct h2_stream *st, const char *head, size_t len, int body)
 {
-	struct h2_stream *st = ctx;
 	struct sl_h2 *h = st->h;
 	nghttp2_nv nv[MAX_HEADERS];
 	char status[4], *copy, *p, *end, *line;
@@ -210,25 +224,43 @@ fr_respond(void *ctx, const char *head, size_t len, int body)
 	return 0;
 }
 
-static void
-fr_resume(void *ctx)
+/*
+ * The exchange has output: its head, once (the body then pulled as the
+ * window allows, h2_read_data), later a word that more waits.
+ */
+static int
+fr_send(void *ctx)
 {
 	struct h2_stream *st = ctx;
+	const char *head;
+	size_t len;
+	int body;
 
+	if (!st->responded) {
+		if (!sl_exchange_head(st->x, &head, &len, &body))
+			return 0;   /* no head yet */
+		if (h2_respond(st, head, len, body) == -1)
+			return -1;
+		st->responded = 1;
+		sl_exchange_head_sent(st->x);
+		return 0;
+	}
 	if (st->deferred) {
 		st->deferred = 0;
 		nghttp2_session_resume_data(st->h->s, st->id);
 	}
 	h2_want_send(st->h);
+	return 0;
 }
 
+/* The exchange takes input again: what the stream holds is fed from fio. */
 static void
-fr_consume(void *ctx, size_t n)
+fr_input(void *ctx)
 {
 	struct h2_stream *st = ctx;
 
-	nghttp2_session_consume(st->h->s, st->id, n);
-	h2_want_send(st->h);
+	if (st->xin_off < st->xin_len)
+		ev_feed_event(st->h->w->loop, &st->fio, EV_READ);
 }
 
 static void
@@ -237,6 +269,11 @@ fr_reset(void *ctx, int cut)
 	struct h2_stream *st = ctx;
 	struct sl_h2 *h = st->h;
 
+	/* What it held goes back to the window: the stream ends here. */
+	if (st->xin_raw > 0) {
+		nghttp2_session_consume(h->s, st->id, st->xin_raw);
+		st->xin_raw = 0;
+	}
 	if (st->x != NULL) {
 		st->x = NULL;
 		h->nexch--;
@@ -249,8 +286,85 @@ fr_reset(void *ctx, int cut)
 }
 
 static const struct sl_framing h2_framing = {
-	fr_respond, fr_resume, fr_consume, fr_reset
+	"h2", 0, fr_send, fr_input, NULL, NULL, fr_reset
 };
+
+/*
+ * The stream's request bytes to its exchange while it takes them; then the
+ * client's window opens again for what was taken (all of it once little
+ * waits).
+ */
+static void
+h2_x_drain(struct h2_stream *st)
+{
+	struct sl_conn *x;
+	size_t k;
+
+	while ((x = st->x) != NULL && st->xin_off < st->xin_len) {
+		sl_exchange_hold(x);
+		k = sl_exchange_feed(x, st->xin + st->xin_off,
+		    st->xin_len - st->xin_off);
+		sl_exchange_unhold(x);
+		if (k == 0)
+			break;
+		st->xin_off += k;
+	}
+	if (st->xin_off == st->xin_len)
+		st->xin_off = st->xin_len = 0;
+	if (st->xin_raw > 0 && st->x != NULL &&
+	    st->xin_len - st->xin_off < XIN_LOW) {
+		nghttp2_session_consume(st->h->s, st->id, st->xin_raw);
+		st->xin_raw = 0;
+		h2_want_send(st->h);
+	}
+}
+
+static void
+h2_on_feed(struct ev_loop *loop, ev_io *io, int revents)
+{
+	struct h2_stream *st = io->data;
+	struct sl_h2 *h = st->h;
+
+	(void)loop;
+	(void)revents;
+	h->depth++;
+	h2_x_drain(st);
+	h2_unref(h);
+}
+
+/*
+ * Request bytes for the stream's exchange (the head, body, chunk framing);
+ * raw is how many of them the client's flow control counted (body bytes),
+ * given back as the exchange takes them. -1: more than the request may
+ * have (the exchange answers or has ended).
+ */
+static int
+h2_x_input(struct h2_stream *st, const void *p, size_t n, size_t raw)
+{
+	size_t keep = st->xin_len - st->xin_off;
+	/* A head, about two windows and their chunk framing, with room. */
+	size_t max = st->h->w->cfg->limits.max_header_bytes + 4 * XIN_LOW;
+
+	if (st->x == NULL)
+		return -1;
+	if (keep + n > max) {
+		sl_err("h2 %d: stream sent past its window", st->h->fd);
+		return -1;
+	}
+	if (st->xin_off > 0 && st->xin_len + n > st->xin_cap) {
+		memmove(st->xin, st->xin + st->xin_off, keep);
+		st->xin_off = 0;
+		st->xin_len = keep;
+	}
+	if (sl_bytes_reserve(&st->xin, &st->xin_cap, st->xin_len + n, 1024) == -1)
+		return -1;
+	memcpy(st->xin + st->xin_len, p, n);
+	st->xin_len += n;
+	st->xin_raw += raw;
+	ev_feed_event(st->h->w->loop, &st->fio, EV_READ);
+	return 0;
+}
+
 
 /* The data source of a response body: bytes of the exchange's buffer. */
 static ssize_t
@@ -287,6 +401,8 @@ stream_of(struct sl_h2 *h, int32_t id)
 static void
 stream_free(struct h2_stream *st)
 {
+	ev_io_stop(st->h->w->loop, &st->fio);   /* a fed event too */
+	free(st->xin);
 	free(st->method);
 	free(st->path);
 	free(st->authority);
@@ -308,6 +424,8 @@ on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 		return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
 	st->h = h;
 	st->id = f->hd.stream_id;
+	ev_io_init(&st->fio, h2_on_feed, h->fd, EV_READ);
+	st->fio.data = st;
 	TAILQ_INSERT_TAIL(&h->streams, st, entry);
 	nghttp2_session_set_stream_user_data(h->s, st->id, st);
 	h->t_active = ev_now(h->w->loop);
@@ -423,14 +541,15 @@ stream_begin(struct sl_h2 *h, struct h2_stream *st, int end_stream)
 	free(st->head);
 	st->head = NULL;
 	st->hlen = st->hcap = 0;
-	st->x = sl_exchange_open(h->w, &h2_framing, st, h->fd, h->peer);
+	st->x = sl_exchange_open(h->w, &h2_framing, st, h->fd, h->peer,
+	    ev_now(h->w->loop), 0);
 	if (st->x == NULL) {
 		free(req);
 		return -1;
 	}
 	h->nexch++;
 	h2_timer_update(h);
-	sl_exchange_input(st->x, req, (size_t)(p - req), 0);
+	h2_x_input(st, req, (size_t)(p - req), 0);
 	free(req);
 	return 0;
 }
@@ -458,7 +577,7 @@ on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 		return 0;
 	}
 	if (end && st->x != NULL && st->chunked)
-		sl_exchange_input(st->x, "0\r\n\r\n", 5, 0);
+		h2_x_input(st, "0\r\n\r\n", 5, 0);
 	return 0;
 }
 
@@ -479,11 +598,11 @@ on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id,
 	}
 	if (st->chunked) {
 		n = snprintf(line, sizeof(line), "%zx\r\n", len);
-		if (sl_exchange_input(st->x, line, (size_t)n, 0) == -1 ||
-		    sl_exchange_input(st->x, data, len, len) == -1)
+		if (h2_x_input(st, line, (size_t)n, 0) == -1 ||
+		    h2_x_input(st, data, len, len) == -1)
 			goto refused;
-		sl_exchange_input(st->x, "\r\n", 2, 0);
-	} else if (sl_exchange_input(st->x, data, len, len) == -1)
+		h2_x_input(st, "\r\n", 2, 0);
+	} else if (h2_x_input(st, data, len, len) == -1)
 		goto refused;
 	return 0;
 refused:
@@ -561,16 +680,14 @@ on_stream_close(nghttp2_session *s, int32_t id, uint32_t code, void *ud)
 	nghttp2_session_set_stream_user_data(h->s, id, NULL);
 	TAILQ_REMOVE(&h->streams, st, entry);
 	if ((x = st->x) != NULL) {
-		size_t held;
-
 		st->x = NULL;
 		h->nexch--;
-		held = sl_exchange_closed(x, code == NGHTTP2_NO_ERROR && st->ended);
-		/* Body bytes it never took: no longer the stream's, still the
-		 * connection's window. */
-		if (held > 0)
-			nghttp2_session_consume_connection(s, held);
+		sl_exchange_closed(x, code == NGHTTP2_NO_ERROR && st->ended);
 	}
+	/* Body bytes never taken: no longer the stream's, still the
+	 * connection's window. */
+	if (st->xin_raw > 0)
+		nghttp2_session_consume_connection(s, st->xin_raw);
 	h->t_active = ev_now(h->w->loop);
 	stream_free(st);
 	h2_timer_update(h);

@@ -20,7 +20,8 @@
 
 #include "sl_h2.h"
 #include "sl_log.h"
-#include "sl_relay.h"
+#include "sl_exchange.h"
+#include "sl_h1.h"
 #include "sl_worker.h"
 
 /* The least a new worker waits for Redis before it accepts anyway. */
@@ -50,7 +51,7 @@ accept_cb(struct ev_loop *loop, ev_io *io, int revents)
 					fd = accept4(w->listen_fd, NULL, NULL,
 					    SOCK_NONBLOCK | SOCK_CLOEXEC);
 					if (fd >= 0)
-						sl_conn_refuse(w, fd);
+						sl_h1_refuse(w, fd);
 					w->spare_fd = open("/dev/null",
 					    O_RDONLY | O_CLOEXEC);
 				}
@@ -64,11 +65,11 @@ accept_cb(struct ev_loop *loop, ev_io *io, int revents)
 			return;
 		}
 		if (w->nconns >= w->cfg->limits.max_connections &&
-		    !sl_conn_reap_idle(w)) {
-			sl_conn_refuse(w, fd);
+		    !sl_h1_reap_idle(w)) {
+			sl_h1_refuse(w, fd);
 			continue;
 		}
-		sl_conn_new(w, fd);
+		sl_h1_new(w, fd);
 	}
 }
 
@@ -107,6 +108,7 @@ drain_timeout_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	sl_warn("drain timeout: cutting %zu connection(s)", w->nconns);
 	sl_h2_close_all(w);
 	sl_conn_close_all(w);
+	sl_h1_close_all(w);
 	ev_break(loop, EVBREAK_ALL);
 }
 
@@ -142,7 +144,7 @@ sig_drain_cb(struct ev_loop *loop, ev_signal *s, int revents)
 		close(w->listen_fd);
 		w->listen_fd = -1;
 	}
-	sl_conn_drain_all(w);
+	sl_h1_drain_all(w);
 	sl_h2_drain_all(w);
 	if (w->nconns == 0) {
 		ev_break(loop, EVBREAK_ALL);
@@ -191,7 +193,7 @@ sig_usr1_cb(struct ev_loop *loop, ev_signal *s, int revents)
 static void
 hup_cb(struct ev_loop *loop, ev_io *io, int revents)
 {
-	sl_conn_hup_event(io->data);
+	sl_h1_hup_event(io->data);
 }
 
 /* Before the loop sleeps: flush what this iteration's events produced. */
@@ -244,6 +246,7 @@ sig_quit_cb(struct ev_loop *loop, ev_signal *s, int revents)
 
 	sl_h2_close_all(w);
 	sl_conn_close_all(w);
+	sl_h1_close_all(w);
 	ev_break(loop, EVBREAK_ALL);
 }
 
@@ -287,8 +290,8 @@ worker_init(struct sl_worker *w, const struct sl_worker_args *a)
 	w->index = a->index;
 	w->listen_fd = a->listen_fd;
 	TAILQ_INIT(&w->conns);
+	TAILQ_INIT(&w->h1s);
 	TAILQ_INIT(&w->h2s);
-	w->h2_start = sl_h2_start;
 	TAILQ_INIT(&w->dirty);
 	TAILQ_INIT(&w->idle);
 	ev_prepare_init(&w->flush_prep, flush_cb);
@@ -417,6 +420,7 @@ worker_teardown(struct sl_worker *w)
 {
 	sl_h2_close_all(w);
 	sl_conn_close_all(w);
+	sl_h1_close_all(w);
 	if (w->queue != NULL)
 		ev_io_stop(w->loop, &w->queue_io);
 	h2_gauges(w);

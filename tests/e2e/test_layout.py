@@ -168,3 +168,27 @@ def test_no_function_over_150_lines_but_the_hot_lexers():
                 over["%s:%s" % (rel, name)] = (n, cap)
     assert seen > 500, seen   # the scan works
     assert over == {}, over
+
+
+def test_the_exchange_reaches_its_framings_only_through_their_function_table():
+    """h1.c and h2.c call the exchange (sl_exchange.h); the exchange calls
+    neither by name, and its struct holds no socket, TLS or HTTP/2 state."""
+    rooms = [r for r in sources() if os.path.basename(r).startswith("exchange")]
+    assert "src/exchange.c" in rooms and "src/exchange_int.h" in rooms, rooms
+    named = {}
+    for rel in rooms:
+        text = read(rel)
+        found = sorted(set(re.findall(r'\bsl_h[12]_\w+|"sl_h[12]\.h"|"sl_tls\.h"|'
+                                      r'\bnghttp2_\w+|\bsl_tls_\w+', text)))
+        if found:
+            named[rel] = found
+    assert named == {}, named
+    struct = re.search(r"^struct sl_conn \{\n(.*?)^\};", read("src/exchange_int.h"),
+                       re.M | re.S).group(1)
+    fields = re.findall(r"^\t[^/*\n][^;]*?\b(\w+)(?:\[[^\]]*\])?;", struct, re.M)
+    assert len(fields) > 50, fields   # the scan works
+    framing_state = [f for f in fields
+                     if re.match(r"(ssl|tls_|xin|x_|h2|in$|in_len|nreq|rio|wio|reading|hup_)", f)]
+    assert framing_state == [], framing_state
+    for framing in ("src/h1.c", "src/h2.c"):
+        assert '#include "sl_exchange.h"' in read(framing), framing

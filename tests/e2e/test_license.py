@@ -63,7 +63,7 @@ def test_every_source_file_starts_with_the_spdx_line():
     # C: the first line. Scripts: the first line, or the second after #!.
     c = _sources(["src/*.c", "include/*.h", "bench/*.c", "tests/unit/*.c", "tests/ref/*.[ch]",
                   "tests/fuzz/*.[ch]", "src/console.css"])
-    assert "src/exchange.c" in c and "include/sl_relay.h" in c, c
+    assert "src/exchange.c" in c and "include/sl_h1.h" in c, c
     wrong = [p for p in c if read(p).split("\n", 1)[0] != "/* %s */" % SPDX]
     scripts = {p: "# " for p in _sources(["tests/run.py", "tests/e2e/*.py", "tests/fuzz/run.sh",
                                           "quickstart", "autogen.sh", ".ci/run"])}

@@ -54,8 +54,13 @@ struct sl_conn {
 	int head_done;
 	int chunked;
 	size_t body_at;           /* where the body begins in in */
+	int head_given;           /* sl_exchange_head said it */
+	int head_taken;           /* sl_exchange_head_sent */
 	int body_sent;
 };
+
+static const char HEAD[] = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+    "Connection: keep-alive\r\nX-A: b\r\n\r\n";
 
 static struct sl_worker w;
 static int nopen;
@@ -102,13 +107,15 @@ check_head(const unsigned char *p, size_t n)
 
 struct sl_conn *
 sl_exchange_open(struct sl_worker *wk, const struct sl_framing *fr, void *ctx,
-    int fd, const char *peer)
+    int fd, const char *peer, ev_tstamp t_ready, ev_tstamp t_rx)
 {
 	struct sl_conn *x = calloc(1, sizeof(*x));
 
 	(void)wk;
 	(void)fd;
 	(void)peer;
+	(void)t_ready;
+	(void)t_rx;
 	if (x == NULL)
 		return NULL;
 	x->fr = fr;
@@ -117,16 +124,13 @@ sl_exchange_open(struct sl_worker *wk, const struct sl_framing *fr, void *ctx,
 	return x;
 }
 
-int
-sl_exchange_input(struct sl_conn *x, const void *p, size_t n, size_t raw)
+/* Takes every byte as it arrives (the framing gives the window back). */
+size_t
+sl_exchange_feed(struct sl_conn *x, const char *p, size_t n)
 {
-	static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
-	    "Connection: keep-alive\r\nX-A: b\r\n\r\n";
 	unsigned char *end;
 
 	fz_add(&x->in, p, n);
-	if (raw > 0 && x->ctx != NULL)
-		x->fr->consume(x->ctx, raw);
 	if (!x->head_done && x->in.len >= 4 &&
 	    (end = memmem(x->in.p, x->in.len, "\r\n\r\n", 4)) != NULL) {
 		x->head_done = 1;
@@ -135,9 +139,44 @@ sl_exchange_input(struct sl_conn *x, const void *p, size_t n, size_t raw)
 		x->chunked = memmem(x->in.p, x->body_at,
 		    "\r\nTransfer-Encoding: chunked\r\n", 30) != NULL;
 		if (x->ctx != NULL)
-			x->fr->respond(x->ctx, head, sizeof(head) - 1, 1);
+			x->fr->send(x->ctx);
 	}
-	return 0;
+	return n;
+}
+
+int
+sl_exchange_head(const struct sl_conn *x, const char **head, size_t *len,
+    int *body)
+{
+	struct sl_conn *m = (struct sl_conn *)(uintptr_t)x;
+
+	if (!x->head_done || x->head_taken)
+		return 0;
+	m->head_given = 1;
+	*head = HEAD;
+	*len = sizeof(HEAD) - 1;
+	*body = 1;
+	return 1;
+}
+
+void
+sl_exchange_head_sent(struct sl_conn *x)
+{
+	fz_check(x->head_given && !x->head_taken, "head-sent",
+	    "a head taken that was not given, or twice");
+	x->head_taken = 1;
+}
+
+void
+sl_exchange_hold(struct sl_conn *x)
+{
+	(void)x;
+}
+
+void
+sl_exchange_unhold(struct sl_conn *x)
+{
+	(void)x;
 }
 
 size_t
@@ -190,7 +229,7 @@ check_body(const struct sl_conn *x)
 	}
 }
 
-size_t
+void
 sl_exchange_closed(struct sl_conn *x, int done)
 {
 	(void)done;
@@ -199,7 +238,6 @@ sl_exchange_closed(struct sl_conn *x, int done)
 	nopen--;
 	free(x->in.p);
 	free(x);
-	return 0;   /* this fake gives every byte back as it arrives */
 }
 
 static void
@@ -224,6 +262,7 @@ setup(void)
 	if (w.loop == NULL || w.shm == NULL)
 		abort();
 	TAILQ_INIT(&w.conns);
+	TAILQ_INIT(&w.h1s);
 	TAILQ_INIT(&w.h2s);
 }
 
