@@ -533,8 +533,15 @@ h1_feed(struct sl_h1 *h)
 	while (!h->dead && h->in_len > 0 &&
 	    (h->state == H1_IDLE || h->state == H1_BUSY)) {
 		if (h->x == NULL) {
+			/*
+			 * The head's time: from the accept (or the handshake)
+			 * for a connection's first request, from its first
+			 * byte on a kept-alive one (keepalive bounds the wait
+			 * before it), as nginx's client_header_timeout.
+			 */
 			h->x = sl_exchange_open(h->w, &h1_framing, h, h->fd,
-			    h->peer, h->t_ready, h->t_rx);
+			    h->peer, h->nreq > 0 && h->t_rx > 0 ? h->t_rx :
+			    h->t_ready, h->t_rx);
 			if (h->x == NULL) {
 				sl_err("conn %d: out of memory for a request",
 				    h->fd);

@@ -183,6 +183,34 @@ def test_incomplete_head_is_408_after_client_header():
         assert stub.stats()["requests"] == 0
 
 
+def test_client_header_counts_from_the_first_byte_on_a_kept_alive_connection():
+    # Idle for longer than client_header between two requests is keepalive's
+    # business; the next head then has client_header from its first byte,
+    # not whatever is left of keepalive (it used to wait for that: 8 s here).
+    with Stub() as stub, Gateway(stub=stub, timeouts={"client_header": "1s",
+                                                      "keepalive": "10s"}) as gw:
+        with h.Client(gw.port) as c:
+            r = c.request("POST", "/v1/echo", h.bearer(ACME_KEY), b"one")
+            assert r.status == 200 and r.json()["body"] == "one", r.status
+            time.sleep(2.0)
+            c.send_raw(b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nAuthor")
+            time.sleep(0.3)
+            c.send_raw(b"ization: Bearer %s\r\nContent-Length: 3\r\n\r\ntwo" %
+                       ACME_KEY.encode())
+            r = c.read_response(timeout=6)
+            r.read_all(timeout=6)
+            assert r.status == 200 and r.json()["body"] == "two", r.status
+            time.sleep(2.0)
+            t0 = time.monotonic()
+            c.send_raw(b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nAuthor")
+            r = c.read_response(timeout=9)
+            dt = time.monotonic() - t0
+            assert_error(r, 408, "request_timeout")
+            assert 0.8 <= dt <= 4.0, "408 %.2fs after the head's first byte" % dt
+            assert c.wait_closed(3), "connection kept open after a 408"
+        assert stub.stats()["requests"] == 2
+
+
 @h.timeout(60)
 def test_trickled_body_is_408_after_client_body_and_frees_the_slot():
     # One byte of body every 0.3 s keeps client_header (the pause bound)
