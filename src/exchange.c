@@ -18,54 +18,13 @@
 
 #include "sl_exchange.h"
 #include "sl_log.h"
+#include "sl_usage.h"
 #include "exchange_int.h"
 
-static const char *const state_names[] = {
-	"head", "admit", "body", "upstream", "stream", "local", "queued"
-};
 
 static void conn_on_timer(struct ev_loop *loop, ev_timer *t, int revents);
 static void conn_timer_event(struct sl_conn *c);
 static void conn_admitted(struct sl_conn *c);
-
-void
-conn_set_state(struct sl_conn *c, enum conn_state s)
-{
-	sl_debug("conn %d: %s -> %s", c->fd, state_names[c->state], state_names[s]);
-	c->state = s;
-	conn_timer_update(c);
-	/*
-	 * An exchange that can take input again (admitted after a wait, say)
-	 * goes on with what its client already sent: no socket will say so.
-	 */
-	if ((s == CS_HEAD || s == CS_BODY || s == CS_LOCAL) && c->fr_ctx != NULL &&
-	    c->fr->input != NULL)
-		c->fr->input(c->fr_ctx);
-}
-
-/* Give the tenant slot back; safe to call on every path, acts once. */
-void
-conn_release(struct sl_conn *c)
-{
-	if (c->slot_held) {
-		sl_shm_release(c->w->shm, c->w->row,
-		    c->w->tenant_slot[c->tenant]);
-		c->slot_held = 0;
-	}
-	/*
-	 * The cluster lease goes with the slot, not with a retaken slot
-	 * (conn_flush): a stream whose response is complete holds none.
-	 */
-	if (c->admit_wait != NULL) {
-		sl_cluster_cancel(c->w->cluster, c->admit_wait);
-		c->admit_wait = NULL;
-		c->lease = -1;
-	}
-	if (c->lease >= 0) {
-		sl_cluster_release(c->w->cluster, c->lease);
-		c->lease = -1;
-	}
-}
 
 /*
  * Answer the current request here: status, a JSON body of blen bytes, and
@@ -152,6 +111,15 @@ conn_error(struct sl_conn *c, enum sl_err e, const char *message,
 	    (r->flags & SL_ERR_CLOSE) != 0);
 }
 
+/* What a decision of exchange_tries.c left to answer, if anything. */
+static void
+conn_answer(struct sl_conn *c, const struct sl_verdict *v)
+{
+	if (v->answer)
+		conn_error(c, v->err, v->msg[0] != '\0' ? v->msg : NULL,
+		    v->retry_after);
+}
+
 /*
  * GET /v1/models[/NAME] with models: answered here from the config, for
  * the tenant's models (sl_model_list): no slot, no upstream. Returns 1 when
@@ -204,6 +172,10 @@ conn_init(struct sl_conn *c, struct sl_worker *w, int fd)
 	c->out.pool = &w->blocks;
 	ev_init(&c->timer, conn_on_timer);
 	c->timer.data = c;
+	/* Where each try's head and body go (exchange_response.c). */
+	c->sink.head = upstream_header_cb;
+	c->sink.body = upstream_write_cb;
+	c->sink.arg = c;
 	TAILQ_INSERT_TAIL(&w->conns, c, entry);
 	c->state = CS_HEAD;
 	c->t_req = ev_now(w->loop);
@@ -251,14 +223,6 @@ conn_access_log(struct sl_conn *c, enum sl_end end, ev_tstamp now)
 	r.upstream_model = c->msent;
 	r.proto = c->fr->proto;
 	sl_access_write(w->access_fd, &r);
-}
-
-/* The shared model slot the request counts under: 0 ("-") when none. */
-size_t
-conn_model_slot(const struct sl_conn *c)
-{
-	return c->model >= 0 && c->w->model_slot != NULL ?
-	    c->w->model_slot[c->model] : 0;
 }
 
 /*
@@ -345,7 +309,7 @@ conn_close(struct sl_conn *c, enum sl_close why)
 	if (c->dead)
 		return;
 	sl_debug("conn %d: close (%s) in state %s", c->fd, sl_close_names[why],
-	    state_names[c->state]);
+	    conn_state_name(c->state));
 	c->dead = 1;
 	/*
 	 * Upstream first, then the slot, then the log line: the runner never
@@ -375,91 +339,6 @@ conn_close(struct sl_conn *c, enum sl_close why)
 		c->fr->reset(ctx, !c->end_out);
 	}
 	conn_unref(c);
-}
-
-/*
- * Leave an entry point. The exchange is freed here, never in the middle
- * of a call chain that may still look at it.
- */
-void
-conn_unref(struct sl_conn *c)
-{
-	if (--c->depth > 0 || !c->dead)
-		return;
-	sl_req_free(&c->req);
-	free(c->mname);
-	free(c->mlit);
-	sl_buf_free(&c->out);
-	sl_meter_free(&c->meter);
-	sl_head_free(&c->rh);
-	sl_resp_head_free(&c->uh);
-	free(c);
-}
-
-void
-conn_count_uerr(struct sl_conn *c, enum sl_uerr kind)
-{
-	if (c->tenant < 0)
-		return;
-	sl_shm_count_uerr(c->w->shm, c->w->row,
-	    c->w->upstream_slot[conn_upstream_idx(c)], kind);
-}
-
-static double
-ms(uint64_t v)
-{
-	return (double)v / 1000.0;
-}
-
-/* Earliest deadline that applies in the current state, or 0 for none. */
-static ev_tstamp
-conn_deadline(struct sl_conn *c)
-{
-	const struct sl_config *cfg = c->w->cfg;
-	int waiting = c->rh_off < c->rh.len || sl_buf_len(&c->out) > 0;
-
-	switch (c->state) {
-	case CS_HEAD:
-		return c->t_req + ms(cfg->timeouts.client_header_ms);
-	case CS_BODY: {
-		/* A pause between reads, and the whole body, are both bounded. */
-		ev_tstamp idle = c->t_req + ms(cfg->timeouts.client_header_ms);
-		ev_tstamp total = c->t_body + ms(cfg->timeouts.client_body_ms);
-
-		return idle < total ? idle : total;
-	}
-	case CS_ADMIT:
-		return 0;   /* the cluster decides within cluster.timeout */
-	case CS_UPSTREAM:
-		return c->t_upstream + ms(cfg->timeouts.upstream_first_byte_ms);
-	case CS_STREAM:
-		if (c->paused || (c->xf.easy == NULL && waiting))
-			return c->t_client + ms(cfg->timeouts.client_stall_ms);
-		if (c->xf.easy != NULL)
-			return c->t_upstream + ms(cfg->timeouts.upstream_idle_ms);
-		return 0;
-	case CS_LOCAL:
-		if (waiting)
-			return c->t_client + ms(cfg->timeouts.client_stall_ms);
-		return c->t_req + ms(cfg->timeouts.client_header_ms);
-	case CS_QUEUED:
-		/* The pool's timeout now: a reload's applies to waiters. */
-		return c->t_queued +
-		    ms((uint64_t)sl_queue_timeout_ms(c->w->queue, c->qpool));
-	}
-	return 0;
-}
-
-void
-conn_timer_update(struct sl_conn *c)
-{
-	ev_tstamp d = conn_deadline(c), now = ev_now(c->w->loop);
-
-	ev_timer_stop(c->w->loop, &c->timer);
-	if (d <= 0)
-		return;
-	ev_timer_set(&c->timer, d > now ? d - now : 0.0, 0.0);
-	ev_timer_start(c->w->loop, &c->timer);
 }
 
 static void
@@ -881,7 +760,10 @@ conn_process(struct sl_conn *c, const char *p, size_t len)
 			continue;
 		case SL_REQ_DONE:
 			if (c->state == CS_BODY) {
-				conn_start_upstream(c);
+				struct sl_verdict v = { 0 };
+
+				conn_start_upstream(c, &v);
+				conn_answer(c, &v);
 				return took;
 			}
 			if (c->state == CS_LOCAL) {
@@ -896,6 +778,286 @@ conn_process(struct sl_conn *c, const char *p, size_t len)
 		}
 	}
 }
+
+/* ---- the response to the framing, and its end ---------------------------- */
+
+/*
+ * Hand what waits to the framing. Returns 0, or -1 when the client is
+ * gone. Safe inside libcurl callbacks: it never calls libcurl.
+ */
+int
+conn_flush(struct sl_conn *c)
+{
+	int regain = 0;
+
+	if (c->fr_ctx == NULL) {
+		c->client_gone = 1;
+		return -1;
+	}
+	/*
+	 * The whole response is here and this write may finish it: free the
+	 * slot before the bytes go, not after. A client that reads its last
+	 * byte and sends its next request at once must find its slot free,
+	 * even on another worker and even if this one is preempted right
+	 * after the write. If the client does not take it all, the slot is
+	 * taken back below (the bytes left still count).
+	 */
+	if (c->resp_done && c->slot_held && c->fr->http1) {
+		conn_release(c);
+		regain = 1;
+	}
+	/*
+	 * Time to first token: the first relayed body bytes handed to the
+	 * client, or for an event stream sluice scans, the first bytes once
+	 * an event carried content (sl_usage.h: the bytes the estimate
+	 * counts). Once per request: a compare per flush.
+	 */
+	if (c->t_content == 0 && c->t_first > 0 && sl_buf_len(&c->out) > 0 &&
+	    (c->meter.scan == NULL || !c->resp_sse || c->meter.scan->content_bytes > 0))
+		c->t_content = ev_now(c->w->loop);
+	conn_queue_charge_running(c);
+	if (c->fr->send(c->fr_ctx) == -1) {
+		c->client_gone = 1;
+		return -1;
+	}
+	if (!c->fr->http1)
+		return 0;   /* pulled: sl_exchange_pull keeps the buffer */
+	/*
+	 * Retaken unless another worker took the slot in the meantime; then
+	 * these bytes wait without one (at most a stream buffer, for as long
+	 * as timeouts.client_stall).
+	 */
+	if (regain && sl_exchange_waiting(c) &&
+	    sl_shm_try_acquire(c->w->shm, c->w->row,
+	    c->w->tenant_slot[c->tenant]) == SL_ADMIT_OK)
+		c->slot_held = 1;
+	/*
+	 * Nothing kept that waits for nothing: a slow stream holds no
+	 * buffer between its events (the block goes back to the pool), and
+	 * a head once written is not kept either.
+	 */
+	sl_buf_release(&c->out);
+	if (sl_buf_len(&c->out) == 0)
+		c->out.cap = BASE_CAP(c);
+	if (c->rh.p != NULL && c->rh_off == c->rh.len) {
+		sl_head_free(&c->rh);
+		c->rh_off = 0;
+	}
+	return 0;
+}
+
+/*
+ * The response is written and the request read: it ends here, and the
+ * framing carries on (the next request, a linger, or its close).
+ */
+static void
+conn_response_done(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+	const struct sl_framing *fr = c->fr;
+	void *ctx = c->fr_ctx;
+	int close, linger;
+
+	conn_request_end(c, c->state == CS_LOCAL ? SL_END_REJECTED :
+	    SL_END_DONE);
+	close = c->close_after || w->draining || w->cfg->timeouts.keepalive_ms == 0;
+	linger = close && c->state == CS_LOCAL && c->req.state != SL_REQ_DONE;
+	c->depth++;
+	c->fr_ctx = NULL;   /* let go first: closing resets nothing */
+	conn_close(c, SL_CLOSE_DONE);
+	fr->done(ctx, close, linger);
+	conn_unref(c);
+}
+
+/* After a flush: finish the response if everything is out. */
+void
+conn_after_write(struct sl_conn *c)
+{
+	if (c->dead || c->fr->done == NULL)
+		return;   /* a stream ends when its framing closes it */
+	if (sl_exchange_waiting(c) || !c->resp_done)
+		return;
+	if (c->state == CS_LOCAL && c->req.state != SL_REQ_DONE &&
+	    !c->close_after)
+		return;   /* still discarding the refused request's body */
+	conn_response_done(c);
+}
+
+void
+sl_conn_flush_dirty_hook(void *arg)
+{
+	sl_conn_flush_dirty(arg);
+}
+
+void
+sl_conn_flush_dirty(struct sl_worker *w)
+{
+	struct sl_conn *c;
+
+	while ((c = TAILQ_FIRST(&w->dirty)) != NULL) {
+		TAILQ_REMOVE(&w->dirty, c, dirty_entry);
+		c->dirty = 0;
+		c->depth++;
+		if (conn_flush(c) == -1)
+			conn_close(c, SL_CLOSE_CLIENT_GONE);
+		else {
+			conn_maybe_resume(c);
+			conn_after_write(c);
+		}
+		conn_unref(c);
+	}
+}
+
+/* ---- a try's end, a queue's grant -------------------------------------- */
+
+void
+sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
+    CURLcode result)
+{
+	struct sl_worker *w = arg;
+	struct sl_conn *c = NULL;
+
+	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&c);
+	if (c == NULL || c->xf.easy != easy) {
+		sl_transfers_discard(w->xfers, sh, easy);
+		return;
+	}
+	c->depth++;
+	if (c->retry_next >= 0 && !c->client_gone) {
+		/* A busy head: on to the replica chosen in the header callback. */
+		struct sl_verdict v = { 0 };
+
+		conn_busy_next(c, &v);
+		conn_answer(c, &v);
+		goto out;
+	}
+	if (!c->client_gone && c->xf.no_fds) {
+		/* Our descriptors ran out, not the upstream: not its error. */
+		sl_warn("upstream %.*s: out of file descriptors",
+		    (int)strcspn(c->xf.url, "?#"), c->xf.url);
+		conn_abort_upstream(c);
+		conn_error(c, SL_ERR_OVERLOADED,
+		    "the gateway is out of file descriptors; retry later", 1);
+		goto out;
+	}
+	if (!c->client_gone && (result != CURLE_OK || c->upstream_bad)) {
+		enum sl_uerr kind = SL_UERR_RESET;
+
+		/* The query string may carry secrets: log the path only. */
+		sl_warn("upstream %.*s: %s", (int)strcspn(c->xf.url, "?#"), c->xf.url,
+		    c->upstream_bad ? "malformed response head" :
+		    c->xf.resend_refused ? "connection closed after the request "
+		    "was sent, without a response (not sent again)" :
+		    curl_easy_strerror(result));
+		if (c->upstream_bad || result == CURLE_WEIRD_SERVER_REPLY ||
+		    result == CURLE_UNSUPPORTED_PROTOCOL)
+			kind = SL_UERR_BAD_RESPONSE;
+		else if (result == CURLE_COULDNT_CONNECT ||
+		    result == CURLE_COULDNT_RESOLVE_HOST ||
+		    result == CURLE_OPERATION_TIMEDOUT ||
+		    result == CURLE_SSL_CONNECT_ERROR)
+			kind = SL_UERR_CONNECT;
+		conn_count_uerr(c, kind);
+		if (c->head_sent) {
+			/* Cut mid-stream: the replica failed all the same. */
+			sl_pool_failed(c->w->pools, conn_upstream_idx(c),
+			    c->replica);
+		} else {
+			struct sl_verdict v = { 0 };
+
+			if (conn_retry(c, kind, result, &v) == 0) {
+				conn_answer(c, &v);
+				goto out;
+			}
+		}
+		c->end = SL_END_UPSTREAM_ERROR;
+	} else if (!c->client_gone && !c->head_sent) {
+		/* Done without a final head: only 1xx, or nothing usable. */
+		conn_report_try(c, SL_CODE_RESET);
+	}
+	conn_abort_upstream(c);    /* removes and frees the handle */
+	if (c->client_gone) {
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
+		goto out;
+	}
+	if (result != CURLE_OK || c->upstream_bad) {
+		if (!c->head_sent || c->state == CS_UPSTREAM) {
+			conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, c->upstream_bad ?
+			    "upstream sent a malformed response" :
+			    "upstream unreachable or failed", 0);
+			goto out;
+		}
+		/* Mid-stream: deliver what arrived, then close, no last chunk. */
+		sl_info("conn %d: upstream cut the stream: %s", c->fd,
+		    curl_easy_strerror(result));
+		conn_usage_finish(c);
+		c->close_after = 1;
+		c->resp_done = 1;
+		c->chunked = 0;
+		if (conn_flush(c) == -1) {
+			conn_close(c, SL_CLOSE_CLIENT_GONE);
+			goto out;
+		}
+		if (c->rh_off == c->rh.len && sl_buf_len(&c->out) == 0)
+			conn_close(c, SL_CLOSE_UPSTREAM_ERROR);
+		else
+			conn_timer_update(c);
+		goto out;
+	}
+	if (!c->head_sent) {
+		/* Done without a final head: only 1xx, or nothing usable. */
+		conn_count_uerr(c, SL_UERR_BAD_RESPONSE);
+		c->end = SL_END_UPSTREAM_ERROR;
+		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE,
+		    "upstream sent no final response", 0);
+		goto out;
+	}
+	if (c->state == CS_UPSTREAM)
+		conn_set_state(c, CS_STREAM);
+	conn_usage_finish(c);   /* tokens charged before the last byte goes */
+	if (c->chunked && sl_buf_append(&c->out, "0\r\n\r\n", 5) == -1) {
+		/* CHUNK_FRAMING slack guarantees room; this is a bug. */
+		sl_err("conn %d: no room for the last chunk", c->fd);
+		conn_close(c, SL_CLOSE_BUG);
+		goto out;
+	}
+	c->resp_done = 1;
+	if (conn_flush(c) == -1) {
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
+		goto out;
+	}
+	conn_timer_update(c);
+	conn_after_write(c);
+out:
+	conn_unref(c);
+}
+
+
+void
+sl_conn_queue_event(struct sl_worker *w)
+{
+	struct sl_queue_grant g[32];
+	size_t n, i;
+
+	if (w->queue == NULL)
+		return;
+	do {
+		n = sl_queue_collect(w->queue, w->row, g, 32, sl_mono_ms());
+		for (i = 0; i < n; i++) {
+			struct sl_verdict v = { 0 };
+			struct sl_conn *c;
+
+			if ((c = conn_queue_grant(w, &g[i], &v)) != NULL) {
+				c->depth++;
+				conn_answer(c, &v);
+				conn_unref(c);
+			}
+		}
+	} while (n == 32);
+	sl_conn_flush_dirty(w);
+}
+
+/* ---- the worker's --------------------------------------------------------- */
 
 void
 sl_conn_gauges(struct sl_worker *w)

@@ -2,17 +2,22 @@
 /*
  * What the rooms of the exchange share: struct sl_conn (one request, on
  * whatever framing carries it: h1.c's connection or h2.c's stream), its
- * states and the functions one room calls in another. The rooms:
+ * states and the functions one room calls in another. The rooms, each
+ * calling only those below it:
  *
- *   exchange.c           the request's life: states and deadlines, the head's
- *                        rules, auth and admission, answers made here, its end
  *   exchange_framing.c   its framing's side (sl_exchange.h): opened, fed, the
- *                        response taken (written or pulled), its end
- *   exchange_tries.c     which replica, and what follows a failure: model route,
- *                        fallback, the fair queue's wait, retries, a try's end
+ *                        response taken (written or pulled)
+ *   exchange.c           the request's life: the head's rules, auth and
+ *                        admission, answers made here, the response handed to
+ *                        the framing, a try's end, the request's end
  *   exchange_response.c  the runner's answer: its head made the client's, body
  *                        bytes through the model rewrite and the usage scanner
  *                        into the bounded stream buffer, pause and resume
+ *   exchange_tries.c     which replica, and what follows a failure: model route,
+ *                        fallback, the fair queue's wait, retries; what is left
+ *                        to answer comes back as a verdict
+ *   exchange_core.c      the ground floor: states and deadlines, the slot given
+ *                        back, the flush queue, the last reference
  *
  * The request's state machine:
  *
@@ -34,6 +39,7 @@
 
 #include <ev.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <sys/queue.h>
 #include <sys/types.h>
@@ -140,6 +146,7 @@ struct sl_conn {
 
 	/* Upstream. */
 	struct sl_xfer xf;         /* the try in flight (sl_transfer.h) */
+	struct sl_xfer_sink sink;  /* where its head and body go */
 	int status;                /* upstream status */
 	struct sl_resp_head uh;    /* upstream response head, filtered */
 	int upstream_bad;          /* malformed upstream head */
@@ -184,38 +191,22 @@ struct sl_conn {
 	int dead;                  /* closed; freed when depth drops to 0 */
 };
 
-/* exchange.c: the request's life. */
+/*
+ * The rooms call one way, down this list: a room calls the ones below it
+ * and none above (test_layout holds them to it).
+ *
+ * exchange_framing.c: the framing's calls (sl_exchange.h), declared there.
+ *
+ * exchange.c: the request's life.
+ */
 void conn_init(struct sl_conn *c, struct sl_worker *w, int fd);
-void conn_set_state(struct sl_conn *c, enum conn_state s);
-void conn_timer_update(struct sl_conn *c);
 size_t conn_process(struct sl_conn *c, const char *p, size_t n);
 void conn_error(struct sl_conn *c, enum sl_err e, const char *message,
     int retry_after);
-void conn_release(struct sl_conn *c);
 void conn_request_end(struct sl_conn *c, enum sl_end end);
 void conn_close(struct sl_conn *c, enum sl_close why);
-void conn_unref(struct sl_conn *c);
-void conn_count_uerr(struct sl_conn *c, enum sl_uerr kind);
-size_t conn_model_slot(const struct sl_conn *c);
-
-/* The upstream of the current request: valid once its body is read. */
-static inline size_t
-conn_upstream_idx(const struct sl_conn *c)
-{
-	return c->up_idx;
-}
-
-/* exchange_framing.c: what the framing takes, and the end. */
 int conn_flush(struct sl_conn *c);
 void conn_after_write(struct sl_conn *c);
-void conn_mark_dirty(struct sl_conn *c);
-
-/* exchange_tries.c: replicas, fallbacks, the queue, retries. */
-void conn_start_upstream(struct sl_conn *c);
-void conn_abort_upstream(struct sl_conn *c);
-void conn_report_try(struct sl_conn *c, int code);
-void conn_queue_leave(struct sl_conn *c, enum sl_queue_outcome why);
-int conn_fallback_find(struct sl_conn *c, enum sl_fb_cause why, int *m, int *t);
 
 /* exchange_response.c: the runner's answer to the client. */
 size_t upstream_header_cb(char *p, size_t size, size_t nitems, void *arg);
@@ -227,5 +218,57 @@ void conn_queue_charge_running(struct sl_conn *c);
 void conn_usage_reset(struct sl_conn *c);
 void conn_usage_finish(struct sl_conn *c);
 void conn_mrw_free(struct sl_conn *c);
+
+/*
+ * exchange_tries.c: which replica, and what follows a failure. What it
+ * leaves to answer comes back as a verdict, never as a call up.
+ */
+struct sl_verdict {
+	int answer;                /* 1: answer err here; 0: a try started,
+	                            * or the request waits in the queue */
+	enum sl_err err;
+	int retry_after;
+	char msg[400];             /* "": the error's own message */
+};
+
+static inline int
+sl_verdict(struct sl_verdict *v, enum sl_err e, const char *msg, int ra)
+{
+	v->answer = 1;
+	v->err = e;
+	v->retry_after = ra;
+	snprintf(v->msg, sizeof(v->msg), "%s", msg != NULL ? msg : "");
+	return -1;
+}
+
+void conn_start_upstream(struct sl_conn *c, struct sl_verdict *v);
+int conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result,
+    struct sl_verdict *v);
+void conn_busy_next(struct sl_conn *c, struct sl_verdict *v);
+struct sl_conn *conn_queue_grant(struct sl_worker *w,
+    const struct sl_queue_grant *g, struct sl_verdict *v);
+int conn_try(struct sl_conn *c, int r);
+void conn_abort_upstream(struct sl_conn *c);
+void conn_report_try(struct sl_conn *c, int code);
+void conn_queue_leave(struct sl_conn *c, enum sl_queue_outcome why);
+int conn_fallback_find(struct sl_conn *c, enum sl_fb_cause why, int *m, int *t);
+
+/* exchange_core.c: the ground floor. */
+const char *conn_state_name(enum conn_state s);
+void conn_set_state(struct sl_conn *c, enum conn_state s);
+ev_tstamp conn_deadline(struct sl_conn *c);
+void conn_timer_update(struct sl_conn *c);
+void conn_release(struct sl_conn *c);
+void conn_mark_dirty(struct sl_conn *c);
+void conn_unref(struct sl_conn *c);
+void conn_count_uerr(struct sl_conn *c, enum sl_uerr kind);
+size_t conn_model_slot(const struct sl_conn *c);
+
+/* The upstream of the current request: valid once its body is read. */
+static inline size_t
+conn_upstream_idx(const struct sl_conn *c)
+{
+	return c->up_idx;
+}
 
 #endif

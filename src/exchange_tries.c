@@ -104,18 +104,16 @@ conn_body_wide(const struct sl_conn *c, const struct sl_upstream_conf *up)
  * caller took (sl_pool_pick). Returns 0, or -1 when the transfer could not
  * be started (the slot is given back; the caller answers).
  */
-static int
+int
 conn_try(struct sl_conn *c, int r)
 {
 	struct sl_worker *w = c->w;
-	const struct sl_xfer_sink sink = { upstream_header_cb, upstream_write_cb,
-	    c };
 
 	c->replica = c->last_replica = r;
 	c->tried |= 1ULL << r;
 	c->tries++;
 	c->reported = 0;
-	if (sl_xfer_prepare(&c->xf, w->xfers, &sink,
+	if (sl_xfer_prepare(&c->xf, w->xfers, &c->sink,
 	    (long)w->cfg->timeouts.upstream_connect_ms,
 	    sl_pool_url(w->pools, conn_upstream_idx(c), r), &c->req) == -1)
 		goto fail;
@@ -163,11 +161,11 @@ conn_body_unreadable(const struct sl_conn *c)
 /*
  * Choose the request's upstream: its tenant's, or with models: the one the
  * model its body names resolves to (sl_model.h), the body rewritten for
- * that target. Returns 0, or -1 when the request was answered here (400,
- * 404 model_not_found; the slot is given back at once).
+ * that target. Returns 0, or -1 with the answer in v (400, 404
+ * model_not_found).
  */
 static int
-conn_route_model(struct sl_conn *c)
+conn_route_model(struct sl_conn *c, struct sl_verdict *v)
 {
 	const struct sl_config *cfg = c->w->cfg;
 	struct sl_route r;
@@ -183,14 +181,11 @@ conn_route_model(struct sl_conn *c)
 		char msg[200];
 
 		snprintf(msg, sizeof(msg), "%s%s", SL_MODEL_AMBIGUOUS_MSG, why);
-		conn_error(c, SL_ERR_BAD_REQUEST, msg, 0);
-		return -1;
+		return sl_verdict(v, SL_ERR_BAD_REQUEST, msg, 0);
 	}
 	if (sl_model_route(c->w->models, cfg, (size_t)c->tenant, c->req.body,
-	    c->req.body_len, ct, ctlen, &r) == -1) {
-		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
-		return -1;
-	}
+	    c->req.body_len, ct, ctlen, &r) == -1)
+		return sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 	/* For the access log: the name as sent (a 404's too), and as sent on. */
 	free(c->mname);
 	c->mname = NULL;
@@ -199,11 +194,9 @@ conn_route_model(struct sl_conn *c)
 		c->mname_len = r.client_len;
 	}
 	c->msent = r.sent;
-	if (r.status != 0) {
-		conn_error(c, sl_err_find(r.status, r.code, SL_ERR_BAD_REQUEST),
-		    r.message, 0);
-		return -1;
-	}
+	if (r.status != 0)
+		return sl_verdict(v, sl_err_find(r.status, r.code,
+		    SL_ERR_BAD_REQUEST), r.message, 0);
 	c->model = r.model;
 	c->up_idx = r.upstream;
 	c->mtarget = c->troute = r.target;
@@ -286,11 +279,12 @@ conn_fallback_switch(struct sl_conn *c, int m, int t)
 
 /*
  * The try in flight (if any) failed for `why`: when the request may fall
- * back, stop it and start one on the fallback chain. Returns 0 when a try
- * started, -1 when the caller answers.
+ * back, stop it and start one on the fallback chain. Returns 0 when it
+ * fell back (a try started, or v says the one chosen could not start),
+ * -1 when it may not (the caller answers).
  */
 static int
-conn_fallback(struct sl_conn *c, enum sl_fb_cause why)
+conn_fallback(struct sl_conn *c, enum sl_fb_cause why, struct sl_verdict *v)
 {
 	int m, t, r;
 
@@ -303,7 +297,7 @@ conn_fallback(struct sl_conn *c, enum sl_fb_cause why)
 		return -1;
 	}
 	if (conn_try(c, r) == -1)
-		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
+		sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 	return 0;
 }
 
@@ -354,11 +348,11 @@ conn_queue_in_use(const struct sl_conn *c)
 /*
  * Every replica of the request's pool that could take it is full: wait
  * in the fair queue (CS_QUEUED), holding the tenant slot. Returns 0 when
- * waiting or answered (503 queue_full); -1 when it may not wait (tenant
+ * waiting or when v says 503 queue_full; -1 when it may not wait (tenant
  * priority below 0, no queue): the caller answers upstream_unavailable.
  */
 static int
-conn_enqueue(struct sl_conn *c, int retry_after)
+conn_enqueue(struct sl_conn *c, int retry_after, struct sl_verdict *v)
 {
 	struct sl_worker *w = c->w;
 	size_t u = conn_upstream_idx(c), qp = w->queue_slot[u];
@@ -372,7 +366,7 @@ conn_enqueue(struct sl_conn *c, int retry_after)
 	case SL_QUEUE_FULL:
 		snprintf(msg, sizeof(msg), "every replica of upstream '%s' is "
 		    "full and its queue too", w->cfg->upstreams[u].name);
-		conn_error(c, SL_ERR_QUEUE_FULL, msg, retry_after);
+		sl_verdict(v, SL_ERR_QUEUE_FULL, msg, retry_after);
 		return 0;
 	default:
 		return -1;
@@ -392,20 +386,23 @@ conn_enqueue(struct sl_conn *c, int retry_after)
 	return 0;
 }
 
-/* The request is read whole: build its upstream head, choose a replica. */
+/*
+ * The request is read whole: build its upstream head, choose a replica and
+ * start a try, or wait in the fair queue; or v says how to answer.
+ */
 void
-conn_start_upstream(struct sl_conn *c)
+conn_start_upstream(struct sl_conn *c, struct sl_verdict *v)
 {
 	const struct sl_config *cfg = c->w->cfg;
 	const struct sl_upstream_conf *up;
 	int r, retry_after;
 
-	if (conn_route_model(c) == -1)
+	if (conn_route_model(c, v) == -1)
 		return;
 	up = &cfg->upstreams[conn_upstream_idx(c)];
 	if (conn_body_wide(c, up)) {
-		conn_error(c, SL_ERR_BAD_REQUEST,
-		    "request body must be UTF-8 JSON", 0);
+		sl_verdict(v, SL_ERR_BAD_REQUEST, "request body must be UTF-8 JSON",
+		    0);
 		return;
 	}
 	sl_meter_request(&c->meter, cfg->usage.enabled, cfg->usage.inject,
@@ -413,7 +410,7 @@ conn_start_upstream(struct sl_conn *c)
 	if (conn_inject_priority(c, up) == -1 ||
 	    sl_xfer_headers(&c->xf, c->w->xfers, conn_upstream_idx(c), &c->req,
 	    c->peer, c->meter.on || c->model >= 0) == -1) {
-		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
+		sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 		return;
 	}
 	/* The upstream head is built: the client's is not needed any more. */
@@ -439,11 +436,11 @@ conn_start_upstream(struct sl_conn *c)
 	} else
 		r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0,
 		    &retry_after);
-	if (r < 0 && c->model >= 0 && conn_fallback(c, SL_FB_NO_REPLICA) == 0)
+	if (r < 0 && c->model >= 0 && conn_fallback(c, SL_FB_NO_REPLICA, v) == 0)
 		return;   /* another model's or target's pool took it */
 	if (r < 0 && sl_pool_queueable(c->w->pools, conn_upstream_idx(c)) &&
-	    conn_enqueue(c, retry_after) == 0)
-		return;   /* waiting, or answered 503 queue_full */
+	    conn_enqueue(c, retry_after, v) == 0)
+		return;   /* waiting, or 503 queue_full */
 	if (r < 0) {
 		char msg[160];
 
@@ -451,7 +448,7 @@ conn_start_upstream(struct sl_conn *c)
 		snprintf(msg, sizeof(msg), "no replica of upstream '%s' can take "
 		    "the request now (down, ejected, busy or at capacity)",
 		    up->name);
-		conn_error(c, SL_ERR_UPSTREAM_UNAVAILABLE, msg, retry_after);
+		sl_verdict(v, SL_ERR_UPSTREAM_UNAVAILABLE, msg, retry_after);
 		return;
 	}
 	if (c->w->queue != NULL && up->queue.enabled) {
@@ -462,16 +459,16 @@ conn_start_upstream(struct sl_conn *c)
 		c->q_charged = c->meter.prompt_est;
 	}
 	if (conn_try(c, r) == -1)
-		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
+		sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 }
 
 /*
  * Move the request to replica r2 (its slot taken by sl_pool_pick): count
- * why, end the current try, start the next. Answers 502 itself when the
- * next try cannot start.
+ * why, end the current try, start the next; v says 502 when it cannot.
  */
 static void
-conn_next_try(struct sl_conn *c, int r2, enum sl_retry_reason why)
+conn_next_try(struct sl_conn *c, int r2, enum sl_retry_reason why,
+    struct sl_verdict *v)
 {
 	size_t u = conn_upstream_idx(c);
 
@@ -486,17 +483,19 @@ conn_next_try(struct sl_conn *c, int r2, enum sl_retry_reason why)
 		    sl_shm_retry_label(why), sl_pool_url(c->w->pools, u, r2));
 	conn_stop_transfer(c);
 	if (conn_try(c, r2) == -1)
-		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
+		sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 }
 
 /*
  * A try failed before any response byte reached the client: report it, and
  * move the request to another replica when the pool's policy allows it
- * (retry_on, retries). Returns 0 when a next try started, -1 when the
- * caller answers the failure.
+ * (retry_on, retries), or down its fallback chain. Returns 0 when it moved
+ * (a next try started, or v says why none could), -1 when the caller
+ * answers the failure.
  */
-static int
-conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
+int
+conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result,
+    struct sl_verdict *v)
 {
 	const struct sl_upstream_conf *up =
 	    &c->w->cfg->upstreams[conn_upstream_idx(c)];
@@ -507,7 +506,7 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 	    SL_CODE_RESET);
 	if (kind == SL_UERR_CONNECT) {
 		if (!(up->retry_on & SL_RETRY_CONNECT))
-			return conn_fallback(c, SL_FB_CONNECT);
+			return conn_fallback(c, SL_FB_CONNECT, v);
 		why = SL_RETRY_R_CONNECT;
 	} else if (kind == SL_UERR_RESET && c->uh.status == 0 &&
 	    (c->xf.resend_refused || result == CURLE_GOT_NOTHING ||
@@ -518,206 +517,18 @@ conn_retry(struct sl_conn *c, enum sl_uerr kind, CURLcode result)
 		 * `empty` sends it to another replica.
 		 */
 		if (!(up->retry_on & SL_RETRY_EMPTY))
-			return conn_fallback(c, SL_FB_STARTED);
+			return conn_fallback(c, SL_FB_STARTED, v);
 		why = SL_RETRY_R_EMPTY;
 	} else
-		return conn_fallback(c, SL_FB_STARTED);
+		return conn_fallback(c, SL_FB_STARTED, v);
 	/* No replica of this pool may try it again: the fallback chain may. */
 	if (c->tries - c->tries_base > up->retries ||
 	    (r2 = sl_pool_pick(c->w->pools,
 	    conn_upstream_idx(c), c->tried, &wait)) < 0)
 		return conn_fallback(c, why == SL_RETRY_R_CONNECT ?
-		    SL_FB_CONNECT : SL_FB_STARTED);
-	conn_next_try(c, r2, why);
+		    SL_FB_CONNECT : SL_FB_STARTED, v);
+	conn_next_try(c, r2, why, v);
 	return 0;
-}
-
-void
-sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
-    CURLcode result)
-{
-	struct sl_worker *w = arg;
-	struct sl_conn *c = NULL;
-
-	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&c);
-	if (c == NULL || c->xf.easy != easy) {
-		sl_transfers_discard(w->xfers, sh, easy);
-		return;
-	}
-	c->depth++;
-	if (c->retry_next >= 0 && !c->client_gone) {
-		/* A busy head: on to the replica chosen in the header callback. */
-		int r2 = c->retry_next;
-
-		c->retry_next = -1;
-		if (c->fb_model >= 0) {
-			/* A busy head and no other replica: a fallback target. */
-			int m = c->fb_model, t = c->fb_target;
-
-			c->fb_model = -1;
-			conn_stop_transfer(c);
-			if (conn_fallback_switch(c, m, t) == -1) {
-				sl_pool_release(c->w->pools,
-				    c->w->cfg->models[m].targets[t].upstream_idx, r2);
-				conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
-			} else if (conn_try(c, r2) == -1)
-				conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
-			goto out;
-		}
-		conn_next_try(c, r2, SL_RETRY_R_BUSY);
-		goto out;
-	}
-	if (!c->client_gone && c->xf.no_fds) {
-		/* Our descriptors ran out, not the upstream: not its error. */
-		sl_warn("upstream %.*s: out of file descriptors",
-		    (int)strcspn(c->xf.url, "?#"), c->xf.url);
-		conn_abort_upstream(c);
-		conn_error(c, SL_ERR_OVERLOADED,
-		    "the gateway is out of file descriptors; retry later", 1);
-		goto out;
-	}
-	if (!c->client_gone && (result != CURLE_OK || c->upstream_bad)) {
-		enum sl_uerr kind = SL_UERR_RESET;
-
-		/* The query string may carry secrets: log the path only. */
-		sl_warn("upstream %.*s: %s", (int)strcspn(c->xf.url, "?#"), c->xf.url,
-		    c->upstream_bad ? "malformed response head" :
-		    c->xf.resend_refused ? "connection closed after the request "
-		    "was sent, without a response (not sent again)" :
-		    curl_easy_strerror(result));
-		if (c->upstream_bad || result == CURLE_WEIRD_SERVER_REPLY ||
-		    result == CURLE_UNSUPPORTED_PROTOCOL)
-			kind = SL_UERR_BAD_RESPONSE;
-		else if (result == CURLE_COULDNT_CONNECT ||
-		    result == CURLE_COULDNT_RESOLVE_HOST ||
-		    result == CURLE_OPERATION_TIMEDOUT ||
-		    result == CURLE_SSL_CONNECT_ERROR)
-			kind = SL_UERR_CONNECT;
-		conn_count_uerr(c, kind);
-		if (c->head_sent) {
-			/* Cut mid-stream: the replica failed all the same. */
-			sl_pool_failed(c->w->pools, conn_upstream_idx(c),
-			    c->replica);
-		} else if (conn_retry(c, kind, result) == 0) {
-			goto out;
-		}
-		c->end = SL_END_UPSTREAM_ERROR;
-	} else if (!c->client_gone && !c->head_sent) {
-		/* Done without a final head: only 1xx, or nothing usable. */
-		conn_report_try(c, SL_CODE_RESET);
-	}
-	conn_abort_upstream(c);    /* removes and frees the handle */
-	if (c->client_gone) {
-		conn_close(c, SL_CLOSE_CLIENT_GONE);
-		goto out;
-	}
-	if (result != CURLE_OK || c->upstream_bad) {
-		if (!c->head_sent || c->state == CS_UPSTREAM) {
-			conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, c->upstream_bad ?
-			    "upstream sent a malformed response" :
-			    "upstream unreachable or failed", 0);
-			goto out;
-		}
-		/* Mid-stream: deliver what arrived, then close, no last chunk. */
-		sl_info("conn %d: upstream cut the stream: %s", c->fd,
-		    curl_easy_strerror(result));
-		conn_usage_finish(c);
-		c->close_after = 1;
-		c->resp_done = 1;
-		c->chunked = 0;
-		if (conn_flush(c) == -1) {
-			conn_close(c, SL_CLOSE_CLIENT_GONE);
-			goto out;
-		}
-		if (c->rh_off == c->rh.len && sl_buf_len(&c->out) == 0)
-			conn_close(c, SL_CLOSE_UPSTREAM_ERROR);
-		else
-			conn_timer_update(c);
-		goto out;
-	}
-	if (!c->head_sent) {
-		/* Done without a final head: only 1xx, or nothing usable. */
-		conn_count_uerr(c, SL_UERR_BAD_RESPONSE);
-		c->end = SL_END_UPSTREAM_ERROR;
-		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE,
-		    "upstream sent no final response", 0);
-		goto out;
-	}
-	if (c->state == CS_UPSTREAM)
-		conn_set_state(c, CS_STREAM);
-	conn_usage_finish(c);   /* tokens charged before the last byte goes */
-	if (c->chunked && sl_buf_append(&c->out, "0\r\n\r\n", 5) == -1) {
-		/* CHUNK_FRAMING slack guarantees room; this is a bug. */
-		sl_err("conn %d: no room for the last chunk", c->fd);
-		conn_close(c, SL_CLOSE_BUG);
-		goto out;
-	}
-	c->resp_done = 1;
-	if (conn_flush(c) == -1) {
-		conn_close(c, SL_CLOSE_CLIENT_GONE);
-		goto out;
-	}
-	conn_timer_update(c);
-	conn_after_write(c);
-out:
-	conn_unref(c);
-}
-
-/* The upstream of w's config whose queue pool index is qp, or -1. */
-static int64_t
-queue_upstream(const struct sl_worker *w, size_t qp)
-{
-	size_t u;
-
-	for (u = 0; u < w->cfg->nupstreams; u++)
-		if (qp != 0 && w->queue_slot[u] == qp)
-			return (int64_t)u;
-	return -1;
-}
-
-/* A grant for one of w's waiters: its request starts on that replica. */
-static void
-conn_queue_granted(struct sl_worker *w, const struct sl_queue_grant *g)
-{
-	struct sl_conn *c;
-	int64_t u;
-	int r = -1;
-
-	TAILQ_FOREACH(c, &w->queued, qentry)
-		if (c->qhandle == g->handle)
-			break;
-	u = queue_upstream(w, g->pool);
-	if (g->slot != SL_QUEUE_CLOSED && u >= 0)
-		r = sl_pool_replica_of(w->pools, (size_t)u, g->slot);
-	if (c == NULL) {
-		/* Cannot happen (a waiter that leaves cancels): pass it on. */
-		if (r >= 0)
-			sl_pool_release(w->pools, (size_t)u, r);
-		else if (g->slot != SL_QUEUE_CLOSED)
-			sl_shm_release(w->shm, w->row, g->slot);
-		return;
-	}
-	TAILQ_REMOVE(&w->queued, c, qentry);
-	c->qhandle = 0;
-	c->queued_total += ev_now(w->loop) - c->t_queued;
-	c->q_charged = c->meter.prompt_est;   /* sl_queue_enqueue's dispatch cost */
-	c->depth++;
-	if (r < 0 || (size_t)u != conn_upstream_idx(c)) {
-		/*
-		 * The pool was removed by a reload, or the slot is of a
-		 * replica this generation does not know.
-		 */
-		if (g->slot != SL_QUEUE_CLOSED) {
-			if (r >= 0)
-				sl_pool_release(w->pools, (size_t)u, r);
-			else
-				sl_shm_release(w->shm, w->row, g->slot);
-		}
-		conn_error(c, SL_ERR_UPSTREAM_UNAVAILABLE,
-		    "the upstream was removed by a reload", 1);
-	} else if (conn_try(c, r) == -1)
-		conn_error(c, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
-	conn_unref(c);
 }
 
 void
@@ -735,18 +546,91 @@ sl_conn_queue_tick(struct sl_worker *w)
 	}
 }
 
+/*
+ * A busy head (429, 502, 503) stopped the try, and the header callback
+ * picked where the request goes next (retry_next: a replica of its pool,
+ * or of a fallback target's): start that try, or v says 502.
+ */
 void
-sl_conn_queue_event(struct sl_worker *w)
+conn_busy_next(struct sl_conn *c, struct sl_verdict *v)
 {
-	struct sl_queue_grant g[32];
-	size_t n, i;
+	int r2 = c->retry_next, m, t;
 
-	if (w->queue == NULL)
+	c->retry_next = -1;
+	if (c->fb_model < 0) {
+		conn_next_try(c, r2, SL_RETRY_R_BUSY, v);
 		return;
-	do {
-		n = sl_queue_collect(w->queue, w->row, g, 32, sl_mono_ms());
-		for (i = 0; i < n; i++)
-			conn_queue_granted(w, &g[i]);
-	} while (n == 32);
-	sl_conn_flush_dirty(w);
+	}
+	/* No other replica of its pool: a target of its fallback chain. */
+	m = c->fb_model;
+	t = c->fb_target;
+	c->fb_model = -1;
+	conn_stop_transfer(c);
+	if (conn_fallback_switch(c, m, t) == -1) {
+		sl_pool_release(c->w->pools,
+		    c->w->cfg->models[m].targets[t].upstream_idx, r2);
+		sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
+	} else if (conn_try(c, r2) == -1)
+		sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
+}
+
+/* The upstream of w's config whose queue pool index is qp, or -1. */
+static int64_t
+queue_upstream(const struct sl_worker *w, size_t qp)
+{
+	size_t u;
+
+	for (u = 0; u < w->cfg->nupstreams; u++)
+		if (qp != 0 && w->queue_slot[u] == qp)
+			return (int64_t)u;
+	return -1;
+}
+
+/*
+ * A grant of the fair queue for one of w's waiters: the waiter, out of the
+ * queue, its request started on the replica granted, or v says how to
+ * answer. NULL when no waiter has it (the slot is passed on).
+ */
+struct sl_conn *
+conn_queue_grant(struct sl_worker *w, const struct sl_queue_grant *g,
+    struct sl_verdict *v)
+{
+	struct sl_conn *c;
+	int64_t u;
+	int r = -1;
+
+	TAILQ_FOREACH(c, &w->queued, qentry)
+		if (c->qhandle == g->handle)
+			break;
+	u = queue_upstream(w, g->pool);
+	if (g->slot != SL_QUEUE_CLOSED && u >= 0)
+		r = sl_pool_replica_of(w->pools, (size_t)u, g->slot);
+	if (c == NULL) {
+		/* Cannot happen (a waiter that leaves cancels): pass it on. */
+		if (r >= 0)
+			sl_pool_release(w->pools, (size_t)u, r);
+		else if (g->slot != SL_QUEUE_CLOSED)
+			sl_shm_release(w->shm, w->row, g->slot);
+		return NULL;
+	}
+	TAILQ_REMOVE(&w->queued, c, qentry);
+	c->qhandle = 0;
+	c->queued_total += ev_now(w->loop) - c->t_queued;
+	c->q_charged = c->meter.prompt_est;   /* sl_queue_enqueue's dispatch cost */
+	if (r < 0 || (size_t)u != conn_upstream_idx(c)) {
+		/*
+		 * The pool was removed by a reload, or the slot is of a
+		 * replica this generation does not know.
+		 */
+		if (g->slot != SL_QUEUE_CLOSED) {
+			if (r >= 0)
+				sl_pool_release(w->pools, (size_t)u, r);
+			else
+				sl_shm_release(w->shm, w->row, g->slot);
+		}
+		sl_verdict(v, SL_ERR_UPSTREAM_UNAVAILABLE,
+		    "the upstream was removed by a reload", 1);
+	} else if (conn_try(c, r) == -1)
+		sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
+	return c;
 }

@@ -192,3 +192,30 @@ def test_the_exchange_reaches_its_framings_only_through_their_function_table():
     assert framing_state == [], framing_state
     for framing in ("src/h1.c", "src/h2.c"):
         assert '#include "sl_exchange.h"' in read(framing), framing
+
+
+# The exchange's rooms, top floor first: each calls only those after it.
+EXCHANGE_FLOORS = ["src/exchange_framing.c", "src/exchange.c", "src/exchange_response.c",
+                   "src/exchange_tries.c", "src/exchange_core.c"]
+
+
+def calls_up(floors):
+    """(caller, name, callee) for each function a room uses from a room above it."""
+    text = {f: re.sub(r"/\*.*?\*/", "", read(f), flags=re.S) for f in floors}
+    defined = {}
+    for f in floors:
+        for name, _ in functions(text[f]):
+            defined.setdefault(name, f)
+    return sorted((f, name, g) for f in floors for name, g in defined.items()
+                  if floors.index(f) > floors.index(g)
+                  and re.search(r"\b%s\b" % name, text[f]))
+
+
+def test_the_exchanges_rooms_call_one_way_down():
+    rooms = sorted(r for r in sources()
+                   if re.match(r"src/exchange.*\.c$", r))
+    assert rooms == sorted(EXCHANGE_FLOORS), rooms   # a new room takes a floor
+    assert len(list(functions(read("src/exchange.c")))) > 20   # the scan works
+    assert calls_up(EXCHANGE_FLOORS) == []
+    # ... and it would see one: the core's set_state is called from above.
+    assert calls_up(["src/exchange_core.c", "src/exchange.c"]) != []
