@@ -15,6 +15,13 @@
 #include <stdint.h>
 #include <time.h>
 
+/* A duration in milliseconds (a config value) as libev's seconds. */
+static inline double
+sl_ms_to_s(uint64_t ms)
+{
+	return (double)ms / 1000.0;
+}
+
 static inline uint64_t
 sl_mono_ns(void)
 {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "sl_log.h"
+#include "sl_util.h"
 #include "exchange_int.h"
 
 static const char *const state_names[] = {
@@ -62,12 +63,6 @@ conn_release(struct sl_conn *c)
 	}
 }
 
-static double
-ms(uint64_t v)
-{
-	return (double)v / 1000.0;
-}
-
 /* Earliest deadline that applies in the current state, or 0 for none. */
 ev_tstamp
 conn_deadline(struct sl_conn *c)
@@ -77,32 +72,32 @@ conn_deadline(struct sl_conn *c)
 
 	switch (c->state) {
 	case CS_HEAD:
-		return c->t_req + ms(cfg->timeouts.client_header_ms);
+		return c->t_req + sl_ms_to_s(cfg->timeouts.client_header_ms);
 	case CS_BODY: {
 		/* A pause between reads, and the whole body, are both bounded. */
-		ev_tstamp idle = c->t_req + ms(cfg->timeouts.client_header_ms);
-		ev_tstamp total = c->t_body + ms(cfg->timeouts.client_body_ms);
+		ev_tstamp idle = c->t_req + sl_ms_to_s(cfg->timeouts.client_header_ms);
+		ev_tstamp total = c->t_body + sl_ms_to_s(cfg->timeouts.client_body_ms);
 
 		return idle < total ? idle : total;
 	}
 	case CS_ADMIT:
 		return 0;   /* the cluster decides within cluster.timeout */
 	case CS_UPSTREAM:
-		return c->t_upstream + ms(cfg->timeouts.upstream_first_byte_ms);
+		return c->t_upstream + sl_ms_to_s(cfg->timeouts.upstream_first_byte_ms);
 	case CS_STREAM:
 		if (c->paused || (c->xf.easy == NULL && waiting))
-			return c->t_client + ms(cfg->timeouts.client_stall_ms);
+			return c->t_client + sl_ms_to_s(cfg->timeouts.client_stall_ms);
 		if (c->xf.easy != NULL)
-			return c->t_upstream + ms(cfg->timeouts.upstream_idle_ms);
+			return c->t_upstream + sl_ms_to_s(cfg->timeouts.upstream_idle_ms);
 		return 0;
 	case CS_LOCAL:
 		if (waiting)
-			return c->t_client + ms(cfg->timeouts.client_stall_ms);
-		return c->t_req + ms(cfg->timeouts.client_header_ms);
+			return c->t_client + sl_ms_to_s(cfg->timeouts.client_stall_ms);
+		return c->t_req + sl_ms_to_s(cfg->timeouts.client_header_ms);
 	case CS_QUEUED:
 		/* The pool's timeout now: a reload's applies to waiters. */
 		return c->t_queued +
-		    ms((uint64_t)sl_queue_timeout_ms(c->w->queue, c->qpool));
+		    sl_ms_to_s((uint64_t)sl_queue_timeout_ms(c->w->queue, c->qpool));
 	}
 	return 0;
 }

@@ -41,6 +41,7 @@
 #include "sl_h1.h"
 #include "sl_h2.h"
 #include "sl_log.h"
+#include "sl_util.h"
 #include "sl_net.h"
 #include "sl_reply.h"
 #include "sl_shm.h"
@@ -96,12 +97,6 @@ static void h1_close(struct sl_h1 *, enum sl_close);
 static void h1_feed(struct sl_h1 *);
 static void h1_read_event(struct sl_h1 *);
 
-static double
-ms(uint64_t v)
-{
-	return (double)v / 1000.0;
-}
-
 static void
 h1_unref(struct sl_h1 *h)
 {
@@ -121,13 +116,13 @@ h1_deadline(const struct sl_h1 *h)
 
 	switch (h->state) {
 	case H1_HANDSHAKE:
-		return h->t_ready + ms(cfg->timeouts.client_header_ms);
+		return h->t_ready + sl_ms_to_s(cfg->timeouts.client_header_ms);
 	case H1_IDLE:
 		if (h->nreq == 0)
-			return h->t_ready + ms(cfg->timeouts.client_header_ms);
+			return h->t_ready + sl_ms_to_s(cfg->timeouts.client_header_ms);
 		if (cfg->timeouts.keepalive_ms == 0)
 			return h->t_ready;
-		return h->t_ready + ms(cfg->timeouts.keepalive_ms);
+		return h->t_ready + sl_ms_to_s(cfg->timeouts.keepalive_ms);
 	case H1_BUSY:
 		return 0;
 	case H1_LINGER:
