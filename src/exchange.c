@@ -270,8 +270,20 @@ conn_request_end(struct sl_conn *c, enum sl_end end)
 	 * its slot is free.
 	 */
 	conn_release(c);
-	/* The real time: a refusal is answered within one loop iteration. */
-	now = ev_time();
+	/*
+	 * The loop's clock, fresh: a refusal is answered within one loop
+	 * iteration. Not ev_time(): t_start and t_first are the loop's
+	 * clock, which runs on the monotonic one and re-reads the real time
+	 * only every half second, so under NTP slew it may be ahead of
+	 * ev_time() by a few hundred microseconds and a quick refusal would
+	 * last a negative time. A resync may still step it back: clamp.
+	 */
+	ev_now_update(w->loop);
+	now = ev_now(w->loop);
+	if (now < c->t_start)
+		now = c->t_start;
+	if (c->t_first > now)
+		now = c->t_first;
 	if (c->end != SL_END_NONE)
 		end = c->end;
 	if (c->paused)
