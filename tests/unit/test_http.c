@@ -18,6 +18,7 @@
 
 #include "unit.h"
 
+#include "sl_api.h"
 #include "sl_http.h"
 
 #define MAX_HEAD 4096
@@ -1004,6 +1005,83 @@ test_retry_after_reads_seconds_and_http_dates(void **state)
 	assert_int_equal(sl_http_retry_after("", 0, at), 0);
 }
 
+static enum sl_api
+api_of(const char *u, int *exact)
+{
+	return sl_api_of(u, strlen(u), exact);
+}
+
+static void
+test_api_of_paths(void **state)
+{
+	int ex = -1;
+
+	(void)state;
+	assert_int_equal(api_of("/v1/chat/completions", &ex), SL_API_CHAT);
+	assert_int_equal(ex, 1);
+	assert_int_equal(api_of("/v1/chat/%63ompletions?x=1", &ex), SL_API_CHAT);
+	assert_int_equal(ex, 1);
+	assert_int_equal(api_of("/v1/completions", NULL), SL_API_COMPLETIONS);
+	assert_int_equal(api_of("/v1/responses", &ex), SL_API_RESPONSES);
+	assert_int_equal(ex, 1);
+	assert_int_equal(api_of("/v1/responses/resp_1/cancel", &ex), SL_API_RESPONSES);
+	assert_int_equal(ex, 0);
+	assert_int_equal(api_of("/v1/responses%2fresp_1", &ex), SL_API_RESPONSES);
+	assert_int_equal(ex, 0);
+	assert_int_equal(api_of("/v1/messages", &ex), SL_API_MESSAGES);
+	assert_int_equal(ex, 1);
+	assert_int_equal(api_of("/v1/messages/count_tokens", &ex), SL_API_MESSAGES);
+	assert_int_equal(ex, 0);
+	assert_int_equal(api_of("/v1/embeddings?x", &ex), SL_API_EMBEDDINGS);
+	assert_int_equal(ex, 1);
+	/* Not a tree, and not a prefix of a word. */
+	assert_int_equal(api_of("/v1/embeddings/x", NULL), SL_API_OTHER);
+	assert_int_equal(api_of("/v1/messagesx", NULL), SL_API_OTHER);
+	assert_int_equal(api_of("/v1/chat/completions/", NULL), SL_API_OTHER);
+	assert_int_equal(api_of("/v1/models", NULL), SL_API_OTHER);
+	assert_int_equal(api_of("/v1/response", NULL), SL_API_OTHER);
+	assert_int_equal(api_of("/v1/%zz", NULL), SL_API_OTHER);
+	assert_string_equal(sl_api_names[SL_API_MESSAGES], "messages");
+	assert_string_equal(sl_api_names[SL_API_OTHER], "other");
+}
+
+static void
+test_api_metered_is_a_post_to_an_endpoint(void **state)
+{
+	(void)state;
+	assert_true(sl_api_metered(HTTP_POST, "/v1/responses", 13));
+	assert_true(sl_api_metered(HTTP_POST, "/v1/messages?beta=1", 19));
+	assert_true(sl_api_metered(HTTP_POST, "/v1/embeddings", 14));
+	assert_true(sl_api_metered(HTTP_POST, "/v1/chat/completions", 20));
+	assert_false(sl_api_metered(HTTP_GET, "/v1/responses", 13));
+	assert_false(sl_api_metered(HTTP_POST, "/v1/messages/count_tokens", 25));
+	assert_false(sl_api_metered(HTTP_POST, "/v1/responses/r1/cancel", 23));
+	assert_false(sl_api_metered(HTTP_POST, "/v1/models", 10));
+}
+
+static void
+test_api_response_id(void **state)
+{
+	size_t n = 0;
+	const char *id;
+
+	(void)state;
+	id = sl_api_response_id("/v1/responses/resp_abc", 22, &n);
+	assert_non_null(id);
+	assert_int_equal(n, 8);
+	assert_memory_equal(id, "resp_abc", 8);
+	id = sl_api_response_id("/v1/responses/resp_abc/cancel?x=1", 33, &n);
+	assert_non_null(id);
+	assert_int_equal(n, 8);
+	id = sl_api_response_id("/v1/responses/r/input_items", 27, &n);
+	assert_non_null(id);
+	assert_int_equal(n, 1);
+	assert_null(sl_api_response_id("/v1/responses/", 14, &n));
+	assert_null(sl_api_response_id("/v1/responses", 13, &n));
+	assert_null(sl_api_response_id("/v1/responses/r/other", 21, &n));
+	assert_null(sl_api_response_id("/v1/responses/r%2fx", 19, &n));
+}
+
 int
 main(void)
 {
@@ -1056,6 +1134,9 @@ main(void)
 		T(test_hop_by_hop_headers),
 		T(test_ct_equal),
 		T(test_retry_after_reads_seconds_and_http_dates),
+		T(test_api_of_paths),
+		T(test_api_metered_is_a_post_to_an_endpoint),
+		T(test_api_response_id),
 	};
 #undef T
 
