@@ -441,16 +441,31 @@ conn_tenant_gone(const struct sl_worker *w, int tenant)
 	    sl_shm_epoch(w->shm, idx) != w->index_epoch[idx];
 }
 
-/* Find the tenant whose key is the bearer token; -1 if none. */
+/*
+ * Find the tenant whose key the request names: the bearer token of
+ * Authorization (OpenAI's clients), or X-Api-Key (Anthropic's), the same
+ * keys either way; -1 if none. Both present, they must name the same key:
+ * two credentials that differ are refused rather than one of them chosen
+ * (a proxy in front may have checked the other).
+ */
 static int
 conn_find_tenant(struct sl_conn *c)
 {
-	const char *v, *tok;
-	size_t vlen, tlen;
+	const char *v, *tok = NULL, *x;
+	size_t vlen, tlen = 0, xlen;
 
-	if ((v = sl_req_header(&c->req, "authorization", &vlen)) == NULL)
+	if ((v = sl_req_header(&c->req, "authorization", &vlen)) != NULL &&
+	    (tok = sl_http_bearer(v, vlen, &tlen)) == NULL)
 		return -1;
-	if ((tok = sl_http_bearer(v, vlen, &tlen)) == NULL)
+	if ((x = sl_req_header(&c->req, "x-api-key", &xlen)) != NULL) {
+		if (xlen == 0)
+			return -1;
+		if (tok != NULL && !sl_ct_equal(tok, tlen, x, xlen))
+			return -1;
+		tok = x;
+		tlen = xlen;
+	}
+	if (tok == NULL)
 		return -1;
 	return sl_keyidx_lookup(c->w->keys, tok, tlen);
 }

@@ -267,7 +267,7 @@ on_headers_complete(http_parser *p)
 		return -1;
 	}
 	{
-		size_t hosts = 0, auths = 0, tes = 0, k;
+		size_t hosts = 0, auths = 0, xkeys = 0, tes = 0, k;
 
 		for (k = 0; k < r->nheaders; k++) {
 			const struct sl_req_header *h = &r->headers[k];
@@ -278,6 +278,8 @@ on_headers_complete(http_parser *p)
 				hosts++;
 			if (sl_http_name_is(name, h->name_len, "authorization"))
 				auths++;
+			if (sl_http_name_is(name, h->name_len, "x-api-key"))
+				xkeys++;
 			/*
 			 * We de-chunk and forward with a length: any other
 			 * transfer coding would be silently dropped.
@@ -313,6 +315,10 @@ on_headers_complete(http_parser *p)
 		 */
 		if (auths > 1) {
 			req_fail(r, 400, "more than one Authorization header");
+			return -1;
+		}
+		if (xkeys > 1) {
+			req_fail(r, 400, "more than one X-Api-Key header");
 			return -1;
 		}
 	}

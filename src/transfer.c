@@ -134,6 +134,7 @@ sl_xfer_headers(struct sl_xfer *x, struct sl_transfers *xfers, size_t up,
 		if (sl_http_is_hop_by_hop(name, nlen) ||
 		    sl_http_name_is(name, nlen, "host") ||
 		    sl_http_name_is(name, nlen, "authorization") ||
+		    sl_http_name_is(name, nlen, "x-api-key") ||
 		    sl_http_name_is(name, nlen, "content-length") ||
 		    sl_http_name_is(name, nlen, "expect") ||
 		    listed_in_connection(r, name, nlen))
