@@ -81,6 +81,24 @@ enum sl_err sl_err_of_parse(int status);
 size_t sl_err_body(char *dst, size_t len, enum sl_err e, const char *message);
 
 /*
+ * The same in the Anthropic Messages API's shape, for a request on
+ * /v1/messages (its clients read no other):
+ * {"type":"error","error":{"type":...,"message":...,"code":...}} and a
+ * newline; the type is sl_err_anthropic_type() of the row's status, the
+ * code the row's (so an operator still tells sluice's refusals apart).
+ */
+size_t sl_err_body_anthropic(char *dst, size_t len, enum sl_err e,
+    const char *message);
+
+/*
+ * Anthropic's error type for an HTTP status: invalid_request_error (400,
+ * 405, 408, 413, 431 and other 4xx), authentication_error (401),
+ * permission_error (403), not_found_error (404), rate_limit_error (429),
+ * overloaded_error (503), api_error (500, 502, 504 and other 5xx).
+ */
+const char *sl_err_anthropic_type(int status);
+
+/*
  * The extra header lines of error e ("Retry-After: N\r\n", "Allow: ...")
  * into dst, always terminated; retry_after is the caller's seconds for a
  * row that carries it (1 at least is sent).

@@ -104,7 +104,22 @@ conn_error(struct sl_conn *c, enum sl_err e, const char *message,
 	}
 	conn_abort_upstream(c);
 	conn_release(c);
-	blen = sl_err_body(body, sizeof(body), e, message);
+	/*
+	 * In the client's protocol: Anthropic's clients read only their own
+	 * shape. The API is the head's, or what the target says of a head
+	 * refused before it was whole (a 431 or 408 on /v1/messages).
+	 */
+	if (c->api == SL_API_OTHER && c->req.url_len > 0) {
+		const char *url;
+		size_t ulen;
+
+		url = sl_req_url(&c->req, &ulen);
+		c->api = sl_api_of(url, ulen, NULL);
+	}
+	if (c->api == SL_API_MESSAGES)
+		blen = sl_err_body_anthropic(body, sizeof(body), e, message);
+	else
+		blen = sl_err_body(body, sizeof(body), e, message);
 	sl_err_headers(extra, sizeof(extra), e, retry_after);
 	sl_debug("conn %d: %d %s", c->fd, r->status, r->code);
 	conn_local_answer(c, r->status, extra, body, blen,
@@ -606,6 +621,8 @@ conn_on_head(struct sl_conn *c)
 
 	c->req_active = 1;
 	c->t_start = ev_now(w->loop);
+	url = sl_req_url(&c->req, &ulen);
+	c->api = sl_api_of(url, ulen, NULL);
 	c->t_content = 0;
 	c->resp_sse = 0;
 	c->model = -1;

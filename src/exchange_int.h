@@ -45,6 +45,7 @@
 #include <sys/types.h>
 
 #include "sl_accesslog.h"
+#include "sl_api.h"
 #include "sl_buf.h"
 #include "sl_exchange.h"
 #include "sl_http.h"
@@ -107,6 +108,8 @@ struct sl_conn {
 	int32_t lease;             /* cluster lease; -1: none */
 	size_t up_idx;             /* the request's upstream (conn_route_model) */
 	int model;                 /* its model (cfg->models); -1: none */
+	enum sl_api api;           /* the API it speaks (sl_api.h), from its
+	                            * head; SL_API_OTHER before */
 	char *mname;               /* the model as the client named it, for
 	                            * the access log (mname_len bytes); NULL */
 	size_t mname_len;

@@ -106,6 +106,44 @@ sl_err_body(char *dst, size_t len, enum sl_err e, const char *message)
 	return (size_t)n;
 }
 
+const char *
+sl_err_anthropic_type(int status)
+{
+	switch (status) {
+	case 401:
+		return "authentication_error";
+	case 403:
+		return "permission_error";
+	case 404:
+		return "not_found_error";
+	case 429:
+		return "rate_limit_error";
+	case 503:
+		return "overloaded_error";
+	default:
+		return status >= 500 ? "api_error" : "invalid_request_error";
+	}
+}
+
+size_t
+sl_err_body_anthropic(char *dst, size_t len, enum sl_err e,
+    const char *message)
+{
+	const struct sl_err_row *r = &sl_errs[e];
+	int n;
+
+	n = snprintf(dst, len,
+	    "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"%s\","
+	    "\"code\":\"%s\"}}\n", sl_err_anthropic_type(r->status),
+	    message != NULL ? message : r->message, r->code);
+	if (n < 0 || (size_t)n >= len) {
+		if (len > 0)
+			dst[0] = '\0';
+		return 0;
+	}
+	return (size_t)n;
+}
+
 void
 sl_err_headers(char *dst, size_t len, enum sl_err e, int retry_after)
 {
