@@ -73,6 +73,7 @@ struct sl_access_rec {
 	const char *usage;           /* NULL: "none" */
 	const char *affinity;        /* "-", "hit", "miss", "spill" */
 	const char *model;           /* as the client named it; NULL: "-" */
+	const char *api;             /* sl_api_names[]; NULL: "other" */
 	size_t model_len;
 	const char *upstream_model;  /* as sent on; NULL: "-" */
 	const char *proto;           /* "h1", "h2" */

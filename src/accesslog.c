@@ -111,13 +111,13 @@ sl_access_write(int fd, const struct sl_access_rec *r)
 	    "\"replica\":\"%s\",\"tries\":%d,\"prompt_tokens\":%" PRIu64
 	    ",\"completion_tokens\":%" PRIu64 ",\"usage\":\"%s\","
 	    "\"affinity\":\"%s\",\"model\":\"%s\",\"upstream_model\":\"%s\","
-	    "\"proto\":\"%s\"}\n",
+	    "\"proto\":\"%s\",\"api\":\"%s\"}\n",
 	    ts, (int)(tv.tv_usec / 1000), r->worker, r->peer,
 	    tenant, method, path, r->status, r->bytes_out, r->ttfb_ms,
 	    r->duration_ms, r->paused_ms, r->queued_ms, sl_end_names[r->end],
 	    replica, r->tries, r->prompt_tokens, r->completion_tokens,
 	    r->usage != NULL ? r->usage : "none", r->affinity, model, umodel,
-	    r->proto);
+	    r->proto, r->api != NULL ? r->api : "other");
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line))

@@ -237,6 +237,9 @@ conn_access_log(struct sl_conn *c, enum sl_end end, ev_tstamp now)
 	r.model_len = c->mname_len;
 	r.upstream_model = c->msent;
 	r.proto = c->fr->proto;
+	if (c->api == SL_API_OTHER && c->req.url_len > 0)
+		c->api = sl_api_of(r.url, r.url_len, NULL);   /* refused early */
+	r.api = sl_api_names[c->api];
 	sl_access_write(w->access_fd, &r);
 }
 

@@ -1627,7 +1627,7 @@ ACCESS_LOG_FIELDS = ("time", "worker", "peer", "tenant", "method", "path", "stat
                      "bytes_out", "ttfb_ms", "duration_ms", "paused_ms", "queued_ms", "end",
                      "replica",
                      "tries", "prompt_tokens", "completion_tokens", "usage", "affinity",
-                     "model", "upstream_model", "proto")
+                     "model", "upstream_model", "proto", "api")
 
 
 def access_lines(path):

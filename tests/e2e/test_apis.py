@@ -104,3 +104,31 @@ def test_messages_504_is_an_api_error():
         r = _req(gw, "POST", "/v1/messages", h.stub_headers(delay=3000),
                  body=MSG)
         assert_anthropic_error(r, 504, "api_error", "upstream_timeout", read=False)
+
+
+def test_access_log_names_each_request_s_api():
+    path = h.tmpfile("access", ".log")
+    with Stub() as stub, Gateway(stub=stub, access_log=path) as gw:
+        want = []
+        for method, target, api in (
+                ("POST", "/v1/chat/completions", "chat"),
+                ("POST", "/v1/completions", "completions"),
+                ("POST", "/v1/responses", "responses"),
+                ("GET", "/v1/responses/resp_1/input_items?limit=2", "responses"),
+                ("POST", "/v1/messages", "messages"),
+                ("POST", "/v1/messages/count_tokens", "messages"),
+                ("POST", "/v1/embeddings", "embeddings"),
+                ("POST", "/v1/chat/%63ompletions", "chat"),
+                ("GET", "/v1/models", "other"),
+                ("GET", "/v1/echo", "other"),
+                ("POST", "/v1/embeddings/x", "other")):
+            body = h.stream_body() if method == "POST" else None
+            r = _req(gw, method, target, h.stub_headers(events=1, interval=0), body=body)
+            assert r.status in (200, 404), (target, r.status)
+            want.append((target.split("?")[0] if "%" not in target else target, api))
+        # Refused before admission, the API is still the path's.
+        r = _req(gw, "POST", "/v1/messages", body=MSG, key=None)
+        assert r.status == 401
+        want.append(("/v1/messages", "messages"))
+        lines = h.wait_access_lines(path, len(want))
+        assert [(ln["path"], ln["api"]) for ln in lines] == want, lines
