@@ -376,6 +376,12 @@ int sl_shm_tokens_next(const struct sl_shm *, size_t *pos, size_t *tenant,
  */
 uint64_t sl_shm_tokens_window(const struct sl_shm *, size_t tenant,
     uint64_t now_sec, uint64_t budget, int *retry_after);
+/*
+ * Seconds until every token now in the tenant's window has left it (its
+ * newest bucket ages out): 0 when the window is empty.
+ */
+int sl_shm_tokens_clear_in(const struct sl_shm *, size_t tenant,
+    uint64_t now_sec);
 uint64_t sl_shm_tokens_total(const struct sl_shm *, size_t tenant, int kind);
 /*
  * The tenant's tokens_per_minute (0: none), published by the master on

@@ -49,6 +49,7 @@ conn_local_answer(struct sl_conn *c, int status, const char *extra,
 	SL_HEAD_LIT(&c->rh, "\r\nCache-Control: no-store\r\n");
 	sl_head_add(&c->rh, extra, strlen(extra));
 	conn_head_model(c);
+	conn_head_ratelimit(c);
 	sl_head_connection(&c->rh, close);
 	/*
 	 * A HEAD answer has no content (RFC 9110 9.3.2): on a kept connection

@@ -215,6 +215,7 @@ void conn_after_write(struct sl_conn *c);
 size_t upstream_header_cb(char *p, size_t size, size_t nitems, void *arg);
 size_t upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg);
 int conn_head_model(struct sl_conn *c);
+int conn_head_ratelimit(struct sl_conn *c);
 void conn_maybe_resume(struct sl_conn *c);
 void conn_usage_charge(struct sl_conn *c);
 void conn_queue_charge_running(struct sl_conn *c);

@@ -11,6 +11,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 
 #include "sl_log.h"
 #include "sl_usage.h"
@@ -36,6 +38,121 @@ conn_head_model(struct sl_conn *c)
 	return SL_HEAD_LIT(&c->rh, "\r\n");
 }
 
+/* The tenant's tokens_per_minute, when it has one and is known; else 0. */
+static int32_t
+conn_token_budget(const struct sl_conn *c)
+{
+	if (c->tenant < 0)
+		return 0;
+	return sl_shm_token_budget(c->w->shm, c->w->tenant_slot[c->tenant]);
+}
+
+/* OpenAI's duration form: "0s", "12s", "1m5s". */
+static int
+head_add_duration(struct sl_head *h, int s)
+{
+	if (s >= 60) {
+		if (sl_head_add_uint(h, (unsigned long)(s / 60)) == -1 ||
+		    SL_HEAD_LIT(h, "m") == -1)
+			return -1;
+		s %= 60;
+	}
+	if (sl_head_add_uint(h, (unsigned long)s) == -1)
+		return -1;
+	return SL_HEAD_LIT(h, "s");
+}
+
+/*
+ * For a tenant with tokens_per_minute, its budget as OpenAI and Anthropic
+ * state theirs: the limit, what the window leaves of it as the head goes
+ * out (never below 0) and when the window is empty again. The window is
+ * this node's (in a cluster whose Redis keeps the window, the node's own
+ * share of it).
+ */
+int
+conn_head_ratelimit(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+	int32_t budget = conn_token_budget(c);
+	uint64_t now, used, left;
+	int reset;
+	struct sl_head *h = &c->rh;
+
+	if (budget <= 0)
+		return 0;
+	now = sl_mono_sec();
+	used = sl_shm_tokens_window(w->shm, w->tenant_slot[c->tenant], now, 0,
+	    NULL);
+	left = used >= (uint64_t)budget ? 0 : (uint64_t)budget - used;
+	reset = sl_shm_tokens_clear_in(w->shm, w->tenant_slot[c->tenant], now);
+	if (SL_HEAD_LIT(h, "x-ratelimit-limit-tokens: ") == -1 ||
+	    sl_head_add_uint(h, (unsigned long)budget) == -1 ||
+	    SL_HEAD_LIT(h, "\r\nx-ratelimit-remaining-tokens: ") == -1 ||
+	    sl_head_add_uint(h, (unsigned long)left) == -1 ||
+	    SL_HEAD_LIT(h, "\r\nx-ratelimit-reset-tokens: ") == -1 ||
+	    head_add_duration(h, reset) == -1 || SL_HEAD_LIT(h, "\r\n") == -1)
+		return -1;
+	if (c->api == SL_API_MESSAGES) {
+		char ts[32];
+		time_t at = time(NULL) + reset;
+		struct tm tm;
+
+		gmtime_r(&at, &tm);
+		strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", &tm);
+		if (SL_HEAD_LIT(h, "anthropic-ratelimit-tokens-limit: ") == -1 ||
+		    sl_head_add_uint(h, (unsigned long)budget) == -1 ||
+		    SL_HEAD_LIT(h, "\r\nanthropic-ratelimit-tokens-remaining: ") ==
+		    -1 || sl_head_add_uint(h, (unsigned long)left) == -1 ||
+		    SL_HEAD_LIT(h, "\r\nanthropic-ratelimit-tokens-reset: ") == -1 ||
+		    sl_head_add(h, ts, strlen(ts)) == -1 ||
+		    SL_HEAD_LIT(h, "\r\n") == -1)
+			return -1;
+	}
+	return 0;
+}
+
+/* A header line sluice states itself for a tenant with a budget. */
+static int
+is_ratelimit_line(const char *p, size_t n)
+{
+	static const char *const names[] = {
+		"x-ratelimit-limit-tokens:", "x-ratelimit-remaining-tokens:",
+		"x-ratelimit-reset-tokens:", "anthropic-ratelimit-tokens-limit:",
+		"anthropic-ratelimit-tokens-remaining:",
+		"anthropic-ratelimit-tokens-reset:", NULL
+	};
+	size_t i, k;
+
+	for (i = 0; names[i] != NULL; i++) {
+		k = strlen(names[i]);
+		if (n >= k && strncasecmp(p, names[i], k) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * The upstream's header lines: all of them, but for a tenant with a
+ * budget those sluice states itself (a runner's or a provider's own would
+ * contradict the tenant's).
+ */
+static int
+conn_head_upstream_lines(struct sl_conn *c)
+{
+	const char *p = c->uh.block, *end = p + c->uh.len, *nl;
+
+	if (conn_token_budget(c) <= 0)
+		return sl_head_add(&c->rh, p, c->uh.len);
+	for (; p < end; p = nl + 1) {
+		if ((nl = memchr(p, '\n', (size_t)(end - p))) == NULL)
+			nl = end - 1;
+		if (!is_ratelimit_line(p, (size_t)(nl - p)) &&
+		    sl_head_add(&c->rh, p, (size_t)(nl + 1 - p)) == -1)
+			return -1;
+	}
+	return 0;
+}
+
 /* Build the client's response head from the upstream's. */
 static int
 conn_build_head(struct sl_conn *c)
@@ -55,7 +172,7 @@ conn_build_head(struct sl_conn *c)
 	c->rh.len = c->rh_off = 0;
 	if (sl_head_status_line(&c->rh, c->status,
 	    c->uh.reason[0] ? c->uh.reason : sl_http_reason(c->status)) == -1 ||
-	    sl_head_add(&c->rh, c->uh.block, c->uh.len) == -1)
+	    conn_head_upstream_lines(c) == -1)
 		return -1;
 	if (c->chunked && SL_HEAD_LIT(&c->rh, "Transfer-Encoding: chunked\r\n") == -1)
 		return -1;
@@ -68,7 +185,7 @@ conn_build_head(struct sl_conn *c)
 			return -1;
 	}
 	if (SL_HEAD_LIT(&c->rh, "X-Accel-Buffering: no\r\n") == -1 ||
-	    conn_head_model(c) == -1)
+	    conn_head_model(c) == -1 || conn_head_ratelimit(c) == -1)
 		return -1;
 	if (c->uh.is_sse && !c->uh.has_cache_control &&
 	    SL_HEAD_LIT(&c->rh, "Cache-Control: no-cache\r\n") == -1)

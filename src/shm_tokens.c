@@ -204,6 +204,33 @@ sl_shm_tokens_window(const struct sl_shm *s, size_t tenant, uint64_t now_sec,
 	return sum;
 }
 
+int
+sl_shm_tokens_clear_in(const struct sl_shm *s, size_t tenant,
+    uint64_t now_sec)
+{
+	uint64_t now = (now_sec / TOK_SPAN) & SEC_MASK, w, a, young = TOK_BUCKETS;
+	const struct shm_tenant *t;
+	int i;
+
+	if (tenant >= s->max_tenants)
+		return 0;
+	t = &s->tenants[tenant];
+	for (i = 0; i < TOK_BUCKETS; i++) {
+		w = atomic_load_explicit(&((struct shm_tenant *)t)->bucket[i],
+		    memory_order_relaxed);
+		if (w == 0 || (w & TOK_MASK) == 0 ||
+		    (a = tok_age(w, now)) >= TOK_BUCKETS)
+			continue;
+		if (a < young)
+			young = a;
+	}
+	if (young == TOK_BUCKETS)
+		return 0;
+	/* As in sl_shm_tokens_window: age TOK_BUCKETS is out of it. */
+	return (int)(TOK_SPAN * (now_sec / TOK_SPAN + TOK_BUCKETS - young) -
+	    now_sec);
+}
+
 void
 sl_shm_set_token_budget(struct sl_shm *s, size_t tenant, int32_t budget)
 {

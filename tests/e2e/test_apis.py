@@ -3,7 +3,10 @@
 Responses API, the Anthropic Messages API and embeddings. This file holds
 what sluice says itself on them: its errors in the client's protocol."""
 
+import datetime
 import json
+import re
+import socket
 import threading
 
 import harness as h
@@ -132,3 +135,125 @@ def test_access_log_names_each_request_s_api():
         want.append(("/v1/messages", "messages"))
         lines = h.wait_access_lines(path, len(want))
         assert [(ln["path"], ln["api"]) for ln in lines] == want, lines
+
+
+RL = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+ARL = ("anthropic-ratelimit-tokens-limit", "anthropic-ratelimit-tokens-remaining",
+       "anthropic-ratelimit-tokens-reset")
+DURATION = re.compile(r"^(?:([1-9][0-9]*)m)?([0-9]|[1-5][0-9])s$")
+
+
+def _seconds(v):
+    m = DURATION.match(v)
+    assert m, "not OpenAI's duration form: %r" % v
+    return int(m.group(1) or 0) * 60 + int(m.group(2))
+
+
+def _chat(gw, key=ACME_KEY, usage=(1000, 200), path="/v1/chat/completions", more=None):
+    hd = {"Content-Type": "application/json", "X-Stub-Usage": "%d,%d" % usage}
+    hd.update(h.bearer(key))
+    hd.update(h.stub_headers(events=2, interval=0))
+    hd.update(more or {})
+    with h.Client(gw.port) as c:
+        return c.request("POST", path, hd, h.stream_body(), timeout=30)
+
+
+def test_ratelimit_headers_state_the_tenant_s_token_budget():
+    with Stub() as stub, Gateway(stub=stub, tenants={"acme": {"tokens_per_minute": 3000}}) as gw:
+        r = _chat(gw)
+        assert r.status == 200
+        # Before the first charge: the whole budget, nothing to reset.
+        assert [r.header(n) for n in RL] == ["3000", "3000", "0s"], r.headers
+        assert r.header(ARL[0]) is None, "anthropic-* only on /v1/messages"
+        r = _chat(gw)
+        assert [r.header(n) for n in RL[:2]] == ["3000", "1800"], r.headers
+        assert 55 <= _seconds(r.header(RL[2])) <= 62, r.header(RL[2])
+        # Another tenant without a budget gets none of them.
+        r = _chat(gw, key=h.BETA_KEY)
+        assert r.status == 200 and all(r.header(n) is None for n in RL + ARL), r.headers
+        # On /v1/messages the Anthropic names too, reset as an RFC 3339 time.
+        r = _chat(gw, path="/v1/messages")
+        assert [r.header(n) for n in RL[:2]] == ["3000", "600"], r.headers
+        assert [r.header(n) for n in ARL[:2]] == ["3000", "600"], r.headers
+        at = datetime.datetime.strptime(r.header(ARL[2]), "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.timezone.utc)
+        ahead = (at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+        assert 50 <= ahead <= 63, (r.header(ARL[2]), ahead)
+
+
+def test_token_budget_429_carries_the_ratelimit_headers():
+    with Stub() as stub, Gateway(stub=stub, tenants={"acme": {"tokens_per_minute": 1000}}) as gw:
+        r = _chat(gw, usage=(900, 300))
+        assert r.status == 200
+        r = _chat(gw)
+        assert_error(r, 429, "token_budget_exceeded", read=False)
+        assert [r.header(n) for n in RL[:2]] == ["1000", "0"], r.headers
+        assert 55 <= _seconds(r.header(RL[2])) <= 62, r.header(RL[2])
+        r = _chat(gw, path="/v1/messages")
+        assert_anthropic_error(r, 429, "rate_limit_error", "token_budget_exceeded", read=False)
+        assert [r.header(n) for n in ARL[:2]] == ["1000", "0"], r.headers
+        assert int(r.header("retry-after")) >= 1
+
+
+class _Provider(threading.Thread):
+    """An upstream on loopback that states rate limits of its own, as a
+    hosted provider behind sluice does: every answer carries them."""
+
+    HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"x-ratelimit-limit-tokens: 999999\r\nX-RateLimit-Remaining-Tokens: 999998\r\n"
+            b"x-ratelimit-reset-tokens: 1ms\r\nanthropic-ratelimit-tokens-remaining: 5\r\n"
+            b"x-ratelimit-remaining-requests: 77\r\nContent-Length: 2\r\n\r\n{}")
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.bind((h.HOST, 0))
+        self.sock.listen(16)
+        self.url = "http://%s:%d" % (h.HOST, self.sock.getsockname()[1])
+
+    def run(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    d = conn.recv(65536)
+                    if not d:
+                        break
+                    data += d
+                conn.sendall(self.HEAD)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_an_upstream_s_own_token_ratelimit_headers_give_way_to_the_tenant_s():
+    p = _Provider()
+    p.start()
+    try:
+        cfg = h.gateway_config(None, upstream_url=p.url,
+                               tenants={"acme": {"tokens_per_minute": 3000}})
+        with Gateway(cfg) as gw:
+            for key, want in ((ACME_KEY, ["3000", "3000", "0s"]),
+                              (h.BETA_KEY, ["999999", "999998", "1ms"])):
+                hd = {"Connection": "close"}
+                hd.update(h.bearer(key))
+                with h.Client(gw.port) as c:
+                    r = c.request("GET", "/v1/messages/x", hd, b"", timeout=10)
+                assert r.status == 200, r.status
+                got = [(k.lower(), v) for k, v in r.headers if "ratelimit" in k.lower()]
+                names = [k for k, _ in got]
+                for n in RL:
+                    assert names.count(n) == 1, (key, got)
+                assert [r.header(n) for n in RL] == want, (key, got)
+                # Other rate-limit headers of the provider pass.
+                assert r.header("x-ratelimit-remaining-requests") == "77", got
+                if key == ACME_KEY:
+                    assert r.header(ARL[1]) == "3000" and names.count(ARL[1]) == 1, got
+                else:
+                    assert r.header(ARL[1]) == "5", got
+    finally:
+        p.close()
