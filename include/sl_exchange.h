@@ -118,7 +118,9 @@ void sl_exchange_head_sent(struct sl_conn *);
 /*
  * Body bytes for the client, at most len, into buf; *eof set when they are
  * the last (the response is complete). 0 and no *eof: none yet (send()
- * will say when).
+ * will say when). A response the runner cut never ends this way: once its
+ * last byte is pulled, the exchange resets the stream (reset(), cut) a
+ * moment later (SL_CUT_GRACE).
  */
 size_t sl_exchange_pull(struct sl_conn *, uint8_t *buf, size_t len, int *eof);
 

@@ -382,6 +382,35 @@ conn_on_timer(struct ev_loop *loop, ev_timer *t, int revents)
 	conn_unref(c);
 }
 
+/*
+ * The runner failed after the response head went out (its transfer is
+ * over): what arrived is delivered, then a terminal event says so in the
+ * stream's protocol, and the response ends cut, never as complete: the
+ * HTTP/1.1 connection closes without the last chunk, the HTTP/2 stream is
+ * reset. why is for the client (plain text); closing is the reason the
+ * connection closes for when nothing waits.
+ */
+static void
+conn_cut(struct sl_conn *c, const char *why, enum sl_close closing)
+{
+	conn_usage_finish(c);
+	conn_tell_failure(c, why);
+	c->close_after = 1;
+	c->resp_done = 1;
+	c->cut = 1;
+	c->cut_close = closing;
+	c->chunked = 0;
+	if (conn_flush(c) == -1) {
+		conn_close(c, SL_CLOSE_CLIENT_GONE);
+		return;
+	}
+	/* HTTP/2 pulls: the last pull arms the reset (sl_exchange_pull). */
+	if (c->fr->http1 && c->rh_off == c->rh.len && sl_buf_len(&c->out) == 0)
+		conn_close(c, closing);
+	else
+		conn_timer_update(c);
+}
+
 static void
 conn_timer_event(struct sl_conn *c)
 {
@@ -390,6 +419,10 @@ conn_timer_event(struct sl_conn *c)
 	if (d > now + 0.0005) {
 		/* Activity moved the deadline since the timer was armed. */
 		conn_timer_update(c);
+		return;
+	}
+	if (c->t_cut > 0) {
+		conn_close(c, c->cut_close);   /* HTTP/2: reset, cut */
 		return;
 	}
 	switch (c->state) {
@@ -420,12 +453,20 @@ conn_timer_event(struct sl_conn *c)
 			sl_info("conn %d: client stalled, stream cut", c->fd);
 			conn_close(c, SL_CLOSE_STALL);
 		} else {
+			char why[96];
+
 			sl_info("conn %d: upstream idle, stream cut", c->fd);
 			conn_count_uerr(c, SL_UERR_IDLE);
 			if (c->replica >= 0)
 				sl_pool_failed(c->w->pools, conn_upstream_idx(c),
 				    c->replica);
-			conn_close(c, SL_CLOSE_UPSTREAM_IDLE);
+			conn_abort_upstream(c);
+			snprintf(why, sizeof(why), "no byte for %.0f s "
+			    "(timeouts.upstream_idle)",
+			    sl_ms_to_s(c->w->cfg->timeouts.upstream_idle_ms));
+			if (c->end == SL_END_NONE)
+				c->end = SL_END_TIMEOUT;
+			conn_cut(c, why, SL_CLOSE_UPSTREAM_IDLE);
 		}
 		return;
 	case CS_QUEUED: {
@@ -1035,21 +1076,13 @@ sl_conn_upstream_done(void *arg, struct sl_shard *sh, CURL *easy,
 			    "upstream unreachable or failed", 0);
 			goto out;
 		}
-		/* Mid-stream: deliver what arrived, then close, no last chunk. */
 		sl_info("conn %d: upstream cut the stream: %s", c->fd,
 		    curl_easy_strerror(result));
-		conn_usage_finish(c);
-		c->close_after = 1;
-		c->resp_done = 1;
-		c->chunked = 0;
-		if (conn_flush(c) == -1) {
-			conn_close(c, SL_CLOSE_CLIENT_GONE);
-			goto out;
-		}
-		if (c->rh_off == c->rh.len && sl_buf_len(&c->out) == 0)
-			conn_close(c, SL_CLOSE_UPSTREAM_ERROR);
-		else
-			conn_timer_update(c);
+		conn_cut(c, c->upstream_bad ? "malformed response" :
+		    result == CURLE_PARTIAL_FILE ? "connection closed before "
+		    "the response ended" : result == CURLE_RECV_ERROR ?
+		    "connection reset" : curl_easy_strerror(result),
+		    SL_CLOSE_UPSTREAM_ERROR);
 		goto out;
 	}
 	if (!c->head_sent) {

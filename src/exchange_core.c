@@ -70,6 +70,8 @@ conn_deadline(struct sl_conn *c)
 	const struct sl_config *cfg = c->w->cfg;
 	int waiting = c->rh_off < c->rh.len || sl_buf_len(&c->out) > 0;
 
+	if (c->t_cut > 0)
+		return c->t_cut + SL_CUT_GRACE;
 	switch (c->state) {
 	case CS_HEAD:
 		return c->t_req + sl_ms_to_s(cfg->timeouts.client_header_ms);

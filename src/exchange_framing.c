@@ -142,7 +142,17 @@ sl_exchange_pull(struct sl_conn *c, uint8_t *buf, size_t len, int *eof)
 	if (sl_buf_len(&c->out) == 0) {
 		sl_buf_release(&c->out);
 		c->out.cap = BASE_CAP(c);
-		if (c->resp_done) {
+		if (c->resp_done && c->cut) {
+			/*
+			 * Cut: never an end a client takes for complete. The
+			 * reset waits a moment: curl and Node discard the data
+			 * of a stream whose RST_STREAM they read with it.
+			 */
+			if (c->t_cut == 0) {
+				c->t_cut = ev_now(c->w->loop);
+				conn_timer_update(c);
+			}
+		} else if (c->resp_done) {
 			*eof = 1;
 			c->end_out = 1;
 		}

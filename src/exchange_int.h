@@ -181,6 +181,15 @@ struct sl_conn {
 	ev_tstamp t_content;       /* its first content reached the client's
 	                            * buffer (conn_flush); 0: none */
 	int resp_sse;              /* the relayed response is an event stream */
+	int cut;                   /* the runner failed after the head: the
+	                            * response ends cut (no last chunk, or
+	                            * RST_STREAM), after a terminal event */
+	uint32_t tail;             /* the last body bytes given the client */
+	uint8_t tail_n;            /* how many of them (at most 4) */
+	uint32_t sse_events;       /* events given the client (Responses) */
+	ev_tstamp t_cut;           /* a cut response's last byte was pulled
+	                            * (HTTP/2): reset SL_CUT_GRACE later */
+	enum sl_close cut_close;   /* why a cut response's connection closes */
 	ev_tstamp t_pause;         /* current pause began */
 	ev_tstamp paused_total;
 	uint64_t bytes_out;        /* bytes written to the client */
@@ -215,7 +224,14 @@ void conn_after_write(struct sl_conn *c);
 size_t upstream_header_cb(char *p, size_t size, size_t nitems, void *arg);
 size_t upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg);
 int conn_head_model(struct sl_conn *c);
+/*
+ * How long a cut HTTP/2 stream's reset waits after its last byte: a client
+ * that reads the RST_STREAM in the same read as the data discards the
+ * data (curl, Node), the partial answer and the failure told with it.
+ */
+#define SL_CUT_GRACE 0.1
 int conn_head_ratelimit(struct sl_conn *c);
+void conn_tell_failure(struct sl_conn *c, const char *why);
 void conn_maybe_resume(struct sl_conn *c);
 void conn_usage_charge(struct sl_conn *c);
 void conn_queue_charge_running(struct sl_conn *c);

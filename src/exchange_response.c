@@ -9,11 +9,13 @@
  */
 #include "config.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
 
+#include "sl_json.h"
 #include "sl_log.h"
 #include "sl_usage.h"
 #include "exchange_int.h"
@@ -385,6 +387,37 @@ conn_usage_head(struct sl_conn *c)
 	    c->uh.is_json);
 }
 
+/*
+ * Body bytes given the client: their last four, so that a failure told
+ * later knows whether the stream stands between two events; and for the
+ * Responses API the events counted (each one's sequence_number is the
+ * count before it), so the terminal event carries the next number.
+ */
+static void
+conn_note_out(struct sl_conn *c, const char *p, size_t n)
+{
+	size_t i = n > 4 ? n - 4 : 0;
+
+	if (c->api == SL_API_RESPONSES && c->resp_sse) {
+		const char *q = p, *end = p + n;
+		uint32_t t = c->tail;
+
+		/* A blank line ends an event: "\n\n" (or "\n\r\n"). */
+		while ((q = memchr(q, '\n', (size_t)(end - q))) != NULL) {
+			char b1 = q - p >= 1 ? q[-1] : (char)(t & 0xff);
+			char b2 = q - p >= 2 ? q[-2] : q - p == 1 ?
+			    (char)(t & 0xff) : (char)(t >> 8 & 0xff);
+
+			if (b1 == '\n' || (b1 == '\r' && b2 == '\n'))
+				c->sse_events++;
+			q++;
+		}
+	}
+	for (; i < n; i++)
+		c->tail = c->tail << 8 | (unsigned char)p[i];
+	c->tail_n = c->tail_n + n > 4 ? 4 : (uint8_t)(c->tail_n + n);
+}
+
 /* Append n bytes to the client as one chunk (framed if chunked). */
 static int
 conn_out_chunk(struct sl_conn *c, const char *p, size_t n)
@@ -394,6 +427,7 @@ conn_out_chunk(struct sl_conn *c, const char *p, size_t n)
 
 	if (n == 0)
 		return 0;
+	conn_note_out(c, p, n);
 	if (!c->chunked)
 		return sl_buf_append(&c->out, p, n);
 	iov[0].iov_base = hdr;
@@ -425,6 +459,69 @@ conn_usage_finish(struct sl_conn *c)
 			sl_err("conn %d: no room for the stream's last event", c->fd);
 	}
 	conn_usage_charge(c);
+}
+
+/* Between two events: nothing given yet, or the last ended by a blank line. */
+static int
+conn_at_event_boundary(const struct sl_conn *c)
+{
+	uint32_t t = c->tail;
+
+	if (c->tail_n == 0)
+		return 1;
+	return (c->tail_n >= 2 && ((t & 0xffff) == 0x0a0a ||
+	    (t & 0xffff) == 0x0d0d)) ||
+	    (c->tail_n >= 4 && t == 0x0d0a0d0a);
+}
+
+/*
+ * The runner failed after the 200 head of an event stream went out (a
+ * reset, upstream_idle, a body cut short): one terminal event in the
+ * stream's protocol, so the client's SDK raises its API error instead of
+ * a bare network one ("terminated"). Chat and completions get vLLM's own
+ * mid-stream shape (no [DONE] after it), Messages Anthropic's error
+ * event, Responses its error event with the next sequence_number. Only
+ * between two events: appended to half an event it would make both
+ * unreadable. The response still ends cut (the caller's).
+ */
+void
+conn_tell_failure(struct sl_conn *c, const char *why)
+{
+	char msg[256], ev[512];
+	int n;
+
+	if (!c->head_sent || !c->body_allowed || !c->resp_sse ||
+	    c->status / 100 != 2 || !conn_at_event_boundary(c))
+		return;
+	sl_json_escape(msg, sizeof(msg), why, strlen(why));
+	switch (c->api) {
+	case SL_API_CHAT:
+	case SL_API_COMPLETIONS:
+		n = snprintf(ev, sizeof(ev), "data: {\"error\":{\"message\":"
+		    "\"the model runner failed mid-stream: %s\",\"type\":"
+		    "\"server_error\",\"code\":\"upstream_failed\"}}\n\n", msg);
+		break;
+	case SL_API_MESSAGES:
+		n = snprintf(ev, sizeof(ev), "event: error\ndata: {\"type\":"
+		    "\"error\",\"error\":{\"type\":\"api_error\",\"message\":"
+		    "\"the model runner failed mid-stream: %s\"}}\n\n", msg);
+		break;
+	case SL_API_RESPONSES:
+		n = snprintf(ev, sizeof(ev), "event: error\ndata: {\"type\":"
+		    "\"error\",\"code\":\"upstream_failed\",\"message\":"
+		    "\"the model runner failed mid-stream: %s\","
+		    "\"sequence_number\":%" PRIu32 "}\n\n", msg, c->sse_events);
+		break;
+	default:
+		return;   /* an event stream of an API sluice does not know */
+	}
+	if (n < 0 || (size_t)n >= sizeof(ev))
+		return;
+	if (sl_buf_space(&c->out) < (size_t)n + CHUNK_FRAMING)
+		/* Stretched for one small event, as for the scanner's last. */
+		c->out.cap = sl_buf_len(&c->out) + (size_t)n + CHUNK_FRAMING;
+	if (conn_out_chunk(c, ev, (size_t)n) == -1)
+		sl_err("conn %d: no room for the failure event", c->fd);
 }
 
 void
@@ -665,9 +762,7 @@ conn_write_body(struct sl_conn *c, char *p, size_t n)
 		sl_meter_keep(&c->meter, p, n);   /* taken: a paused chunk comes again */
 	if (sl_buf_len(&c->out) == 0)
 		c->t_client = ev_now(c->w->loop);   /* bytes start waiting now */
-	if (sl_buf_append(&c->out, hdr, hl) == -1 ||
-	    sl_buf_append(&c->out, p, n) == -1 ||
-	    (c->chunked && sl_buf_append(&c->out, "\r\n", 2) == -1)) {
+	if (conn_out_chunk(c, p, n) == -1) {
 		/* Out of memory (space was checked): fail this stream only. */
 		sl_err("conn %d: cannot buffer the response", c->fd);
 		c->client_gone = 1;

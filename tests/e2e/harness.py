@@ -307,6 +307,24 @@ def relay_path_expected(kind, n, size=0):
     return b"".join(stub_event(i, size) for i in range(n)) + usage + DONE_EVENT
 
 
+def failure_event(api, why, seq=0):
+    """The terminal event sluice appends when the runner fails after the
+    head of an event stream (sluice.8, STREAMS CUT BY THE RUNNER)."""
+    msg = "the model runner failed mid-stream: " + why
+    if api == "messages":
+        return ('event: error\ndata: {"type":"error","error":{"type":"api_error",'
+                '"message":"%s"}}\n\n' % msg).encode()
+    if api == "responses":
+        return ('event: error\ndata: {"type":"error","code":"upstream_failed",'
+                '"message":"%s","sequence_number":%d}\n\n' % (msg, seq)).encode()
+    return ('data: {"error":{"message":"%s","type":"server_error",'
+            '"code":"upstream_failed"}}\n\n' % msg).encode()
+
+
+CUT_CLOSED = "connection closed before the response ended"
+CUT_IDLE_1S = "no byte for 1 s (timeouts.upstream_idle)"
+
+
 def stub_headers(events=None, size=None, interval=None, abort_after=None,
                  status=None, delay=None, hang=False, tag=None):
     h = {}

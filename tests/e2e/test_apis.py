@@ -6,8 +6,7 @@ what sluice says itself on them: its errors in the client's protocol."""
 import datetime
 import json
 import re
-import socket
-import threading
+import time
 
 import harness as h
 from harness import ACME_KEY, Gateway, Stub, assert_error
@@ -195,45 +194,16 @@ def test_token_budget_429_carries_the_ratelimit_headers():
         assert int(r.header("retry-after")) >= 1
 
 
-class _Provider(threading.Thread):
-    """An upstream on loopback that states rate limits of its own, as a
-    hosted provider behind sluice does: every answer carries them."""
-
-    HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            b"x-ratelimit-limit-tokens: 999999\r\nX-RateLimit-Remaining-Tokens: 999998\r\n"
-            b"x-ratelimit-reset-tokens: 1ms\r\nanthropic-ratelimit-tokens-remaining: 5\r\n"
-            b"x-ratelimit-remaining-requests: 77\r\nContent-Length: 2\r\n\r\n{}")
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.sock = socket.socket()
-        self.sock.bind((h.HOST, 0))
-        self.sock.listen(16)
-        self.url = "http://%s:%d" % (h.HOST, self.sock.getsockname()[1])
-
-    def run(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    d = conn.recv(65536)
-                    if not d:
-                        break
-                    data += d
-                conn.sendall(self.HEAD)
-
-    def close(self):
-        self.sock.close()
+PROVIDER_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                 b"x-ratelimit-limit-tokens: 999999\r\nX-RateLimit-Remaining-Tokens: 999998\r\n"
+                 b"x-ratelimit-reset-tokens: 1ms\r\nanthropic-ratelimit-tokens-remaining: 5\r\n"
+                 b"x-ratelimit-remaining-requests: 77\r\nConnection: close\r\n"
+                 b"Content-Length: 2\r\n\r\n{}")
 
 
 def test_an_upstream_s_own_token_ratelimit_headers_give_way_to_the_tenant_s():
-    p = _Provider()
-    p.start()
-    try:
+    # An upstream that states rate limits of its own, as a hosted provider does.
+    with h.RawUpstream(lambda sock, req: sock.sendall(PROVIDER_HEAD)) as p:
         cfg = h.gateway_config(None, upstream_url=p.url,
                                tenants={"acme": {"tokens_per_minute": 3000}})
         with Gateway(cfg) as gw:
@@ -255,5 +225,76 @@ def test_an_upstream_s_own_token_ratelimit_headers_give_way_to_the_tenant_s():
                     assert r.header(ARL[1]) == "3000" and names.count(ARL[1]) == 1, got
                 else:
                     assert r.header(ARL[1]) == "5", got
-    finally:
-        p.close()
+
+
+# ---------------------------------------------------------------- cut mid-stream
+
+EV = [b'data: {"id":"c1","choices":[{"delta":{"content":"a"}}]}\n\n',
+      b'data: {"id":"c1","choices":[{"delta":{"content":"b"}}]}\n\n']
+
+
+def _cutting_runner(sock, req):
+    """Two events, then the way the request's path names: "half" sends
+    half an event before closing, "json" is not an event stream."""
+    path = req.split(b" ")[1]
+    if path == b"/v1/chat/completions?json":
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"id\":")
+        return
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    for ev in EV:
+        sock.sendall(b"%x\r\n%s\r\n" % (len(ev), ev))
+    if path.endswith(b"?half"):
+        sock.sendall(b"5\r\ndata:\r\n")
+    time.sleep(0.1)
+    h.close_rst(sock)
+
+
+def test_a_runner_cut_between_events_is_told_in_the_stream_then_cut():
+    with h.RawUpstream(_cutting_runner) as up, \
+            Gateway(upstream_url=up.url, workers=1) as gw:
+        for path, tail in (("/v1/chat/completions", h.failure_event("chat", "connection reset")),
+                           ("/v1/completions", h.failure_event("chat", "connection reset")),
+                           # Half an event: a terminal one after it would spoil both.
+                           ("/v1/chat/completions?half", b"data:"),
+                           # An event stream of an API sluice does not know: as it was.
+                           ("/v1/other", b"")):
+            c = gw.client()
+            c.send("POST", path, h.bearer(ACME_KEY), b"{}")
+            r = c.read_response(timeout=5)
+            assert r.status == 200, (path, r.status)
+            body = r.read_all(timeout=5)
+            assert r.cut and not r.complete, (path, "relayed as complete")
+            assert c.eof, path
+            assert body == b"".join(EV) + tail, (path, body)
+            c.close()
+        # Not an event stream: cut as it was, nothing appended.
+        c = gw.client()
+        c.send("POST", "/v1/chat/completions?json", h.bearer(ACME_KEY), b"{}")
+        r = c.read_response(timeout=5)
+        body = r.read_all(timeout=5)
+        assert r.status == 200 and bytes(body) == b'{"id":' and not r.complete, body
+        c.close()
+
+
+def test_a_runner_cut_over_http2_is_a_reset_stream_never_a_clean_end():
+    from test_h2 import _gw as h2_gw, _curl
+    files = h.TLSFiles()
+    log = h.tmpfile("access", ".log")
+    with Stub() as stub, h2_gw(files, stub, access_log=log) as gw:
+        base = ["--http2", "--cacert", files.ca, "--resolve",
+                "localhost:%d:127.0.0.1" % gw.port, "-H", "Authorization: Bearer " + ACME_KEY,
+                "-H", "Content-Type: application/json", "-H", "X-Stub-Events: 5",
+                "-H", "X-Stub-Interval-Ms: 0", "--data-binary", h.stream_body().decode(),
+                "https://localhost:%d/v1/chat/completions" % gw.port]
+        rc, out, err = _curl(base[:-1] + ["-H", "X-Stub-Abort-After: 2", base[-1]])
+        # curl: 92, the stream was reset with INTERNAL_ERROR (a failure,
+        # not a short answer); what arrived, then the failure told.
+        assert rc == 92 and "INTERNAL_ERROR" in err, (rc, err)
+        assert out == h.stub_event(0) + h.stub_event(1) + h.failure_event("chat", h.CUT_CLOSED), out
+        rc, out, err = _curl(base)
+        assert rc == 0 and out == h.expected_events(5), (rc, err, out[-200:])
+        lines = h.wait_access_lines(log, 2)
+        assert [(ln["end"], ln["status"], ln["proto"]) for ln in lines] == \
+            [("upstream_error", 200, "h2"), ("done", 200, "h2")], lines

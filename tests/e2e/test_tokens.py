@@ -346,7 +346,8 @@ def test_stream_without_usage_is_estimated_when_cut_or_ignored():
         # prompt is estimated from the request ("hello": 2 tokens).
         r = _post(gw, _body(CHAT), events=5, abort_after=3, usage=(40, 5), tag="est")
         assert r.status == 200 and r.cut and not r.complete, (r.status, r.cut, r.complete)
-        assert bytes(r.data) == _stream(CHAT, 3, done=False), bytes(r.data)
+        assert bytes(r.data) == _stream(CHAT, 3, done=False) + \
+            h.failure_event("chat", h.CUT_CLOSED), bytes(r.data)
         _check_log(_log_line(gw, 1), "estimated", prompt=2,
                    completion=_estimate(_content_bytes(3)))
 
@@ -367,7 +368,8 @@ def test_stream_without_usage_is_estimated_when_cut_or_ignored():
         # and the client that did not ask still never sees it.
         r = _post(gw, _body(CHAT), events=3, abort_after=4, usage=(8, 2), tag="est")
         assert r.status == 200 and r.cut, (r.status, r.cut)
-        assert bytes(r.data) == _stream(CHAT, 3, done=False), bytes(r.data)
+        assert bytes(r.data) == _stream(CHAT, 3, done=False) + \
+            h.failure_event("chat", h.CUT_CLOSED), bytes(r.data)
         _check_log(_log_line(gw, 4), "exact", 8, 2)
 
         # Not streamed, no usage in the answer: estimated from its content

@@ -14,7 +14,7 @@
 //   {"event": "ready", "streams": [RESULT|null, ...]}
 // then, on a line "go" on stdin, reads the held streams and prints
 //   {"event": "done", "streams": [RESULT, ...]}
-// RESULT: {"status", "headers", "body" (latin1), "bytes", "ms", "error"}.
+// RESULT: {"status", "headers", "body" (latin1), "bytes", "ms", "error", "rst"}.
 "use strict";
 
 const http2 = require("node:http2");
@@ -79,6 +79,7 @@ spec.streams.forEach((s, i) => {
     ended = true;
     r.ms = Date.now() - t0;
     r.error = r.reset ? "RST_8" : err ? String(err.code || err) : null;
+    r.rst = req.rstCode || 0;   // the RST_STREAM code, 0: none
     r.body = Buffer.concat(chunks).toString("latin1");
     results[i] = r;
     if (!s.hold) finished();
