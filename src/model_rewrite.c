@@ -68,13 +68,18 @@ mrw_key_whole(const char *k, unsigned mask, size_t *klen)
 static inline unsigned
 mrw_key_kind(const char *k, size_t len, unsigned mask)
 {
-	unsigned b;
-
-	for (b = 0; b < 3; b++)
-		if ((mask & 1u << b) && len == mrw_keys[b].len &&
-		    memcmp(k, mrw_keys[b].s, len) == 0)
-			return mrw_keys[b].kind;
-	return MRW_K_OTHER;
+	switch (len) {
+	case 5:
+		return memcmp(k, "model", 5) == 0 ? MRW_K_MODEL : MRW_K_OTHER;
+	case 7:
+		return mask != MRW_KM_MODEL && memcmp(k, "message", 7) == 0 ?
+		    MRW_K_SUB : MRW_K_OTHER;
+	case 8:
+		return mask != MRW_KM_MODEL && memcmp(k, "response", 8) == 0 ?
+		    MRW_K_SUB : MRW_K_OTHER;
+	default:
+		return MRW_K_OTHER;
+	}
 }
 
 void
