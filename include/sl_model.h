@@ -211,8 +211,8 @@ struct sl_mrw {
 	unsigned char line;    /* sse: at a line's start, in data, in another */
 	unsigned char pidx;    /* sse: bytes of "data:" matched */
 	unsigned char in_str, esc, top_obj, phase, kidx, kmatch, key, skip;
-	unsigned char sub;     /* in a top-level "response" / "message" object */
-	unsigned char done;    /* the member is seen: the rest passes */
+	unsigned sub : 1;      /* in a top-level "response" / "message" object */
+	unsigned done : 1;     /* the member is seen: the rest passes */
 	unsigned depth;
 };
 

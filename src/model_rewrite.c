@@ -548,8 +548,8 @@ end:
 	m->kmatch = (unsigned char)r.kmatch;
 	m->key = (unsigned char)r.key;
 	m->skip = (unsigned char)r.skip;
-	m->done = (unsigned char)r.done;
-	m->sub = (unsigned char)r.sub;
+	m->done = r.done != 0;
+	m->sub = r.sub != 0;
 	m->depth = r.depth;
 	return rc == -1 ? -1 : r.changed;
 }
