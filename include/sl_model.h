@@ -179,16 +179,30 @@ int sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
 /*
  * Responses (sl_mrw): when the model's name changed on the way up, the
  * "model" member of the answer is set back to the name the client sees
- * (the name it sent, or the fallback model's). Which member: in a JSON
- * answer, the first top-level "model" member (set when its value is a
- * string; the rest of the answer then passes unread); in an event stream,
- * the same in each "data:" line's JSON (a line is read on its own: one
- * event's JSON split over several data lines is left as it is). Keys are compared as written (no escapes decoded: the
- * runners write them plain). Every other byte passes unchanged, and the
- * state carries over reads, so a member split across reads at any byte is
- * rewritten the same. The state is a few words: copy it to undo a feed
- * (exchange_response.c does when the stream buffer is full and libcurl will hand the
- * same bytes over again).
+ * (the name it sent, or the fallback model's). Which member, in a JSON
+ * answer or in each "data:" line's JSON of an event stream (a line is
+ * read on its own: one event's JSON split over several data lines is left
+ * as it is): the first "model" member met either at the top level of the
+ * object, or directly in a top-level member named "response" or "message"
+ * whose value is an object (depth 2; not deeper, not in an array). That
+ * covers every API a runner speaks: chat and completions (the top-level
+ * "model" of the body and of each chunk), the Responses API ("model" of
+ * the body; "response.model" in the response.created, .in_progress,
+ * .completed, .incomplete and .failed events) and Anthropic's Messages
+ * ("model" of the body; "message.model" in message_start). It is set when
+ * its value is a string; either way that member decides, and the rest of
+ * the answer, or of the line, passes unread: no API puts a model in both
+ * places of one value, and reading on would cost every byte after it (a
+ * chat chunk's text; a whole non-stream answer). So a "model" inside
+ * "choices":[{"message":{...}}], or under a "response" that is not an
+ * object, is never touched. Keys are compared as written (no escapes
+ * decoded: the runners write them plain). Every other byte passes
+ * unchanged, nothing is buffered (a response.completed event carries the
+ * whole output; it streams through), and the state carries over reads, so
+ * a member split across reads at any byte is rewritten the same. The state
+ * is a few words: copy it to undo a feed (exchange_response.c does when
+ * the stream buffer is full and libcurl will hand the same bytes over
+ * again).
  */
 struct sl_mrw {
 	const char *lit;       /* the value put: a JSON string, quotes included */
@@ -196,8 +210,9 @@ struct sl_mrw {
 	unsigned char sse;     /* an event stream: data lines only */
 	unsigned char line;    /* sse: at a line's start, in data, in another */
 	unsigned char pidx;    /* sse: bytes of "data:" matched */
-	unsigned char in_str, esc, top_obj, phase, kidx, kmatch, is_model, skip;
-	unsigned char done;    /* the member is seen: the rest passes */
+	unsigned char in_str, esc, top_obj, phase, kidx, kmatch, key, skip;
+	unsigned sub : 1;      /* in a top-level "response" / "message" object */
+	unsigned done : 1;     /* the member is seen: the rest passes */
 	unsigned depth;
 };
 

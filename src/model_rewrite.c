@@ -16,8 +16,71 @@
 #include "sl_model.h"
 
 enum { MRW_L_START = 0, MRW_L_DATA, MRW_L_OTHER };
-/* In a top-level object, between its tokens: what comes next. */
+/*
+ * In the object read (the top-level one, or the "response" or "message"
+ * object in it), between its tokens: what comes next.
+ */
 enum { MRW_P_KEY = 0, MRW_P_INKEY, MRW_P_COLON, MRW_P_VALUE, MRW_P_OTHER };
+/* The key just read: another, "model", or "response" / "message". */
+enum { MRW_K_OTHER = 0, MRW_K_MODEL, MRW_K_SUB };
+/* Keys still matched byte by byte (kmatch): bits of mrw_keys[]. */
+#define MRW_KM_MODEL 1u
+#define MRW_KM_TOP 7u   /* at the top level: all three */
+
+static const struct {
+	const char *s;
+	unsigned len, kind;
+} mrw_keys[3] = {
+	{ "model", 5, MRW_K_MODEL },
+	{ "response", 8, MRW_K_SUB },
+	{ "message", 7, MRW_K_SUB },
+};
+
+/*
+ * A key whose opening quote is at k[-1], the text from k on at least
+ * MRW_KEY_WHOLE - 1 bytes: which of the keys looked for it is (mask: the
+ * bits of mrw_keys[]), with its closing quote, as written. Its length in
+ * *klen.
+ */
+#define MRW_KEY_WHOLE 10   /* "response": the longest key, quotes included */
+
+static inline __attribute__((always_inline)) unsigned
+mrw_key_whole(const char *k, unsigned mask, size_t *klen)
+{
+	if (k[0] == 'm') {
+		if (memcmp(k, "model\"", 6) == 0) {
+			*klen = 5;
+			return MRW_K_MODEL;
+		}
+		if (mask != MRW_KM_MODEL && memcmp(k, "message\"", 8) == 0) {
+			*klen = 7;
+			return MRW_K_SUB;
+		}
+	} else if (k[0] == 'r' && mask != MRW_KM_MODEL &&
+	    memcmp(k, "response\"", 9) == 0) {
+		*klen = 8;
+		return MRW_K_SUB;
+	}
+	return MRW_K_OTHER;
+}
+
+/* The key of len bytes at k (no quotes), as written. */
+static inline unsigned
+mrw_key_kind(const char *k, size_t len, unsigned mask)
+{
+	switch (len) {
+	case 5:
+		return memcmp(k, "model", 5) == 0 ? MRW_K_MODEL : MRW_K_OTHER;
+	case 7:
+		return mask != MRW_KM_MODEL && memcmp(k, "message", 7) == 0 ?
+		    MRW_K_SUB : MRW_K_OTHER;
+	case 8:
+		return mask != MRW_KM_MODEL && memcmp(k, "response", 8) == 0 ?
+		    MRW_K_SUB : MRW_K_OTHER;
+	default:
+		return MRW_K_OTHER;
+	}
+}
 
 void
 sl_mrw_init(struct sl_mrw *m, int sse, const char *lit, size_t litlen)
@@ -97,15 +160,16 @@ mrw_str_close(const char *p, size_t i, size_t len)
 
 /*
  * A byte outside strings, other than a quote, by the rules both readers
- * below share: nesting, and where a top-level object is between its
+ * below share: nesting, and where the object read (the top-level one, or
+ * the "response" or "message" object directly in it: *sub) is between its
  * tokens. Returns 1 when it starts a "model" value that is not a string
  * (left as it is: that line, or the answer, is done).
  */
 static inline int
 mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
-    unsigned *phase, unsigned is_model)
+    unsigned *phase, unsigned *sub, unsigned key)
 {
-	int top = *depth == 1 && *top_obj;
+	int top = *depth == 1 + *sub && *top_obj;
 
 	switch (ch) {
 	case '{':
@@ -114,9 +178,16 @@ mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
 			*top_obj = ch == '{';
 			*phase = MRW_P_KEY;
 		} else if (top && *phase == MRW_P_VALUE) {
-			*phase = MRW_P_OTHER;
-			if (is_model)
+			if (key == MRW_K_MODEL) {
+				*phase = MRW_P_OTHER;
 				return 1;
+			}
+			if (key == MRW_K_SUB && ch == '{') {
+				/* "response": {  - its members are read */
+				*sub = 1;
+				*phase = MRW_P_KEY;
+			} else
+				*phase = MRW_P_OTHER;
 		}
 		if (*depth < 1u << 30)
 			(*depth)++;
@@ -125,6 +196,11 @@ mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
 	case ']':
 		if (*depth > 0)
 			(*depth)--;
+		if (*sub && *depth == 1) {
+			/* back in the top-level object, its value read */
+			*sub = 0;
+			*phase = MRW_P_OTHER;
+		}
 		return 0;
 	case ':':
 		if (top && *phase == MRW_P_COLON)
@@ -142,7 +218,7 @@ mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
 	default:
 		if (top && *phase == MRW_P_VALUE) {
 			*phase = MRW_P_OTHER;
-			return is_model != 0;
+			return key == MRW_K_MODEL;
 		}
 		return 0;
 	}
@@ -151,31 +227,33 @@ mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
 /*
  * The common case of an event stream: a data line whose end is in this
  * read, read from its start. The same rules as the state machine below,
- * token by token: 1 and the value's quotes at [*vs, *ve) when its first
- * top-level "model" member is a string; 0 when the line has none (or not
- * a string); -1 when a string does not end in the line (the machine
- * decides those).
+ * token by token: 1 and the value's quotes at [*vs, *ve) when the first
+ * "model" member met (top-level, or directly in a top-level "response" or
+ * "message" object) is a string; 0 when the line has none (or not a
+ * string); -1 when a string does not end in the line (the machine decides
+ * those).
  */
 static int
 mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
 {
-	unsigned depth = 0, top_obj = 0, phase = MRW_P_KEY, is_model = 0;
+	unsigned depth = 0, top_obj = 0, phase = MRW_P_KEY, key = MRW_K_OTHER;
+	unsigned sub = 0;
 	size_t i;
 	ptrdiff_t j;
 
 	for (i = 0; i < len; i++) {
-		int top = depth == 1 && top_obj;
+		int top = depth == 1 + sub && top_obj;
 
 		switch (p[i]) {
 		case '"':
 			if ((j = mrw_str_close(p, i, len)) < 0)
 				return -1;
 			if (top && phase == MRW_P_KEY) {
-				is_model = j - (ptrdiff_t)i == 6 &&
-				    memcmp(p + i + 1, "model", 5) == 0;
+				key = mrw_key_kind(p + i + 1, (size_t)(j - (ptrdiff_t)i) - 1,
+				    sub ? MRW_KM_MODEL : MRW_KM_TOP);
 				phase = MRW_P_COLON;
 			} else if (top && phase == MRW_P_VALUE) {
-				if (is_model) {
+				if (key == MRW_K_MODEL) {
 					*vs = i;
 					*ve = (size_t)j + 1;
 					return 1;
@@ -186,7 +264,7 @@ mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
 			break;
 		default:
 			if (mrw_struct((unsigned char)p[i], &depth, &top_obj, &phase,
-			    is_model))
+			    &sub, key))
 				return 0;   /* not a string: left */
 			break;
 		}
@@ -201,7 +279,7 @@ mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
  */
 struct mrw_run {
 	unsigned line, pidx, in_str, esc, top_obj, phase, kidx, kmatch;
-	unsigned is_model, skip, done, depth;
+	unsigned key, skip, done, sub, depth;
 	size_t i, seg;             /* the next byte; the first not yet put */
 	int changed;               /* out holds what replaces the input */
 };
@@ -210,7 +288,7 @@ static inline __attribute__((always_inline)) void
 mrw_reset(struct mrw_run *r)
 {
 	r->in_str = r->esc = r->top_obj = r->phase = r->kidx = r->kmatch = 0;
-	r->is_model = r->skip = r->done = 0;
+	r->key = r->skip = r->done = r->sub = 0;
 	r->depth = 0;
 }
 
@@ -289,15 +367,15 @@ mrw_sse_line(struct mrw_run *r, const struct sl_mrw *m, const char *in,
 
 /*
  * Inside a string, or the value being replaced, at byte ch: a key that
- * may be "model" byte by byte, else to the string's end. 1: the input
- * ended inside it.
+ * may be one looked for, byte by byte, else to the string's end. 1: the
+ * input ended inside it.
  */
 static inline __attribute__((always_inline)) int
 mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
     unsigned char ch)
 {
-	static const char key[] = "model";
-	int top = r->depth == 1 && r->top_obj;
+	int top = r->depth == 1 + r->sub && r->top_obj;
+	unsigned b;
 	size_t j;
 
 	if (r->esc) {
@@ -306,18 +384,26 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 		return 0;
 	}
 	if (!r->skip && top && r->phase == MRW_P_INKEY && r->kmatch) {
-		/* A key that may be "model": byte by byte. */
+		/* A key that may be one looked for: byte by byte. */
 		if (ch == '\\') {
 			r->esc = 1;
 			r->kmatch = 0;   /* an escaped key is not matched */
 		} else if (ch == '"') {
 			r->in_str = 0;
-			r->is_model = r->kidx == 5;
+			r->key = MRW_K_OTHER;
+			for (b = 0; b < 3; b++)
+				if ((r->kmatch & 1u << b) &&
+				    r->kidx == mrw_keys[b].len)
+					r->key = mrw_keys[b].kind;
 			r->phase = MRW_P_COLON;
-		} else if (r->kidx < 5 && ch == (unsigned char)key[r->kidx])
+		} else {
+			for (b = 0; b < 3; b++)
+				if ((r->kmatch & 1u << b) &&
+				    (r->kidx >= mrw_keys[b].len ||
+				    ch != (unsigned char)mrw_keys[b].s[r->kidx]))
+					r->kmatch &= ~(1u << b);
 			r->kidx++;
-		else
-			r->kmatch = 0;
+		}
 		r->i++;
 		return 0;
 	}
@@ -336,7 +422,7 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 			r->done = 1;
 			r->seg = j + 1;
 		} else if (top && r->phase == MRW_P_INKEY) {
-			r->is_model = 0;
+			r->key = MRW_K_OTHER;
 			r->phase = MRW_P_COLON;
 		}
 		r->in_str = 0;
@@ -347,34 +433,40 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 }
 
 /*
- * Outside strings, at byte ch: a quote opens a key (maybe "model") or a
- * value (maybe the one replaced); other bytes move the structure. -1: no
- * memory.
+ * Outside strings, at byte ch: a quote opens a key (maybe one looked for)
+ * or a value (maybe the one replaced); other bytes move the structure.
+ * -1: no memory.
  */
 static inline __attribute__((always_inline)) int
 mrw_outside(struct mrw_run *r, const struct sl_mrw *m, const char *in,
     size_t n, struct sl_mrw_buf *out, unsigned char ch)
 {
-	int top = r->depth == 1 && r->top_obj;
+	int top = r->depth == 1 + r->sub && r->top_obj;
 	size_t i = r->i;
 
 	switch (ch) {
 	case '"':
 		if (top && r->phase == MRW_P_KEY) {
-			if (n - i >= 7) {
+			unsigned mask = r->sub ? MRW_KM_MODEL : MRW_KM_TOP;
+
+			if (n - i >= MRW_KEY_WHOLE) {
 				/* the whole key is here: compare it */
-				if (memcmp(in + i + 1, "model\"", 6) == 0) {
-					r->is_model = 1;
+				size_t klen;
+				unsigned k = mrw_key_whole(in + i + 1, mask, &klen);
+
+				if (k != MRW_K_OTHER) {
+					r->key = k;
 					r->phase = MRW_P_COLON;
-					r->i += 7;
+					r->i += klen + 2;
 					return 0;
 				}
 				r->kmatch = 0;
 			} else
-				r->kmatch = 1;
+				r->kmatch = mask;
 			r->phase = MRW_P_INKEY;
 			r->kidx = 0;
-		} else if (top && r->phase == MRW_P_VALUE && r->is_model) {
+		} else if (top && r->phase == MRW_P_VALUE &&
+		    r->key == MRW_K_MODEL) {
 			/* The value: what came before it, then ours. */
 			if (mrw_replace(r, m, in, i, out) == -1)
 				return -1;
@@ -386,8 +478,8 @@ mrw_outside(struct mrw_run *r, const struct sl_mrw *m, const char *in,
 		r->in_str = 1;
 		break;
 	default:
-		if (mrw_struct(ch, &r->depth, &r->top_obj, &r->phase,
-		    r->is_model))
+		if (mrw_struct(ch, &r->depth, &r->top_obj, &r->phase, &r->sub,
+		    r->key))
 			r->done = 1;   /* not a string: left */
 		break;
 	}
@@ -408,7 +500,7 @@ sl_mrw_feed(struct sl_mrw *m, const char *in, size_t n, struct sl_mrw_buf *out)
 	const int sse = m->sse;
 	struct mrw_run r = {
 		m->line, m->pidx, m->in_str, m->esc, m->top_obj, m->phase,
-		m->kidx, m->kmatch, m->is_model, m->skip, m->done, m->depth,
+		m->kidx, m->kmatch, m->key, m->skip, m->done, m->sub, m->depth,
 		0, 0, m->skip   /* bytes of a replaced value go */
 	};
 	int rc = 1, k;
@@ -454,9 +546,10 @@ end:
 	m->phase = (unsigned char)r.phase;
 	m->kidx = (unsigned char)r.kidx;
 	m->kmatch = (unsigned char)r.kmatch;
-	m->is_model = (unsigned char)r.is_model;
+	m->key = (unsigned char)r.key;
 	m->skip = (unsigned char)r.skip;
-	m->done = (unsigned char)r.done;
+	m->done = r.done != 0;
+	m->sub = r.sub != 0;
 	m->depth = r.depth;
 	return rc == -1 ? -1 : r.changed;
 }

@@ -24,11 +24,15 @@
  * (or its first SL_MODEL_NAME_MAX), inside the body; the rewrite is the
  * body with those bytes replaced.
  * Answers (sl_mrw, every input; bit 1 of byte 0: an event stream): the
- * output is the same fed whole, split at any byte (every one, for short
- * inputs) or fed twice with the state restored in between (a pause); a
+ * output is the same fed whole, one byte per read, split at any byte
+ * (every one, for short inputs) or fed twice with the state restored in
+ * between (a pause); a JSON input without line ends, sent as two data
+ * lines of an event stream, comes out as two lines of its JSON output; a
  * JSON answer jansson reads as an object still reads as one with the same
- * members, each "model" either as it was or the name set back (always the
- * name when the text has no escape and one top-level model, a string).
+ * members, and so do its top-level "response" and "message" objects, each
+ * "model" there either as it was or the name set back, and only one set
+ * (always the name when the text has no escape and one "model" key, a
+ * string at the top level or directly in such an object).
  */
 #include "config.h"
 
@@ -247,14 +251,92 @@ mrw_pieces(const char *in, size_t len, int sse, const char *lit, size_t litlen,
 	return out;
 }
 
+/*
+ * b is a (jansson object): the same members, "model" either as it was or
+ * the name shown; 1 when it is the name (and was not).
+ */
+static int
+mrw_same_but_model(json_t *a, json_t *b, const char *what)
+{
+	const char *key;
+	json_t *v;
+	int set = 0;
+
+	fz_check(json_object_size(a) == json_object_size(b), "mrw-members",
+	    "%s: members differ", what);
+	json_object_foreach(a, key, v) {
+		json_t *w = json_object_get(b, key);
+
+		if (strcmp(key, "model") != 0) {
+			fz_check(w != NULL && json_equal(v, w), "mrw-others",
+			    "%s: member %s changed", what, key);
+			continue;
+		}
+		fz_check(w != NULL && (json_equal(v, w) || (json_is_string(w) &&
+		    strcmp(json_string_value(w), SHOWN) == 0)), "mrw-model",
+		    "%s: model is neither", what);
+		set = w != NULL && !json_equal(v, w);
+	}
+	return set;
+}
+
+/* The input fed as an event stream: two data lines of it. */
+static void
+check_mrw_as_lines(const char *in, size_t len, const char *lit, size_t litlen,
+    const char *whole, size_t wlen)
+{
+	size_t sl = 2 * (len + 8), olen, cut, i;
+	size_t wl = 2 * (wlen + 8);
+	char *s, *w, *o;
+
+	if (memchr(in, '\n', len) != NULL || memchr(in, '\r', len) != NULL)
+		return;
+	if ((s = malloc(sl)) == NULL || (w = malloc(wl)) == NULL)
+		abort();
+	for (i = 0; i < 2; i++) {
+		memcpy(s + i * (len + 8), "data: ", 6);
+		memcpy(s + i * (len + 8) + 6, in, len);
+		memcpy(s + i * (len + 8) + 6 + len, "\n\n", 2);
+		memcpy(w + i * (wlen + 8), "data: ", 6);
+		memcpy(w + i * (wlen + 8) + 6, whole, wlen);
+		memcpy(w + i * (wlen + 8) + 6 + wlen, "\n\n", 2);
+	}
+	o = mrw_pieces(s, sl, 1, lit, litlen, NULL, 0, 0, &olen);
+	fz_check(olen == wl && memcmp(o, w, wl) == 0, "mrw-sse-json",
+	    "a data line differs from the JSON answer");
+	free(o);
+	/* the second line cut: the first read by the fast path, not it */
+	cut = len + 8 + 6 + len / 2;
+	o = mrw_pieces(s, sl, 1, lit, litlen, &cut, 1, 0, &olen);
+	fz_check(olen == wl && memcmp(o, w, wl) == 0, "mrw-sse-json",
+	    "a cut data line differs from the JSON answer");
+	free(o);
+	free(s);
+	free(w);
+}
+
+/* How many times w occurs in p. */
+static size_t
+mrw_count(const char *p, size_t n, const char *w)
+{
+	size_t c = 0, wl = strlen(w);
+	const char *q;
+
+	while (n >= wl && (q = memmem(p, n, w, wl)) != NULL) {
+		c++;
+		n -= (size_t)(q - p) + 1;
+		p = q + 1;
+	}
+	return c;
+}
+
 static void
 check_mrw(const char *in, size_t len, int sse)
 {
-	size_t litlen, wlen, olen, i, cuts[3];
+	size_t litlen, wlen, olen, i, cuts[3], *every;
 	char *lit = sl_mrw_literal(SHOWN, strlen(SHOWN), &litlen), *whole, *o;
 	json_error_t err;
 	json_t *a, *b;
-	struct sl_model_req r;
 
 	if (lit == NULL)
 		abort();
@@ -274,36 +356,64 @@ check_mrw(const char *in, size_t len, int sse)
 	fz_check(olen == wlen && memcmp(o, whole, wlen) == 0, "mrw-split",
 	    "three splits differ");
 	free(o);
+	if (len > 1) {
+		if ((every = malloc((len - 1) * sizeof(*every))) == NULL)
+			abort();
+		for (i = 1; i < len; i++)
+			every[i - 1] = i;
+		o = mrw_pieces(in, len, sse, lit, litlen, every, len - 1, 0, &olen);
+		fz_check(olen == wlen && memcmp(o, whole, wlen) == 0, "mrw-split",
+		    "one byte per read differs");
+		free(o);
+		free(every);
+	}
+	if (!sse)
+		check_mrw_as_lines(in, len, lit, litlen, whole, wlen);
 	if (!sse && memchr(in, '\0', len) == NULL &&
 	    (a = json_loadb(in, len, FLAGS, &err)) != NULL) {
 		if (json_is_object(a)) {
-			const char *key;
-			json_t *v, *m = json_object_get(a, "model");
+			static const char *const subs[] = { "response", "message" };
+			json_t *ac, *bc, *where = json_object_get(a, "model"), *w;
+			int nset = 0;
 
 			b = json_loadb(whole, wlen, FLAGS, &err);
 			fz_check(b != NULL && json_is_object(b), "mrw-parses", "%s",
 			    b == NULL ? err.text : "not an object");
-			fz_check(json_object_size(a) == json_object_size(b),
-			    "mrw-members", "members differ");
-			json_object_foreach(a, key, v) {
-				json_t *w = json_object_get(b, key);
+			/*
+			 * A top-level response / message object: compared inside;
+			 * the rest as the top level, those two left out.
+			 */
+			ac = json_copy(a);
+			bc = json_copy(b);
+			if (ac == NULL || bc == NULL)
+				abort();
+			for (i = 0; i < 2; i++) {
+				json_t *av = json_object_get(a, subs[i]);
 
-				if (strcmp(key, "model") != 0) {
-					fz_check(w != NULL && json_equal(v, w),
-					    "mrw-others", "member %s changed", key);
+				if (!json_is_object(av))
 					continue;
-				}
-				fz_check(w != NULL && (json_equal(v, w) ||
-				    (json_is_string(w) &&
-				    strcmp(json_string_value(w), SHOWN) == 0)),
-				    "mrw-model", "model is neither");
+				w = json_object_get(b, subs[i]);
+				fz_check(json_is_object(w), "mrw-sub", "%s is no "
+				    "longer an object", subs[i]);
+				nset += mrw_same_but_model(av, w, subs[i]);
+				if (where == NULL)
+					where = json_object_get(av, "model");
+				json_object_set_new(ac, subs[i], json_null());
+				json_object_set_new(bc, subs[i], json_null());
 			}
-			sl_model_read(in, len, "application/json", 16, &r);
-			if (m != NULL && json_is_string(m) && r.count == 1 &&
-			    memchr(in, '\\', len) == NULL)
-				fz_check(json_is_string(json_object_get(b, "model")) &&
-				    strcmp(json_string_value(json_object_get(b,
-				    "model")), SHOWN) == 0, "mrw-set",
+			nset += mrw_same_but_model(ac, bc, "top");
+			fz_check(nset <= 1, "mrw-one", "%d models set", nset);
+			json_decref(ac);
+			json_decref(bc);
+			/*
+			 * No escape, and the only "model" in the text a string at
+			 * the top level or directly in a top-level response or
+			 * message object: it is set (unless already the name).
+			 */
+			if (json_is_string(where) && memchr(in, '\\', len) == NULL &&
+			    mrw_count(in, len, "\"model\"") == 1 &&
+			    strcmp(json_string_value(where), SHOWN) != 0)
+				fz_check(nset == 1, "mrw-set",
 				    "the model was not set back");
 			json_decref(b);
 		}

@@ -788,6 +788,419 @@ test_mrw_sse_data_lines(void **state)
 	    "{\"model\":\"m\"}}\n\n");
 }
 
+/* Fed one byte per read: the same. */
+static void
+mrw_check_bytewise(int sse, const char *lit, const char *in, const char *want)
+{
+	size_t n = strlen(in), i, *cuts;
+	char *o;
+
+	cuts = malloc((n + 1) * sizeof(*cuts));
+	assert_non_null(cuts);
+	for (i = 1; i < n; i++)
+		cuts[i - 1] = i;
+	o = mrw_run(sse, lit, in, cuts, n > 1 ? n - 1 : 0);
+	assert_string_equal(o, want);
+	free(o);
+	free(cuts);
+}
+
+/*
+ * A long answer: whole, one byte per read, and split in two at every
+ * byte (every 3-way split too would be cubic in its length).
+ */
+static void
+mrw_check_long(int sse, const char *lit, const char *in, const char *want)
+{
+	size_t n = strlen(in), i, cut;
+	char *o;
+
+	o = mrw_run(sse, lit, in, NULL, 0);
+	assert_string_equal(o, want);
+	free(o);
+	mrw_check_bytewise(sse, lit, in, want);
+	for (i = 0; i <= n; i++) {
+		cut = i;
+		o = mrw_run(sse, lit, in, &cut, 1);
+		assert_string_equal(o, want);
+		free(o);
+	}
+}
+
+/* A short one: every 2-way and 3-way split, and one byte per read. */
+static void
+mrw_check_all(int sse, const char *lit, const char *in, const char *want)
+{
+	mrw_check(sse, lit, in, want);
+	mrw_check_bytewise(sse, lit, in, want);
+}
+
+#define INTERNAL "meta-llama/Llama-3.1-8B-Instruct"
+#define ALIAS "gpt-5"
+
+/*
+ * tmpl with every "@M@" replaced by model and "@T@" by text: an answer
+ * as the runner sent it (model INTERNAL) and as the client must get it
+ * (ALIAS), byte for byte the same elsewhere. malloc'd.
+ */
+static char *
+mrw_subst(const char *tmpl, const char *model, const char *text)
+{
+	size_t cap = strlen(tmpl) + 1, ml = strlen(model), tl = strlen(text), n = 0;
+	const char *p;
+	char *o;
+
+	for (p = tmpl; (p = strchr(p, '@')) != NULL; p++)
+		cap += ml + tl;
+	o = malloc(cap);
+	assert_non_null(o);
+	for (p = tmpl; *p != '\0'; p++) {
+		if (strncmp(p, "@M@", 3) == 0 || strncmp(p, "@T@", 3) == 0) {
+			const char *s = p[1] == 'M' ? model : text;
+			size_t l = p[1] == 'M' ? ml : tl;
+
+			memcpy(o + n, s, l);
+			n += l;
+			p += 2;
+		} else
+			o[n++] = *p;
+	}
+	o[n] = '\0';
+	return o;
+}
+
+/*
+ * A long answer's text, as a runner escapes it in JSON: quotes, line
+ * ends, a backslash, UTF-8, and text that looks like the members set
+ * back. malloc'd.
+ */
+static char *
+mrw_long_text(void)
+{
+	static const char para[] = "Sure! Here is the config you asked for:\\n"
+	    "\\n```json\\n{\\\"model\\\": \\\"" INTERNAL "\\\", \\\"response\\\": "
+	    "{\\\"model\\\": \\\"x\\\"}, \\\"message\\\": {\\\"model\\\": \\\"y\\\"}}"
+	    "\\n```\\nPaths use a backslash (C:\\\\models\\\\llama) \xe2\x80\x94 "
+	    "caf\xc3\xa9, \\u00e9t\\u00e9. data: {\\\"model\\\":\\\"z\\\"}\\n\\n";
+	size_t i, n = 0, cap = 12 * sizeof(para);
+	char *o = malloc(cap);
+
+	assert_non_null(o);
+	for (i = 0; i < 10; i++) {
+		memcpy(o + n, para, sizeof(para) - 1);
+		n += sizeof(para) - 1;
+	}
+	o[n] = '\0';
+	return o;
+}
+
+/* The response object as OpenAI sends it; @S@-less, status given. */
+#define RESP_OBJ(status, output, usage) \
+	"{\"id\":\"resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b\"," \
+	"\"object\":\"response\",\"created_at\":1741476542,\"status\":\"" status \
+	"\",\"background\":false,\"error\":null,\"incomplete_details\":null," \
+	"\"instructions\":\"You are a helpful assistant. Always say \\\"model" \
+	"\\\": first.\",\"max_output_tokens\":null,\"model\":\"@M@\",\"output\":" \
+	output ",\"parallel_tool_calls\":true,\"previous_response_id\":null," \
+	"\"reasoning\":{\"effort\":null,\"summary\":null},\"service_tier\":" \
+	"\"auto\",\"store\":true,\"temperature\":1.0,\"text\":{\"format\":{" \
+	"\"type\":\"text\"}},\"tool_choice\":\"auto\",\"tools\":[],\"top_p\":1.0," \
+	"\"truncation\":\"disabled\",\"usage\":" usage ",\"user\":null," \
+	"\"metadata\":{}}"
+
+#define MSG_ID "msg_67ccd2bf17f0819081ff3bb2cf6508e60bb6a6b452d3795b"
+
+static const char responses_stream[] =
+    "event: response.created\n"
+    "data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":"
+    RESP_OBJ("in_progress", "[]", "null") "}\n\n"
+    "event: response.in_progress\n"
+    "data: {\"type\":\"response.in_progress\",\"sequence_number\":1,"
+    "\"response\":" RESP_OBJ("in_progress", "[]", "null") "}\n\n"
+    "event: response.output_item.added\n"
+    "data: {\"type\":\"response.output_item.added\",\"sequence_number\":2,"
+    "\"output_index\":0,\"item\":{\"id\":\"" MSG_ID "\",\"type\":\"message\","
+    "\"status\":\"in_progress\",\"content\":[],\"role\":\"assistant\"}}\n\n"
+    "event: response.content_part.added\n"
+    "data: {\"type\":\"response.content_part.added\",\"sequence_number\":3,"
+    "\"item_id\":\"" MSG_ID "\",\"output_index\":0,\"content_index\":0,"
+    "\"part\":{\"type\":\"output_text\",\"annotations\":[],\"text\":\"\"}}\n\n"
+    "event: response.output_text.delta\n"
+    "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
+    "\"item_id\":\"" MSG_ID "\",\"output_index\":0,\"content_index\":0,"
+    "\"delta\":\"Sure! {\\\"model\\\":\\\"" INTERNAL "\\\"}\"}\n\n"
+    "event: response.output_text.done\n"
+    "data: {\"type\":\"response.output_text.done\",\"sequence_number\":5,"
+    "\"item_id\":\"" MSG_ID "\",\"output_index\":0,\"content_index\":0,"
+    "\"text\":\"@T@\"}\n\n"
+    "event: response.output_item.done\n"
+    "data: {\"type\":\"response.output_item.done\",\"sequence_number\":6,"
+    "\"output_index\":0,\"item\":{\"id\":\"" MSG_ID "\",\"type\":\"message\","
+    "\"status\":\"completed\",\"content\":[{\"type\":\"output_text\","
+    "\"annotations\":[],\"text\":\"@T@\"}],\"role\":\"assistant\"}}\n\n"
+    "event: response.completed\n"
+    "data: {\"type\":\"response.completed\",\"sequence_number\":7,"
+    "\"response\":" RESP_OBJ("completed", "[{\"id\":\"" MSG_ID "\",\"type\":"
+    "\"message\",\"status\":\"completed\",\"content\":[{\"type\":"
+    "\"output_text\",\"annotations\":[],\"text\":\"@T@\"}],\"role\":"
+    "\"assistant\"}]", "{\"input_tokens\":37,\"input_tokens_details\":{"
+    "\"cached_tokens\":0},\"output_tokens\":412,\"output_tokens_details\":{"
+    "\"reasoning_tokens\":0},\"total_tokens\":449}") "}\n\n";
+
+static void
+test_mrw_responses_stream(void **state)
+{
+	char *text = mrw_long_text();
+	char *in = mrw_subst(responses_stream, INTERNAL, text);
+	char *want = mrw_subst(responses_stream, ALIAS, text);
+
+	(void)state;
+	/* created, in_progress and completed name the model; no other event */
+	assert_non_null(strstr(want, "\"model\":\"" ALIAS "\",\"output\":[{"));
+	mrw_check_long(1, "\"" ALIAS "\"", in, want);
+	free(in);
+	free(want);
+	free(text);
+}
+
+/*
+ * vLLM's order (model before the object's other members, the output
+ * before the model in .incomplete and .failed here) and CRLF line ends:
+ * the response object streams through, its model set where it comes.
+ */
+static void
+test_mrw_responses_incomplete_and_failed(void **state)
+{
+	static const char tmpl[] =
+	    "event: response.incomplete\r\n"
+	    "data: {\"type\":\"response.incomplete\",\"sequence_number\":9,"
+	    "\"response\":{\"id\":\"resp_a1\",\"created_at\":1741476542,"
+	    "\"output\":[{\"type\":\"message\",\"role\":\"assistant\","
+	    "\"content\":[{\"type\":\"output_text\",\"text\":\"@T@\","
+	    "\"model\":\"no\"}]}],\"incomplete_details\":{\"reason\":"
+	    "\"max_output_tokens\"},\"metadata\":{\"model\":\"no\"},"
+	    "\"model\":\"@M@\",\"object\":\"response\",\"status\":\"incomplete\","
+	    "\"usage\":{\"input_tokens\":5,\"output_tokens\":16}}}\r\n\r\n"
+	    "event: response.failed\r\n"
+	    "data: {\"type\":\"response.failed\",\"sequence_number\":10,"
+	    "\"response\":{\"id\":\"resp_a2\",\"status\":\"failed\",\"error\":{"
+	    "\"code\":\"server_error\",\"message\":\"model overloaded\"},"
+	    "\"model\":\"@M@\",\"output\":[]}}\r\n\r\n"
+	    "event: error\r\n"
+	    "data: {\"type\":\"error\",\"sequence_number\":11,\"code\":null,"
+	    "\"message\":\"x\",\"param\":null}\r\n\r\n";
+	char *text = mrw_long_text();
+	char *in = mrw_subst(tmpl, INTERNAL, text);
+	char *want = mrw_subst(tmpl, ALIAS, text);
+
+	(void)state;
+	mrw_check_long(1, "\"" ALIAS "\"", in, want);
+	free(in);
+	free(want);
+	free(text);
+}
+
+static const char messages_stream[] =
+    "event: message_start\n"
+    "data: {\"type\":\"message_start\",\"message\":{\"id\":"
+    "\"msg_01XFDUDYJgAACzvnptvVoYEL\",\"type\":\"message\",\"role\":"
+    "\"assistant\",\"content\":[],\"model\":\"@M@\",\"stop_reason\":null,"
+    "\"stop_sequence\":null,\"usage\":{\"input_tokens\":25,"
+    "\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,"
+    "\"output_tokens\":1}}}\n\n"
+    "event: content_block_start\n"
+    "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":"
+    "{\"type\":\"text\",\"text\":\"\"}}\n\n"
+    "event: ping\n"
+    "data: {\"type\": \"ping\"}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":"
+    "\"text_delta\",\"text\":\"Hello, \\\"message\\\": {\\\"model\\\": \"}}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":"
+    "\"text_delta\",\"text\":\"@T@\"}}\n\n"
+    "event: content_block_stop\n"
+    "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+    "event: message_delta\n"
+    "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\","
+    "\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n"
+    "event: message_stop\n"
+    "data: {\"type\":\"message_stop\"}\n\n";
+
+static void
+test_mrw_messages_stream(void **state)
+{
+	char *text = mrw_long_text();
+	char *in = mrw_subst(messages_stream, INTERNAL, text);
+	char *want = mrw_subst(messages_stream, ALIAS, text);
+
+	(void)state;
+	assert_non_null(strstr(want, "\"content\":[],\"model\":\"" ALIAS "\""));
+	mrw_check_long(1, "\"" ALIAS "\"", in, want);
+	free(in);
+	free(want);
+	free(text);
+}
+
+/* A short message_start: every 2- and 3-way split. */
+static void
+test_mrw_message_start_every_split(void **state)
+{
+	(void)state;
+	mrw_check_all(1, "\"" ALIAS "\"",
+	    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":"
+	    "{\"id\":\"m\",\"model\":\"L/8B\",\"x\":1}}\n\n"
+	    "data: {\"response\":{\"model\":\"L\"}}\n",
+	    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":"
+	    "{\"id\":\"m\",\"model\":\"" ALIAS "\",\"x\":1}}\n\n"
+	    "data: {\"response\":{\"model\":\"" ALIAS "\"}}\n");
+}
+
+/* The non-stream bodies of both APIs: the top-level "model". */
+static void
+test_mrw_responses_and_messages_bodies(void **state)
+{
+	static const char resp[] = RESP_OBJ("completed", "[{\"id\":\"" MSG_ID
+	    "\",\"type\":\"message\",\"status\":\"completed\",\"content\":[{"
+	    "\"type\":\"output_text\",\"annotations\":[],\"text\":\"@T@\"}],"
+	    "\"role\":\"assistant\"}]", "{\"input_tokens\":36,"
+	    "\"output_tokens\":87,\"total_tokens\":123}") "\n";
+	static const char msg[] =
+	    "{\"id\":\"msg_013Zva2CMHLNnXjNJJKqJ2EF\",\"type\":\"message\","
+	    "\"role\":\"assistant\",\"model\":\"@M@\",\"content\":[{\"type\":"
+	    "\"text\",\"text\":\"@T@\"}],\"stop_reason\":\"end_turn\","
+	    "\"stop_sequence\":null,\"usage\":{\"input_tokens\":2095,"
+	    "\"output_tokens\":503}}";
+	char *text = mrw_long_text(), *in, *want;
+
+	(void)state;
+	in = mrw_subst(resp, INTERNAL, text);
+	want = mrw_subst(resp, ALIAS, text);
+	mrw_check_long(0, "\"" ALIAS "\"", in, want);
+	free(in);
+	free(want);
+	in = mrw_subst(msg, INTERNAL, text);
+	want = mrw_subst(msg, ALIAS, text);
+	mrw_check_long(0, "\"" ALIAS "\"", in, want);
+	free(in);
+	free(want);
+	free(text);
+}
+
+/*
+ * A chat body's "message" is in "choices": not a top-level member, so a
+ * "model" in it is never touched (only the top-level one).
+ */
+static void
+test_mrw_chat_body_nested_message_untouched(void **state)
+{
+	static const char nested[] =
+	    "{\"id\":\"chatcmpl-9\",\"object\":\"chat.completion\",\"created\":1,"
+	    "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+	    "\"model\":\"keep\",\"content\":\"hi\"},\"finish_reason\":\"stop\"}],"
+	    "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}";
+
+	(void)state;
+	mrw_check_all(0, "\"L\"", nested, nested);
+	mrw_check_all(1, "\"L\"", "data: {\"choices\":[{\"message\":{\"model\":"
+	    "\"keep\"}}],\"model\":\"m\"}\n",
+	    "data: {\"choices\":[{\"message\":{\"model\":\"keep\"}}],\"model\":"
+	    "\"L\"}\n");
+	mrw_check_all(0, "\"L\"", "{\"choices\":[{\"message\":{\"model\":"
+	    "\"keep\"}}],\"model\":\"m\"}",
+	    "{\"choices\":[{\"message\":{\"model\":\"keep\"}}],\"model\":\"L\"}");
+}
+
+/* "response" / "message" that is not an object: passed over. */
+static void
+test_mrw_sub_key_not_an_object(void **state)
+{
+	(void)state;
+	mrw_check_all(0, "\"L\"", "{\"response\":\"model\",\"model\":\"m\"}",
+	    "{\"response\":\"model\",\"model\":\"L\"}");
+	mrw_check_all(0, "\"L\"",
+	    "{\"response\":[{\"model\":\"k\"}],\"message\":null,\"model\":\"m\"}",
+	    "{\"response\":[{\"model\":\"k\"}],\"message\":null,\"model\":\"L\"}");
+	mrw_check_all(1, "\"L\"",
+	    "data: {\"message\":3,\"response\":{\"model\":\"m\"}}\n",
+	    "data: {\"message\":3,\"response\":{\"model\":\"L\"}}\n");
+	/* An array of objects is not one either. */
+	mrw_check_all(1, "\"L\"", "data: {\"message\":[{\"model\":\"k\"}]}\n",
+	    "data: {\"message\":[{\"model\":\"k\"}]}\n");
+	/* Nor a value named so, nor a top level that is an array. */
+	mrw_check_all(0, "\"L\"",
+	    "[{\"response\":{\"model\":\"k\"}}]{\"type\":\"message\"}",
+	    "[{\"response\":{\"model\":\"k\"}}]{\"type\":\"message\"}");
+}
+
+/* Only depth 2, directly in the object: not deeper. */
+static void
+test_mrw_sub_deeper_untouched(void **state)
+{
+	(void)state;
+	mrw_check_all(1, "\"L\"",
+	    "data: {\"response\":{\"output\":[{\"model\":\"k\"}],\"metadata\":"
+	    "{\"model\":\"k\"},\"response\":{\"model\":\"k\"},\"model\":\"m\"}}\n",
+	    "data: {\"response\":{\"output\":[{\"model\":\"k\"}],\"metadata\":"
+	    "{\"model\":\"k\"},\"response\":{\"model\":\"k\"},\"model\":\"L\"}}\n");
+	mrw_check_all(0, "\"L\"",
+	    "{\"x\":{\"response\":{\"model\":\"k\"}},\"message\":{\"a\":{"
+	    "\"model\":\"k\"}}}",
+	    "{\"x\":{\"response\":{\"model\":\"k\"}},\"message\":{\"a\":{"
+	    "\"model\":\"k\"}}}");
+}
+
+/*
+ * The first "model" met decides, at either place: one per JSON value (no
+ * API names both), set when a string, and the rest passes.
+ */
+static void
+test_mrw_first_model_met_decides(void **state)
+{
+	(void)state;
+	mrw_check_all(0, "\"L\"", "{\"model\":\"a\",\"response\":{\"model\":\"b\"}}",
+	    "{\"model\":\"L\",\"response\":{\"model\":\"b\"}}");
+	mrw_check_all(0, "\"L\"", "{\"message\":{\"model\":\"b\"},\"model\":\"a\"}",
+	    "{\"message\":{\"model\":\"L\"},\"model\":\"a\"}");
+	/* An object with no model decides nothing. */
+	mrw_check_all(1, "\"L\"",
+	    "data: {\"response\":{\"id\":1},\"message\":{\"model\":\"b\"}}\n"
+	    "data: {\"message\":{},\"model\":\"a\"}\n",
+	    "data: {\"response\":{\"id\":1},\"message\":{\"model\":\"L\"}}\n"
+	    "data: {\"message\":{},\"model\":\"L\"}\n");
+	/* Not a string: left, and so is the rest. */
+	mrw_check_all(0, "\"L\"", "{\"response\":{\"model\":null},\"model\":\"a\"}",
+	    "{\"response\":{\"model\":null},\"model\":\"a\"}");
+	mrw_check_all(1, "\"L\"",
+	    "data: {\"message\":{\"model\":{\"model\":\"x\"},\"model\":\"y\"}}\n",
+	    "data: {\"message\":{\"model\":{\"model\":\"x\"},\"model\":\"y\"}}\n");
+	/* In the object only "model" is looked for. */
+	mrw_check_all(0, "\"L\"",
+	    "{\"response\":{\"message\":{\"model\":\"k\"},\"model\":\"m\"}}",
+	    "{\"response\":{\"message\":{\"model\":\"k\"},\"model\":\"L\"}}");
+}
+
+/* Escapes: keys as written; strings holding the key text are strings. */
+static void
+test_mrw_sub_escapes(void **state)
+{
+	(void)state;
+	mrw_check_all(0, "\"L\"",
+	    "{\"respons\\u0065\":{\"model\":\"k\"},\"mess\\u0061ge\":{\"model\":\"k\"}}",
+	    "{\"respons\\u0065\":{\"model\":\"k\"},\"mess\\u0061ge\":{\"model\":\"k\"}}");
+	mrw_check_all(1, "\"L\"",
+	    "data: {\"a\":\"\\\"response\\\":{\\\"model\\\":\\\"k\\\"}\","
+	    "\"response\":{\"i\":\"\\\\\",\"model\":\"m\\\"\\\\\"}}\n",
+	    "data: {\"a\":\"\\\"response\\\":{\\\"model\\\":\\\"k\\\"}\","
+	    "\"response\":{\"i\":\"\\\\\",\"model\":\"L\"}}\n");
+	/* Keys that start like the ones looked for. */
+	mrw_check_all(0, "\"L\"",
+	    "{\"responses\":{\"model\":\"k\"},\"messag\":{\"model\":\"k\"},"
+	    "\"r\":{\"model\":\"k\"}}",
+	    "{\"responses\":{\"model\":\"k\"},\"messag\":{\"model\":\"k\"},"
+	    "\"r\":{\"model\":\"k\"}}");
+}
+
 static void
 test_mrw_literal_escapes(void **state)
 {
@@ -828,6 +1241,16 @@ main(void)
 		cmocka_unit_test(test_retarget_json_and_form),
 		cmocka_unit_test(test_mrw_json_top_level_only),
 		cmocka_unit_test(test_mrw_sse_data_lines),
+		cmocka_unit_test(test_mrw_responses_stream),
+		cmocka_unit_test(test_mrw_responses_incomplete_and_failed),
+		cmocka_unit_test(test_mrw_messages_stream),
+		cmocka_unit_test(test_mrw_message_start_every_split),
+		cmocka_unit_test(test_mrw_responses_and_messages_bodies),
+		cmocka_unit_test(test_mrw_chat_body_nested_message_untouched),
+		cmocka_unit_test(test_mrw_sub_key_not_an_object),
+		cmocka_unit_test(test_mrw_sub_deeper_untouched),
+		cmocka_unit_test(test_mrw_first_model_met_decides),
+		cmocka_unit_test(test_mrw_sub_escapes),
 		cmocka_unit_test(test_mrw_literal_escapes),
 	};
 
