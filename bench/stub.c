@@ -49,6 +49,13 @@
  *       "stream" vLLM reads as true (pydantic's lax bool: 1, 1.0, "1", and "t",
  *       "y", "on", "yes", "true" in any case) -> SSE stream, else one JSON
  *       completion (Content-Length framed).
+ *   POST /v1/responses  OpenAI's Responses API, stream or not ("stream" read as
+ *                       above); see Responses below.
+ *   GET /v1/responses/ID, DELETE /v1/responses/ID, POST /v1/responses/ID/cancel,
+ *   GET /v1/responses/ID/input_items   a stored response (see Responses).
+ *   POST /v1/messages   Anthropic's Messages API, stream or not; see Messages.
+ *   POST /v1/messages/count_tokens     {"input_tokens":P}.
+ *   POST /v1/embeddings JSON only; see Embeddings.
  *   GET|POST|PUT|DELETE /v1/echo[?query]
  *       {"method":..,"path":..,"query":..,"headers":[[name,value],..],"body":..}
  *   GET /v1/models      one model, "stub".
@@ -57,10 +64,12 @@
  *                       first: {"prefills":[{"prompt_bytes","hit_bytes","queue_ms",
  *                       "lane_ms","prefill_ms","ttft_ms","slot_ms"},..]} (as in
  *                       last_prefill below), for a benchmark's tail analysis.
- *   GET /stub/last      the body of the last completion request (chat or not), byte
+ *   GET /stub/last      the body of the last completion request (chat, completions,
+ *                       responses, messages, embeddings) or count_tokens, byte
  *                       for byte, with "X-Stub-Path: PATH"; 404 if none since reset.
  *   POST /stub/reset    zero the counters, drop idle tags, forget the last body,
- *                       empty the prefix cache; {"ok":true}.
+ *                       empty the prefix cache and the stored responses;
+ *                       {"ok":true}.
  *   GET /metrics        Prometheus text (version 0.0.4) in vLLM's names, each with
  *                       # HELP, # TYPE gauge and the label model_name="stub":
  *                       vllm:num_requests_running (slots held), vllm:num_requests_waiting
@@ -79,13 +88,19 @@
  *       "health_status":N,"busy":0|1,"busy_status":N,"busy_retry_after":N,
  *       "loading":0|1,"loading_left_ms":N. POST /stub/reset keeps the modes.
  *   anything else       404 {"error":{...}}.
- *   Loading and busy apply to POST /v1/chat/completions and /v1/completions only,
- *   after the steering headers are checked (a bad one is still 400) and before any
- *   other knob (status, delay, hang are not applied). Loading wins over busy:
+ *   Loading and busy apply to the completions only (POST /v1/chat/completions,
+ *   /v1/completions, /v1/responses, /v1/messages, /v1/embeddings; not
+ *   count_tokens, not the stored-response paths), after the steering headers
+ *   are checked (a bad one is still 400) and before any other knob (status,
+ *   delay, hang are not applied). Loading wins over busy:
  *     loading: 503 LOADING = {"error":{"code":503,"message":"Loading model",
- *              "type":"unavailable_error"}} (llama.cpp's words, no Retry-After)
+ *              "type":"unavailable_error"}} (llama.cpp's words, no Retry-After;
+ *              the same on /v1/messages)
  *     busy:    STATUS, "Retry-After: N" after Content-Length, and
- *              {"error":{"message":"stub busy","type":"stub","code":STATUS}}
+ *              {"error":{"message":"stub busy","type":"stub","code":STATUS}};
+ *              on /v1/messages in Anthropic's shape, as vLLM's /v1/messages
+ *              wraps its errors: {"type":"error","error":{"type":"stub",
+ *              "message":"stub busy"}}
  *   Malformed HTTP gets 400 (413 body > 4 MiB, 414 URL > 8 KiB, 431 headers too
  *   large or > 100 of them) and the connection is closed. Upgrade/CONNECT: 400.
  *   HTTP/1.1 keep-alive with pipelining (answered in order); bodies (Content-Length
@@ -112,7 +127,8 @@
  *   X-Stub-Status       200..599 except 204 and 304 (they cannot carry the body):
  *                       completions answer {"error":{"message":"stub status CODE",
  *                       "type":"stub","code":CODE}} with that status (other
- *                       paths ignore it).
+ *                       paths ignore it); /v1/messages answers {"type":"error",
+ *                       "error":{"type":"stub","message":"stub status CODE"}}.
  *   X-Stub-Delay-Ms     0..3600000 wait before the response head (every /v1/ path)
  *   X-Stub-Hang         0..1: read the request, never answer, hold the connection
  *                       until the peer closes it (wins over everything but a 400)
@@ -131,6 +147,11 @@
  *                       in ,"usage":null (as vLLM and OpenAI do). Off by default,
  *                       so that a gateway that injects include_usage and drops
  *                       the chunk relays the very bytes of a stream not asked.
+ *   X-Stub-Cache-Tokens CC,CR: /v1/messages reports cache_creation_input_tokens
+ *                       CC and cache_read_input_tokens CR (decimal, 0..10^18-1
+ *                       each) in its usage (see Messages); other paths ignore it.
+ *   On /v1/responses, /v1/messages and /v1/embeddings, X-Stub-Event-Size,
+ *   X-Stub-Model and X-Stub-Usage-Null are ignored; the others apply as below.
  *
  * Usage. A completion body that is a JSON object with "stream_options":
  * {"include_usage":true} (parsed with jansson; any value vLLM reads as true,
@@ -168,15 +189,156 @@
  *   "message":{"role":"assistant","content":"tok0 tok1 ... "},"finish_reason":"stop"}],
  *   "usage":{"prompt_tokens":P,"completion_tokens":C,"total_tokens":P+C}}
  *
- * Runner model. A completion the stub will answer 200 (chat or not, stream or
- * not, no X-Stub-Status; not one refused as loading or busy) first takes one of
+ * Responses (POST /v1/responses). The body is parsed with jansson. M is its
+ * "model" string, JSON-escaped ("stub" when absent or not a string); E is
+ * X-Stub-Events (0..1000000 here, stream or not: the last events carry the
+ * whole text); TEXT is "tok0 tok1 ... tok(E-1) "; P and C are as for chat
+ * (X-Stub-Usage, else P = ceil(body bytes / 4) and C = E). Ids: RID is
+ * resp_PORT_PID_N and MID msg_PORT_PID_N, PORT the port listened on, PID the
+ * stub's, N counting the Responses and Messages answers of the process from 1
+ * (never reset): two stubs never make the same id, and an id names its
+ * replica. RESPONSE(S, O, U) is
+ *   {"id":"RID","object":"response","created_at":0,"status":"S",
+ *   "background":false,"error":null,"incomplete_details":null,
+ *   "instructions":I,"max_output_tokens":null,"model":M,"output":[O],
+ *   "parallel_tool_calls":true,"previous_response_id":PREV,"reasoning":null,
+ *   "store":STORE,"temperature":1.0,"text":{"format":{"type":"text"}},
+ *   "tool_choice":"auto","tools":[],"top_p":1.0,"truncation":"disabled",
+ *   "usage":U,"user":null,"metadata":{}}
+ * where I is the body's "instructions" string (else null), PREV its
+ * "previous_response_id" string (else null), and STORE false when its "store"
+ * is false (read as "stream" is), else true. ITEM(S, CONTENT) is
+ *   {"id":"MID","type":"message","status":"S","content":[CONTENT],
+ *   "role":"assistant"}
+ * PART(T) is {"type":"output_text","annotations":[],"logprobs":[],"text":"T"},
+ * and USAGE is
+ *   {"input_tokens":P,"input_tokens_details":{"cached_tokens":0},
+ *   "output_tokens":C,"output_tokens_details":{"reasoning_tokens":0},
+ *   "total_tokens":P+C}
+ * or null with X-Stub-Ignore-Usage: 1. Non-stream: RESPONSE(completed,
+ * ITEM(completed, PART(TEXT)), USAGE), Content-Length framed. Stream: the SSE
+ * head of Stream framing, then one chunk per event, "event: TYPE\ndata: JSON\n\n"
+ * with JSON on one line, {"type":"TYPE","sequence_number":K then (K from 0):
+ *   0    response.created             ,"response":RESPONSE(in_progress,,null)}
+ *   1    response.in_progress         ,"response":RESPONSE(in_progress,,null)}
+ *   2    response.output_item.added   ,"output_index":0,"item":ITEM(in_progress,)}
+ *   3    response.content_part.added  ,"item_id":"MID","output_index":0,
+ *                                     "content_index":0,"part":PART()}
+ *   4+i  response.output_text.delta   ,"item_id":"MID","output_index":0,
+ *        (i = 0..E-1)                 "content_index":0,"delta":"toki ",
+ *                                     "logprobs":[]}
+ *   4+E  response.output_text.done    ,"item_id":"MID","output_index":0,
+ *                                     "content_index":0,"text":"TEXT",
+ *                                     "logprobs":[]}
+ *   5+E  response.content_part.done   ,"item_id":"MID","output_index":0,
+ *                                     "content_index":0,"part":PART(TEXT)}
+ *   6+E  response.output_item.done    ,"output_index":0,"item":ITEM(completed,
+ *                                     PART(TEXT))}
+ *   7+E  response.completed           ,"response":RESPONSE(completed,
+ *                                     ITEM(completed, PART(TEXT)), USAGE)}
+ * then the last chunk "0\r\n\r\n": no [DONE] (OpenAI and vLLM send none on
+ * /v1/responses). Members are in OpenAI's wire order; the item is there even
+ * for E = 0. The first four go at once, the deltas X-Stub-Interval-Ms apart
+ * (none before the first), the rest at once after the last delta. With
+ * X-Stub-Stamp: 1 each delta has ,"t":NANOS right after "sequence_number":K.
+ * X-Stub-Abort-After K counts the deltas only: 0 closes right after the HTTP
+ * head (no event), K in 1..E right after the K-th delta (K == E: before
+ * response.output_text.done), K > E never fires. Non-stream: the head (with
+ * the full Content-Length), then the close, as for chat.
+ *
+ * Stored responses, kept in process memory as vLLM keeps them. A
+ * /v1/responses answer whose body did not say "store": false is stored under
+ * RID: its completed RESPONSE as sent (usage included), its input items and
+ * its conversation text. A non-stream one is stored when built (even when
+ * X-Stub-Abort-After then cuts it), a stream when its response.completed event
+ * is built (a cut before it stores nothing). An LRU of at most 4096 responses
+ * (and 256 MiB), refreshed by every lookup; POST /stub/reset empties it. A
+ * body with a "previous_response_id" string is looked up after loading, busy
+ * and X-Stub-Status (they win) and before the runner model. Not stored: 404
+ *   {"error":{"message":"Response with id 'ID' not found.",
+ *   "type":"invalid_request_error","param":"response_id","code":404}}
+ * (vLLM's words; ID JSON-escaped), with no slot and no prefill. Stored: its
+ * conversation text (its own prompt, then its TEXT) starts the follow-up's
+ * prompt in the runner model, so a chain hits the prefix cache of the replica
+ * that holds it. The paths (ID is one path segment as sent, not
+ * percent-decoded; an ID not stored gets the 404 above; another method on
+ * them is 404 not found):
+ *   GET /v1/responses/ID              the stored object, 200
+ *   POST /v1/responses/ID/cancel      the stored object, 200, unchanged (vLLM
+ *                                     answers 400 for one not in background)
+ *   DELETE /v1/responses/ID           {"id":"ID","object":"response.deleted",
+ *                                     "deleted":true}, and it is forgotten
+ *   GET /v1/responses/ID/input_items  {"object":"list","data":ITEMS,
+ *                                     "first_id":F,"last_id":L,"has_more":false}
+ * ITEMS: for an "input" string S, [{"type":"message","role":"user","content":
+ * [{"type":"input_text","text":"S"}]}]; for an array, that array as jansson
+ * writes it (JSON_COMPACT); else []. F and L are the "id" strings of its first
+ * and last items (JSON strings), else null.
+ *
+ * Messages (POST /v1/messages, Anthropic's API). M, E, TEXT, P, C and MID as
+ * for Responses, but E is 0..100000000 streamed (0..1000000 not). AUSAGE(O) is
+ * "usage":{"input_tokens":P,"output_tokens":O}, or with X-Stub-Cache-Tokens
+ * CC,CR "usage":{"input_tokens":P,"cache_creation_input_tokens":CC,
+ * "cache_read_input_tokens":CR,"output_tokens":O}. Non-stream:
+ *   {"id":"MID","type":"message","role":"assistant","model":M,"content":
+ *   [{"type":"text","text":"TEXT"}],"stop_reason":"end_turn",
+ *   "stop_sequence":null,AUSAGE(C)}
+ * Stream: one chunk per event "event: TYPE\ndata: JSON\n\n", Anthropic's:
+ *   message_start        {"type":"message_start","message":{"id":"MID",
+ *                        "type":"message","role":"assistant","model":M,
+ *                        "content":[],"stop_reason":null,"stop_sequence":null,
+ *                        AUSAGE(1)}}
+ *   content_block_start  {"type":"content_block_start","index":0,
+ *                        "content_block":{"type":"text","text":""}}
+ *   ping                 {"type": "ping"}  (with the blank, as Anthropic's)
+ *   content_block_delta  {"type":"content_block_delta","index":0,"delta":
+ *     (i = 0..E-1)       {"type":"text_delta","text":"toki "}}
+ *   content_block_stop   {"type":"content_block_stop","index":0}
+ *   message_delta        {"type":"message_delta","delta":{"stop_reason":
+ *                        "end_turn","stop_sequence":null},"usage":
+ *                        {"output_tokens":C}}
+ *   message_stop         {"type":"message_stop"}
+ * then "0\r\n\r\n" (no [DONE]). Pacing, X-Stub-Stamp (,"t":NANOS right after
+ * "index":0 of each delta) and X-Stub-Abort-After (counting the deltas; K == E
+ * cuts before content_block_stop) as for Responses. X-Stub-Ignore-Usage: 1, a
+ * runner that reports none: no ,AUSAGE(..) in message_start nor in the JSON
+ * answer, and message_delta without ,"usage":{..}. (vLLM's own /v1/messages
+ * stream differs from Anthropic's: no ping, the usage beside "message" in
+ * message_start, "data: [DONE]" after message_stop. The stub sends Anthropic's.)
+ * POST /v1/messages/count_tokens answers {"input_tokens":P}, P as above (not a
+ * completion: no runner model, X-Stub-Status, loading or busy).
+ *
+ * Embeddings (POST /v1/embeddings, JSON only; "stream" and X-Stub-Events are
+ * ignored). The body's "input" is a string (one input, N its bytes), an array
+ * of integers (one token array, N its length), or an array of strings and
+ * token arrays (one input each, N its bytes or length). Anything else, or a
+ * body that is not a JSON object, is 400 {"error":{"message":"bad input: want a
+ * string, a token array, or an array of strings or token arrays","type":"stub",
+ * "code":400}} (after loading, busy and X-Stub-Status, before the runner
+ * model). Input i (from 0) has EMB = [N.0,i.0,0.5,-0.25], or with
+ * "encoding_format":"base64" (which the OpenAI SDKs ask for by default) those
+ * four as little-endian float32, base64:
+ *   {"object":"list","data":[{"object":"embedding","embedding":EMB,"index":i},
+ *   ..],"model":M,"usage":{"prompt_tokens":P,"total_tokens":P}}
+ * P is X-Stub-Usage's first number, else ceil(body bytes / 4);
+ * X-Stub-Ignore-Usage: 1 drops ,"usage":{..}. X-Stub-Abort-After: the head,
+ * then the close.
+ *
+ * Runner model. A completion the stub will answer 200 (chat, completions,
+ * responses, messages or embeddings, stream or not, no X-Stub-Status; not one
+ * refused as loading or busy, nor a /v1/responses 404 or /v1/embeddings 400
+ * above) first takes one of
  * --batch slots, or waits for one in FIFO order; then it prefills; then the other
  * knobs apply (X-Stub-Hang, X-Stub-Delay-Ms) and the response starts, so the time
  * to the head (and the first event) is wait + prefill (+ delay). The slot is held
  * until the response is written or the peer leaves. The prompt is the body's
  * messages[].content concatenated (a content array contributes its strings and
  * "text" parts), or its "prompt" (a string or an array of strings), as decoded
- * bytes; a body jansson cannot parse has an empty prompt. It is cut into blocks
+ * bytes; on /v1/messages its "system" (likewise) comes first; on /v1/responses
+ * it is the stored conversation of its previous_response_id, its
+ * "instructions", then its "input" (a string, or items: strings and the
+ * "content" of objects, likewise); on /v1/embeddings its "input" strings. A
+ * body jansson cannot parse has an empty prompt. It is cut into blocks
  * of --block bytes (the tail after the last whole block is never cached), each
  * hashed with the hash of the blocks before it (FNV-1a 64, chained). When the
  * request gets its slot, its cached prefix is the longest run of its leading
@@ -214,10 +376,19 @@
  *   {"requests","streams_started","streams_completed","aborted_by_client","inflight",
  *    "max_inflight","blocked_writes","bytes_sent","connections_open",
  *    "connections_total","health_requests","busy_rejected","loading_rejected",
- *    "include_usage_requests","usage_chunks",RUNNER,
+ *    "include_usage_requests","usage_chunks",RESPONSES,RUNNER,
  *    MODE,"tags":{"TAG":{"requests","inflight","max_inflight",
  *    "completed","aborted_by_client","bytes_sent","include_usage_requests"}}}
- *   usage_chunks counts usage chunks built (a cut may lose one written).
+ *   usage_chunks counts usage chunks built (a cut may lose one written), on chat
+ *   and completions only; include_usage_requests too.
+ *   RESPONSES is the stored responses' counters (and one gauge):
+ *     "responses_stored"     responses stored
+ *     "responses_held"       stored now (a gauge, at most 4096)
+ *     "responses_evicted","responses_deleted"   dropped by the LRU, by DELETE
+ *     "previous_found","previous_missing"   previous_response_id lookups (the
+ *                            missing ones answered 404)
+ *     "retrieve_found","retrieve_missing"   GET, DELETE, cancel and input_items
+ *                            of an ID stored / not stored
  *   requests/inflight count /v1/ requests only (not /stub/ paths, not other 404s, not
  *   malformed HTTP): in flight from the moment the request is fully read until its
  *   response is fully written or its connection closes. completed (per tag) = whole
