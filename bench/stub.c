@@ -115,7 +115,8 @@
  * ignored, so a typo cannot silently become a default; the last of duplicates
  * wins). They apply to every /v1/ path (including /v1/ 404s); /stub/ paths and
  * other paths ignore them.
- *   X-Stub-Events       0..100000000 (non-stream: 0..1000000), default 16
+ *   X-Stub-Events       0..100000000 (non-stream and /v1/responses: 0..1000000),
+ *                       default 16
  *   X-Stub-Event-Size   0..8388608 target bytes per event, default 0 (natural size)
  *   X-Stub-Interval-Ms  0..3600000, default 20; 0 = as fast as the socket takes them
  *   X-Stub-Abort-After  0..100000000: after K events are written, close the socket
@@ -195,8 +196,8 @@
  * whole text); TEXT is "tok0 tok1 ... tok(E-1) "; P and C are as for chat
  * (X-Stub-Usage, else P = ceil(body bytes / 4) and C = E). Ids: RID is
  * resp_PORT_PID_N and MID msg_PORT_PID_N, PORT the port listened on, PID the
- * stub's, N counting the Responses and Messages answers of the process from 1
- * (never reset): two stubs never make the same id, and an id names its
+ * stub's, N counting the 200 Responses and Messages answers of the process
+ * from 1 (never reset): two stubs never make the same id, and an id names its
  * replica. RESPONSE(S, O, U) is
  *   {"id":"RID","object":"response","created_at":0,"status":"S",
  *   "background":false,"error":null,"incomplete_details":null,
@@ -3834,7 +3835,8 @@ conn_respond(struct conn *c)
 	case ROUTE_RESPONSES:
 	case ROUTE_MESSAGES:
 	case ROUTE_EMBEDDINGS:
-		if (r->route == ROUTE_RESPONSES || r->route == ROUTE_MESSAGES)
+		if ((r->route == ROUTE_RESPONSES || r->route == ROUTE_MESSAGES) &&
+		    r->k.status == 0)
 			r->id_n = ++c->ctx->id_seq;
 		if (r->k.status != 0) {
 			snprintf(msg, sizeof msg, "stub status %lld", r->k.status);

@@ -876,3 +876,31 @@ def test_new_apis_are_completions_for_last_loading_and_the_runner():
         st, _, _ = stub._http("POST", "/stub/slow-start?seconds=30", body=b"")
         r = api_post(stub, "/v1/messages", MSG_BODY)
         assert r.status == 503 and r.json()["error"]["message"] == "Loading model"
+
+
+def test_the_openai_node_sdk_parses_responses_chains_and_embeddings():
+    import os
+    import shutil
+    js = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "js")
+    node = shutil.which("node")
+    if not node or not os.path.isdir(os.path.join(js, "node_modules", "openai")):
+        h.skip("node or tests/js/node_modules/openai missing (./quickstart build)")
+    with Stub() as stub:
+        p = subprocess.run([node, os.path.join(js, "openai_sdk_stub.mjs"), stub.url + "/v1"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, "node exited %d: %s" % (p.returncode, p.stderr[-2000:])
+        out = json.loads(p.stdout)
+        types = RESP_TYPES_HEAD + ["response.output_text.delta"] * 3 + RESP_TYPES_TAIL
+        assert out["events"] == [[t, i] for i, t in enumerate(types)], out["events"]
+        assert out["first"]["id"] == ids(stub, 1)[0] and out["first"]["text"] == "tok0 tok1 tok2 "
+        assert out["first"]["usage"]["output_tokens"] == 3, out["first"]
+        assert out["second"] == {"id": ids(stub, 2)[0], "previous": ids(stub, 1)[0],
+                                 "outputText": "tok0 tok1 tok2 "}, out["second"]
+        assert out["retrieved"] is True
+        assert out["items"] == [{"type": "message", "role": "user",
+                                 "content": [{"type": "input_text", "text": "next"}]}]
+        assert out["missing"] == {"name": "NotFoundError", "status": 404,
+                                  "message": "404 Response with id 'resp_nope' not found."}, \
+            out["missing"]
+        assert out["afterDelete"]["status"] == 404
+        assert out["embeddings"] == [[2, 0, 0.5, -0.25], [3, 1, 0.5, -0.25]]
