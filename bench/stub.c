@@ -49,6 +49,13 @@
  *       "stream" vLLM reads as true (pydantic's lax bool: 1, 1.0, "1", and "t",
  *       "y", "on", "yes", "true" in any case) -> SSE stream, else one JSON
  *       completion (Content-Length framed).
+ *   POST /v1/responses  OpenAI's Responses API, stream or not ("stream" read as
+ *                       above); see Responses below.
+ *   GET /v1/responses/ID, DELETE /v1/responses/ID, POST /v1/responses/ID/cancel,
+ *   GET /v1/responses/ID/input_items   a stored response (see Responses).
+ *   POST /v1/messages   Anthropic's Messages API, stream or not; see Messages.
+ *   POST /v1/messages/count_tokens     {"input_tokens":P}.
+ *   POST /v1/embeddings JSON only; see Embeddings.
  *   GET|POST|PUT|DELETE /v1/echo[?query]
  *       {"method":..,"path":..,"query":..,"headers":[[name,value],..],"body":..}
  *   GET /v1/models      one model, "stub".
@@ -57,10 +64,12 @@
  *                       first: {"prefills":[{"prompt_bytes","hit_bytes","queue_ms",
  *                       "lane_ms","prefill_ms","ttft_ms","slot_ms"},..]} (as in
  *                       last_prefill below), for a benchmark's tail analysis.
- *   GET /stub/last      the body of the last completion request (chat or not), byte
+ *   GET /stub/last      the body of the last completion request (chat, completions,
+ *                       responses, messages, embeddings) or count_tokens, byte
  *                       for byte, with "X-Stub-Path: PATH"; 404 if none since reset.
  *   POST /stub/reset    zero the counters, drop idle tags, forget the last body,
- *                       empty the prefix cache; {"ok":true}.
+ *                       empty the prefix cache and the stored responses;
+ *                       {"ok":true}.
  *   GET /metrics        Prometheus text (version 0.0.4) in vLLM's names, each with
  *                       # HELP, # TYPE gauge and the label model_name="stub":
  *                       vllm:num_requests_running (slots held), vllm:num_requests_waiting
@@ -79,13 +88,19 @@
  *       "health_status":N,"busy":0|1,"busy_status":N,"busy_retry_after":N,
  *       "loading":0|1,"loading_left_ms":N. POST /stub/reset keeps the modes.
  *   anything else       404 {"error":{...}}.
- *   Loading and busy apply to POST /v1/chat/completions and /v1/completions only,
- *   after the steering headers are checked (a bad one is still 400) and before any
- *   other knob (status, delay, hang are not applied). Loading wins over busy:
+ *   Loading and busy apply to the completions only (POST /v1/chat/completions,
+ *   /v1/completions, /v1/responses, /v1/messages, /v1/embeddings; not
+ *   count_tokens, not the stored-response paths), after the steering headers
+ *   are checked (a bad one is still 400) and before any other knob (status,
+ *   delay, hang are not applied). Loading wins over busy:
  *     loading: 503 LOADING = {"error":{"code":503,"message":"Loading model",
- *              "type":"unavailable_error"}} (llama.cpp's words, no Retry-After)
+ *              "type":"unavailable_error"}} (llama.cpp's words, no Retry-After;
+ *              the same on /v1/messages)
  *     busy:    STATUS, "Retry-After: N" after Content-Length, and
- *              {"error":{"message":"stub busy","type":"stub","code":STATUS}}
+ *              {"error":{"message":"stub busy","type":"stub","code":STATUS}};
+ *              on /v1/messages in Anthropic's shape, as vLLM's /v1/messages
+ *              wraps its errors: {"type":"error","error":{"type":"stub",
+ *              "message":"stub busy"}}
  *   Malformed HTTP gets 400 (413 body > 4 MiB, 414 URL > 8 KiB, 431 headers too
  *   large or > 100 of them) and the connection is closed. Upgrade/CONNECT: 400.
  *   HTTP/1.1 keep-alive with pipelining (answered in order); bodies (Content-Length
@@ -100,7 +115,8 @@
  * ignored, so a typo cannot silently become a default; the last of duplicates
  * wins). They apply to every /v1/ path (including /v1/ 404s); /stub/ paths and
  * other paths ignore them.
- *   X-Stub-Events       0..100000000 (non-stream: 0..1000000), default 16
+ *   X-Stub-Events       0..100000000 (non-stream and /v1/responses: 0..1000000),
+ *                       default 16
  *   X-Stub-Event-Size   0..8388608 target bytes per event, default 0 (natural size)
  *   X-Stub-Interval-Ms  0..3600000, default 20; 0 = as fast as the socket takes them
  *   X-Stub-Abort-After  0..100000000: after K events are written, close the socket
@@ -112,7 +128,8 @@
  *   X-Stub-Status       200..599 except 204 and 304 (they cannot carry the body):
  *                       completions answer {"error":{"message":"stub status CODE",
  *                       "type":"stub","code":CODE}} with that status (other
- *                       paths ignore it).
+ *                       paths ignore it); /v1/messages answers {"type":"error",
+ *                       "error":{"type":"stub","message":"stub status CODE"}}.
  *   X-Stub-Delay-Ms     0..3600000 wait before the response head (every /v1/ path)
  *   X-Stub-Hang         0..1: read the request, never answer, hold the connection
  *                       until the peer closes it (wins over everything but a 400)
@@ -131,6 +148,11 @@
  *                       in ,"usage":null (as vLLM and OpenAI do). Off by default,
  *                       so that a gateway that injects include_usage and drops
  *                       the chunk relays the very bytes of a stream not asked.
+ *   X-Stub-Cache-Tokens CC,CR: /v1/messages reports cache_creation_input_tokens
+ *                       CC and cache_read_input_tokens CR (decimal, 0..10^18-1
+ *                       each) in its usage (see Messages); other paths ignore it.
+ *   On /v1/responses, /v1/messages and /v1/embeddings, X-Stub-Event-Size,
+ *   X-Stub-Model and X-Stub-Usage-Null are ignored; the others apply as below.
  *
  * Usage. A completion body that is a JSON object with "stream_options":
  * {"include_usage":true} (parsed with jansson; any value vLLM reads as true,
@@ -168,15 +190,156 @@
  *   "message":{"role":"assistant","content":"tok0 tok1 ... "},"finish_reason":"stop"}],
  *   "usage":{"prompt_tokens":P,"completion_tokens":C,"total_tokens":P+C}}
  *
- * Runner model. A completion the stub will answer 200 (chat or not, stream or
- * not, no X-Stub-Status; not one refused as loading or busy) first takes one of
+ * Responses (POST /v1/responses). The body is parsed with jansson. M is its
+ * "model" string, JSON-escaped ("stub" when absent or not a string); E is
+ * X-Stub-Events (0..1000000 here, stream or not: the last events carry the
+ * whole text); TEXT is "tok0 tok1 ... tok(E-1) "; P and C are as for chat
+ * (X-Stub-Usage, else P = ceil(body bytes / 4) and C = E). Ids: RID is
+ * resp_PORT_PID_N and MID msg_PORT_PID_N, PORT the port listened on, PID the
+ * stub's, N counting the 200 Responses and Messages answers of the process
+ * from 1 (never reset): two stubs never make the same id, and an id names its
+ * replica. RESPONSE(S, O, U) is
+ *   {"id":"RID","object":"response","created_at":0,"status":"S",
+ *   "background":false,"error":null,"incomplete_details":null,
+ *   "instructions":I,"max_output_tokens":null,"model":M,"output":[O],
+ *   "parallel_tool_calls":true,"previous_response_id":PREV,"reasoning":null,
+ *   "store":STORE,"temperature":1.0,"text":{"format":{"type":"text"}},
+ *   "tool_choice":"auto","tools":[],"top_p":1.0,"truncation":"disabled",
+ *   "usage":U,"user":null,"metadata":{}}
+ * where I is the body's "instructions" string (else null), PREV its
+ * "previous_response_id" string (else null), and STORE false when its "store"
+ * is false (read as "stream" is), else true. ITEM(S, CONTENT) is
+ *   {"id":"MID","type":"message","status":"S","content":[CONTENT],
+ *   "role":"assistant"}
+ * PART(T) is {"type":"output_text","annotations":[],"logprobs":[],"text":"T"},
+ * and USAGE is
+ *   {"input_tokens":P,"input_tokens_details":{"cached_tokens":0},
+ *   "output_tokens":C,"output_tokens_details":{"reasoning_tokens":0},
+ *   "total_tokens":P+C}
+ * or null with X-Stub-Ignore-Usage: 1. Non-stream: RESPONSE(completed,
+ * ITEM(completed, PART(TEXT)), USAGE), Content-Length framed. Stream: the SSE
+ * head of Stream framing, then one chunk per event, "event: TYPE\ndata: JSON\n\n"
+ * with JSON on one line, {"type":"TYPE","sequence_number":K then (K from 0):
+ *   0    response.created             ,"response":RESPONSE(in_progress,,null)}
+ *   1    response.in_progress         ,"response":RESPONSE(in_progress,,null)}
+ *   2    response.output_item.added   ,"output_index":0,"item":ITEM(in_progress,)}
+ *   3    response.content_part.added  ,"item_id":"MID","output_index":0,
+ *                                     "content_index":0,"part":PART()}
+ *   4+i  response.output_text.delta   ,"item_id":"MID","output_index":0,
+ *        (i = 0..E-1)                 "content_index":0,"delta":"toki ",
+ *                                     "logprobs":[]}
+ *   4+E  response.output_text.done    ,"item_id":"MID","output_index":0,
+ *                                     "content_index":0,"text":"TEXT",
+ *                                     "logprobs":[]}
+ *   5+E  response.content_part.done   ,"item_id":"MID","output_index":0,
+ *                                     "content_index":0,"part":PART(TEXT)}
+ *   6+E  response.output_item.done    ,"output_index":0,"item":ITEM(completed,
+ *                                     PART(TEXT))}
+ *   7+E  response.completed           ,"response":RESPONSE(completed,
+ *                                     ITEM(completed, PART(TEXT)), USAGE)}
+ * then the last chunk "0\r\n\r\n": no [DONE] (OpenAI and vLLM send none on
+ * /v1/responses). Members are in OpenAI's wire order; the item is there even
+ * for E = 0. The first four go at once, the deltas X-Stub-Interval-Ms apart
+ * (none before the first), the rest at once after the last delta. With
+ * X-Stub-Stamp: 1 each delta has ,"t":NANOS right after "sequence_number":K.
+ * X-Stub-Abort-After K counts the deltas only: 0 closes right after the HTTP
+ * head (no event), K in 1..E right after the K-th delta (K == E: before
+ * response.output_text.done), K > E never fires. Non-stream: the head (with
+ * the full Content-Length), then the close, as for chat.
+ *
+ * Stored responses, kept in process memory as vLLM keeps them. A
+ * /v1/responses answer whose body did not say "store": false is stored under
+ * RID: its completed RESPONSE as sent (usage included), its input items and
+ * its conversation text. A non-stream one is stored when built (even when
+ * X-Stub-Abort-After then cuts it), a stream when its response.completed event
+ * is built (a cut before it stores nothing). An LRU of at most 4096 responses
+ * (and 256 MiB), refreshed by every lookup; POST /stub/reset empties it. A
+ * body with a "previous_response_id" string is looked up after loading, busy
+ * and X-Stub-Status (they win) and before the runner model. Not stored: 404
+ *   {"error":{"message":"Response with id 'ID' not found.",
+ *   "type":"invalid_request_error","param":"response_id","code":404}}
+ * (vLLM's words; ID JSON-escaped), with no slot and no prefill. Stored: its
+ * conversation text (its own prompt, then its TEXT) starts the follow-up's
+ * prompt in the runner model, so a chain hits the prefix cache of the replica
+ * that holds it. The paths (ID is one path segment as sent, not
+ * percent-decoded; an ID not stored gets the 404 above; another method on
+ * them is 404 not found):
+ *   GET /v1/responses/ID              the stored object, 200
+ *   POST /v1/responses/ID/cancel      the stored object, 200, unchanged (vLLM
+ *                                     answers 400 for one not in background)
+ *   DELETE /v1/responses/ID           {"id":"ID","object":"response.deleted",
+ *                                     "deleted":true}, and it is forgotten
+ *   GET /v1/responses/ID/input_items  {"object":"list","data":ITEMS,
+ *                                     "first_id":F,"last_id":L,"has_more":false}
+ * ITEMS: for an "input" string S, [{"type":"message","role":"user","content":
+ * [{"type":"input_text","text":"S"}]}]; for an array, that array as jansson
+ * writes it (JSON_COMPACT); else []. F and L are the "id" strings of its first
+ * and last items (JSON strings), else null.
+ *
+ * Messages (POST /v1/messages, Anthropic's API). M, E, TEXT, P, C and MID as
+ * for Responses, but E is 0..100000000 streamed (0..1000000 not). AUSAGE(O) is
+ * "usage":{"input_tokens":P,"output_tokens":O}, or with X-Stub-Cache-Tokens
+ * CC,CR "usage":{"input_tokens":P,"cache_creation_input_tokens":CC,
+ * "cache_read_input_tokens":CR,"output_tokens":O}. Non-stream:
+ *   {"id":"MID","type":"message","role":"assistant","model":M,"content":
+ *   [{"type":"text","text":"TEXT"}],"stop_reason":"end_turn",
+ *   "stop_sequence":null,AUSAGE(C)}
+ * Stream: one chunk per event "event: TYPE\ndata: JSON\n\n", Anthropic's:
+ *   message_start        {"type":"message_start","message":{"id":"MID",
+ *                        "type":"message","role":"assistant","model":M,
+ *                        "content":[],"stop_reason":null,"stop_sequence":null,
+ *                        AUSAGE(1)}}
+ *   content_block_start  {"type":"content_block_start","index":0,
+ *                        "content_block":{"type":"text","text":""}}
+ *   ping                 {"type": "ping"}  (with the blank, as Anthropic's)
+ *   content_block_delta  {"type":"content_block_delta","index":0,"delta":
+ *     (i = 0..E-1)       {"type":"text_delta","text":"toki "}}
+ *   content_block_stop   {"type":"content_block_stop","index":0}
+ *   message_delta        {"type":"message_delta","delta":{"stop_reason":
+ *                        "end_turn","stop_sequence":null},"usage":
+ *                        {"output_tokens":C}}
+ *   message_stop         {"type":"message_stop"}
+ * then "0\r\n\r\n" (no [DONE]). Pacing, X-Stub-Stamp (,"t":NANOS right after
+ * "index":0 of each delta) and X-Stub-Abort-After (counting the deltas; K == E
+ * cuts before content_block_stop) as for Responses. X-Stub-Ignore-Usage: 1, a
+ * runner that reports none: no ,AUSAGE(..) in message_start nor in the JSON
+ * answer, and message_delta without ,"usage":{..}. (vLLM's own /v1/messages
+ * stream differs from Anthropic's: no ping, the usage beside "message" in
+ * message_start, "data: [DONE]" after message_stop. The stub sends Anthropic's.)
+ * POST /v1/messages/count_tokens answers {"input_tokens":P}, P as above (not a
+ * completion: no runner model, X-Stub-Status, loading or busy).
+ *
+ * Embeddings (POST /v1/embeddings, JSON only; "stream" and X-Stub-Events are
+ * ignored). The body's "input" is a string (one input, N its bytes), an array
+ * of integers (one token array, N its length), or an array of strings and
+ * token arrays (one input each, N its bytes or length). Anything else, or a
+ * body that is not a JSON object, is 400 {"error":{"message":"bad input: want a
+ * string, a token array, or an array of strings or token arrays","type":"stub",
+ * "code":400}} (after loading, busy and X-Stub-Status, before the runner
+ * model). Input i (from 0) has EMB = [N.0,i.0,0.5,-0.25], or with
+ * "encoding_format":"base64" (which the OpenAI SDKs ask for by default) those
+ * four as little-endian float32, base64:
+ *   {"object":"list","data":[{"object":"embedding","embedding":EMB,"index":i},
+ *   ..],"model":M,"usage":{"prompt_tokens":P,"total_tokens":P}}
+ * P is X-Stub-Usage's first number, else ceil(body bytes / 4);
+ * X-Stub-Ignore-Usage: 1 drops ,"usage":{..}. X-Stub-Abort-After: the head,
+ * then the close.
+ *
+ * Runner model. A completion the stub will answer 200 (chat, completions,
+ * responses, messages or embeddings, stream or not, no X-Stub-Status; not one
+ * refused as loading or busy, nor a /v1/responses 404 or /v1/embeddings 400
+ * above) first takes one of
  * --batch slots, or waits for one in FIFO order; then it prefills; then the other
  * knobs apply (X-Stub-Hang, X-Stub-Delay-Ms) and the response starts, so the time
  * to the head (and the first event) is wait + prefill (+ delay). The slot is held
  * until the response is written or the peer leaves. The prompt is the body's
  * messages[].content concatenated (a content array contributes its strings and
  * "text" parts), or its "prompt" (a string or an array of strings), as decoded
- * bytes; a body jansson cannot parse has an empty prompt. It is cut into blocks
+ * bytes; on /v1/messages its "system" (likewise) comes first; on /v1/responses
+ * it is the stored conversation of its previous_response_id, its
+ * "instructions", then its "input" (a string, or items: strings and the
+ * "content" of objects, likewise); on /v1/embeddings its "input" strings. A
+ * body jansson cannot parse has an empty prompt. It is cut into blocks
  * of --block bytes (the tail after the last whole block is never cached), each
  * hashed with the hash of the blocks before it (FNV-1a 64, chained). When the
  * request gets its slot, its cached prefix is the longest run of its leading
@@ -214,10 +377,19 @@
  *   {"requests","streams_started","streams_completed","aborted_by_client","inflight",
  *    "max_inflight","blocked_writes","bytes_sent","connections_open",
  *    "connections_total","health_requests","busy_rejected","loading_rejected",
- *    "include_usage_requests","usage_chunks",RUNNER,
+ *    "include_usage_requests","usage_chunks",RESPONSES,RUNNER,
  *    MODE,"tags":{"TAG":{"requests","inflight","max_inflight",
  *    "completed","aborted_by_client","bytes_sent","include_usage_requests"}}}
- *   usage_chunks counts usage chunks built (a cut may lose one written).
+ *   usage_chunks counts usage chunks built (a cut may lose one written), on chat
+ *   and completions only; include_usage_requests too.
+ *   RESPONSES is the stored responses' counters (and one gauge):
+ *     "responses_stored"     responses stored
+ *     "responses_held"       stored now (a gauge, at most 4096)
+ *     "responses_evicted","responses_deleted"   dropped by the LRU, by DELETE
+ *     "previous_found","previous_missing"   previous_response_id lookups (the
+ *                            missing ones answered 404)
+ *     "retrieve_found","retrieve_missing"   GET, DELETE, cancel and input_items
+ *                            of an ID stored / not stored
  *   requests/inflight count /v1/ requests only (not /stub/ paths, not other 404s, not
  *   malformed HTTP): in flight from the moment the request is fully read until its
  *   response is fully written or its connection closes. completed (per tag) = whole
@@ -494,7 +666,29 @@ struct stats {
 	uint64_t connections_open, connections_total;
 	uint64_t health_requests, busy_rejected, loading_rejected;
 	uint64_t include_usage_requests, usage_chunks;
+	/* Stored responses (/v1/responses). */
+	uint64_t responses_stored, responses_evicted, responses_deleted;
+	uint64_t previous_found, previous_missing, retrieve_found, retrieve_missing;
 };
+
+/*
+ * A stored response (vLLM keeps them in process memory): the final response
+ * object, its input items and the conversation text so far (its prompt and
+ * its output), which a follow-up's prompt starts with. A bounded LRU, hashed
+ * by id.
+ */
+struct rs_ent {
+	TAILQ_ENTRY(rs_ent) lru;	/* mru first */
+	struct rs_ent	*hnext;		/* bucket chain */
+	char		*id, *obj, *items, *first_id, *last_id, *context;
+	size_t		 idlen, objlen, itemslen, ctxlen, bytes;
+};
+TAILQ_HEAD(rs_list, rs_ent);
+
+#define RS_MAX		4096			/* stored responses kept */
+#define RS_MAX_BYTES	(256u * 1024 * 1024)	/* and their bytes */
+#define RS_BUCKETS	8192
+#define RS_CTX_CAP	(16 * 1024 * 1024)	/* conversation text kept per response */
 
 /* ------------------------------------------------------------------ prefix cache */
 
@@ -680,6 +874,12 @@ struct stub {
 	struct prefill_rec ring[PREFILL_RING];	/* the last prefills, a ring */
 	size_t		 ring_n, ring_next;	/* records held; where the next goes */
 	int		 stopping;	/* shutdown: hand no slot on */
+	/* Stored responses: LRU list, hash buckets, count and bytes held. */
+	struct rs_list	 rs_lru;
+	struct rs_ent	*rs_bucket[RS_BUCKETS];
+	size_t		 rs_n, rs_bytes;
+	uint64_t	 id_seq;	/* ids made: resp_/msg_PORT_PID_N, never reset */
+	unsigned	 port;		/* the port listened on, for those ids */
 	/* GET /stub/last: the body of the last completion request, as received. */
 	struct buf	 last_body;
 	char		 last_path[32];	/* its path; "" when there is none */
@@ -759,6 +959,7 @@ struct knobs {
 	long long events, event_size, interval_ms, abort_after, status, delay_ms, hang, stamp;
 	long long ignore_usage, usage_null, model;
 	long long prompt_tokens, completion_tokens;	/* X-Stub-Usage; -1: not given */
+	long long cache_creation, cache_read;	/* X-Stub-Cache-Tokens; -1: not given */
 };
 
 static const struct knob_def {
@@ -785,6 +986,16 @@ enum route {
 	ROUTE_KNOB_ERROR,	/* well-formed, but an X-Stub-* value is wrong: 400 */
 	ROUTE_CHAT,
 	ROUTE_COMPLETIONS,
+	ROUTE_RESPONSES,	/* POST /v1/responses */
+	ROUTE_MESSAGES,		/* POST /v1/messages (Anthropic) */
+	ROUTE_EMBEDDINGS,	/* POST /v1/embeddings */
+	ROUTE_COUNT_TOKENS,	/* POST /v1/messages/count_tokens */
+	ROUTE_RESP_GET,		/* GET /v1/responses/{id} */
+	ROUTE_RESP_DELETE,	/* DELETE /v1/responses/{id} */
+	ROUTE_RESP_CANCEL,	/* POST /v1/responses/{id}/cancel */
+	ROUTE_RESP_ITEMS,	/* GET /v1/responses/{id}/input_items */
+	ROUTE_RESP_MISSING,	/* POST /v1/responses, previous_response_id not stored */
+	ROUTE_BAD_INPUT,	/* POST /v1/embeddings without a usable "input" */
 	ROUTE_ECHO,
 	ROUTE_MODELS,
 	ROUTE_STATS,
@@ -849,6 +1060,26 @@ struct req {
 	unsigned	 prefilling:1;	/* counted in ctx->prefilling */
 	double		 work_ms;	/* its compute: per-KiB x uncached KiB */
 	double		 t_lane_start, t_lane_end;	/* CLOCK_MONOTONIC s */
+
+	/* Responses, Messages, embeddings: what the body said, set at dispatch. */
+	enum route	 api;		/* the route asked for (route may become BUSY) */
+	char		*model;		/* "model" string, owned; NULL: "stub" */
+	size_t		 model_len;
+	char		*instructions;	/* Responses "instructions" string, owned */
+	size_t		 instr_len;
+	char		*prev_id;	/* "previous_response_id" string, owned */
+	size_t		 prev_len;
+	int		 prev_found;	/* it is stored */
+	int		 store;		/* Responses: keep it (no "store": false) */
+	char		*items;		/* Responses: its input items, a JSON array */
+	size_t		 items_len;
+	char		*first_id, *last_id;	/* JSON values of their first/last "id" */
+	struct buf	 context;	/* Responses: the conversation text of its prompt */
+	char		*emb;		/* embeddings: the "data" array, built */
+	size_t		 emb_len;
+	int		 emb_base64;	/* "encoding_format": "base64" */
+	unsigned long long id_n;	/* the N of its ids */
+	size_t		 id_off, id_len;	/* /v1/responses/{id}: the id, in arena */
 };
 
 enum outcome { OUT_COMPLETED, OUT_ABORTED_BY_CLIENT, OUT_CUT, OUT_SHUTDOWN };
@@ -896,6 +1127,9 @@ struct conn {
 	long long	 events_sent;
 	int		 usage_sent;	/* the usage chunk is written (counts as a unit) */
 	int		 trailer_sent;
+	/* Responses / Messages streams: event units written, the last a token. */
+	long long	 units;
+	int		 unit_token;
 };
 
 static void conn_drive(struct conn *c);
@@ -927,6 +1161,27 @@ status_reason(int status)
 	case 504: return "Gateway Timeout";
 	default:  return "Stub Status";
 	}
+}
+
+/* Free what a Responses / Messages / embeddings request owns. */
+static void
+req_free_api(struct req *r)
+{
+	free(r->model);
+	free(r->instructions);
+	free(r->prev_id);
+	free(r->items);
+	free(r->first_id);
+	free(r->last_id);
+	free(r->emb);
+	buf_free(&r->context);
+	r->model = r->instructions = r->prev_id = r->items = NULL;
+	r->first_id = r->last_id = r->emb = NULL;
+	r->model_len = r->instr_len = r->prev_len = r->items_len = r->emb_len = 0;
+	r->prev_found = r->store = r->emb_base64 = 0;
+	r->id_n = 0;
+	r->id_off = r->id_len = 0;
+	r->api = ROUTE_NOT_FOUND;
 }
 
 /* Forget the last request but keep (small) buffers for the next one. */
@@ -965,6 +1220,7 @@ req_reset(struct req *r)
 	r->in_lane = 0;
 	r->prefilling = 0;
 	r->work_ms = r->t_lane_start = r->t_lane_end = 0;
+	req_free_api(r);
 }
 
 static const char *
@@ -1025,6 +1281,29 @@ parse_ll(const char *s, size_t n, long long *out)
 	return 0;
 }
 
+/* A header "A,B" of two decimal token counts into a, b (-1, -1 when absent). */
+static int
+parse_pair(struct req *r, const char *name, const char *want, long long *a,
+    long long *b)
+{
+	const char *v, *comma;
+	size_t len, pl;
+
+	*a = *b = -1;
+	if ((v = req_header(r, name, &len)) == NULL)
+		return 0;
+	comma = memchr(v, ',', len);
+	pl = comma ? (size_t)(comma - v) : 0;
+	if (comma == NULL || parse_ll(v, pl, a) < 0 ||
+	    parse_ll(comma + 1, len - pl - 1, b) < 0) {
+		*a = *b = -1;
+		snprintf(r->errmsg, sizeof r->errmsg,
+		    "bad %s: want %s (decimal token counts)", name, want);
+		return -1;
+	}
+	return 0;
+}
+
 /* Fill r->k from the headers; -1 with r->errmsg set when a value is wrong. */
 static int
 req_parse_knobs(struct req *r)
@@ -1052,19 +1331,12 @@ req_parse_knobs(struct req *r)
 		snprintf(r->errmsg, sizeof r->errmsg, "bad X-Stub-Status: 204 and 304 carry no body");
 		return -1;
 	}
-	r->k.prompt_tokens = r->k.completion_tokens = -1;
-	if ((v = req_header(r, "X-Stub-Usage", &len)) != NULL) {
-		const char *comma = memchr(v, ',', len);
-		size_t pl = comma ? (size_t)(comma - v) : 0;
-
-		if (comma == NULL || parse_ll(v, pl, &r->k.prompt_tokens) < 0 ||
-		    parse_ll(comma + 1, len - pl - 1, &r->k.completion_tokens) < 0) {
-			r->k.prompt_tokens = r->k.completion_tokens = -1;
-			snprintf(r->errmsg, sizeof r->errmsg,
-			    "bad X-Stub-Usage: want P,C (decimal token counts)");
-			return -1;
-		}
-	}
+	if (parse_pair(r, "X-Stub-Usage", "P,C", &r->k.prompt_tokens,
+	    &r->k.completion_tokens) < 0)
+		return -1;
+	if (parse_pair(r, "X-Stub-Cache-Tokens", "CC,CR", &r->k.cache_creation,
+	    &r->k.cache_read) < 0)
+		return -1;
 	return 0;
 }
 
@@ -1299,6 +1571,125 @@ req_finish(struct conn *c, enum outcome o)
 	}
 }
 
+/* ------------------------------------------------------------------ stored responses */
+
+static size_t
+rs_hash(const char *id, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		h = (h ^ (unsigned char)id[i]) * 0x100000001b3ULL;
+	return (size_t)(h % RS_BUCKETS);
+}
+
+/* The stored response called id (refreshed as the most recent), or NULL. */
+static struct rs_ent *
+rs_find(struct stub *ctx, const char *id, size_t n)
+{
+	struct rs_ent *e;
+
+	for (e = ctx->rs_bucket[rs_hash(id, n)]; e != NULL; e = e->hnext)
+		if (e->idlen == n && memcmp(e->id, id, n) == 0) {
+			TAILQ_REMOVE(&ctx->rs_lru, e, lru);
+			TAILQ_INSERT_HEAD(&ctx->rs_lru, e, lru);
+			return e;
+		}
+	return NULL;
+}
+
+static void
+rs_drop(struct stub *ctx, struct rs_ent *e)
+{
+	struct rs_ent **p;
+
+	for (p = &ctx->rs_bucket[rs_hash(e->id, e->idlen)]; *p != e; p = &(*p)->hnext)
+		;
+	*p = e->hnext;
+	TAILQ_REMOVE(&ctx->rs_lru, e, lru);
+	ctx->rs_n--;
+	ctx->rs_bytes -= e->bytes;
+	free(e->id);
+	free(e->obj);
+	free(e->items);
+	free(e->first_id);
+	free(e->last_id);
+	free(e->context);
+	free(e);
+}
+
+static void
+rs_clear(struct stub *ctx)
+{
+	struct rs_ent *e;
+
+	while ((e = TAILQ_FIRST(&ctx->rs_lru)) != NULL)
+		rs_drop(ctx, e);
+}
+
+static char *
+memdup(const char *p, size_t n)
+{
+	char *d = malloc(n + 1);
+
+	if (d != NULL) {
+		if (n > 0)
+			memcpy(d, p, n);
+		d[n] = '\0';
+	}
+	return d;
+}
+
+/*
+ * Keep a response: its object (obj), input items and conversation text. The
+ * least recent ones go while more than RS_MAX or RS_MAX_BYTES are held.
+ */
+static void
+rs_store(struct stub *ctx, const char *id, size_t idlen, const char *obj, size_t objlen,
+    const struct req *r, const char *ctxt, size_t ctxlen)
+{
+	struct rs_ent *e;
+	size_t h;
+
+	if ((e = calloc(1, sizeof *e)) == NULL)
+		return;
+	e->id = memdup(id, idlen);
+	e->obj = memdup(obj, objlen);
+	e->items = memdup(r->items ? r->items : "[]", r->items ? r->items_len : 2);
+	e->first_id = strdup(r->first_id ? r->first_id : "null");
+	e->last_id = strdup(r->last_id ? r->last_id : "null");
+	e->context = memdup(ctxt, ctxlen);
+	if (e->id == NULL || e->obj == NULL || e->items == NULL || e->first_id == NULL ||
+	    e->last_id == NULL || e->context == NULL) {
+		free(e->id);
+		free(e->obj);
+		free(e->items);
+		free(e->first_id);
+		free(e->last_id);
+		free(e->context);
+		free(e);
+		stub_log(ctx, "out of memory storing a response; it is not stored");
+		return;
+	}
+	e->idlen = idlen;
+	e->objlen = objlen;
+	e->itemslen = r->items ? r->items_len : 2;
+	e->ctxlen = ctxlen;
+	e->bytes = sizeof *e + idlen + objlen + e->itemslen + ctxlen;
+	h = rs_hash(id, idlen);
+	e->hnext = ctx->rs_bucket[h];
+	ctx->rs_bucket[h] = e;
+	TAILQ_INSERT_HEAD(&ctx->rs_lru, e, lru);
+	ctx->rs_n++;
+	ctx->rs_bytes += e->bytes;
+	ctx->st.responses_stored++;
+	while (ctx->rs_n > 1 && (ctx->rs_n > RS_MAX || ctx->rs_bytes > RS_MAX_BYTES)) {
+		rs_drop(ctx, TAILQ_LAST(&ctx->rs_lru, rs_list));
+		ctx->st.responses_evicted++;
+	}
+}
+
 /* Zero the counters. Gauges stay; tags still referenced by a request stay. */
 static void
 stats_reset(struct stub *ctx)
@@ -1311,6 +1702,10 @@ stats_reset(struct stub *ctx)
 	st->connections_total = 0;
 	st->health_requests = st->busy_rejected = st->loading_rejected = 0;
 	st->include_usage_requests = st->usage_chunks = 0;
+	st->responses_stored = st->responses_evicted = st->responses_deleted = 0;
+	st->previous_found = st->previous_missing = 0;
+	st->retrieve_found = st->retrieve_missing = 0;
+	rs_clear(ctx);
 	st->max_inflight = st->inflight;
 	ctx->last_body.len = 0;
 	ctx->last_path[0] = '\0';
@@ -1567,6 +1962,8 @@ resp_health(struct conn *c)
 	}
 }
 
+static void resp_stub_error(struct conn *c, int status, const char *msg);
+
 static void
 resp_busy(struct conn *c)
 {
@@ -1574,7 +1971,7 @@ resp_busy(struct conn *c)
 
 	snprintf(c->req.extra_head, sizeof c->req.extra_head, "Retry-After: %lld\r\n",
 	    ctx->busy_retry_after);
-	resp_error(c, ctx->busy_status, "stub busy");
+	resp_stub_error(c, ctx->busy_status, "stub busy");
 }
 
 /*
@@ -1843,6 +2240,14 @@ resp_stats(struct conn *c)
 	    st->health_requests, st->busy_rejected, st->loading_rejected);
 	buf_printf(b, ",\"include_usage_requests\":%" PRIu64 ",\"usage_chunks\":%" PRIu64,
 	    st->include_usage_requests, st->usage_chunks);
+	buf_printf(b, ",\"responses_stored\":%" PRIu64 ",\"responses_held\":%zu"
+	    ",\"responses_evicted\":%" PRIu64 ",\"responses_deleted\":%" PRIu64,
+	    st->responses_stored, c->ctx->rs_n, st->responses_evicted,
+	    st->responses_deleted);
+	buf_printf(b, ",\"previous_found\":%" PRIu64 ",\"previous_missing\":%" PRIu64
+	    ",\"retrieve_found\":%" PRIu64 ",\"retrieve_missing\":%" PRIu64,
+	    st->previous_found, st->previous_missing, st->retrieve_found,
+	    st->retrieve_missing);
 	buf_runner(b, c->ctx);
 	buf_mode(b, c->ctx);
 	buf_puts(b, ",\"tags\":{");
@@ -1858,6 +2263,432 @@ resp_stats(struct conn *c)
 	}
 	buf_puts(b, "}}");
 	resp_json_end(c, 200);
+}
+
+/* ------------------------------------------------------------------ Responses, Messages, embeddings */
+
+static void resp_chunk_frame(struct conn *c);
+
+/* The served model's name: the request's "model" string, else "stub". */
+static void
+buf_model(struct buf *b, const struct req *r)
+{
+	if (r->model != NULL)
+		buf_json_str(b, r->model, r->model_len);
+	else
+		buf_puts(b, "\"stub\"");
+}
+
+/* The answer's text, unquoted: "tok0 tok1 ... " (nothing to escape). */
+static void
+buf_tokens(struct buf *b, long long n)
+{
+	long long i;
+
+	for (i = 0; i < n; i++)
+		buf_printf(b, "tok%lld ", i);
+}
+
+/* resp_PORT_PID_N, msg_PORT_PID_N: unique across the stubs of a test. */
+static void
+api_id(const struct conn *c, const char *prefix, char *out, size_t outsz)
+{
+	snprintf(out, outsz, "%s_%u_%ld_%llu", prefix, c->ctx->port, (long)getpid(),
+	    c->req.id_n);
+}
+
+/* ,"t":NANOS for X-Stub-Stamp: 1, else nothing. */
+static void
+buf_stamp(struct buf *b, const struct req *r)
+{
+	struct timespec ts;
+
+	if (!r->k.stamp)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	buf_printf(b, ",\"t\":%lld", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+}
+
+/* The output_text part: {"type":"output_text","annotations":[],"logprobs":[],"text":T}. */
+static void
+buf_output_text(struct buf *b, const struct req *r, int full)
+{
+	buf_puts(b, "{\"type\":\"output_text\",\"annotations\":[],\"logprobs\":[],\"text\":\"");
+	if (full)
+		buf_tokens(b, r->k.events);
+	buf_puts(b, "\"}");
+}
+
+/* The message output item, in progress (no content yet) or completed. */
+static void
+buf_output_item(struct buf *b, const struct conn *c, int done)
+{
+	char mid[96];
+
+	api_id(c, "msg", mid, sizeof mid);
+	buf_printf(b, "{\"id\":\"%s\",\"type\":\"message\",\"status\":\"%s\",\"content\":[",
+	    mid, done ? "completed" : "in_progress");
+	if (done)
+		buf_output_text(b, &c->req, 1);
+	buf_puts(b, "],\"role\":\"assistant\"}");
+}
+
+/* A Responses API response object, in progress (no output, no usage) or completed. */
+static void
+buf_response(struct buf *b, const struct conn *c, int done)
+{
+	const struct req *r = &c->req;
+	char rid[96];
+
+	api_id(c, "resp", rid, sizeof rid);
+	buf_printf(b, "{\"id\":\"%s\",\"object\":\"response\",\"created_at\":0,"
+	    "\"status\":\"%s\",", rid, done ? "completed" : "in_progress");
+	buf_puts(b, "\"background\":false,\"error\":null,\"incomplete_details\":null,"
+	    "\"instructions\":");
+	if (r->instructions != NULL)
+		buf_json_str(b, r->instructions, r->instr_len);
+	else
+		buf_puts(b, "null");
+	buf_puts(b, ",\"max_output_tokens\":null,\"model\":");
+	buf_model(b, r);
+	buf_puts(b, ",\"output\":[");
+	if (done)
+		buf_output_item(b, c, 1);
+	buf_puts(b, "],\"parallel_tool_calls\":true,\"previous_response_id\":");
+	if (r->prev_id != NULL)
+		buf_json_str(b, r->prev_id, r->prev_len);
+	else
+		buf_puts(b, "null");
+	buf_printf(b, ",\"reasoning\":null,\"store\":%s,\"temperature\":1.0,"
+	    "\"text\":{\"format\":{\"type\":\"text\"}},\"tool_choice\":\"auto\",\"tools\":[],"
+	    "\"top_p\":1.0,\"truncation\":\"disabled\",\"usage\":", r->store ? "true" : "false");
+	if (done && !r->k.ignore_usage)
+		buf_printf(b, "{\"input_tokens\":%lld,\"input_tokens_details\":"
+		    "{\"cached_tokens\":0},\"output_tokens\":%lld,\"output_tokens_details\":"
+		    "{\"reasoning_tokens\":0},\"total_tokens\":%lld}", r->prompt_tokens,
+		    r->completion_tokens, r->prompt_tokens + r->completion_tokens);
+	else
+		buf_puts(b, "null");
+	buf_puts(b, ",\"user\":null,\"metadata\":{}}");
+}
+
+/*
+ * Store the completed response (unless the body said "store": false), with
+ * its conversation text: its prompt's, then its output.
+ */
+static void
+resp_keep(struct conn *c)
+{
+	struct req *r = &c->req;
+	struct buf obj;
+	char rid[96];
+
+	if (!r->store)
+		return;
+	buf_init(&obj, OUT_CAP);
+	buf_response(&obj, c, 1);
+	buf_tokens(&r->context, r->k.events);
+	api_id(c, "resp", rid, sizeof rid);
+	if (!obj.err)
+		rs_store(c->ctx, rid, strlen(rid), obj.data, obj.len, r,
+		    r->context.data ? r->context.data : "", r->context.len);
+	buf_free(&obj);
+}
+
+/* The head promises the whole body; the cut (X-Stub-Abort-After) shows as a short read. */
+static void
+resp_cut_after_head(struct conn *c)
+{
+	char *end;
+
+	if (c->req.k.abort_after < 0 || c->out.err)
+		return;
+	end = memmem(c->out.data + c->out_pos, c->out.len - c->out_pos, "\r\n\r\n", 4);
+	c->out.len = (size_t)(end + 4 - c->out.data);
+	c->kind = RESP_CUT_AFTER_HEAD;
+}
+
+/* POST /v1/responses without "stream": the completed response object. */
+static void
+resp_responses_json(struct conn *c)
+{
+	resp_json_begin(c);
+	buf_response(&c->out, c, 1);
+	resp_json_end(c, 200);
+	resp_keep(c);
+	resp_cut_after_head(c);
+}
+
+/* Anthropic's usage object (no comma before it); output_tokens as given. */
+static void
+buf_anthropic_usage(struct buf *b, const struct req *r, long long output_tokens)
+{
+	buf_printf(b, "\"usage\":{\"input_tokens\":%lld", r->prompt_tokens);
+	if (r->k.cache_creation >= 0)
+		buf_printf(b, ",\"cache_creation_input_tokens\":%lld,"
+		    "\"cache_read_input_tokens\":%lld", r->k.cache_creation, r->k.cache_read);
+	buf_printf(b, ",\"output_tokens\":%lld}", output_tokens);
+}
+
+/* POST /v1/messages without "stream": one Anthropic message. */
+static void
+resp_messages_json(struct conn *c)
+{
+	struct req *r = &c->req;
+	char mid[96];
+
+	api_id(c, "msg", mid, sizeof mid);
+	resp_json_begin(c);
+	buf_printf(&c->out, "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\","
+	    "\"model\":", mid);
+	buf_model(&c->out, r);
+	buf_puts(&c->out, ",\"content\":[{\"type\":\"text\",\"text\":\"");
+	buf_tokens(&c->out, r->k.events);
+	buf_puts(&c->out, "\"}],\"stop_reason\":\"end_turn\",\"stop_sequence\":null");
+	if (!r->k.ignore_usage) {
+		buf_puts(&c->out, ",");
+		buf_anthropic_usage(&c->out, r, r->completion_tokens);
+	}
+	buf_puts(&c->out, "}");
+	resp_json_end(c, 200);
+	resp_cut_after_head(c);
+}
+
+/* An error the stub makes, in the shape of the API asked: Anthropic's on /v1/messages. */
+static void
+resp_stub_error(struct conn *c, int status, const char *msg)
+{
+	if (c->req.api != ROUTE_MESSAGES) {
+		resp_error(c, status, msg);
+		return;
+	}
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"type\":\"error\",\"error\":{\"type\":\"stub\",\"message\":");
+	buf_json_str(&c->out, msg, strlen(msg));
+	buf_puts(&c->out, "}}");
+	resp_json_end(c, status);
+}
+
+/* vLLM's answer for a response id it does not hold (previous_response_id or path). */
+static void
+resp_not_stored(struct conn *c, const char *id, size_t n)
+{
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"error\":{\"message\":\"Response with id '");
+	/* The id inside a JSON string: escape it, drop the quotes buf_json_str adds. */
+	if (buf_reserve(&c->out, 0) == 0) {
+		size_t at = c->out.len;
+
+		buf_json_str(&c->out, id, n);
+		if (!c->out.err) {
+			memmove(c->out.data + at, c->out.data + at + 1, c->out.len - at - 2);
+			c->out.len -= 2;
+		}
+	}
+	buf_puts(&c->out, "' not found.\",\"type\":\"invalid_request_error\","
+	    "\"param\":\"response_id\",\"code\":404}}");
+	resp_json_end(c, 404);
+}
+
+/* GET, DELETE /v1/responses/{id}, POST .../cancel, GET .../input_items. */
+static void
+resp_stored(struct conn *c)
+{
+	struct req *r = &c->req;
+	struct stub *ctx = c->ctx;
+	const char *id = r->arena.data + r->id_off;
+	struct rs_ent *e = rs_find(ctx, id, r->id_len);
+
+	if (e == NULL) {
+		ctx->st.retrieve_missing++;
+		resp_not_stored(c, id, r->id_len);
+		return;
+	}
+	ctx->st.retrieve_found++;
+	resp_json_begin(c);
+	switch (r->route) {
+	case ROUTE_RESP_DELETE:
+		buf_puts(&c->out, "{\"id\":");
+		buf_json_str(&c->out, e->id, e->idlen);
+		buf_puts(&c->out, ",\"object\":\"response.deleted\",\"deleted\":true}");
+		rs_drop(ctx, e);
+		ctx->st.responses_deleted++;
+		break;
+	case ROUTE_RESP_ITEMS:
+		buf_puts(&c->out, "{\"object\":\"list\",\"data\":");
+		buf_append(&c->out, e->items, e->itemslen);
+		buf_printf(&c->out, ",\"first_id\":");
+		buf_puts(&c->out, e->first_id);
+		buf_puts(&c->out, ",\"last_id\":");
+		buf_puts(&c->out, e->last_id);
+		buf_puts(&c->out, ",\"has_more\":false}");
+		break;
+	default:	/* GET, cancel: the stored object */
+		buf_append(&c->out, e->obj, e->objlen);
+		break;
+	}
+	resp_json_end(c, 200);
+}
+
+/* POST /v1/embeddings: the "data" built at dispatch. */
+static void
+resp_embeddings(struct conn *c)
+{
+	struct req *r = &c->req;
+
+	resp_json_begin(c);
+	buf_puts(&c->out, "{\"object\":\"list\",\"data\":");
+	buf_append(&c->out, r->emb, r->emb_len);
+	buf_puts(&c->out, ",\"model\":");
+	buf_model(&c->out, r);
+	if (!r->k.ignore_usage)
+		buf_printf(&c->out, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}",
+		    r->prompt_tokens, r->prompt_tokens);
+	buf_puts(&c->out, "}");
+	resp_json_end(c, 200);
+	resp_cut_after_head(c);
+}
+
+/* Start an SSE event unit: CHUNK_ROOM, then "event: TYPE\ndata: ". */
+static void
+api_event_begin(struct conn *c, const char *type)
+{
+	struct buf *b = &c->out;
+
+	b->len = 0;
+	b->err = 0;
+	buf_fill(b, ' ', CHUNK_ROOM);
+	buf_printf(b, "event: %s\ndata: ", type);
+}
+
+/* End it ("\n\n"), frame it as one chunk. */
+static void
+api_event_end(struct conn *c, int token)
+{
+	buf_append(&c->out, "\n\n\r\n", 4);
+	if (c->out.err)
+		return;
+	resp_chunk_frame(c);
+	c->units++;
+	c->unit_token = token;
+	if (token)
+		c->events_sent++;
+}
+
+/* The Responses stream's unit u (== its sequence_number); pinned in the header comment. */
+static void
+responses_unit(struct conn *c, long long u)
+{
+	struct req *r = &c->req;
+	struct buf *b = &c->out;
+	long long e = r->k.events;
+	char mid[96];
+	static const char *const pre[] = { "response.created", "response.in_progress",
+	    "response.output_item.added", "response.content_part.added" };
+	static const char *const post[] = { "response.output_text.done",
+	    "response.content_part.done", "response.output_item.done", "response.completed" };
+	const char *type = u < 4 ? pre[u] : u < 4 + e ? "response.output_text.delta" :
+	    post[u - 4 - e];
+
+	api_id(c, "msg", mid, sizeof mid);
+	api_event_begin(c, type);
+	buf_printf(b, "{\"type\":\"%s\",\"sequence_number\":%lld", type, u);
+	if (u == 0 || u == 1 || u == 7 + e) {
+		buf_puts(b, ",\"response\":");
+		buf_response(b, c, u == 7 + e);
+		if (u == 7 + e)
+			resp_keep(c);
+	} else if (u == 2 || u == 6 + e) {
+		buf_puts(b, ",\"output_index\":0,\"item\":");
+		buf_output_item(b, c, u == 6 + e);
+	} else {
+		if (u >= 4 && u < 4 + e)
+			buf_stamp(b, r);
+		buf_printf(b, ",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,", mid);
+		if (u == 3 || u == 5 + e) {
+			buf_puts(b, "\"part\":");
+			buf_output_text(b, r, u == 5 + e);
+		} else if (u == 4 + e) {
+			buf_puts(b, "\"text\":\"");
+			buf_tokens(b, e);
+			buf_puts(b, "\",\"logprobs\":[]");
+		} else
+			buf_printf(b, "\"delta\":\"tok%lld \",\"logprobs\":[]", u - 4);
+	}
+	buf_puts(b, "}");
+	api_event_end(c, u >= 4 && u < 4 + e);
+}
+
+/* The Messages stream's unit u; pinned in the header comment. */
+static void
+messages_unit(struct conn *c, long long u)
+{
+	struct req *r = &c->req;
+	struct buf *b = &c->out;
+	long long e = r->k.events;
+	char mid[96];
+
+	if (u == 0) {
+		api_id(c, "msg", mid, sizeof mid);
+		api_event_begin(c, "message_start");
+		buf_printf(b, "{\"type\":\"message_start\",\"message\":{\"id\":\"%s\","
+		    "\"type\":\"message\",\"role\":\"assistant\",\"model\":", mid);
+		buf_model(b, r);
+		buf_puts(b, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null");
+		if (!r->k.ignore_usage) {
+			buf_puts(b, ",");
+			buf_anthropic_usage(b, r, 1);
+		}
+		buf_puts(b, "}}");
+	} else if (u == 1) {
+		api_event_begin(c, "content_block_start");
+		buf_puts(b, "{\"type\":\"content_block_start\",\"index\":0,"
+		    "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
+	} else if (u == 2) {
+		api_event_begin(c, "ping");
+		buf_puts(b, "{\"type\": \"ping\"}");
+	} else if (u < 3 + e) {
+		api_event_begin(c, "content_block_delta");
+		buf_puts(b, "{\"type\":\"content_block_delta\",\"index\":0");
+		buf_stamp(b, r);
+		buf_printf(b, ",\"delta\":{\"type\":\"text_delta\",\"text\":\"tok%lld \"}}", u - 3);
+	} else if (u == 3 + e) {
+		api_event_begin(c, "content_block_stop");
+		buf_puts(b, "{\"type\":\"content_block_stop\",\"index\":0}");
+	} else if (u == 4 + e) {
+		api_event_begin(c, "message_delta");
+		buf_puts(b, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\","
+		    "\"stop_sequence\":null}");
+		if (!r->k.ignore_usage)
+			buf_printf(b, ",\"usage\":{\"output_tokens\":%lld}", r->completion_tokens);
+		buf_puts(b, "}");
+	} else {
+		api_event_begin(c, "message_stop");
+		buf_puts(b, "{\"type\":\"message_stop\"}");
+	}
+	api_event_end(c, u >= 3 && u < 3 + e);
+}
+
+/* The next unit of a Responses / Messages stream, or its last chunk (no [DONE]). */
+static void
+api_stream_next(struct conn *c)
+{
+	int responses = c->req.route == ROUTE_RESPONSES;
+	long long total = c->req.k.events + (responses ? 8 : 6);
+
+	if (c->units < total) {
+		if (responses)
+			responses_unit(c, c->units);
+		else
+			messages_unit(c, c->units);
+		return;
+	}
+	c->out.len = 0;
+	c->out.err = 0;
+	c->out_pos = 0;
+	buf_puts(&c->out, "0\r\n\r\n");
+	c->unit_token = 0;
+	c->trailer_sent = 1;
 }
 
 static void
@@ -1876,6 +2707,8 @@ resp_stream_head(struct conn *c)
 	c->events_sent = 0;
 	c->usage_sent = 0;
 	c->trailer_sent = 0;
+	c->units = 0;
+	c->unit_token = 0;
 	c->ctx->st.streams_started++;
 }
 
@@ -2209,6 +3042,7 @@ struct prompt_hash {
 	struct req	*r;
 	size_t		 block, fill, max;
 	uint64_t	 cur;
+	struct buf	*copy;		/* Responses: the prompt text is kept here too */
 };
 
 static void
@@ -2218,6 +3052,8 @@ prompt_feed(struct prompt_hash *ph, const char *s, size_t n)
 	size_t i;
 
 	r->prompt_bytes += n;
+	if (ph->copy != NULL)
+		buf_append(ph->copy, s, n);
 	if (r->blocks == NULL)
 		return;
 	for (i = 0; i < n; i++) {
@@ -2255,10 +3091,13 @@ prompt_add(struct prompt_hash *ph, json_t *v)
 
 /*
  * Set r->prompt_bytes and, with a prefix cache, r->blocks (owned by r) from a
- * parsed completion body: its messages[].content concatenated, or its prompt.
+ * parsed completion body: its messages[].content concatenated, or its prompt;
+ * Messages: "system" first; Responses: pre (the conversation so far, from
+ * previous_response_id), "instructions", then "input" (a string, or items:
+ * strings and the "content" of objects); embeddings: "input".
  */
 static void
-req_prompt(struct stub *ctx, struct req *r, json_t *root)
+req_prompt(struct stub *ctx, struct req *r, json_t *root, const char *pre, size_t prelen)
 {
 	struct prompt_hash ph;
 	json_t *msgs, *m;
@@ -2269,10 +3108,33 @@ req_prompt(struct stub *ctx, struct req *r, json_t *root)
 	ph.block = ctx->block;
 	ph.cur = FNV_OFFSET;
 	/* Decoded strings are never longer than the body: max bounds the blocks. */
-	ph.max = r->body.len / ctx->block;
+	ph.max = (r->body.len + prelen) / ctx->block;
 	if (ctx->pc.cap > 0 && ph.max > 0 &&
 	    (r->blocks = malloc(ph.max * sizeof *r->blocks)) == NULL)
 		stub_log(ctx, "out of memory hashing a prompt; it is served uncached");
+	if (r->route == ROUTE_RESPONSES) {
+		if (r->store)
+			ph.copy = &r->context;
+		if (prelen > 0)
+			prompt_feed(&ph, pre, prelen);
+		prompt_add(&ph, json_object_get(root, "instructions"));
+		msgs = json_object_get(root, "input");
+		if (!json_is_array(msgs)) {
+			prompt_add(&ph, msgs);
+			return;
+		}
+		for (i = 0; i < json_array_size(msgs); i++) {
+			m = json_array_get(msgs, i);
+			prompt_add(&ph, json_is_object(m) ? json_object_get(m, "content") : m);
+		}
+		return;
+	}
+	if (r->route == ROUTE_EMBEDDINGS) {
+		prompt_add(&ph, json_object_get(root, "input"));
+		return;
+	}
+	if (r->route == ROUTE_MESSAGES)
+		prompt_add(&ph, json_object_get(root, "system"));
 	msgs = json_object_get(root, "messages");
 	if (json_is_array(msgs)) {
 		for (i = 0; i < json_array_size(msgs); i++) {
@@ -2512,6 +3374,14 @@ route_of(const struct req *r, const char *path, size_t plen)
 		return m == HTTP_POST ? ROUTE_CHAT : ROUTE_NOT_FOUND;
 	if (PATH_IS("/v1/completions"))
 		return m == HTTP_POST ? ROUTE_COMPLETIONS : ROUTE_NOT_FOUND;
+	if (PATH_IS("/v1/responses"))
+		return m == HTTP_POST ? ROUTE_RESPONSES : ROUTE_NOT_FOUND;
+	if (PATH_IS("/v1/messages"))
+		return m == HTTP_POST ? ROUTE_MESSAGES : ROUTE_NOT_FOUND;
+	if (PATH_IS("/v1/messages/count_tokens"))
+		return m == HTTP_POST ? ROUTE_COUNT_TOKENS : ROUTE_NOT_FOUND;
+	if (PATH_IS("/v1/embeddings"))
+		return m == HTTP_POST ? ROUTE_EMBEDDINGS : ROUTE_NOT_FOUND;
 	if (PATH_IS("/v1/echo"))
 		return m == HTTP_GET || m == HTTP_POST || m == HTTP_PUT || m == HTTP_DELETE ?
 		    ROUTE_ECHO : ROUTE_NOT_FOUND;
@@ -2537,6 +3407,46 @@ route_of(const struct req *r, const char *path, size_t plen)
 		return m == HTTP_POST ? ROUTE_CTL_SLOW_START : ROUTE_NOT_FOUND;
 #undef PATH_IS
 	return ROUTE_NOT_FOUND;
+}
+
+/*
+ * /v1/responses/{id} (GET, DELETE), /v1/responses/{id}/cancel (POST),
+ * /v1/responses/{id}/input_items (GET): the id is one non-empty path segment,
+ * taken as is (not percent-decoded). Sets r->id_off, r->id_len.
+ */
+static enum route
+route_stored(struct req *r, const char *path, size_t plen)
+{
+	static const char pre[] = "/v1/responses/";
+	const char *id = path + sizeof pre - 1, *slash;
+	size_t n = plen - (sizeof pre - 1), rest;
+	unsigned m = r->method;
+
+	if (plen <= sizeof pre - 1 || memcmp(path, pre, sizeof pre - 1) != 0)
+		return ROUTE_NOT_FOUND;
+	slash = memchr(id, '/', n);
+	rest = slash ? n - (size_t)(slash - id) : 0;
+	n -= rest;
+	if (n == 0)
+		return ROUTE_NOT_FOUND;
+	r->id_off = (size_t)(id - r->arena.data);
+	r->id_len = n;
+	if (rest == 0)
+		return m == HTTP_GET ? ROUTE_RESP_GET : m == HTTP_DELETE ? ROUTE_RESP_DELETE :
+		    ROUTE_NOT_FOUND;
+	if (rest == 7 && memcmp(slash, "/cancel", 7) == 0)
+		return m == HTTP_POST ? ROUTE_RESP_CANCEL : ROUTE_NOT_FOUND;
+	if (rest == 12 && memcmp(slash, "/input_items", 12) == 0)
+		return m == HTTP_GET ? ROUTE_RESP_ITEMS : ROUTE_NOT_FOUND;
+	return ROUTE_NOT_FOUND;
+}
+
+/* A POST the runner model serves (and X-Stub-Status, loading, busy refuse). */
+static int
+route_completion(enum route rt)
+{
+	return rt == ROUTE_CHAT || rt == ROUTE_COMPLETIONS || rt == ROUTE_RESPONSES ||
+	    rt == ROUTE_MESSAGES || rt == ROUTE_EMBEDDINGS;
 }
 
 /*
@@ -2582,12 +3492,191 @@ lax_bool(const json_t *v)
 	return -1;
 }
 
+/* Copy a JSON string value; NULL when v is not a string (or out of memory). */
+static char *
+json_strdup(json_t *v, size_t *len)
+{
+	if (!json_is_string(v))
+		return NULL;
+	*len = json_string_length(v);
+	return memdup(json_string_value(v), *len);
+}
+
+/* A JSON value of an item's "id": "\"ID\"" or "null", malloc'd. */
+static char *
+item_id_json(json_t *item)
+{
+	json_t *id = json_is_object(item) ? json_object_get(item, "id") : NULL;
+	struct buf b;
+
+	if (!json_is_string(id))
+		return strdup("null");
+	buf_init(&b, BODY_CAP);
+	buf_json_str(&b, json_string_value(id), json_string_length(id));
+	buf_append(&b, "", 1);
+	if (b.err) {
+		buf_free(&b);
+		return NULL;
+	}
+	return b.data;
+}
+
+static void
+base64_append(struct buf *b, const unsigned char *p, size_t n)
+{
+	static const char tab[] =
+	    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t i;
+	char q[4];
+
+	for (i = 0; i < n; i += 3) {
+		unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) |
+		    (i + 2 < n ? p[i + 2] : 0);
+
+		q[0] = tab[v >> 18 & 63];
+		q[1] = tab[v >> 12 & 63];
+		q[2] = i + 1 < n ? tab[v >> 6 & 63] : '=';
+		q[3] = i + 2 < n ? tab[v & 63] : '=';
+		buf_append(b, q, 4);
+	}
+}
+
+/* One embedding: [N, I, 0.5, -0.25] as JSON floats, or their float32 LE in base64. */
+static void
+emb_item(struct buf *b, long long n, size_t i, int base64)
+{
+	float f[4] = { (float)n, (float)i, 0.5f, -0.25f };
+	unsigned char raw[16];
+	size_t k;
+
+	buf_puts(b, i ? ",{\"object\":\"embedding\",\"embedding\":" :
+	    "{\"object\":\"embedding\",\"embedding\":");
+	if (base64) {
+		for (k = 0; k < 4; k++) {
+			uint32_t u;
+
+			memcpy(&u, &f[k], 4);
+			raw[4 * k] = (unsigned char)u;
+			raw[4 * k + 1] = (unsigned char)(u >> 8);
+			raw[4 * k + 2] = (unsigned char)(u >> 16);
+			raw[4 * k + 3] = (unsigned char)(u >> 24);
+		}
+		buf_puts(b, "\"");
+		base64_append(b, raw, sizeof raw);
+		buf_puts(b, "\"");
+	} else
+		buf_printf(b, "[%lld.0,%zu.0,0.5,-0.25]", n, i);
+	buf_printf(b, ",\"index\":%zu}", i);
+}
+
+/*
+ * The "data" of an embeddings answer from "input": a string (N = its bytes),
+ * an array of integers (one token array, N = its length), or an array of
+ * strings and token arrays (one embedding each). r->emb stays NULL otherwise.
+ */
+static void
+emb_build(struct req *r, json_t *root)
+{
+	json_t *in = json_object_get(root, "input"), *x, *fmt;
+	struct buf b;
+	size_t i;
+
+	fmt = json_object_get(root, "encoding_format");
+	r->emb_base64 = json_is_string(fmt) && strcmp(json_string_value(fmt), "base64") == 0;
+	buf_init(&b, OUT_CAP / 2);
+	buf_puts(&b, "[");
+	if (json_is_string(in))
+		emb_item(&b, (long long)json_string_length(in), 0, r->emb_base64);
+	else if (json_is_array(in) && json_array_size(in) > 0 &&
+	    json_is_integer(json_array_get(in, 0)))
+		emb_item(&b, (long long)json_array_size(in), 0, r->emb_base64);
+	else if (json_is_array(in)) {
+		for (i = 0; i < json_array_size(in); i++) {
+			x = json_array_get(in, i);
+			if (json_is_string(x))
+				emb_item(&b, (long long)json_string_length(x), i, r->emb_base64);
+			else if (json_is_array(x))
+				emb_item(&b, (long long)json_array_size(x), i, r->emb_base64);
+			else {
+				buf_free(&b);
+				return;
+			}
+		}
+	} else {
+		buf_free(&b);
+		return;
+	}
+	buf_puts(&b, "]");
+	if (b.err) {
+		buf_free(&b);
+		return;
+	}
+	r->emb = b.data;
+	r->emb_len = b.len;
+}
+
+/*
+ * What a Responses, Messages or embeddings body says: its model, and for
+ * Responses instructions, store, previous_response_id (looked up now: *pre
+ * is the stored conversation a follow-up's prompt starts with) and the input
+ * items GET .../input_items answers.
+ */
+static void
+api_inspect(struct conn *c, json_t *root, const char **pre, size_t *prelen)
+{
+	struct req *r = &c->req;
+	struct rs_ent *e;
+	json_t *in;
+
+	r->model = json_strdup(json_object_get(root, "model"), &r->model_len);
+	if (r->route == ROUTE_EMBEDDINGS) {
+		emb_build(r, root);
+		return;
+	}
+	if (r->route != ROUTE_RESPONSES)
+		return;
+	r->instructions = json_strdup(json_object_get(root, "instructions"), &r->instr_len);
+	r->store = lax_bool(json_object_get(root, "store")) != 0;
+	r->prev_id = json_strdup(json_object_get(root, "previous_response_id"), &r->prev_len);
+	if (r->prev_id != NULL && (e = rs_find(c->ctx, r->prev_id, r->prev_len)) != NULL) {
+		r->prev_found = 1;
+		*pre = e->context;
+		*prelen = e->ctxlen;
+	}
+	if (!r->store)
+		return;
+	in = json_object_get(root, "input");
+	if (json_is_string(in)) {
+		struct buf b;
+
+		buf_init(&b, BODY_CAP * 2);
+		buf_puts(&b, "[{\"type\":\"message\",\"role\":\"user\",\"content\":"
+		    "[{\"type\":\"input_text\",\"text\":");
+		buf_json_str(&b, json_string_value(in), json_string_length(in));
+		buf_puts(&b, "}]}]");
+		if (b.err)
+			buf_free(&b);
+		r->items = b.data;
+		r->items_len = b.len;
+	} else if (json_is_array(in)) {
+		r->items = json_dumps(in, JSON_COMPACT);
+		r->items_len = r->items ? strlen(r->items) : 0;
+		if (json_array_size(in) > 0) {
+			r->first_id = item_id_json(json_array_get(in, 0));
+			r->last_id = item_id_json(json_array_get(in, json_array_size(in) - 1));
+		}
+	}
+}
+
 static void
 req_inspect_body(struct conn *c, const char *path, size_t plen)
 {
 	struct stub *ctx = c->ctx;
 	struct req *r = &c->req;
 	json_t *root, *so;
+	const char *pre = NULL;
+	size_t prelen = 0;
+	int chat = r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS;
 
 	ctx->last_body.len = 0;
 	ctx->last_body.err = 0;
@@ -2600,11 +3689,13 @@ req_inspect_body(struct conn *c, const char *path, size_t plen)
 	if (r->body.len == 0 || (root = json_loadb(r->body.data, r->body.len, 0, NULL)) == NULL)
 		return;
 	so = json_is_object(root) ? json_object_get(root, "stream_options") : NULL;
-	r->include_usage = json_is_object(so) &&
+	r->include_usage = chat && json_is_object(so) &&
 	    lax_bool(json_object_get(so, "include_usage")) == 1;
 	r->stream_lax = json_is_object(root) && lax_bool(json_object_get(root, "stream")) == 1;
-	if (json_is_object(root))
-		req_prompt(ctx, r, root);
+	if (json_is_object(root) && !chat)
+		api_inspect(c, root, &pre, &prelen);
+	if (json_is_object(root) && r->route != ROUTE_COUNT_TOKENS)
+		req_prompt(ctx, r, root, pre, prelen);
 	json_decref(root);
 	if (r->include_usage) {
 		ctx->st.include_usage_requests++;
@@ -2626,6 +3717,9 @@ conn_dispatch(struct conn *c)
 
 	r->dispatched = 1;
 	r->route = route_of(r, url, plen);
+	if (r->route == ROUTE_NOT_FOUND)
+		r->route = route_stored(r, url, plen);
+	r->api = r->route;
 	if (plen < 4 || memcmp(url, "/v1/", 4) != 0) {
 		/* Control, health and unknown paths: not counted, not steered. */
 		if (r->route == ROUTE_HEALTH)
@@ -2649,19 +3743,25 @@ conn_dispatch(struct conn *c)
 		r->route = ROUTE_KNOB_ERROR;
 	}
 	req_count(c);
-	if (r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS)
+	if (route_completion(r->route) || r->route == ROUTE_COUNT_TOKENS) {
+		r->store = r->route == ROUTE_RESPONSES;	/* unless the body says false */
 		req_inspect_body(c, url, plen);
+	}
 	if (r->route == ROUTE_KNOB_ERROR || req_parse_knobs(r) < 0) {
 		r->route = ROUTE_KNOB_ERROR;
 		conn_set_state(c, CONN_RESPOND);
 		return;
 	}
-	if (r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) {
-		r->stream = r->stream_lax || (r->body.len > 0 &&
+	if (route_completion(r->route) || r->route == ROUTE_COUNT_TOKENS) {
+		r->stream = r->route != ROUTE_EMBEDDINGS && r->route != ROUTE_COUNT_TOKENS &&
+		    (r->stream_lax || (r->body.len > 0 &&
 		    (memmem(r->body.data, r->body.len, "\"stream\": true", 14) != NULL ||
-		    memmem(r->body.data, r->body.len, "\"stream\":true", 13) != NULL));
-		if (!r->stream && r->k.status == 0 && r->k.events > NONSTREAM_MAX_EVENTS) {
-			snprintf(r->errmsg, sizeof r->errmsg,
+		    memmem(r->body.data, r->body.len, "\"stream\":true", 13) != NULL)));
+		if (r->k.status == 0 && r->k.events > NONSTREAM_MAX_EVENTS &&
+		    (r->route == ROUTE_RESPONSES || (!r->stream &&
+		    r->route != ROUTE_EMBEDDINGS && r->route != ROUTE_COUNT_TOKENS))) {
+			snprintf(r->errmsg, sizeof r->errmsg, r->route == ROUTE_RESPONSES ?
+			    "bad X-Stub-Events: want 0..%lld on /v1/responses" :
 			    "bad X-Stub-Events: want 0..%lld for a non-stream response",
 			    NONSTREAM_MAX_EVENTS);
 			r->route = ROUTE_KNOB_ERROR;
@@ -2674,7 +3774,7 @@ conn_dispatch(struct conn *c)
 		    r->k.events;
 		r->send_usage = r->stream && r->include_usage && !r->k.ignore_usage;
 	}
-	if (r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) {
+	if (route_completion(r->route)) {
 		/* A loading or busy replica refuses the work at once; other knobs wait. */
 		if (stub_loading(c->ctx)) {
 			c->ctx->st.loading_rejected++;
@@ -2688,10 +3788,27 @@ conn_dispatch(struct conn *c)
 			return;
 		}
 	}
-	if ((r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) && r->k.status == 0)
-		runner_admit(c);
-	else
+	if (!route_completion(r->route) || r->k.status != 0) {
 		conn_serve(c);
+		return;
+	}
+	if (r->route == ROUTE_RESPONSES && r->prev_id != NULL) {
+		/* vLLM looks the previous response up before it schedules anything. */
+		if (r->prev_found)
+			c->ctx->st.previous_found++;
+		else {
+			c->ctx->st.previous_missing++;
+			r->route = ROUTE_RESP_MISSING;
+			conn_serve(c);
+			return;
+		}
+	}
+	if (r->route == ROUTE_EMBEDDINGS && r->emb == NULL) {
+		r->route = ROUTE_BAD_INPUT;
+		conn_serve(c);
+		return;
+	}
+	runner_admit(c);
 }
 
 /* Build the first unit of the response into out. */
@@ -2704,6 +3821,8 @@ conn_respond(struct conn *c)
 	c->events_sent = 0;
 	c->usage_sent = 0;
 	c->trailer_sent = 0;
+	c->units = 0;
+	c->unit_token = 0;
 	switch (r->route) {
 	case ROUTE_BAD:
 		resp_error(c, r->err_status, r->errmsg);
@@ -2713,13 +3832,43 @@ conn_respond(struct conn *c)
 		break;
 	case ROUTE_CHAT:
 	case ROUTE_COMPLETIONS:
+	case ROUTE_RESPONSES:
+	case ROUTE_MESSAGES:
+	case ROUTE_EMBEDDINGS:
+		if ((r->route == ROUTE_RESPONSES || r->route == ROUTE_MESSAGES) &&
+		    r->k.status == 0)
+			r->id_n = ++c->ctx->id_seq;
 		if (r->k.status != 0) {
 			snprintf(msg, sizeof msg, "stub status %lld", r->k.status);
-			resp_error(c, (int)r->k.status, msg);
-		} else if (r->stream)
+			resp_stub_error(c, (int)r->k.status, msg);
+		} else if (r->route == ROUTE_EMBEDDINGS)
+			resp_embeddings(c);
+		else if (r->stream)
 			resp_stream_head(c);
+		else if (r->route == ROUTE_RESPONSES)
+			resp_responses_json(c);
+		else if (r->route == ROUTE_MESSAGES)
+			resp_messages_json(c);
 		else
 			resp_completion(c);
+		break;
+	case ROUTE_COUNT_TOKENS:
+		resp_json_begin(c);
+		buf_printf(&c->out, "{\"input_tokens\":%lld}", r->prompt_tokens);
+		resp_json_end(c, 200);
+		break;
+	case ROUTE_RESP_GET:
+	case ROUTE_RESP_DELETE:
+	case ROUTE_RESP_CANCEL:
+	case ROUTE_RESP_ITEMS:
+		resp_stored(c);
+		break;
+	case ROUTE_RESP_MISSING:
+		resp_not_stored(c, r->prev_id, r->prev_len);
+		break;
+	case ROUTE_BAD_INPUT:
+		resp_error(c, 400, "bad input: want a string, a token array, or an array of "
+		    "strings or token arrays");
 		break;
 	case ROUTE_ECHO:
 		resp_echo(c);
@@ -2804,6 +3953,16 @@ conn_after_write(struct conn *c)
 		c->ctx->st.streams_completed++;
 		req_finish(c, OUT_COMPLETED);
 		conn_set_state(c, CONN_DONE);
+	} else if (c->req.route == ROUTE_RESPONSES || c->req.route == ROUTE_MESSAGES) {
+		/* Abort-After counts the token events only; 0 cuts right after the head. */
+		if (k->abort_after >= 0 && (c->units == 0 ? k->abort_after == 0 :
+		    c->unit_token && c->events_sent == k->abort_after))
+			conn_set_closing(c, OUT_CUT);
+		else if (c->unit_token && c->events_sent < k->events && k->interval_ms > 0) {
+			conn_arm_timer(c, (double)k->interval_ms * c->ctx->interval_scale / 1000.0);
+			conn_set_state(c, CONN_PACE);
+		} else
+			conn_set_state(c, CONN_EMIT);
 	} else if (k->abort_after >= 0 && c->events_sent + c->usage_sent == k->abort_after)
 		conn_set_closing(c, OUT_CUT);
 	else if (c->events_sent == 0 || c->events_sent >= k->events || k->interval_ms == 0)
@@ -2849,6 +4008,7 @@ conn_free(struct conn *c)
 	buf_free(&c->req.arena);
 	buf_free(&c->req.body);
 	free(c->req.blocks);
+	req_free_api(&c->req);
 	LIST_REMOVE(c, entry);
 	ctx->st.connections_open--;
 	free(c);
@@ -2928,7 +4088,9 @@ conn_drive(struct conn *c)
 			}
 			break;
 		case CONN_EMIT:
-			if (c->events_sent < c->req.k.events)
+			if (c->req.route == ROUTE_RESPONSES || c->req.route == ROUTE_MESSAGES)
+				api_stream_next(c);
+			else if (c->events_sent < c->req.k.events)
 				resp_stream_event(c);
 			else if (c->req.send_usage && !c->usage_sent)
 				resp_stream_usage(c);
@@ -3011,6 +4173,7 @@ conn_new(struct stub *ctx, int fd)
 	buf_init(&c->out, OUT_CAP);
 	buf_init(&c->req.arena, ARENA_CAP);
 	buf_init(&c->req.body, BODY_CAP);
+	buf_init(&c->req.context, RS_CTX_CAP);
 	req_reset(&c->req);
 	http_parser_init(&c->parser, HTTP_REQUEST);
 	c->parser.data = c;
@@ -3100,7 +4263,7 @@ split_listen(const char *arg, char *host, size_t hostsz, char *port, size_t port
 
 /* Bind and listen; fatal on failure. Prints the one line tests wait for. */
 static int
-listen_on(const char *arg)
+listen_on(const char *arg, unsigned *port_out)
 {
 	struct addrinfo hints, *res, *ai;
 	struct sockaddr_storage ss;
@@ -3139,11 +4302,13 @@ listen_on(const char *arg)
 
 		inet_ntop(AF_INET6, &s6->sin6_addr, addr, sizeof addr);
 		printf("sluice-stub listening on [%s]:%u\n", addr, ntohs(s6->sin6_port));
+		*port_out = ntohs(s6->sin6_port);
 	} else {
 		struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
 
 		inet_ntop(AF_INET, &s4->sin_addr, addr, sizeof addr);
 		printf("sluice-stub listening on %s:%u\n", addr, ntohs(s4->sin_port));
+		*port_out = ntohs(s4->sin_port);
 	}
 	fflush(stdout);
 	return fd;
@@ -3329,11 +4494,12 @@ main(int argc, char **argv)
 	TAILQ_INIT(&ctx.tags);
 	TAILQ_INIT(&ctx.waitq);
 	TAILQ_INIT(&ctx.laneq);
+	TAILQ_INIT(&ctx.rs_lru);
 	pc_init(&ctx.pc, (uint32_t)pc_blocks);
 	buf_init(&ctx.last_body, BODY_CAP);
 	if ((ctx.loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		die("cannot initialise libev");
-	ctx.lfd = listen_on(listen_arg);
+	ctx.lfd = listen_on(listen_arg, &ctx.port);
 	/* The window starts when the listening line is out: a test times it from there. */
 	stub_set_loading(&ctx, slow_start);
 
@@ -3359,6 +4525,7 @@ main(int argc, char **argv)
 	}
 	tags_free(&ctx);
 	pc_free(&ctx.pc);
+	rs_clear(&ctx);
 	buf_free(&ctx.last_body);
 	ev_io_stop(ctx.loop, &ctx.accept_w);
 	ev_timer_stop(ctx.loop, &ctx.accept_retry);
