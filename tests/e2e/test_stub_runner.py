@@ -883,8 +883,9 @@ def test_the_openai_node_sdk_parses_responses_chains_and_embeddings():
     import shutil
     js = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "js")
     node = shutil.which("node")
-    if not node or not os.path.isdir(os.path.join(js, "node_modules", "openai")):
-        h.skip("node or tests/js/node_modules/openai missing (./quickstart build)")
+    assert node, "node is not installed (./quickstart installs the test tools)"
+    assert os.path.isdir(os.path.join(js, "node_modules", "openai")), \
+        "tests/js/node_modules/openai is missing: run ./quickstart build"
     with Stub() as stub:
         p = subprocess.run([node, os.path.join(js, "openai_sdk_stub.mjs"), stub.url + "/v1"],
                            capture_output=True, text=True, timeout=60)
