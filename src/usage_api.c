@@ -1,0 +1,753 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
+/*
+ * The event streams of the Responses API and the Anthropic Messages API
+ * read for their usage and content (sl_usage_scan_init_api, sl_usage.h).
+ *
+ * Their own lexer, beside chat's (usage_scan.c is not touched by them but
+ * for one branch at the top of its feed): these streams are never edited,
+ * so nothing is held and every feed is one range of all its input. Per
+ * event it follows the data's JSON only as far as it must: the key of the
+ * current member at depths 1 and 2 (matched against the few names that
+ * matter while its bytes go by), the top-level "type" value, the strings
+ * counted for the estimate, and the copy of one usage object (parsed with
+ * jansson once it closes). String bodies are skipped 16 bytes at a time
+ * (SSE2) and the bytes between tokens by a table; nothing is allocated
+ * but the copy of a usage object, kept for the stream.
+ *
+ * It uses struct sl_usage_scan's fields as chat's scanner does where they
+ * mean the same (content_bytes, the usage, cap, depth, cr, line, lx, ...)
+ * and the a_* fields of its own.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+#include <emmintrin.h>
+#endif
+
+#include <jansson.h>
+
+#include "sl_usage.h"
+#include "usage_lexer.h"
+
+/* line */
+enum { A_BOL, A_FIELD, A_DATA, A_SKIP };
+/* lx */
+enum { J_OUT, J_STR, J_ESC, J_U };
+/* key: what the current string is */
+enum { R_NONE, R_KEY, R_TYPE };
+/* cnt: where the current string's bytes are counted */
+enum { C_NO, C_NOW, C_PEND };
+/* ev */
+enum { AE_BAD = 1, AE_CAPFAIL = 2, AE_OBJ = 4 };
+/* a_kind: depth 1 and 2 are objects; a key is expected next */
+enum { AK_OBJ1 = 1, AK_OBJ2 = 2, AK_KEY = 4 };
+/* a_pf: the usage parsed in this event */
+enum { PF_IN = 1, PF_OUT = 2 };
+/* a_have: what the stream's usage has (messages comes in two events) */
+enum { AH_PROMPT = 1, AH_COMPL = 2 };
+
+/* Keys (bits of kmask, ids 1..8 in a_k1/a_k2). */
+enum {
+	KI_TYPE = 1, KI_DELTA, KI_USAGE, KI_RESPONSE, KI_MESSAGE, KI_TEXT,
+	KI_THINKING, KI_PARTIAL_JSON
+};
+#define KB(i) (1u << ((i) - 1))
+static const char *const key_names[8] = {
+	"type", "delta", "usage", "response", "message", "text", "thinking",
+	"partial_json"
+};
+static const uint8_t key_lens[8] = { 4, 5, 5, 8, 7, 4, 8, 12 };
+
+/* Event types, per API (ids 1..n in a_type; 0xff another type). */
+#define T_OTHER 0xff
+enum { TF_USAGE = 1, TF_CONTENT = 2, TF_START = 4, TF_DELTA = 8 };
+struct types {
+	const char *name[8];
+	uint8_t len[8];
+	uint8_t flags[8];
+	uint8_t n;
+};
+static const struct types resp_types = {
+	{ "response.completed", "response.incomplete", "response.failed",
+	  "response.output_text.delta", "response.refusal.delta",
+	  "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+	  "response.function_call_arguments.delta" },
+	{ 18, 19, 15, 26, 22, 29, 37, 38 },
+	{ TF_USAGE, TF_USAGE, TF_USAGE, TF_CONTENT, TF_CONTENT, TF_CONTENT,
+	  TF_CONTENT, TF_CONTENT },
+	8
+};
+static const struct types msg_types = {
+	{ "message_start", "message_delta", "content_block_delta" },
+	{ 13, 13, 19 },
+	{ TF_START, TF_DELTA, TF_CONTENT },
+	3
+};
+
+static inline const struct types *
+types_of(const struct sl_usage_scan *s)
+{
+	return s->api == SL_API_RESPONSES ? &resp_types : &msg_types;
+}
+
+static inline uint8_t
+type_flags(const struct sl_usage_scan *s)
+{
+	if (s->a_type == 0 || s->a_type == T_OTHER)
+		return 0;
+	return types_of(s)->flags[s->a_type - 1];
+}
+
+/* Bytes that end a run between tokens: what the lexer acts on. */
+static const uint8_t tok_stop[256] = {
+	['"'] = 1, ['{'] = 1, ['}'] = 1, ['['] = 1, [']'] = 1, [','] = 1,
+	['\n'] = 1, ['\r'] = 1
+};
+/* Bytes that end a run in a string (and a skipped line: \n \r). */
+static const uint8_t str_stop[256] = {
+	['"'] = 1, ['\\'] = 1, ['\n'] = 1, ['\r'] = 1
+};
+
+/* The first byte of p[0..e) that is '"', '\\', '\n' or '\r' (or e). */
+static inline const char *
+str_end(const char *p, const char *e)
+{
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	const __m128i q = _mm_set1_epi8('"'), b = _mm_set1_epi8('\\');
+	const __m128i n = _mm_set1_epi8('\n'), r = _mm_set1_epi8('\r');
+
+	while (e - p >= 16) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+		unsigned m = (unsigned)_mm_movemask_epi8(_mm_or_si128(
+		    _mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, b)),
+		    _mm_or_si128(_mm_cmpeq_epi8(v, n), _mm_cmpeq_epi8(v, r))));
+
+		if (m != 0)
+			return p + __builtin_ctz(m);
+		p += 16;
+	}
+#endif
+	while (p < e && !str_stop[(unsigned char)*p])
+		p++;
+	return p;
+}
+
+/* The first '\n' or '\r' of p[0..e) (or e). */
+static inline const char *
+line_end(const char *p, const char *e)
+{
+	const char *q = memchr(p, '\n', (size_t)(e - p)), *r;
+
+	if (q == NULL)
+		q = e;
+	r = memchr(p, '\r', (size_t)(q - p));
+	return r != NULL ? r : q;
+}
+
+/* Narrow the candidates of kmask by the bytes p[0..n) at kpos. */
+static void
+match_run(struct sl_usage_scan *s, const char *p, size_t n, const char *const *names,
+    const uint8_t *lens)
+{
+	unsigned mask = s->kmask, pos = s->kpos, m, i;
+	size_t k;
+
+	for (k = 0; k < n && mask != 0; k++, pos++) {
+		for (m = mask; m != 0; m &= m - 1) {
+			i = (unsigned)__builtin_ctz(m);
+			if (pos >= lens[i] || names[i][pos] != p[k])
+				mask &= ~(1u << i);
+		}
+	}
+	s->kmask = (uint8_t)mask;
+	s->kpos = pos > 200 ? 200 : (uint8_t)pos;
+}
+
+/* The id (1..) of the candidate matched whole, or 0. */
+static unsigned
+match_end(const struct sl_usage_scan *s, const uint8_t *lens)
+{
+	unsigned m, i;
+
+	for (m = s->kmask; m != 0; m &= m - 1) {
+		i = (unsigned)__builtin_ctz(m);
+		if (lens[i] == s->kpos)
+			return i + 1;
+	}
+	return 0;
+}
+
+/* ---- the usage object ---------------------------------------------------- */
+
+/* A count of o[name]: 1 with *v when a non-negative integer, 0 absent or null, -1 else. */
+static int
+count_of(const json_t *o, const char *name, uint64_t *v)
+{
+	const json_t *x = json_object_get(o, name);
+
+	*v = 0;
+	if (x == NULL || json_is_null(x))
+		return 0;
+	if (!json_is_integer(x) || json_integer_value(x) < 0)
+		return -1;
+	*v = (uint64_t)json_integer_value(x);
+	if (*v > SL_USAGE_MAX_TOKENS)
+		*v = SL_USAGE_MAX_TOKENS + 1;   /* not believed; sums cannot wrap */
+	return 1;
+}
+
+/*
+ * A usage object of api read: *prompt (with *pf PF_IN) and *completion
+ * (PF_OUT) as sl_usage.h says for the api, *total as reported or their sum.
+ */
+static unsigned
+usage_obj_api(enum sl_api api, const json_t *o, uint64_t *prompt,
+    uint64_t *completion, uint64_t *total)
+{
+	uint64_t in, out, cc, cr, t;
+	int ri, ro, rt;
+	unsigned pf = 0;
+
+	*prompt = *completion = *total = 0;
+	if (!json_is_object(o))
+		return 0;
+	switch (api) {
+	case SL_API_RESPONSES:
+		ri = count_of(o, "input_tokens", &in);
+		ro = count_of(o, "output_tokens", &out);
+		rt = count_of(o, "total_tokens", &t);
+		if (ri != 1 || ro != 1 || rt < 0)
+			return 0;
+		pf = PF_IN | PF_OUT;
+		break;
+	case SL_API_MESSAGES:
+		ri = count_of(o, "input_tokens", &in);
+		ro = count_of(o, "output_tokens", &out);
+		if (count_of(o, "cache_creation_input_tokens", &cc) < 0 ||
+		    count_of(o, "cache_read_input_tokens", &cr) < 0)
+			ri = -1;
+		if (ri == 1) {
+			pf |= PF_IN;
+			in += cc + cr;
+			if (in > SL_USAGE_MAX_TOKENS)
+				in = SL_USAGE_MAX_TOKENS + 1;
+		}
+		if (ro == 1)
+			pf |= PF_OUT;
+		rt = 0;
+		break;
+	case SL_API_EMBEDDINGS:
+		ri = count_of(o, "prompt_tokens", &in);
+		rt = count_of(o, "total_tokens", &t);
+		if (ri != 1 || rt < 0)
+			return 0;
+		out = 0;
+		pf = PF_IN | PF_OUT;
+		break;
+	default:
+		return 0;
+	}
+	*prompt = (pf & PF_IN) ? in : 0;
+	*completion = (pf & PF_OUT) ? out : 0;
+	*total = rt == 1 ? t : *prompt + *completion;
+	return pf;
+}
+
+int
+sl_usage_from_json_api(enum sl_api api, const char *body, size_t len,
+    struct sl_usage *u)
+{
+	json_t *root;
+	json_error_t err;
+	unsigned pf = 0;
+
+	if (api != SL_API_RESPONSES && api != SL_API_MESSAGES &&
+	    api != SL_API_EMBEDDINGS)
+		return sl_usage_from_json(body, len, u);
+	memset(u, 0, sizeof(*u));
+	if (body == NULL || len == 0 || len > SL_USAGE_MAX_JSON)
+		return -1;
+	if ((root = json_loadb(body, len, 0, &err)) == NULL)
+		return -1;
+	if (json_is_object(root))
+		pf = usage_obj_api(api, json_object_get(root, "usage"),
+		    &u->prompt_tokens, &u->completion_tokens, &u->total_tokens);
+	json_decref(root);
+	if (pf != (PF_IN | PF_OUT)) {
+		memset(u, 0, sizeof(*u));
+		return -1;
+	}
+	u->have = 1;
+	return 0;
+}
+
+static uint64_t
+str_len(const json_t *v)
+{
+	return json_is_string(v) ? json_string_length(v) : 0;
+}
+
+/* The "text" (and name2's) strings of the objects of array a. */
+static uint64_t
+parts_text(const json_t *a, const char *name2)
+{
+	const json_t *x;
+	uint64_t n = 0;
+	size_t i;
+
+	json_array_foreach(a, i, x) {
+		n += str_len(json_object_get(x, "text"));
+		if (name2 != NULL)
+			n += str_len(json_object_get(x, name2));
+	}
+	return n;
+}
+
+uint64_t
+sl_usage_json_content_api(enum sl_api api, const char *body, size_t len)
+{
+	json_t *root, *x, *in;
+	json_error_t err;
+	uint64_t n = 0;
+	size_t i;
+
+	if (api != SL_API_RESPONSES && api != SL_API_MESSAGES)
+		return api == SL_API_EMBEDDINGS ? 0 : sl_usage_json_content(body, len);
+	if (body == NULL || len == 0 || len > SL_USAGE_MAX_JSON ||
+	    (root = json_loadb(body, len, 0, &err)) == NULL)
+		return 0;
+	if (api == SL_API_RESPONSES) {
+		json_array_foreach(json_object_get(root, "output"), i, x) {
+			n += parts_text(json_object_get(x, "content"), "refusal");
+			n += parts_text(json_object_get(x, "summary"), NULL);
+			n += str_len(json_object_get(x, "arguments"));
+		}
+	} else {
+		json_array_foreach(json_object_get(root, "content"), i, x) {
+			n += str_len(json_object_get(x, "text"));
+			n += str_len(json_object_get(x, "thinking"));
+			if ((in = json_object_get(x, "input")) != NULL &&
+			    json_is_object(json_object_get(x, "input"))) {
+				char *d = json_dumps(in, JSON_COMPACT);
+
+				if (d != NULL) {
+					n += strlen(d);
+					free(d);
+				}
+			}
+		}
+	}
+	json_decref(root);
+	return n;
+}
+
+/* ---- the scanner --------------------------------------------------------- */
+
+void
+sl_usage_scan_init_api(struct sl_usage_scan *s, enum sl_api api)
+{
+	sl_usage_scan_init(s, 0);
+	if (api == SL_API_RESPONSES || api == SL_API_MESSAGES) {
+		s->api = (uint8_t)api;
+		s->line = A_BOL;
+		s->lx = J_OUT;
+	}
+}
+
+/* Append to the copy of the usage object (bounded). */
+static void
+cap_add(struct sl_usage_scan *s, const char *p, size_t n)
+{
+	size_t want = (size_t)s->cap_len + n, na;
+	char *nb;
+
+	if (s->ev & AE_CAPFAIL || n == 0)
+		return;
+	if (want > SL_USAGE_MAX_EVENT) {
+		s->ev |= AE_CAPFAIL;
+		return;
+	}
+	if (want > s->cap_alloc) {
+		na = s->cap_alloc ? s->cap_alloc : 256;
+		while (na < want)
+			na *= 2;
+		if ((nb = realloc(s->cap, na)) == NULL) {
+			s->ev |= AE_CAPFAIL;
+			return;
+		}
+		s->cap = nb;
+		s->cap_alloc = (uint32_t)na;
+	}
+	memcpy(s->cap + s->cap_len, p, n);
+	s->cap_len = (uint32_t)want;
+}
+
+/* The usage object closed: parse the copy into the event's pending usage. */
+static void
+cap_done(struct sl_usage_scan *s)
+{
+	json_error_t err;
+	json_t *o;
+
+	s->cap_depth = 0;
+	if (s->ev & AE_CAPFAIL) {
+		s->ev &= (uint8_t)~AE_CAPFAIL;
+		s->a_pf = 0;
+		return;
+	}
+	s->a_pf = 0;
+	if ((o = json_loadb(s->cap, s->cap_len, 0, &err)) != NULL) {
+		s->a_pf = (uint8_t)usage_obj_api((enum sl_api)s->api, o, &s->p_prompt,
+		    &s->p_completion, &s->p_total);
+		json_decref(o);
+	}
+	s->cap_len = 0;
+}
+
+static uint64_t
+sat_add(uint64_t a, uint64_t b)
+{
+	return a + b < a ? UINT64_MAX : a + b;
+}
+
+/* A blank line: the event is complete; commit what it says, start anew. */
+static void
+event_end(struct sl_usage_scan *s)
+{
+	uint8_t tf = type_flags(s);
+	int whole = !(s->ev & AE_BAD) && (s->ev & AE_OBJ) && s->depth == 0 &&
+	    s->lx == J_OUT;
+
+	if (s->a_pend > 0 && (tf & TF_CONTENT))
+		s->content_bytes += s->a_pend;
+	if (whole && s->api == SL_API_RESPONSES) {
+		if ((tf & TF_USAGE) && s->a_pf == (PF_IN | PF_OUT)) {
+			s->prompt = s->p_prompt;
+			s->completion = s->p_completion;
+			s->total = s->p_total;
+			s->have = 1;
+		}
+	} else if (whole) {
+		if ((tf & TF_START) && (s->a_pf & PF_IN)) {
+			s->prompt = s->p_prompt;
+			s->a_have |= AH_PROMPT;
+		}
+		if ((tf & TF_DELTA) && (s->a_pf & PF_OUT)) {
+			s->completion = s->p_completion;
+			s->a_have |= AH_COMPL;
+			if ((s->a_pf & PF_IN) && !(s->a_have & AH_PROMPT)) {
+				s->prompt = s->p_prompt;
+				s->a_have |= AH_PROMPT;
+			}
+		}
+		if (s->a_have == (AH_PROMPT | AH_COMPL)) {
+			s->have = 1;
+			s->total = sat_add(s->prompt, s->completion);
+		}
+	}
+	s->depth = s->cap_depth = 0;
+	s->cap_len = 0;
+	s->lx = J_OUT;
+	s->ev = 0;
+	s->a_pend = 0;
+	s->a_k1 = s->a_k2 = s->a_type = s->a_kind = 0;
+	s->a_pf = 0;
+	s->key = R_NONE;
+	s->cnt = C_NO;
+}
+
+/* A data line ended (at a line end, not the feed's). */
+static void
+data_line_end(struct sl_usage_scan *s)
+{
+	if (s->lx != J_OUT) {
+		/* a string across lines: not JSON */
+		s->ev |= AE_BAD;
+		s->cap_depth = 0;
+	}
+}
+
+/* A string opens after the data's bytes so far: what it is. */
+static inline void
+string_begins(struct sl_usage_scan *s)
+{
+	unsigned d = s->depth;
+
+	s->lx = J_STR;
+	s->cnt = C_NO;
+	s->kmask = 0;
+	s->kpos = 0;
+	if (s->cap_depth)
+		s->key = R_NONE;
+	else if (s->a_kind & AK_KEY) {
+		s->key = R_KEY;
+		s->a_kind &= (uint8_t)~AK_KEY;
+		if (d == 1)
+			s->kmask = s->api == SL_API_RESPONSES ?
+			    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_RESPONSE) :
+			    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_USAGE) | KB(KI_MESSAGE);
+		else if (s->a_k1 == KI_RESPONSE || s->a_k1 == KI_MESSAGE)
+			s->kmask = KB(KI_USAGE);
+		else if (s->a_k1 == KI_DELTA && s->api == SL_API_MESSAGES)
+			s->kmask = KB(KI_TEXT) | KB(KI_THINKING) | KB(KI_PARTIAL_JSON);
+	} else {
+		s->key = R_NONE;
+		if (d == 1 && s->a_k1 == KI_TYPE) {
+			s->key = R_TYPE;
+			s->kmask = (uint8_t)((1u << types_of(s)->n) - 1);
+		} else if (s->api == SL_API_RESPONSES ? d == 1 && s->a_k1 == KI_DELTA :
+		    d == 2 && s->a_k1 == KI_DELTA && (s->a_k2 == KI_TEXT ||
+		    s->a_k2 == KI_THINKING || s->a_k2 == KI_PARTIAL_JSON)) {
+			if (s->a_type == 0)
+				s->cnt = C_PEND;
+			else if (type_flags(s) & TF_CONTENT)
+				s->cnt = C_NOW;
+		}
+	}
+}
+
+/* The closing quote: a key sets the member's key, a type the event's. */
+static inline void
+string_ends(struct sl_usage_scan *s)
+{
+	s->lx = J_OUT;
+	if (s->key == R_KEY) {
+		unsigned id = s->kmask ? match_end(s, key_lens) : 0;
+
+		if (s->depth == 1)
+			s->a_k1 = (uint8_t)id;
+		else
+			s->a_k2 = (uint8_t)id;
+	} else if (s->key == R_TYPE) {
+		unsigned id = s->kmask ? match_end(s, types_of(s)->len) : 0;
+
+		s->a_type = id ? (uint8_t)id : T_OTHER;
+	}
+	s->key = R_NONE;
+	s->cnt = C_NO;
+}
+
+/* A '{' at the usage object's place? (the brace not yet counted in depth) */
+static inline int
+usage_here(const struct sl_usage_scan *s)
+{
+	if (s->depth == 2)
+		return s->a_k2 == KI_USAGE && (s->a_k1 == KI_RESPONSE ||
+		    (s->a_k1 == KI_MESSAGE && s->api == SL_API_MESSAGES));
+	return s->depth == 1 && s->a_k1 == KI_USAGE && s->api == SL_API_MESSAGES;
+}
+
+/*
+ * The bytes of a data line, p[0..e) (e: the feed's end or the line's):
+ * returns where it stopped (e, or a line end byte). *cs: where the copy of
+ * a usage object resumes in this feed (NULL: none).
+ */
+static const char *
+lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
+{
+	const char *q;
+	char c;
+
+	while (p < e) {
+		switch (s->lx) {
+		case J_OUT:
+			while (p < e && !tok_stop[(unsigned char)*p])
+				p++;
+			if (p == e)
+				return p;
+			c = *p;
+			switch (c) {
+			case '"':
+				string_begins(s);
+				break;
+			case '{':
+			case '[':
+				if (c == '{' && s->cap_depth == 0 && usage_here(s)) {
+					s->cap_depth = (uint16_t)(s->depth + 1);
+					s->cap_len = 0;
+					s->ev &= (uint8_t)~AE_CAPFAIL;
+					*cs = p;
+				}
+				if (s->depth == UINT16_MAX) {
+					s->ev |= AE_BAD;
+					return p;
+				}
+				s->depth++;
+				if (s->depth == 1) {
+					s->ev |= AE_OBJ;
+					s->a_k1 = 0;
+					s->a_kind = c == '{' ? AK_OBJ1 | AK_KEY : 0;
+					if (c != '{')
+						s->ev |= AE_BAD;   /* not an object: no usage */
+				} else if (s->depth == 2) {
+					s->a_k2 = 0;
+					s->a_kind = (uint8_t)((s->a_kind & AK_OBJ1) |
+					    (c == '{' ? AK_OBJ2 | AK_KEY : 0));
+				} else
+					s->a_kind &= (uint8_t)~AK_KEY;
+				break;
+			case '}':
+			case ']':
+				if (s->depth == 0) {
+					s->ev |= AE_BAD;
+					break;
+				}
+				if (s->cap_depth == s->depth && *cs != NULL) {
+					cap_add(s, *cs, (size_t)(p + 1 - *cs));
+					*cs = NULL;
+					cap_done(s);
+				}
+				s->depth--;
+				s->a_kind &= (uint8_t)~AK_KEY;
+				break;
+			case ',':
+				if ((s->depth == 1 && (s->a_kind & AK_OBJ1)) ||
+				    (s->depth == 2 && (s->a_kind & AK_OBJ2)))
+					s->a_kind |= AK_KEY;
+				break;
+			default:            /* \r \n: the line ends */
+				return p;
+			}
+			p++;
+			break;
+		case J_STR:
+			q = str_end(p, e);
+			if (s->kmask)
+				match_run(s, p, (size_t)(q - p), s->key == R_TYPE ?
+				    types_of(s)->name : key_names, s->key == R_TYPE ?
+				    types_of(s)->len : key_lens);
+			if (s->cnt == C_NOW)
+				s->content_bytes += (uint64_t)(q - p);
+			else if (s->cnt == C_PEND) {
+				uint64_t t = (uint64_t)s->a_pend + (uint64_t)(q - p);
+
+				s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+			}
+			if ((p = q) == e)
+				return p;
+			c = *p;
+			if (c == '"')
+				string_ends(s);
+			else if (c == '\\') {
+				/* an escape counts one byte */
+				if (s->cnt == C_NOW)
+					s->content_bytes++;
+				else if (s->cnt == C_PEND && s->a_pend < UINT32_MAX)
+					s->a_pend++;
+				s->kmask = 0;
+				s->lx = J_ESC;
+			} else
+				return p;           /* the line ends */
+			p++;
+			break;
+		case J_ESC:
+			c = *p;
+			if (c == '\n' || c == '\r')
+				return p;
+			s->lx = c == 'u' ? J_U : J_STR;
+			s->ux = 4;
+			p++;
+			break;
+		default:                    /* J_U */
+			c = *p;
+			if (c == '\n' || c == '\r')
+				return p;
+			if (--s->ux == 0)
+				s->lx = J_STR;
+			p++;
+			break;
+		}
+	}
+	return p;
+}
+
+size_t
+usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
+    struct sl_usage_out *out)
+{
+	const char *p = in, *e = in + len, *cs = NULL;
+	char c;
+
+	out->held = NULL;
+	out->held_len = 0;
+	out->n = 1;
+	out->range[0].off = 0;
+	out->range[0].len = len;
+	if (s->cap_depth && s->line == A_DATA)
+		cs = p;
+	while (p < e) {
+		switch (s->line) {
+		case A_BOL:
+			c = *p++;
+			if (s->cr) {
+				s->cr = 0;
+				if (c == '\n')
+					break;
+			}
+			if (c == '\n' || c == '\r') {
+				s->cr = c == '\r';
+				event_end(s);
+			} else if (c == 'd') {
+				s->line = A_FIELD;
+				s->field = 1;
+			} else
+				s->line = A_SKIP;
+			break;
+		case A_FIELD:
+			c = *p;
+			if (s->field < 4 && c == "data"[s->field]) {
+				s->field++;
+				p++;
+			} else if (s->field == 4 && c == ':') {
+				p++;
+				s->line = (s->ev & AE_BAD) ? A_SKIP : A_DATA;
+				if (s->cap_depth)
+					cs = p;
+			} else if (s->field == 4 && (c == '\n' || c == '\r')) {
+				s->line = A_BOL;   /* "data": an empty data line */
+				s->cr = c == '\r';
+				p++;
+			} else
+				s->line = A_SKIP;
+			break;
+		case A_DATA:
+			p = lex(s, p, e, &cs);
+			if (p == e)
+				break;
+			/* the line ends: a newline joins it to the next data line */
+			if (cs != NULL) {
+				cap_add(s, cs, (size_t)(p - cs));
+				cap_add(s, "\n", 1);
+				cs = NULL;
+			}
+			data_line_end(s);
+			s->cr = *p == '\r';
+			s->line = A_BOL;
+			p++;
+			break;
+		default:                    /* A_SKIP */
+			p = line_end(p, e);
+			if (p == e)
+				break;
+			s->cr = *p == '\r';
+			s->line = A_BOL;
+			p++;
+			break;
+		}
+	}
+	if (cs != NULL && s->cap_depth)
+		cap_add(s, cs, (size_t)(p - cs));
+	return len;
+}
+
+void
+usage_api_finish(struct sl_usage_scan *s, struct sl_usage_out *out)
+{
+	memset(out, 0, sizeof(*out));
+	/* an event not ended by a blank line does not count its usage */
+	s->line = A_SKIP;
+	s->cap_depth = 0;
+}
