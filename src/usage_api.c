@@ -29,6 +29,7 @@
 
 #include <jansson.h>
 
+#include "sl_json.h"
 #include "sl_usage.h"
 #include "usage_lexer.h"
 
@@ -41,7 +42,7 @@ enum { R_NONE, R_KEY, R_TYPE };
 /* cnt: where the current string's bytes are counted */
 enum { C_NO, C_NOW, C_PEND };
 /* ev */
-enum { AE_BAD = 1, AE_CAPFAIL = 2, AE_OBJ = 4 };
+enum { AE_BAD = 1, AE_CAPFAIL = 2, AE_OBJ = 4, AE_SKIP = 8 };
 /* a_kind: depth 1 and 2 are objects; a key is expected next */
 enum { AK_OBJ1 = 1, AK_OBJ2 = 2, AK_KEY = 4 };
 /* a_pf: the usage parsed in this event */
@@ -139,12 +140,22 @@ str_end(const char *p, const char *e)
 static inline const char *
 line_end(const char *p, const char *e)
 {
-	const char *q = memchr(p, '\n', (size_t)(e - p)), *r;
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	const __m128i n = _mm_set1_epi8('\n'), r = _mm_set1_epi8('\r');
 
-	if (q == NULL)
-		q = e;
-	r = memchr(p, '\r', (size_t)(q - p));
-	return r != NULL ? r : q;
+	while (e - p >= 16) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+		unsigned m = (unsigned)_mm_movemask_epi8(_mm_or_si128(
+		    _mm_cmpeq_epi8(v, n), _mm_cmpeq_epi8(v, r)));
+
+		if (m != 0)
+			return p + __builtin_ctz(m);
+		p += 16;
+	}
+#endif
+	while (p < e && *p != '\n' && *p != '\r')
+		p++;
+	return p;
 }
 
 /* Narrow the candidates of kmask by the bytes p[0..n) at kpos. */
@@ -180,80 +191,280 @@ match_end(const struct sl_usage_scan *s, const uint8_t *lens)
 	return 0;
 }
 
+/* The id of key k[0..n) if it is one of mask's, else 0. */
+static inline unsigned
+key_whole(const char *k, size_t n, unsigned mask)
+{
+	unsigned id;
+
+	switch (n) {
+	case 4:
+		id = memcmp(k, "type", 4) == 0 ? KI_TYPE :
+		    memcmp(k, "text", 4) == 0 ? KI_TEXT : 0;
+		break;
+	case 5:
+		id = memcmp(k, "delta", 5) == 0 ? KI_DELTA :
+		    memcmp(k, "usage", 5) == 0 ? KI_USAGE : 0;
+		break;
+	case 7:
+		id = memcmp(k, "message", 7) == 0 ? KI_MESSAGE : 0;
+		break;
+	case 8:
+		id = memcmp(k, "response", 8) == 0 ? KI_RESPONSE :
+		    memcmp(k, "thinking", 8) == 0 ? KI_THINKING : 0;
+		break;
+	case 12:
+		id = memcmp(k, "partial_json", 12) == 0 ? KI_PARTIAL_JSON : 0;
+		break;
+	default:
+		return 0;
+	}
+	return id != 0 && (mask & KB(id)) ? id : 0;
+}
+
+/* The type id of v[0..n), or T_OTHER. */
+static inline unsigned
+type_whole(const struct types *t, const char *v, size_t n)
+{
+	unsigned i;
+
+	for (i = 0; i < t->n; i++)
+		if (t->len[i] == n && memcmp(t->name[i], v, n) == 0)
+			return i + 1;
+	return T_OTHER;
+}
+
 /* ---- the usage object ---------------------------------------------------- */
 
-/* A count of o[name]: 1 with *v when a non-negative integer, 0 absent or null, -1 else. */
-static int
-count_of(const json_t *o, const char *name, uint64_t *v)
-{
-	const json_t *x = json_object_get(o, name);
+/*
+ * The counts a usage object of any of these APIs may carry, each read as
+ * a count: r 1 with v when a non-negative integer (over
+ * SL_USAGE_MAX_TOKENS: SL_USAGE_MAX_TOKENS + 1, so sums cannot wrap), 0
+ * absent or null, -1 anything else.
+ */
+enum { UC_IN, UC_OUT, UC_TOTAL, UC_CC, UC_CR, UC_PROMPT, UC_N };
+static const char *const uc_names[UC_N] = {
+	"input_tokens", "output_tokens", "total_tokens", "cache_creation_input_tokens",
+	"cache_read_input_tokens", "prompt_tokens"
+};
+struct ucounts {
+	int r[UC_N];
+	uint64_t v[UC_N];
+};
 
-	*v = 0;
-	if (x == NULL || json_is_null(x))
-		return 0;
-	if (!json_is_integer(x) || json_integer_value(x) < 0)
-		return -1;
-	*v = (uint64_t)json_integer_value(x);
-	if (*v > SL_USAGE_MAX_TOKENS)
-		*v = SL_USAGE_MAX_TOKENS + 1;   /* not believed; sums cannot wrap */
-	return 1;
+/* The counts of a usage object parsed by jansson. */
+static void
+counts_json(const json_t *o, struct ucounts *c)
+{
+	int k;
+
+	for (k = 0; k < UC_N; k++) {
+		const json_t *x = json_object_get(o, uc_names[k]);
+
+		c->v[k] = 0;
+		if (x == NULL || json_is_null(x))
+			c->r[k] = 0;
+		else if (!json_is_integer(x) || json_integer_value(x) < 0)
+			c->r[k] = -1;
+		else {
+			c->r[k] = 1;
+			c->v[k] = (uint64_t)json_integer_value(x);
+			if (c->v[k] > SL_USAGE_MAX_TOKENS)
+				c->v[k] = SL_USAGE_MAX_TOKENS + 1;
+		}
+	}
 }
 
 /*
- * A usage object of api read: *prompt (with *pf PF_IN) and *completion
+ * The counts of a usage object as runners send it, without jansson (as
+ * usage.c's usage_fast reads chat's): an object of plain ASCII keys (no
+ * escapes) whose values are integers of at most 18 digits, null, true,
+ * false, or objects of such members one level down (*_tokens_details).
+ * The last of a duplicate key wins, as in jansson. 1 when read, -1 for
+ * anything else (jansson then decides).
+ */
+static int
+counts_fast(const char *p, size_t len, struct ucounts *c)
+{
+	const char *e = p + len, *ks, *ds;
+	int level = 0, t, k, i;
+	uint64_t x = 0;
+	size_t kl;
+
+	for (i = 0; i < UC_N; i++) {
+		c->r[i] = 0;
+		c->v[i] = 0;
+	}
+#define CF_WS(q) while ((q) < e && JSON_WS(*(q))) (q)++
+	CF_WS(p);
+	if (p == e || *p != '{')
+		return -1;
+	p++;
+	CF_WS(p);
+	if (p < e && *p == '}') {
+		p++;
+		goto closed;
+	}
+	for (;;) {
+		if (p == e || *p != '"')
+			return -1;
+		ks = ++p;
+		while (p < e && *p != '"') {
+			if (*p == '\\' || (unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+				return -1;
+			p++;
+		}
+		if (p == e)
+			return -1;
+		kl = (size_t)(p - ks);
+		p++;
+		CF_WS(p);
+		if (p == e || *p != ':')
+			return -1;
+		p++;
+		CF_WS(p);
+		if (p == e)
+			return -1;
+		k = -1;
+		if (level == 0)
+			for (i = 0; i < UC_N; i++)
+				if (strlen(uc_names[i]) == kl && memcmp(ks, uc_names[i], kl) == 0)
+					k = i;
+		if (*p >= '0' && *p <= '9') {
+			ds = p;
+			for (x = 0; p < e && *p >= '0' && *p <= '9'; p++) {
+				if (p - ds == 18)
+					return -1;
+				x = x * 10 + (uint64_t)(*p - '0');
+			}
+			if ((*ds == '0' && p - ds > 1) ||
+			    (p < e && (*p == '.' || *p == 'e' || *p == 'E')))
+				return -1;
+			t = 1;
+		} else if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
+			p += 4;
+			t = 0;
+		} else if (e - p >= 4 && memcmp(p, "true", 4) == 0) {
+			p += 4;
+			t = -1;
+		} else if (e - p >= 5 && memcmp(p, "false", 5) == 0) {
+			p += 5;
+			t = -1;
+		} else if (*p == '{' && level == 0) {
+			p++;
+			CF_WS(p);
+			if (k >= 0) {
+				c->r[k] = -1;
+				c->v[k] = 0;
+				k = -1;
+			}
+			if (p < e && *p == '}') {
+				p++;
+				t = -1;
+			} else {
+				level = 1;
+				continue;
+			}
+		} else
+			return -1;
+		if (k >= 0) {
+			c->r[k] = t;
+			c->v[k] = t == 1 ? (x > SL_USAGE_MAX_TOKENS ?
+			    SL_USAGE_MAX_TOKENS + 1 : x) : 0;
+		}
+		CF_WS(p);
+		if (p < e && *p == ',') {
+			p++;
+			CF_WS(p);
+			continue;
+		}
+		if (p == e || *p != '}')
+			return -1;
+		p++;
+		if (level == 1) {
+			level = 0;
+			CF_WS(p);
+			if (p < e && *p == ',') {
+				p++;
+				CF_WS(p);
+				continue;
+			}
+			if (p == e || *p != '}')
+				return -1;
+			p++;
+		}
+		break;
+	}
+closed:
+	CF_WS(p);
+#undef CF_WS
+	return p == e ? 1 : -1;
+}
+
+/*
+ * The counts of api's usage object: *prompt (with PF_IN) and *completion
  * (PF_OUT) as sl_usage.h says for the api, *total as reported or their sum.
  */
 static unsigned
-usage_obj_api(enum sl_api api, const json_t *o, uint64_t *prompt,
+usage_counts(enum sl_api api, const struct ucounts *c, uint64_t *prompt,
     uint64_t *completion, uint64_t *total)
 {
-	uint64_t in, out, cc, cr, t;
-	int ri, ro, rt;
+	const int *r = c->r;
+	const uint64_t *v = c->v;
 	unsigned pf = 0;
+	uint64_t in = 0, out = 0;
+	int rt = 0;
 
 	*prompt = *completion = *total = 0;
-	if (!json_is_object(o))
-		return 0;
 	switch (api) {
 	case SL_API_RESPONSES:
-		ri = count_of(o, "input_tokens", &in);
-		ro = count_of(o, "output_tokens", &out);
-		rt = count_of(o, "total_tokens", &t);
-		if (ri != 1 || ro != 1 || rt < 0)
+		if (r[UC_IN] != 1 || r[UC_OUT] != 1 || r[UC_TOTAL] < 0)
 			return 0;
+		in = v[UC_IN];
+		out = v[UC_OUT];
+		rt = r[UC_TOTAL];
 		pf = PF_IN | PF_OUT;
 		break;
 	case SL_API_MESSAGES:
-		ri = count_of(o, "input_tokens", &in);
-		ro = count_of(o, "output_tokens", &out);
-		if (count_of(o, "cache_creation_input_tokens", &cc) < 0 ||
-		    count_of(o, "cache_read_input_tokens", &cr) < 0)
-			ri = -1;
-		if (ri == 1) {
-			pf |= PF_IN;
-			in += cc + cr;
+		if (r[UC_IN] == 1 && r[UC_CC] >= 0 && r[UC_CR] >= 0) {
+			in = v[UC_IN] + v[UC_CC] + v[UC_CR];
 			if (in > SL_USAGE_MAX_TOKENS)
 				in = SL_USAGE_MAX_TOKENS + 1;
+			pf |= PF_IN;
 		}
-		if (ro == 1)
+		if (r[UC_OUT] == 1) {
+			out = v[UC_OUT];
 			pf |= PF_OUT;
-		rt = 0;
+		}
 		break;
 	case SL_API_EMBEDDINGS:
-		ri = count_of(o, "prompt_tokens", &in);
-		rt = count_of(o, "total_tokens", &t);
-		if (ri != 1 || rt < 0)
+		if (r[UC_PROMPT] != 1 || r[UC_TOTAL] < 0)
 			return 0;
-		out = 0;
+		in = v[UC_PROMPT];
+		rt = r[UC_TOTAL];
 		pf = PF_IN | PF_OUT;
 		break;
 	default:
 		return 0;
 	}
-	*prompt = (pf & PF_IN) ? in : 0;
-	*completion = (pf & PF_OUT) ? out : 0;
-	*total = rt == 1 ? t : *prompt + *completion;
+	*prompt = in;
+	*completion = out;
+	*total = rt == 1 ? v[UC_TOTAL] : in + out;
 	return pf;
+}
+
+/* The same from a jansson value (not an object: nothing). */
+static unsigned
+usage_obj_api(enum sl_api api, const json_t *o, uint64_t *prompt,
+    uint64_t *completion, uint64_t *total)
+{
+	struct ucounts c;
+
+	*prompt = *completion = *total = 0;
+	if (!json_is_object(o))
+		return 0;
+	counts_json(o, &c);
+	return usage_counts(api, &c, prompt, completion, total);
 }
 
 int
@@ -389,6 +600,7 @@ cap_add(struct sl_usage_scan *s, const char *p, size_t n)
 static void
 cap_done(struct sl_usage_scan *s)
 {
+	struct ucounts c;
 	json_error_t err;
 	json_t *o;
 
@@ -399,7 +611,10 @@ cap_done(struct sl_usage_scan *s)
 		return;
 	}
 	s->a_pf = 0;
-	if ((o = json_loadb(s->cap, s->cap_len, 0, &err)) != NULL) {
+	if (counts_fast(s->cap, s->cap_len, &c) == 1)
+		s->a_pf = (uint8_t)usage_counts((enum sl_api)s->api, &c, &s->p_prompt,
+		    &s->p_completion, &s->p_total);
+	else if ((o = json_loadb(s->cap, s->cap_len, 0, &err)) != NULL) {
 		s->a_pf = (uint8_t)usage_obj_api((enum sl_api)s->api, o, &s->p_prompt,
 		    &s->p_completion, &s->p_total);
 		json_decref(o);
@@ -509,6 +724,40 @@ string_begins(struct sl_usage_scan *s)
 	}
 }
 
+/* A type not of interest: the rest of the event is skipped unread. */
+static inline void
+type_set(struct sl_usage_scan *s, unsigned id)
+{
+	s->a_type = (uint8_t)id;
+	if (id == T_OTHER)
+		s->ev |= AE_SKIP;
+}
+
+/* A string whole in the feed, v[0..n) between its quotes, no escape. */
+static inline void
+string_whole(struct sl_usage_scan *s, const char *v, size_t n)
+{
+	s->lx = J_OUT;
+	if (s->key == R_KEY) {
+		unsigned id = s->kmask ? key_whole(v, n, s->kmask) : 0;
+
+		if (s->depth == 1)
+			s->a_k1 = (uint8_t)id;
+		else
+			s->a_k2 = (uint8_t)id;
+	} else if (s->key == R_TYPE)
+		type_set(s, type_whole(types_of(s), v, n));
+	else if (s->cnt == C_NOW)
+		s->content_bytes += n;
+	else if (s->cnt == C_PEND) {
+		uint64_t t = (uint64_t)s->a_pend + n;
+
+		s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+	}
+	s->key = R_NONE;
+	s->cnt = C_NO;
+}
+
 /* The closing quote: a key sets the member's key, a type the event's. */
 static inline void
 string_ends(struct sl_usage_scan *s)
@@ -524,7 +773,7 @@ string_ends(struct sl_usage_scan *s)
 	} else if (s->key == R_TYPE) {
 		unsigned id = s->kmask ? match_end(s, types_of(s)->len) : 0;
 
-		s->a_type = id ? (uint8_t)id : T_OTHER;
+		type_set(s, id ? id : T_OTHER);
 	}
 	s->key = R_NONE;
 	s->cnt = C_NO;
@@ -562,6 +811,15 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 			switch (c) {
 			case '"':
 				string_begins(s);
+				q = str_end(p + 1, e);
+				if (q < e && *q == '"') {
+					/* the usual string: whole in this feed */
+					string_whole(s, p + 1, (size_t)(q - p - 1));
+					p = q + 1;
+					if (s->ev & AE_SKIP)
+						return p;
+					continue;
+				}
 				break;
 			case '{':
 			case '[':
@@ -629,9 +887,11 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 			if ((p = q) == e)
 				return p;
 			c = *p;
-			if (c == '"')
+			if (c == '"') {
 				string_ends(s);
-			else if (c == '\\') {
+				if (s->ev & AE_SKIP)
+					return p + 1;
+			} else if (c == '\\') {
 				/* an escape counts one byte */
 				if (s->cnt == C_NOW)
 					s->content_bytes++;
@@ -693,6 +953,13 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			} else if (c == 'd') {
 				s->line = A_FIELD;
 				s->field = 1;
+				if (e - p >= 4 && memcmp(p, "ata:", 4) == 0) {
+					/* the usual data line, whole in this feed */
+					p += 4;
+					s->line = (s->ev & (AE_BAD | AE_SKIP)) ? A_SKIP : A_DATA;
+					if (s->cap_depth)
+						cs = p;
+				}
 			} else
 				s->line = A_SKIP;
 			break;
@@ -703,7 +970,7 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 				p++;
 			} else if (s->field == 4 && c == ':') {
 				p++;
-				s->line = (s->ev & AE_BAD) ? A_SKIP : A_DATA;
+				s->line = (s->ev & (AE_BAD | AE_SKIP)) ? A_SKIP : A_DATA;
 				if (s->cap_depth)
 					cs = p;
 			} else if (s->field == 4 && (c == '\n' || c == '\r')) {
@@ -715,6 +982,13 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			break;
 		case A_DATA:
 			p = lex(s, p, e, &cs);
+			if (s->ev & AE_SKIP) {
+				/* not an event of interest: to its end unread */
+				s->line = A_SKIP;
+				s->cap_depth = 0;
+				cs = NULL;
+				break;
+			}
 			if (p == e)
 				break;
 			/* the line ends: a newline joins it to the next data line */
