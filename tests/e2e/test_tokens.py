@@ -1089,9 +1089,15 @@ def test_tokens_a_utf16_body_is_refused_where_prefix_affinity_reads_it_and_relay
             r = _raw_post(gw, wide, COMPL)
             assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
             assert len(up.requests) == 1 and up.requests[0].endswith(b"\r\n\r\n" + wide)
-        # a path sluice does not count is relayed untouched too
+        # a path sluice does not count is relayed untouched too (count_tokens
+        # is relayed, not charged); every metered API's path refuses it
         cfg = _config(None, upstreams={"main": {"url": up.url}})
         with Gateway(cfg) as gw:
-            r = _raw_post(gw, wide, "/v1/embeddings")
+            r = _raw_post(gw, wide, "/v1/messages/count_tokens")
             assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
             assert len(up.requests) == 2 and up.requests[1].endswith(b"\r\n\r\n" + wide)
+            for path in ("/v1/embeddings", "/v1/responses", "/v1/messages"):
+                r = _raw_post(gw, wide, path)
+                doc_ = assert_error(r, 400, "bad_request", read=False)
+                assert doc_["error"]["message"] == "request body must be UTF-8 JSON", doc_
+            assert len(up.requests) == 2
