@@ -261,7 +261,7 @@ struct sl_usage_scan {
 	uint8_t capt;                /* a usage object's copy began (event templates) */
 	uint8_t keep;                /* sl_usage_scan_keep() */
 	uint8_t api;                 /* sl_usage_scan_init_api(): 0 chat's scanner */
-	uint8_t a_pf, a_have, a_spare;   /* responses, messages (usage_api.c) */
+	uint8_t a_pf, a_have, a_capd;   /* responses, messages (usage_api.c) */
 	struct sl_usage_tpl *tpl;    /* the kept event template, if any */
 	uint64_t p_prompt, p_completion, p_total;   /* parsed, not yet committed */
 };

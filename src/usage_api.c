@@ -45,8 +45,13 @@ enum { C_NO, C_NOW, C_PEND };
 enum { AE_BAD = 1, AE_CAPFAIL = 2, AE_OBJ = 4, AE_SKIP = 8 };
 /* a_kind: depth 1 and 2 are objects; a key is expected next */
 enum { AK_OBJ1 = 1, AK_OBJ2 = 2, AK_KEY = 4 };
-/* a_pf: the usage parsed in this event */
-enum { PF_IN = 1, PF_OUT = 2 };
+/*
+ * a_pf: the usage parsed in this event: PF_IN, PF_OUT from the usage object
+ * (p_prompt, p_completion, p_total), for messages from the top-level one
+ * (message_delta's); PF_IN2 from messages' message.usage (message_start's;
+ * its prompt in p_total). a_capd: the depth of the object being copied.
+ */
+enum { PF_IN = 1, PF_OUT = 2, PF_IN2 = 4 };
 /* a_have: what the stream's usage has (messages comes in two events) */
 enum { AH_PROMPT = 1, AH_COMPL = 2 };
 
@@ -603,23 +608,37 @@ cap_done(struct sl_usage_scan *s)
 	struct ucounts c;
 	json_error_t err;
 	json_t *o;
+	uint64_t pr = 0, co = 0, to = 0;
+	unsigned pf;
 
 	s->cap_depth = 0;
 	if (s->ev & AE_CAPFAIL) {
+		/* too big to be a usage object: as one that does not read */
 		s->ev &= (uint8_t)~AE_CAPFAIL;
-		s->a_pf = 0;
+		s->cap_len = 0;
+		s->a_pf &= s->api == SL_API_MESSAGES && s->a_capd == 2 ?
+		    (uint8_t)~PF_IN2 : (uint8_t)PF_IN2;
 		return;
 	}
-	s->a_pf = 0;
+	pf = 0;
 	if (counts_fast(s->cap, s->cap_len, &c) == 1)
-		s->a_pf = (uint8_t)usage_counts((enum sl_api)s->api, &c, &s->p_prompt,
-		    &s->p_completion, &s->p_total);
+		pf = usage_counts((enum sl_api)s->api, &c, &pr, &co, &to);
 	else if ((o = json_loadb(s->cap, s->cap_len, 0, &err)) != NULL) {
-		s->a_pf = (uint8_t)usage_obj_api((enum sl_api)s->api, o, &s->p_prompt,
-		    &s->p_completion, &s->p_total);
+		pf = usage_obj_api((enum sl_api)s->api, o, &pr, &co, &to);
 		json_decref(o);
 	}
 	s->cap_len = 0;
+	if (s->api == SL_API_MESSAGES && s->a_capd == 2) {
+		/* message_start's message.usage: its prompt only */
+		s->a_pf = (uint8_t)((s->a_pf & (PF_IN | PF_OUT)) | (pf & PF_IN ? PF_IN2 : 0));
+		s->p_total = pr;
+		return;
+	}
+	s->a_pf = (uint8_t)((s->a_pf & PF_IN2) | pf);
+	s->p_prompt = pr;
+	s->p_completion = co;
+	if (s->api == SL_API_RESPONSES)
+		s->p_total = to;
 }
 
 static uint64_t
@@ -646,8 +665,8 @@ event_end(struct sl_usage_scan *s)
 			s->have = 1;
 		}
 	} else if (whole) {
-		if ((tf & TF_START) && (s->a_pf & PF_IN)) {
-			s->prompt = s->p_prompt;
+		if ((tf & TF_START) && (s->a_pf & PF_IN2)) {
+			s->prompt = s->p_total;
 			s->a_have |= AH_PROMPT;
 		}
 		if ((tf & TF_DELTA) && (s->a_pf & PF_OUT)) {
@@ -825,6 +844,7 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 			case '[':
 				if (c == '{' && s->cap_depth == 0 && usage_here(s)) {
 					s->cap_depth = (uint16_t)(s->depth + 1);
+					s->a_capd = (uint8_t)s->depth;
 					s->cap_len = 0;
 					s->ev &= (uint8_t)~AE_CAPFAIL;
 					*cs = p;

@@ -1816,6 +1816,12 @@ test_api_messages_usage_at_every_split(void **state)
 	a = cat2(M_START("{\"input_tokens\":25,\"cache_read_input_tokens\":-1}"), M_DELTA("3"));
 	check_api(SL_API_MESSAGES, a, 0, 0, 0, 0);
 	free(a);
+	/* each event's own usage: message_start's top-level usage and
+	 * message_delta's message.usage are not read */
+	check_api(SL_API_MESSAGES, "data: {\"type\":\"message_start\",\"message\":{\"usage\":"
+	    "{\"input_tokens\":5}},\"usage\":{\"input_tokens\":9,\"output_tokens\":8}}\n\n"
+	    "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":3},\"message\":"
+	    "{\"usage\":{\"input_tokens\":7,\"output_tokens\":6}}}\n\n", 1, 5, 3, 0);
 	/* usage inside the delta or a content block is not the message's */
 	check_api(SL_API_MESSAGES, "data: {\"type\":\"message_start\",\"message\":{\"content\":"
 	    "[{\"usage\":{\"input_tokens\":1}}]}}\n\n" M_DELTA("3"), 0, 0, 0, 0);
