@@ -22,6 +22,14 @@
  *     other chunk once asked (vLLM, OpenAI), forwarding every other byte
  *     unchanged.
  *
+ * The other metered APIs (sl_api.h) have their own entry points beside
+ * these: sl_usage_request_api() (Responses, Messages, embeddings request
+ * bodies: never edited), sl_usage_from_json_api() and
+ * sl_usage_json_content_api() (their non-streamed answers), and
+ * sl_usage_scan_init_api(), which gives a Responses or Messages event
+ * stream a lexer of its own (usage_api.c) behind the same feed, finish and
+ * result calls; nothing is held or removed from those streams.
+ *
  * JSON dialect. Request bodies are read as a Python runner's json.loads
  * reads them (sl_json.h), their "stream" and "include_usage" as its
  * pydantic reads a bool (sl_usage_json_bool()); the usage object is parsed
