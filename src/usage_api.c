@@ -850,8 +850,9 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 					*cs = p;
 				}
 				if (s->depth == UINT16_MAX) {
-					s->ev |= AE_BAD;
-					return p;
+					/* no usage this deep: the rest of the event unread */
+					s->ev |= AE_BAD | AE_SKIP;
+					return p + 1;
 				}
 				s->depth++;
 				if (s->depth == 1) {

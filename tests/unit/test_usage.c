@@ -1678,6 +1678,24 @@ test_api_responses_cut_or_odd_streams(void **state)
 	    "{\"input_tokens\":3,\"output_tokens\":4}}}\n\n"
 	    "data: {\"type\":\"response.completed\",\"response\":{\"us\\u0061ge\":"
 	    "{\"input_tokens\":5,\"output_tokens\":6}}}\n\n", 1, 3, 4, 0);
+	/* nesting past the depth counter: that event is not read, the next one is */
+	{
+		static const char head[] = "data: {\"type\":\"response.completed\",\"x\":";
+		static const char tail[] = "\n\ndata: {\"type\":\"response.completed\","
+		    "\"response\":{\"usage\":{\"input_tokens\":1,\"output_tokens\":2}}}\n\n";
+		size_t deep = 70000, hl = sizeof(head) - 1, tl = sizeof(tail) - 1;
+		char *d = malloc(hl + deep + tl + 1);
+
+		assert_non_null(d);
+		memcpy(d, head, hl);
+		memset(d + hl, '[', deep);
+		memcpy(d + hl + deep, tail, tl + 1);
+		api_run(SL_API_RESPONSES, d, hl + deep + tl, hl + deep / 2, 0, &u, &cb);
+		assert_int_equal(u.have, 1);
+		assert_int_equal(u.prompt_tokens, 1);
+		assert_int_equal(u.completion_tokens, 2);
+		free(d);
+	}
 	/* a usage deeper down (an output item's) is not the response's */
 	check_api(SL_API_RESPONSES,
 	    "data: {\"type\":\"response.completed\",\"response\":{\"output\":[{\"usage\":"
