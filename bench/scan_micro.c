@@ -20,6 +20,11 @@
  * new scanner told to keep its event template across reads
  * (sl_usage_scan_keep), as the relay does for a stream whose events come
  * close together.
+ *
+ * Then the same answer (its chunks of content, its usage) as a chat, an
+ * OpenAI Responses API and an Anthropic Messages API stream, each through
+ * its own scanner (sl_usage_scan_init_api), the three timed in turns:
+ * ns/B, ns per stream (per request), and per stream against chat.
  */
 #include "config.h"
 
@@ -86,15 +91,155 @@ make_stream(int with_null, size_t *len)
 	return b;
 }
 
-/* Read sizes "one event", by the offset where each read starts (mark_events). */
-static uint16_t evread[64 * 1024];
+/* The content of chunk i (0: none, as the chat stream's first), as make_stream makes it. */
+static void
+chunk_text(int i, unsigned *seed, char content[256])
+{
+	size_t cl = 0;
+
+	while (cl < 40) {
+		const char *w;
+
+		*seed = *seed * 1103515245u + 12345u;
+		w = words[(*seed >> 16) % (sizeof(words) / sizeof(words[0]))];
+		memcpy(content + cl, w, strlen(w));
+		cl += strlen(w);
+	}
+	content[cl] = '\0';
+	if (i == 0)
+		content[0] = '\0';
+}
+
+#define RESP_OBJ "\"id\":\"resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5eb654\"," \
+	"\"object\":\"response\",\"created_at\":1741290958,\"error\":null," \
+	"\"incomplete_details\":null,\"instructions\":null,\"max_output_tokens\":null," \
+	"\"model\":\"meta-llama/Meta-Llama-3.1-8B-Instruct\",\"parallel_tool_calls\":true," \
+	"\"previous_response_id\":null,\"reasoning\":{\"effort\":null,\"summary\":null}," \
+	"\"store\":false,\"temperature\":1.0,\"text\":{\"format\":{\"type\":\"text\"}}," \
+	"\"tool_choice\":\"auto\",\"tools\":[],\"top_p\":1.0,\"truncation\":\"disabled\"," \
+	"\"user\":null,\"metadata\":{}"
+#define RESP_ITEM "\"item_id\":\"msg_67c9fdcf37fc8190ba82116e33fb28c507b8b0ad4e5eb654\"," \
+	"\"output_index\":0,\"content_index\":0"
+
+/*
+ * The same answer (the chat stream's chunks of content, the same usage)
+ * as a Responses API stream (api SL_API_RESPONSES: what OpenAI sends,
+ * created to completed, the full text again in the done events and the
+ * completed one) or a Messages API stream (SL_API_MESSAGES: Anthropic's).
+ */
+static char *
+make_api_stream(enum sl_api api, size_t *len)
+{
+	size_t cap = 64 * 1024, n = 0, k, tl = 0;
+	char *b = malloc(cap), content[256], text[64 * 256];
+	unsigned seed = 7;
+	int i;
+
+	if (b == NULL)
+		abort();
+	if (api == SL_API_RESPONSES) {
+		for (i = 0; i < 2; i++)
+			n += (size_t)snprintf(b + n, cap - n,
+			    "event: response.%s\ndata: {\"type\":\"response.%s\","
+			    "\"sequence_number\":%d,\"response\":{" RESP_OBJ ",\"status\":"
+			    "\"in_progress\",\"output\":[],\"usage\":null}}\n\n",
+			    i ? "in_progress" : "created", i ? "in_progress" : "created", i);
+		n += (size_t)snprintf(b + n, cap - n,
+		    "event: response.output_item.added\ndata: {\"type\":"
+		    "\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0,"
+		    "\"item\":{\"id\":\"msg_67c9fdcf37fc8190ba82116e33fb28c507b8b0ad4e5eb654\","
+		    "\"type\":\"message\",\"status\":\"in_progress\",\"content\":[],"
+		    "\"role\":\"assistant\"}}\n\n"
+		    "event: response.content_part.added\ndata: {\"type\":"
+		    "\"response.content_part.added\",\"sequence_number\":3," RESP_ITEM
+		    ",\"part\":{\"type\":\"output_text\",\"annotations\":[],\"logprobs\":[],"
+		    "\"text\":\"\"}}\n\n");
+	} else {
+		n += (size_t)snprintf(b + n, cap - n,
+		    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":"
+		    "{\"id\":\"msg_01XFDUDYJgAACzvnptvVoYEL\",\"type\":\"message\","
+		    "\"role\":\"assistant\",\"model\":\"meta-llama/Meta-Llama-3.1-8B-Instruct\","
+		    "\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":"
+		    "{\"input_tokens\":27,\"cache_creation_input_tokens\":0,"
+		    "\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n"
+		    "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+		    "\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+		    "event: ping\ndata: {\"type\": \"ping\"}\n\n");
+	}
+	for (i = 0; i < NEVENTS; i++) {
+		chunk_text(i, &seed, content);
+		if (i == 0)
+			continue;
+		memcpy(text + tl, content, strlen(content));
+		tl += strlen(content);
+		if (api == SL_API_RESPONSES)
+			n += (size_t)snprintf(b + n, cap - n,
+			    "event: response.output_text.delta\ndata: {\"type\":"
+			    "\"response.output_text.delta\",\"sequence_number\":%d," RESP_ITEM
+			    ",\"delta\":\"%s\",\"logprobs\":[]}\n\n", i + 3, content);
+		else
+			n += (size_t)snprintf(b + n, cap - n,
+			    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+			    "\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"%s\"}}\n\n",
+			    content);
+	}
+	text[tl] = '\0';
+	if (api == SL_API_RESPONSES)
+		n += (size_t)snprintf(b + n, cap - n,
+		    "event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\","
+		    "\"sequence_number\":35," RESP_ITEM ",\"text\":\"%s\",\"logprobs\":[]}\n\n"
+		    "event: response.content_part.done\ndata: {\"type\":"
+		    "\"response.content_part.done\",\"sequence_number\":36," RESP_ITEM
+		    ",\"part\":{\"type\":\"output_text\",\"annotations\":[],\"logprobs\":[],"
+		    "\"text\":\"%s\"}}\n\n"
+		    "event: response.completed\ndata: {\"type\":\"response.completed\","
+		    "\"sequence_number\":37,\"response\":{" RESP_OBJ ",\"status\":\"completed\","
+		    "\"output\":[{\"id\":\"msg_67c9fdcf37fc8190ba82116e33fb28c507b8b0ad4e5eb654\","
+		    "\"type\":\"message\",\"status\":\"completed\",\"content\":[{\"type\":"
+		    "\"output_text\",\"annotations\":[],\"logprobs\":[],\"text\":\"%s\"}],"
+		    "\"role\":\"assistant\"}],\"usage\":{\"input_tokens\":27,"
+		    "\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":384,"
+		    "\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":411}}}\n\n",
+		    text, text, text);
+	else
+		n += (size_t)snprintf(b + n, cap - n,
+		    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\","
+		    "\"index\":0}\n\n"
+		    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":"
+		    "{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":"
+		    "{\"output_tokens\":384}}\n\n"
+		    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+	if (n >= cap)
+		abort();
+	for (k = 0; k < n; k++)
+		if (b[k] == '\0')
+			abort();
+	*len = n;
+	return b;
+}
+
+/*
+ * Read sizes "one event", by the offset where each read starts
+ * (mark_events), for each stream in use (read_len finds its stream's).
+ */
+#define NSTREAMS 8
+static struct {
+	const char *in;
+	uint16_t ev[64 * 1024];
+} evtab[NSTREAMS];
+static uint16_t *evread = evtab[0].ev;
 
 static void
 mark_events(const char *in, size_t len)
 {
 	size_t off = 0;
 	const char *ev;
+	int k;
 
+	for (k = 0; k < NSTREAMS - 1 && evtab[k].in != NULL && evtab[k].in != in; k++)
+		;
+	evtab[k].in = in;
+	evread = evtab[k].ev;
 	while (off < len) {
 		ev = memmem(in + off, len - off, "\n\n", 2);
 		evread[off] = (uint16_t)(ev != NULL ? (size_t)(ev + 2 - (in + off)) : len - off);
@@ -106,10 +251,16 @@ mark_events(const char *in, size_t len)
 static size_t
 read_len(const char *in, size_t len, size_t off, size_t rd)
 {
-	(void)in;
 	if (rd != 0)
 		return len - off < rd ? len - off : rd;
-	return evread[off];
+	if (in != evtab[0].in) {
+		int k;
+
+		for (k = 1; k < NSTREAMS - 1 && evtab[k].in != in; k++)
+			;
+		return evtab[k].ev[off];
+	}
+	return evtab[0].ev[off];
 }
 
 static double
@@ -164,6 +315,31 @@ static size_t
 run_kept(const char *in, size_t len, size_t rd, int drop, struct sl_usage *u, uint64_t *cb)
 {
 	return scan_new(in, len, rd, drop, 1, u, cb);
+}
+
+/* One stream through the scanner of api (the drop argument): never dropping. */
+static size_t
+run_api(const char *in, size_t len, size_t rd, int api, struct sl_usage *u, uint64_t *cb)
+{
+	struct sl_usage_scan s;
+	struct sl_usage_out o;
+	size_t off = 0, want, used, k, outn = 0;
+
+	sl_usage_scan_init_api(&s, (enum sl_api)api);
+	while (off < len) {
+		want = read_len(in, len, off, rd);
+		while (want > 0) {
+			used = sl_usage_scan_feed(&s, in + off, want, &o);
+			for (k = 0; k < o.n; k++)
+				outn += o.range[k].len;
+			off += used;
+			want -= used;
+		}
+	}
+	sl_usage_scan_finish(&s, &o);
+	sl_usage_scan_result(&s, u, cb);
+	sl_usage_scan_free(&s);
+	return outn;
 }
 
 static size_t
@@ -261,6 +437,89 @@ time_cell(runner *rs, double *best, int nr, const char *in, size_t len, size_t r
 	} while (now_ns() - start < ms * 1e6);
 }
 
+/*
+ * The same answer as a chat, a Responses and a Messages stream, each
+ * through its scanner (nothing dropped: the option was not injected, or
+ * there is none), the three alternating in each cell: ns/B, and ns per
+ * stream, that is per request, against chat's.
+ */
+static int
+api_table(double ms)
+{
+	static const size_t reads[] = { 16384, 0, 100 };
+	static const enum sl_api api[3] = { SL_API_CHAT, SL_API_RESPONSES, SL_API_MESSAGES };
+	static const char *const names[3] = { "chat", "responses", "messages" };
+	char *in[3];
+	size_t len[3], rd;
+	uint64_t cb0 = 0;
+	double best[3], t, start;
+	int reps[3], a, k;
+
+	in[0] = make_stream(0, &len[0]);
+	in[1] = make_api_stream(SL_API_RESPONSES, &len[1]);
+	in[2] = make_api_stream(SL_API_MESSAGES, &len[2]);
+	for (a = 0; a < 3; a++) {
+		struct sl_usage u;
+		uint64_t cb;
+
+		mark_events(in[a], len[a]);
+		run_api(in[a], len[a], 0, (int)api[a], &u, &cb);
+		if (a == 0)
+			cb0 = cb;
+		if (u.have != 1 || u.prompt_tokens != 27 || u.completion_tokens != 384 ||
+		    cb != cb0) {
+			fprintf(stderr, "scan-micro: %s: not the chat stream's usage and content\n",
+			    names[a]);
+			return 1;
+		}
+	}
+	printf("\n%-10s %6s %7s | %9s %11s | %9s | %8s\n", "api", "read", "bytes", "ns/B",
+	    "ns/stream", "memcpy", "vs chat");
+	for (k = 0; k < 3; k++) {
+		rd = reads[k];
+		for (a = 0; a < 3; a++) {
+			struct sl_usage u;
+			uint64_t cb;
+			double t0 = now_ns();
+
+			sink += run_api(in[a], len[a], rd, (int)api[a], &u, &cb);
+			t = now_ns() - t0;
+			reps[a] = (int)(2e6 / (t > 1 ? t : 1)) + 1;
+			best[a] = 1e30;
+		}
+		start = now_ns();
+		do {
+			for (a = 0; a < 3; a++) {
+				struct sl_usage u;
+				uint64_t cb;
+				double t0 = now_ns();
+				int i;
+
+				for (i = 0; i < reps[a]; i++)
+					sink += run_api(in[a], len[a], rd, (int)api[a], &u, &cb);
+				t = (now_ns() - t0) / reps[a];
+				if (t < best[a])
+					best[a] = t;
+			}
+		} while (now_ns() - start < 3 * ms * 1e6);
+		for (a = 0; a < 3; a++) {
+			double mc[1];
+			runner r[1] = { run_memcpy };
+			char rdn[16];
+
+			time_cell(r, mc, 1, in[a], len[a], rd, 0, ms / 3);
+			snprintf(rdn, sizeof(rdn), "%zu", rd);
+			printf("%-10s %6s %7zu | %9.3f %11.0f | %9.3f | %7.2fx\n", names[a],
+			    rd ? rdn : "event", len[a], best[a] / (double)len[a], best[a], mc[0],
+			    best[a] / best[0]);
+		}
+		fflush(stdout);
+	}
+	for (a = 0; a < 3; a++)
+		free(in[a]);
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -306,5 +565,5 @@ main(int argc, char **argv)
 		}
 		free(in);
 	}
-	return 0;
+	return api_table(ms);
 }

@@ -3,8 +3,11 @@
  * sl_meter: the tokens of one response.
  *
  * Before the first try it decides whether the request is counted (a POST
- * to a chat or completions path with a JSON object body, usage on) and
- * has the body ask for the usage chunk where the config says so. At the
+ * to a metered API's path, sl_api_metered(): chat, completions, responses,
+ * messages, embeddings; with a JSON object body, usage on) and, for chat
+ * and completions, has the body ask for the usage chunk where the config
+ * says so (the other APIs report usage unasked: their bodies and streams
+ * pass unchanged). At the
  * response head it chooses how the body is read: through the usage
  * scanner (sl_usage.h) for an event stream, as a copy for one JSON body.
  * At the end it says what the response cost, once: exact from the usage
@@ -18,12 +21,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sl_api.h"
+
 struct sl_req;
 struct sl_usage_scan;
 
 struct sl_meter {
-	int on;                    /* a counted request: chat/completions or
-	                            * completions with a JSON object body */
+	int on;                    /* a counted request: a metered API's
+	                            * (sl_api_metered) with a JSON object body */
+	enum sl_api api;           /* its API (set when on; SL_API_OTHER else) */
 	int done;                  /* charged (or decided: nothing to charge) */
 	const char *kind;          /* "exact", "estimated" or "none"; NULL */
 	uint64_t prompt, completion;   /* the tokens charged */
@@ -35,9 +41,6 @@ struct sl_meter {
 	                            * the estimate of one too large to parse */
 	int keep_json;             /* keep body: no scanner, or a JSON answer */
 };
-
-/* POST /v1/chat/completions or /v1/completions, percent-decoded (any query). */
-int sl_meter_path(const char *url, size_t len);
 
 /*
  * Before the first try: is req counted (enabled: usage is on), is it

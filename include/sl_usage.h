@@ -22,6 +22,14 @@
  *     other chunk once asked (vLLM, OpenAI), forwarding every other byte
  *     unchanged.
  *
+ * The other metered APIs (sl_api.h) have their own entry points beside
+ * these: sl_usage_request_api() (Responses, Messages, embeddings request
+ * bodies: never edited), sl_usage_from_json_api() and
+ * sl_usage_json_content_api() (their non-streamed answers), and
+ * sl_usage_scan_init_api(), which gives a Responses or Messages event
+ * stream a lexer of its own (usage_api.c) behind the same feed, finish and
+ * result calls; nothing is held or removed from those streams.
+ *
  * JSON dialect. Request bodies are read as a Python runner's json.loads
  * reads them (sl_json.h), their "stream" and "include_usage" as its
  * pydantic reads a bool (sl_usage_json_bool()); the usage object is parsed
@@ -36,6 +44,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "sl_api.h"
 
 /* Larger non-streamed response bodies are not parsed (no usage; estimate). */
 #define SL_USAGE_MAX_JSON (1024 * 1024)
@@ -124,6 +134,27 @@ int sl_usage_request(const char *body, size_t len, int inject, struct sl_usage_r
  */
 int sl_usage_json_bool(const char *v, size_t len);
 
+/*
+ * The same for a request body of another metered API (sl_api.h), which is
+ * never edited: these APIs report their usage unasked (in a stream too:
+ * there is no stream_options), so their streams pass through unchanged.
+ * api SL_API_CHAT or SL_API_COMPLETIONS is sl_usage_request(); for the
+ * others counted, stream and prompt_est are set (never injected):
+ *   responses   stream as above; prompt_est from "instructions" (a string)
+ *               and "input": a string, or an array of items, each a string
+ *               or an object whose "content" is a string or an array of
+ *               parts whose "text" strings count
+ *   messages    stream as above; prompt_est from "system" (a string or an
+ *               array of blocks' "text") and messages[].content (a string
+ *               or an array of blocks' "text")
+ *   embeddings  never streamed; prompt_est from "input" read as chat's
+ *               "prompt" (a string, strings, token ids: one per id)
+ * ceil(bytes / 4) of the text plus one per token id, as for chat.
+ * Returns 0 (no memory is allocated: r.body stays NULL).
+ */
+int sl_usage_request_api(enum sl_api api, const char *body, size_t len,
+    struct sl_usage_req *out);
+
 /* Free the new body (if any) and reset *r. Safe on a zeroed struct. */
 void sl_usage_req_free(struct sl_usage_req *r);
 
@@ -146,6 +177,25 @@ int sl_usage_from_json(const char *body, size_t len, struct sl_usage *u);
  * for the estimate; 0 for anything else or a body over SL_USAGE_MAX_JSON.
  */
 uint64_t sl_usage_json_content(const char *body, size_t len);
+
+/*
+ * Both for the body of another API (chat and completions: as above):
+ *   responses   "usage": "input_tokens" -> prompt, "output_tokens" ->
+ *               completion (both non-negative integers; "total_tokens"
+ *               optional); content: output[] items' content[] parts' "text"
+ *               and "refusal", summary[] parts' "text", "arguments"
+ *   messages    "usage": "input_tokens" plus "cache_creation_input_tokens"
+ *               and "cache_read_input_tokens" where they are integers ->
+ *               prompt, "output_tokens" -> completion; content: content[]
+ *               blocks' "text" and "thinking", and a tool_use block's
+ *               "input" as compact JSON
+ *   embeddings  "usage": "prompt_tokens" -> prompt, completion 0; content 0
+ * A count over SL_USAGE_MAX_TOKENS (or a sum past it) reads as
+ * SL_USAGE_MAX_TOKENS + 1: not believed (sl_usage_sane).
+ */
+int sl_usage_from_json_api(enum sl_api api, const char *body, size_t len,
+    struct sl_usage *u);
+uint64_t sl_usage_json_content_api(enum sl_api api, const char *body, size_t len);
 
 /* Completion tokens estimated from content bytes: ceil(bytes / 4). */
 static inline uint64_t
@@ -197,7 +247,17 @@ struct sl_usage_scan {
 	char *cap;                   /* copy of the current usage object */
 	uint32_t hold_len, hold_alloc;
 	uint32_t cap_len, cap_alloc;
-	uint32_t mstart, mnull;      /* a "usage" member to cut, offsets in the held bytes */
+	union {
+		struct {             /* chat: a "usage" member to cut, offsets in the held bytes */
+			uint32_t mstart, mnull;
+		};
+		struct {             /* responses, messages (usage_api.c) */
+			uint32_t a_pend;     /* content bytes of the event before its type */
+			uint8_t a_k1, a_k2;  /* the current member's key at depth 1, 2 */
+			uint8_t a_type;      /* the event's type */
+			uint8_t a_kind;      /* object/array at depth 1, 2; a key expected */
+		};
+	};
 	uint16_t depth;              /* JSON nesting in the current event's data */
 	uint16_t cap_depth;          /* depth at which the usage object closes */
 	uint8_t drop, dropped, have, cr;
@@ -208,6 +268,8 @@ struct sl_usage_scan {
 	uint8_t mt, mfirst, mpos, first;   /* "usage":null matcher (drop mode) */
 	uint8_t capt;                /* a usage object's copy began (event templates) */
 	uint8_t keep;                /* sl_usage_scan_keep() */
+	uint8_t api;                 /* sl_usage_scan_init_api(): 0 chat's scanner */
+	uint8_t a_pf, a_have, a_capd;   /* responses, messages (usage_api.c) */
 	struct sl_usage_tpl *tpl;    /* the kept event template, if any */
 	uint64_t p_prompt, p_completion, p_total;   /* parsed, not yet committed */
 };
@@ -229,6 +291,48 @@ struct sl_usage_scan {
  * seen. Allocates nothing.
  */
 void sl_usage_scan_init(struct sl_usage_scan *s, int drop_usage_event);
+
+/*
+ * Set up a scanner for the event stream of another API (never dropping
+ * anything: every feed is one range of all its input, nothing is held).
+ * SL_API_RESPONSES and SL_API_MESSAGES get their own lexer (usage_api.c;
+ * chat's is untouched by it), any other api is sl_usage_scan_init(s, 0).
+ * It reads the event's type from its data's top-level "type" (event:
+ * lines are skipped) and builds nothing but the copy of a usage object:
+ *   responses  usage: response.usage of the last response.completed,
+ *              response.incomplete or response.failed event ("input_tokens"
+ *              prompt, "output_tokens" completion, both required); an event
+ *              of any size (the completed one carries the whole output):
+ *              only the usage object is copied (bounded by
+ *              SL_USAGE_MAX_EVENT). Content: the "delta" strings of
+ *              response.output_text.delta, response.refusal.delta,
+ *              response.reasoning_text.delta,
+ *              response.reasoning_summary_text.delta and
+ *              response.function_call_arguments.delta (never the *.done
+ *              texts or the completed event's output).
+ *   messages   prompt: message_start's message.usage "input_tokens" plus
+ *              "cache_creation_input_tokens" and "cache_read_input_tokens"
+ *              where integers; completion: "output_tokens" of the last
+ *              message_delta's top-level usage (cumulative); usage is had
+ *              once both came (a message_delta with "input_tokens" gives
+ *              the prompt when no message_start did). Content: the "text",
+ *              "thinking" and "partial_json" strings of content_block_delta
+ *              events' delta (never content_block_start).
+ * A usage event counts once it is complete (ended by a blank line, its
+ * data one JSON object); content counts as it is relayed, as for chat.
+ */
+void sl_usage_scan_init_api(struct sl_usage_scan *s, enum sl_api api);
+
+/*
+ * The content bytes seen so far (those the estimate counts, for every
+ * API: chat's strings, the text deltas above): > 0 once the stream carried
+ * content, e.g. for a time to first token. A load; valid after any feed.
+ */
+static inline uint64_t
+sl_usage_scan_content(const struct sl_usage_scan *s)
+{
+	return s->content_bytes;
+}
 
 /*
  * Feed upstream body bytes as they arrive (any split). Returns how many of

@@ -95,7 +95,7 @@ conn_body_wide(const struct sl_conn *c, const struct sl_upstream_conf *up)
 	    (!c->w->cfg->usage.enabled && up->balance != SL_BALANCE_PREFIX_AFFINITY))
 		return 0;
 	url = sl_req_url(&c->req, &ulen);
-	return sl_meter_path(url, ulen) &&
+	return sl_api_metered(c->req.method, url, ulen) &&
 	    sl_json_wide(c->req.body, c->req.body_len);
 }
 

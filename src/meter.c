@@ -8,53 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sl_api.h"
 #include "sl_http.h"
-#include "sl_json.h"
 #include "sl_meter.h"
 #include "sl_shm.h"
 #include "sl_usage.h"
-
-/*
- * Does the path, percent-decoded, equal lit? Runners route on the decoded
- * path (uvicorn, cpp-httplib): /v1/chat/%63ompletions is served as
- * /v1/chat/completions and must be counted as one.
- */
-static int
-path_is(const char *p, size_t len, const char *lit)
-{
-	size_t i = 0;
-
-	for (; *lit != '\0'; lit++) {
-		unsigned char ch;
-
-		if (i >= len)
-			return 0;
-		ch = (unsigned char)p[i++];
-		if (ch == '%') {
-			int hi, lo;
-
-			if (len - i < 2 || (hi = sl_json_hexval(p[i])) < 0 ||
-			    (lo = sl_json_hexval(p[i + 1])) < 0)
-				return 0;
-			ch = (unsigned char)(hi << 4 | lo);
-			i += 2;
-		}
-		if (ch != (unsigned char)*lit)
-			return 0;
-	}
-	return i == len;
-}
-
-int
-sl_meter_path(const char *url, size_t len)
-{
-	const char *q = memchr(url, '?', len);
-
-	if (q != NULL)
-		len = (size_t)(q - url);
-	return path_is(url, len, "/v1/chat/completions") ||
-	    path_is(url, len, "/v1/completions");
-}
 
 void
 sl_meter_request(struct sl_meter *m, int enabled, int inject,
@@ -68,19 +26,27 @@ sl_meter_request(struct sl_meter *m, int enabled, int inject,
 	if (!enabled)
 		return;
 	url = sl_req_url(req, &ulen);
-	if (req->method != HTTP_POST || !sl_meter_path(url, ulen))
+	if (!sl_api_metered(req->method, url, ulen))
 		return;
-	if (sl_usage_request(req->body != NULL ? req->body : "",
-	    req->body_len, inject, &r) == -1 || !r.counted) {
+	m->api = sl_api_of(url, ulen, NULL);
+	if ((m->api == SL_API_CHAT || m->api == SL_API_COMPLETIONS ?
+	    sl_usage_request(req->body != NULL ? req->body : "", req->body_len,
+	    inject, &r) : sl_usage_request_api(m->api, req->body != NULL ?
+	    req->body : "", req->body_len, &r)) == -1 || !r.counted) {
 		sl_usage_req_free(&r);
+		m->api = SL_API_OTHER;
 		return;
 	}
 	if (r.stream) {
 		if ((m->scan = malloc(sizeof(*m->scan))) == NULL) {
 			sl_usage_req_free(&r);
+			m->api = SL_API_OTHER;
 			return;   /* not counted rather than wrong */
 		}
-		sl_usage_scan_init(m->scan, r.injected);
+		if (r.injected)
+			sl_usage_scan_init(m->scan, 1);
+		else
+			sl_usage_scan_init_api(m->scan, m->api);
 	}
 	if (r.injected) {
 		free(req->body);
@@ -110,7 +76,7 @@ sl_meter_head(struct sl_meter *m, int status, int body_allowed, int is_sse,
 		return;
 	if (is_sse && m->scan == NULL &&
 	    (m->scan = malloc(sizeof(*m->scan))) != NULL)
-		sl_usage_scan_init(m->scan, 0);
+		sl_usage_scan_init_api(m->scan, m->api);
 	m->keep_json = m->scan == NULL || is_json;
 }
 
@@ -180,11 +146,11 @@ sl_meter_end(struct sl_meter *m, int status, uint64_t n[3])
 		if (m->body_len > SL_USAGE_MAX_JSON)
 			jb = m->body_total;   /* not parsed: all may be content */
 		else if (m->body != NULL &&
-		    sl_usage_from_json(m->body, m->body_len, &j) == 0 &&
+		    sl_usage_from_json_api(m->api, m->body, m->body_len, &j) == 0 &&
 		    sl_usage_sane(&j))
 			u = j;
 		else
-			jb = sl_usage_json_content(m->body, m->body_len);
+			jb = sl_usage_json_content_api(m->api, m->body, m->body_len);
 		if (jb > bytes)
 			bytes = jb;
 	}
@@ -221,6 +187,7 @@ sl_meter_reset(struct sl_meter *m)
 {
 	sl_meter_free(m);
 	m->on = m->done = 0;
+	m->api = SL_API_OTHER;
 	m->kind = NULL;
 	m->prompt = m->completion = m->prompt_est = 0;
 }

@@ -288,6 +288,10 @@ sl_usage_scan_free(struct sl_usage_scan *s)
 void
 sl_usage_scan_finish(struct sl_usage_scan *s, struct sl_usage_out *out)
 {
+	if (s->api != 0) {
+		usage_api_finish(s, out);
+		return;
+	}
 	memset(out, 0, sizeof(*out));
 	if (holding(s) && s->hold_len > 0) {
 		out->held = s->hold;

@@ -11,6 +11,8 @@
  *   usage_simd.c     the scanner's block loaders: class masks of 64 bytes
  *   usage_template.c the scanner's event templates: an event like the one
  *                    before it taken in a compare
+ *   usage_api.c      the responses and messages streams' own scanner, and
+ *                    those APIs' (and embeddings') non-streamed bodies
  *
  * What is called per byte or per token stays static inline here or static
  * in the scanner's own file: only calls made once per 64 bytes, per event
@@ -44,6 +46,15 @@
  * likewise), 0 for anything else (*u then unspecified).
  */
 int usage_obj_read(const char *p, size_t len, struct sl_usage *u);
+
+/*
+ * usage_api.c: the scanner of the responses and messages streams, for a
+ * struct sl_usage_scan whose api is set (sl_usage_scan_init_api); the
+ * public feed and finish hand such a scanner over at their top.
+ */
+size_t usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
+    struct sl_usage_out *out);
+void usage_api_finish(struct sl_usage_scan *s, struct sl_usage_out *out);
 
 /* ------------------------------------------------------------------ scanner state */
 

@@ -321,3 +321,104 @@ sl_usage_request(const char *body, size_t len, int inject, struct sl_usage_req *
 	out->edit_del = del;
 	return 0;
 }
+
+/* ---- the other APIs' requests (never edited) ----------------------------- */
+
+/* A string's bytes, or those of the "text" strings of an array's objects. */
+static uint64_t
+content_text(const char *p, size_t len, struct sl_json_span v)
+{
+	struct sl_json_span t;
+	uint64_t bytes = text_bytes(p, v);
+	size_t k, cl, nn;
+	int more, found;
+
+	if (p[v.vs] != '[')
+		return bytes;
+	k = v.vs;
+	for (more = sl_json_first(p, len, &k); more; more = sl_json_after(p, len, &k)) {
+		if (p[k] == '{' && sl_json_find(p, len, k, "text", &t, &found, &cl,
+		    &nn) == 0 && found)
+			bytes += text_bytes(p, t);
+		if (sl_json_skip(p, len, &k) < 0)
+			break;
+	}
+	return bytes;
+}
+
+/*
+ * A string's bytes, or an array's: each element a string, or an object
+ * whose "content" is read by content_text() (Responses' input items,
+ * Messages' messages).
+ */
+static uint64_t
+items_text(const char *p, size_t len, struct sl_json_span v)
+{
+	struct sl_json_span c;
+	uint64_t bytes = text_bytes(p, v);
+	size_t i, e, cl, nn;
+	int more, found;
+
+	if (p[v.vs] != '[')
+		return bytes;
+	i = v.vs;
+	for (more = sl_json_first(p, len, &i); more; more = sl_json_after(p, len, &i)) {
+		e = i;
+		if (sl_json_skip(p, len, &e) < 0)
+			break;
+		if (p[i] == '"')
+			bytes += text_bytes(p, (struct sl_json_span){ i, e });
+		else if (p[i] == '{' && sl_json_find(p, len, i, "content", &c,
+		    &found, &cl, &nn) == 0 && found)
+			bytes += content_text(p, len, c);
+		i = e;
+	}
+	return bytes;
+}
+
+int
+sl_usage_request_api(enum sl_api api, const char *body, size_t len,
+    struct sl_usage_req *out)
+{
+	struct sl_json_member m[3] = { { "stream", { 0, 0 }, 0 },
+	    { NULL, { 0, 0 }, 0 }, { NULL, { 0, 0 }, 0 } };
+	struct sl_json_member none = { "messages", { 0, 0 }, 0 };
+	size_t open, close, n, nm = 3;
+	uint64_t bytes = 0;
+
+	if (api == SL_API_CHAT || api == SL_API_COMPLETIONS)
+		return sl_usage_request(body, len, 0, out);
+	memset(out, 0, sizeof(*out));
+	switch (api) {
+	case SL_API_RESPONSES:
+		m[1].name = "input";
+		m[2].name = "instructions";
+		break;
+	case SL_API_MESSAGES:
+		m[1].name = "messages";
+		m[2].name = "system";
+		break;
+	case SL_API_EMBEDDINGS:
+		m[1].name = "input";
+		nm = 2;
+		break;
+	default:
+		return 0;
+	}
+	if (body == NULL || len == 0 ||
+	    sl_json_object(body, len, m, nm, &open, &close, &n) < 0)
+		return 0;
+	out->counted = 1;
+	if (api == SL_API_EMBEDDINGS) {
+		/* "input" as completions' "prompt": text and token ids */
+		out->prompt_est = m[1].found ? prompt_estimate(body, len, &none, &m[1]) : 0;
+		return 0;
+	}
+	out->stream = m[0].found && lax_bool(body, m[0].v) == 1;
+	if (m[1].found)
+		bytes += items_text(body, len, m[1].v);
+	if (m[2].found)
+		bytes += content_text(body, len, m[2].v);
+	out->prompt_est = sl_usage_estimate(bytes);
+	return 0;
+}

@@ -1277,6 +1277,8 @@ sl_usage_scan_feed(struct sl_usage_scan *s, const char *in, size_t len,
 	size_t i = 0, k;
 	char c;
 
+	if (__builtin_expect(s->api != 0, 0))
+		return usage_api_feed(s, in, len, out);   /* responses, messages */
 	out->held = NULL;       /* the ranges past n are never read */
 	out->held_len = out->n = 0;
 	f.out = out;

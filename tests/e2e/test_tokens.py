@@ -1091,9 +1091,135 @@ def test_tokens_a_utf16_body_is_refused_where_prefix_affinity_reads_it_and_relay
             r = _raw_post(gw, wide, COMPL)
             assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
             assert len(up.requests) == 1 and up.requests[0].endswith(b"\r\n\r\n" + wide)
-        # a path sluice does not count is relayed untouched too
+        # a path sluice does not count is relayed untouched too (count_tokens
+        # is relayed, not charged); every metered API's path refuses it
         cfg = _config(None, upstreams={"main": {"url": up.url}})
         with Gateway(cfg) as gw:
-            r = _raw_post(gw, wide, "/v1/embeddings")
+            r = _raw_post(gw, wide, "/v1/messages/count_tokens")
             assert r.status == 200 and r.complete, (r.status, bytes(r.data[:200]))
             assert len(up.requests) == 2 and up.requests[1].endswith(b"\r\n\r\n" + wide)
+            for path in ("/v1/embeddings", "/v1/responses", "/v1/messages"):
+                r = _raw_post(gw, wide, path)
+                doc_ = assert_error(r, 400, "bad_request", read=False)
+                assert doc_["error"]["message"] == "request body must be UTF-8 JSON", doc_
+            assert len(up.requests) == 2
+
+
+# ---------------------------------------------------------------- other APIs
+# The Responses API, the Anthropic Messages API and embeddings report their
+# usage unasked: counted from it (or estimated), never edited.
+
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+EMBEDDINGS = "/v1/embeddings"
+
+
+def _resp_ev(type_, **members):
+    d = {"type": type_}
+    d.update(members)
+    return ("event: %s\ndata: %s\n\n" % (type_, json.dumps(d, separators=(",", ":")))).encode()
+
+
+def _resp_stream(deltas, usage=None, final="response.completed"):
+    """A Responses API stream: the deltas, the done events with the whole
+    text again, then final carrying usage (input, output) when given."""
+    text = "".join(deltas)
+    b = _resp_ev("response.created", sequence_number=0,
+                 response={"id": "resp_1", "status": "in_progress", "output": [],
+                           "usage": None})
+    for i, d in enumerate(deltas):
+        b += _resp_ev("response.output_text.delta", sequence_number=i + 1, item_id="msg_1",
+                      output_index=0, content_index=0, delta=d, logprobs=[])
+    b += _resp_ev("response.output_text.done", sequence_number=90, item_id="msg_1",
+                  output_index=0, content_index=0, text=text, logprobs=[])
+    if usage is not None:
+        b += _resp_ev(final, sequence_number=91, response={
+            "id": "resp_1", "status": "completed",
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
+            "usage": {"input_tokens": usage[0], "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": usage[1], "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": usage[0] + usage[1]}})
+    return b
+
+
+def _msg_stream(deltas, usage=None):
+    """A Messages API stream; usage (input, cache_creation, cache_read, output)."""
+    b = _resp_ev("message_start", message={
+        "id": "msg_1", "type": "message", "role": "assistant", "content": [],
+        "usage": {"input_tokens": usage[0] if usage else 9,
+                  "cache_creation_input_tokens": usage[1] if usage else 0,
+                  "cache_read_input_tokens": usage[2] if usage else 0, "output_tokens": 1}})
+    b += _resp_ev("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    for d in deltas:
+        b += _resp_ev("content_block_delta", index=0, delta={"type": "text_delta", "text": d})
+    b += _resp_ev("content_block_stop", index=0)
+    if usage is not None:
+        b += _resp_ev("message_delta", delta={"stop_reason": "end_turn"},
+                      usage={"output_tokens": usage[3]})
+        b += _resp_ev("message_stop")
+    return b
+
+
+def test_tokens_responses_messages_and_embeddings_are_counted_and_relayed_unchanged():
+    deltas = ["Hello", " there", ", friend"]
+    cases = (
+        (RESPONSES, b'{"model":"x","stream":true,"input":"abcdefgh"}',
+         _resp_stream(deltas, (37, 11)), "text/event-stream", (37, 11)),
+        (RESPONSES, b'{"model":"x","stream":true,"input":"abcdefgh"}',
+         _resp_stream(deltas, (5, 6), "response.incomplete"), "text/event-stream", (5, 6)),
+        (MESSAGES, b'{"model":"x","stream":true,"max_tokens":5,"messages":[]}',
+         _msg_stream(deltas, (25, 100, 7, 15)), "text/event-stream", (132, 15)),
+        (RESPONSES, b'{"model":"x","input":"abcd"}',
+         b'{"id":"resp_1","output":[],"usage":{"input_tokens":12,"output_tokens":34,'
+         b'"total_tokens":46}}', "application/json", (12, 34)),
+        (MESSAGES, b'{"model":"x","max_tokens":5,"messages":[]}',
+         b'{"content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":10,'
+         b'"cache_read_input_tokens":5,"output_tokens":7}}', "application/json", (15, 7)),
+        (EMBEDDINGS, b'{"model":"e","input":["abcd","efgh"]}',
+         b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],'
+         b'"usage":{"prompt_tokens":8,"total_tokens":8}}', "application/json", (8, 0)),
+    )
+    tp = tc = 0
+    for i, (path, body, answer, ctype, (p, c)) in enumerate(cases, 1):
+        with h.RawUpstream(_answer(answer, ctype, pace=7)) as up, \
+                _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+            r = _raw_post(gw, body, path)
+            assert r.status == 200 and bytes(r.data) == answer, (path, bytes(r.data)[:300])
+            assert up.requests[-1].endswith(b"\r\n\r\n" + body), up.requests[-1][-200:]
+            _check_log(_log_line(gw, 1), "exact", p, c)
+            _expect_tokens(gw, prompt=p, completion=c, window=p + c)
+            tp += p
+            tc += c
+    assert (tp, tc) == (37 + 5 + 132 + 12 + 15 + 8, 11 + 6 + 15 + 34 + 7)
+
+
+def test_tokens_responses_and_messages_streams_without_usage_are_estimated():
+    deltas = ["Hello", " there", ", friend"]          # 19 bytes: 5 tokens
+    # prompts: "abcdefgh" + "xyz" (responses), "abcd" + "hello" (messages): 3 each
+    cases = (
+        (RESPONSES, b'{"model":"x","stream":true,"input":"abcdefgh","instructions":"xyz"}',
+         _resp_stream(deltas)),
+        (MESSAGES, b'{"model":"x","stream":true,"system":"abcd","messages":'
+         b'[{"role":"user","content":"hello"}]}', _msg_stream(deltas)),
+    )
+    for path, body, answer in cases:
+        with h.RawUpstream(_answer(answer, "text/event-stream", pace=5)) as up, \
+                _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+            r = _raw_post(gw, body, path)
+            assert r.status == 200 and bytes(r.data) == answer, bytes(r.data)[:300]
+            _check_log(_log_line(gw, 1), "estimated", 3, 5)
+            _expect_tokens(gw, estimated=8, window=8)
+
+
+def test_tokens_stored_responses_and_count_tokens_are_relayed_not_charged():
+    answer = b'{"id":"resp_1","usage":{"input_tokens":12,"output_tokens":34}}'
+    with h.RawUpstream(_answer(answer)) as up, \
+            _gw(None, upstreams={"main": {"url": up.url}}) as gw:
+        r = _raw_post(gw, b'{"model":"x","messages":[]}', MESSAGES + "/count_tokens")
+        assert r.status == 200 and bytes(r.data) == answer
+        r = _raw_post(gw, b'{}', RESPONSES + "/resp_1/cancel")
+        assert r.status == 200 and bytes(r.data) == answer
+        _check_log(_log_line(gw, 2), "none")
+        m = h.scrape(gw)
+        for kind in ("prompt", "completion", "estimated"):
+            assert m.value(TOKENS, tenant="acme", model="-", kind=kind) in (0, None), kind

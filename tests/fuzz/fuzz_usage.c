@@ -30,6 +30,18 @@
  *     edits at edit_off, and the reference reads it as the input plus the
  *     member;
  *   - the prompt estimate is the reference's.
+ * The other APIs' scanners (responses, messages: usage_api.c), the same
+ * bytes as their stream, in one read, a read an event, random reads and a
+ * byte per read:
+ *   - every read passes whole as one range, nothing held or dropped;
+ *   - usage and content bytes do not depend on the reads;
+ *   - the usage is what an independent reader finds (SSE split into
+ *     events, each event's data parsed by jansson, sl_usage.h's rules
+ *     applied) wherever that reader can say (every event's data parses,
+ *     no duplicate keys, no backslash in the input);
+ * and their request readers against the reference tree: counted iff an
+ * object, never edited, stream as the reference reads it, the prompt
+ * estimate the reference's; the JSON answer readers do not crash.
  */
 #include "config.h"
 
@@ -447,6 +459,347 @@ out:
 	sl_usage_req_free(&r);
 }
 
+/* ---- the other APIs: responses, messages (usage_api.c) ------------------ */
+
+struct api_result {
+	struct sl_usage u;
+	uint64_t content;
+};
+
+/* A stream of api through its scanner in reads from seed (or READ_*). */
+static void
+scan_api(struct api_result *r, enum sl_api api, const char *in, size_t len,
+    uint32_t seed)
+{
+	struct sl_usage_scan s;
+	struct sl_usage_out o;
+	size_t off = 0, want, used;
+
+	sl_usage_scan_init_api(&s, api);
+	fz_check(s.api == api, "api-init", "api %d, asked %d", s.api, (int)api);
+	while (off < len) {
+		want = 1;
+		if (seed == READ_ALL)
+			want = len - off;
+		else if (seed == READ_EVENT)
+			want = event_read(in, len, off);
+		else if (seed != READ_BYTE)
+			want = (fz_rand(&seed) & 7) == 0 ? 1 + fz_rand(&seed) % 4096 :
+			    1 + fz_rand(&seed) % 48;
+		if (want > len - off)
+			want = len - off;
+		used = sl_usage_scan_feed(&s, in + off, want, &o);
+		fz_check(used == want && o.held_len == 0 && o.n == 1 &&
+		    o.range[0].off == 0 && o.range[0].len == want, "api-passthrough",
+		    "api %d: not one range of everything", (int)api);
+		fz_check(s.hold == NULL && s.hold_len == 0, "api-passthrough", "held bytes");
+		fz_check(s.cap_len <= SL_USAGE_MAX_EVENT, "hold-bound", "%u copied",
+		    (unsigned)s.cap_len);
+		fz_check(sl_usage_scan_content(&s) == s.content_bytes, "api-content",
+		    "sl_usage_scan_content");
+		off += used;
+	}
+	sl_usage_scan_finish(&s, &o);
+	fz_check(o.held_len == 0 && o.n == 0, "api-passthrough", "held at the end");
+	sl_usage_scan_result(&s, &r->u, &r->content);
+	fz_check(!sl_usage_scan_dropped(&s), "api-passthrough", "dropped");
+	sl_usage_scan_free(&s);
+}
+
+static int
+same_api(const struct api_result *a, const struct api_result *b)
+{
+	return a->u.have == b->u.have && a->content == b->content &&
+	    (!a->u.have || (a->u.prompt_tokens == b->u.prompt_tokens &&
+	    a->u.completion_tokens == b->u.completion_tokens &&
+	    a->u.total_tokens == b->u.total_tokens));
+}
+
+/* A count as sl_usage.h reads it: 1 with *v, 0 absent or null, -1 other. */
+static int
+ref_count(const json_t *o, const char *name, uint64_t *v)
+{
+	const json_t *x = json_object_get(o, name);
+
+	*v = 0;
+	if (x == NULL || json_is_null(x))
+		return 0;
+	if (!json_is_integer(x) || json_integer_value(x) < 0)
+		return -1;
+	*v = (uint64_t)json_integer_value(x);
+	if (*v > SL_USAGE_MAX_TOKENS)
+		*v = SL_USAGE_MAX_TOKENS + 1;
+	return 1;
+}
+
+/*
+ * The usage of an api stream, read independently: SSE split into events
+ * (lines end at CR LF, LF or CR; a blank line ends an event; "data" fields
+ * joined by LF), each event's data parsed by jansson, the rules of
+ * sl_usage.h applied to the trees. Returns 0 when it cannot say (an event
+ * whose data jansson refuses, or with duplicate keys, or a backslash in
+ * the input: escaped keys, which the scanner does not decode), else 1
+ * with *u.
+ */
+static int
+ref_api_usage(enum sl_api api, const char *in, size_t len, struct sl_usage *u)
+{
+	struct fz_buf data;
+	size_t i = 0, ls, le, k;
+	int have_data = 0, ok = 1, hp = 0, hc = 0;
+	uint64_t prompt = 0, completion = 0;
+
+	memset(u, 0, sizeof(*u));
+	memset(&data, 0, sizeof(data));
+	if (memchr(in, '\\', len) != NULL || len > SL_USAGE_MAX_EVENT)
+		return 0;
+	while (i < len && ok) {
+		ls = i;
+		while (i < len && in[i] != '\n' && in[i] != '\r')
+			i++;
+		if (i == len)
+			break;          /* an unfinished line: the event never ends */
+		le = i;
+		i += in[i] == '\r' && i + 1 < len && in[i + 1] == '\n' ? 2 : 1;
+		if (le == ls) {
+			/* dispatch */
+			json_t *root, *o, *us;
+			json_error_t err;
+			const char *type;
+			uint64_t in_t, out_t, cc, cr, t;
+			int ri, ro, rt, rcc, rcr;
+
+			if (!have_data)
+				continue;
+			have_data = 0;
+			root = json_loadb(data.p != NULL ? (const char *)data.p : "",
+			    data.len > 0 ? data.len - 1 : 0, JSON_REJECT_DUPLICATES, &err);
+			data.len = 0;
+			if (root == NULL) {
+				ok = 0;
+				break;
+			}
+			type = json_string_value(json_object_get(root, "type"));
+			if (!json_is_object(root) || type == NULL) {
+				json_decref(root);
+				continue;
+			}
+			if (api == SL_API_RESPONSES) {
+				if (strcmp(type, "response.completed") == 0 ||
+				    strcmp(type, "response.incomplete") == 0 ||
+				    strcmp(type, "response.failed") == 0) {
+					us = json_object_get(json_object_get(root, "response"), "usage");
+					ri = ref_count(us, "input_tokens", &in_t);
+					ro = ref_count(us, "output_tokens", &out_t);
+					rt = ref_count(us, "total_tokens", &t);
+					if (json_is_object(us) && ri == 1 && ro == 1 && rt >= 0) {
+						u->have = 1;
+						u->prompt_tokens = in_t;
+						u->completion_tokens = out_t;
+						u->total_tokens = rt == 1 ? t : in_t + out_t;
+					}
+				}
+			} else {
+				int start = strcmp(type, "message_start") == 0;
+				int delta = strcmp(type, "message_delta") == 0;
+
+				o = start ? json_object_get(json_object_get(root, "message"), "usage") :
+				    delta ? json_object_get(root, "usage") : NULL;
+				if (json_is_object(o)) {
+					ri = ref_count(o, "input_tokens", &in_t);
+					ro = ref_count(o, "output_tokens", &out_t);
+					rcc = ref_count(o, "cache_creation_input_tokens", &cc);
+					rcr = ref_count(o, "cache_read_input_tokens", &cr);
+					if (ri == 1 && rcc >= 0 && rcr >= 0) {
+						in_t += cc + cr;
+						if (in_t > SL_USAGE_MAX_TOKENS)
+							in_t = SL_USAGE_MAX_TOKENS + 1;
+					} else
+						ri = 0;
+					if (start && ri == 1) {
+						prompt = in_t;
+						hp = 1;
+					}
+					if (delta && ro == 1) {
+						completion = out_t;
+						hc = 1;
+						if (ri == 1 && !hp) {
+							prompt = in_t;
+							hp = 1;
+						}
+					}
+					if (hp && hc) {
+						u->have = 1;
+						u->prompt_tokens = prompt;
+						u->completion_tokens = completion;
+						u->total_tokens = prompt + completion;
+					}
+				}
+			}
+			json_decref(root);
+			continue;
+		}
+		/* a field: data only (no colon: the whole line is the name) */
+		for (k = ls; k < le && in[k] != ':'; k++)
+			;
+		if (k - ls != 4 || memcmp(in + ls, "data", 4) != 0)
+			continue;
+		have_data = 1;
+		if (k < le) {
+			k++;
+			if (k < le && in[k] == ' ')
+				k++;
+			fz_add(&data, in + k, le - k);
+		}
+		fz_add(&data, "\n", 1);
+	}
+	fz_free(&data);
+	return ok;
+}
+
+static void
+check_api_scanner(const char *in, size_t len, uint32_t seed)
+{
+	static const enum sl_api apis[2] = { SL_API_RESPONSES, SL_API_MESSAGES };
+	struct api_result all, one, ev, rnd;
+	struct sl_usage ru;
+	int a;
+
+	for (a = 0; a < 2; a++) {
+		scan_api(&all, apis[a], in, len, READ_ALL);
+		scan_api(&ev, apis[a], in, len, READ_EVENT);
+		scan_api(&rnd, apis[a], in, len, (seed * 2246822519u) | 1);
+		fz_check(same_api(&all, &ev) && same_api(&all, &rnd), "api-split-independent",
+		    "api %d: usage/content depend on the reads", (int)apis[a]);
+		if (len <= 4096) {
+			scan_api(&one, apis[a], in, len, READ_BYTE);
+			fz_check(same_api(&all, &one), "api-split-independent",
+			    "api %d: one byte per read differs", (int)apis[a]);
+		}
+		fz_check(all.content <= len, "content-bound", "%llu content bytes of %zu",
+		    (unsigned long long)all.content, len);
+		fz_check(!all.u.have || all.u.total_tokens == all.u.prompt_tokens +
+		    all.u.completion_tokens || apis[a] == SL_API_RESPONSES, "api-total",
+		    "messages' total is not the sum");
+		if (ref_api_usage(apis[a], in, len, &ru))
+			fz_check(ru.have == all.u.have && (!ru.have ||
+			    (ru.prompt_tokens == all.u.prompt_tokens &&
+			    ru.completion_tokens == all.u.completion_tokens &&
+			    ru.total_tokens == all.u.total_tokens)), "api-usage-ref",
+			    "api %d: have %d %llu/%llu/%llu, the reference %d %llu/%llu/%llu",
+			    (int)apis[a], all.u.have, (unsigned long long)all.u.prompt_tokens,
+			    (unsigned long long)all.u.completion_tokens,
+			    (unsigned long long)all.u.total_tokens, ru.have,
+			    (unsigned long long)ru.prompt_tokens,
+			    (unsigned long long)ru.completion_tokens,
+			    (unsigned long long)ru.total_tokens);
+	}
+}
+
+/* A string's bytes, or those of the "text" strings of an array's objects. */
+static uint64_t
+ref_content_text(const struct rj *v)
+{
+	uint64_t n = ref_text(v);
+	size_t k;
+
+	if (v != NULL && v->t == RJ_ARR)
+		for (k = 0; k < v->n; k++)
+			if (v->kid[k]->t == RJ_OBJ)
+				n += ref_text(rj_get(v->kid[k], "text"));
+	return n;
+}
+
+/* A string's bytes, or an array's: strings, objects' "content". */
+static uint64_t
+ref_items_text(const struct rj *v)
+{
+	uint64_t n = ref_text(v);
+	size_t k;
+
+	if (v != NULL && v->t == RJ_ARR)
+		for (k = 0; k < v->n; k++) {
+			if (v->kid[k]->t == RJ_STR)
+				n += ref_text(v->kid[k]);
+			else if (v->kid[k]->t == RJ_OBJ)
+				n += ref_content_text(rj_get(v->kid[k], "content"));
+		}
+	return n;
+}
+
+/* The request readers of the other APIs against the reference tree. */
+static void
+check_request_api(const char *in, size_t len)
+{
+	static const enum sl_api apis[3] = { SL_API_RESPONSES, SL_API_MESSAGES,
+	    SL_API_EMBEDDINGS };
+	struct sl_usage_req r, chat;
+	struct rj *ref;
+	uint64_t want, bytes, ids;
+	const struct rj *pr;
+	size_t i;
+	int a, obj;
+
+	ref = rj_parse(in, len);
+	obj = ref != NULL && ref->t == RJ_OBJ;
+	for (a = 0; a < 3; a++) {
+		fz_check(sl_usage_request_api(apis[a], in, len, &r) == 0, "api-req",
+		    "returned -1");
+		fz_check(r.counted == obj, "counted", "api %d: counted %d, the reference %d",
+		    (int)apis[a], r.counted, obj);
+		fz_check(!r.injected && r.body == NULL, "inject", "api %d: edited",
+		    (int)apis[a]);
+		if (!obj) {
+			sl_usage_req_free(&r);
+			continue;
+		}
+		fz_check(r.stream == (apis[a] != SL_API_EMBEDDINGS &&
+		    rj_bool(rj_get(ref, "stream")) == 1), "facts", "api %d: stream %d",
+		    (int)apis[a], r.stream);
+		bytes = ids = 0;
+		if (apis[a] == SL_API_RESPONSES)
+			bytes = ref_items_text(rj_get(ref, "input")) +
+			    ref_content_text(rj_get(ref, "instructions"));
+		else if (apis[a] == SL_API_MESSAGES)
+			bytes = ref_items_text(rj_get(ref, "messages")) +
+			    ref_content_text(rj_get(ref, "system"));
+		else if ((pr = rj_get(ref, "input")) != NULL) {
+			bytes = ref_text(pr);
+			if (pr->t == RJ_ARR)
+				for (i = 0; i < pr->n; i++) {
+					if (pr->kid[i]->t == RJ_STR)
+						bytes += ref_text(pr->kid[i]);
+					else if (pr->kid[i]->t == RJ_ARR)
+						ids += pr->kid[i]->n;
+					else
+						ids++;
+				}
+		}
+		want = bytes / 4 + (bytes % 4 != 0) + ids;
+		fz_check(r.prompt_est == want, "prompt-estimate",
+		    "api %d: prompt estimated %llu, the reference %llu", (int)apis[a],
+		    (unsigned long long)r.prompt_est, (unsigned long long)want);
+		sl_usage_req_free(&r);
+	}
+	/* chat through the same entry: sl_usage_request without injection */
+	fz_check(sl_usage_request_api(SL_API_CHAT, in, len, &chat) == 0 && !chat.injected &&
+	    chat.counted == obj, "api-req", "chat through sl_usage_request_api");
+	sl_usage_req_free(&chat);
+	rj_free(ref);
+	/* the JSON answers: no crash, and usage read implies believable shape */
+	for (a = 0; a < 3; a++) {
+		struct sl_usage u;
+
+		if (sl_usage_from_json_api(apis[a], in, len, &u) == 0)
+			fz_check(u.have && u.prompt_tokens <= SL_USAGE_MAX_TOKENS + 1 &&
+			    u.completion_tokens <= SL_USAGE_MAX_TOKENS + 1, "api-json",
+			    "api %d: usage out of range", (int)apis[a]);
+		else
+			fz_check(!u.have, "api-json", "have without usage");
+		(void)sl_usage_json_content_api(apis[a], in, len);
+	}
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -461,5 +814,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	len = size - 2;
 	check_scanner(in, len, seed);
 	check_request(in, len);
+	check_api_scanner(in, len, seed);
+	check_request_api(in, len);
 	return 0;
 }

@@ -18,7 +18,10 @@
 
 #include "unit.h"
 
+#include "sl_http.h"
 #include "sl_json.h"
+#include "sl_meter.h"
+#include "sl_shm.h"
 #include "sl_usage.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -1448,6 +1451,724 @@ test_json_wide_is_what_python_decodes_as_utf16_or_utf32(void **state)
 	}
 }
 
+/* ------------------------------------------------------------------ other APIs */
+
+/*
+ * A stream of api fed in two reads split at k (step 0) or a byte at a
+ * time (step 1): never held or cut, one range of all of each read.
+ */
+static void
+api_run(enum sl_api api, const char *in, size_t len, size_t k, int bytes,
+    struct sl_usage *u, uint64_t *content)
+{
+	struct sl_usage_scan s;
+	struct sl_usage_out o;
+	size_t i, n;
+
+	sl_usage_scan_init_api(&s, api);
+	for (i = 0; i < len; i += n) {
+		n = bytes ? 1 : i < k ? k - i : len - i;
+		assert_int_equal(sl_usage_scan_feed(&s, in + i, n, &o), n);
+		assert_int_equal(o.held_len, 0);
+		assert_int_equal(o.n, 1);
+		assert_int_equal(o.range[0].off, 0);
+		assert_int_equal(o.range[0].len, n);
+		assert_true(sl_usage_scan_content(&s) == s.content_bytes);
+	}
+	sl_usage_scan_finish(&s, &o);
+	assert_int_equal(o.held_len, 0);
+	assert_int_equal(o.n, 0);
+	sl_usage_scan_result(&s, u, content);
+	assert_int_equal(sl_usage_scan_dropped(&s), 0);
+	sl_usage_scan_free(&s);
+}
+
+/* Every 2-way split and 1-byte reads give exactly these numbers. */
+static void
+check_api(enum sl_api api, const char *in, int have, uint64_t prompt,
+    uint64_t completion, uint64_t content)
+{
+	size_t len = strlen(in), k;
+	struct sl_usage u;
+	uint64_t cb;
+
+	for (k = 0; k <= len + 1; k++) {
+		if (k <= len)
+			api_run(api, in, len, k, 0, &u, &cb);
+		else
+			api_run(api, in, len, 0, 1, &u, &cb);
+		if (u.have != have || cb != content ||
+		    (have && (u.prompt_tokens != prompt ||
+		    u.completion_tokens != completion ||
+		    u.total_tokens != prompt + completion)))
+			fail_msg("split %zu of %zu: have %d %llu/%llu/%llu content %llu, "
+			    "want %d %llu/%llu content %llu", k, len, u.have,
+			    (unsigned long long)u.prompt_tokens,
+			    (unsigned long long)u.completion_tokens,
+			    (unsigned long long)u.total_tokens, (unsigned long long)cb,
+			    have, (unsigned long long)prompt,
+			    (unsigned long long)completion, (unsigned long long)content);
+	}
+}
+
+#define R_RESP "\"id\":\"resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5eb654\"," \
+	"\"object\":\"response\",\"created_at\":1741290958,\"error\":null," \
+	"\"incomplete_details\":null,\"instructions\":\"You are a helpful assistant.\"," \
+	"\"max_output_tokens\":null,\"model\":\"gpt-4.1-2025-04-14\"," \
+	"\"parallel_tool_calls\":true,\"previous_response_id\":null," \
+	"\"reasoning\":{\"effort\":null,\"summary\":null},\"store\":true," \
+	"\"temperature\":1.0,\"text\":{\"format\":{\"type\":\"text\"}}," \
+	"\"tool_choice\":\"auto\",\"tools\":[],\"top_p\":1.0,\"truncation\":\"disabled\""
+#define R_ITEM "\"item_id\":\"msg_67c9fdcf37fc8190ba82116e33fb28c507b8b0ad4e5eb654\"," \
+	"\"output_index\":0,\"content_index\":0"
+#define R_TEXT "Hi there! \\\"ok\\\""
+
+/* What OpenAI sends for a streamed response (content: 2 + 6 + 6 + 5 + 7 + 3 = 29). */
+static const char resp_head[] =
+    "event: response.created\n"
+    "data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{" R_RESP
+    ",\"status\":\"in_progress\",\"output\":[],\"usage\":null,\"user\":null,\"metadata\":{}}}\n\n"
+    "event: response.in_progress\n"
+    "data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{" R_RESP
+    ",\"status\":\"in_progress\",\"output\":[],\"usage\":null,\"user\":null,\"metadata\":{}}}\n\n"
+    "event: response.output_item.added\n"
+    "data: {\"type\":\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0,"
+    "\"item\":{\"id\":\"msg_67c9\",\"type\":\"message\",\"status\":\"in_progress\","
+    "\"role\":\"assistant\",\"content\":[]}}\n\n"
+    "event: response.content_part.added\n"
+    "data: {\"type\":\"response.content_part.added\",\"sequence_number\":3," R_ITEM
+    ",\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[]}}\n\n"
+    "event: response.output_text.delta\n"
+    "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":4," R_ITEM
+    ",\"delta\":\"Hi\",\"logprobs\":[]}\n\n"
+    "event: response.output_text.delta\n"
+    "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":5," R_ITEM
+    ",\"delta\":\" there\",\"logprobs\":[]}\n\n"
+    "event: response.output_text.delta\n"
+    "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":6," R_ITEM
+    ",\"delta\":\"! \\\"ok\\\"\",\"logprobs\":[]}\n\n"
+    "event: response.reasoning_summary_text.delta\n"
+    "data: {\"type\":\"response.reasoning_summary_text.delta\",\"sequence_number\":7,"
+    "\"item_id\":\"rs_1\",\"output_index\":0,\"summary_index\":0,\"delta\":\"Think\"}\n\n"
+    "event: response.function_call_arguments.delta\n"
+    "data: {\"type\":\"response.function_call_arguments.delta\",\"sequence_number\":8,"
+    "\"item_id\":\"fc_1\",\"output_index\":1,\"delta\":\"{\\\"a\\\":1}\"}\n\n"
+    /* the delta before the type: counted once the type is known */
+    "data: {\"delta\":\"xyz\",\"sequence_number\":9,\"type\":\"response.output_text.delta\"}\n\n"
+    /* deltas of other types are not text */
+    "event: response.audio.delta\n"
+    "data: {\"type\":\"response.audio.delta\",\"sequence_number\":10,\"delta\":\"AAAAAAAA\"}\n\n"
+    "data: {\"delta\":\"BBBB\",\"type\":\"response.audio.delta\"}\n\n"
+    ": keep-alive\n\n"
+    "event: response.output_text.done\n"
+    "data: {\"type\":\"response.output_text.done\",\"sequence_number\":11," R_ITEM
+    ",\"text\":\"" R_TEXT "\",\"logprobs\":[]}\n\n"
+    "event: response.content_part.done\n"
+    "data: {\"type\":\"response.content_part.done\",\"sequence_number\":12," R_ITEM
+    ",\"part\":{\"type\":\"output_text\",\"text\":\"" R_TEXT "\",\"annotations\":[]}}\n\n";
+
+#define R_DONE(type, status, usage) \
+    "event: " type "\n" \
+    "data: {\"type\":\"" type "\",\"sequence_number\":13,\"response\":{" R_RESP \
+    ",\"status\":\"" status "\",\"output\":[{\"id\":\"msg_67c9\",\"type\":\"message\"," \
+    "\"status\":\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\"," \
+    "\"text\":\"" R_TEXT "\",\"annotations\":[]}]}],\"usage\":" usage \
+    ",\"user\":null,\"metadata\":{}}}\n\n"
+#define R_USAGE "{\"input_tokens\":37,\"input_tokens_details\":{\"cached_tokens\":0}," \
+    "\"output_tokens\":11,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":48}"
+
+static char *
+cat2(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	char *s = malloc(la + lb + 1);
+
+	assert_non_null(s);
+	memcpy(s, a, la);
+	memcpy(s + la, b, lb + 1);
+	return s;
+}
+
+static void
+test_api_responses_usage_at_every_split(void **state)
+{
+	char *s;
+
+	(void)state;
+	s = cat2(resp_head, R_DONE("response.completed", "completed", R_USAGE));
+	check_api(SL_API_RESPONSES, s, 1, 37, 11, 29);
+	free(s);
+	s = cat2(resp_head, R_DONE("response.incomplete", "incomplete", R_USAGE));
+	check_api(SL_API_RESPONSES, s, 1, 37, 11, 29);
+	free(s);
+	s = cat2(resp_head, R_DONE("response.failed", "failed", R_USAGE));
+	check_api(SL_API_RESPONSES, s, 1, 37, 11, 29);
+	free(s);
+	/* failed without usage: estimate */
+	s = cat2(resp_head, R_DONE("response.failed", "failed", "null"));
+	check_api(SL_API_RESPONSES, s, 0, 0, 0, 29);
+	free(s);
+	/* the same usage in another event type is not the response's */
+	s = cat2(resp_head, R_DONE("response.in_progress", "in_progress", R_USAGE));
+	check_api(SL_API_RESPONSES, s, 0, 0, 0, 29);
+	free(s);
+	/* no usage at all: the content for the estimate */
+	check_api(SL_API_RESPONSES, resp_head, 0, 0, 0, 29);
+}
+
+static void
+test_api_responses_cut_or_odd_streams(void **state)
+{
+	char *s, *t;
+	size_t len;
+	struct sl_usage u;
+	uint64_t cb;
+
+	(void)state;
+	/* cut inside the completed event (no blank line): no usage */
+	s = cat2(resp_head, R_DONE("response.completed", "completed", R_USAGE));
+	len = strlen(s);
+	api_run(SL_API_RESPONSES, s, len - 1, len - 1, 0, &u, &cb);
+	assert_int_equal(u.have, 0);
+	assert_int_equal(cb, 29);
+	api_run(SL_API_RESPONSES, s, len - 30, len - 30, 0, &u, &cb);
+	assert_int_equal(u.have, 0);
+	/* CRLF line ends */
+	{
+		size_t i, n = 0;
+
+		t = malloc(2 * len + 1);
+		assert_non_null(t);
+		for (i = 0; i < len; i++) {
+			if (s[i] == '\n')
+				t[n++] = '\r';
+			t[n++] = s[i];
+		}
+		t[n] = '\0';
+		check_api(SL_API_RESPONSES, t, 1, 37, 11, 29);
+		/* CR alone */
+		for (i = 0; i <= len; i++)
+			t[i] = s[i] == '\n' ? '\r' : s[i];
+		check_api(SL_API_RESPONSES, t, 1, 37, 11, 29);
+		free(t);
+	}
+	free(s);
+	/* the usage over two data lines; an absurd count reads as one past the bound */
+	check_api(SL_API_RESPONSES,
+	    "data: {\"type\":\"response.completed\",\"response\":{\"usage\":\n"
+	    "data: {\"input_tokens\":5,\n"
+	    "data: \"output_tokens\":200000000}}}\n\n", 1, 5, SL_USAGE_MAX_TOKENS + 1, 0);
+	/* a string cut by a line end: not JSON, no usage */
+	check_api(SL_API_RESPONSES,
+	    "data: {\"type\":\"response.completed\",\"x\":\"a\n"
+	    "data: b\",\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":6}}}\n\n",
+	    0, 0, 0, 0);
+	/* usage without output_tokens, or not an object */
+	check_api(SL_API_RESPONSES,
+	    "data: {\"type\":\"response.completed\",\"response\":{\"usage\":"
+	    "{\"input_tokens\":5}}}\n\n", 0, 0, 0, 0);
+	check_api(SL_API_RESPONSES,
+	    "data: {\"type\":\"response.completed\",\"response\":{\"usage\":[1,2]}}\n\n",
+	    0, 0, 0, 0);
+	/* a later completed event wins; escaped keys are not ours */
+	check_api(SL_API_RESPONSES,
+	    "data: {\"type\":\"response.completed\",\"response\":{\"usage\":"
+	    "{\"input_tokens\":1,\"output_tokens\":2}}}\n\n"
+	    "data: {\"type\":\"response.completed\",\"response\":{\"usage\":"
+	    "{\"input_tokens\":3,\"output_tokens\":4}}}\n\n"
+	    "data: {\"type\":\"response.completed\",\"response\":{\"us\\u0061ge\":"
+	    "{\"input_tokens\":5,\"output_tokens\":6}}}\n\n", 1, 3, 4, 0);
+	/* nesting past the depth counter: that event is not read, the next one is */
+	{
+		static const char head[] = "data: {\"type\":\"response.completed\",\"x\":";
+		static const char tail[] = "\n\ndata: {\"type\":\"response.completed\","
+		    "\"response\":{\"usage\":{\"input_tokens\":1,\"output_tokens\":2}}}\n\n";
+		size_t deep = 70000, hl = sizeof(head) - 1, tl = sizeof(tail) - 1;
+		char *d = malloc(hl + deep + tl + 1);
+
+		assert_non_null(d);
+		memcpy(d, head, hl);
+		memset(d + hl, '[', deep);
+		memcpy(d + hl + deep, tail, tl + 1);
+		api_run(SL_API_RESPONSES, d, hl + deep + tl, hl + deep / 2, 0, &u, &cb);
+		assert_int_equal(u.have, 1);
+		assert_int_equal(u.prompt_tokens, 1);
+		assert_int_equal(u.completion_tokens, 2);
+		free(d);
+	}
+	/* a usage deeper down (an output item's) is not the response's */
+	check_api(SL_API_RESPONSES,
+	    "data: {\"type\":\"response.completed\",\"response\":{\"output\":[{\"usage\":"
+	    "{\"input_tokens\":5,\"output_tokens\":6}}]}}\n\n", 0, 0, 0, 0);
+}
+
+static void
+test_api_responses_completed_event_larger_than_64k(void **state)
+{
+	size_t big = 200 * 1024, n, len;
+	char *s, *text;
+	struct sl_usage u;
+	uint64_t cb;
+	struct sl_usage_scan sc;
+	struct sl_usage_out o;
+	size_t i;
+
+	(void)state;
+	text = malloc(big + 1);
+	assert_non_null(text);
+	for (i = 0; i < big; i++)
+		text[i] = "abc\\\"de"[i % 7] == '\\' ? 'x' : "abcxyde"[i % 7];
+	text[big] = '\0';
+	s = malloc(2 * big + 4096);
+	assert_non_null(s);
+	len = (size_t)snprintf(s, 2 * big + 4096,
+	    "event: response.output_text.delta\n"
+	    "data: {\"type\":\"response.output_text.delta\",\"delta\":\"%s\"}\n\n"
+	    "event: response.completed\n"
+	    "data: {\"type\":\"response.completed\",\"sequence_number\":9,\"response\":"
+	    "{\"id\":\"resp_1\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":"
+	    "\"output_text\",\"text\":\"%s\"}]}],\"usage\":{\"input_tokens\":123,"
+	    "\"output_tokens\":51200,\"total_tokens\":51323}}}\n\n", text, text);
+	assert_true(len > 2 * big);
+	api_run(SL_API_RESPONSES, s, len, len / 3, 0, &u, &cb);
+	assert_int_equal(u.have, 1);
+	assert_int_equal(u.prompt_tokens, 123);
+	assert_int_equal(u.completion_tokens, 51200);
+	assert_int_equal(cb, big);
+	/* in reads of 1000: the copy holds the usage object only */
+	sl_usage_scan_init_api(&sc, SL_API_RESPONSES);
+	for (i = 0; i < len; i += n) {
+		n = len - i < 1000 ? len - i : 1000;
+		assert_int_equal(sl_usage_scan_feed(&sc, s + i, n, &o), n);
+		assert_true(sc.cap_alloc <= 4096);
+		assert_true(sc.hold == NULL);
+	}
+	sl_usage_scan_finish(&sc, &o);
+	assert_int_equal(sl_usage_scan_result(&sc, &u, &cb), 1);
+	assert_int_equal(u.total_tokens, 51323);
+	assert_int_equal(cb, big);
+	sl_usage_scan_free(&sc);
+	free(s);
+	free(text);
+}
+
+#define M_START(usage) \
+    "event: message_start\n" \
+    "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY\"," \
+    "\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\"," \
+    "\"stop_reason\":null,\"stop_sequence\":null,\"usage\":" usage "}}\n\n"
+#define M_DELTA(out) \
+    "event: message_delta\n" \
+    "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"," \
+    "\"stop_sequence\":null},\"usage\":{\"output_tokens\":" out "}}\n\n"
+
+/* content: 12 + 5 + 3 + 21 = 41 */
+static const char msg_body[] =
+    "event: content_block_start\n"
+    "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":"
+    "{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n"
+    "event: ping\n"
+    "data: {\"type\": \"ping\"}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":"
+    "{\"type\":\"thinking_delta\",\"thinking\":\"Let me think\"}}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":"
+    "{\"type\":\"signature_delta\",\"signature\":\"EqQBCgIYAhIM\"}}\n\n"
+    "event: content_block_stop\n"
+    "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+    "event: content_block_start\n"
+    "data: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":"
+    "{\"type\":\"text\",\"text\":\"not counted\"}}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":"
+    "{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"index\":1,\"delta\":{\"text\":\" \\u00e9!\",\"type\":\"text_delta\"},"
+    "\"type\":\"content_block_delta\"}\n\n"
+    "event: content_block_stop\n"
+    "data: {\"type\":\"content_block_stop\",\"index\":1}\n\n"
+    "event: content_block_start\n"
+    "data: {\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":"
+    "\"tool_use\",\"id\":\"toolu_01\",\"name\":\"get_weather\",\"input\":{}}}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":"
+    "\"input_json_delta\",\"partial_json\":\"{\\\"location\\\": \\\"Paris\\\"}\"}}\n\n"
+    "event: content_block_stop\n"
+    "data: {\"type\":\"content_block_stop\",\"index\":2}\n\n";
+
+static void
+test_api_messages_usage_at_every_split(void **state)
+{
+	char *a, *b;
+
+	(void)state;
+	/* cache tokens summed into the prompt; the last message_delta wins */
+	a = cat2(M_START("{\"input_tokens\":25,\"cache_creation_input_tokens\":100,"
+	    "\"cache_read_input_tokens\":7,\"output_tokens\":1}"), msg_body);
+	b = cat2(a, M_DELTA("10") M_DELTA("15") "event: message_stop\n"
+	    "data: {\"type\":\"message_stop\"}\n\n");
+	check_api(SL_API_MESSAGES, b, 1, 132, 15, 41);
+	free(b);
+	/* no message_delta (cut): estimate */
+	check_api(SL_API_MESSAGES, a, 0, 0, 0, 41);
+	free(a);
+	/* cache fields null or absent */
+	a = cat2(M_START("{\"input_tokens\":25,\"cache_creation_input_tokens\":null,"
+	    "\"output_tokens\":1}"), M_DELTA("3"));
+	check_api(SL_API_MESSAGES, a, 1, 25, 3, 0);
+	free(a);
+	/* no message_start usage: message_delta's input_tokens (newer API) */
+	check_api(SL_API_MESSAGES, "event: message_delta\ndata: {\"type\":\"message_delta\","
+	    "\"delta\":{},\"usage\":{\"input_tokens\":4,\"cache_read_input_tokens\":2,"
+	    "\"output_tokens\":9}}\n\n", 1, 6, 9, 0);
+	/* message_delta alone: no prompt, no usage */
+	check_api(SL_API_MESSAGES, M_DELTA("3"), 0, 0, 0, 0);
+	/* cut mid-event: the delta is not complete */
+	a = cat2(M_START("{\"input_tokens\":25,\"output_tokens\":1}"),
+	    "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":"
+	    "{\"output_tokens\":15}}");
+	check_api(SL_API_MESSAGES, a, 0, 0, 0, 0);
+	free(a);
+	/* a bad cache count makes the usage unread */
+	a = cat2(M_START("{\"input_tokens\":25,\"cache_read_input_tokens\":-1}"), M_DELTA("3"));
+	check_api(SL_API_MESSAGES, a, 0, 0, 0, 0);
+	free(a);
+	/* each event's own usage: message_start's top-level usage and
+	 * message_delta's message.usage are not read */
+	check_api(SL_API_MESSAGES, "data: {\"type\":\"message_start\",\"message\":{\"usage\":"
+	    "{\"input_tokens\":5}},\"usage\":{\"input_tokens\":9,\"output_tokens\":8}}\n\n"
+	    "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":3},\"message\":"
+	    "{\"usage\":{\"input_tokens\":7,\"output_tokens\":6}}}\n\n", 1, 5, 3, 0);
+	/* usage inside the delta or a content block is not the message's */
+	check_api(SL_API_MESSAGES, "data: {\"type\":\"message_start\",\"message\":{\"content\":"
+	    "[{\"usage\":{\"input_tokens\":1}}]}}\n\n" M_DELTA("3"), 0, 0, 0, 0);
+}
+
+/* A fake request as h1.c parses one. */
+static void
+fake_req(struct sl_req *r, int method, const char *url, const char *body)
+{
+	memset(r, 0, sizeof(*r));
+	r->arena = strdup(url);
+	assert_non_null(r->arena);
+	r->url_off = 0;
+	r->url_len = (uint32_t)strlen(url);
+	r->method = method;
+	if (body != NULL) {
+		r->body = strdup(body);
+		assert_non_null(r->body);
+		r->body_len = r->body_cap = strlen(body);
+	}
+}
+
+static void
+free_req(struct sl_req *r)
+{
+	free(r->arena);
+	free(r->body);
+}
+
+/*
+ * sl_meter from the request to its cost: the body's answer fed as the
+ * relay feeds it (an event stream through the scanner, else kept).
+ * Returns what sl_meter_end returned; n the cost, *m its state after.
+ */
+static int
+meter_run(struct sl_meter *m, const char *url, const char *req, int sse,
+    const char *resp, size_t rlen, uint64_t n[SL_TOKENS_KINDS])
+{
+	struct sl_req r;
+	struct sl_usage_out o;
+	size_t off = 0;
+	int rc;
+
+	memset(m, 0, sizeof(*m));
+	fake_req(&r, HTTP_POST, url, req);
+	sl_meter_request(m, 1, 1, &r);
+	sl_meter_head(m, 200, 1, sse, !sse);
+	if (m->on && m->scan != NULL) {
+		while (off < rlen)
+			off += sl_usage_scan_feed(m->scan, resp + off, rlen - off, &o);
+		sl_usage_scan_finish(m->scan, &o);
+	}
+	if (m->on && m->keep_json) {
+		for (off = 0; off < rlen; off += 4096)
+			sl_meter_keep(m, resp + off, rlen - off < 4096 ? rlen - off : 4096);
+	}
+	n[0] = n[1] = n[2] = 7777;
+	rc = sl_meter_end(m, 200, n);
+	sl_meter_free(m);
+	free_req(&r);
+	return rc;
+}
+
+static void
+check_cost(const uint64_t n[SL_TOKENS_KINDS], uint64_t p, uint64_t c, uint64_t e)
+{
+	if (n[SL_TOKENS_PROMPT] != p || n[SL_TOKENS_COMPLETION] != c ||
+	    n[SL_TOKENS_ESTIMATED] != e)
+		fail_msg("cost %llu/%llu/%llu, want %llu/%llu/%llu",
+		    (unsigned long long)n[0], (unsigned long long)n[1],
+		    (unsigned long long)n[2], (unsigned long long)p,
+		    (unsigned long long)c, (unsigned long long)e);
+}
+
+static void
+test_meter_each_api_end_to_end(void **state)
+{
+	struct sl_meter m;
+	uint64_t n[SL_TOKENS_KINDS];
+	char *s;
+	static const char rq[] = "{\"model\":\"m\",\"stream\":true,\"input\":\"abcdefgh\","
+	    "\"instructions\":\"xyz\"}";   /* 11 bytes: 3 tokens */
+	static const char mq[] = "{\"model\":\"m\",\"stream\":true,\"max_tokens\":9,"
+	    "\"system\":\"abcd\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}";
+
+	(void)state;
+	/* responses, streamed: exact */
+	s = cat2(resp_head, R_DONE("response.completed", "completed", R_USAGE));
+	assert_int_equal(meter_run(&m, "/v1/responses", rq, 1, s, strlen(s), n), 1);
+	assert_int_equal(m.api, SL_API_RESPONSES);
+	assert_string_equal(m.kind, "exact");
+	check_cost(n, 37, 11, 0);
+	/* the body went upstream untouched (no injection) */
+	/* cut before the completed event: estimated, 3 + ceil(29 / 4) */
+	assert_int_equal(meter_run(&m, "/v1/responses", rq, 1, s,
+	    strlen(resp_head) + 50, n), 1);
+	assert_string_equal(m.kind, "estimated");
+	check_cost(n, 0, 0, 3 + 8);
+	free(s);
+	/* messages, streamed: exact; prompt 4 + 5 = 9 bytes: 3 tokens */
+	s = cat2(M_START("{\"input_tokens\":25,\"cache_creation_input_tokens\":100,"
+	    "\"cache_read_input_tokens\":7,\"output_tokens\":1}"), msg_body);
+	assert_int_equal(meter_run(&m, "/v1/messages", mq, 1, s, strlen(s), n), 1);
+	assert_string_equal(m.kind, "estimated");
+	check_cost(n, 0, 0, 3 + 11);      /* no message_delta: ceil(41 / 4) */
+	free(s);
+	s = cat2(M_START("{\"input_tokens\":25,\"cache_creation_input_tokens\":100,"
+	    "\"cache_read_input_tokens\":7,\"output_tokens\":1}"), M_DELTA("15"));
+	assert_int_equal(meter_run(&m, "/v1/messages?beta=true", mq, 1, s, strlen(s), n), 1);
+	assert_int_equal(m.api, SL_API_MESSAGES);
+	check_cost(n, 132, 15, 0);
+	free(s);
+	/* absurd counts: estimated */
+	s = cat2(M_START("{\"input_tokens\":25}"), M_DELTA("200000000"));
+	assert_int_equal(meter_run(&m, "/v1/messages", mq, 1, s, strlen(s), n), 1);
+	check_cost(n, 0, 0, 3 + 0);
+	free(s);
+	/* responses, one JSON body */
+	s = "{\"id\":\"resp_1\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":"
+	    "\"output_text\",\"text\":\"Hello there\"}]}],\"usage\":{\"input_tokens\":12,"
+	    "\"output_tokens\":34,\"total_tokens\":46}}";
+	assert_int_equal(meter_run(&m, "/v1/responses", "{\"input\":\"abcd\"}", 0, s,
+	    strlen(s), n), 1);
+	check_cost(n, 12, 34, 0);
+	/* messages, one JSON body */
+	s = "{\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}],\"usage\":{\"input_tokens\":10,"
+	    "\"cache_creation_input_tokens\":5,\"cache_read_input_tokens\":null,"
+	    "\"output_tokens\":7}}";
+	assert_int_equal(meter_run(&m, "/v1/messages", mq, 0, s, strlen(s), n), 1);
+	check_cost(n, 15, 7, 0);
+	/* without usage: the prompt estimated, the content of the answer */
+	s = "{\"content\":[{\"type\":\"text\",\"text\":\"Hi there you\"}]}";
+	assert_int_equal(meter_run(&m, "/v1/messages", mq, 0, s, strlen(s), n), 1);
+	check_cost(n, 0, 0, 3 + 3);
+	/* embeddings: prompt_tokens, no completion */
+	s = "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,"
+	    "\"embedding\":[0.1,0.2]}],\"model\":\"e\",\"usage\":{\"prompt_tokens\":8,"
+	    "\"total_tokens\":8}}";
+	assert_int_equal(meter_run(&m, "/v1/embeddings", "{\"input\":[\"abcd\",\"efgh\"],"
+	    "\"model\":\"e\"}", 0, s, strlen(s), n), 1);
+	assert_int_equal(m.api, SL_API_EMBEDDINGS);
+	check_cost(n, 8, 0, 0);
+	s = "{\"object\":\"list\",\"data\":[]}";
+	assert_int_equal(meter_run(&m, "/v1/embeddings", "{\"input\":[[1,2,3],[4]]}", 0, s,
+	    strlen(s), n), 1);
+	check_cost(n, 0, 0, 4);
+	/* percent-encoded paths are the API */
+	s = "{\"usage\":{\"input_tokens\":1,\"output_tokens\":2}}";
+	assert_int_equal(meter_run(&m, "/v1/%72esponses", "{}", 0, s, strlen(s), n), 1);
+	check_cost(n, 1, 2, 0);
+	/* not metered: stored responses, count_tokens, non-objects */
+	assert_int_equal(meter_run(&m, "/v1/responses/resp_1/cancel", "{}", 0, s,
+	    strlen(s), n), 0);
+	assert_int_equal(m.on, 0);
+	assert_int_equal(meter_run(&m, "/v1/messages/count_tokens", "{\"messages\":[]}", 0,
+	    s, strlen(s), n), 0);
+	assert_int_equal(meter_run(&m, "/v1/responses", "[1]", 0, s, strlen(s), n), 0);
+	/* chat as before: the usage chunk asked for, read, and the cost */
+	s = "data: {\"choices\":[{\"delta\":{\"content\":\"abcdefgh\"}}]}\n\n"
+	    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n"
+	    "data: [DONE]\n\n";
+	assert_int_equal(meter_run(&m, "/v1/chat/completions", "{\"stream\":true,"
+	    "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", 1, s, strlen(s), n), 1);
+	assert_int_equal(m.api, SL_API_CHAT);
+	check_cost(n, 4, 2, 0);
+}
+
+static void
+test_meter_requests_of_each_api_relayed_untouched(void **state)
+{
+	struct sl_meter m;
+	struct sl_req r;
+	static const char *const url[] = { "/v1/responses", "/v1/messages" };
+	static const char body[] = "{\"stream\":true,\"input\":\"x\",\"messages\":[]}";
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < 2; i++) {
+		memset(&m, 0, sizeof(m));
+		fake_req(&r, HTTP_POST, url[i], body);
+		sl_meter_request(&m, 1, 1, &r);
+		assert_int_equal(m.on, 1);
+		assert_non_null(m.scan);
+		assert_int_equal(m.scan->drop, 0);
+		assert_int_equal(m.scan->api, i == 0 ? SL_API_RESPONSES : SL_API_MESSAGES);
+		assert_int_equal(r.body_len, strlen(body));
+		assert_memory_equal(r.body, body, r.body_len);
+		sl_meter_free(&m);
+		free_req(&r);
+	}
+	/* usage off, or not a POST: nothing */
+	memset(&m, 0, sizeof(m));
+	fake_req(&r, HTTP_POST, "/v1/responses", body);
+	sl_meter_request(&m, 0, 1, &r);
+	assert_int_equal(m.on, 0);
+	free_req(&r);
+	fake_req(&r, HTTP_GET, "/v1/responses", body);
+	sl_meter_request(&m, 1, 1, &r);
+	assert_int_equal(m.on, 0);
+	free_req(&r);
+}
+
+static void
+test_meter_json_answer_too_large_is_estimated(void **state)
+{
+	struct sl_meter m;
+	uint64_t n[SL_TOKENS_KINDS];
+	size_t len = SL_USAGE_MAX_JSON + 100;
+	char *s = malloc(len + 1);
+
+	(void)state;
+	assert_non_null(s);
+	memset(s, ' ', len);
+	memcpy(s, "{\"usage\":{\"input_tokens\":1,\"output_tokens\":2}", 46);
+	s[len - 1] = '}';
+	s[len] = '\0';
+	assert_int_equal(meter_run(&m, "/v1/responses", "{\"input\":\"abcd\"}", 0, s, len,
+	    n), 1);
+	check_cost(n, 0, 0, 1 + (len + 3) / 4);
+	free(s);
+}
+
+static void
+check_json_api(enum sl_api api, const char *b, int rc, uint64_t p, uint64_t c,
+    uint64_t content)
+{
+	struct sl_usage u;
+
+	assert_int_equal(sl_usage_from_json_api(api, b, strlen(b), &u), rc);
+	assert_int_equal(u.have, rc == 0);
+	assert_int_equal(u.prompt_tokens, p);
+	assert_int_equal(u.completion_tokens, c);
+	assert_int_equal(sl_usage_json_content_api(api, b, strlen(b)), content);
+}
+
+static void
+test_api_json_bodies(void **state)
+{
+	(void)state;
+	check_json_api(SL_API_RESPONSES, "{\"id\":\"resp_1\",\"output\":[{\"type\":"
+	    "\"reasoning\",\"summary\":[{\"type\":\"summary_text\",\"text\":\"abc\"}]},"
+	    "{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":"
+	    "\"Hello there\"},{\"type\":\"refusal\",\"refusal\":\"no\"}]},{\"type\":"
+	    "\"function_call\",\"arguments\":\"{\\\"x\\\":1}\"}],\"usage\":{\"input_tokens\":"
+	    "12,\"output_tokens\":34,\"total_tokens\":46}}", 0, 12, 34, 3 + 11 + 2 + 7);
+	check_json_api(SL_API_RESPONSES, "{\"usage\":{\"input_tokens\":12}}", -1, 0, 0, 0);
+	check_json_api(SL_API_RESPONSES, "{\"usage\":{\"prompt_tokens\":1,"
+	    "\"completion_tokens\":2}}", -1, 0, 0, 0);
+	check_json_api(SL_API_MESSAGES, "{\"content\":[{\"type\":\"text\",\"text\":\"Hi\"},"
+	    "{\"type\":\"thinking\",\"thinking\":\"hmm\"},{\"type\":\"tool_use\",\"input\":"
+	    "{\"a\":1}}],\"usage\":{\"input_tokens\":10,\"cache_creation_input_tokens\":5,"
+	    "\"cache_read_input_tokens\":2,\"output_tokens\":7}}", 0, 17, 7, 2 + 3 + 7);
+	check_json_api(SL_API_MESSAGES, "{\"usage\":{\"input_tokens\":10}}", -1, 0, 0, 0);
+	check_json_api(SL_API_MESSAGES, "{\"usage\":{\"input_tokens\":1,"
+	    "\"output_tokens\":200000000}}", 0, 1, SL_USAGE_MAX_TOKENS + 1, 0);
+	check_json_api(SL_API_EMBEDDINGS, "{\"data\":[],\"usage\":{\"prompt_tokens\":8,"
+	    "\"total_tokens\":8}}", 0, 8, 0, 0);
+	check_json_api(SL_API_EMBEDDINGS, "{\"data\":[],\"usage\":{\"prompt_tokens\":-1}}",
+	    -1, 0, 0, 0);
+	/* chat through the same entry points */
+	check_json_api(SL_API_CHAT, "{\"choices\":[{\"message\":{\"content\":\"abc\"}}],"
+	    "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}", 0, 1, 2, 3);
+}
+
+static void
+check_req_api(enum sl_api api, const char *b, int counted, int stream, uint64_t est)
+{
+	struct sl_usage_req r;
+
+	assert_int_equal(sl_usage_request_api(api, b, strlen(b), &r), 0);
+	if (r.counted != counted || r.stream != stream || r.prompt_est != est ||
+	    r.injected || r.body != NULL)
+		fail_msg("%s: counted %d stream %d est %llu injected %d", b, r.counted,
+		    r.stream, (unsigned long long)r.prompt_est, r.injected);
+	sl_usage_req_free(&r);
+}
+
+static void
+test_api_prompt_estimates(void **state)
+{
+	(void)state;
+	/* responses: 8 + 3 = 11 bytes */
+	check_req_api(SL_API_RESPONSES, "{\"model\":\"m\",\"input\":\"abcdefgh\","
+	    "\"instructions\":\"xyz\"}", 1, 0, 3);
+	/* items: content strings, parts' text, a bare string: 4 + 4 + 2 + 1 */
+	check_req_api(SL_API_RESPONSES, "{\"stream\":true,\"input\":[{\"role\":\"user\","
+	    "\"content\":\"abcd\"},{\"role\":\"user\",\"content\":[{\"type\":\"input_text\","
+	    "\"text\":\"efgh\"},{\"type\":\"input_image\",\"image_url\":\"http://x/abcdefgh\"}]},"
+	    "\"ij\",{\"type\":\"function_call_output\",\"call_id\":\"c\"}],"
+	    "\"instructions\":\"\\u00e9\"}", 1, 1, 3);
+	check_req_api(SL_API_RESPONSES, "{\"input\":\"abcd\",\"stream\":\"yes\"}", 1, 1, 1);
+	check_req_api(SL_API_RESPONSES, "{\"input\":\"abcd\",\"stream\":false}", 1, 0, 1);
+	check_req_api(SL_API_RESPONSES, "[\"abcd\"]", 0, 0, 0);
+	check_req_api(SL_API_RESPONSES, "{\"input\":", 0, 0, 0);
+	/* messages: system blocks 4, content string 5, blocks 3 */
+	check_req_api(SL_API_MESSAGES, "{\"system\":[{\"type\":\"text\",\"text\":\"abcd\"}],"
+	    "\"messages\":[{\"role\":\"user\",\"content\":\"hello\"},{\"role\":\"assistant\","
+	    "\"content\":[{\"type\":\"text\",\"text\":\"abc\"},{\"type\":\"image\"}]}],"
+	    "\"stream\":\"true\"}", 1, 1, 3);
+	check_req_api(SL_API_MESSAGES, "{\"system\":\"abcdefghi\",\"messages\":[]}", 1, 0, 3);
+	/* embeddings: text, strings, token ids; never streamed */
+	check_req_api(SL_API_EMBEDDINGS, "{\"input\":\"abcde\",\"stream\":true}", 1, 0, 2);
+	check_req_api(SL_API_EMBEDDINGS, "{\"input\":[\"abcd\",\"efgh\"]}", 1, 0, 2);
+	check_req_api(SL_API_EMBEDDINGS, "{\"input\":[1,2,3]}", 1, 0, 3);
+	check_req_api(SL_API_EMBEDDINGS, "{\"input\":[[1,2],[3]]}", 1, 0, 3);
+	check_req_api(SL_API_EMBEDDINGS, "{\"model\":\"e\"}", 1, 0, 0);
+	/* chat and completions: sl_usage_request, without injection */
+	check_req_api(SL_API_COMPLETIONS, "{\"prompt\":\"abcdefgh\",\"stream\":true}", 1, 1, 2);
+}
+
+static void
+test_api_scanner_other_apis_are_chat(void **state)
+{
+	struct sl_usage_scan s;
+
+	(void)state;
+	sl_usage_scan_init_api(&s, SL_API_EMBEDDINGS);
+	assert_int_equal(s.api, 0);
+	assert_int_equal(s.drop, 0);
+	sl_usage_scan_free(&s);
+	sl_usage_scan_init_api(&s, SL_API_CHAT);
+	assert_int_equal(s.api, 0);
+	sl_usage_scan_free(&s);
+	/* chat's stream through init_api: as sl_usage_scan_init(s, 0) */
+	check_api(SL_API_CHAT, "data: {\"choices\":[{\"delta\":{\"content\":\"abcd\"}}]}\n\n"
+	    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n",
+	    1, 3, 1, 4);
+}
+
 int
 main(void)
 {
@@ -1493,6 +2214,16 @@ main(void)
 		cmocka_unit_test(test_req_invalid_json_not_counted),
 		cmocka_unit_test(test_req_nesting_limit),
 		cmocka_unit_test(test_from_json_reads_usage),
+		cmocka_unit_test(test_api_responses_usage_at_every_split),
+		cmocka_unit_test(test_api_responses_cut_or_odd_streams),
+		cmocka_unit_test(test_api_responses_completed_event_larger_than_64k),
+		cmocka_unit_test(test_api_messages_usage_at_every_split),
+		cmocka_unit_test(test_api_json_bodies),
+		cmocka_unit_test(test_api_prompt_estimates),
+		cmocka_unit_test(test_api_scanner_other_apis_are_chat),
+		cmocka_unit_test(test_meter_each_api_end_to_end),
+		cmocka_unit_test(test_meter_requests_of_each_api_relayed_untouched),
+		cmocka_unit_test(test_meter_json_answer_too_large_is_estimated),
 	};
 
 	return sl_unit_run(tests);

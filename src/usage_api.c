@@ -1,0 +1,1048 @@
+/* SPDX-License-Identifier: BSD-2-Clause */
+/*
+ * The event streams of the Responses API and the Anthropic Messages API
+ * read for their usage and content (sl_usage_scan_init_api, sl_usage.h).
+ *
+ * Their own lexer, beside chat's (usage_scan.c is not touched by them but
+ * for one branch at the top of its feed): these streams are never edited,
+ * so nothing is held and every feed is one range of all its input. Per
+ * event it follows the data's JSON only as far as it must: the key of the
+ * current member at depths 1 and 2 (matched against the few names that
+ * matter while its bytes go by), the top-level "type" value, the strings
+ * counted for the estimate, and the copy of one usage object (parsed with
+ * jansson once it closes). String bodies are skipped 16 bytes at a time
+ * (SSE2) and the bytes between tokens by a table; nothing is allocated
+ * but the copy of a usage object, kept for the stream.
+ *
+ * It uses struct sl_usage_scan's fields as chat's scanner does where they
+ * mean the same (content_bytes, the usage, cap, depth, cr, line, lx, ...)
+ * and the a_* fields of its own.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+#include <emmintrin.h>
+#endif
+
+#include <jansson.h>
+
+#include "sl_json.h"
+#include "sl_usage.h"
+#include "usage_lexer.h"
+
+/* line */
+enum { A_BOL, A_FIELD, A_DATA, A_SKIP };
+/* lx */
+enum { J_OUT, J_STR, J_ESC, J_U };
+/* key: what the current string is */
+enum { R_NONE, R_KEY, R_TYPE };
+/* cnt: where the current string's bytes are counted */
+enum { C_NO, C_NOW, C_PEND };
+/* ev */
+enum { AE_BAD = 1, AE_CAPFAIL = 2, AE_OBJ = 4, AE_SKIP = 8 };
+/* a_kind: depth 1 and 2 are objects; a key is expected next */
+enum { AK_OBJ1 = 1, AK_OBJ2 = 2, AK_KEY = 4 };
+/*
+ * a_pf: the usage parsed in this event: PF_IN, PF_OUT from the usage object
+ * (p_prompt, p_completion, p_total), for messages from the top-level one
+ * (message_delta's); PF_IN2 from messages' message.usage (message_start's;
+ * its prompt in p_total). a_capd: the depth of the object being copied.
+ */
+enum { PF_IN = 1, PF_OUT = 2, PF_IN2 = 4 };
+/* a_have: what the stream's usage has (messages comes in two events) */
+enum { AH_PROMPT = 1, AH_COMPL = 2 };
+
+/* Keys (bits of kmask, ids 1..8 in a_k1/a_k2). */
+enum {
+	KI_TYPE = 1, KI_DELTA, KI_USAGE, KI_RESPONSE, KI_MESSAGE, KI_TEXT,
+	KI_THINKING, KI_PARTIAL_JSON
+};
+#define KB(i) (1u << ((i) - 1))
+static const char *const key_names[8] = {
+	"type", "delta", "usage", "response", "message", "text", "thinking",
+	"partial_json"
+};
+static const uint8_t key_lens[8] = { 4, 5, 5, 8, 7, 4, 8, 12 };
+
+/* Event types, per API (ids 1..n in a_type; 0xff another type). */
+#define T_OTHER 0xff
+enum { TF_USAGE = 1, TF_CONTENT = 2, TF_START = 4, TF_DELTA = 8 };
+struct types {
+	const char *name[8];
+	uint8_t len[8];
+	uint8_t flags[8];
+	uint8_t n;
+};
+static const struct types resp_types = {
+	{ "response.completed", "response.incomplete", "response.failed",
+	  "response.output_text.delta", "response.refusal.delta",
+	  "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+	  "response.function_call_arguments.delta" },
+	{ 18, 19, 15, 26, 22, 29, 37, 38 },
+	{ TF_USAGE, TF_USAGE, TF_USAGE, TF_CONTENT, TF_CONTENT, TF_CONTENT,
+	  TF_CONTENT, TF_CONTENT },
+	8
+};
+static const struct types msg_types = {
+	{ "message_start", "message_delta", "content_block_delta" },
+	{ 13, 13, 19 },
+	{ TF_START, TF_DELTA, TF_CONTENT },
+	3
+};
+
+static inline const struct types *
+types_of(const struct sl_usage_scan *s)
+{
+	return s->api == SL_API_RESPONSES ? &resp_types : &msg_types;
+}
+
+static inline uint8_t
+type_flags(const struct sl_usage_scan *s)
+{
+	if (s->a_type == 0 || s->a_type == T_OTHER)
+		return 0;
+	return types_of(s)->flags[s->a_type - 1];
+}
+
+/* Bytes that end a run between tokens: what the lexer acts on. */
+static const uint8_t tok_stop[256] = {
+	['"'] = 1, ['{'] = 1, ['}'] = 1, ['['] = 1, [']'] = 1, [','] = 1,
+	['\n'] = 1, ['\r'] = 1
+};
+/* Bytes that end a run in a string (and a skipped line: \n \r). */
+static const uint8_t str_stop[256] = {
+	['"'] = 1, ['\\'] = 1, ['\n'] = 1, ['\r'] = 1
+};
+
+/* The first byte of p[0..e) that is '"', '\\', '\n' or '\r' (or e). */
+static inline const char *
+str_end(const char *p, const char *e)
+{
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	const __m128i q = _mm_set1_epi8('"'), b = _mm_set1_epi8('\\');
+	const __m128i n = _mm_set1_epi8('\n'), r = _mm_set1_epi8('\r');
+
+	while (e - p >= 16) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+		unsigned m = (unsigned)_mm_movemask_epi8(_mm_or_si128(
+		    _mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, b)),
+		    _mm_or_si128(_mm_cmpeq_epi8(v, n), _mm_cmpeq_epi8(v, r))));
+
+		if (m != 0)
+			return p + __builtin_ctz(m);
+		p += 16;
+	}
+#endif
+	while (p < e && !str_stop[(unsigned char)*p])
+		p++;
+	return p;
+}
+
+/* The first '\n' or '\r' of p[0..e) (or e). */
+static inline const char *
+line_end(const char *p, const char *e)
+{
+#if defined(__SSE2__) && !defined(SL_USAGE_NO_SIMD)
+	const __m128i n = _mm_set1_epi8('\n'), r = _mm_set1_epi8('\r');
+
+	while (e - p >= 16) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+		unsigned m = (unsigned)_mm_movemask_epi8(_mm_or_si128(
+		    _mm_cmpeq_epi8(v, n), _mm_cmpeq_epi8(v, r)));
+
+		if (m != 0)
+			return p + __builtin_ctz(m);
+		p += 16;
+	}
+#endif
+	while (p < e && *p != '\n' && *p != '\r')
+		p++;
+	return p;
+}
+
+/* Narrow the candidates of kmask by the bytes p[0..n) at kpos. */
+static void
+match_run(struct sl_usage_scan *s, const char *p, size_t n, const char *const *names,
+    const uint8_t *lens)
+{
+	unsigned mask = s->kmask, pos = s->kpos, m, i;
+	size_t k;
+
+	for (k = 0; k < n && mask != 0; k++, pos++) {
+		for (m = mask; m != 0; m &= m - 1) {
+			i = (unsigned)__builtin_ctz(m);
+			if (pos >= lens[i] || names[i][pos] != p[k])
+				mask &= ~(1u << i);
+		}
+	}
+	s->kmask = (uint8_t)mask;
+	s->kpos = pos > 200 ? 200 : (uint8_t)pos;
+}
+
+/* The id (1..) of the candidate matched whole, or 0. */
+static unsigned
+match_end(const struct sl_usage_scan *s, const uint8_t *lens)
+{
+	unsigned m, i;
+
+	for (m = s->kmask; m != 0; m &= m - 1) {
+		i = (unsigned)__builtin_ctz(m);
+		if (lens[i] == s->kpos)
+			return i + 1;
+	}
+	return 0;
+}
+
+/* The id of key k[0..n) if it is one of mask's, else 0. */
+static inline unsigned
+key_whole(const char *k, size_t n, unsigned mask)
+{
+	unsigned id;
+
+	switch (n) {
+	case 4:
+		id = memcmp(k, "type", 4) == 0 ? KI_TYPE :
+		    memcmp(k, "text", 4) == 0 ? KI_TEXT : 0;
+		break;
+	case 5:
+		id = memcmp(k, "delta", 5) == 0 ? KI_DELTA :
+		    memcmp(k, "usage", 5) == 0 ? KI_USAGE : 0;
+		break;
+	case 7:
+		id = memcmp(k, "message", 7) == 0 ? KI_MESSAGE : 0;
+		break;
+	case 8:
+		id = memcmp(k, "response", 8) == 0 ? KI_RESPONSE :
+		    memcmp(k, "thinking", 8) == 0 ? KI_THINKING : 0;
+		break;
+	case 12:
+		id = memcmp(k, "partial_json", 12) == 0 ? KI_PARTIAL_JSON : 0;
+		break;
+	default:
+		return 0;
+	}
+	return id != 0 && (mask & KB(id)) ? id : 0;
+}
+
+/* The type id of v[0..n), or T_OTHER. */
+static inline unsigned
+type_whole(const struct types *t, const char *v, size_t n)
+{
+	unsigned i;
+
+	for (i = 0; i < t->n; i++)
+		if (t->len[i] == n && memcmp(t->name[i], v, n) == 0)
+			return i + 1;
+	return T_OTHER;
+}
+
+/* ---- the usage object ---------------------------------------------------- */
+
+/*
+ * The counts a usage object of any of these APIs may carry, each read as
+ * a count: r 1 with v when a non-negative integer (over
+ * SL_USAGE_MAX_TOKENS: SL_USAGE_MAX_TOKENS + 1, so sums cannot wrap), 0
+ * absent or null, -1 anything else.
+ */
+enum { UC_IN, UC_OUT, UC_TOTAL, UC_CC, UC_CR, UC_PROMPT, UC_N };
+static const char *const uc_names[UC_N] = {
+	"input_tokens", "output_tokens", "total_tokens", "cache_creation_input_tokens",
+	"cache_read_input_tokens", "prompt_tokens"
+};
+struct ucounts {
+	int r[UC_N];
+	uint64_t v[UC_N];
+};
+
+/* The counts of a usage object parsed by jansson. */
+static void
+counts_json(const json_t *o, struct ucounts *c)
+{
+	int k;
+
+	for (k = 0; k < UC_N; k++) {
+		const json_t *x = json_object_get(o, uc_names[k]);
+
+		c->v[k] = 0;
+		if (x == NULL || json_is_null(x))
+			c->r[k] = 0;
+		else if (!json_is_integer(x) || json_integer_value(x) < 0)
+			c->r[k] = -1;
+		else {
+			c->r[k] = 1;
+			c->v[k] = (uint64_t)json_integer_value(x);
+			if (c->v[k] > SL_USAGE_MAX_TOKENS)
+				c->v[k] = SL_USAGE_MAX_TOKENS + 1;
+		}
+	}
+}
+
+/*
+ * The counts of a usage object as runners send it, without jansson (as
+ * usage.c's usage_fast reads chat's): an object of plain ASCII keys (no
+ * escapes) whose values are integers of at most 18 digits, null, true,
+ * false, or objects of such members one level down (*_tokens_details).
+ * The last of a duplicate key wins, as in jansson. 1 when read, -1 for
+ * anything else (jansson then decides).
+ */
+static int
+counts_fast(const char *p, size_t len, struct ucounts *c)
+{
+	const char *e = p + len, *ks, *ds;
+	int level = 0, t, k, i;
+	uint64_t x = 0;
+	size_t kl;
+
+	for (i = 0; i < UC_N; i++) {
+		c->r[i] = 0;
+		c->v[i] = 0;
+	}
+#define CF_WS(q) while ((q) < e && JSON_WS(*(q))) (q)++
+	CF_WS(p);
+	if (p == e || *p != '{')
+		return -1;
+	p++;
+	CF_WS(p);
+	if (p < e && *p == '}') {
+		p++;
+		goto closed;
+	}
+	for (;;) {
+		if (p == e || *p != '"')
+			return -1;
+		ks = ++p;
+		while (p < e && *p != '"') {
+			if (*p == '\\' || (unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+				return -1;
+			p++;
+		}
+		if (p == e)
+			return -1;
+		kl = (size_t)(p - ks);
+		p++;
+		CF_WS(p);
+		if (p == e || *p != ':')
+			return -1;
+		p++;
+		CF_WS(p);
+		if (p == e)
+			return -1;
+		k = -1;
+		if (level == 0)
+			for (i = 0; i < UC_N; i++)
+				if (strlen(uc_names[i]) == kl && memcmp(ks, uc_names[i], kl) == 0)
+					k = i;
+		if (*p >= '0' && *p <= '9') {
+			ds = p;
+			for (x = 0; p < e && *p >= '0' && *p <= '9'; p++) {
+				if (p - ds == 18)
+					return -1;
+				x = x * 10 + (uint64_t)(*p - '0');
+			}
+			if ((*ds == '0' && p - ds > 1) ||
+			    (p < e && (*p == '.' || *p == 'e' || *p == 'E')))
+				return -1;
+			t = 1;
+		} else if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
+			p += 4;
+			t = 0;
+		} else if (e - p >= 4 && memcmp(p, "true", 4) == 0) {
+			p += 4;
+			t = -1;
+		} else if (e - p >= 5 && memcmp(p, "false", 5) == 0) {
+			p += 5;
+			t = -1;
+		} else if (*p == '{' && level == 0) {
+			p++;
+			CF_WS(p);
+			if (k >= 0) {
+				c->r[k] = -1;
+				c->v[k] = 0;
+				k = -1;
+			}
+			if (p < e && *p == '}') {
+				p++;
+				t = -1;
+			} else {
+				level = 1;
+				continue;
+			}
+		} else
+			return -1;
+		if (k >= 0) {
+			c->r[k] = t;
+			c->v[k] = t == 1 ? (x > SL_USAGE_MAX_TOKENS ?
+			    SL_USAGE_MAX_TOKENS + 1 : x) : 0;
+		}
+		CF_WS(p);
+		if (p < e && *p == ',') {
+			p++;
+			CF_WS(p);
+			continue;
+		}
+		if (p == e || *p != '}')
+			return -1;
+		p++;
+		if (level == 1) {
+			level = 0;
+			CF_WS(p);
+			if (p < e && *p == ',') {
+				p++;
+				CF_WS(p);
+				continue;
+			}
+			if (p == e || *p != '}')
+				return -1;
+			p++;
+		}
+		break;
+	}
+closed:
+	CF_WS(p);
+#undef CF_WS
+	return p == e ? 1 : -1;
+}
+
+/*
+ * The counts of api's usage object: *prompt (with PF_IN) and *completion
+ * (PF_OUT) as sl_usage.h says for the api, *total as reported or their sum.
+ */
+static unsigned
+usage_counts(enum sl_api api, const struct ucounts *c, uint64_t *prompt,
+    uint64_t *completion, uint64_t *total)
+{
+	const int *r = c->r;
+	const uint64_t *v = c->v;
+	unsigned pf = 0;
+	uint64_t in = 0, out = 0;
+	int rt = 0;
+
+	*prompt = *completion = *total = 0;
+	switch (api) {
+	case SL_API_RESPONSES:
+		if (r[UC_IN] != 1 || r[UC_OUT] != 1 || r[UC_TOTAL] < 0)
+			return 0;
+		in = v[UC_IN];
+		out = v[UC_OUT];
+		rt = r[UC_TOTAL];
+		pf = PF_IN | PF_OUT;
+		break;
+	case SL_API_MESSAGES:
+		if (r[UC_IN] == 1 && r[UC_CC] >= 0 && r[UC_CR] >= 0) {
+			in = v[UC_IN] + v[UC_CC] + v[UC_CR];
+			if (in > SL_USAGE_MAX_TOKENS)
+				in = SL_USAGE_MAX_TOKENS + 1;
+			pf |= PF_IN;
+		}
+		if (r[UC_OUT] == 1) {
+			out = v[UC_OUT];
+			pf |= PF_OUT;
+		}
+		break;
+	case SL_API_EMBEDDINGS:
+		if (r[UC_PROMPT] != 1 || r[UC_TOTAL] < 0)
+			return 0;
+		in = v[UC_PROMPT];
+		rt = r[UC_TOTAL];
+		pf = PF_IN | PF_OUT;
+		break;
+	default:
+		return 0;
+	}
+	*prompt = in;
+	*completion = out;
+	*total = rt == 1 ? v[UC_TOTAL] : in + out;
+	return pf;
+}
+
+/* The same from a jansson value (not an object: nothing). */
+static unsigned
+usage_obj_api(enum sl_api api, const json_t *o, uint64_t *prompt,
+    uint64_t *completion, uint64_t *total)
+{
+	struct ucounts c;
+
+	*prompt = *completion = *total = 0;
+	if (!json_is_object(o))
+		return 0;
+	counts_json(o, &c);
+	return usage_counts(api, &c, prompt, completion, total);
+}
+
+int
+sl_usage_from_json_api(enum sl_api api, const char *body, size_t len,
+    struct sl_usage *u)
+{
+	json_t *root;
+	json_error_t err;
+	unsigned pf = 0;
+
+	if (api != SL_API_RESPONSES && api != SL_API_MESSAGES &&
+	    api != SL_API_EMBEDDINGS)
+		return sl_usage_from_json(body, len, u);
+	memset(u, 0, sizeof(*u));
+	if (body == NULL || len == 0 || len > SL_USAGE_MAX_JSON)
+		return -1;
+	if ((root = json_loadb(body, len, 0, &err)) == NULL)
+		return -1;
+	if (json_is_object(root))
+		pf = usage_obj_api(api, json_object_get(root, "usage"),
+		    &u->prompt_tokens, &u->completion_tokens, &u->total_tokens);
+	json_decref(root);
+	if (pf != (PF_IN | PF_OUT)) {
+		memset(u, 0, sizeof(*u));
+		return -1;
+	}
+	u->have = 1;
+	return 0;
+}
+
+static uint64_t
+str_len(const json_t *v)
+{
+	return json_is_string(v) ? json_string_length(v) : 0;
+}
+
+/* The "text" (and name2's) strings of the objects of array a. */
+static uint64_t
+parts_text(const json_t *a, const char *name2)
+{
+	const json_t *x;
+	uint64_t n = 0;
+	size_t i;
+
+	json_array_foreach(a, i, x) {
+		n += str_len(json_object_get(x, "text"));
+		if (name2 != NULL)
+			n += str_len(json_object_get(x, name2));
+	}
+	return n;
+}
+
+uint64_t
+sl_usage_json_content_api(enum sl_api api, const char *body, size_t len)
+{
+	json_t *root, *x, *in;
+	json_error_t err;
+	uint64_t n = 0;
+	size_t i;
+
+	if (api != SL_API_RESPONSES && api != SL_API_MESSAGES)
+		return api == SL_API_EMBEDDINGS ? 0 : sl_usage_json_content(body, len);
+	if (body == NULL || len == 0 || len > SL_USAGE_MAX_JSON ||
+	    (root = json_loadb(body, len, 0, &err)) == NULL)
+		return 0;
+	if (api == SL_API_RESPONSES) {
+		json_array_foreach(json_object_get(root, "output"), i, x) {
+			n += parts_text(json_object_get(x, "content"), "refusal");
+			n += parts_text(json_object_get(x, "summary"), NULL);
+			n += str_len(json_object_get(x, "arguments"));
+		}
+	} else {
+		json_array_foreach(json_object_get(root, "content"), i, x) {
+			n += str_len(json_object_get(x, "text"));
+			n += str_len(json_object_get(x, "thinking"));
+			if ((in = json_object_get(x, "input")) != NULL &&
+			    json_is_object(json_object_get(x, "input"))) {
+				char *d = json_dumps(in, JSON_COMPACT);
+
+				if (d != NULL) {
+					n += strlen(d);
+					free(d);
+				}
+			}
+		}
+	}
+	json_decref(root);
+	return n;
+}
+
+/* ---- the scanner --------------------------------------------------------- */
+
+void
+sl_usage_scan_init_api(struct sl_usage_scan *s, enum sl_api api)
+{
+	sl_usage_scan_init(s, 0);
+	if (api == SL_API_RESPONSES || api == SL_API_MESSAGES) {
+		s->api = (uint8_t)api;
+		s->line = A_BOL;
+		s->lx = J_OUT;
+	}
+}
+
+/* Append to the copy of the usage object (bounded). */
+static void
+cap_add(struct sl_usage_scan *s, const char *p, size_t n)
+{
+	size_t want = (size_t)s->cap_len + n, na;
+	char *nb;
+
+	if (s->ev & AE_CAPFAIL || n == 0)
+		return;
+	if (want > SL_USAGE_MAX_EVENT) {
+		s->ev |= AE_CAPFAIL;
+		return;
+	}
+	if (want > s->cap_alloc) {
+		na = s->cap_alloc ? s->cap_alloc : 256;
+		while (na < want)
+			na *= 2;
+		if ((nb = realloc(s->cap, na)) == NULL) {
+			s->ev |= AE_CAPFAIL;
+			return;
+		}
+		s->cap = nb;
+		s->cap_alloc = (uint32_t)na;
+	}
+	memcpy(s->cap + s->cap_len, p, n);
+	s->cap_len = (uint32_t)want;
+}
+
+/* The usage object closed: parse the copy into the event's pending usage. */
+static void
+cap_done(struct sl_usage_scan *s)
+{
+	struct ucounts c;
+	json_error_t err;
+	json_t *o;
+	uint64_t pr = 0, co = 0, to = 0;
+	unsigned pf;
+
+	s->cap_depth = 0;
+	if (s->ev & AE_CAPFAIL) {
+		/* too big to be a usage object: as one that does not read */
+		s->ev &= (uint8_t)~AE_CAPFAIL;
+		s->cap_len = 0;
+		s->a_pf &= s->api == SL_API_MESSAGES && s->a_capd == 2 ?
+		    (uint8_t)~PF_IN2 : (uint8_t)PF_IN2;
+		return;
+	}
+	pf = 0;
+	if (counts_fast(s->cap, s->cap_len, &c) == 1)
+		pf = usage_counts((enum sl_api)s->api, &c, &pr, &co, &to);
+	else if ((o = json_loadb(s->cap, s->cap_len, 0, &err)) != NULL) {
+		pf = usage_obj_api((enum sl_api)s->api, o, &pr, &co, &to);
+		json_decref(o);
+	}
+	s->cap_len = 0;
+	if (s->api == SL_API_MESSAGES && s->a_capd == 2) {
+		/* message_start's message.usage: its prompt only */
+		s->a_pf = (uint8_t)((s->a_pf & (PF_IN | PF_OUT)) | (pf & PF_IN ? PF_IN2 : 0));
+		s->p_total = pr;
+		return;
+	}
+	s->a_pf = (uint8_t)((s->a_pf & PF_IN2) | pf);
+	s->p_prompt = pr;
+	s->p_completion = co;
+	if (s->api == SL_API_RESPONSES)
+		s->p_total = to;
+}
+
+static uint64_t
+sat_add(uint64_t a, uint64_t b)
+{
+	return a + b < a ? UINT64_MAX : a + b;
+}
+
+/* A blank line: the event is complete; commit what it says, start anew. */
+static void
+event_end(struct sl_usage_scan *s)
+{
+	uint8_t tf = type_flags(s);
+	int whole = !(s->ev & AE_BAD) && (s->ev & AE_OBJ) && s->depth == 0 &&
+	    s->lx == J_OUT;
+
+	if (s->a_pend > 0 && (tf & TF_CONTENT))
+		s->content_bytes += s->a_pend;
+	if (whole && s->api == SL_API_RESPONSES) {
+		if ((tf & TF_USAGE) && s->a_pf == (PF_IN | PF_OUT)) {
+			s->prompt = s->p_prompt;
+			s->completion = s->p_completion;
+			s->total = s->p_total;
+			s->have = 1;
+		}
+	} else if (whole) {
+		if ((tf & TF_START) && (s->a_pf & PF_IN2)) {
+			s->prompt = s->p_total;
+			s->a_have |= AH_PROMPT;
+		}
+		if ((tf & TF_DELTA) && (s->a_pf & PF_OUT)) {
+			s->completion = s->p_completion;
+			s->a_have |= AH_COMPL;
+			if ((s->a_pf & PF_IN) && !(s->a_have & AH_PROMPT)) {
+				s->prompt = s->p_prompt;
+				s->a_have |= AH_PROMPT;
+			}
+		}
+		if (s->a_have == (AH_PROMPT | AH_COMPL)) {
+			s->have = 1;
+			s->total = sat_add(s->prompt, s->completion);
+		}
+	}
+	s->depth = s->cap_depth = 0;
+	s->cap_len = 0;
+	s->lx = J_OUT;
+	s->ev = 0;
+	s->a_pend = 0;
+	s->a_k1 = s->a_k2 = s->a_type = s->a_kind = 0;
+	s->a_pf = 0;
+	s->key = R_NONE;
+	s->cnt = C_NO;
+}
+
+/* A data line ended (at a line end, not the feed's). */
+static void
+data_line_end(struct sl_usage_scan *s)
+{
+	if (s->lx != J_OUT) {
+		/* a string across lines: not JSON */
+		s->ev |= AE_BAD;
+		s->cap_depth = 0;
+	}
+}
+
+/* A string opens after the data's bytes so far: what it is. */
+static inline void
+string_begins(struct sl_usage_scan *s)
+{
+	unsigned d = s->depth;
+
+	s->lx = J_STR;
+	s->cnt = C_NO;
+	s->kmask = 0;
+	s->kpos = 0;
+	if (s->cap_depth)
+		s->key = R_NONE;
+	else if (s->a_kind & AK_KEY) {
+		s->key = R_KEY;
+		s->a_kind &= (uint8_t)~AK_KEY;
+		if (d == 1)
+			s->kmask = s->api == SL_API_RESPONSES ?
+			    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_RESPONSE) :
+			    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_USAGE) | KB(KI_MESSAGE);
+		else if (s->a_k1 == KI_RESPONSE || s->a_k1 == KI_MESSAGE)
+			s->kmask = KB(KI_USAGE);
+		else if (s->a_k1 == KI_DELTA && s->api == SL_API_MESSAGES)
+			s->kmask = KB(KI_TEXT) | KB(KI_THINKING) | KB(KI_PARTIAL_JSON);
+	} else {
+		s->key = R_NONE;
+		if (d == 1 && s->a_k1 == KI_TYPE) {
+			s->key = R_TYPE;
+			s->kmask = (uint8_t)((1u << types_of(s)->n) - 1);
+		} else if (s->api == SL_API_RESPONSES ? d == 1 && s->a_k1 == KI_DELTA :
+		    d == 2 && s->a_k1 == KI_DELTA && (s->a_k2 == KI_TEXT ||
+		    s->a_k2 == KI_THINKING || s->a_k2 == KI_PARTIAL_JSON)) {
+			if (s->a_type == 0)
+				s->cnt = C_PEND;
+			else if (type_flags(s) & TF_CONTENT)
+				s->cnt = C_NOW;
+		}
+	}
+}
+
+/* A type not of interest: the rest of the event is skipped unread. */
+static inline void
+type_set(struct sl_usage_scan *s, unsigned id)
+{
+	s->a_type = (uint8_t)id;
+	if (id == T_OTHER)
+		s->ev |= AE_SKIP;
+}
+
+/* A string whole in the feed, v[0..n) between its quotes, no escape. */
+static inline void
+string_whole(struct sl_usage_scan *s, const char *v, size_t n)
+{
+	s->lx = J_OUT;
+	if (s->key == R_KEY) {
+		unsigned id = s->kmask ? key_whole(v, n, s->kmask) : 0;
+
+		if (s->depth == 1)
+			s->a_k1 = (uint8_t)id;
+		else
+			s->a_k2 = (uint8_t)id;
+	} else if (s->key == R_TYPE)
+		type_set(s, type_whole(types_of(s), v, n));
+	else if (s->cnt == C_NOW)
+		s->content_bytes += n;
+	else if (s->cnt == C_PEND) {
+		uint64_t t = (uint64_t)s->a_pend + n;
+
+		s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+	}
+	s->key = R_NONE;
+	s->cnt = C_NO;
+}
+
+/* The closing quote: a key sets the member's key, a type the event's. */
+static inline void
+string_ends(struct sl_usage_scan *s)
+{
+	s->lx = J_OUT;
+	if (s->key == R_KEY) {
+		unsigned id = s->kmask ? match_end(s, key_lens) : 0;
+
+		if (s->depth == 1)
+			s->a_k1 = (uint8_t)id;
+		else
+			s->a_k2 = (uint8_t)id;
+	} else if (s->key == R_TYPE) {
+		unsigned id = s->kmask ? match_end(s, types_of(s)->len) : 0;
+
+		type_set(s, id ? id : T_OTHER);
+	}
+	s->key = R_NONE;
+	s->cnt = C_NO;
+}
+
+/* A '{' at the usage object's place? (the brace not yet counted in depth) */
+static inline int
+usage_here(const struct sl_usage_scan *s)
+{
+	if (s->depth == 2)
+		return s->a_k2 == KI_USAGE && (s->a_k1 == KI_RESPONSE ||
+		    (s->a_k1 == KI_MESSAGE && s->api == SL_API_MESSAGES));
+	return s->depth == 1 && s->a_k1 == KI_USAGE && s->api == SL_API_MESSAGES;
+}
+
+/*
+ * The bytes of a data line, p[0..e) (e: the feed's end or the line's):
+ * returns where it stopped (e, or a line end byte). *cs: where the copy of
+ * a usage object resumes in this feed (NULL: none).
+ */
+static const char *
+lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
+{
+	const char *q;
+	char c;
+
+	while (p < e) {
+		switch (s->lx) {
+		case J_OUT:
+			while (p < e && !tok_stop[(unsigned char)*p])
+				p++;
+			if (p == e)
+				return p;
+			c = *p;
+			switch (c) {
+			case '"':
+				string_begins(s);
+				q = str_end(p + 1, e);
+				if (q < e && *q == '"') {
+					/* the usual string: whole in this feed */
+					string_whole(s, p + 1, (size_t)(q - p - 1));
+					p = q + 1;
+					if (s->ev & AE_SKIP)
+						return p;
+					continue;
+				}
+				break;
+			case '{':
+			case '[':
+				if (c == '{' && s->cap_depth == 0 && usage_here(s)) {
+					s->cap_depth = (uint16_t)(s->depth + 1);
+					s->a_capd = (uint8_t)s->depth;
+					s->cap_len = 0;
+					s->ev &= (uint8_t)~AE_CAPFAIL;
+					*cs = p;
+				}
+				if (s->depth == UINT16_MAX) {
+					/* no usage this deep: the rest of the event unread */
+					s->ev |= AE_BAD | AE_SKIP;
+					return p + 1;
+				}
+				s->depth++;
+				if (s->depth == 1) {
+					s->ev |= AE_OBJ;
+					s->a_k1 = 0;
+					s->a_kind = c == '{' ? AK_OBJ1 | AK_KEY : 0;
+					if (c != '{')
+						s->ev |= AE_BAD;   /* not an object: no usage */
+				} else if (s->depth == 2) {
+					s->a_k2 = 0;
+					s->a_kind = (uint8_t)((s->a_kind & AK_OBJ1) |
+					    (c == '{' ? AK_OBJ2 | AK_KEY : 0));
+				} else
+					s->a_kind &= (uint8_t)~AK_KEY;
+				break;
+			case '}':
+			case ']':
+				if (s->depth == 0) {
+					s->ev |= AE_BAD;
+					break;
+				}
+				if (s->cap_depth == s->depth && *cs != NULL) {
+					cap_add(s, *cs, (size_t)(p + 1 - *cs));
+					*cs = NULL;
+					cap_done(s);
+				}
+				s->depth--;
+				s->a_kind &= (uint8_t)~AK_KEY;
+				break;
+			case ',':
+				if ((s->depth == 1 && (s->a_kind & AK_OBJ1)) ||
+				    (s->depth == 2 && (s->a_kind & AK_OBJ2)))
+					s->a_kind |= AK_KEY;
+				break;
+			default:            /* \r \n: the line ends */
+				return p;
+			}
+			p++;
+			break;
+		case J_STR:
+			q = str_end(p, e);
+			if (s->kmask)
+				match_run(s, p, (size_t)(q - p), s->key == R_TYPE ?
+				    types_of(s)->name : key_names, s->key == R_TYPE ?
+				    types_of(s)->len : key_lens);
+			if (s->cnt == C_NOW)
+				s->content_bytes += (uint64_t)(q - p);
+			else if (s->cnt == C_PEND) {
+				uint64_t t = (uint64_t)s->a_pend + (uint64_t)(q - p);
+
+				s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+			}
+			if ((p = q) == e)
+				return p;
+			c = *p;
+			if (c == '"') {
+				string_ends(s);
+				if (s->ev & AE_SKIP)
+					return p + 1;
+			} else if (c == '\\') {
+				/* an escape counts one byte */
+				if (s->cnt == C_NOW)
+					s->content_bytes++;
+				else if (s->cnt == C_PEND && s->a_pend < UINT32_MAX)
+					s->a_pend++;
+				s->kmask = 0;
+				s->lx = J_ESC;
+			} else
+				return p;           /* the line ends */
+			p++;
+			break;
+		case J_ESC:
+			c = *p;
+			if (c == '\n' || c == '\r')
+				return p;
+			s->lx = c == 'u' ? J_U : J_STR;
+			s->ux = 4;
+			p++;
+			break;
+		default:                    /* J_U */
+			c = *p;
+			if (c == '\n' || c == '\r')
+				return p;
+			if (--s->ux == 0)
+				s->lx = J_STR;
+			p++;
+			break;
+		}
+	}
+	return p;
+}
+
+size_t
+usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
+    struct sl_usage_out *out)
+{
+	const char *p = in, *e = in + len, *cs = NULL;
+	char c;
+
+	out->held = NULL;
+	out->held_len = 0;
+	out->n = 1;
+	out->range[0].off = 0;
+	out->range[0].len = len;
+	if (s->cap_depth && s->line == A_DATA)
+		cs = p;
+	while (p < e) {
+		switch (s->line) {
+		case A_BOL:
+			c = *p++;
+			if (s->cr) {
+				s->cr = 0;
+				if (c == '\n')
+					break;
+			}
+			if (c == '\n' || c == '\r') {
+				s->cr = c == '\r';
+				event_end(s);
+			} else if (c == 'd') {
+				s->line = A_FIELD;
+				s->field = 1;
+				if (e - p >= 4 && memcmp(p, "ata:", 4) == 0) {
+					/* the usual data line, whole in this feed */
+					p += 4;
+					s->line = (s->ev & (AE_BAD | AE_SKIP)) ? A_SKIP : A_DATA;
+					if (s->cap_depth)
+						cs = p;
+				}
+			} else
+				s->line = A_SKIP;
+			break;
+		case A_FIELD:
+			c = *p;
+			if (s->field < 4 && c == "data"[s->field]) {
+				s->field++;
+				p++;
+			} else if (s->field == 4 && c == ':') {
+				p++;
+				s->line = (s->ev & (AE_BAD | AE_SKIP)) ? A_SKIP : A_DATA;
+				if (s->cap_depth)
+					cs = p;
+			} else if (s->field == 4 && (c == '\n' || c == '\r')) {
+				s->line = A_BOL;   /* "data": an empty data line */
+				s->cr = c == '\r';
+				p++;
+			} else
+				s->line = A_SKIP;
+			break;
+		case A_DATA:
+			p = lex(s, p, e, &cs);
+			if (s->ev & AE_SKIP) {
+				/* not an event of interest: to its end unread */
+				s->line = A_SKIP;
+				s->cap_depth = 0;
+				cs = NULL;
+				break;
+			}
+			if (p == e)
+				break;
+			/* the line ends: a newline joins it to the next data line */
+			if (cs != NULL) {
+				cap_add(s, cs, (size_t)(p - cs));
+				cap_add(s, "\n", 1);
+				cs = NULL;
+			}
+			data_line_end(s);
+			s->cr = *p == '\r';
+			s->line = A_BOL;
+			p++;
+			break;
+		default:                    /* A_SKIP */
+			p = line_end(p, e);
+			if (p == e)
+				break;
+			s->cr = *p == '\r';
+			s->line = A_BOL;
+			p++;
+			break;
+		}
+	}
+	if (cs != NULL && s->cap_depth)
+		cap_add(s, cs, (size_t)(p - cs));
+	return len;
+}
+
+void
+usage_api_finish(struct sl_usage_scan *s, struct sl_usage_out *out)
+{
+	memset(out, 0, sizeof(*out));
+	/* an event not ended by a blank line does not count its usage */
+	s->line = A_SKIP;
+	s->cap_depth = 0;
+}
