@@ -298,3 +298,174 @@ def test_a_runner_cut_over_http2_is_a_reset_stream_never_a_clean_end():
         lines = h.wait_access_lines(log, 2)
         assert [(ln["end"], ln["status"], ln["proto"]) for ln in lines] == \
             [("upstream_error", 200, "h2"), ("done", 200, "h2")], lines
+
+
+# ---------------------------------------------------------------- budgets on every API
+
+TOKENS = "sluice_tenant_tokens_total"
+PROMPT_4000 = "p" * 4000        # estimated: ceil(4000 / 4) = 1,000 tokens
+
+API_BODIES = {
+    "responses": ("/v1/responses", {"model": "m", "stream": True, "input": PROMPT_4000}),
+    "messages": ("/v1/messages", {"model": "m", "stream": True, "max_tokens": 64,
+                                  "messages": [{"role": "user", "content": PROMPT_4000}]}),
+    "embeddings": ("/v1/embeddings", {"model": "m", "input": PROMPT_4000}),
+}
+
+
+def _budget_gw(stub):
+    return Gateway(stub=stub, admin_listen="%s:%d" % (h.HOST, h.free_port()),
+                   tenants={"acme": {"tokens_per_minute": 3000}})
+
+
+def test_a_token_budget_holds_on_the_responses_messages_and_embeddings_apis():
+    """Eight 1,000-token prompts against a 3,000 budget: 3 served, then
+    429 token_budget_exceeded (in the API's own error shape), tokens exact."""
+    for api, (path, body) in API_BODIES.items():
+        with Stub() as stub, _budget_gw(stub) as gw:
+            got = []
+            for _ in range(8):
+                hd = dict(h.bearer(ACME_KEY), **{"Content-Type": "application/json",
+                                                 "X-Stub-Usage": "1000,16",
+                                                 "X-Stub-Events": "16",
+                                                 "X-Stub-Interval-Ms": "0"})
+                with h.Client(gw.port) as c:
+                    r = c.request("POST", path, hd, json.dumps(body).encode(), timeout=30)
+                got.append(r.status)
+                if r.status == 429:
+                    if api == "messages":
+                        assert_anthropic_error(r, 429, "rate_limit_error",
+                                               "token_budget_exceeded", read=False)
+                    else:
+                        assert_error(r, 429, "token_budget_exceeded", read=False)
+            assert got == [200] * 3 + [429] * 5, (api, got)
+            completion = 0 if api == "embeddings" else 16
+            m = h.wait_metric(gw, TOKENS, 3000, tenant="acme", model="-", kind="prompt")
+            assert m.value(TOKENS, tenant="acme", model="-", kind="completion") == \
+                3 * completion, api
+            assert m.value(TOKENS, tenant="acme", model="-", kind="estimated") in (0, None), api
+            assert stub.stats()["requests"] == 3, (api, stub.stats())
+
+
+def test_a_client_gone_after_the_first_event_is_charged_its_estimate_on_every_api():
+    """The same budget, each client leaving after the first event: nothing
+    reported, the prompt estimated from the request's text (1,000 tokens),
+    the completion from what was relayed before it left."""
+    for api in ("responses", "messages"):
+        path, body = API_BODIES[api]
+        log = h.tmpfile("access", ".log")
+        with Stub() as stub, Gateway(stub=stub, access_log=log,
+                                     admin_listen="%s:%d" % (h.HOST, h.free_port()),
+                                     tenants={"acme": {"tokens_per_minute": 3000}}) as gw:
+            got = []
+            for i in range(8):
+                hd = dict(h.bearer(ACME_KEY), **{"Content-Type": "application/json",
+                                                 "X-Stub-Events": "50",
+                                                 "X-Stub-Interval-Ms": "200"})
+                c = h.Client(gw.port)
+                c.send("POST", path, hd, json.dumps(body).encode())
+                r = c.read_response(timeout=10)
+                got.append(r.status)
+                if r.status == 200:
+                    assert len(r.read_events(1, timeout=10)) == 1
+                    c.close()
+                    # Charged when the exchange ends, before the next admission.
+                    h.wait_access_lines(log, i + 1)
+                else:
+                    r.read_all(timeout=10)
+                    c.close()
+            assert got == [200] * 3 + [429] * 5, (api, got)
+            lines = h.wait_access_lines(log, 8)
+            served = [ln for ln in lines if ln["status"] == 200]
+            assert [(ln["end"], ln["usage"], ln["prompt_tokens"], ln["api"]) for ln in served] \
+                == [("client_gone", "estimated", 1000, api)] * 3, served
+            total = sum(ln["prompt_tokens"] + ln["completion_tokens"] for ln in served)
+            m = h.wait_metric(gw, TOKENS, total, tenant="acme", model="-", kind="estimated")
+            assert m.value(TOKENS, tenant="acme", model="-", kind="prompt") in (0, None), api
+            assert total < 3000 + 3 * 10, (api, total)   # a token or two relayed each
+
+
+# ---------------------------------------------------------------- time to first token
+
+TTFT = "sluice_time_to_first_token_seconds"
+TPOT = "sluice_time_per_output_token_seconds"
+
+
+def _resp_ev(t, **kw):
+    d = {"type": t}
+    d.update(kw)
+    return ("event: %s\ndata: %s\n\n" % (t, json.dumps(d))).encode()
+
+
+TIMED = {
+    "/v1/responses": [
+        (0, _resp_ev("response.created", sequence_number=0,
+                     response={"id": "resp_1", "model": "m", "status": "in_progress"})),
+        (0, _resp_ev("response.in_progress", sequence_number=1, response={"id": "resp_1"})),
+        (0.3, _resp_ev("response.output_text.delta", sequence_number=2, delta="a")),
+        (0.2, _resp_ev("response.output_text.delta", sequence_number=3, delta="b")),
+        (0.2, _resp_ev("response.output_text.delta", sequence_number=4, delta="c")),
+        (0, _resp_ev("response.completed", sequence_number=5, response={
+            "id": "resp_1", "model": "m", "usage": {"input_tokens": 4, "output_tokens": 3,
+                                                    "total_tokens": 7}}))],
+    "/v1/messages": [
+        (0, _resp_ev("message_start", message={"id": "msg_1", "model": "m",
+                                               "usage": {"input_tokens": 4,
+                                                         "output_tokens": 1}})),
+        (0, _resp_ev("content_block_start", index=0,
+                     content_block={"type": "text", "text": ""})),
+        (0.3, _resp_ev("content_block_delta", index=0, delta={"type": "text_delta",
+                                                                "text": "a"})),
+        (0.2, _resp_ev("content_block_delta", index=0, delta={"type": "text_delta",
+                                                                "text": "b"})),
+        (0.2, _resp_ev("content_block_delta", index=0, delta={"type": "text_delta",
+                                                                "text": "c"})),
+        (0, _resp_ev("content_block_stop", index=0)),
+        (0, _resp_ev("message_delta", delta={"stop_reason": "end_turn"},
+                     usage={"output_tokens": 3})),
+        (0, _resp_ev("message_stop"))],
+}
+
+TIMED_CONFIG = """\
+listen: "127.0.0.1:{port}"
+admin_listen: "127.0.0.1:{admin}"
+workers: 1
+upstreams:
+  raw:
+    url: "{raw}"
+models:
+  m:
+    targets: [{{upstream: raw}}]
+tenants:
+  acme:
+    keys: ["sk-acme"]
+    max_streams: 10
+"""
+
+
+def _timed_runner(sock, req):
+    path = req.split(b" ")[1].decode()
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 b"Connection: close\r\n\r\n")
+    for gap, ev in TIMED[path]:
+        time.sleep(gap)
+        sock.sendall(ev)
+
+
+def test_time_to_first_token_of_responses_and_messages_is_their_first_text_delta():
+    # The stream's first events come at once, its first text 300 ms later,
+    # then two more 200 ms apart: TTFT >= 0.3 s, TPOT >= 0.2 s, per API.
+    for path in TIMED:
+        with h.RawUpstream(_timed_runner) as up, Gateway(TIMED_CONFIG.format(
+                port=h.free_port(), admin=h.free_port(), raw=up.url)) as gw:
+            with gw.client() as c:
+                r = c.request("POST", path, dict(h.bearer("sk-acme"), **{
+                    "Content-Type": "application/json"}), b'{"model":"m","stream":true}')
+            assert r.status == 200 and bytes(r.data) == b"".join(e for _, e in TIMED[path])
+            m = h.wait_metric(gw, TTFT + "_count", 1, model="m")
+            assert m.value(TTFT + "_bucket", model="m", le="0.25") == 0, path
+            assert m.value(TTFT + "_bucket", model="m", le="1") == 1, path
+            assert m.value(TPOT + "_count", model="m") == 1, path
+            assert m.value(TPOT + "_bucket", model="m", le="0.15") == 0, path
+            assert m.value(TPOT + "_sum", model="m") >= 0.19, path
+            assert m.value(TOKENS, tenant="acme", model="m", kind="completion") == 3, path
