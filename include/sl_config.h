@@ -78,6 +78,10 @@ struct sl_upstream_conf {
 		int32_t max_imbalance;  /* in hundredths: 150 = 1.5 (default) */
 	} affinity;
 	struct {
+		int32_t max;            /* stored response ids kept; 0: off */
+		uint64_t ttl_ms;        /* unused this long: forgotten; 1h */
+	} response_affinity;
+	struct {
 		int enabled;            /* a `load_metrics:` mapping is present */
 		char *path;             /* default "/metrics" */
 		uint64_t interval_ms;   /* default 250ms, >= 50ms */

@@ -44,7 +44,9 @@
  * Limits: one lock for every pool (a lock per pool would split it). The
  * entries are sized at creation (the sum of queue.max, 1024..65536): a
  * reload that raises max past that gets queue_full early.
- * sl_queue_expire and the repair scan every entry. A request moved to
+ * sl_queue_expire and the repair scan every entry. While a waiter of a
+ * pool wants one replica (sl_queue_enqueue_for), choosing for a slot
+ * walks each waiting tenant's FIFO to its first waiter that takes it. A request moved to
  * another replica after its dispatch (a busy head, a connect failure) is
  * retried by sl_pool_pick, never queued again. The tokens of a stream
  * whose client left are charged after its slot went on (the connection
@@ -176,10 +178,24 @@ enum sl_queue_res sl_queue_enqueue(struct sl_queue *, size_t row,
     uint64_t *handle);
 
 /*
+ * The same for a request that only one replica can serve (it names a
+ * stored response that replica holds): it takes only a slot of the
+ * replica whose shared index is want (SL_QUEUE_ANY: any, as
+ * sl_queue_enqueue). Waiters that want another replica are passed over
+ * for a slot, not reordered: each keeps its place for the slots it
+ * takes. A waiter whose replica stays full or goes down waits out the
+ * pool's timeout.
+ */
+#define SL_QUEUE_ANY SIZE_MAX
+enum sl_queue_res sl_queue_enqueue_for(struct sl_queue *, size_t row,
+    size_t pool, size_t tenant, int64_t now_ms, uint64_t dispatch_cost,
+    size_t want, uint64_t *handle);
+
+/*
  * Worker row `row` holds a slot of replica index slot of pool (from
  * sl_pool_pick) that it does not want: hand it to the pool's best waiter
  * without releasing it. 1: handed over (row no longer holds it); 0: no
- * waiter (row still holds it: release it or use it).
+ * waiter that takes it (row still holds it: release it or use it).
  */
 int sl_queue_offer(struct sl_queue *, size_t row, size_t pool, size_t slot,
     int64_t now_ms);

@@ -169,7 +169,7 @@ uint64_t sl_shm_rejected_sum(const struct sl_shm *, size_t tenant,
  * Upstreams: sl_shm_upstream_slots slots, fixed at creation (the master
  * makes 2 x limits.max_upstreams + 1), handed out and reused like model
  * slots. Their error, retry and affinity counters are shared by the
- * workers, one atomic add each (88 bytes a slot).
+ * workers, one atomic add each (112 bytes a slot).
  */
 size_t sl_shm_upstream_slots(const struct sl_shm *);
 /* Master only: zero upstream slot u's counters before it is reused. */
@@ -188,6 +188,21 @@ void sl_shm_count_affinity(struct sl_shm *, size_t row, size_t upstream,
     enum sl_aff_outcome);
 uint64_t sl_shm_affinity_sum(const struct sl_shm *, size_t upstream,
     enum sl_aff_outcome);
+
+/*
+ * What a request naming a stored response found (sl_stored.h,
+ * sluice_response_affinity_total): its replica, up; its replica down or
+ * not in the pool any more; no replica known for it.
+ */
+enum sl_stored_result {
+	SL_STORED_OWNER = 0, SL_STORED_OWNER_DOWN, SL_STORED_UNKNOWN,
+	SL_STORED_R_MAX
+};
+const char *sl_shm_stored_label(enum sl_stored_result);
+void sl_shm_count_stored(struct sl_shm *, size_t row, size_t upstream,
+    enum sl_stored_result);
+uint64_t sl_shm_stored_sum(const struct sl_shm *, size_t upstream,
+    enum sl_stored_result);
 
 /* Why a request moved to another replica (sluice_upstream_retries_total). */
 enum sl_retry_reason {

@@ -130,6 +130,7 @@ struct sl_slots_ctx {
 	/* The oldest generation with a worker alive; UINT_MAX: none. */
 	unsigned oldest_live;
 	struct sl_queue *queue;      /* NULL until the queue is mapped */
+	struct sl_stored *stored;    /* stored responses' table; NULL: none */
 	struct sl_window *window;    /* the console's; NULL without one */
 	struct sl_window *mwindow;
 };

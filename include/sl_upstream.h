@@ -103,6 +103,26 @@ int sl_pool_queueable(struct sl_pools *, size_t u);
  */
 void sl_pool_pump(struct sl_pools *, size_t u);
 
+/*
+ * Stored responses (sl_stored.h) name their replica by the identity of
+ * its URL (sl_affinity_id): sl_pool_rid gives replica r's. sl_pool_owner:
+ * the replica of u with identity rid, or -1 when u has none (removed by a
+ * reload, or another pool's); *up: 1 when it is up (not down by probe,
+ * not ejected), whether or not it is full or busy now.
+ */
+uint64_t sl_pool_rid(const struct sl_pools *, size_t u, int r);
+int sl_pool_owner(const struct sl_pools *, size_t u, uint64_t rid, int *up);
+/*
+ * sl_pool_pick, of replica r only (a stored response's): r, its slot
+ * taken, or -1 (down, ejected, busy or at its cap) and *retry_after.
+ */
+int sl_pool_pick_one(struct sl_pools *, size_t u, int r, int *retry_after);
+/*
+ * May a request for replica r of u only wait for it (sl_pool_pick_one
+ * found it full)? 1 when u has a queue and r is up and not ejected.
+ */
+int sl_pool_queueable_one(struct sl_pools *, size_t u, int r);
+
 /* Replica of u whose shared index is slot (a granted slot), or -1. */
 int sl_pool_replica_of(const struct sl_pools *, size_t u, size_t slot);
 

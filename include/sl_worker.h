@@ -30,6 +30,7 @@ struct sl_worker_args {
 	size_t row;                  /* this worker's shm row */
 	struct sl_cluster_shm *cluster_shm;   /* NULL: no `cluster:` */
 	struct sl_queue *queue;      /* the fair queue (sl_queue.h) */
+	struct sl_stored *stored;    /* stored responses' replicas (sl_stored.h) */
 	int listen_fd;               /* this worker's SO_REUSEPORT socket */
 	int index;                   /* worker number, for logs */
 	unsigned generation;

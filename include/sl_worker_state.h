@@ -46,6 +46,7 @@ struct sl_worker {
 	struct sl_models *models;    /* target choice, per model; NULL: no models: */
 	struct sl_cluster_w *cluster; /* Redis leases; NULL: one node */
 	struct sl_queue *queue;      /* the fair queue; NULL: none */
+	struct sl_stored *stored;    /* stored responses' replicas; NULL: none */
 	ev_io queue_io;              /* its eventfd for this row: grants */
 	TAILQ_HEAD(, sl_conn) queued;    /* connections in CS_QUEUED */
 	size_t row;

@@ -245,6 +245,20 @@ const struct key_row cfg_keys[] = {
 	    "Leave the replica holding the prefix when its load is over this "
 	    "times the least loaded's and over it by 2 streams or more." },
 	    100, 10000, 0, NOOFF },
+	{ { "upstreams.*.response_affinity", SL_KEY_MAP, NULL, NULL, 1,
+	    "Requests naming a stored response (previous_response_id, "
+	    "/v1/responses/{id}) go to the replica that made it; on by "
+	    "default." },
+	    0, 0, 0, NOOFF },
+	{ { "upstreams.*.response_affinity.max", SL_KEY_INT, "100000",
+	    "0-1000000", 1,
+	    "Response ids remembered for the pool, all workers together; the "
+	    "least recently used is forgotten first; 0: off." },
+	    0, 1000000, 0, NOOFF },
+	{ { "upstreams.*.response_affinity.ttl", SL_KEY_DURATION, "1h",
+	    "1s-720h", 1,
+	    "An id neither learnt nor used this long is forgotten." },
+	    SEC, 720 * HOUR, 0, NOOFF },
 	{ { "upstreams.*.load_metrics", SL_KEY_MAP, NULL, NULL, 1,
 	    "Scrape each replica's Prometheus page for its queue and KV-cache "
 	    "use; absent: in-flight counts only." },

@@ -97,6 +97,8 @@ static const struct field upstream_fields[] = {
 	{ "upstreams.*.health.rise", UOFF(health.rise) },
 	{ "upstreams.*.affinity.block", UOFF(affinity.block) },
 	{ "upstreams.*.affinity.max_imbalance", UOFF(affinity.max_imbalance) },
+	{ "upstreams.*.response_affinity.max", UOFF(response_affinity.max) },
+	{ "upstreams.*.response_affinity.ttl", UOFF(response_affinity.ttl_ms) },
 	{ "upstreams.*.load_metrics.path", UOFF(load_metrics.path) },
 	{ "upstreams.*.load_metrics.interval", UOFF(load_metrics.interval_ms) },
 	{ "upstreams.*.queue.max", UOFF(queue.max) },
@@ -221,7 +223,7 @@ parse_fairness(struct ctx *c, struct sl_upstream_conf *u, yaml_node_t *v,
 		    path, s);
 }
 
-/* health:, eject:, affinity:, load_metrics: and queue: keys. */
+/* health:, eject:, affinity:, load_metrics:, queue: and response_affinity: keys. */
 struct section_arg {
 	struct sl_upstream_conf *u;
 	const char *section;            /* "health" or "eject" */
@@ -475,7 +477,7 @@ upstream_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		parse_retry_on(c, u, v, path);
 	} else if (strcmp(key, "health") == 0 || strcmp(key, "eject") == 0 ||
 	    strcmp(key, "affinity") == 0 || strcmp(key, "load_metrics") == 0 ||
-	    strcmp(key, "queue") == 0) {
+	    strcmp(key, "queue") == 0 || strcmp(key, "response_affinity") == 0) {
 		parse_section(c, u, key, v, path);
 	} else if ((f = find_field(upstream_fields, "upstreams.*", key)) != NULL) {
 		cfg_set_value(c, cfg_find_key(f->path), path, v, (char *)u + f->off);

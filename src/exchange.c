@@ -330,6 +330,8 @@ conn_request_end(struct sl_conn *c, enum sl_end end)
 	c->mname = NULL;
 	c->msent = NULL;
 	conn_mrw_free(c);
+	free(c->idscan);
+	c->idscan = NULL;
 }
 
 void

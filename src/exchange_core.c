@@ -145,6 +145,7 @@ conn_unref(struct sl_conn *c)
 	sl_req_free(&c->req);
 	free(c->mname);
 	free(c->mlit);
+	free(c->idscan);
 	sl_buf_free(&c->out);
 	sl_meter_free(&c->meter);
 	sl_head_free(&c->rh);

@@ -54,6 +54,7 @@
 #include "sl_queue.h"
 #include "sl_reply.h"
 #include "sl_shm.h"
+#include "sl_stored.h"
 #include "sl_transfer.h"
 #include "sl_upstream.h"
 #include "sl_worker_state.h"
@@ -167,6 +168,16 @@ struct sl_conn {
 	                            * next try (slot held); -1: none */
 	int busy_code;             /* that head's status */
 	int affinity;              /* 0: none; 1 + enum sl_aff_outcome */
+	/*
+	 * Stored responses (sl_stored.h): the request names one whose
+	 * replica is up (pinned: it goes there only, owner is that
+	 * replica); its answer's id is learnt (learn: POST /v1/responses),
+	 * read by idscan until found (NULL: not read, or no more).
+	 */
+	int pinned;
+	int owner;
+	int learn;
+	struct sl_stored_scan *idscan;
 	ev_tstamp t_upstream;      /* last upstream activity */
 	ev_tstamp t_client;        /* last client progress while bytes wait */
 

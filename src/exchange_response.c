@@ -24,6 +24,7 @@ static void conn_queue_charge(struct sl_conn *c);
 static void conn_usage_head(struct sl_conn *c);
 static void conn_mrw_head(struct sl_conn *c);
 static size_t conn_write_body(struct sl_conn *c, char *p, size_t n);
+static void conn_stored_head(struct sl_conn *c);
 
 /* "X-Sluice-Model: NAME\r\n" for a request routed by model. */
 int
@@ -258,7 +259,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 		 * sl_conn_upstream_done starts the next try.
 		 */
 		if ((c->status == 429 || c->status == 502 || c->status == 503) &&
-		    (up->retry_on & SL_RETRY_BUSY) &&
+		    !c->pinned && (up->retry_on & SL_RETRY_BUSY) &&
 		    c->tries - c->tries_base <= up->retries &&
 		    (r2 = sl_pool_pick(c->w->pools, conn_upstream_idx(c),
 		    c->tried, &wait)) >= 0) {
@@ -266,9 +267,14 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 			c->busy_code = c->status;
 			return 0;
 		}
-		/* None in this pool: the next target of the fallback chain. */
+		/*
+		 * None in this pool: the next target of the fallback chain.
+		 * A request pinned to the replica holding its stored response
+		 * goes nowhere else (another runner would answer 404): the
+		 * busy answer is relayed.
+		 */
 		if ((c->status == 429 || c->status == 502 || c->status == 503) &&
-		    (r2 = conn_fallback_find(c, SL_FB_BUSY, &c->fb_model,
+		    !c->pinned && (r2 = conn_fallback_find(c, SL_FB_BUSY, &c->fb_model,
 		    &c->fb_target)) >= 0) {
 			c->retry_next = r2;
 			c->busy_code = c->status;
@@ -286,6 +292,7 @@ upstream_header_cb(char *p, size_t size, size_t nitems, void *arg)
 			break;
 		conn_usage_head(c);
 		conn_mrw_head(c);
+		conn_stored_head(c);
 		conn_shed_request(c);
 		if (c->state == CS_UPSTREAM)
 			conn_set_state(c, CS_STREAM);
@@ -524,6 +531,42 @@ conn_tell_failure(struct sl_conn *c, const char *why)
 		sl_err("conn %d: no room for the failure event", c->fd);
 }
 
+/*
+ * The head of a 2xx answer to POST /v1/responses, JSON or an event
+ * stream, is in: its id is read as the bytes pass (sl_stored_scan,
+ * bounded), until found.
+ */
+static void
+conn_stored_head(struct sl_conn *c)
+{
+	free(c->idscan);
+	c->idscan = NULL;
+	if (!c->learn || c->status / 100 != 2 || !c->body_allowed ||
+	    c->uh.encoded || !(c->uh.is_json || c->uh.is_sse) ||
+	    (c->idscan = malloc(sizeof(*c->idscan))) == NULL)
+		return;
+	sl_stored_scan_init(c->idscan, c->uh.is_sse);
+}
+
+/*
+ * Body bytes of such an answer, taken: read on; the id found is learnt
+ * with the replica of this try, and the rest of the body pays nothing.
+ */
+static void
+conn_stored_body(struct sl_conn *c, const char *p, size_t n)
+{
+	size_t u = conn_upstream_idx(c);
+
+	if (sl_stored_scan_feed(c->idscan, p, n) && c->replica >= 0)
+		sl_stored_put(c->w->stored, c->w->upstream_slot[u],
+		    c->idscan->id, c->idscan->idlen,
+		    sl_pool_rid(c->w->pools, u, c->replica), sl_mono_ms());
+	if (c->idscan->done) {
+		free(c->idscan);
+		c->idscan = NULL;
+	}
+}
+
 void
 conn_mrw_free(struct sl_conn *c)
 {
@@ -644,8 +687,12 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 
 	if (c->client_gone)
 		return CURL_WRITEFUNC_ERROR;
-	if (!c->mrw_on || !c->head_sent || n == 0)
-		return conn_write_body(c, p, n);
+	if (!c->mrw_on || !c->head_sent || n == 0) {
+		r = conn_write_body(c, p, n);
+		if (c->idscan != NULL && r == n && n > 0)
+			conn_stored_body(c, p, n);
+		return r;
+	}
 	/*
 	 * The answer's "model" set back: what the rest of the path sees
 	 * (scanner, kept JSON, the client) is the rewritten bytes. A pause
@@ -661,6 +708,8 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 		r = conn_write_body(c, p, n);
 	else if ((r = conn_write_body(c, mb->p, mb->len)) == mb->len)
 		r = n;   /* (none at all: only bytes of a replaced value) */
+	if (r == n && c->idscan != NULL)
+		conn_stored_body(c, p, n);   /* the runner's bytes: its id */
 	if (r == CURL_WRITEFUNC_PAUSE)
 		c->mrw = saved;
 	else if (mb->cap > 65536 && k == 1) {

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "sl_api.h"
+#include "sl_json.h"
 #include "sl_log.h"
 #include "sl_exchange.h"
 #include "exchange_int.h"
@@ -335,6 +337,93 @@ conn_inject_priority(struct sl_conn *c, const struct sl_upstream_conf *up)
 	return 0;
 }
 
+/* sl_json_decode's sink: the id's bytes, refused past SL_STORED_ID_MAX. */
+struct id_buf {
+	char b[SL_STORED_ID_MAX];
+	size_t n;
+};
+
+static int
+id_sink(void *arg, const unsigned char *b, size_t n)
+{
+	struct id_buf *ib = arg;
+
+	if (n > sizeof(ib->b) - ib->n)
+		return 1;
+	memcpy(ib->b + ib->n, b, n);
+	ib->n += n;
+	return 0;
+}
+
+/*
+ * The stored response a POST /v1/responses body continues: its top-level
+ * "previous_response_id" string, decoded into ib. 0, or -1: none.
+ */
+static int
+conn_previous_id(const struct sl_conn *c, struct id_buf *ib)
+{
+	static const char key[] = "previous_response_id";
+	struct sl_json_first f = { key, { 0, 0 }, 0 };
+	const char *b = c->req.body;
+
+	ib->n = 0;
+	/* The path that names none pays a memmem, not a JSON pass. */
+	if (b == NULL || c->req.body_len == 0 ||
+	    memmem(b, c->req.body_len, key, sizeof(key) - 1) == NULL ||
+	    sl_json_object_first(b, c->req.body_len, &f) == -1 ||
+	    f.count == 0 || f.v.ve - f.v.vs < 3 || b[f.v.vs] != '"' ||
+	    sl_json_decode(b, f.v.vs, f.v.ve, id_sink, ib) != 0)
+		return -1;
+	return ib->n > 0 ? 0 : -1;
+}
+
+/*
+ * Stored responses (sl_stored.h): a request of the Responses API that
+ * names one (previous_response_id, or /v1/responses/{id} and its cancel
+ * and input_items) goes to the replica that made it while that replica
+ * is up. Sets c->learn (the answer's id is to be learnt), c->pinned and
+ * c->owner, and counts what the table said. Before the head is shed.
+ */
+static void
+conn_stored_route(struct sl_conn *c)
+{
+	struct sl_worker *w = c->w;
+	size_t u = conn_upstream_idx(c), ulen, idlen;
+	const char *url, *id;
+	struct id_buf ib;
+	enum sl_stored_result res;
+	uint64_t rid;
+	int exact = 0, up, r;
+
+	c->pinned = c->learn = 0;
+	c->owner = -1;
+	if (c->api != SL_API_RESPONSES ||
+	    !sl_stored_on(w->stored, w->upstream_slot[u]))
+		return;
+	url = sl_req_url(&c->req, &ulen);
+	if (sl_api_of(url, ulen, &exact) == SL_API_RESPONSES && exact) {
+		if (c->req.method != HTTP_POST)
+			return;
+		c->learn = 1;
+		if (conn_previous_id(c, &ib) == -1)
+			return;
+		id = ib.b;
+		idlen = ib.n;
+	} else if ((id = sl_api_response_id(url, ulen, &idlen)) == NULL)
+		return;
+	if (sl_stored_get(w->stored, w->upstream_slot[u], id, idlen,
+	    sl_mono_ms(), &rid) == -1)
+		res = SL_STORED_UNKNOWN;
+	else if ((r = sl_pool_owner(w->pools, u, rid, &up)) < 0 || !up)
+		res = SL_STORED_OWNER_DOWN;
+	else {
+		res = SL_STORED_OWNER;
+		c->pinned = 1;
+		c->owner = r;
+	}
+	sl_shm_count_stored(w->shm, w->row, w->upstream_slot[u], res);
+}
+
 /* Does the request's pool have a queue with waiters now? */
 static int
 conn_queue_in_use(const struct sl_conn *c)
@@ -359,8 +448,11 @@ conn_enqueue(struct sl_conn *c, int retry_after, struct sl_verdict *v)
 	uint64_t h;
 	char msg[160];
 
-	switch (sl_queue_enqueue(w->queue, w->row, qp,
-	    w->tenant_slot[c->tenant], sl_mono_ms(), c->meter.prompt_est, &h)) {
+	/* A request pinned to its stored response's replica waits for it. */
+	switch (sl_queue_enqueue_for(w->queue, w->row, qp,
+	    w->tenant_slot[c->tenant], sl_mono_ms(), c->meter.prompt_est,
+	    c->pinned ? sl_pool_slot(w->pools, u, c->owner) : SL_QUEUE_ANY,
+	    &h)) {
 	case SL_QUEUE_OK:
 		break;
 	case SL_QUEUE_FULL:
@@ -413,6 +505,7 @@ conn_start_upstream(struct sl_conn *c, struct sl_verdict *v)
 		sl_verdict(v, SL_ERR_UPSTREAM_UNREACHABLE, NULL, 0);
 		return;
 	}
+	conn_stored_route(c);
 	/* The upstream head is built: the client's is not needed any more. */
 	sl_req_shed_head(&c->req);
 	c->tried = 0;
@@ -422,7 +515,10 @@ conn_start_upstream(struct sl_conn *c, struct sl_verdict *v)
 		/* Others wait for this pool: no overtaking them. */
 		r = -1;
 		retry_after = 1;
-	} else if (c->req.method == HTTP_POST && up->balance ==
+	} else if (c->pinned)
+		r = sl_pool_pick_one(c->w->pools, conn_upstream_idx(c), c->owner,
+		    &retry_after);
+	else if (c->req.method == HTTP_POST && up->balance ==
 	    SL_BALANCE_PREFIX_AFFINITY && c->req.body_len > 0) {
 		int outcome;
 
@@ -436,18 +532,26 @@ conn_start_upstream(struct sl_conn *c, struct sl_verdict *v)
 	} else
 		r = sl_pool_pick(c->w->pools, conn_upstream_idx(c), 0,
 		    &retry_after);
-	if (r < 0 && c->model >= 0 && conn_fallback(c, SL_FB_NO_REPLICA, v) == 0)
+	if (r < 0 && !c->pinned && c->model >= 0 &&
+	    conn_fallback(c, SL_FB_NO_REPLICA, v) == 0)
 		return;   /* another model's or target's pool took it */
-	if (r < 0 && sl_pool_queueable(c->w->pools, conn_upstream_idx(c)) &&
+	if (r < 0 && (c->pinned ? sl_pool_queueable_one(c->w->pools,
+	    conn_upstream_idx(c), c->owner) :
+	    sl_pool_queueable(c->w->pools, conn_upstream_idx(c))) &&
 	    conn_enqueue(c, retry_after, v) == 0)
 		return;   /* waiting, or 503 queue_full */
 	if (r < 0) {
-		char msg[160];
+		char msg[200];
 
 		/* Like a full tenant: answer at once, free the slot at once. */
-		snprintf(msg, sizeof(msg), "no replica of upstream '%s' can take "
-		    "the request now (down, ejected, busy or at capacity)",
-		    up->name);
+		if (c->pinned)
+			snprintf(msg, sizeof(msg), "the replica of upstream '%s' "
+			    "that holds the stored response cannot take the "
+			    "request now (busy or at capacity)", up->name);
+		else
+			snprintf(msg, sizeof(msg), "no replica of upstream '%s' "
+			    "can take the request now (down, ejected, busy or "
+			    "at capacity)", up->name);
 		sl_verdict(v, SL_ERR_UPSTREAM_UNAVAILABLE, msg, retry_after);
 		return;
 	}

@@ -41,6 +41,7 @@
 #include "sl_prom.h"
 #include "sl_net.h"
 #include "sl_queue.h"
+#include "sl_stored.h"
 #include "sl_shm.h"
 #include "sl_slots.h"
 #include "sl_status_json.h"
@@ -79,6 +80,7 @@ struct master {
 	struct sl_cluster_shm *cshm; /* `cluster:` leases; NULL: one node */
 	struct sl_cluster_m *cluster;
 	struct sl_queue *queue;      /* the pools' fair queue (sl_queue.h) */
+	struct sl_stored *stored;    /* stored responses' replicas (sl_stored.h) */
 	size_t rows_hwm;
 	int *listen_fds;
 	int nlisten;
@@ -183,6 +185,7 @@ slots_ctx(const struct master *m)
 	c.cur = m->cur.id;
 	c.oldest_live = oldest_live(m);
 	c.queue = m->queue;
+	c.stored = m->stored;
 	c.window = m->console.window;
 	c.mwindow = m->console.mwindow;
 	return c;
@@ -236,6 +239,25 @@ publish_queue(struct master *m, const struct sl_config *cfg,
 	struct sl_slots_ctx c = slots_ctx(m);
 
 	sl_slots_publish_queue(&m->slots, &c, cfg, tmap, qmap, close_removed);
+}
+
+/*
+ * The stored responses' table follows cfg (start and reload), by
+ * upstream slot: a kept upstream keeps its ids, a lower max evicts at
+ * once, a new ttl applies to every id; an upstream the reload removed
+ * keeps its ids until its slot goes to another (sl_slots_map_upstreams
+ * resets it then).
+ */
+static void
+publish_stored(struct master *m, const struct sl_config *cfg,
+    const size_t *umap)
+{
+	size_t u;
+
+	for (u = 0; m->stored != NULL && umap != NULL && u < cfg->nupstreams; u++)
+		sl_stored_set_pool(m->stored, umap[u],
+		    (uint32_t)cfg->upstreams[u].response_affinity.max,
+		    cfg->upstreams[u].response_affinity.ttl_ms);
 }
 
 /* ---- worker rows, children and listen sockets --------------------------- */
@@ -363,6 +385,7 @@ spawn(struct master *m, int slot)
 		a.row = (size_t)row;
 		a.cluster_shm = m->cshm;
 		a.queue = m->queue;
+		a.stored = m->stored;
 		a.listen_fd = m->listen_fds[slot];
 		a.index = slot;
 		a.generation = m->cur.id;
@@ -753,6 +776,7 @@ reload_map(struct master *m, struct reload *r)
 		return -1;
 	}
 	publish_queue(m, ncfg, r->map, r->qmap, 0);
+	publish_stored(m, ncfg, r->umap);
 	return 0;
 }
 
@@ -782,6 +806,7 @@ reload_roll_back(struct master *m, struct reload *r, const struct sl_gen *old,
 	sl_slots_free_replica_map(map_replicas(m, old->cfg, old->id),
 	    old->cfg->nupstreams);
 	publish_queue(m, old->cfg, old->tenant_slot, old->queue_slot, 0);
+	publish_stored(m, old->cfg, old->upstream_slot);
 	sl_err("reload failed: cannot start worker %d of the new "
 	    "generation; keeping generation %u", started, m->cur.id);
 }
@@ -800,6 +825,7 @@ reload_retire_old(struct master *m, const struct sl_gen *old, int old_nw,
 	config_warn_permissions(m->path, ncfg);
 	sl_log_set_level(ncfg->log_level);
 	publish_queue(m, ncfg, m->cur.tenant_slot, m->cur.queue_slot, 1);
+	publish_stored(m, ncfg, m->cur.upstream_slot);
 	sl_cluster_master_reconf(m->cluster, ncfg);
 	/* Rows kept for a respawn that will not happen now go back. */
 	for (s = 0; s < old_nw; s++)
@@ -1042,6 +1068,12 @@ start_region(struct master *m, struct sl_config *cfg)
 	}
 	m->shm = sl_shm_create(cap, MAX_ROWS, m->slots.models.n,
 	    m->slots.ups.n);
+	if ((m->stored = sl_stored_create(m->slots.ups.n, SL_STORED_CAP)) ==
+	    NULL) {
+		sl_err("cannot map the stored responses' table: %s",
+		    strerror(errno));
+		return -1;
+	}
 	if (sl_slots_init_index(&m->slots, m->shm, cap) == -1) {
 		sl_err("cannot map the shared region: %s", strerror(errno));
 		return -1;
@@ -1082,6 +1114,7 @@ start_queue(struct master *m, const struct sl_config *cfg)
 		return -1;
 	}
 	publish_queue(m, cfg, m->cur.tenant_slot, m->cur.queue_slot, 0);
+	publish_stored(m, cfg, m->cur.upstream_slot);
 	return 0;
 }
 
@@ -1360,6 +1393,7 @@ master_free(struct master *m)
 	sl_config_free(m->cur.cfg);
 	sl_keyidx_free(m->cur.keys);
 	sl_queue_destroy(m->queue);
+	sl_stored_destroy(m->stored);
 	sl_shm_destroy(m->shm);
 }
 

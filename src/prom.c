@@ -335,6 +335,25 @@ render_replicas(const struct sl_page_in *p, struct sl_str *o)
 			    sl_shm_affinity_sum(p->slots->shm, k, (enum sl_aff_outcome)c));
 		}
 	}
+	sl_str_printf(o, "# HELP sluice_response_affinity_total Requests "
+	    "naming a stored response (previous_response_id, "
+	    "/v1/responses/{id}), by what sluice knew of it: owner (sent to "
+	    "the replica that made it), owner_down (that replica down or "
+	    "gone: balanced), unknown (balanced).\n"
+	    "# TYPE sluice_response_affinity_total counter\n");
+	for (u = 0; u < cfg->nupstreams; u++) {
+		if (cfg->upstreams[u].response_affinity.max <= 0)
+			continue;
+		k = p->cur->upstream_slot[u];
+		for (c = 0; c < SL_STORED_R_MAX; c++) {
+			sl_str_printf(o, "sluice_response_affinity_total{upstream=\"");
+			label(o, p->slots->ups.names[k]);
+			sl_str_printf(o, "\",result=\"%s\"} %llu\n",
+			    sl_shm_stored_label((enum sl_stored_result)c),
+			    (unsigned long long)sl_shm_stored_sum(p->slots->shm, k,
+			    (enum sl_stored_result)c));
+		}
+	}
 }
 
 /* A model slot's label value: its name, "-" for slot 0. */

@@ -73,6 +73,7 @@ struct q_pool {
 	_Atomic int32_t timeout_ms;                    /* <= 0: none */
 	_Atomic int32_t fairness;
 	int32_t active;               /* first tenant with waiters, NIL */
+	int32_t npinned;              /* WAITING entries that want one slot */
 	uint64_t seq;                 /* enqueue order */
 	uint64_t vref;                /* counter of the last dispatched tenant */
 	_Atomic uint64_t out[SL_QUEUE_O_MAX];
@@ -101,6 +102,7 @@ struct q_entry {
 	int64_t enq_ms;
 	uint64_t seq;
 	int64_t slot;                 /* GRANTED: replica index; -1 closed */
+	int64_t want;                 /* the only slot it takes; -1: any */
 	uint64_t cost;
 };
 
@@ -205,6 +207,7 @@ reset_lists(struct sl_queue *q)
 	q->h->free_head = NIL;
 	for (i = 0; i < q->npools; i++) {
 		q->pools[i].active = NIL;
+		q->pools[i].npinned = 0;
 		atomic_store(&q->pools[i].nwait, 0);
 	}
 	for (i = 0; i < q->npools * q->ntenants; i += CELLS_PER_PAGE)
@@ -417,6 +420,8 @@ cell_push(struct sl_queue *q, int32_t i, int do_lift)
 		c->head = i;
 	atomic_fetch_add(&c->nwait, 1);
 	atomic_fetch_add(&p->nwait, 1);
+	if (e->want >= 0)
+		p->npinned++;
 }
 
 static void
@@ -436,6 +441,8 @@ cell_remove(struct sl_queue *q, int32_t i)
 		c->tail = e->prev;
 	e->next = e->prev = NIL;
 	atomic_fetch_sub(&p->nwait, 1);
+	if (e->want >= 0)
+		p->npinned--;
 	if (atomic_fetch_sub(&c->nwait, 1) == 1) {
 		if (c->prev != NIL)
 			cell(q, (size_t)e->pool, (size_t)c->prev)->next = c->next;
@@ -523,16 +530,36 @@ q_unlock(struct sl_queue *q)
 /* ---- choice and grants (under the lock) --------------------------------- */
 
 /*
- * The pool's next waiter: highest priority band, then (tokens) lowest
- * counter, then fewer waiters, or (fifo) nothing more; then the oldest.
- * NIL when nobody waits. Fewer waiters breaks a tie of counters the way
- * the issue's latecomer wants it: a tenant lifted on arrival to the
- * counter of one with 40 waiters goes first, although the other's
- * running streams have not been charged yet (tokens are counted when a
- * response ends, after its slot went on).
+ * A tenant's oldest waiter that takes slot: its FIFO's head, unless some
+ * waiter of the pool wants one replica only (a stored response's); then
+ * the first of its FIFO that wants slot or any. NIL: none.
  */
 static int32_t
-best(const struct sl_queue *q, size_t pool)
+first_taker(const struct sl_queue *q, const struct q_pool *p,
+    const struct q_cell *c, size_t slot)
+{
+	int32_t i;
+
+	if (p->npinned == 0)
+		return c->head;
+	for (i = c->head; i != NIL; i = q->e[i].next)
+		if (q->e[i].want < 0 || (size_t)q->e[i].want == slot)
+			return i;
+	return NIL;
+}
+
+/*
+ * The pool's next waiter for a slot of replica index slot: highest
+ * priority band, then (tokens) lowest counter, then fewer waiters, or
+ * (fifo) nothing more; then the oldest; a waiter that wants another
+ * replica is passed over. NIL when nobody waits for it. Fewer waiters
+ * breaks a tie of counters the way the issue's latecomer wants it: a
+ * tenant lifted on arrival to the counter of one with 40 waiters goes
+ * first, although the other's running streams have not been charged yet
+ * (tokens are counted when a response ends, after its slot went on).
+ */
+static int32_t
+best(const struct sl_queue *q, size_t pool, size_t slot)
 {
 	const struct q_pool *p = &q->pools[pool];
 	int fifo = atomic_load_explicit(&p->fairness, memory_order_relaxed) ==
@@ -542,7 +569,12 @@ best(const struct sl_queue *q, size_t pool)
 
 	for (t = p->active; t != NIL; t = cell(q, pool, (size_t)t)->next) {
 		const struct q_cell *c = cell(q, pool, (size_t)t);
-		uint64_t seq = q->e[c->head].seq;
+		int32_t head = first_taker(q, p, c, slot);
+		uint64_t seq;
+
+		if (head == NIL)
+			continue;
+		seq = q->e[head].seq;
 
 		band = atomic_load_explicit(&q->tenants[t].priority,
 		    memory_order_relaxed);
@@ -553,7 +585,7 @@ best(const struct sl_queue *q, size_t pool)
 		    (band == wband && (v < wv ||
 		    (v == wv && (n < wn ||
 		    (n == wn && seq < q->e[win].seq)))))) {
-			win = c->head;
+			win = head;
 			wband = band;
 			wv = v;
 			wn = n;
@@ -606,7 +638,7 @@ grant(struct sl_queue *q, int32_t i, int64_t slot)
 static void
 pass_on(struct sl_queue *q, size_t win, size_t pool, size_t slot)
 {
-	int32_t i = best(q, pool);
+	int32_t i = best(q, pool, slot);
 
 	if (i != NIL)
 		grant(q, i, (int64_t)slot);
@@ -742,6 +774,15 @@ enum sl_queue_res
 sl_queue_enqueue(struct sl_queue *q, size_t row, size_t pool, size_t tenant,
     int64_t now_ms, uint64_t dispatch_cost, uint64_t *handle)
 {
+	return sl_queue_enqueue_for(q, row, pool, tenant, now_ms, dispatch_cost,
+	    SL_QUEUE_ANY, handle);
+}
+
+enum sl_queue_res
+sl_queue_enqueue_for(struct sl_queue *q, size_t row, size_t pool,
+    size_t tenant, int64_t now_ms, uint64_t dispatch_cost, size_t want,
+    uint64_t *handle)
+{
 	struct q_pool *p;
 	struct q_entry *e;
 	int32_t i, max;
@@ -774,6 +815,8 @@ sl_queue_enqueue(struct sl_queue *q, size_t row, size_t pool, size_t tenant,
 	e->enq_ms = now_ms;
 	e->seq = ++p->seq;
 	e->slot = -1;
+	e->want = want == SL_QUEUE_ANY || want >= sl_shm_max_tenants(q->shm) ?
+	    -1 : (int64_t)want;
 	e->cost = dispatch_cost;
 	cell_push(q, i, 1);
 	atomic_store(&e->state, E_WAITING);
@@ -793,7 +836,7 @@ sl_queue_offer(struct sl_queue *q, size_t row, size_t pool, size_t slot,
 	    atomic_load(&q->pools[pool].nwait) == 0)
 		return 0;
 	q_lock(q, row);
-	if ((i = best(q, pool)) == NIL) {
+	if ((i = best(q, pool, slot)) == NIL) {
 		q_unlock(q);
 		return 0;
 	}
@@ -1163,7 +1206,7 @@ sl_queue_check(struct sl_queue *q, char *why, size_t whylen)
 		nfree++;
 	}
 	for (pl = 0; pl < q->npools; pl++) {
-		size_t pw = 0, ncells = 0;
+		size_t pw = 0, ncells = 0, npin = 0;
 
 		for (t = 0; t < q->ntenants; t++) {
 			struct q_cell *c;
@@ -1188,6 +1231,8 @@ sl_queue_check(struct sl_queue *q, char *why, size_t whylen)
 				if (++cnt > (int32_t)q->nentries)
 					BROKEN("pool %zu tenant %zu: FIFO loops",
 					    pl, t);
+				if (e->want >= 0)
+					npin++;
 			}
 			if (c->tail != prevj)
 				BROKEN("pool %zu tenant %zu: tail", pl, t);
@@ -1207,6 +1252,9 @@ sl_queue_check(struct sl_queue *q, char *why, size_t whylen)
 		if (k != ncells)
 			BROKEN("pool %zu: %zu tenants waiting, %zu active", pl,
 			    ncells, k);
+		if ((int32_t)npin != q->pools[pl].npinned)
+			BROKEN("pool %zu: %zu pinned, count says %d", pl, npin,
+			    (int)q->pools[pl].npinned);
 		if ((int32_t)pw != atomic_load(&q->pools[pl].nwait))
 			BROKEN("pool %zu: %zu waiting, count says %d", pl, pw,
 			    (int)atomic_load(&q->pools[pl].nwait));

@@ -97,6 +97,7 @@ struct shm_ustats {
 	_Atomic uint64_t err[SL_UERR_MAX];
 	_Atomic uint64_t retry[SL_RETRY_R_MAX];
 	_Atomic uint64_t aff[SL_AFF_MAX];
+	_Atomic uint64_t stored[SL_STORED_R_MAX];
 };
 
 struct shm_replica {

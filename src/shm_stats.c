@@ -226,6 +226,36 @@ sl_shm_affinity_sum(const struct sl_shm *s, size_t upstream,
 	return cell_get(&s->ustats[upstream].aff[k]);
 }
 
+const char *
+sl_shm_stored_label(enum sl_stored_result k)
+{
+	static const char *const names[SL_STORED_R_MAX] = {
+		"owner", "owner_down", "unknown"
+	};
+
+	return k < SL_STORED_R_MAX ? names[k] : "other";
+}
+
+void
+sl_shm_count_stored(struct sl_shm *s, size_t row, size_t upstream,
+    enum sl_stored_result k)
+{
+	(void)row;
+	if (upstream >= s->upstream_slots || k >= SL_STORED_R_MAX)
+		return;
+	atomic_fetch_add_explicit(&s->ustats[upstream].stored[k], 1,
+	    memory_order_relaxed);
+}
+
+uint64_t
+sl_shm_stored_sum(const struct sl_shm *s, size_t upstream,
+    enum sl_stored_result k)
+{
+	if (upstream >= s->upstream_slots || k >= SL_STORED_R_MAX)
+		return 0;
+	return cell_get(&s->ustats[upstream].stored[k]);
+}
+
 uint64_t
 sl_shm_uerr_sum(const struct sl_shm *s, size_t upstream, enum sl_uerr k)
 {

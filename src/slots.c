@@ -16,6 +16,7 @@
 
 #include "sl_log.h"
 #include "sl_slots.h"
+#include "sl_stored.h"
 #include "sl_util.h"
 
 /*
@@ -611,8 +612,10 @@ sl_slots_map_upstreams(struct sl_slots *s, const struct sl_slots_ctx *c,
 		    cfg->upstreams[i].name : NULL;
 	qleft = map_slots(s, c, &s->queues, want, cfg->nupstreams, gen, qmap, qdrop);
 	for (j = 1; j < s->ups.n; j++)
-		if (udrop[j])
+		if (udrop[j]) {
 			sl_shm_upstream_reset(s->shm, j);
+			sl_stored_reset_pool(c->stored, j);
+		}
 	for (j = 1; c->queue != NULL && j < SL_QUEUE_POOLS; j++)
 		if (qdrop[j])
 			sl_queue_reset_pool(c->queue, j);

@@ -669,26 +669,91 @@ queue_pool(const struct sl_pools *ps, size_t u)
 
 /*
  * While u's queue has waiters: take any slot free now and hand it to the
- * best of them. A slot taken and refused (nobody waits any more) goes
- * back.
+ * best of them. A slot taken and refused goes back, and its replica is
+ * not offered again by this pump: nobody waits any more, or those who
+ * wait want another replica (sl_queue_enqueue_for), whose free slot must
+ * not stay idle behind this one.
  */
 void
 sl_pool_pump(struct sl_pools *ps, size_t u)
 {
 	int64_t qp = queue_pool(ps, u);
 	int r, wait, n = 0;
+	uint64_t refused = 0;
 
 	if (qp < 0)
 		return;
 	while (n++ < 64 && sl_queue_waiting(ps->q, (size_t)qp) > 0) {
-		if ((r = pick(ps, u, 0, NULL, 0, &wait, NULL)) < 0)
+		if ((r = pick(ps, u, refused, NULL, 0, &wait, NULL)) < 0)
 			return;
 		if (!sl_queue_offer(ps->q, ps->row, (size_t)qp, ps->p[u].slot[r],
 		    sl_mono_ms())) {
 			sl_shm_release(ps->shm, ps->row, ps->p[u].slot[r]);
-			return;
+			refused |= 1ULL << r;
 		}
 	}
+}
+
+/* Replica r of p is up: not down by probe, not ejected, not reused. */
+static int
+replica_up(const struct sl_pools *ps, const struct pool *p, size_t r,
+    int64_t now)
+{
+	struct sl_shm_replica *h = sl_shm_replica(ps->shm, p->slot[r]);
+
+	return h != NULL && !reused(ps, p, r) &&
+	    atomic_load_explicit(&h->down, memory_order_relaxed) == 0 &&
+	    atomic_load_explicit(&h->ejected_until_ms,
+	    memory_order_relaxed) <= now;
+}
+
+int
+sl_pool_owner(const struct sl_pools *ps, size_t u, uint64_t rid, int *up)
+{
+	const struct pool *p;
+	size_t r;
+
+	*up = 0;
+	if (u >= ps->n)
+		return -1;
+	p = &ps->p[u];
+	for (r = 0; r < p->conf->nreplicas && r < 64; r++)
+		if (p->rid[r] == rid) {
+			*up = replica_up(ps, p, r, sl_mono_ms());
+			return (int)r;
+		}
+	return -1;
+}
+
+uint64_t
+sl_pool_rid(const struct sl_pools *ps, size_t u, int r)
+{
+	if (u >= ps->n || r < 0 || (size_t)r >= ps->p[u].conf->nreplicas)
+		return 0;
+	return ps->p[u].rid[r];
+}
+
+int
+sl_pool_pick_one(struct sl_pools *ps, size_t u, int r, int *retry_after)
+{
+	uint64_t others;
+
+	if (u >= ps->n || r < 0 || r >= 64 ||
+	    (size_t)r >= ps->p[u].conf->nreplicas) {
+		*retry_after = 1;
+		return -1;
+	}
+	others = ~(1ULL << r);
+	return pick(ps, u, others, NULL, 0, retry_after, NULL);
+}
+
+int
+sl_pool_queueable_one(struct sl_pools *ps, size_t u, int r)
+{
+	if (queue_pool(ps, u) < 0 || r < 0 || r >= 64 ||
+	    (size_t)r >= ps->p[u].conf->nreplicas)
+		return 0;
+	return replica_up(ps, &ps->p[u], (size_t)r, sl_mono_ms());
 }
 
 int

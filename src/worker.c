@@ -276,6 +276,7 @@ worker_init(struct sl_worker *w, const struct sl_worker_args *a)
 		return -1;
 	}
 	w->queue = a->queue;
+	w->stored = a->stored;
 	TAILQ_INIT(&w->queued);
 	if (w->queue != NULL)
 		sl_pools_set_queue(w->pools, w->queue, a->queue_slot);

@@ -791,6 +791,61 @@ test_queue_killed_processes_leave_nothing_behind(void **state)
 	assert_consistent(f->q);
 }
 
+/*
+ * A waiter that wants one replica (a stored response's) takes only its
+ * slots: another replica's slot passes it over to the next waiter, or
+ * is refused when only such waiters wait; its own replica's slot reaches
+ * it in its tenant's order, ahead of younger waiters of the same tenant.
+ */
+static void
+test_queue_pinned_waiter_takes_only_its_replica(void **state)
+{
+	struct fx *f = *state;
+	uint64_t p1, a2, b1, h;
+	size_t slot;
+
+	assert_int_equal(sl_queue_enqueue_for(f->q, 1, POOL, TA, 0, 0, REP,
+	    &p1), SL_QUEUE_OK);
+	a2 = enq(f->q, 1, TA, 1, 0);
+	assert_consistent(f->q);
+	/* REP2's slot: not for p1; TA's next waiter, a2, takes it. */
+	assert_int_equal(take_and_offer(f, 3, REP2), 1);
+	assert_int_equal(collect_one(f, 1, &slot), a2);
+	assert_int_equal(slot, REP2);
+	/* Only p1 waits: REP2's slot is refused, still held by row 3. */
+	assert_int_equal(take_and_offer(f, 3, REP2), 0);
+	assert_int_equal(sl_shm_held(f->shm, 3, REP2), 0);
+	assert_int_equal(sl_queue_waiting(f->q, POOL), 1);
+	/* A younger waiter of another tenant does not stop p1 getting REP. */
+	b1 = enq(f->q, 2, TB, 2, 0);
+	assert_int_equal(take_and_offer(f, 3, REP), 1);
+	assert_int_equal(collect_one(f, 1, &slot), p1);
+	assert_int_equal(slot, REP);
+	assert_int_equal(take_and_offer(f, 3, REP2), 1);
+	assert_int_equal(collect_one(f, 2, NULL), b1);
+	assert_int_equal(sl_queue_waiting(f->q, POOL), 0);
+	assert_consistent(f->q);
+	/* A pinned waiter is repaired as it was (a lock left owner-dead). */
+	assert_int_equal(sl_queue_enqueue_for(f->q, 1, POOL, TA, 5, 0, REP,
+	    &h), SL_QUEUE_OK);
+	{
+		pid_t pid = fork();
+		int st;
+
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			sl_queue_lock_for_test(f->q, 2);
+			_exit(0);
+		}
+		assert_int_equal(waitpid(pid, &st, 0), pid);
+	}
+	assert_int_equal(take_and_offer(f, 3, REP2), 0);
+	assert_int_equal(sl_queue_repairs(f->q), 1);
+	assert_int_equal(take_and_offer(f, 3, REP), 1);
+	assert_int_equal(collect_one(f, 1, NULL), h);
+	assert_consistent(f->q);
+}
+
 int
 main(void)
 {
@@ -834,6 +889,9 @@ main(void)
 		    teardown),
 		cmocka_unit_test_setup_teardown(
 		    test_queue_killed_processes_leave_nothing_behind, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(
+		    test_queue_pinned_waiter_takes_only_its_replica, setup,
 		    teardown),
 	};
 
