@@ -471,3 +471,73 @@ def test_time_to_first_token_of_responses_and_messages_is_their_first_text_delta
             assert m.value(TPOT + "_bucket", model="m", le="0.15") == 0, path
             assert m.value(TPOT + "_sum", model="m") >= 0.19, path
             assert m.value(TOKENS, tenant="acme", model="m", kind="completion") == 3, path
+
+
+# ---------------------------------------------------------------- the alias set back
+
+ALIAS_CONFIG = """\
+listen: "127.0.0.1:{port}"
+workers: 1
+upstreams:
+  main:
+    url: "{stub}"
+models:
+  llama:
+    aliases: ["gpt-5"]
+    targets: [{{upstream: main, model: "meta-llama/Llama-3.1-8B-Instruct"}}]
+tenants:
+  acme:
+    keys: ["sk-acme"]
+    max_streams: 10
+    models: [llama]
+"""
+
+
+def _events(data):
+    """(event name, data JSON) of each event of an SSE body."""
+    out = []
+    for block in bytes(data).decode().split("\n\n"):
+        if not block.strip():
+            continue
+        name, payload = None, None
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                payload = json.loads(line[6:])
+        out.append((name, payload))
+    return out
+
+
+def test_the_alias_is_set_back_in_every_responses_and_messages_event_and_body():
+    internal = b"meta-llama/Llama-3.1-8B-Instruct"
+    with Stub() as stub, Gateway(ALIAS_CONFIG.format(port=h.free_port(),
+                                                     stub=stub.url)) as gw:
+        hd = {"Content-Type": "application/json", "X-Api-Key": "sk-acme",
+              "X-Stub-Events": "4", "X-Stub-Interval-Ms": "0"}
+        for path, body in (("/v1/responses", {"model": "gpt-5", "input": "hi"}),
+                           ("/v1/messages", {"model": "gpt-5", "max_tokens": 8,
+                                             "messages": [{"role": "user", "content": "hi"}]})):
+            for stream in (True, False):
+                body["stream"] = stream
+                with h.Client(gw.port) as c:
+                    r = c.request("POST", path, hd, json.dumps(body).encode(), timeout=30)
+                assert r.status == 200, (path, r.status, bytes(r.data)[:200])
+                assert internal not in bytes(r.data), (path, stream, bytes(r.data)[:400])
+                if not stream:
+                    assert r.json()["model"] == "gpt-5", (path, r.json())
+                    continue
+                evs = _events(r.data)
+                named = [(n, d.get("response", d.get("message", {})).get("model"))
+                         for n, d in evs if isinstance(d.get("response", d.get("message")),
+                                                       dict)]
+                if path == "/v1/responses":
+                    assert named == [("response.created", "gpt-5"),
+                                     ("response.in_progress", "gpt-5"),
+                                     ("response.completed", "gpt-5")], named
+                else:
+                    assert named == [("message_start", "gpt-5")], named
+        # The runner was sent its own name every time.
+        last = stub.direct("GET", "/stub/last")
+        last.read_all(timeout=10)
+        assert json.loads(bytes(last.data))["model"] == internal.decode()
