@@ -142,6 +142,8 @@ NUM(tenant_priority, TEN->priority)
 NUM(eject_failures, UP->eject.failures)
 NUM(eject_duration, UP->eject.duration_ms)
 NUM(eject_max_percent, UP->eject.max_percent)
+NUM(raff_max, UP->response_affinity.max)
+NUM(raff_ttl, UP->response_affinity.ttl_ms)
 NUM(ntenants, c->ntenants)
 NUM(max_streams, TEN->max_streams)
 NUM(retry_after, TEN->retry_after)
@@ -235,6 +237,9 @@ static const struct where wheres[] = {
 	{ "upstreams.*.eject.failures", UPSTREAM, ALWAYS, K_NUM, n_eject_failures, NULL },
 	{ "upstreams.*.eject.duration", UPSTREAM, ALWAYS, K_NUM, n_eject_duration, NULL },
 	{ "upstreams.*.eject.max_percent", UPSTREAM, ALWAYS, K_NUM, n_eject_max_percent, NULL },
+	{ "upstreams.*.response_affinity", UPSTREAM, ALWAYS, K_MAPPING, NULL, NULL },
+	{ "upstreams.*.response_affinity.max", UPSTREAM, ALWAYS, K_NUM, n_raff_max, NULL },
+	{ "upstreams.*.response_affinity.ttl", UPSTREAM, ALWAYS, K_NUM, n_raff_ttl, NULL },
 	{ "tenants", TOP, ALWAYS, K_AT_LEAST_ONE, n_ntenants, NULL },
 	{ "tenants.*.keys", TENANT, ALWAYS, K_KEYS, NULL, NULL },
 	{ "tenants.*.max_streams", TENANT, ALWAYS, K_NUM, n_max_streams, NULL },
