@@ -18,23 +18,110 @@
 enum { MRW_L_START = 0, MRW_L_DATA, MRW_L_OTHER };
 /*
  * In the object read (the top-level one, or the "response" or "message"
- * object in it), between its tokens: what comes next.
+ * object in it), between its tokens: what comes next. INTYPE: in the
+ * string value of a top-level "type" (event streams), matched byte by byte.
  */
-enum { MRW_P_KEY = 0, MRW_P_INKEY, MRW_P_COLON, MRW_P_VALUE, MRW_P_OTHER };
-/* The key just read: another, "model", or "response" / "message". */
-enum { MRW_K_OTHER = 0, MRW_K_MODEL, MRW_K_SUB };
+enum {
+	MRW_P_KEY = 0, MRW_P_INKEY, MRW_P_COLON, MRW_P_VALUE, MRW_P_OTHER,
+	MRW_P_INTYPE
+};
+/* The key just read: another, "model", "response" / "message", "type". */
+enum { MRW_K_OTHER = 0, MRW_K_MODEL, MRW_K_SUB, MRW_K_TYPE };
 /* Keys still matched byte by byte (kmatch): bits of mrw_keys[]. */
 #define MRW_KM_MODEL 1u
-#define MRW_KM_TOP 7u   /* at the top level: all three */
+#define MRW_KM_TOP 7u       /* at the top level of a JSON answer */
+#define MRW_KM_TOP_SSE 15u  /* ... of an event's: "type" too */
+#define MRW_NKEYS 4
 
 static const struct {
 	const char *s;
 	unsigned len, kind;
-} mrw_keys[3] = {
+} mrw_keys[MRW_NKEYS] = {
 	{ "model", 5, MRW_K_MODEL },
 	{ "response", 8, MRW_K_SUB },
 	{ "message", 7, MRW_K_SUB },
+	{ "type", 4, MRW_K_TYPE },
 };
+
+/*
+ * Event types that carry no model (sl_model.h): a line whose top-level
+ * "type" names one, before any "model" member, passes unread. Compared as
+ * written. The Responses API's are every "response." type (something
+ * after the dot) but the six below, which carry the response object;
+ * Anthropic's Messages API's are listed. Byte by byte (a value split
+ * across reads), the candidates are bits of kmatch: MRW_T_SKIP names,
+ * then MRW_T_KEEP names, then the "response." prefix.
+ */
+#define MRW_T_SKIP 6
+#define MRW_T_KEEP 6
+#define MRW_T_PREFIX (MRW_T_SKIP + MRW_T_KEEP)   /* its bit index */
+#define MRW_T_PREFIX_LEN 9
+#define MRW_T_ALL ((1u << (MRW_T_PREFIX + 1)) - 1)
+
+static const struct {
+	const char *s;
+	unsigned len;
+} mrw_types[MRW_T_PREFIX + 1] = {
+	{ "content_block_start", 19 }, { "content_block_delta", 19 },
+	{ "content_block_stop", 18 }, { "message_delta", 13 },
+	{ "message_stop", 12 }, { "ping", 4 },
+	{ "response.created", 16 }, { "response.in_progress", 20 },
+	{ "response.queued", 15 }, { "response.completed", 18 },
+	{ "response.incomplete", 19 }, { "response.failed", 15 },
+	{ "response.", MRW_T_PREFIX_LEN },
+};
+
+/* A type value v[0..n), as written: 1 when its line carries no model. */
+static int
+mrw_type_skips(const char *v, size_t n)
+{
+	unsigned b;
+
+	if (n > MRW_T_PREFIX_LEN && memcmp(v, "response.", MRW_T_PREFIX_LEN) == 0) {
+		for (b = MRW_T_SKIP; b < MRW_T_PREFIX; b++)
+			if (n == mrw_types[b].len && memcmp(v, mrw_types[b].s, n) == 0)
+				return 0;
+		return 1;
+	}
+	for (b = 0; b < MRW_T_SKIP; b++)
+		if (n == mrw_types[b].len && memcmp(v, mrw_types[b].s, n) == 0)
+			return 1;
+	return 0;
+}
+
+/* The same for a value matched byte by byte: candidates left, kidx bytes. */
+static int
+mrw_type_skips_bits(unsigned bits, unsigned kidx)
+{
+	unsigned b;
+
+	for (b = 0; b < MRW_T_SKIP; b++)
+		if ((bits & 1u << b) && kidx == mrw_types[b].len)
+			return 1;
+	if (!(bits & 1u << MRW_T_PREFIX) || kidx <= MRW_T_PREFIX_LEN)
+		return 0;
+	for (b = MRW_T_SKIP; b < MRW_T_PREFIX; b++)
+		if ((bits & 1u << b) && kidx == mrw_types[b].len)
+			return 0;
+	return 1;
+}
+
+/* The candidates of bits still matched after byte ch at kidx. */
+static unsigned
+mrw_type_narrow(unsigned bits, unsigned kidx, unsigned char ch)
+{
+	unsigned b;
+
+	for (b = 0; b < MRW_T_PREFIX; b++)
+		if ((bits & 1u << b) && (kidx >= mrw_types[b].len ||
+		    ch != (unsigned char)mrw_types[b].s[kidx]))
+			bits &= ~(1u << b);
+	/* the prefix: its bytes, then any */
+	if ((bits & 1u << MRW_T_PREFIX) && kidx < MRW_T_PREFIX_LEN &&
+	    ch != (unsigned char)"response."[kidx])
+		bits &= ~(1u << MRW_T_PREFIX);
+	return bits;
+}
 
 /*
  * A key whose opening quote is at k[-1], the text from k on at least
@@ -47,7 +134,12 @@ static const struct {
 static inline __attribute__((always_inline)) unsigned
 mrw_key_whole(const char *k, unsigned mask, size_t *klen)
 {
-	if (k[0] == 'm') {
+	if (k[0] == 't') {
+		if ((mask & 8u) && memcmp(k, "type\"", 5) == 0) {
+			*klen = 4;
+			return MRW_K_TYPE;
+		}
+	} else if (k[0] == 'm') {
 		if (memcmp(k, "model\"", 6) == 0) {
 			*klen = 5;
 			return MRW_K_MODEL;
@@ -69,6 +161,9 @@ static inline unsigned
 mrw_key_kind(const char *k, size_t len, unsigned mask)
 {
 	switch (len) {
+	case 4:
+		return (mask & 8u) && memcmp(k, "type", 4) == 0 ?
+		    MRW_K_TYPE : MRW_K_OTHER;
 	case 5:
 		return memcmp(k, "model", 5) == 0 ? MRW_K_MODEL : MRW_K_OTHER;
 	case 7:
@@ -230,7 +325,8 @@ mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
  * token by token: 1 and the value's quotes at [*vs, *ve) when the first
  * "model" member met (top-level, or directly in a top-level "response" or
  * "message" object) is a string; 0 when the line has none (or not a
- * string); -1 when a string does not end in the line (the machine decides
+ * string, or a top-level "type" met before it names an event with no
+ * model); -1 when a string does not end in the line (the machine decides
  * those).
  */
 static int
@@ -250,7 +346,7 @@ mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
 				return -1;
 			if (top && phase == MRW_P_KEY) {
 				key = mrw_key_kind(p + i + 1, (size_t)(j - (ptrdiff_t)i) - 1,
-				    sub ? MRW_KM_MODEL : MRW_KM_TOP);
+				    sub ? MRW_KM_MODEL : MRW_KM_TOP_SSE);
 				phase = MRW_P_COLON;
 			} else if (top && phase == MRW_P_VALUE) {
 				if (key == MRW_K_MODEL) {
@@ -258,6 +354,10 @@ mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
 					*ve = (size_t)j + 1;
 					return 1;
 				}
+				if (key == MRW_K_TYPE && memchr(p + i + 1, '\\',
+				    (size_t)(j - (ptrdiff_t)i) - 1) == NULL &&
+				    mrw_type_skips(p + i + 1, (size_t)(j - (ptrdiff_t)i) - 1))
+					return 0;   /* an event with no model */
 				phase = MRW_P_OTHER;
 			}
 			i = (size_t)j;
@@ -383,6 +483,24 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 		r->i++;
 		return 0;
 	}
+	if (!r->skip && top && r->phase == MRW_P_INTYPE && r->kmatch) {
+		/* A type that may name an event with no model: byte by byte. */
+		if (ch == '\\') {
+			r->esc = 1;
+			r->kmatch = 0;   /* an escaped type is not matched */
+		} else if (ch == '"') {
+			r->in_str = 0;
+			r->phase = MRW_P_OTHER;
+			if (mrw_type_skips_bits(r->kmatch, r->kidx))
+				r->done = 1;   /* the rest of the line passes */
+		} else {
+			r->kmatch = mrw_type_narrow(r->kmatch, r->kidx, ch);
+			if (r->kidx < 255)
+				r->kidx++;
+		}
+		r->i++;
+		return 0;
+	}
 	if (!r->skip && top && r->phase == MRW_P_INKEY && r->kmatch) {
 		/* A key that may be one looked for: byte by byte. */
 		if (ch == '\\') {
@@ -391,13 +509,13 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 		} else if (ch == '"') {
 			r->in_str = 0;
 			r->key = MRW_K_OTHER;
-			for (b = 0; b < 3; b++)
+			for (b = 0; b < MRW_NKEYS; b++)
 				if ((r->kmatch & 1u << b) &&
 				    r->kidx == mrw_keys[b].len)
 					r->key = mrw_keys[b].kind;
 			r->phase = MRW_P_COLON;
 		} else {
-			for (b = 0; b < 3; b++)
+			for (b = 0; b < MRW_NKEYS; b++)
 				if ((r->kmatch & 1u << b) &&
 				    (r->kidx >= mrw_keys[b].len ||
 				    ch != (unsigned char)mrw_keys[b].s[r->kidx]))
@@ -424,7 +542,8 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 		} else if (top && r->phase == MRW_P_INKEY) {
 			r->key = MRW_K_OTHER;
 			r->phase = MRW_P_COLON;
-		}
+		} else if (top && r->phase == MRW_P_INTYPE)
+			r->phase = MRW_P_OTHER;   /* no longer a candidate */
 		r->in_str = 0;
 		r->i = j + 1;
 	} else
@@ -447,7 +566,8 @@ mrw_outside(struct mrw_run *r, const struct sl_mrw *m, const char *in,
 	switch (ch) {
 	case '"':
 		if (top && r->phase == MRW_P_KEY) {
-			unsigned mask = r->sub ? MRW_KM_MODEL : MRW_KM_TOP;
+			unsigned mask = r->sub ? MRW_KM_MODEL :
+			    m->sse ? MRW_KM_TOP_SSE : MRW_KM_TOP;
 
 			if (n - i >= MRW_KEY_WHOLE) {
 				/* the whole key is here: compare it */
@@ -473,6 +593,26 @@ mrw_outside(struct mrw_run *r, const struct sl_mrw *m, const char *in,
 			r->skip = 1;   /* in_str is implied by skip */
 			r->i++;
 			return 0;
+		} else if (top && r->phase == MRW_P_VALUE &&
+		    r->key == MRW_K_TYPE) {
+			/* A top-level "type" (an event's): the event it names. */
+			size_t j = mrw_str_end(in, i + 1, n, 1);
+
+			if (j < n && in[j] == '"') {
+				/* whole in this read */
+				r->phase = MRW_P_OTHER;
+				if (mrw_type_skips(in + i + 1, j - i - 1))
+					r->done = 1;   /* the rest of the line passes */
+				r->i = j + 1;
+				return 0;
+			}
+			/* an escape, the line's end (not one), or the read's end */
+			if (j == n) {
+				r->phase = MRW_P_INTYPE;
+				r->kmatch = MRW_T_ALL;
+				r->kidx = 0;
+			} else
+				r->phase = MRW_P_OTHER;
 		} else if (top && r->phase == MRW_P_VALUE)
 			r->phase = MRW_P_OTHER;
 		r->in_str = 1;
@@ -545,7 +685,7 @@ end:
 	m->top_obj = (unsigned char)r.top_obj;
 	m->phase = (unsigned char)r.phase;
 	m->kidx = (unsigned char)r.kidx;
-	m->kmatch = (unsigned char)r.kmatch;
+	m->kmatch = (unsigned short)r.kmatch;
 	m->key = (unsigned char)r.key;
 	m->skip = (unsigned char)r.skip;
 	m->done = r.done != 0;
