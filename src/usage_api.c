@@ -777,6 +777,55 @@ string_whole(struct sl_usage_scan *s, const char *v, size_t n)
 	s->cnt = C_NO;
 }
 
+/*
+ * A string whole in the feed, v[0..n) between its quotes, no escape, met
+ * outside strings: string_begins then string_whole in one, without the
+ * states they pass through (lx, key and cnt are J_OUT, R_NONE and C_NO
+ * before and after; kmask and kpos matter only inside a string).
+ */
+static inline void
+string_at(struct sl_usage_scan *s, const char *v, size_t n)
+{
+	unsigned d = s->depth, a_k1 = s->a_k1, mask, id;
+
+	if (s->cap_depth)
+		return;   /* in the usage object copied */
+	if (s->a_kind & AK_KEY) {
+		s->a_kind &= (uint8_t)~AK_KEY;
+		if (d == 1)
+			mask = s->api == SL_API_RESPONSES ?
+			    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_RESPONSE) :
+			    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_USAGE) | KB(KI_MESSAGE);
+		else if (a_k1 == KI_RESPONSE || a_k1 == KI_MESSAGE)
+			mask = KB(KI_USAGE);
+		else if (a_k1 == KI_DELTA && s->api == SL_API_MESSAGES)
+			mask = KB(KI_TEXT) | KB(KI_THINKING) | KB(KI_PARTIAL_JSON);
+		else
+			mask = 0;
+		id = mask ? key_whole(v, n, mask) : 0;
+		if (d == 1)
+			s->a_k1 = (uint8_t)id;
+		else
+			s->a_k2 = (uint8_t)id;
+		return;
+	}
+	if (d == 1 && a_k1 == KI_TYPE) {
+		type_set(s, type_whole(types_of(s), v, n));
+		return;
+	}
+	if (a_k1 != KI_DELTA || (s->api == SL_API_RESPONSES ? d != 1 :
+	    d != 2 || (s->a_k2 != KI_TEXT && s->a_k2 != KI_THINKING &&
+	    s->a_k2 != KI_PARTIAL_JSON)))
+		return;
+	/* content: counted now, or at the event's end once its type says */
+	if (s->a_type == 0) {
+		uint64_t t = (uint64_t)s->a_pend + n;
+
+		s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+	} else if (type_flags(s) & TF_CONTENT)
+		s->content_bytes += n;
+}
+
 /* The closing quote: a key sets the member's key, a type the event's. */
 static inline void
 string_ends(struct sl_usage_scan *s)
@@ -808,6 +857,206 @@ usage_here(const struct sl_usage_scan *s)
 	return s->depth == 1 && s->a_k1 == KI_USAGE && s->api == SL_API_MESSAGES;
 }
 
+/* Bytes a nested value is crossed by: strings, brackets, line ends. */
+static const uint8_t nest_stop[256] = {
+	['"'] = 1, ['{'] = 1, ['}'] = 1, ['['] = 1, [']'] = 1,
+	['\n'] = 1, ['\r'] = 1
+};
+
+/*
+ * The object or array just opened (s->depth counts it): 1 when nothing in
+ * it matters (lex would only track its nesting): deeper than depth 2; at
+ * depth 2 an array, or an object but "response" / "message" (a usage in
+ * it) and messages' "delta" (its text). A usage object being copied is
+ * crossed too: the copy is of its bytes.
+ */
+static inline int
+nest_dull(const struct sl_usage_scan *s, char c)
+{
+	if (s->depth >= 3)
+		return 1;
+	if (s->depth != 2)
+		return 0;
+	return c != '{' || !(s->a_k1 == KI_RESPONSE || s->a_k1 == KI_MESSAGE ||
+	    (s->a_k1 == KI_DELTA && s->api == SL_API_MESSAGES));
+}
+
+/*
+ * Inside a value whose contents do not matter (nest_dull), at p: its bytes
+ * crossed up to the bracket that closes it, a line end, the end of the
+ * feed, or a string that does not end before either (left at its opening
+ * quote); the nesting tracked. What lex would do there, but the keys,
+ * strings and commas it would look at and set nothing by (nothing at
+ * depth 3 or more; a key at depth 2 only in "response", "message" or
+ * messages' "delta", and no key in an array).
+ */
+static const char *
+nest_skip(struct sl_usage_scan *s, const char *p, const char *e)
+{
+	unsigned depth = s->depth, floor = depth;
+	const char *q;
+
+	while (p < e) {
+		while (p < e && !nest_stop[(unsigned char)*p])
+			p++;
+		if (p == e)
+			break;
+		switch (*p) {
+		case '"':
+			for (q = p + 1;;) {
+				q = str_end(q, e);
+				if (q == e || *q != '\\')
+					break;
+				/* an escape: \uXXXX as lex takes it, 4 bytes */
+				if (e - q < 2 || q[1] == '\n' || q[1] == '\r')
+					goto out;
+				if (q[1] == 'u') {
+					if (e - q < 6 || memchr(q + 2, '\n', 4) != NULL ||
+					    memchr(q + 2, '\r', 4) != NULL)
+						goto out;
+					q += 6;
+				} else
+					q += 2;
+			}
+			if (q == e || *q != '"')
+				goto out;   /* lex reads it: the line or feed ends in it */
+			p = q + 1;
+			break;
+		case '{':
+		case '[':
+			if (depth >= UINT16_MAX - 1)
+				goto out;   /* lex marks the event */
+			depth++;
+			p++;
+			break;
+		case '}':
+		case ']':
+			if (depth == floor)
+				goto out;   /* lex closes it */
+			depth--;
+			p++;
+			break;
+		default:            /* \r \n */
+			goto out;
+		}
+	}
+out:
+	s->depth = (uint16_t)depth;
+	s->a_kind &= (uint8_t)~AK_KEY;
+	return p;
+}
+
+/*
+ * lex's common case, outside strings and with no usage object being
+ * copied: the same steps, the state it moves most in locals. Returns where
+ * it stopped: e, a line end, AE_SKIP set (after the type), or a token it
+ * leaves to lex (a string not whole in the feed or with an escape, the
+ * event's first bracket, one at depth 0, a usage object's brace, the
+ * deepest nesting).
+ */
+static const char *
+lex_fast(struct sl_usage_scan *s, const char *p, const char *e)
+{
+	const int msgs = s->api == SL_API_MESSAGES;
+	const unsigned mask1 = msgs ?
+	    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_USAGE) | KB(KI_MESSAGE) :
+	    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_RESPONSE);
+	unsigned depth = s->depth, kind = s->a_kind, k1 = s->a_k1, k2 = s->a_k2;
+	unsigned mask;
+	const char *q;
+	char c;
+
+	for (;;) {
+		while (p < e && !tok_stop[(unsigned char)*p])
+			p++;
+		if (p == e)
+			break;
+		c = *p;
+		if (c == '"') {
+			const char *v = p + 1;
+			size_t n;
+
+			q = str_end(v, e);
+			if (q == e || *q != '"')
+				break;
+			n = (size_t)(q - v);
+			p = q + 1;
+			if (kind & AK_KEY) {
+				kind &= ~(unsigned)AK_KEY;
+				if (depth == 1) {
+					k1 = key_whole(v, n, mask1);
+					continue;
+				}
+				mask = k1 == KI_RESPONSE || k1 == KI_MESSAGE ? KB(KI_USAGE) :
+				    k1 == KI_DELTA && msgs ?
+				    KB(KI_TEXT) | KB(KI_THINKING) | KB(KI_PARTIAL_JSON) : 0;
+				k2 = mask ? key_whole(v, n, mask) : 0;
+			} else if (depth == 1 && k1 == KI_TYPE) {
+				type_set(s, type_whole(types_of(s), v, n));
+				if (s->ev & AE_SKIP)
+					break;
+			} else if (k1 == KI_DELTA && (!msgs ? depth == 1 :
+			    depth == 2 && (k2 == KI_TEXT || k2 == KI_THINKING ||
+			    k2 == KI_PARTIAL_JSON))) {
+				/* content: now, or at the event's end by its type */
+				if (s->a_type == 0) {
+					uint64_t t = (uint64_t)s->a_pend + n;
+
+					s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+				} else if (type_flags(s) & TF_CONTENT)
+					s->content_bytes += n;
+			}
+			continue;
+		}
+		if (c == ',') {
+			if ((depth == 1 && (kind & AK_OBJ1)) ||
+			    (depth == 2 && (kind & AK_OBJ2)))
+				kind |= AK_KEY;
+			p++;
+			continue;
+		}
+		if (c == '{' || c == '[') {
+			if (depth == 0 || depth >= UINT16_MAX - 1 || (c == '{' &&
+			    (depth == 2 ? k2 == KI_USAGE && (k1 == KI_RESPONSE ||
+			    (k1 == KI_MESSAGE && msgs)) : depth == 1 &&
+			    k1 == KI_USAGE && msgs)))
+				break;
+			depth++;
+			if (depth == 2) {
+				k2 = 0;
+				kind = (kind & AK_OBJ1) | (c == '{' ? AK_OBJ2 | AK_KEY : 0);
+				if (c == '{' && (k1 == KI_RESPONSE || k1 == KI_MESSAGE ||
+				    (k1 == KI_DELTA && msgs))) {
+					p++;
+					continue;
+				}
+			} else
+				kind &= ~(unsigned)AK_KEY;
+			/* nothing in it matters (nest_dull): crossed */
+			s->depth = (uint16_t)depth;
+			s->a_kind = (uint8_t)kind;
+			p = nest_skip(s, p + 1, e);
+			depth = s->depth;
+			kind = s->a_kind;
+			continue;
+		}
+		if (c == '}' || c == ']') {
+			if (depth == 0)
+				break;
+			depth--;
+			kind &= ~(unsigned)AK_KEY;
+			p++;
+			continue;
+		}
+		break;              /* \r \n: the line ends */
+	}
+	s->depth = (uint16_t)depth;
+	s->a_kind = (uint8_t)kind;
+	s->a_k1 = (uint8_t)k1;
+	s->a_k2 = (uint8_t)k2;
+	return p;
+}
+
 /*
  * The bytes of a data line, p[0..e) (e: the feed's end or the line's):
  * returns where it stopped (e, or a line end byte). *cs: where the copy of
@@ -822,6 +1071,11 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 	while (p < e) {
 		switch (s->lx) {
 		case J_OUT:
+			if (s->cap_depth == 0) {
+				p = lex_fast(s, p, e);
+				if (s->ev & AE_SKIP)
+					return p;
+			}
 			while (p < e && !tok_stop[(unsigned char)*p])
 				p++;
 			if (p == e)
@@ -829,16 +1083,16 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 			c = *p;
 			switch (c) {
 			case '"':
-				string_begins(s);
 				q = str_end(p + 1, e);
 				if (q < e && *q == '"') {
 					/* the usual string: whole in this feed */
-					string_whole(s, p + 1, (size_t)(q - p - 1));
+					string_at(s, p + 1, (size_t)(q - p - 1));
 					p = q + 1;
 					if (s->ev & AE_SKIP)
 						return p;
 					continue;
 				}
+				string_begins(s);
 				break;
 			case '{':
 			case '[':
@@ -867,6 +1121,10 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 					    (c == '{' ? AK_OBJ2 | AK_KEY : 0));
 				} else
 					s->a_kind &= (uint8_t)~AK_KEY;
+				if (nest_dull(s, c)) {
+					p = nest_skip(s, p + 1, e);
+					continue;
+				}
 				break;
 			case '}':
 			case ']':
