@@ -256,6 +256,8 @@ struct sl_usage_scan {
 			uint8_t a_k1, a_k2;  /* the current member's key at depth 1, 2 */
 			uint8_t a_type;      /* the event's type */
 			uint8_t a_kind;      /* object/array at depth 1, 2; a key expected */
+			uint8_t a_rec;       /* recording an event as a template: 1, 2 spoilt */
+			const char *a_rs0, *a_rs1;   /* its counted string, in the feed */
 		};
 	};
 	uint16_t depth;              /* JSON nesting in the current event's data */
@@ -375,7 +377,8 @@ int sl_usage_scan_dropped(const struct sl_usage_scan *s);
  * numbers is taken in one compare instead of a scan (several times fewer
  * instructions). The caller says so for a stream whose events come close
  * together, where that CPU is spent; keep 0 frees the copy. Within one feed
- * the scanner uses the same shortcut without any copy. Default 0.
+ * the scanner uses the same shortcut without any copy (the Responses and
+ * Messages scanners only across feeds, with keep). Default 0.
  */
 #define SL_USAGE_TEMPLATE 2048
 void sl_usage_scan_keep(struct sl_usage_scan *s, int keep);

@@ -11,8 +11,12 @@
  * matter while its bytes go by), the top-level "type" value, the strings
  * counted for the estimate, and the copy of one usage object (parsed with
  * jansson once it closes). String bodies are skipped 16 bytes at a time
- * (SSE2) and the bytes between tokens by a table; nothing is allocated
- * but the copy of a usage object, kept for the stream.
+ * (SSE2) and the bytes between tokens by a table; a value nothing is read
+ * in (deeper than depth 2, and most at depth 2) is crossed for its nesting
+ * only. With sl_usage_scan_keep, a token event (one counted string) is kept
+ * as a template and the next ones like it are taken in compares (see
+ * fresh() below). Nothing is allocated but the copy of a usage object,
+ * kept for the stream, and that template.
  *
  * It uses struct sl_usage_scan's fields as chat's scanner does where they
  * mean the same (content_bytes, the usage, cap, depth, cr, line, lx, ...)
@@ -32,6 +36,7 @@
 #include "sl_json.h"
 #include "sl_usage.h"
 #include "usage_lexer.h"
+#include "usage_template.h"
 
 /* line */
 enum { A_BOL, A_FIELD, A_DATA, A_SKIP };
@@ -113,7 +118,7 @@ static const uint8_t tok_stop[256] = {
 	['\n'] = 1, ['\r'] = 1
 };
 /* Bytes that end a run in a string (and a skipped line: \n \r). */
-static const uint8_t str_stop[256] = {
+static const uint8_t str_stops[256] = {
 	['"'] = 1, ['\\'] = 1, ['\n'] = 1, ['\r'] = 1
 };
 
@@ -136,7 +141,7 @@ str_end(const char *p, const char *e)
 		p += 16;
 	}
 #endif
-	while (p < e && !str_stop[(unsigned char)*p])
+	while (p < e && !str_stops[(unsigned char)*p])
 		p++;
 	return p;
 }
@@ -739,6 +744,7 @@ string_begins(struct sl_usage_scan *s)
 				s->cnt = C_PEND;
 			else if (type_flags(s) & TF_CONTENT)
 				s->cnt = C_NOW;
+			s->a_rec = s->a_rec ? 2 : 0;
 		}
 	}
 }
@@ -752,36 +758,12 @@ type_set(struct sl_usage_scan *s, unsigned id)
 		s->ev |= AE_SKIP;
 }
 
-/* A string whole in the feed, v[0..n) between its quotes, no escape. */
-static inline void
-string_whole(struct sl_usage_scan *s, const char *v, size_t n)
-{
-	s->lx = J_OUT;
-	if (s->key == R_KEY) {
-		unsigned id = s->kmask ? key_whole(v, n, s->kmask) : 0;
-
-		if (s->depth == 1)
-			s->a_k1 = (uint8_t)id;
-		else
-			s->a_k2 = (uint8_t)id;
-	} else if (s->key == R_TYPE)
-		type_set(s, type_whole(types_of(s), v, n));
-	else if (s->cnt == C_NOW)
-		s->content_bytes += n;
-	else if (s->cnt == C_PEND) {
-		uint64_t t = (uint64_t)s->a_pend + n;
-
-		s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
-	}
-	s->key = R_NONE;
-	s->cnt = C_NO;
-}
-
 /*
  * A string whole in the feed, v[0..n) between its quotes, no escape, met
- * outside strings: string_begins then string_whole in one, without the
- * states they pass through (lx, key and cnt are J_OUT, R_NONE and C_NO
- * before and after; kmask and kpos matter only inside a string).
+ * outside strings: what string_begins and then its closing quote would
+ * do, without the states they pass through (lx, key and cnt are J_OUT,
+ * R_NONE and C_NO before and after; kmask and kpos matter only inside a
+ * string).
  */
 static inline void
 string_at(struct sl_usage_scan *s, const char *v, size_t n)
@@ -818,6 +800,7 @@ string_at(struct sl_usage_scan *s, const char *v, size_t n)
 	    s->a_k2 != KI_PARTIAL_JSON)))
 		return;
 	/* content: counted now, or at the event's end once its type says */
+	s->a_rec = s->a_rec ? 2 : 0;   /* not by lex_fast: no template */
 	if (s->a_type == 0) {
 		uint64_t t = (uint64_t)s->a_pend + n;
 
@@ -950,9 +933,9 @@ out:
  * lex's common case, outside strings and with no usage object being
  * copied: the same steps, the state it moves most in locals. Returns where
  * it stopped: e, a line end, AE_SKIP set (after the type), or a token it
- * leaves to lex (a string not whole in the feed or with an escape, the
- * event's first bracket, one at depth 0, a usage object's brace, the
- * deepest nesting).
+ * leaves to lex (a string not whole in the feed or with an escape, a '['
+ * or a closing bracket at depth 0, a usage object's brace, the deepest
+ * nesting).
  */
 static const char *
 lex_fast(struct sl_usage_scan *s, const char *p, const char *e)
@@ -1003,8 +986,17 @@ lex_fast(struct sl_usage_scan *s, const char *p, const char *e)
 					uint64_t t = (uint64_t)s->a_pend + n;
 
 					s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
-				} else if (type_flags(s) & TF_CONTENT)
+					s->a_rec = s->a_rec ? 2 : 0;
+				} else if (type_flags(s) & TF_CONTENT) {
 					s->content_bytes += n;
+					if (s->a_rec == 1) {
+						/* the template's string: one only */
+						if (s->a_rs0 != NULL)
+							s->a_rec = 2;
+						s->a_rs0 = v;
+						s->a_rs1 = q;
+					}
+				}
 			}
 			continue;
 		}
@@ -1016,6 +1008,15 @@ lex_fast(struct sl_usage_scan *s, const char *p, const char *e)
 			continue;
 		}
 		if (c == '{' || c == '[') {
+			if (depth == 0 && c == '{') {
+				/* the event's object (lex's first bracket) */
+				s->ev |= AE_OBJ;
+				depth = 1;
+				k1 = 0;
+				kind = AK_OBJ1 | AK_KEY;
+				p++;
+				continue;
+			}
 			if (depth == 0 || depth >= UINT16_MAX - 1 || (c == '{' &&
 			    (depth == 2 ? k2 == KI_USAGE && (k1 == KI_RESPONSE ||
 			    (k1 == KI_MESSAGE && msgs)) : depth == 1 &&
@@ -1099,6 +1100,7 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 				if (c == '{' && s->cap_depth == 0 && usage_here(s)) {
 					s->cap_depth = (uint16_t)(s->depth + 1);
 					s->a_capd = (uint8_t)s->depth;
+					s->a_rec = s->a_rec ? 2 : 0;   /* no template */
 					s->cap_len = 0;
 					s->ev &= (uint8_t)~AE_CAPFAIL;
 					*cs = p;
@@ -1203,11 +1205,79 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 	return p;
 }
 
+/*
+ * Event templates (as chat's, usage_template.c): at a line's start with
+ * nothing of an event read (fresh: every per-event field as event_end
+ * leaves it), the scanner's steps depend on the bytes alone, and the same
+ * on every digit (no key or type it looks for has one; a usage object's
+ * copy, that reads them, spoils a template). An event read from a fresh
+ * start to a fresh end within one feed, that counted one string (whole,
+ * no escape, by lex_fast, its type known) and nothing else by another
+ * way, and copied no usage object, is kept in s->tpl (with keep). A next
+ * event from a fresh start that is its bytes but where both are digits,
+ * and any string without quote, backslash or line end in the place of
+ * its counted one, is taken in compares: the same steps, so the same
+ * state after, and the content bytes it counted but for the string's,
+ * plus the new string's.
+ */
+static inline int
+fresh(const struct sl_usage_scan *s)
+{
+	return s->line == A_BOL && !s->cr && s->lx == J_OUT && s->depth == 0 &&
+	    s->cap_depth == 0 && s->ev == 0 && s->a_type == 0 && s->a_pend == 0 &&
+	    s->a_pf == 0 && s->a_k1 == 0 && s->a_k2 == 0 && s->a_kind == 0 &&
+	    s->key == R_NONE && s->cnt == C_NO;
+}
+
+/* The template applied at p (fresh): the bytes it takes, or 0. */
+static size_t
+tpl_take(struct sl_usage_scan *s, const char *p, const char *e)
+{
+	const struct sl_usage_tpl *t = s->tpl;
+	size_t tail = t->len - t->s1;
+	const char *q;
+
+	if ((size_t)(e - p) < t->len - (t->s1 - t->s0) ||
+	    !usage_same_but_digits(p, t->ev, t->s0, t->avx2))
+		return 0;
+	q = str_end(p + t->s0, e);
+	if (q == e || *q != '"' || (size_t)(e - q) < tail ||
+	    !usage_same_but_digits(q, t->ev + t->s1, tail, t->avx2))
+		return 0;
+	s->content_bytes += t->content + (uint64_t)(q - p - t->s0);
+	return (size_t)(q - p) + tail;
+}
+
+/* The event recorded from r ended at p, the scanner fresh again: kept? */
+static void
+tpl_keep(struct sl_usage_scan *s, const char *r, const char *p, uint64_t c0)
+{
+	size_t n = (size_t)(p - r);
+	struct sl_usage_tpl *t;
+
+	if (s->a_rec != 1 || s->a_rs0 == NULL || !fresh(s) || !usage_tpl_room(s, n))
+		return;
+	t = s->tpl;
+	memcpy(t->copy, r, n);
+	t->ev = t->copy;
+	t->len = (uint32_t)n;
+	t->s0 = (uint32_t)(s->a_rs0 - r);
+	t->s1 = (uint32_t)(s->a_rs1 - r);
+	t->content = (uint32_t)(s->content_bytes - c0 - (t->s1 - t->s0));
+#ifdef SL_USAGE_AVX2
+	t->avx2 = __builtin_cpu_supports("avx2") != 0;
+#else
+	t->avx2 = 0;
+#endif
+}
+
 size_t
 usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
     struct sl_usage_out *out)
 {
-	const char *p = in, *e = in + len, *cs = NULL;
+	const char *p = in, *e = in + len, *cs = NULL, *rec = NULL;
+	uint64_t c0 = 0;
+	size_t k;
 	char c;
 
 	out->held = NULL;
@@ -1220,6 +1290,19 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 	while (p < e) {
 		switch (s->line) {
 		case A_BOL:
+			if (s->keep && rec == NULL && fresh(s)) {
+				/* (without keep there is no s->tpl) */
+				if (s->tpl != NULL && s->tpl->ev != NULL &&
+				    (k = tpl_take(s, p, e)) != 0) {
+					p += k;   /* an event as the template */
+					break;
+				}
+				/* record this event: a template? */
+				rec = p;
+				c0 = s->content_bytes;
+				s->a_rec = 1;
+				s->a_rs0 = s->a_rs1 = NULL;
+			}
 			c = *p++;
 			if (s->cr) {
 				s->cr = 0;
@@ -1229,6 +1312,11 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			if (c == '\n' || c == '\r') {
 				s->cr = c == '\r';
 				event_end(s);
+				if (rec != NULL) {
+					tpl_keep(s, rec, p, c0);
+					rec = NULL;
+					s->a_rec = 0;
+				}
 			} else if (c == 'd') {
 				s->line = A_FIELD;
 				s->field = 1;
@@ -1293,6 +1381,7 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 	}
 	if (cs != NULL && s->cap_depth)
 		cap_add(s, cs, (size_t)(p - cs));
+	s->a_rec = 0;   /* an event recorded ends in this feed or not at all */
 	return len;
 }
 
