@@ -256,8 +256,6 @@ struct sl_usage_scan {
 			uint8_t a_k1, a_k2;  /* the current member's key at depth 1, 2 */
 			uint8_t a_type;      /* the event's type */
 			uint8_t a_kind;      /* object/array at depth 1, 2; a key expected */
-			uint8_t a_rec;       /* recording an event as a template: 1, 2 spoilt */
-			const char *a_rs0, *a_rs1;   /* its counted string, in the feed */
 		};
 	};
 	uint16_t depth;              /* JSON nesting in the current event's data */

@@ -744,7 +744,6 @@ string_begins(struct sl_usage_scan *s)
 				s->cnt = C_PEND;
 			else if (type_flags(s) & TF_CONTENT)
 				s->cnt = C_NOW;
-			s->a_rec = s->a_rec ? 2 : 0;
 		}
 	}
 }
@@ -763,15 +762,15 @@ type_set(struct sl_usage_scan *s, unsigned id)
  * outside strings: what string_begins and then its closing quote would
  * do, without the states they pass through (lx, key and cnt are J_OUT,
  * R_NONE and C_NO before and after; kmask and kpos matter only inside a
- * string).
+ * string). 1 when it is one counted (now or at the event's end).
  */
-static inline void
+static inline int
 string_at(struct sl_usage_scan *s, const char *v, size_t n)
 {
 	unsigned d = s->depth, a_k1 = s->a_k1, mask, id;
 
 	if (s->cap_depth)
-		return;   /* in the usage object copied */
+		return 0;   /* in the usage object copied */
 	if (s->a_kind & AK_KEY) {
 		s->a_kind &= (uint8_t)~AK_KEY;
 		if (d == 1)
@@ -789,24 +788,24 @@ string_at(struct sl_usage_scan *s, const char *v, size_t n)
 			s->a_k1 = (uint8_t)id;
 		else
 			s->a_k2 = (uint8_t)id;
-		return;
+		return 0;
 	}
 	if (d == 1 && a_k1 == KI_TYPE) {
 		type_set(s, type_whole(types_of(s), v, n));
-		return;
+		return 0;
 	}
 	if (a_k1 != KI_DELTA || (s->api == SL_API_RESPONSES ? d != 1 :
 	    d != 2 || (s->a_k2 != KI_TEXT && s->a_k2 != KI_THINKING &&
 	    s->a_k2 != KI_PARTIAL_JSON)))
-		return;
+		return 0;
 	/* content: counted now, or at the event's end once its type says */
-	s->a_rec = s->a_rec ? 2 : 0;   /* not by lex_fast: no template */
 	if (s->a_type == 0) {
 		uint64_t t = (uint64_t)s->a_pend + n;
 
 		s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
 	} else if (type_flags(s) & TF_CONTENT)
 		s->content_bytes += n;
+	return 1;
 }
 
 /* The closing quote: a key sets the member's key, a type the event's. */
@@ -839,6 +838,15 @@ usage_here(const struct sl_usage_scan *s)
 		    (s->a_k1 == KI_MESSAGE && s->api == SL_API_MESSAGES));
 	return s->depth == 1 && s->a_k1 == KI_USAGE && s->api == SL_API_MESSAGES;
 }
+
+/*
+ * An event being recorded as a template (usage_api_feed): on 1 while it
+ * may be one, 2 once it may not; its counted string's quotes at s0, s1.
+ */
+struct arec {
+	int on;
+	const char *s0, *s1;
+};
 
 /* Bytes a nested value is crossed by: strings, brackets, line ends. */
 static const uint8_t nest_stop[256] = {
@@ -938,7 +946,7 @@ out:
  * nesting).
  */
 static const char *
-lex_fast(struct sl_usage_scan *s, const char *p, const char *e)
+lex_fast(struct sl_usage_scan *s, const char *p, const char *e, struct arec *r)
 {
 	const int msgs = s->api == SL_API_MESSAGES;
 	const unsigned mask1 = msgs ?
@@ -986,15 +994,15 @@ lex_fast(struct sl_usage_scan *s, const char *p, const char *e)
 					uint64_t t = (uint64_t)s->a_pend + n;
 
 					s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
-					s->a_rec = s->a_rec ? 2 : 0;
+					r->on = r->on ? 2 : 0;
 				} else if (type_flags(s) & TF_CONTENT) {
 					s->content_bytes += n;
-					if (s->a_rec == 1) {
+					if (r->on == 1) {
 						/* the template's string: one only */
-						if (s->a_rs0 != NULL)
-							s->a_rec = 2;
-						s->a_rs0 = v;
-						s->a_rs1 = q;
+						if (r->s0 != NULL)
+							r->on = 2;
+						r->s0 = v;
+						r->s1 = q;
 					}
 				}
 			}
@@ -1064,7 +1072,8 @@ lex_fast(struct sl_usage_scan *s, const char *p, const char *e)
  * a usage object resumes in this feed (NULL: none).
  */
 static const char *
-lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
+lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs,
+    struct arec *r)
 {
 	const char *q;
 	char c;
@@ -1073,7 +1082,7 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 		switch (s->lx) {
 		case J_OUT:
 			if (s->cap_depth == 0) {
-				p = lex_fast(s, p, e);
+				p = lex_fast(s, p, e, r);
 				if (s->ev & AE_SKIP)
 					return p;
 			}
@@ -1087,20 +1096,23 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 				q = str_end(p + 1, e);
 				if (q < e && *q == '"') {
 					/* the usual string: whole in this feed */
-					string_at(s, p + 1, (size_t)(q - p - 1));
+					if (string_at(s, p + 1, (size_t)(q - p - 1)))
+						r->on = r->on ? 2 : 0;   /* not lex_fast's */
 					p = q + 1;
 					if (s->ev & AE_SKIP)
 						return p;
 					continue;
 				}
 				string_begins(s);
+				if (s->cnt != C_NO)
+					r->on = r->on ? 2 : 0;   /* counted, not whole */
 				break;
 			case '{':
 			case '[':
 				if (c == '{' && s->cap_depth == 0 && usage_here(s)) {
 					s->cap_depth = (uint16_t)(s->depth + 1);
 					s->a_capd = (uint8_t)s->depth;
-					s->a_rec = s->a_rec ? 2 : 0;   /* no template */
+					r->on = r->on ? 2 : 0;   /* no template */
 					s->cap_len = 0;
 					s->ev &= (uint8_t)~AE_CAPFAIL;
 					*cs = p;
@@ -1248,21 +1260,22 @@ tpl_take(struct sl_usage_scan *s, const char *p, const char *e)
 	return (size_t)(q - p) + tail;
 }
 
-/* The event recorded from r ended at p, the scanner fresh again: kept? */
+/* The event recorded from ev ended at p, the scanner fresh again: kept? */
 static void
-tpl_keep(struct sl_usage_scan *s, const char *r, const char *p, uint64_t c0)
+tpl_keep(struct sl_usage_scan *s, const struct arec *r, const char *ev,
+    const char *p, uint64_t c0)
 {
-	size_t n = (size_t)(p - r);
+	size_t n = (size_t)(p - ev);
 	struct sl_usage_tpl *t;
 
-	if (s->a_rec != 1 || s->a_rs0 == NULL || !fresh(s) || !usage_tpl_room(s, n))
+	if (r->on != 1 || r->s0 == NULL || !fresh(s) || !usage_tpl_room(s, n))
 		return;
 	t = s->tpl;
-	memcpy(t->copy, r, n);
+	memcpy(t->copy, ev, n);
 	t->ev = t->copy;
 	t->len = (uint32_t)n;
-	t->s0 = (uint32_t)(s->a_rs0 - r);
-	t->s1 = (uint32_t)(s->a_rs1 - r);
+	t->s0 = (uint32_t)(r->s0 - ev);
+	t->s1 = (uint32_t)(r->s1 - ev);
 	t->content = (uint32_t)(s->content_bytes - c0 - (t->s1 - t->s0));
 #ifdef SL_USAGE_AVX2
 	t->avx2 = __builtin_cpu_supports("avx2") != 0;
@@ -1276,6 +1289,7 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
     struct sl_usage_out *out)
 {
 	const char *p = in, *e = in + len, *cs = NULL, *rec = NULL;
+	struct arec r = { 0, NULL, NULL };
 	uint64_t c0 = 0;
 	size_t k;
 	char c;
@@ -1300,8 +1314,8 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 				/* record this event: a template? */
 				rec = p;
 				c0 = s->content_bytes;
-				s->a_rec = 1;
-				s->a_rs0 = s->a_rs1 = NULL;
+				r.on = 1;
+				r.s0 = r.s1 = NULL;
 			}
 			c = *p++;
 			if (s->cr) {
@@ -1313,9 +1327,9 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 				s->cr = c == '\r';
 				event_end(s);
 				if (rec != NULL) {
-					tpl_keep(s, rec, p, c0);
+					tpl_keep(s, &r, rec, p, c0);
 					rec = NULL;
-					s->a_rec = 0;
+					r.on = 0;
 				}
 			} else if (c == 'd') {
 				s->line = A_FIELD;
@@ -1348,7 +1362,7 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 				s->line = A_SKIP;
 			break;
 		case A_DATA:
-			p = lex(s, p, e, &cs);
+			p = lex(s, p, e, &cs, &r);
 			if (s->ev & AE_SKIP) {
 				/* not an event of interest: to its end unread */
 				s->line = A_SKIP;
@@ -1381,7 +1395,6 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 	}
 	if (cs != NULL && s->cap_depth)
 		cap_add(s, cs, (size_t)(p - cs));
-	s->a_rec = 0;   /* an event recorded ends in this feed or not at all */
 	return len;
 }
 
