@@ -161,31 +161,6 @@ mrw_key_whole(const char *k, unsigned mask, size_t *klen)
 	return MRW_K_OTHER;
 }
 
-/*
- * The key of len bytes at k (no quotes), as written. (mrw_line_fast reads
- * a "type" itself, so case 4 is not reached from there; kept, it keeps
- * that loop as fast as it was for chat: measured.)
- */
-static inline unsigned
-mrw_key_kind(const char *k, size_t len, unsigned mask)
-{
-	switch (len) {
-	case 4:
-		return (mask & 8u) && memcmp(k, "type", 4) == 0 ?
-		    MRW_K_TYPE : MRW_K_OTHER;
-	case 5:
-		return memcmp(k, "model", 5) == 0 ? MRW_K_MODEL : MRW_K_OTHER;
-	case 7:
-		return mask != MRW_KM_MODEL && memcmp(k, "message", 7) == 0 ?
-		    MRW_K_SUB : MRW_K_OTHER;
-	case 8:
-		return mask != MRW_KM_MODEL && memcmp(k, "response", 8) == 0 ?
-		    MRW_K_SUB : MRW_K_OTHER;
-	default:
-		return MRW_K_OTHER;
-	}
-}
-
 void
 sl_mrw_init(struct sl_mrw *m, int sse, const char *lit, size_t litlen)
 {
@@ -354,11 +329,23 @@ mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
 			if ((j = mrw_str_close(p, i, len)) < 0)
 				return -1;
 			if (top && phase == MRW_P_KEY) {
+				const char *k = p + i + 1;
 				size_t kl = (size_t)(j - (ptrdiff_t)i) - 1;
 
-				key = kl == 4 ? (!sub && memcmp(p + i + 1, "type", 4) == 0 ?
-				    MRW_K_TYPE : MRW_K_OTHER) :
-				    mrw_key_kind(p + i + 1, kl, sub ? MRW_KM_MODEL : MRW_KM_TOP);
+				/* by its first byte: most keys are none of these */
+				key = MRW_K_OTHER;
+				if (k[0] == 'm') {
+					if (kl == 5 && memcmp(k, "model", 5) == 0)
+						key = MRW_K_MODEL;
+					else if (!sub && kl == 7 && memcmp(k, "message", 7) == 0)
+						key = MRW_K_SUB;
+				} else if (sub)
+					;
+				else if (k[0] == 'r') {
+					if (kl == 8 && memcmp(k, "response", 8) == 0)
+						key = MRW_K_SUB;
+				} else if (k[0] == 't' && kl == 4 && memcmp(k, "type", 4) == 0)
+					key = MRW_K_TYPE;
 				phase = MRW_P_COLON;
 			} else if (top && phase == MRW_P_VALUE) {
 				if (key == MRW_K_MODEL) {
