@@ -193,11 +193,21 @@ int sl_model_list(const struct sl_config *cfg, size_t t, const char *path,
  * its value is a string; either way that member decides, and the rest of
  * the answer, or of the line, passes unread: no API puts a model in both
  * places of one value, and reading on would cost every byte after it (a
- * chat chunk's text; a whole non-stream answer). So a "model" inside
- * "choices":[{"message":{...}}], or under a "response" that is not an
- * object, is never touched. Keys are compared as written (no escapes
- * decoded: the runners write them plain). Every other byte passes
- * unchanged, nothing is buffered (a response.completed event carries the
+ * chat chunk's text; a whole non-stream answer). In an event stream a
+ * data line whose top-level "type" member, met before any such "model",
+ * is a string naming an event that carries no model passes unread too
+ * (the token deltas, that have none, would be read to their end): the
+ * Responses API's "response.*" types (something after the dot) but
+ * response.created, .in_progress, .queued, .completed, .incomplete and
+ * .failed; the Messages API's content_block_start, content_block_delta,
+ * content_block_stop, message_delta, message_stop and ping. So a "model"
+ * after such a type is left as it is. A JSON answer is never skipped on
+ * its type (a Messages body is "type":"message" with a top-level model);
+ * a type with an escape, or not a string, is no such name (the line is
+ * read on). So a "model" inside "choices":[{"message":{...}}], or under a
+ * "response" that is not an object, is never touched. Keys and types are
+ * compared as written (no escapes decoded: the runners write them
+ * plain). Every other byte passes unchanged, nothing is buffered (a response.completed event carries the
  * whole output; it streams through), and the state carries over reads, so
  * a member split across reads at any byte is rewritten the same. The state
  * is a few words: copy it to undo a feed (exchange_response.c does when
@@ -210,7 +220,8 @@ struct sl_mrw {
 	unsigned char sse;     /* an event stream: data lines only */
 	unsigned char line;    /* sse: at a line's start, in data, in another */
 	unsigned char pidx;    /* sse: bytes of "data:" matched */
-	unsigned char in_str, esc, top_obj, phase, kidx, kmatch, key, skip;
+	unsigned char in_str, esc, top_obj, phase, kidx, key, skip;
+	unsigned short kmatch; /* candidates of a key or type matched bytewise */
 	unsigned sub : 1;      /* in a top-level "response" / "message" object */
 	unsigned done : 1;     /* the member is seen: the rest passes */
 	unsigned depth;

@@ -375,7 +375,8 @@ int sl_usage_scan_dropped(const struct sl_usage_scan *s);
  * numbers is taken in one compare instead of a scan (several times fewer
  * instructions). The caller says so for a stream whose events come close
  * together, where that CPU is spent; keep 0 frees the copy. Within one feed
- * the scanner uses the same shortcut without any copy. Default 0.
+ * the scanner uses the same shortcut without any copy (the Responses and
+ * Messages scanners only across feeds, with keep). Default 0.
  */
 #define SL_USAGE_TEMPLATE 2048
 void sl_usage_scan_keep(struct sl_usage_scan *s, int keep);

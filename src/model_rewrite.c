@@ -18,23 +18,117 @@
 enum { MRW_L_START = 0, MRW_L_DATA, MRW_L_OTHER };
 /*
  * In the object read (the top-level one, or the "response" or "message"
- * object in it), between its tokens: what comes next.
+ * object in it), between its tokens: what comes next. INTYPE: in the
+ * string value of a top-level "type" (event streams), matched byte by byte.
  */
-enum { MRW_P_KEY = 0, MRW_P_INKEY, MRW_P_COLON, MRW_P_VALUE, MRW_P_OTHER };
-/* The key just read: another, "model", or "response" / "message". */
-enum { MRW_K_OTHER = 0, MRW_K_MODEL, MRW_K_SUB };
+enum {
+	MRW_P_KEY = 0, MRW_P_INKEY, MRW_P_COLON, MRW_P_VALUE, MRW_P_OTHER,
+	MRW_P_INTYPE
+};
+/* The key just read: another, "model", "response" / "message", "type". */
+enum { MRW_K_OTHER = 0, MRW_K_MODEL, MRW_K_SUB, MRW_K_TYPE };
 /* Keys still matched byte by byte (kmatch): bits of mrw_keys[]. */
 #define MRW_KM_MODEL 1u
-#define MRW_KM_TOP 7u   /* at the top level: all three */
+#define MRW_KM_TOP 7u       /* at the top level of a JSON answer */
+#define MRW_KM_TOP_SSE 15u  /* ... of an event's: "type" too */
+#define MRW_NKEYS 4
 
 static const struct {
 	const char *s;
 	unsigned len, kind;
-} mrw_keys[3] = {
+} mrw_keys[MRW_NKEYS] = {
 	{ "model", 5, MRW_K_MODEL },
 	{ "response", 8, MRW_K_SUB },
 	{ "message", 7, MRW_K_SUB },
+	{ "type", 4, MRW_K_TYPE },
 };
+
+/*
+ * Event types that carry no model (sl_model.h): a line whose top-level
+ * "type" names one, before any "model" member, passes unread. Compared as
+ * written. The Responses API's are every "response." type (something
+ * after the dot) but the six below, which carry the response object;
+ * Anthropic's Messages API's are listed. Byte by byte (a value split
+ * across reads), the candidates are bits of kmatch: MRW_T_SKIP names,
+ * then MRW_T_KEEP names, then the "response." prefix.
+ */
+#define MRW_T_SKIP 6
+#define MRW_T_KEEP 6
+#define MRW_T_PREFIX (MRW_T_SKIP + MRW_T_KEEP)   /* its bit index */
+#define MRW_T_PREFIX_LEN 9
+#define MRW_T_ALL ((1u << (MRW_T_PREFIX + 1)) - 1)
+
+static const struct {
+	const char *s;
+	unsigned len;
+} mrw_types[MRW_T_PREFIX + 1] = {
+	{ "content_block_start", 19 }, { "content_block_delta", 19 },
+	{ "content_block_stop", 18 }, { "message_delta", 13 },
+	{ "message_stop", 12 }, { "ping", 4 },
+	{ "response.created", 16 }, { "response.in_progress", 20 },
+	{ "response.queued", 15 }, { "response.completed", 18 },
+	{ "response.incomplete", 19 }, { "response.failed", 15 },
+	{ "response.", MRW_T_PREFIX_LEN },
+};
+
+/* A type value v[0..n), as written: 1 when its line carries no model. */
+static __attribute__((noinline)) int
+mrw_type_skips(const char *v, size_t n)
+{
+	unsigned b;
+
+	if (n > MRW_T_PREFIX_LEN && memcmp(v, "response.", MRW_T_PREFIX_LEN) == 0) {
+		for (b = MRW_T_SKIP; b < MRW_T_PREFIX; b++)
+			if (n == mrw_types[b].len && memcmp(v, mrw_types[b].s, n) == 0)
+				return 0;
+		return 1;
+	}
+	for (b = 0; b < MRW_T_SKIP; b++)
+		if (n == mrw_types[b].len && memcmp(v, mrw_types[b].s, n) == 0)
+			return 1;
+	return 0;
+}
+
+/* The same for a value that may hold escapes (then it is no such name). */
+static __attribute__((noinline)) int
+mrw_type_value_skips(const char *v, size_t n)
+{
+	return memchr(v, '\\', n) == NULL && mrw_type_skips(v, n);
+}
+
+/* The same for a value matched byte by byte: candidates left, kidx bytes. */
+static __attribute__((noinline)) int
+mrw_type_skips_bits(unsigned bits, unsigned kidx)
+{
+	unsigned b;
+
+	for (b = 0; b < MRW_T_SKIP; b++)
+		if ((bits & 1u << b) && kidx == mrw_types[b].len)
+			return 1;
+	if (!(bits & 1u << MRW_T_PREFIX) || kidx <= MRW_T_PREFIX_LEN)
+		return 0;
+	for (b = MRW_T_SKIP; b < MRW_T_PREFIX; b++)
+		if ((bits & 1u << b) && kidx == mrw_types[b].len)
+			return 0;
+	return 1;
+}
+
+/* The candidates of bits still matched after byte ch at kidx. */
+static __attribute__((noinline)) unsigned
+mrw_type_narrow(unsigned bits, unsigned kidx, unsigned char ch)
+{
+	unsigned b;
+
+	for (b = 0; b < MRW_T_PREFIX; b++)
+		if ((bits & 1u << b) && (kidx >= mrw_types[b].len ||
+		    ch != (unsigned char)mrw_types[b].s[kidx]))
+			bits &= ~(1u << b);
+	/* the prefix: its bytes, then any */
+	if ((bits & 1u << MRW_T_PREFIX) && kidx < MRW_T_PREFIX_LEN &&
+	    ch != (unsigned char)"response."[kidx])
+		bits &= ~(1u << MRW_T_PREFIX);
+	return bits;
+}
 
 /*
  * A key whose opening quote is at k[-1], the text from k on at least
@@ -60,26 +154,11 @@ mrw_key_whole(const char *k, unsigned mask, size_t *klen)
 	    memcmp(k, "response\"", 9) == 0) {
 		*klen = 8;
 		return MRW_K_SUB;
+	} else if (k[0] == 't' && (mask & 8u) && memcmp(k, "type\"", 5) == 0) {
+		*klen = 4;
+		return MRW_K_TYPE;
 	}
 	return MRW_K_OTHER;
-}
-
-/* The key of len bytes at k (no quotes), as written. */
-static inline unsigned
-mrw_key_kind(const char *k, size_t len, unsigned mask)
-{
-	switch (len) {
-	case 5:
-		return memcmp(k, "model", 5) == 0 ? MRW_K_MODEL : MRW_K_OTHER;
-	case 7:
-		return mask != MRW_KM_MODEL && memcmp(k, "message", 7) == 0 ?
-		    MRW_K_SUB : MRW_K_OTHER;
-	case 8:
-		return mask != MRW_KM_MODEL && memcmp(k, "response", 8) == 0 ?
-		    MRW_K_SUB : MRW_K_OTHER;
-	default:
-		return MRW_K_OTHER;
-	}
 }
 
 void
@@ -230,7 +309,8 @@ mrw_struct(unsigned char ch, unsigned *depth, unsigned *top_obj,
  * token by token: 1 and the value's quotes at [*vs, *ve) when the first
  * "model" member met (top-level, or directly in a top-level "response" or
  * "message" object) is a string; 0 when the line has none (or not a
- * string); -1 when a string does not end in the line (the machine decides
+ * string, or a top-level "type" met before it names an event with no
+ * model); -1 when a string does not end in the line (the machine decides
  * those).
  */
 static int
@@ -249,8 +329,23 @@ mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
 			if ((j = mrw_str_close(p, i, len)) < 0)
 				return -1;
 			if (top && phase == MRW_P_KEY) {
-				key = mrw_key_kind(p + i + 1, (size_t)(j - (ptrdiff_t)i) - 1,
-				    sub ? MRW_KM_MODEL : MRW_KM_TOP);
+				const char *k = p + i + 1;
+				size_t kl = (size_t)(j - (ptrdiff_t)i) - 1;
+
+				/* by its first byte: most keys are none of these */
+				key = MRW_K_OTHER;
+				if (k[0] == 'm') {
+					if (kl == 5 && memcmp(k, "model", 5) == 0)
+						key = MRW_K_MODEL;
+					else if (!sub && kl == 7 && memcmp(k, "message", 7) == 0)
+						key = MRW_K_SUB;
+				} else if (sub)
+					;
+				else if (k[0] == 'r') {
+					if (kl == 8 && memcmp(k, "response", 8) == 0)
+						key = MRW_K_SUB;
+				} else if (k[0] == 't' && kl == 4 && memcmp(k, "type", 4) == 0)
+					key = MRW_K_TYPE;
 				phase = MRW_P_COLON;
 			} else if (top && phase == MRW_P_VALUE) {
 				if (key == MRW_K_MODEL) {
@@ -258,6 +353,9 @@ mrw_line_fast(const char *p, size_t len, size_t *vs, size_t *ve)
 					*ve = (size_t)j + 1;
 					return 1;
 				}
+				if (key == MRW_K_TYPE && mrw_type_value_skips(p + i + 1,
+				    (size_t)(j - (ptrdiff_t)i) - 1))
+					return 0;   /* an event with no model */
 				phase = MRW_P_OTHER;
 			}
 			i = (size_t)j;
@@ -383,7 +481,25 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 		r->i++;
 		return 0;
 	}
-	if (!r->skip && top && r->phase == MRW_P_INKEY && r->kmatch) {
+	if (r->kmatch && r->phase == MRW_P_INTYPE && !r->skip && top) {
+		/* A type that may name an event with no model: byte by byte. */
+		if (ch == '\\') {
+			r->esc = 1;
+			r->kmatch = 0;   /* an escaped type is not matched */
+		} else if (ch == '"') {
+			r->in_str = 0;
+			r->phase = MRW_P_OTHER;
+			if (mrw_type_skips_bits(r->kmatch, r->kidx))
+				r->done = 1;   /* the rest of the line passes */
+		} else {
+			r->kmatch = mrw_type_narrow(r->kmatch, r->kidx, ch);
+			if (r->kidx < 255)
+				r->kidx++;
+		}
+		r->i++;
+		return 0;
+	}
+	if (r->kmatch && r->phase == MRW_P_INKEY && !r->skip && top) {
 		/* A key that may be one looked for: byte by byte. */
 		if (ch == '\\') {
 			r->esc = 1;
@@ -391,13 +507,13 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 		} else if (ch == '"') {
 			r->in_str = 0;
 			r->key = MRW_K_OTHER;
-			for (b = 0; b < 3; b++)
+			for (b = 0; b < MRW_NKEYS; b++)
 				if ((r->kmatch & 1u << b) &&
 				    r->kidx == mrw_keys[b].len)
 					r->key = mrw_keys[b].kind;
 			r->phase = MRW_P_COLON;
 		} else {
-			for (b = 0; b < 3; b++)
+			for (b = 0; b < MRW_NKEYS; b++)
 				if ((r->kmatch & 1u << b) &&
 				    (r->kidx >= mrw_keys[b].len ||
 				    ch != (unsigned char)mrw_keys[b].s[r->kidx]))
@@ -424,7 +540,8 @@ mrw_in_string(struct mrw_run *r, const char *in, size_t n, int sse,
 		} else if (top && r->phase == MRW_P_INKEY) {
 			r->key = MRW_K_OTHER;
 			r->phase = MRW_P_COLON;
-		}
+		} else if (top && r->phase == MRW_P_INTYPE)
+			r->phase = MRW_P_OTHER;   /* no longer a candidate */
 		r->in_str = 0;
 		r->i = j + 1;
 	} else
@@ -447,7 +564,8 @@ mrw_outside(struct mrw_run *r, const struct sl_mrw *m, const char *in,
 	switch (ch) {
 	case '"':
 		if (top && r->phase == MRW_P_KEY) {
-			unsigned mask = r->sub ? MRW_KM_MODEL : MRW_KM_TOP;
+			unsigned mask = r->sub ? MRW_KM_MODEL :
+			    m->sse ? MRW_KM_TOP_SSE : MRW_KM_TOP;
 
 			if (n - i >= MRW_KEY_WHOLE) {
 				/* the whole key is here: compare it */
@@ -473,6 +591,26 @@ mrw_outside(struct mrw_run *r, const struct sl_mrw *m, const char *in,
 			r->skip = 1;   /* in_str is implied by skip */
 			r->i++;
 			return 0;
+		} else if (top && r->phase == MRW_P_VALUE &&
+		    r->key == MRW_K_TYPE) {
+			/* A top-level "type" (an event's): the event it names. */
+			size_t j = mrw_str_end(in, i + 1, n, 1);
+
+			if (j < n && in[j] == '"') {
+				/* whole in this read */
+				r->phase = MRW_P_OTHER;
+				if (mrw_type_skips(in + i + 1, j - i - 1))
+					r->done = 1;   /* the rest of the line passes */
+				r->i = j + 1;
+				return 0;
+			}
+			/* an escape, the line's end (not one), or the read's end */
+			if (j == n) {
+				r->phase = MRW_P_INTYPE;
+				r->kmatch = MRW_T_ALL;
+				r->kidx = 0;
+			} else
+				r->phase = MRW_P_OTHER;
 		} else if (top && r->phase == MRW_P_VALUE)
 			r->phase = MRW_P_OTHER;
 		r->in_str = 1;
@@ -545,7 +683,7 @@ end:
 	m->top_obj = (unsigned char)r.top_obj;
 	m->phase = (unsigned char)r.phase;
 	m->kidx = (unsigned char)r.kidx;
-	m->kmatch = (unsigned char)r.kmatch;
+	m->kmatch = (unsigned short)r.kmatch;
 	m->key = (unsigned char)r.key;
 	m->skip = (unsigned char)r.skip;
 	m->done = r.done != 0;

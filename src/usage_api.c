@@ -11,8 +11,12 @@
  * matter while its bytes go by), the top-level "type" value, the strings
  * counted for the estimate, and the copy of one usage object (parsed with
  * jansson once it closes). String bodies are skipped 16 bytes at a time
- * (SSE2) and the bytes between tokens by a table; nothing is allocated
- * but the copy of a usage object, kept for the stream.
+ * (SSE2) and the bytes between tokens by a table; a value nothing is read
+ * in (deeper than depth 2, and most at depth 2) is crossed for its nesting
+ * only. With sl_usage_scan_keep, a token event (one counted string) is kept
+ * as a template and the next ones like it are taken in compares (see
+ * fresh() below). Nothing is allocated but the copy of a usage object,
+ * kept for the stream, and that template.
  *
  * It uses struct sl_usage_scan's fields as chat's scanner does where they
  * mean the same (content_bytes, the usage, cap, depth, cr, line, lx, ...)
@@ -32,6 +36,7 @@
 #include "sl_json.h"
 #include "sl_usage.h"
 #include "usage_lexer.h"
+#include "usage_template.h"
 
 /* line */
 enum { A_BOL, A_FIELD, A_DATA, A_SKIP };
@@ -113,7 +118,7 @@ static const uint8_t tok_stop[256] = {
 	['\n'] = 1, ['\r'] = 1
 };
 /* Bytes that end a run in a string (and a skipped line: \n \r). */
-static const uint8_t str_stop[256] = {
+static const uint8_t str_stops[256] = {
 	['"'] = 1, ['\\'] = 1, ['\n'] = 1, ['\r'] = 1
 };
 
@@ -136,7 +141,7 @@ str_end(const char *p, const char *e)
 		p += 16;
 	}
 #endif
-	while (p < e && !str_stop[(unsigned char)*p])
+	while (p < e && !str_stops[(unsigned char)*p])
 		p++;
 	return p;
 }
@@ -752,29 +757,55 @@ type_set(struct sl_usage_scan *s, unsigned id)
 		s->ev |= AE_SKIP;
 }
 
-/* A string whole in the feed, v[0..n) between its quotes, no escape. */
-static inline void
-string_whole(struct sl_usage_scan *s, const char *v, size_t n)
+/*
+ * A string whole in the feed, v[0..n) between its quotes, no escape, met
+ * outside strings: what string_begins and then its closing quote would
+ * do, without the states they pass through (lx, key and cnt are J_OUT,
+ * R_NONE and C_NO before and after; kmask and kpos matter only inside a
+ * string). 1 when it is one counted (now or at the event's end).
+ */
+static inline int
+string_at(struct sl_usage_scan *s, const char *v, size_t n)
 {
-	s->lx = J_OUT;
-	if (s->key == R_KEY) {
-		unsigned id = s->kmask ? key_whole(v, n, s->kmask) : 0;
+	unsigned d = s->depth, a_k1 = s->a_k1, mask, id;
 
-		if (s->depth == 1)
+	if (s->cap_depth)
+		return 0;   /* in the usage object copied */
+	if (s->a_kind & AK_KEY) {
+		s->a_kind &= (uint8_t)~AK_KEY;
+		if (d == 1)
+			mask = s->api == SL_API_RESPONSES ?
+			    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_RESPONSE) :
+			    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_USAGE) | KB(KI_MESSAGE);
+		else if (a_k1 == KI_RESPONSE || a_k1 == KI_MESSAGE)
+			mask = KB(KI_USAGE);
+		else if (a_k1 == KI_DELTA && s->api == SL_API_MESSAGES)
+			mask = KB(KI_TEXT) | KB(KI_THINKING) | KB(KI_PARTIAL_JSON);
+		else
+			mask = 0;
+		id = mask ? key_whole(v, n, mask) : 0;
+		if (d == 1)
 			s->a_k1 = (uint8_t)id;
 		else
 			s->a_k2 = (uint8_t)id;
-	} else if (s->key == R_TYPE)
+		return 0;
+	}
+	if (d == 1 && a_k1 == KI_TYPE) {
 		type_set(s, type_whole(types_of(s), v, n));
-	else if (s->cnt == C_NOW)
-		s->content_bytes += n;
-	else if (s->cnt == C_PEND) {
+		return 0;
+	}
+	if (a_k1 != KI_DELTA || (s->api == SL_API_RESPONSES ? d != 1 :
+	    d != 2 || (s->a_k2 != KI_TEXT && s->a_k2 != KI_THINKING &&
+	    s->a_k2 != KI_PARTIAL_JSON)))
+		return 0;
+	/* content: counted now, or at the event's end once its type says */
+	if (s->a_type == 0) {
 		uint64_t t = (uint64_t)s->a_pend + n;
 
 		s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
-	}
-	s->key = R_NONE;
-	s->cnt = C_NO;
+	} else if (type_flags(s) & TF_CONTENT)
+		s->content_bytes += n;
+	return 1;
 }
 
 /* The closing quote: a key sets the member's key, a type the event's. */
@@ -809,12 +840,240 @@ usage_here(const struct sl_usage_scan *s)
 }
 
 /*
+ * An event being recorded as a template (usage_api_feed): on 1 while it
+ * may be one, 2 once it may not; its counted string's quotes at s0, s1.
+ */
+struct arec {
+	int on;
+	const char *s0, *s1;
+};
+
+/* Bytes a nested value is crossed by: strings, brackets, line ends. */
+static const uint8_t nest_stop[256] = {
+	['"'] = 1, ['{'] = 1, ['}'] = 1, ['['] = 1, [']'] = 1,
+	['\n'] = 1, ['\r'] = 1
+};
+
+/*
+ * The object or array just opened (s->depth counts it): 1 when nothing in
+ * it matters (lex would only track its nesting): deeper than depth 2; at
+ * depth 2 an array, or an object but "response" / "message" (a usage in
+ * it) and messages' "delta" (its text). A usage object being copied is
+ * crossed too: the copy is of its bytes.
+ */
+static inline int
+nest_dull(const struct sl_usage_scan *s, char c)
+{
+	if (s->depth >= 3)
+		return 1;
+	if (s->depth != 2)
+		return 0;
+	return c != '{' || !(s->a_k1 == KI_RESPONSE || s->a_k1 == KI_MESSAGE ||
+	    (s->a_k1 == KI_DELTA && s->api == SL_API_MESSAGES));
+}
+
+/*
+ * Inside a value whose contents do not matter (nest_dull), at p: its bytes
+ * crossed up to the bracket that closes it, a line end, the end of the
+ * feed, or a string that does not end before either (left at its opening
+ * quote); the nesting tracked. What lex would do there, but the keys,
+ * strings and commas it would look at and set nothing by (nothing at
+ * depth 3 or more; a key at depth 2 only in "response", "message" or
+ * messages' "delta", and no key in an array).
+ */
+static const char *
+nest_skip(struct sl_usage_scan *s, const char *p, const char *e)
+{
+	unsigned depth = s->depth, floor = depth;
+	const char *q;
+
+	while (p < e) {
+		while (p < e && !nest_stop[(unsigned char)*p])
+			p++;
+		if (p == e)
+			break;
+		switch (*p) {
+		case '"':
+			for (q = p + 1;;) {
+				q = str_end(q, e);
+				if (q == e || *q != '\\')
+					break;
+				/* an escape: \uXXXX as lex takes it, 4 bytes */
+				if (e - q < 2 || q[1] == '\n' || q[1] == '\r')
+					goto out;
+				if (q[1] == 'u') {
+					if (e - q < 6 || memchr(q + 2, '\n', 4) != NULL ||
+					    memchr(q + 2, '\r', 4) != NULL)
+						goto out;
+					q += 6;
+				} else
+					q += 2;
+			}
+			if (q == e || *q != '"')
+				goto out;   /* lex reads it: the line or feed ends in it */
+			p = q + 1;
+			break;
+		case '{':
+		case '[':
+			if (depth >= UINT16_MAX - 1)
+				goto out;   /* lex marks the event */
+			depth++;
+			p++;
+			break;
+		case '}':
+		case ']':
+			if (depth == floor)
+				goto out;   /* lex closes it */
+			depth--;
+			p++;
+			break;
+		default:            /* \r \n */
+			goto out;
+		}
+	}
+out:
+	s->depth = (uint16_t)depth;
+	s->a_kind &= (uint8_t)~AK_KEY;
+	return p;
+}
+
+/*
+ * lex's common case, outside strings and with no usage object being
+ * copied: the same steps, the state it moves most in locals. Returns where
+ * it stopped: e, a line end, AE_SKIP set (after the type), or a token it
+ * leaves to lex (a string not whole in the feed or with an escape, a '['
+ * or a closing bracket at depth 0, a usage object's brace, the deepest
+ * nesting).
+ */
+static const char *
+lex_fast(struct sl_usage_scan *s, const char *p, const char *e, struct arec *r)
+{
+	const int msgs = s->api == SL_API_MESSAGES;
+	const unsigned mask1 = msgs ?
+	    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_USAGE) | KB(KI_MESSAGE) :
+	    KB(KI_TYPE) | KB(KI_DELTA) | KB(KI_RESPONSE);
+	unsigned depth = s->depth, kind = s->a_kind, k1 = s->a_k1, k2 = s->a_k2;
+	unsigned mask;
+	const char *q;
+	char c;
+
+	for (;;) {
+		while (p < e && !tok_stop[(unsigned char)*p])
+			p++;
+		if (p == e)
+			break;
+		c = *p;
+		if (c == '"') {
+			const char *v = p + 1;
+			size_t n;
+
+			q = str_end(v, e);
+			if (q == e || *q != '"')
+				break;
+			n = (size_t)(q - v);
+			p = q + 1;
+			if (kind & AK_KEY) {
+				kind &= ~(unsigned)AK_KEY;
+				if (depth == 1) {
+					k1 = key_whole(v, n, mask1);
+					continue;
+				}
+				mask = k1 == KI_RESPONSE || k1 == KI_MESSAGE ? KB(KI_USAGE) :
+				    k1 == KI_DELTA && msgs ?
+				    KB(KI_TEXT) | KB(KI_THINKING) | KB(KI_PARTIAL_JSON) : 0;
+				k2 = mask ? key_whole(v, n, mask) : 0;
+			} else if (depth == 1 && k1 == KI_TYPE) {
+				type_set(s, type_whole(types_of(s), v, n));
+				if (s->ev & AE_SKIP)
+					break;
+			} else if (k1 == KI_DELTA && (!msgs ? depth == 1 :
+			    depth == 2 && (k2 == KI_TEXT || k2 == KI_THINKING ||
+			    k2 == KI_PARTIAL_JSON))) {
+				/* content: now, or at the event's end by its type */
+				if (s->a_type == 0) {
+					uint64_t t = (uint64_t)s->a_pend + n;
+
+					s->a_pend = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+					r->on = r->on ? 2 : 0;
+				} else if (type_flags(s) & TF_CONTENT) {
+					s->content_bytes += n;
+					if (r->on == 1) {
+						/* the template's string: one only */
+						if (r->s0 != NULL)
+							r->on = 2;
+						r->s0 = v;
+						r->s1 = q;
+					}
+				}
+			}
+			continue;
+		}
+		if (c == ',') {
+			if ((depth == 1 && (kind & AK_OBJ1)) ||
+			    (depth == 2 && (kind & AK_OBJ2)))
+				kind |= AK_KEY;
+			p++;
+			continue;
+		}
+		if (c == '{' || c == '[') {
+			if (depth == 0 && c == '{') {
+				/* the event's object (lex's first bracket) */
+				s->ev |= AE_OBJ;
+				depth = 1;
+				k1 = 0;
+				kind = AK_OBJ1 | AK_KEY;
+				p++;
+				continue;
+			}
+			if (depth == 0 || depth >= UINT16_MAX - 1 || (c == '{' &&
+			    (depth == 2 ? k2 == KI_USAGE && (k1 == KI_RESPONSE ||
+			    (k1 == KI_MESSAGE && msgs)) : depth == 1 &&
+			    k1 == KI_USAGE && msgs)))
+				break;
+			depth++;
+			if (depth == 2) {
+				k2 = 0;
+				kind = (kind & AK_OBJ1) | (c == '{' ? AK_OBJ2 | AK_KEY : 0);
+				if (c == '{' && (k1 == KI_RESPONSE || k1 == KI_MESSAGE ||
+				    (k1 == KI_DELTA && msgs))) {
+					p++;
+					continue;
+				}
+			} else
+				kind &= ~(unsigned)AK_KEY;
+			/* nothing in it matters (nest_dull): crossed */
+			s->depth = (uint16_t)depth;
+			s->a_kind = (uint8_t)kind;
+			p = nest_skip(s, p + 1, e);
+			depth = s->depth;
+			kind = s->a_kind;
+			continue;
+		}
+		if (c == '}' || c == ']') {
+			if (depth == 0)
+				break;
+			depth--;
+			kind &= ~(unsigned)AK_KEY;
+			p++;
+			continue;
+		}
+		break;              /* \r \n: the line ends */
+	}
+	s->depth = (uint16_t)depth;
+	s->a_kind = (uint8_t)kind;
+	s->a_k1 = (uint8_t)k1;
+	s->a_k2 = (uint8_t)k2;
+	return p;
+}
+
+/*
  * The bytes of a data line, p[0..e) (e: the feed's end or the line's):
  * returns where it stopped (e, or a line end byte). *cs: where the copy of
  * a usage object resumes in this feed (NULL: none).
  */
 static const char *
-lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
+lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs,
+    struct arec *r)
 {
 	const char *q;
 	char c;
@@ -822,6 +1081,11 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 	while (p < e) {
 		switch (s->lx) {
 		case J_OUT:
+			if (s->cap_depth == 0) {
+				p = lex_fast(s, p, e, r);
+				if (s->ev & AE_SKIP)
+					return p;
+			}
 			while (p < e && !tok_stop[(unsigned char)*p])
 				p++;
 			if (p == e)
@@ -829,22 +1093,26 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 			c = *p;
 			switch (c) {
 			case '"':
-				string_begins(s);
 				q = str_end(p + 1, e);
 				if (q < e && *q == '"') {
 					/* the usual string: whole in this feed */
-					string_whole(s, p + 1, (size_t)(q - p - 1));
+					if (string_at(s, p + 1, (size_t)(q - p - 1)))
+						r->on = r->on ? 2 : 0;   /* not lex_fast's */
 					p = q + 1;
 					if (s->ev & AE_SKIP)
 						return p;
 					continue;
 				}
+				string_begins(s);
+				if (s->cnt != C_NO)
+					r->on = r->on ? 2 : 0;   /* counted, not whole */
 				break;
 			case '{':
 			case '[':
 				if (c == '{' && s->cap_depth == 0 && usage_here(s)) {
 					s->cap_depth = (uint16_t)(s->depth + 1);
 					s->a_capd = (uint8_t)s->depth;
+					r->on = r->on ? 2 : 0;   /* no template */
 					s->cap_len = 0;
 					s->ev &= (uint8_t)~AE_CAPFAIL;
 					*cs = p;
@@ -867,6 +1135,10 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 					    (c == '{' ? AK_OBJ2 | AK_KEY : 0));
 				} else
 					s->a_kind &= (uint8_t)~AK_KEY;
+				if (nest_dull(s, c)) {
+					p = nest_skip(s, p + 1, e);
+					continue;
+				}
 				break;
 			case '}':
 			case ']':
@@ -945,11 +1217,81 @@ lex(struct sl_usage_scan *s, const char *p, const char *e, const char **cs)
 	return p;
 }
 
+/*
+ * Event templates (as chat's, usage_template.c): at a line's start with
+ * nothing of an event read (fresh: every per-event field as event_end
+ * leaves it), the scanner's steps depend on the bytes alone, and the same
+ * on every digit (no key or type it looks for has one; a usage object's
+ * copy, that reads them, spoils a template). An event read from a fresh
+ * start to a fresh end within one feed, that counted one string (whole,
+ * no escape, by lex_fast, its type known) and nothing else by another
+ * way, and copied no usage object, is kept in s->tpl (with keep). A next
+ * event from a fresh start that is its bytes but where both are digits,
+ * and any string without quote, backslash or line end in the place of
+ * its counted one, is taken in compares: the same steps, so the same
+ * state after, and the content bytes it counted but for the string's,
+ * plus the new string's.
+ */
+static inline int
+fresh(const struct sl_usage_scan *s)
+{
+	return s->line == A_BOL && !s->cr && s->lx == J_OUT && s->depth == 0 &&
+	    s->cap_depth == 0 && s->ev == 0 && s->a_type == 0 && s->a_pend == 0 &&
+	    s->a_pf == 0 && s->a_k1 == 0 && s->a_k2 == 0 && s->a_kind == 0 &&
+	    s->key == R_NONE && s->cnt == C_NO;
+}
+
+/* The template applied at p (fresh): the bytes it takes, or 0. */
+static size_t
+tpl_take(struct sl_usage_scan *s, const char *p, const char *e)
+{
+	const struct sl_usage_tpl *t = s->tpl;
+	size_t tail = t->len - t->s1;
+	const char *q;
+
+	if ((size_t)(e - p) < t->len - (t->s1 - t->s0) ||
+	    !usage_same_but_digits(p, t->ev, t->s0, t->avx2))
+		return 0;
+	q = str_end(p + t->s0, e);
+	if (q == e || *q != '"' || (size_t)(e - q) < tail ||
+	    !usage_same_but_digits(q, t->ev + t->s1, tail, t->avx2))
+		return 0;
+	s->content_bytes += t->content + (uint64_t)(q - p - t->s0);
+	return (size_t)(q - p) + tail;
+}
+
+/* The event recorded from ev ended at p, the scanner fresh again: kept? */
+static void
+tpl_keep(struct sl_usage_scan *s, const struct arec *r, const char *ev,
+    const char *p, uint64_t c0)
+{
+	size_t n = (size_t)(p - ev);
+	struct sl_usage_tpl *t;
+
+	if (r->on != 1 || r->s0 == NULL || !fresh(s) || !usage_tpl_room(s, n))
+		return;
+	t = s->tpl;
+	memcpy(t->copy, ev, n);
+	t->ev = t->copy;
+	t->len = (uint32_t)n;
+	t->s0 = (uint32_t)(r->s0 - ev);
+	t->s1 = (uint32_t)(r->s1 - ev);
+	t->content = (uint32_t)(s->content_bytes - c0 - (t->s1 - t->s0));
+#ifdef SL_USAGE_AVX2
+	t->avx2 = __builtin_cpu_supports("avx2") != 0;
+#else
+	t->avx2 = 0;
+#endif
+}
+
 size_t
 usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
     struct sl_usage_out *out)
 {
-	const char *p = in, *e = in + len, *cs = NULL;
+	const char *p = in, *e = in + len, *cs = NULL, *rec = NULL;
+	struct arec r = { 0, NULL, NULL };
+	uint64_t c0 = 0;
+	size_t k;
 	char c;
 
 	out->held = NULL;
@@ -962,6 +1304,19 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 	while (p < e) {
 		switch (s->line) {
 		case A_BOL:
+			if (s->keep && rec == NULL && fresh(s)) {
+				/* (without keep there is no s->tpl) */
+				if (s->tpl != NULL && s->tpl->ev != NULL &&
+				    (k = tpl_take(s, p, e)) != 0) {
+					p += k;   /* an event as the template */
+					break;
+				}
+				/* record this event: a template? */
+				rec = p;
+				c0 = s->content_bytes;
+				r.on = 1;
+				r.s0 = r.s1 = NULL;
+			}
 			c = *p++;
 			if (s->cr) {
 				s->cr = 0;
@@ -971,6 +1326,11 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 			if (c == '\n' || c == '\r') {
 				s->cr = c == '\r';
 				event_end(s);
+				if (rec != NULL) {
+					tpl_keep(s, &r, rec, p, c0);
+					rec = NULL;
+					r.on = 0;
+				}
 			} else if (c == 'd') {
 				s->line = A_FIELD;
 				s->field = 1;
@@ -1002,7 +1362,7 @@ usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
 				s->line = A_SKIP;
 			break;
 		case A_DATA:
-			p = lex(s, p, e, &cs);
+			p = lex(s, p, e, &cs, &r);
 			if (s->ev & AE_SKIP) {
 				/* not an event of interest: to its end unread */
 				s->line = A_SKIP;

@@ -1201,6 +1201,113 @@ test_mrw_sub_escapes(void **state)
 	    "\"r\":{\"model\":\"k\"}}");
 }
 
+/*
+ * An event whose top-level "type" names one that carries no model (a
+ * delta): the rest of its data line passes unread, so a "model" after it
+ * is left; the events that carry the response or message still are set.
+ */
+static void
+test_mrw_type_no_model_events(void **state)
+{
+	(void)state;
+	/* Responses: a delta with a (made-up) top-level model after its type. */
+	mrw_check_all(1, "\"L\"",
+	    "event: response.output_text.delta\n"
+	    "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
+	    "\"delta\":\"tok5 \",\"model\":\"m\"}\n\n"
+	    "data: {\"type\":\"response.completed\",\"response\":{\"model\":\"m\"}}\n\n"
+	    "data: {\"type\":\"response.created\",\"model\":\"m\"}\n\n",
+	    "event: response.output_text.delta\n"
+	    "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":4,"
+	    "\"delta\":\"tok5 \",\"model\":\"m\"}\n\n"
+	    "data: {\"type\":\"response.completed\",\"response\":{\"model\":\"L\"}}\n\n"
+	    "data: {\"type\":\"response.created\",\"model\":\"L\"}\n\n");
+	/* The six that carry the response, and one "response." not listed. */
+	mrw_check_all(1, "\"L\"",
+	    "data: {\"type\":\"response.in_progress\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.queued\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.incomplete\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.failed\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.x\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.completedx\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.complete\",\"model\":\"m\"}\n",
+	    "data: {\"type\":\"response.in_progress\",\"model\":\"L\"}\n"
+	    "data: {\"type\":\"response.queued\",\"model\":\"L\"}\n"
+	    "data: {\"type\":\"response.incomplete\",\"model\":\"L\"}\n"
+	    "data: {\"type\":\"response.failed\",\"model\":\"L\"}\n"
+	    "data: {\"type\":\"response.x\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.\",\"model\":\"L\"}\n"
+	    "data: {\"type\":\"response.completedx\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.complete\",\"model\":\"m\"}\n");
+	/* Messages: the listed ones skip; message_start is set. */
+	mrw_check_all(1, "\"L\"",
+	    "data: {\"type\":\"content_block_delta\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"content_block_start\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"content_block_stop\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"message_delta\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"message_stop\",\"model\":\"m\"}\n"
+	    "data: {\"type\": \"ping\" , \"model\":\"m\"}\n"
+	    "data: {\"type\":\"message_start\",\"message\":{\"type\":\"message\","
+	    "\"model\":\"m\"}}\n"
+	    "data: {\"type\":\"pin\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"pingg\",\"model\":\"m\"}\n",
+	    "data: {\"type\":\"content_block_delta\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"content_block_start\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"content_block_stop\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"message_delta\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"message_stop\",\"model\":\"m\"}\n"
+	    "data: {\"type\": \"ping\" , \"model\":\"m\"}\n"
+	    "data: {\"type\":\"message_start\",\"message\":{\"type\":\"message\","
+	    "\"model\":\"L\"}}\n"
+	    "data: {\"type\":\"pin\",\"model\":\"L\"}\n"
+	    "data: {\"type\":\"pingg\",\"model\":\"L\"}\n");
+	/*
+	 * Not skipped: the model before the type; a type with an escape, not
+	 * a string, or not at the top level; the next line is read anew.
+	 */
+	mrw_check_all(1, "\"L\"",
+	    "data: {\"model\":\"m\",\"type\":\"ping\"}\n"
+	    "data: {\"type\":\"pin\\u0067\",\"model\":\"m\"}\n"
+	    "data: {\"typ\\u0065\":\"ping\",\"model\":\"m\"}\n"
+	    "data: {\"type\":1,\"model\":\"m\"}\n"
+	    "data: {\"message\":{\"type\":\"ping\",\"model\":\"m\"}}\n"
+	    "data: {\"a\":{\"type\":\"ping\"},\"model\":\"m\"}\n"
+	    "data: {\"a\":\"\\\"type\\\":\\\"ping\\\"\",\"model\":\"m\"}\n",
+	    "data: {\"model\":\"L\",\"type\":\"ping\"}\n"
+	    "data: {\"type\":\"pin\\u0067\",\"model\":\"L\"}\n"
+	    "data: {\"typ\\u0065\":\"ping\",\"model\":\"L\"}\n"
+	    "data: {\"type\":1,\"model\":\"L\"}\n"
+	    "data: {\"message\":{\"type\":\"ping\",\"model\":\"L\"}}\n"
+	    "data: {\"a\":{\"type\":\"ping\"},\"model\":\"L\"}\n"
+	    "data: {\"a\":\"\\\"type\\\":\\\"ping\\\"\",\"model\":\"L\"}\n");
+	/* A JSON answer is never skipped on its type (a Messages body). */
+	mrw_check_all(0, "\"L\"",
+	    "{\"type\":\"content_block_delta\",\"model\":\"m\"}",
+	    "{\"type\":\"content_block_delta\",\"model\":\"L\"}");
+	mrw_check_all(0, "\"L\"",
+	    "{\"id\":\"x\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\"}",
+	    "{\"id\":\"x\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"L\"}");
+}
+
+/* A long type split at every byte: a long "response." type skips too. */
+static void
+test_mrw_type_long_every_split(void **state)
+{
+	char in[600], want[600];
+	size_t n;
+
+	(void)state;
+	n = (size_t)snprintf(in, sizeof in,
+	    "data: {\"type\":\"response.%0300d\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.completed\",\"model\":\"m\"}\n", 7);
+	assert_true(n < sizeof in);
+	snprintf(want, sizeof want,
+	    "data: {\"type\":\"response.%0300d\",\"model\":\"m\"}\n"
+	    "data: {\"type\":\"response.completed\",\"model\":\"L\"}\n", 7);
+	mrw_check_long(1, "\"L\"", in, want);
+}
+
 static void
 test_mrw_literal_escapes(void **state)
 {
@@ -1251,6 +1358,8 @@ main(void)
 		cmocka_unit_test(test_mrw_sub_deeper_untouched),
 		cmocka_unit_test(test_mrw_first_model_met_decides),
 		cmocka_unit_test(test_mrw_sub_escapes),
+		cmocka_unit_test(test_mrw_type_no_model_events),
+		cmocka_unit_test(test_mrw_type_long_every_split),
 		cmocka_unit_test(test_mrw_literal_escapes),
 	};
 

@@ -1453,21 +1453,37 @@ test_json_wide_is_what_python_decodes_as_utf16_or_utf32(void **state)
 
 /* ------------------------------------------------------------------ other APIs */
 
+/* Bytes from in[i] through the next blank line (LF LF), or to len. */
+static size_t
+api_event_len(const char *in, size_t len, size_t i)
+{
+	size_t j;
+
+	for (j = i; j + 1 < len; j++)
+		if (in[j] == '\n' && in[j + 1] == '\n')
+			return j + 2 - i;
+	return len - i;
+}
+
 /*
- * A stream of api fed in two reads split at k (step 0) or a byte at a
- * time (step 1): never held or cut, one range of all of each read.
+ * A stream of api fed in two reads split at k (bytes 0), a byte at a
+ * time (bytes 1) or an event per read (bytes 2, as libcurl hands them;
+ * with keep, the event template kept across reads): never held or cut,
+ * one range of all of each read.
  */
 static void
-api_run(enum sl_api api, const char *in, size_t len, size_t k, int bytes,
-    struct sl_usage *u, uint64_t *content)
+api_run_keep(enum sl_api api, const char *in, size_t len, size_t k, int bytes,
+    int keep, struct sl_usage *u, uint64_t *content)
 {
 	struct sl_usage_scan s;
 	struct sl_usage_out o;
 	size_t i, n;
 
 	sl_usage_scan_init_api(&s, api);
+	sl_usage_scan_keep(&s, keep);
 	for (i = 0; i < len; i += n) {
-		n = bytes ? 1 : i < k ? k - i : len - i;
+		n = bytes == 2 ? api_event_len(in, len, i) : bytes ? 1 :
+		    i < k ? k - i : len - i;
 		assert_int_equal(sl_usage_scan_feed(&s, in + i, n, &o), n);
 		assert_int_equal(o.held_len, 0);
 		assert_int_equal(o.n, 1);
@@ -1483,7 +1499,17 @@ api_run(enum sl_api api, const char *in, size_t len, size_t k, int bytes,
 	sl_usage_scan_free(&s);
 }
 
-/* Every 2-way split and 1-byte reads give exactly these numbers. */
+static void
+api_run(enum sl_api api, const char *in, size_t len, size_t k, int bytes,
+    struct sl_usage *u, uint64_t *content)
+{
+	api_run_keep(api, in, len, k, bytes, 0, u, content);
+}
+
+/*
+ * Every 2-way split and 1-byte reads give exactly these numbers, and so
+ * do an event per read and every 2-way split with the template kept.
+ */
 static void
 check_api(enum sl_api api, const char *in, int have, uint64_t prompt,
     uint64_t completion, uint64_t content)
@@ -1492,11 +1518,17 @@ check_api(enum sl_api api, const char *in, int have, uint64_t prompt,
 	struct sl_usage u;
 	uint64_t cb;
 
-	for (k = 0; k <= len + 1; k++) {
+	for (k = 0; k <= 2 * len + 4; k++) {
 		if (k <= len)
 			api_run(api, in, len, k, 0, &u, &cb);
-		else
+		else if (k == len + 1)
 			api_run(api, in, len, 0, 1, &u, &cb);
+		else if (k == len + 2)
+			api_run_keep(api, in, len, 0, 2, 0, &u, &cb);
+		else if (k == len + 3)
+			api_run_keep(api, in, len, 0, 2, 1, &u, &cb);
+		else
+			api_run_keep(api, in, len, k - len - 4, 0, 1, &u, &cb);
 		if (u.have != have || cb != content ||
 		    (have && (u.prompt_tokens != prompt ||
 		    u.completion_tokens != completion ||
@@ -1914,6 +1946,58 @@ check_cost(const uint64_t n[SL_TOKENS_KINDS], uint64_t p, uint64_t c, uint64_t e
 		    (unsigned long long)c, (unsigned long long)e);
 }
 
+/*
+ * Token events as a runner streams them, one per read with the template
+ * kept (sl_usage_scan_keep): the numbers of the plain scan, whether an
+ * event is taken as the template (the same shape, other digits and text)
+ * or not (a number one digit longer, a text with an escape, another key,
+ * the text before the type).
+ */
+static void
+test_api_token_events_with_the_template_kept(void **state)
+{
+	char *in = malloc(64 * 1024), *p;
+	size_t i;
+	uint64_t content = 0;
+
+	(void)state;
+	assert_non_null(in);
+	p = in;
+	for (i = 0; i < 40; i++) {
+		const char *t = i == 20 ? "a\\\"b" : i % 3 ? "tok " : "token ";
+
+		p += sprintf(p, "event: response.output_text.delta\ndata: {\"type\":"
+		    "\"response.output_text.delta\",\"sequence_number\":%zu,"
+		    "\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,"
+		    "\"%s\":\"%s\",\"logprobs\":[]}\n\n", i + 4,
+		    i == 30 ? "delt4" : "delta", t);
+		if (i != 30)
+			content += strlen(t) - (i == 20 ? 1 : 0);
+	}
+	p += sprintf(p, "data: {\"delta\":\"xy\",\"type\":\"response.output_text.delta\"}\n\n");
+	content += 2;
+	p += sprintf(p, "data: {\"type\":\"response.completed\",\"response\":{\"usage\":"
+	    "{\"input_tokens\":7,\"output_tokens\":40,\"total_tokens\":47}}}\n\n");
+	check_api(SL_API_RESPONSES, in, 1, 7, 40, content);
+
+	p = in;
+	content = 0;
+	p += sprintf(p, "event: message_start\ndata: {\"type\":\"message_start\","
+	    "\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n");
+	for (i = 0; i < 40; i++) {
+		const char *t = i == 11 ? "x\\ny" : i % 2 ? "tok " : "t ";
+
+		p += sprintf(p, "event: content_block_delta\ndata: {\"type\":"
+		    "\"content_block_delta\",\"index\":%zu,\"delta\":{\"type\":"
+		    "\"text_delta\",\"text\":\"%s\"}}\n\n", i / 7, t);
+		content += strlen(t) - (i == 11 ? 1 : 0);
+	}
+	p += sprintf(p, "event: message_delta\ndata: {\"type\":\"message_delta\","
+	    "\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":40}}\n\n");
+	check_api(SL_API_MESSAGES, in, 1, 9, 40, content);
+	free(in);
+}
+
 static void
 test_meter_each_api_end_to_end(void **state)
 {
@@ -2218,6 +2302,7 @@ main(void)
 		cmocka_unit_test(test_api_responses_cut_or_odd_streams),
 		cmocka_unit_test(test_api_responses_completed_event_larger_than_64k),
 		cmocka_unit_test(test_api_messages_usage_at_every_split),
+		cmocka_unit_test(test_api_token_events_with_the_template_kept),
 		cmocka_unit_test(test_api_json_bodies),
 		cmocka_unit_test(test_api_prompt_estimates),
 		cmocka_unit_test(test_api_scanner_other_apis_are_chat),
