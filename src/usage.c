@@ -324,3 +324,33 @@ sl_usage_scan_dropped(const struct sl_usage_scan *s)
 {
 	return s->dropped;
 }
+
+/* ---- the APIs besides chat: usage_api.c's, chosen here ---- */
+
+int
+sl_usage_from_json_api(enum sl_api api, const char *body, size_t len,
+    struct sl_usage *u)
+{
+	if (api != SL_API_RESPONSES && api != SL_API_MESSAGES &&
+	    api != SL_API_EMBEDDINGS)
+		return sl_usage_from_json(body, len, u);
+	return usage_api_from_json(api, body, len, u);
+}
+
+uint64_t
+sl_usage_json_content_api(enum sl_api api, const char *body, size_t len)
+{
+	if (api == SL_API_EMBEDDINGS)
+		return 0;
+	if (api != SL_API_RESPONSES && api != SL_API_MESSAGES)
+		return sl_usage_json_content(body, len);
+	return usage_api_json_content(api, body, len);
+}
+
+void
+sl_usage_scan_init_api(struct sl_usage_scan *s, enum sl_api api)
+{
+	sl_usage_scan_init(s, 0);
+	if (api == SL_API_RESPONSES || api == SL_API_MESSAGES)
+		usage_api_init(s, api);
+}

@@ -478,16 +478,13 @@ usage_obj_api(enum sl_api api, const json_t *o, uint64_t *prompt,
 }
 
 int
-sl_usage_from_json_api(enum sl_api api, const char *body, size_t len,
+usage_api_from_json(enum sl_api api, const char *body, size_t len,
     struct sl_usage *u)
 {
 	json_t *root;
 	json_error_t err;
 	unsigned pf = 0;
 
-	if (api != SL_API_RESPONSES && api != SL_API_MESSAGES &&
-	    api != SL_API_EMBEDDINGS)
-		return sl_usage_from_json(body, len, u);
 	memset(u, 0, sizeof(*u));
 	if (body == NULL || len == 0 || len > SL_USAGE_MAX_JSON)
 		return -1;
@@ -528,15 +525,13 @@ parts_text(const json_t *a, const char *name2)
 }
 
 uint64_t
-sl_usage_json_content_api(enum sl_api api, const char *body, size_t len)
+usage_api_json_content(enum sl_api api, const char *body, size_t len)
 {
 	json_t *root, *x, *in;
 	json_error_t err;
 	uint64_t n = 0;
 	size_t i;
 
-	if (api != SL_API_RESPONSES && api != SL_API_MESSAGES)
-		return api == SL_API_EMBEDDINGS ? 0 : sl_usage_json_content(body, len);
 	if (body == NULL || len == 0 || len > SL_USAGE_MAX_JSON ||
 	    (root = json_loadb(body, len, 0, &err)) == NULL)
 		return 0;
@@ -568,14 +563,11 @@ sl_usage_json_content_api(enum sl_api api, const char *body, size_t len)
 /* ---- the scanner --------------------------------------------------------- */
 
 void
-sl_usage_scan_init_api(struct sl_usage_scan *s, enum sl_api api)
+usage_api_init(struct sl_usage_scan *s, enum sl_api api)
 {
-	sl_usage_scan_init(s, 0);
-	if (api == SL_API_RESPONSES || api == SL_API_MESSAGES) {
-		s->api = (uint8_t)api;
-		s->line = A_BOL;
-		s->lx = J_OUT;
-	}
+	s->api = (uint8_t)api;
+	s->line = A_BOL;
+	s->lx = J_OUT;
 }
 
 /* Append to the copy of the usage object (bounded). */

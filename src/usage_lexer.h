@@ -55,6 +55,15 @@ int usage_obj_read(const char *p, size_t len, struct sl_usage *u);
 size_t usage_api_feed(struct sl_usage_scan *s, const char *in, size_t len,
     struct sl_usage_out *out);
 void usage_api_finish(struct sl_usage_scan *s, struct sl_usage_out *out);
+/*
+ * And its side of the public *_api calls, which usage.c dispatches by API
+ * (chat and completions stay usage.c's): a freshly initialised scanner
+ * made a Responses or Messages one; a JSON answer's usage and content.
+ */
+void usage_api_init(struct sl_usage_scan *s, enum sl_api api);
+int usage_api_from_json(enum sl_api api, const char *body, size_t len,
+    struct sl_usage *u);
+uint64_t usage_api_json_content(enum sl_api api, const char *body, size_t len);
 
 /* ------------------------------------------------------------------ scanner state */
 
