@@ -83,6 +83,23 @@ conn_local_answer(struct sl_conn *c, int status, const char *extra,
  * own when NULL), its slot and any upstream try given up first (see
  * conn_local_answer).
  */
+/*
+ * The API the request speaks: its head's, or what the target says of a
+ * head refused before it was whole (a 431 or 408 on /v1/messages).
+ */
+static enum sl_api
+conn_api(struct sl_conn *c)
+{
+	if (c->api == SL_API_OTHER && c->req.url_len > 0) {
+		const char *url;
+		size_t ulen;
+
+		url = sl_req_url(&c->req, &ulen);
+		c->api = sl_api_of(url, ulen, NULL);
+	}
+	return c->api;
+}
+
 void
 conn_error(struct sl_conn *c, enum sl_err e, const char *message,
     int retry_after)
@@ -105,19 +122,8 @@ conn_error(struct sl_conn *c, enum sl_err e, const char *message,
 	}
 	conn_abort_upstream(c);
 	conn_release(c);
-	/*
-	 * In the client's protocol: Anthropic's clients read only their own
-	 * shape. The API is the head's, or what the target says of a head
-	 * refused before it was whole (a 431 or 408 on /v1/messages).
-	 */
-	if (c->api == SL_API_OTHER && c->req.url_len > 0) {
-		const char *url;
-		size_t ulen;
-
-		url = sl_req_url(&c->req, &ulen);
-		c->api = sl_api_of(url, ulen, NULL);
-	}
-	if (c->api == SL_API_MESSAGES)
+	/* In the client's protocol: Anthropic's clients read only their own. */
+	if (conn_api(c) == SL_API_MESSAGES)
 		blen = sl_err_body_anthropic(body, sizeof(body), e, message);
 	else
 		blen = sl_err_body(body, sizeof(body), e, message);
@@ -238,9 +244,7 @@ conn_access_log(struct sl_conn *c, enum sl_end end, ev_tstamp now)
 	r.model_len = c->mname_len;
 	r.upstream_model = c->msent;
 	r.proto = c->fr->proto;
-	if (c->api == SL_API_OTHER && c->req.url_len > 0)
-		c->api = sl_api_of(r.url, r.url_len, NULL);   /* refused early */
-	r.api = sl_api_names[c->api];
+	r.api = sl_api_names[conn_api(c)];
 	sl_access_write(w->access_fd, &r);
 }
 
