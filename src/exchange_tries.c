@@ -378,6 +378,25 @@ conn_previous_id(const struct sl_conn *c, struct id_buf *ib)
 }
 
 /*
+ * Does a POST /v1/responses body say "store": false? The runner then keeps
+ * nothing a later request could name, so there is no id to learn (and no
+ * table entry, lock or page to pay for). A body that names "store" twice
+ * is learnt from: an entry that names nothing stored costs only its room.
+ */
+static int
+conn_store_false(const struct sl_conn *c)
+{
+	struct sl_json_first f = { "store", { 0, 0 }, 0 };
+	const char *b = c->req.body;
+
+	return b != NULL && c->req.body_len > 0 &&
+	    memmem(b, c->req.body_len, "\"store\"", 7) != NULL &&
+	    sl_json_object_first(b, c->req.body_len, &f) == 0 &&
+	    f.count == 1 && f.v.ve - f.v.vs == 5 &&
+	    memcmp(b + f.v.vs, "false", 5) == 0;
+}
+
+/*
  * Stored responses (sl_stored.h): a request of the Responses API that
  * names one (previous_response_id, or /v1/responses/{id} and its cancel
  * and input_items) goes to the replica that made it while that replica
@@ -404,7 +423,7 @@ conn_stored_route(struct sl_conn *c)
 	if (sl_api_of(url, ulen, &exact) == SL_API_RESPONSES && exact) {
 		if (c->req.method != HTTP_POST)
 			return;
-		c->learn = 1;
+		c->learn = !conn_store_false(c);
 		if (conn_previous_id(c, &ib) == -1)
 			return;
 		id = ib.b;

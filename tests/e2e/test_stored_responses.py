@@ -296,17 +296,26 @@ def test_stored_reload_keeps_the_table_and_a_removed_replica_balances():
 
 
 @h.timeout(60)
-def test_stored_store_false_is_learnt_harmlessly_and_max_0_turns_it_off():
+def test_stored_store_false_is_not_learnt_and_max_0_turns_it_off():
     with Stub("r1") as s1, Stub("r2") as s2:
         with Gateway(pool_cfg([s1, s2])) as gw:
             _, rid, _ = create(gw, store=False)
-            owner = s1 if port_of(rid) == s1.port else s2
-            other = s2 if owner is s1 else s1
-            # The runner did not store it: its owner says so, every time.
+            # The runner kept nothing: sluice learns nothing (no entry to
+            # push stored ids out of the table), and the follow-ups are
+            # balanced as an unknown id is; each runner answers its 404.
             for _ in range(2):
                 assert gw.request("GET", "/v1/responses/" + rid).status == 404
-            assert counts(owner)["retrieve_missing"] == 2
-            assert counts(other)["retrieve_missing"] == 0
+            assert counts(s1)["retrieve_missing"] == 1
+            assert counts(s2)["retrieve_missing"] == 1
+            assert result(gw, "unknown") == 2
+            assert result(gw, "owner") == 0
+            # "store": true (and no "store") is learnt as before.
+            _, rid, _ = create(gw, store=True)
+            owner = s1 if port_of(rid) == s1.port else s2
+            for _ in range(2):
+                assert gw.request("GET", "/v1/responses/" + rid).status == 200
+            assert counts(owner)["retrieve_found"] == 2
+            assert result(gw, "owner") == 2
         s1.reset()
         s2.reset()
         with Gateway(pool_cfg([s1, s2], response_affinity={"max": 0})) as gw:
