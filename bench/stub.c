@@ -2293,8 +2293,11 @@ buf_tokens(struct buf *b, long long n)
 static void
 api_id(const struct conn *c, const char *prefix, char *out, size_t outsz)
 {
-	snprintf(out, outsz, "%s_%u_%ld_%llu", prefix, c->ctx->port, (long)getpid(),
-	    c->req.id_n);
+	static long pid;   /* the stub never forks: read once, not a syscall a unit */
+
+	if (pid == 0)
+		pid = (long)getpid();
+	snprintf(out, outsz, "%s_%u_%ld_%llu", prefix, c->ctx->port, pid, c->req.id_n);
 }
 
 /* ,"t":NANOS for X-Stub-Stamp: 1, else nothing. */
