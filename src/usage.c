@@ -101,140 +101,30 @@ sl_usage_json_content(const char *body, size_t len)
 }
 
 /*
- * The usage object as runners send it, read without jansson: an object
- * whose members are plain ASCII keys (no escapes) with values that are
- * integers of at most 18 digits, null, true, false, or objects of such
- * members one level down (OpenAI's *_tokens_details). The last of a
- * duplicate key wins, as in jansson. Returns 1 with *u filled when it is
- * a usage object as usage_from_obj() reads it, 0 when jansson would parse
- * it but usage_from_obj() would not take it, -1 for anything else (let
- * jansson decide).
+ * The usage object as runners send it, read without jansson
+ * (usage_counts_read). Returns 1 with *u filled when it is a usage object
+ * as usage_from_obj() reads it, 0 when jansson would parse it but
+ * usage_from_obj() would not take it, -1 for anything else (let jansson
+ * decide).
  */
-enum { UF_NONE, UF_INT, UF_OTHER };
-
 static int
 usage_fast(const char *p, size_t len, struct sl_usage *u)
 {
-	const char *e = p + len, *ks, *ds;
-	int st[3] = { UF_NONE, UF_NONE, UF_NONE }, level = 0, t, k;
-	uint64_t v[3] = { 0, 0, 0 }, x = 0;
-	size_t kl;
+	static const char *const names[3] = {
+		"prompt_tokens", "completion_tokens", "total_tokens"
+	};
+	int r[3];
+	uint64_t v[3];
 
-#define UF_WS(q) while ((q) < e && JSON_WS(*(q))) (q)++
-	UF_WS(p);
-	if (p == e || *p != '{')
+	if (usage_counts_read(p, len, names, 3, r, v) == -1)
 		return -1;
-	p++;
-	UF_WS(p);
-	if (p < e && *p == '}') {
-		p++;
-		goto closed;
-	}
-	for (;;) {
-		/* a member: "key" : value */
-		if (p == e || *p != '"')
-			return -1;
-		ks = ++p;
-		while (p < e && *p != '"') {
-			if (*p == '\\' || (unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
-				return -1;
-			p++;
-		}
-		if (p == e)
-			return -1;
-		kl = (size_t)(p - ks);
-		p++;
-		UF_WS(p);
-		if (p == e || *p != ':')
-			return -1;
-		p++;
-		UF_WS(p);
-		if (p == e)
-			return -1;
-		k = -1;
-		if (level == 0) {
-			if (kl == 13 && memcmp(ks, "prompt_tokens", 13) == 0)
-				k = 0;
-			else if (kl == 17 && memcmp(ks, "completion_tokens", 17) == 0)
-				k = 1;
-			else if (kl == 12 && memcmp(ks, "total_tokens", 12) == 0)
-				k = 2;
-		}
-		if (*p >= '0' && *p <= '9') {
-			/* no leading zero, fraction or exponent: jansson's integer */
-			ds = p;
-			for (x = 0; p < e && *p >= '0' && *p <= '9'; p++) {
-				if (p - ds == 18)
-					return -1;
-				x = x * 10 + (uint64_t)(*p - '0');
-			}
-			if ((*ds == '0' && p - ds > 1) ||
-			    (p < e && (*p == '.' || *p == 'e' || *p == 'E')))
-				return -1;
-			t = UF_INT;
-		} else if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
-			p += 4;
-			t = UF_OTHER;
-		} else if (e - p >= 4 && memcmp(p, "true", 4) == 0) {
-			p += 4;
-			t = UF_OTHER;
-		} else if (e - p >= 5 && memcmp(p, "false", 5) == 0) {
-			p += 5;
-			t = UF_OTHER;
-		} else if (*p == '{' && level == 0) {
-			p++;
-			UF_WS(p);
-			if (k >= 0) {
-				st[k] = UF_OTHER;
-				k = -1;
-			}
-			if (p < e && *p == '}') {
-				p++;
-				t = UF_OTHER;
-			} else {
-				level = 1;
-				continue;
-			}
-		} else
-			return -1;
-		if (k >= 0) {
-			st[k] = t;
-			v[k] = t == UF_INT ? x : 0;
-		}
-		UF_WS(p);
-		if (p < e && *p == ',') {
-			p++;
-			UF_WS(p);
-			continue;
-		}
-		if (p == e || *p != '}')
-			return -1;
-		p++;
-		if (level == 1) {
-			level = 0;
-			UF_WS(p);
-			if (p < e && *p == ',') {
-				p++;
-				UF_WS(p);
-				continue;
-			}
-			if (p == e || *p != '}')
-				return -1;
-			p++;
-		}
-		break;
-	}
-closed:
-	UF_WS(p);
-#undef UF_WS
-	if (p != e)
-		return -1;
-	if (st[0] != UF_INT || st[1] != UF_INT || st[2] == UF_OTHER)
+	if (r[0] != UCR_INT || r[1] != UCR_INT ||
+	    (r[2] != UCR_INT && r[2] != UCR_ABSENT))
 		return 0;
 	u->have = 1;
 	u->prompt_tokens = v[0];
 	u->completion_tokens = v[1];
-	u->total_tokens = st[2] == UF_INT ? v[2] : v[0] + v[1];
+	u->total_tokens = r[2] == UCR_INT ? v[2] : v[0] + v[1];
 	return 1;
 }
 

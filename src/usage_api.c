@@ -286,24 +286,26 @@ counts_json(const json_t *o, struct ucounts *c)
 }
 
 /*
- * The counts of a usage object as runners send it, without jansson (as
- * usage.c's usage_fast reads chat's): an object of plain ASCII keys (no
- * escapes) whose values are integers of at most 18 digits, null, true,
- * false, or objects of such members one level down (*_tokens_details).
- * The last of a duplicate key wins, as in jansson. 1 when read, -1 for
- * anything else (jansson then decides).
+ * The counts of a usage object as runners send it, without jansson: an
+ * object of plain ASCII keys (no escapes) whose values are integers of at
+ * most 18 digits, null, true, false, or objects of such members one level
+ * down (*_tokens_details). r[i] and v[i] for the top-level member names[i]:
+ * UCR_INT with its value, UCR_NULL, UCR_ABSENT or UCR_OTHER (v 0); the last
+ * of a duplicate key wins, as in jansson. 1 when read, -1 for anything else
+ * (jansson then decides). usage.c reads chat's usage object with it too.
  */
-static int
-counts_fast(const char *p, size_t len, struct ucounts *c)
+int
+usage_counts_read(const char *p, size_t len, const char *const *names, int n,
+    int *r, uint64_t *v)
 {
 	const char *e = p + len, *ks, *ds;
 	int level = 0, t, k, i;
 	uint64_t x = 0;
 	size_t kl;
 
-	for (i = 0; i < UC_N; i++) {
-		c->r[i] = 0;
-		c->v[i] = 0;
+	for (i = 0; i < n; i++) {
+		r[i] = UCR_ABSENT;
+		v[i] = 0;
 	}
 #define CF_WS(q) while ((q) < e && JSON_WS(*(q))) (q)++
 	CF_WS(p);
@@ -337,10 +339,11 @@ counts_fast(const char *p, size_t len, struct ucounts *c)
 			return -1;
 		k = -1;
 		if (level == 0)
-			for (i = 0; i < UC_N; i++)
-				if (strlen(uc_names[i]) == kl && memcmp(ks, uc_names[i], kl) == 0)
+			for (i = 0; i < n; i++)
+				if (strlen(names[i]) == kl && memcmp(ks, names[i], kl) == 0)
 					k = i;
 		if (*p >= '0' && *p <= '9') {
+			/* no leading zero, fraction or exponent: jansson's integer */
 			ds = p;
 			for (x = 0; p < e && *p >= '0' && *p <= '9'; p++) {
 				if (p - ds == 18)
@@ -350,27 +353,27 @@ counts_fast(const char *p, size_t len, struct ucounts *c)
 			if ((*ds == '0' && p - ds > 1) ||
 			    (p < e && (*p == '.' || *p == 'e' || *p == 'E')))
 				return -1;
-			t = 1;
+			t = UCR_INT;
 		} else if (e - p >= 4 && memcmp(p, "null", 4) == 0) {
 			p += 4;
-			t = 0;
+			t = UCR_NULL;
 		} else if (e - p >= 4 && memcmp(p, "true", 4) == 0) {
 			p += 4;
-			t = -1;
+			t = UCR_OTHER;
 		} else if (e - p >= 5 && memcmp(p, "false", 5) == 0) {
 			p += 5;
-			t = -1;
+			t = UCR_OTHER;
 		} else if (*p == '{' && level == 0) {
 			p++;
 			CF_WS(p);
 			if (k >= 0) {
-				c->r[k] = -1;
-				c->v[k] = 0;
+				r[k] = UCR_OTHER;
+				v[k] = 0;
 				k = -1;
 			}
 			if (p < e && *p == '}') {
 				p++;
-				t = -1;
+				t = UCR_OTHER;
 			} else {
 				level = 1;
 				continue;
@@ -378,9 +381,8 @@ counts_fast(const char *p, size_t len, struct ucounts *c)
 		} else
 			return -1;
 		if (k >= 0) {
-			c->r[k] = t;
-			c->v[k] = t == 1 ? (x > SL_USAGE_MAX_TOKENS ?
-			    SL_USAGE_MAX_TOKENS + 1 : x) : 0;
+			r[k] = t;
+			v[k] = t == UCR_INT ? x : 0;
 		}
 		CF_WS(p);
 		if (p < e && *p == ',') {
@@ -409,6 +411,24 @@ closed:
 	CF_WS(p);
 #undef CF_WS
 	return p == e ? 1 : -1;
+}
+
+/* The counts of a usage object of these APIs, read without jansson. */
+static int
+counts_fast(const char *p, size_t len, struct ucounts *c)
+{
+	int k;
+
+	if (usage_counts_read(p, len, uc_names, UC_N, c->r, c->v) == -1)
+		return -1;
+	for (k = 0; k < UC_N; k++) {
+		/* as counts_json: null is absent, a count over the cap is cap + 1 */
+		if (c->r[k] == UCR_NULL)
+			c->r[k] = 0;
+		else if (c->r[k] == UCR_INT && c->v[k] > SL_USAGE_MAX_TOKENS)
+			c->v[k] = SL_USAGE_MAX_TOKENS + 1;
+	}
+	return 1;
 }
 
 /*

@@ -48,6 +48,15 @@
 int usage_obj_read(const char *p, size_t len, struct sl_usage *u);
 
 /*
+ * usage_api.c: a usage object's counts read without jansson, for the names
+ * given: r[i] one of these, v[i] the integer (UCR_INT) or 0. 1 when read,
+ * -1 when jansson must decide (escapes, floats, deeper nesting, ...).
+ */
+enum { UCR_OTHER = -1, UCR_ABSENT = 0, UCR_INT = 1, UCR_NULL = 2 };
+int usage_counts_read(const char *p, size_t len, const char *const *names, int n,
+    int *r, uint64_t *v);
+
+/*
  * usage_api.c: the scanner of the responses and messages streams, for a
  * struct sl_usage_scan whose api is set (sl_usage_scan_init_api); the
  * public feed and finish hand such a scanner over at their top.
