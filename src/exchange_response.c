@@ -720,6 +720,24 @@ upstream_write_cb(char *p, size_t size, size_t nmemb, void *arg)
 	return r;
 }
 
+/*
+ * The client's buffer cannot take a read of `need` bytes: take none of it.
+ * libcurl keeps the chunk and stops reading the socket, so TCP pushes back
+ * on the upstream; conn_on_write resumes when it fits. An empty buffer
+ * always takes it (stretched for it), so wait for no more room than the
+ * buffer's own, whatever the cap is stretched to now.
+ */
+static size_t
+conn_pause_body(struct sl_conn *c, size_t need)
+{
+	c->paused = 1;
+	c->pending = need > BASE_CAP(c) ? BASE_CAP(c) : need;
+	c->t_pause = ev_now(c->w->loop);
+	sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
+	conn_timer_update(c);
+	return CURL_WRITEFUNC_PAUSE;
+}
+
 /* The body bytes to relay (rewritten, if so): n when taken. */
 static size_t
 conn_write_body(struct sl_conn *c, char *p, size_t n)
@@ -754,16 +772,9 @@ conn_write_body(struct sl_conn *c, char *p, size_t n)
 					sl_meter_keep(&c->meter, p, n);
 				return n;
 			}
-			if (r > 1) {
-				/* Full: as below, for what the scanner may emit. */
-				c->paused = 1;
-				/* An empty buffer always takes it (stretched). */
-				c->pending = r > BASE_CAP(c) ? BASE_CAP(c) : r;
-				c->t_pause = ev_now(c->w->loop);
-				sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
-				conn_timer_update(c);
-				return CURL_WRITEFUNC_PAUSE;
-			}
+			if (r > 1)
+				/* Full, for what the scanner may emit. */
+				return conn_pause_body(c, r);
 			/* 0: scanned only; relayed as given below. */
 		}
 	}
@@ -779,25 +790,11 @@ conn_write_body(struct sl_conn *c, char *p, size_t n)
 		 * it, stretched until it drains, as the scanner's event is.
 		 */
 		c->out.cap = total;
-	if (sl_buf_space(&c->out) < total) {
-		/*
-		 * Full: take none of it. libcurl keeps the chunk and stops
-		 * reading the socket, so TCP pushes back on the upstream.
-		 * conn_on_write resumes when it fits. (An empty buffer always
-		 * fits one read: cap >= stream_buffer >= CURL_MAX_WRITE_SIZE,
-		 * or is stretched for it, above.)
-		 */
-		c->paused = 1;
-		/*
-		 * An empty buffer always takes it (stretched, above): wait for
-		 * no more room than that, whatever the cap is stretched to now.
-		 */
-		c->pending = total > BASE_CAP(c) ? BASE_CAP(c) : total;
-		c->t_pause = ev_now(c->w->loop);
-		sl_shm_stat_add(c->w->shm, c->w->row, SL_STAT_PAUSES, 1);
-		conn_timer_update(c);
-		return CURL_WRITEFUNC_PAUSE;
-	}
+	if (sl_buf_space(&c->out) < total)
+		/* Full. (An empty buffer always fits one read: cap >=
+		 * stream_buffer >= CURL_MAX_WRITE_SIZE, or is stretched for it,
+		 * above.) */
+		return conn_pause_body(c, total);
 	if (c->meter.scan != NULL && !c->meter.scan->drop && c->meter.on &&
 	    c->status / 100 == 2) {
 		/* Nothing is held or removed: scan what is taken, as given. */
