@@ -1058,6 +1058,13 @@ admin_handle(void *arg, const char *method, const char *path,
 		if (m->cluster != NULL)
 			sl_str_printf(&r->body, "cluster: %s\n",
 			    sl_cluster_mode(m->cluster));
+		/* With sentinels the master moves: say where it is now. */
+		if (m->cluster != NULL && m->cur.cfg->cluster.nsentinels > 0) {
+			const char *a = sl_cluster_master_addr(m->cluster);
+
+			sl_str_printf(&r->body, "cluster master: %s\n",
+			    a[0] != '\0' ? a : "unknown");
+		}
 		return;
 	}
 	r->status = 200;
@@ -1369,7 +1376,7 @@ run_loop(struct master *m, const sigset_t *empty)
 {
 	for (;;) {
 		double timeout = -1;
-		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 1];
+		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 2];
 		int npfd = 0, nadmin = 0, ncl = 0;
 
 		handle_signals(m);
@@ -1385,7 +1392,7 @@ run_loop(struct master *m, const sigset_t *empty)
 		}
 		if (m->cluster != NULL) {
 			/* Also while draining: leases of running streams live on. */
-			ncl = sl_cluster_master_pollfds(m->cluster, pfd + npfd, 1);
+			ncl = sl_cluster_master_pollfds(m->cluster, pfd + npfd, 2);
 			npfd += ncl;
 			sooner(&timeout, sl_cluster_master_timeout(m->cluster,
 			    sl_mono_s()));
