@@ -28,6 +28,9 @@ struct cl_sentinel {
 	size_t n;
 	char *name;                  /* cluster.master_name */
 	char *password;              /* the sentinels'; NULL: no AUTH */
+	char (*said)[256];           /* per sentinel, the failure last logged:
+	                                the same one again is not */
+	int failing;                 /* the last ask found no master */
 
 	struct cl_redis sub;         /* the subscription, polled */
 	size_t sub_at;               /* which sentinel it is to */
@@ -124,9 +127,12 @@ cl_sentinel_ask(struct cl_sentinel *s, uint64_t timeout_ms, char *addr,
 			ans[i][0] = '\0';
 			if (k == 0)
 				reachable++;
-			sl_warn("cluster: sentinel %s: %s", s->addrs[i], why);
+			if (strcmp(s->said[i], why) != 0)
+				sl_warn("cluster: sentinel %s: %s", s->addrs[i], why);
+			memcpy(s->said[i], why, sizeof(s->said[i]));
 			continue;
 		}
+		s->said[i][0] = '\0';
 		reachable++;
 		answered++;
 		for (j = 0; j <= i; j++)
@@ -140,23 +146,27 @@ cl_sentinel_ask(struct cl_sentinel *s, uint64_t timeout_ms, char *addr,
 			break;
 	}
 	if (best == -1) {
-		sl_warn("cluster: no sentinel of %zu knows master '%s' (%zu "
-		    "reachable)", s->n, s->name, reachable);
+		if (s->failing++ == 0)
+			sl_warn("cluster: no sentinel of %zu knows master '%s' (%zu "
+			    "reachable); asking again with backoff", s->n, s->name,
+			    reachable);
 		goto out;
 	}
-	if ((size_t)votes[best] * 2 <= reachable) {
+	/* Of those that name one: a nil is a sentinel not watching it. */
+	if ((size_t)votes[best] * 2 <= answered) {
 		sl_warn("cluster: the sentinels disagree on master '%s' (%d of "
-		    "%zu reachable say %s): asking again", s->name, votes[best],
-		    reachable, ans[best]);
+		    "%zu that answered say %s): asking again", s->name,
+		    votes[best], answered, ans[best]);
 		goto out;
 	}
 	for (j = 0; j < s->n; j++)
 		if (ans[j][0] != '\0' && strcmp(ans[j], ans[best]) != 0)
 			sl_warn("cluster: sentinel %s says master '%s' is %s; the "
-			    "majority (%d of %zu reachable) says %s", s->addrs[j],
-			    s->name, ans[j], votes[best], reachable, ans[best]);
+			    "majority (%d of %zu that answered) says %s", s->addrs[j],
+			    s->name, ans[j], votes[best], answered, ans[best]);
 	snprintf(addr, alen, "%s", ans[best]);
 	snprintf(who, wlen, "%s", s->addrs[best]);
+	s->failing = 0;
 	rc = 0;
 out:
 	free(ans);
@@ -250,6 +260,7 @@ cl_sentinel_new(const struct sl_config *cfg)
 	if ((s = calloc(1, sizeof(*s))) == NULL)
 		return NULL;
 	if ((s->addrs = calloc(cl->nsentinels, sizeof(char *))) == NULL ||
+	    (s->said = calloc(cl->nsentinels, sizeof(*s->said))) == NULL ||
 	    (s->name = strdup(cl->master_name)) == NULL ||
 	    (cl->sentinel_password != NULL &&
 	    (s->password = strdup(cl->sentinel_password)) == NULL))
@@ -285,6 +296,7 @@ cl_sentinel_free(struct cl_sentinel *s)
 	for (i = 0; s->addrs != NULL && i < s->n; i++)
 		free(s->addrs[i]);
 	free(s->addrs);
+	free(s->said);
 	free(s->name);
 	free(s->password);
 	free(s);

@@ -5,11 +5,12 @@ and follow a failover (issue 36; sluice.8 CLUSTER). A real topology on
 sluice nodes and the stub; every process started and ended by pid."""
 
 import re
-import signal
+import socket
+import threading
 import time
 
 import harness as h
-from harness import ACME_KEY, Gateway, Redis, Sentinel, Stub
+from harness import ACME_KEY, Gateway, Redis, Sentinel, Stub, _resp_encode, _RespReader
 
 MAX = 6
 HEARTBEAT = 0.5
@@ -202,3 +203,164 @@ def test_sentinel_failover_sigstop_nodes_follow_and_stay_exact():
 @h.timeout(120)
 def test_sentinel_failover_with_a_sentinel_killed_nodes_follow():
     failover_case("sentinel_killed")
+
+
+# ---------------------------------------------------------------- bad answers
+
+class ScriptedSentinel:
+    """A peer on 127.0.0.1 that speaks the sentinel protocol sluice uses
+    and answers get-master-addr-by-name with `answer` ("IP:port", or None
+    for nil), to make the answers real sentinels give only in a race:
+    a replica's address, a disagreement. `asked` counts the questions."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.asked = 0
+        self._stop = False
+        self._conns = []
+
+    @property
+    def addr(self):
+        return "%s:%d" % (h.HOST, self.port)
+
+    def start(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((h.HOST, 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self._t = threading.Thread(target=self._accept, daemon=True)
+        self._t.start()
+        return self
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            self._conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        c.settimeout(None)
+        r = _RespReader(c)
+        try:
+            while True:
+                cmd = r.reply()
+                word = cmd[0].upper()
+                if word == "PING":
+                    c.sendall(b"+PONG\r\n")
+                elif word == "SENTINEL" and cmd[1].lower() == "get-master-addr-by-name":
+                    self.asked += 1
+                    a = self.answer
+                    c.sendall(b"*-1\r\n" if a is None else
+                              _resp_encode(a.rsplit(":", 1)))
+                elif word == "SUBSCRIBE":
+                    ch = cmd[1].encode()
+                    c.sendall(b"*3\r\n$9\r\nsubscribe\r\n$%d\r\n%s\r\n:1\r\n" % (len(ch), ch))
+                else:
+                    c.sendall(b"-ERR unknown command\r\n")
+        except (OSError, ConnectionError, AssertionError, IndexError):
+            pass
+        finally:
+            c.close()
+
+    def stop(self):
+        self._stop = True
+        self._t.join(timeout=2)
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.sock.close()
+
+
+def test_sentinel_majority_wins_nil_and_dissent_are_logged():
+    """Four sentinels: one does not monitor the name (nil), one names the
+    replica, two name the master: the node takes the master (2 of the 3
+    that answered) and logs the other two."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        replica = Redis(name="redis-replica", args=["--replicaof", h.HOST, master.port])
+        fakes = [ScriptedSentinel(None).start(), ScriptedSentinel(None).start(),
+                 ScriptedSentinel(master.addr).start(), ScriptedSentinel(master.addr).start()]
+        try:
+            replica.start()
+            fakes[1].answer = replica.addr
+            with sentinel_gw(stub, fakes, "gw-a") as a:
+                wait_follow(a, master.addr, 10)
+                log = h.stderr_text(a)
+                assert "cluster: sentinel %s: it does not monitor 'sluice' (nil)" % \
+                    fakes[0].addr in log, log[-3000:]
+                assert "cluster: sentinel %s says master 'sluice' is %s; the majority " \
+                    "(2 of 3 that answered) says %s" % (fakes[1].addr, replica.addr,
+                                                       master.addr) in log, log[-3000:]
+                assert "cluster: Redis master 'sluice' is %s (sentinel %s)" % (
+                    master.addr, fakes[2].addr) in log, log[-3000:]
+                hold(a, 1)
+                assert master.leases("acme") == 1
+                assert h.scrape(a).value("sluice_cluster_failovers_total") == 0
+        finally:
+            for f in fakes:
+                f.stop()
+            replica.kill()
+
+
+def test_sentinel_naming_a_replica_is_refused_until_it_names_the_master():
+    """Every sentinel names an address whose ROLE is slave: the node does
+    not use it (on_redis_down, nothing written there) and asks again; once
+    they name the master, it admits through it."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        replica = Redis(name="redis-replica", args=["--replicaof", h.HOST, master.port])
+        fakes = []
+        try:
+            replica.start()
+            fakes = [ScriptedSentinel(replica.addr).start() for _ in range(3)]
+            with sentinel_gw(stub, fakes, "gw-a") as a:
+                h.wait_until(lambda: "%s is not a master (ROLE: slave)" % replica.addr
+                             in h.stderr_text(a), 10, msg="the ROLE refusal logged")
+                asked = sum(f.asked for f in fakes)
+                h.wait_until(lambda: sum(f.asked for f in fakes) > asked, 10,
+                             msg="the node to ask again")
+                assert healthz(a)[0] == "local_share", healthz(a)
+                assert replica.command("KEYS", "sluice:*") == []
+                assert master.command("KEYS", "sluice:*") == []
+                for f in fakes:
+                    f.answer = master.addr
+                wait_follow(a, master.addr, 10)
+                hold(a, 1)
+                assert master.leases("acme") == 1
+        finally:
+            for f in fakes:
+                f.stop()
+            replica.kill()
+
+
+def test_sentinel_all_down_node_stays_on_redis_down_then_finds_the_master():
+    """No sentinel reachable: the node starts in on_redis_down (local_share
+    admits its share), /healthz names no master, it asks again with
+    backoff; a sentinel started later is found."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        sentinels = [Sentinel(master, quorum=1, port=h.closed_port()) for _ in range(3)]
+        try:
+            with sentinel_gw(stub, sentinels, "gw-a") as a:
+                assert healthz(a) == ("local_share", "unknown")
+                log = h.stderr_text(a)
+                assert "cluster: no sentinel of 3 knows master 'sluice' (0 reachable)" in log, \
+                    log[-3000:]
+                held = hold(a, MAX)       # a node alone: its share is all of it
+                c, r = try_stream(a)
+                assert r.status == 429, r.status
+                sentinels[1].start()
+                wait_follow(a, master.addr, 15)
+                # The streams admitted meanwhile got their leases on the master.
+                h.wait_until(lambda: master.leases("acme") == MAX, 5,
+                             msg="the %d local admissions re-added" % MAX)
+                c, r = try_stream(a)
+                assert r.status == 429, r.status
+                for c in held:
+                    c.close()
+        finally:
+            stop_all(sentinels)
