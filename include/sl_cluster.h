@@ -177,5 +177,11 @@ const char *sl_cluster_mode(const struct sl_cluster_m *);
 /* Live nodes last seen in Redis; leases this node holds (O(streams)). */
 int sl_cluster_nodes(const struct sl_cluster_m *);
 uint64_t sl_cluster_leases(const struct sl_cluster_m *);
+/*
+ * The Redis master's address in use ("" while the sentinels name none);
+ * with cluster.sentinels, how many times it switched (failovers).
+ */
+const char *sl_cluster_master_addr(const struct sl_cluster_m *);
+uint64_t sl_cluster_failovers(const struct sl_cluster_m *);
 
 #endif

@@ -110,7 +110,12 @@ enum sl_redis_down {
 /* `cluster:`: one per-tenant limit across nodes, through Redis leases. */
 struct sl_cluster_conf {
 	int enabled;               /* the mapping is present */
-	char *redis;               /* "IP:port", "[v6]:port" or "unix:/path" */
+	char *redis;               /* "IP:port", "[v6]:port" or "unix:/path";
+	                              NULL with sentinels */
+	char **sentinels;          /* "IP:port" each, asked in order; or NULL */
+	size_t nsentinels;         /* 0: cluster.redis is the master */
+	char *master_name;         /* the name the sentinels monitor */
+	char *sentinel_password;   /* NULL or "": no AUTH to the sentinels */
 	char *password;            /* NULL or "": no AUTH */
 	char *node;                /* default: the host name */
 	uint64_t lease_ttl_ms;     /* default 10s */

@@ -67,3 +67,33 @@ cl_row_state(struct sl_cluster_shm *cs, size_t row, uint32_t st)
 {
 	atomic_store_explicit(&cs->row[row].state, st, memory_order_release);
 }
+
+void
+cl_addr_publish(struct sl_cluster_shm *cs, const char *addr)
+{
+	uint32_t seq = atomic_load_explicit(&cs->addr_seq, memory_order_relaxed);
+
+	atomic_store_explicit(&cs->addr_seq, seq + 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	snprintf(cs->addr, sizeof(cs->addr), "%s", addr);
+	atomic_store_explicit(&cs->addr_seq, seq + 2, memory_order_release);
+}
+
+uint32_t
+cl_addr_read(struct sl_cluster_shm *cs, char dst[80])
+{
+	uint32_t s1, s2;
+
+	for (;;) {
+		s1 = atomic_load_explicit(&cs->addr_seq, memory_order_acquire);
+		if (s1 & 1u)
+			continue;   /* the master is writing it: a few stores */
+		memcpy(dst, cs->addr, sizeof(cs->addr));
+		atomic_thread_fence(memory_order_acquire);
+		s2 = atomic_load_explicit(&cs->addr_seq, memory_order_relaxed);
+		if (s1 == s2)
+			break;
+	}
+	dst[79] = '\0';
+	return s1;
+}

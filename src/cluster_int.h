@@ -12,6 +12,10 @@
  *                     charges, the verdicts a request gets
  *   cluster_master.c  the master side: registration, heartbeat (renew,
  *                     re-add), fencing, reclaiming rows, metrics
+ *   cluster_sentinel.c  with cluster.sentinels: asking them for the
+ *                     master (the master process only), and the one
+ *                     +switch-master subscription; the master publishes
+ *                     the answer in the region for its workers
  *
  * The worker and master sides call cluster_redis.c and cluster.c; those
  * two call neither side: a connection tells its owner through its hooks.
@@ -107,6 +111,18 @@ struct sl_cluster_shm {
 	 * snapshots it when it sends one).
 	 */
 	_Atomic int32_t unknown;
+	/*
+	 * With cluster.sentinels: the master's address the master process
+	 * found (asked the sentinels, checked ROLE), for the workers to
+	 * connect to; written only by the master, under a sequence lock
+	 * (addr_seq odd while it writes; cl_addr_read). Empty: none known.
+	 */
+	_Atomic uint32_t addr_seq;
+	char addr[80];
+	/* A worker met a reason to ask the sentinels again (a failed
+	 * connection, READONLY, LOADING, a ROLE of replica): the master asks. */
+	_Atomic int32_t reask;
+	_Atomic uint64_t failovers;  /* switches of the master's address */
 	char pad[28];
 	struct row row[];            /* then rows * cells struct cell */
 };
@@ -118,6 +134,11 @@ struct cell *cl_cell_at(struct sl_cluster_shm *, size_t row, size_t i);
 int cl_member_fmt(char *dst, size_t len, const char *node, uint64_t epoch,
     size_t row, size_t i, uint32_t gen);
 void cl_row_state(struct sl_cluster_shm *, size_t row, uint32_t st);
+
+/* The master: publish addr ("IP:port"; "" none). Workers: read it into
+ * dst[80]; returns the sequence number it was read at (even). */
+void cl_addr_publish(struct sl_cluster_shm *, const char *addr);
+uint32_t cl_addr_read(struct sl_cluster_shm *, char dst[80]);
 
 /* ---- one Redis connection (cluster_redis.c) --------------------------- */
 
@@ -178,6 +199,8 @@ struct cl_redis {
 	struct ev_loop *loop;        /* NULL: the owner polls */
 	int greet;                   /* PING without a password; the greeting's
 	                                answer resets the backoff */
+	int check_role;              /* after the greeting, ROLE: anything but
+	                                a master is refused (CL_GONE_REFUSED) */
 	const struct cl_redis_hooks *hooks;
 	void *owner;
 
@@ -198,6 +221,13 @@ void cl_redis_init(struct cl_redis *, const char *redis, const char *password,
  * error): the owner backs off.
  */
 int cl_redis_open(struct cl_redis *);
+
+/* A new address (ac must be NULL): the next open goes there. */
+void cl_redis_set_addr(struct cl_redis *, const char *redis);
+
+/* Redis's error answers that say it is not (or not yet) a usable master:
+ * READONLY (a replica), LOADING (a restart or a resync). */
+int cl_reply_not_master(const redisReply *);
 
 /* Free the context (its pending callbacks get NULL) and call gone. */
 void cl_redis_drop(struct cl_redis *, const char *why);
@@ -232,5 +262,42 @@ void cl_redis_handle(struct cl_redis *, const struct pollfd *);
  */
 redisContext *cl_redis_open_sync(const struct cl_redis *, struct timeval tv);
 int cl_redis_auth_sync(struct cl_redis *, redisContext *);
+
+/* ---- the sentinels (cluster_sentinel.c), the master process only ----- */
+
+struct cl_sentinel;
+
+/* NULL when out of memory; cfg->cluster.nsentinels > 0. */
+struct cl_sentinel *cl_sentinel_new(const struct sl_config *cfg);
+void cl_sentinel_free(struct cl_sentinel *);
+
+/*
+ * Ask the sentinels in order SENTINEL get-master-addr-by-name, each
+ * bounded by timeout_ms (blocking: the master process at start, and when
+ * its connection fails). 0: addr ("IP:port" or "[v6]:port") is the
+ * answer of the majority of the sentinels that answered, who the first
+ * of them; -1: none, or no majority (each reason logged).
+ */
+int cl_sentinel_ask(struct cl_sentinel *, uint64_t timeout_ms, char *addr,
+    size_t alen, char *who, size_t wlen);
+
+/*
+ * The +switch-master subscription, a polled connection to one sentinel
+ * at a time (the next one, with backoff, when it is lost).
+ */
+int cl_sentinel_pollfd(const struct cl_sentinel *, struct pollfd *);
+double cl_sentinel_timeout(const struct cl_sentinel *, double now);
+void cl_sentinel_service(struct cl_sentinel *, const struct pollfd *, int n,
+    double now);
+/*
+ * 1 once for each +switch-master of cluster.master_name heard since the
+ * last call: the new address in addr, the sentinel that said it in who.
+ */
+int cl_sentinel_switched(struct cl_sentinel *, char *addr, size_t alen,
+    char *who, size_t wlen);
+/* cluster.master_name. */
+const char *cl_sentinel_name(const struct cl_sentinel *);
+/* Leaving the master process (in a child after fork: close_in_child). */
+void cl_sentinel_close_in_child(struct cl_sentinel *);
 
 #endif

@@ -94,7 +94,14 @@ struct sl_cluster_m {
 	void *name_arg;
 	char *node;
 	char *password;
-	char *redis;
+	char redis[80];              /* the master's address; "" none known */
+	/*
+	 * With cluster.sentinels: who tells where the master is, and the
+	 * moments to ask them again.
+	 */
+	struct cl_sentinel *sent;
+	int not_master;              /* Redis answered READONLY or LOADING */
+	double reask_at;             /* a worker's reask is honoured from */
 	uint64_t ttl_ms, hb_ms, timeout_ms;
 	int down_mode;
 
@@ -241,9 +248,56 @@ cm_gone(struct cl_redis *rd, enum cl_gone how, const char *why)
 
 static const struct cl_redis_hooks cm_hooks = { cm_up, cm_gone };
 
+/*
+ * The address in use changed to addr, as sentinel `who` said: a
+ * failover. Counted and logged once per switch, published to the workers.
+ */
+static void
+cm_follow(struct sl_cluster_m *cm, const char *addr, const char *who,
+    const char *how)
+{
+	if (strcmp(addr, cm->redis) == 0)
+		return;
+	if (cm->redis[0] != '\0') {
+		atomic_fetch_add(&cm->cs->failovers, 1);
+		sl_err("cluster: Redis master '%s' switched from %s to %s (sentinel "
+		    "%s, %s)", cl_sentinel_name(cm->sent), cm->redis, addr, who,
+		    how);
+	} else
+		sl_info("cluster: Redis master '%s' is %s (sentinel %s)",
+		    cl_sentinel_name(cm->sent), addr, who);
+	snprintf(cm->redis, sizeof(cm->redis), "%s", addr);
+	cl_addr_publish(cm->cs, cm->redis);
+}
+
+/*
+ * With sentinels: where the master is now (asked before every connect:
+ * a failed connection is the first sign of a failover). 0, or -1: none
+ * known, the node stays in on_redis_down and asks again after backoff.
+ */
+static int
+cm_locate(struct sl_cluster_m *cm)
+{
+	char addr[80], who[80];
+
+	if (cm->sent == NULL)
+		return 0;
+	if (cl_sentinel_ask(cm->sent, cm->timeout_ms, addr, sizeof(addr), who,
+	    sizeof(who)) == -1)
+		return -1;
+	cm_follow(cm, addr, who, "asked");
+	cl_redis_set_addr(&cm->rd, cm->redis);
+	return 0;
+}
+
 static void
 cm_connect(struct sl_cluster_m *cm)
 {
+	cm->not_master = 0;
+	if (cm_locate(cm) == -1) {
+		cm_lost(cm, "no sentinel names the Redis master");
+		return;
+	}
 	if (cl_redis_open(&cm->rd) == -1) {
 		cm_lost(cm, "cannot connect to Redis");
 		return;
@@ -333,15 +387,20 @@ sl_cluster_master_new(const struct sl_config *cfg, struct sl_cluster_shm *cs,
 	cm->name_of = name_of;
 	cm->name_arg = arg;
 	cm->node = strdup(cfg->cluster.node);
-	cm->redis = strdup(cfg->cluster.redis);
+	if (cfg->cluster.redis != NULL)
+		snprintf(cm->redis, sizeof(cm->redis), "%s", cfg->cluster.redis);
 	cm->password = cfg->cluster.password ? strdup(cfg->cluster.password) : NULL;
-	if (cm->node == NULL || cm->redis == NULL ||
-	    (cfg->cluster.password != NULL && cm->password == NULL)) {
+	if (cm->node == NULL ||
+	    (cfg->cluster.password != NULL && cm->password == NULL) ||
+	    (cfg->cluster.nsentinels > 0 &&
+	    (cm->sent = cl_sentinel_new(cfg)) == NULL)) {
 		sl_cluster_master_free(cm);
 		return NULL;
 	}
 	cl_redis_init(&cm->rd, cm->redis, cm->password, cs, 0, NULL, 1, &cm_hooks,
 	    cm);
+	/* What the sentinels name is checked to be a master before use. */
+	cm->rd.check_role = cm->sent != NULL;
 	cm_conf(cm, cfg);
 	return cm;
 }
@@ -363,9 +422,9 @@ sl_cluster_master_free(struct sl_cluster_m *cm)
 		redisAsyncCommand(cm->rd.ac, NULL, NULL, "ZREM %s %s", NODES_KEY,
 		    cm->node);
 	cl_redis_close(&cm->rd);
+	cl_sentinel_free(cm->sent);
 	round_free(cm);
 	free(cm->node);
-	free(cm->redis);
 	free(cm->password);
 	free(cm);
 }
@@ -375,6 +434,8 @@ sl_cluster_master_close_in_child(struct sl_cluster_m *cm)
 {
 	if (cm != NULL && cm->rd.ac != NULL && cm->rd.ac->c.fd >= 0)
 		close(cm->rd.ac->c.fd);
+	if (cm != NULL)
+		cl_sentinel_close_in_child(cm->sent);
 }
 
 void
@@ -390,6 +451,14 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 		t = 0.5;   /* a cold connection, once, at start */
 	tv.tv_sec = (time_t)t;
 	tv.tv_usec = (suseconds_t)((t - (double)tv.tv_sec) * 1e6);
+	c = NULL;
+	if (cm_locate(cm) == -1) {
+		cl_row_err(cm->cs, 0, ERR_CONNECT);
+		sl_warn("cluster: no sentinel names Redis master '%s'; starting "
+		    "with on_redis_down: %s", cl_sentinel_name(cm->sent),
+		    sl_redis_down_name(cm->down_mode));
+		goto out;
+	}
 	c = cl_redis_open_sync(&cm->rd, tv);
 	if (c == NULL || c->err) {
 		cl_row_err(cm->cs, 0, ERR_CONNECT);
@@ -400,6 +469,20 @@ sl_cluster_master_start(struct sl_cluster_m *cm)
 	}
 	if (cl_redis_auth_sync(&cm->rd, c) == -1)
 		goto out;
+	if (cm->sent != NULL) {
+		r = redisCommand(c, "ROLE");
+		if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
+		    r->element[0]->type == REDIS_REPLY_STRING &&
+		    strcmp(r->element[0]->str, "master") != 0) {
+			cl_row_err(cm->cs, 0, ERR_REPLY);
+			sl_warn("cluster: %s is not a master (ROLE: %s); starting with "
+			    "on_redis_down: %s", cm->redis, r->element[0]->str,
+			    sl_redis_down_name(cm->down_mode));
+			freeReplyObject(r);
+			goto out;
+		}
+		freeReplyObject(r);
+	}
 	snprintf(ttl, sizeof(ttl), "%" PRIu64, cm->ttl_ms);
 	r = redisCommand(c, "EVAL %s 1 %s %s %s 0 1", register_lua, NODES_KEY,
 	    cm->node, ttl);
@@ -745,6 +828,8 @@ cm_round_cb(redisAsyncContext *ac, void *r, void *priv)
 			    (size_t)reply->element[j]->integer <= call->n)
 				call->v[reply->element[j]->integer - 1].failed = 1;
 	}
+	if (cm->sent != NULL && cl_reply_not_master(reply))
+		cm->not_master = 1;   /* dropped from the loop: ask again */
 	if (cl_reply_is_error(reply)) {
 		if (reply != NULL && call != NULL && call->v != NULL) {
 			size_t j;
@@ -831,9 +916,14 @@ cm_round(struct sl_cluster_m *cm, double now)
 int
 sl_cluster_master_pollfds(struct sl_cluster_m *cm, struct pollfd *pfd, int max)
 {
+	int n;
+
 	if (cm == NULL || max < 1)
 		return 0;
-	return cl_redis_pollfd(&cm->rd, &pfd[0]);
+	n = cl_redis_pollfd(&cm->rd, &pfd[0]);
+	if (cm->sent != NULL && n < max)
+		n += cl_sentinel_pollfd(cm->sent, &pfd[n]);
+	return n;
 }
 
 /*
@@ -882,20 +972,77 @@ sl_cluster_master_timeout(struct sl_cluster_m *cm, double now)
 		EARLIER(cm->round_t0 + (double)cm->ttl_ms / 1000.0);
 	if (atomic_load(&cm->cs->mode) == MODE_REDIS)
 		EARLIER(fence_at(cm));
+	if (cm->sent != NULL) {
+		if ((d = cl_sentinel_timeout(cm->sent, now)) >= 0)
+			EARLIER(now + d);
+		if (cm->not_master || atomic_load(&cm->cs->reask) != 0)
+			EARLIER(cm->reask_at);
+	}
 #undef EARLIER
 	return t;
+}
+
+/*
+ * The sentinels' side of a turn: a +switch-master heard, Redis answering
+ * READONLY or LOADING on the master's connection, a worker that met one
+ * of those. Each sends the node to the new master through a loss (the
+ * re-add and the wait for the nodes known live, as after a restart).
+ */
+static void
+cm_sentinels(struct sl_cluster_m *cm, const struct pollfd *pfd, int n,
+    double now)
+{
+	char addr[80], who[80];
+
+	cl_sentinel_service(cm->sent, pfd, n, now);
+	if (cl_sentinel_switched(cm->sent, addr, sizeof(addr), who,
+	    sizeof(who)) && strcmp(addr, cm->redis) != 0) {
+		cm_follow(cm, addr, who, "+switch-master");
+		cl_redis_answered(&cm->rd);   /* no backoff: go there now */
+		if (cm->rd.ac != NULL)
+			cl_redis_drop(&cm->rd, "the Redis master switched");
+		cm->connect_at = now;
+		return;
+	}
+	if (now < cm->reask_at)
+		return;
+	if (cm->not_master) {
+		cm->not_master = 0;
+		cm->reask_at = now + 1.0;
+		atomic_store(&cm->cs->reask, 0);
+		if (cm->rd.ac != NULL)
+			cl_redis_drop(&cm->rd, "Redis answers READONLY or LOADING: "
+			    "not the master now");
+		cm->connect_at = now;
+	} else if (atomic_exchange(&cm->cs->reask, 0) != 0) {
+		/* A worker's doubt: ask; a switch moves the node there. */
+		cm->reask_at = now + 1.0;
+		if (cl_sentinel_ask(cm->sent, cm->timeout_ms, addr, sizeof(addr),
+		    who, sizeof(who)) == 0 && strcmp(addr, cm->redis) != 0) {
+			cm_follow(cm, addr, who, "asked");
+			cl_redis_answered(&cm->rd);
+			if (cm->rd.ac != NULL)
+				cl_redis_drop(&cm->rd, "the Redis master switched");
+			cm->connect_at = now;
+		}
+	}
 }
 
 void
 sl_cluster_master_service(struct sl_cluster_m *cm, const struct pollfd *pfd,
     int n, double now)
 {
+	int nrd;
+
 	if (cm == NULL)
 		return;
 	(void)now;
 	now = sl_mono_s();
-	if (n > 0)
+	nrd = n > 0 && cm->rd.ac != NULL && pfd[0].fd == cm->rd.ac->c.fd;
+	if (nrd)
 		cl_redis_handle(&cm->rd, &pfd[0]);
+	if (cm->sent != NULL)
+		cm_sentinels(cm, pfd + nrd, n - nrd, now);
 	if (cm->rd.ac == NULL && now >= cm->connect_at)
 		cm_connect(cm);
 	if (cm->rd.ac != NULL && !cm->rd.connected && now >= cm->connect_deadline) {
@@ -1053,6 +1200,18 @@ sl_cluster_leases(const struct sl_cluster_m *cm)
 	return leases_held(cm->cs);
 }
 
+const char *
+sl_cluster_master_addr(const struct sl_cluster_m *cm)
+{
+	return cm->redis;
+}
+
+uint64_t
+sl_cluster_failovers(const struct sl_cluster_m *cm)
+{
+	return atomic_load(&cm->cs->failovers);
+}
+
 void
 sl_cluster_render(struct sl_cluster_m *cm, struct sl_str *o)
 {
@@ -1101,6 +1260,11 @@ sl_cluster_render(struct sl_cluster_m *cm, struct sl_str *o)
 	    "\nsluice_cluster_rtt_seconds_sum %.6f\n"
 	    "sluice_cluster_rtt_seconds_count %" PRIu64 "\n", cum,
 	    (double)sum / 1e9, cum);
+	sl_str_printf(o, "# HELP sluice_cluster_failovers_total Switches of the "
+	    "Redis master the sentinels named (cluster.sentinels).\n"
+	    "# TYPE sluice_cluster_failovers_total counter\n"
+	    "sluice_cluster_failovers_total %" PRIu64 "\n",
+	    sl_cluster_failovers(cm));
 	sl_str_printf(o, "# HELP sluice_cluster_errors_total Failures talking "
 	    "to Redis, by kind.\n# TYPE sluice_cluster_errors_total counter\n");
 	for (k = 0; k < ERR_MAX; k++) {

@@ -29,6 +29,8 @@ const double cl_rtt_bounds[RTT_BUCKETS] = {
 void
 cl_row_err(struct sl_cluster_shm *cs, size_t row, enum cl_err e)
 {
+	if (cs == NULL)
+		return;   /* a sentinel's connection: not Redis's errors */
 	atomic_store_explicit(&cs->row[row].errors[e],
 	    atomic_load_explicit(&cs->row[row].errors[e], memory_order_relaxed) + 1,
 	    memory_order_relaxed);
@@ -54,6 +56,14 @@ int
 cl_reply_is_error(const redisReply *r)
 {
 	return r == NULL || r->type == REDIS_REPLY_ERROR;
+}
+
+int
+cl_reply_not_master(const redisReply *r)
+{
+	return r != NULL && r->type == REDIS_REPLY_ERROR && r->str != NULL &&
+	    (strncmp(r->str, "READONLY", 8) == 0 ||
+	    strncmp(r->str, "LOADING", 7) == 0);
 }
 
 /*
@@ -105,6 +115,9 @@ cl_redis_count_cb(redisAsyncContext *ac, void *r, void *priv)
 	(void)ac;
 	if (r != NULL && cl_reply_is_error(r))
 		cl_row_err(rd->cs, rd->row, ERR_REPLY);
+	/* A release or a removal met a replica: the master asks again. */
+	if (rd->check_role && rd->cs != NULL && cl_reply_not_master(r))
+		atomic_store(&rd->cs->reask, 1);
 }
 
 /* ---- the connection --------------------------------------------------- */
@@ -260,6 +273,28 @@ greet_cb(redisAsyncContext *ac, void *r, void *priv)
 		cl_redis_answered(rd);
 }
 
+/*
+ * The answer to ROLE, behind the greeting: a server that is not a master
+ * (a replica, a sentinel) must not get the leases. An error (a Redis
+ * older than ROLE) is not a refusal.
+ */
+static void
+role_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct cl_redis *rd = priv;
+	redisReply *reply = r;
+	char why[128];
+
+	if (reply == NULL || ac != rd->ac || reply->type != REDIS_REPLY_ARRAY ||
+	    reply->elements < 1 || reply->element[0]->type != REDIS_REPLY_STRING ||
+	    strcmp(reply->element[0]->str, "master") == 0)
+		return;
+	snprintf(why, sizeof(why), "%s:%d is not a master (ROLE: %s)",
+	    rd->addr.host, rd->addr.port, reply->element[0]->str);
+	cl_row_err(rd->cs, rd->row, ERR_REPLY);
+	drop_as(rd, CL_GONE_REFUSED, why);
+}
+
 /* The polled owner's event hooks: it polls for what they ask. */
 static void poll_add_read(void *p) { ((struct cl_redis *)p)->want_read = 1; }
 static void poll_del_read(void *p) { ((struct cl_redis *)p)->want_read = 0; }
@@ -306,7 +341,15 @@ cl_redis_open(struct cl_redis *rd)
 		redisAsyncCommand(ac, greet_cb, rd, "AUTH %s", rd->password);
 	else if (rd->greet)
 		redisAsyncCommand(ac, greet_cb, rd, "PING");
+	if (rd->check_role)
+		redisAsyncCommand(ac, role_cb, rd, "ROLE");
 	return 0;
+}
+
+void
+cl_redis_set_addr(struct cl_redis *rd, const char *redis)
+{
+	addr_parse(redis, &rd->addr);
 }
 
 double

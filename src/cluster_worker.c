@@ -108,6 +108,16 @@ struct sl_cluster_w {
 	char **tkeys;            /* and sluice:{NAME}:tokens */
 
 	struct cl_redis rd;      /* the worker's own connection */
+	/*
+	 * With cluster.sentinels: the address the master published that this
+	 * connection goes to (addr_seq its sequence number), checked every
+	 * `follow` tick; doubt: Redis answered READONLY or LOADING.
+	 */
+	int sentinels;
+	char addr[80];
+	uint32_t addr_seq;
+	ev_timer follow;
+	int doubt;
 	int in_cb;               /* inside a hiredis callback */
 	char sha[41];            /* the acquire script, once loaded */
 	char csha[41];           /* the charge script, once loaded */
@@ -138,6 +148,28 @@ struct sl_cluster_w {
 };
 
 static void cw_connect(struct sl_cluster_w *);
+
+/* Still the address the master publishes (always, without sentinels). */
+static int
+cw_current(const struct sl_cluster_w *cw)
+{
+	return !cw->sentinels || atomic_load_explicit(&cw->cs->addr_seq,
+	    memory_order_acquire) == cw->addr_seq;
+}
+
+/*
+ * Redis said it is not the master (READONLY, LOADING): the master asks
+ * the sentinels again, and this worker drops the connection from its
+ * follow tick (not inside hiredis's callback).
+ */
+static void
+cw_doubt(struct sl_cluster_w *cw)
+{
+	if (!cw->sentinels)
+		return;
+	atomic_store(&cw->cs->reask, 1);
+	cw->doubt = 1;
+}
 
 /*
  * Commands queued during a loop turn are written once, at its end (one
@@ -198,6 +230,11 @@ cw_gone(struct cl_redis *rd, enum cl_gone how, const char *why)
 		sl_warn("cluster: Redis connection lost: %s", why);
 	else if (how == CL_GONE_DROPPED && why != NULL)
 		sl_warn("cluster: dropping the Redis connection: %s", why);
+	else if (how == CL_GONE_REFUSED && why != NULL)
+		sl_warn("cluster: Redis refused: %s", why);
+	/* A failure, a refusal, a ROLE of replica: maybe a failover. */
+	if (cw->sentinels && how != CL_GONE_DROPPED)
+		atomic_store(&cw->cs->reask, 1);
 	cw->sha[0] = cw->csha[0] = '\0';
 	cl_row_state(cw->cs, cw->row, ROW_CONNECTING);
 	cw_schedule(cw);
@@ -284,10 +321,43 @@ cw_retry_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		cw_connect(cw);
 }
 
+/*
+ * With sentinels, every tick: the master published another address (a
+ * failover), or Redis cast doubt: leave this connection, take the new one.
+ */
+static void
+cw_follow_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sl_cluster_w *cw = t->data;
+
+	(void)revents;
+	if (cw_current(cw) && !cw->doubt)
+		return;
+	cw->doubt = 0;
+	if (cw->rd.ac != NULL)
+		cl_redis_drop(&cw->rd, cw_current(cw) ? "Redis answers READONLY "
+		    "or LOADING: not the master now" : "the Redis master moved");
+	if (!cw_current(cw)) {
+		/* Straight to the new address, not after the backoff. */
+		cl_redis_answered(&cw->rd);
+		ev_timer_stop(loop, &cw->retry);
+		cw_connect(cw);
+	}
+}
+
 static void
 cw_connect(struct sl_cluster_w *cw)
 {
 	cw->connect_tried = ev_time();
+	if (cw->sentinels) {
+		cw->addr_seq = cl_addr_read(cw->cs, cw->addr);
+		if (cw->addr[0] == '\0') {
+			/* The master knows none yet: its publication brings us. */
+			cw_schedule(cw);
+			return;
+		}
+		cl_redis_set_addr(&cw->rd, cw->addr);
+	}
 	if (cl_redis_open(&cw->rd) == -1) {
 		cw_schedule(cw);
 		return;
@@ -319,8 +389,10 @@ sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
 	cw->cs = cs;
 	cw->row = row;
 	cw->tenant_slot = tenant_slot;
-	cl_redis_init(&cw->rd, cfg->cluster.redis, cfg->cluster.password, cs,
-	    row, loop, 0, &cw_hooks, cw);
+	cw->sentinels = cfg->cluster.nsentinels > 0;
+	cl_redis_init(&cw->rd, cfg->cluster.redis != NULL ? cfg->cluster.redis :
+	    "", cfg->cluster.password, cs, row, loop, 0, &cw_hooks, cw);
+	cw->rd.check_role = cw->sentinels;
 	if ((cw->keys = calloc(cfg->ntenants ? cfg->ntenants : 1,
 	    sizeof(char *))) == NULL || (cw->tkeys = calloc(cfg->ntenants ?
 	    cfg->ntenants : 1, sizeof(char *))) == NULL ||
@@ -343,6 +415,14 @@ sl_cluster_worker_new(struct ev_loop *loop, const struct sl_config *cfg,
 	cw->retry.data = cw;
 	ev_prepare_init(&cw->flush, cw_flush_cb);
 	cw->flush.data = cw;
+	if (cw->sentinels) {
+		double tick = (double)cfg->cluster.heartbeat_ms / 4000.0;
+
+		tick = tick > 0.25 ? 0.25 : tick < 0.05 ? 0.05 : tick;
+		ev_timer_init(&cw->follow, cw_follow_cb, tick, tick);
+		cw->follow.data = cw;
+		ev_timer_start(loop, &cw->follow);
+	}
 	srand((unsigned)getpid() ^ (unsigned)time(NULL));
 	cw_connect(cw);
 	return cw;
@@ -360,6 +440,8 @@ sl_cluster_worker_free(struct sl_cluster_w *cw)
 		return;
 	ev_timer_stop(cw->loop, &cw->retry);
 	ev_prepare_stop(cw->loop, &cw->flush);
+	if (cw->sentinels)
+		ev_timer_stop(cw->loop, &cw->follow);
 	/* Release commands still queued go out first, if they can. */
 	cl_redis_close(&cw->rd);
 	if (cw->keys != NULL)
@@ -465,6 +547,8 @@ cw_charge_cb(redisAsyncContext *ac, void *r, void *priv)
 	struct sl_cluster_w *cw = ch->cw;
 	redisReply *reply = r;
 
+	if (reply != NULL && ac == cw->rd.ac && cl_reply_not_master(reply))
+		cw_doubt(cw);
 	if (reply != NULL && ac == cw->rd.ac && cl_reply_is_error(reply)) {
 		if (!ch->eval && strncmp(reply->str, "NOSCRIPT", 8) == 0) {
 			cw->csha[0] = '\0';   /* the next charges are EVALs */
@@ -586,7 +670,7 @@ static int
 cw_by_redis(const struct sl_cluster_w *cw)
 {
 	return atomic_load_explicit(&cw->cs->mode, memory_order_acquire) ==
-	    MODE_REDIS && cw->rd.ac != NULL && cw->rd.connected &&
+	    MODE_REDIS && cw->rd.ac != NULL && cw->rd.connected && cw_current(cw) &&
 	    (int64_t)sl_mono_ns() < atomic_load_explicit(&cw->cs->fence_ns,
 	    memory_order_acquire);
 }
@@ -749,6 +833,8 @@ acquire_cb(redisAsyncContext *ac, void *r, void *priv)
 	}
 	cw->timeouts_in_row = 0;
 	cl_row_rtt(cw->cs, cw->row, ev_time() - w->t0);
+	if (cl_reply_not_master(reply))
+		cw_doubt(cw);
 	cw->in_cb++;
 	if (reply->type == REDIS_REPLY_ERROR && !w->retried &&
 	    strncmp(reply->str, "NOSCRIPT", 8) == 0) {
@@ -844,7 +930,7 @@ sl_cluster_acquire(struct sl_cluster_w *cw, int tenant, sl_cl_cb *cb,
 		/* Out of cells (or memory): decided here, without a lease. */
 		return fail_verdict(cw, tenant);
 	if (mode != MODE_REDIS || cw->rd.ac == NULL || !cw->rd.connected ||
-	    cw->npending >= MAX_PENDING || (w = calloc(1, sizeof(*w))) == NULL) {
+	    !cw_current(cw) || cw->npending >= MAX_PENDING || (w = calloc(1, sizeof(*w))) == NULL) {
 		v = fail_verdict(cw, tenant);
 		if (v == SL_CL_ADMIT) {
 			cell_set(cw, i, CELL_LOCAL);

@@ -42,15 +42,37 @@ static void
 check_cluster(struct ctx *c, yaml_node_t *root)
 {
 	struct sl_cluster_conf *cl = &c->cfg->cluster;
-	yaml_node_t *map, *hb;
+	yaml_node_t *map, *hb, *sn, *mn;
 	char host[256];
 
 	map = cfg_find_child(c, root, "cluster");
 	if (map == NULL || map->type != YAML_MAPPING_NODE)
 		return;
 	cl->enabled = 1;
-	if (cl->redis == NULL)
-		cfg_err_at(c, &map->start_mark, "cluster: missing required key 'redis'");
+	/*
+	 * Exactly one way to find the master, said at the key that is wrong;
+	 * a sentinels: list with bad entries was reported already.
+	 */
+	sn = cfg_find_child(c, map, "sentinels");
+	if (cl->redis == NULL && sn == NULL)
+		cfg_err_at(c, &map->start_mark, "cluster: missing required key "
+		    "'redis' (or 'sentinels')");
+	else if (cl->redis != NULL && sn != NULL)
+		cfg_err_at(c, &sn->start_mark,
+		    "cluster.sentinels: give either redis or sentinels, not both "
+		    "(redis is the master's fixed address; sentinels find it)");
+	if (sn != NULL && cl->master_name == NULL &&
+	    cfg_find_child(c, map, "master_name") == NULL)
+		cfg_err_at(c, &sn->start_mark,
+		    "cluster: missing required key 'master_name' (the name the "
+		    "sentinels monitor) with 'sentinels'");
+	else if (sn == NULL && (mn = cfg_find_child(c, map, "master_name")) != NULL)
+		cfg_err_at(c, &mn->start_mark,
+		    "cluster.master_name: only with 'sentinels'");
+	if (sn == NULL && cl->sentinel_password != NULL &&
+	    cl->sentinel_password[0] != '\0')
+		cfg_err_at(c, &cfg_find_child(c, map, "sentinel_password")->start_mark,
+		    "cluster.sentinel_password: only with 'sentinels'");
 	if (cl->heartbeat_ms * 3 > cl->lease_ttl_ms) {
 		/* Absent, the default heartbeat: the lease_ttl set is the cause. */
 		if ((hb = cfg_find_child(c, map, "heartbeat")) == NULL &&
@@ -80,6 +102,65 @@ check_cluster(struct ctx *c, yaml_node_t *root)
 	if (cl->password != NULL && cl->password[0] == '\0') {
 		free(cl->password);
 		cl->password = NULL;
+	}
+	if (cl->sentinel_password != NULL && cl->sentinel_password[0] == '\0') {
+		free(cl->sentinel_password);
+		cl->sentinel_password = NULL;
+	}
+}
+
+#define SENTINELS_MAX 16
+
+/*
+ * cluster.sentinels: 1-16 sentinel addresses, each IP:port or [v6]:port
+ * (not resolved, as cluster.redis), each once.
+ */
+static void
+parse_sentinels(struct ctx *c, yaml_node_t *v, const char *path)
+{
+	struct sl_cluster_conf *cl = &c->cfg->cluster;
+	yaml_node_item_t *it;
+	size_t i, n;
+
+	if (cl->sentinels != NULL)
+		return;   /* a duplicate key, reported as one */
+	if (v->type != YAML_SEQUENCE_NODE) {
+		cfg_err_at(c, &v->start_mark, "%s: expected a list, got %s", path,
+		    cfg_type_name(v));
+		return;
+	}
+	n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+	if (n == 0 || n > SENTINELS_MAX) {
+		cfg_err_at(c, &v->start_mark, "%s: %zu entries; 1-%d sentinel "
+		    "addresses are allowed", path, n, SENTINELS_MAX);
+		return;
+	}
+	if ((cl->sentinels = calloc(n, sizeof(char *))) == NULL) {
+		cfg_err_at(c, &v->start_mark, "%s: out of memory", path);
+		return;
+	}
+	for (it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+	    it++) {
+		yaml_node_t *w = cfg_node(c, *it);
+		const char *s;
+
+		if (w == NULL || (s = cfg_want_scalar(c, w, path)) == NULL)
+			continue;
+		if (strncmp(s, "unix:", 5) == 0 || !cfg_valid_redis_addr(s)) {
+			cfg_err_at(c, &w->start_mark, "%s: '%s' is not IP:port or "
+			    "[v6]:port (host names are not resolved)", path, s);
+			continue;
+		}
+		for (i = 0; i < cl->nsentinels; i++)
+			if (strcmp(cl->sentinels[i], s) == 0)
+				break;
+		if (i < cl->nsentinels) {
+			cfg_err_at(c, &w->start_mark, "%s: '%s' is listed twice", path,
+			    s);
+			continue;
+		}
+		if ((cl->sentinels[cl->nsentinels] = cfg_strdup(c, s)) != NULL)
+			cl->nsentinels++;
 	}
 }
 
@@ -201,6 +282,10 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 		parse_alpn(c, v, path);
 		return;
 	}
+	if (strcmp(path, "cluster.sentinels") == 0) {
+		parse_sentinels(c, v, path);
+		return;
+	}
 	if (row->info.type != SL_KEY_MAP) {
 		cfg_set_value(c, row, path, v, (char *)c->cfg + row->off);
 		if (row->off == OFF(cluster.redis) && c->cfg->cluster.redis != NULL &&
@@ -214,6 +299,12 @@ top_pair(struct ctx *c, yaml_node_t *k, yaml_node_t *v, void *arg)
 			cfg_err_at(c, &v->start_mark,
 			    "%s: '%s' must be 1-64 of A-Z a-z 0-9 . _ -", path,
 			    c->cfg->cluster.node);
+		if (row->off == OFF(cluster.master_name) &&
+		    c->cfg->cluster.master_name != NULL &&
+		    !cfg_valid_node_name(c->cfg->cluster.master_name))
+			cfg_err_at(c, &v->start_mark,
+			    "%s: '%s' must be 1-64 of A-Z a-z 0-9 . _ -", path,
+			    c->cfg->cluster.master_name);
 		return;
 	}
 	cfg_require_mapping(c, v, path, &ok);
@@ -748,6 +839,11 @@ sl_config_free(struct sl_config *cfg)
 	free(cfg->cluster.redis);
 	free(cfg->cluster.password);
 	free(cfg->cluster.node);
+	for (i = 0; i < cfg->cluster.nsentinels; i++)
+		free(cfg->cluster.sentinels[i]);
+	free(cfg->cluster.sentinels);
+	free(cfg->cluster.master_name);
+	free(cfg->cluster.sentinel_password);
 	free(cfg->tls.cert);
 	free(cfg->tls.key);
 	free(cfg->tls.min_version);

@@ -144,8 +144,22 @@ const struct key_row cfg_keys[] = {
 	{ { "cluster.redis", SL_KEY_STRING, NULL,
 	    "IP:port, [v6]:port or unix:/path", 0,
 	    "The Redis server holding the leases (an address: host names are "
-	    "not resolved)." },
+	    "not resolved); exactly one of redis and sentinels." },
 	    0, 0, 0, OFF(cluster.redis) },
+	{ { "cluster.sentinels", SL_KEY_LIST, NULL, "1-16 of IP:port or [v6]:port",
+	    0,
+	    "Redis Sentinels to ask, in order, for the master holding the "
+	    "leases (instead of redis); the node follows a failover." },
+	    0, 0, 0, NOOFF },
+	{ { "cluster.master_name", SL_KEY_STRING, NULL,
+	    "1-64 of A-Z a-z 0-9 . _ -", 0,
+	    "The name the sentinels monitor the master under; required with "
+	    "sentinels." },
+	    0, 0, 0, OFF(cluster.master_name) },
+	{ { "cluster.sentinel_password", SL_KEY_STRING, "\"\"", NULL, 0,
+	    "Sent with AUTH to the sentinels (their requirepass); empty: no "
+	    "AUTH. password is the master's." },
+	    0, 0, 0, OFF(cluster.sentinel_password) },
 	{ { "cluster.password", SL_KEY_STRING, "\"\"", NULL, 0,
 	    "Sent with AUTH on every connection; empty: no AUTH." },
 	    0, 0, 0, OFF(cluster.password) },

@@ -310,7 +310,9 @@
     $("generation").textContent = st.generation;
     $("workers").textContent = st.workers;
     $("cluster").textContent = st.cluster ? st.cluster.mode + ", " + st.cluster.nodes +
-      " node" + (st.cluster.nodes === 1 ? "" : "s") + ", " + st.cluster.leases + " leases" : "off";
+      " node" + (st.cluster.nodes === 1 ? "" : "s") + ", " + st.cluster.leases + " leases, Redis " +
+      (st.cluster.master || "unknown") + (st.cluster.failovers ? " (" + st.cluster.failovers +
+      " failover" + (st.cluster.failovers === 1 ? "" : "s") + ")" : "") : "off";
     document.title = "sluice " + st.node;
   }
 

@@ -575,20 +575,45 @@ slot_live(const struct master *m, unsigned gen, int s)
  * life (members name the node; the region is sized at start); a reload
  * takes the rest of `cluster:` (timing, on_redis_down).
  */
+/* Two strings, either NULL. */
+static int
+same_str(const char *a, const char *b)
+{
+	return (a == NULL) == (b == NULL) && (a == NULL || strcmp(a, b) == 0);
+}
+
+/* The same Redis (or sentinels), credentials and node name. */
+static int
+cluster_same_place(const struct sl_cluster_conf *o,
+    const struct sl_cluster_conf *n)
+{
+	size_t i;
+
+	if (!same_str(o->redis, n->redis) || !same_str(o->node, n->node) ||
+	    !same_str(o->password, n->password) ||
+	    !same_str(o->master_name, n->master_name) ||
+	    !same_str(o->sentinel_password, n->sentinel_password) ||
+	    o->nsentinels != n->nsentinels)
+		return 0;
+	for (i = 0; i < o->nsentinels; i++)
+		if (strcmp(o->sentinels[i], n->sentinels[i]) != 0)
+			return 0;
+	return 1;
+}
+
 static void
 keep_cluster(struct master *m, struct sl_config *ncfg)
 {
 	struct sl_cluster_conf *n = &ncfg->cluster;
 	const struct sl_cluster_conf *o = &m->cur.cfg->cluster;
+	size_t i;
 
-	if (n->enabled != o->enabled ||
-	    (o->enabled && (strcmp(n->redis, o->redis) != 0 ||
-	    strcmp(n->node, o->node) != 0 ||
-	    (n->password == NULL) != (o->password == NULL) ||
-	    (n->password != NULL && strcmp(n->password, o->password) != 0))))
-		sl_warn("reload: 'cluster' redis, password, node (or adding or "
-		    "removing the section) need a restart; keeping %s",
-		    o->enabled ? o->redis : "no cluster");
+	if (n->enabled != o->enabled || (o->enabled && !cluster_same_place(o, n)))
+		sl_warn("reload: 'cluster' redis, sentinels, master_name, "
+		    "sentinel_password, password, node (or adding or removing the "
+		    "section) need a restart; keeping %s",
+		    !o->enabled ? "no cluster" : o->redis ? o->redis :
+		    o->master_name);
 	if (o->enabled && !n->enabled) {
 		/*
 		 * The section was removed: the running one stays whole, its
@@ -603,10 +628,26 @@ keep_cluster(struct master *m, struct sl_config *ncfg)
 	free(n->redis);
 	free(n->node);
 	free(n->password);
+	free(n->master_name);
+	free(n->sentinel_password);
+	for (i = 0; i < n->nsentinels; i++)
+		free(n->sentinels[i]);
+	free(n->sentinels);
 	n->enabled = o->enabled;
 	n->redis = o->redis ? strdup(o->redis) : NULL;
 	n->node = o->node ? strdup(o->node) : NULL;
 	n->password = o->password ? strdup(o->password) : NULL;
+	n->master_name = o->master_name ? strdup(o->master_name) : NULL;
+	n->sentinel_password = o->sentinel_password ?
+	    strdup(o->sentinel_password) : NULL;
+	n->sentinels = NULL;
+	n->nsentinels = 0;
+	if (o->nsentinels > 0 &&
+	    (n->sentinels = calloc(o->nsentinels, sizeof(char *))) != NULL)
+		for (i = 0; i < o->nsentinels; i++)
+			if ((n->sentinels[n->nsentinels] = strdup(o->sentinels[i])) !=
+			    NULL)
+				n->nsentinels++;
 }
 
 /*
@@ -1017,6 +1058,13 @@ admin_handle(void *arg, const char *method, const char *path,
 		if (m->cluster != NULL)
 			sl_str_printf(&r->body, "cluster: %s\n",
 			    sl_cluster_mode(m->cluster));
+		/* With sentinels the master moves: say where it is now. */
+		if (m->cluster != NULL && m->cur.cfg->cluster.nsentinels > 0) {
+			const char *a = sl_cluster_master_addr(m->cluster);
+
+			sl_str_printf(&r->body, "cluster master: %s\n",
+			    a[0] != '\0' ? a : "unknown");
+		}
 		return;
 	}
 	r->status = 200;
@@ -1328,7 +1376,7 @@ run_loop(struct master *m, const sigset_t *empty)
 {
 	for (;;) {
 		double timeout = -1;
-		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 1];
+		struct pollfd pfd[SL_ADMIN_POLLFDS + SL_PROBE_POLLFDS + 2];
 		int npfd = 0, nadmin = 0, ncl = 0;
 
 		handle_signals(m);
@@ -1344,7 +1392,7 @@ run_loop(struct master *m, const sigset_t *empty)
 		}
 		if (m->cluster != NULL) {
 			/* Also while draining: leases of running streams live on. */
-			ncl = sl_cluster_master_pollfds(m->cluster, pfd + npfd, 1);
+			ncl = sl_cluster_master_pollfds(m->cluster, pfd + npfd, 2);
 			npfd += ncl;
 			sooner(&timeout, sl_cluster_master_timeout(m->cluster,
 			    sl_mono_s()));

@@ -301,9 +301,12 @@ sl_status_render(const struct sl_page_in *p,
 	else {
 		sl_str_printf(o, "{\"mode\":");
 		sl_console_json_str(o, sl_cluster_mode(p->cluster));
-		sl_str_printf(o, ",\"nodes\":%d,\"leases\":%llu}",
+		sl_str_printf(o, ",\"nodes\":%d,\"leases\":%llu,\"master\":",
 		    sl_cluster_nodes(p->cluster),
 		    (unsigned long long)sl_cluster_leases(p->cluster));
+		sl_console_json_str(o, sl_cluster_master_addr(p->cluster));
+		sl_str_printf(o, ",\"failovers\":%llu}",
+		    (unsigned long long)sl_cluster_failovers(p->cluster));
 	}
 	sl_str_printf(o, "}\n");
 }

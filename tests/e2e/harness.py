@@ -2154,6 +2154,75 @@ class Redis:
         return False
 
 
+def redis_sentinel_bin():
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(":") + ["/usr/bin", "/usr/sbin"]:
+        p = os.path.join(d, "redis-sentinel")
+        if os.access(p, os.X_OK):
+            return p
+    raise HarnessError("redis-sentinel is not installed (Debian package redis-sentinel)")
+
+
+class Sentinel(Redis):
+    """A real redis-sentinel on a free port of 127.0.0.1 watching `master`
+    (a Redis) under `name`, with its own config file in the test's temp dir
+    (a sentinel rewrites it). `addr` is what `cluster.sentinels` lists;
+    command() asks it (SENTINEL ...). Started and ended by pid, as Redis."""
+
+    def __init__(self, master, name="sluice", quorum=2, down_after_ms=1000,
+                 failover_timeout_ms=4000, password=None, port=None):
+        Redis.__init__(self, port=port, password=password, name="sentinel")
+        self.master = master
+        self.master_name = name
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+
+    def start(self, timeout=10.0):
+        self.starts += 1
+        d = os.path.join(tmpdir(), "%s-%d" % (self.name, self.port))
+        os.makedirs(d, exist_ok=True)
+        conf = os.path.join(d, "sentinel.conf")
+        lines = ["port %d" % self.port, "bind %s" % HOST, "protected-mode no",
+                 "daemonize no", 'logfile ""', "dir %s" % d,
+                 "sentinel monitor %s %s %d %d" % (self.master_name, HOST, self.master.port,
+                                                   self.quorum),
+                 "sentinel down-after-milliseconds %s %d" % (self.master_name,
+                                                            self.down_after_ms),
+                 "sentinel failover-timeout %s %d" % (self.master_name,
+                                                     self.failover_timeout_ms),
+                 "sentinel parallel-syncs %s 1" % self.master_name]
+        if self.password:
+            lines.append("requirepass %s" % self.password)
+        if self.starts == 1 or not os.path.exists(conf):
+            with open(conf, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        self.stdout_path = tmpfile(self.name, ".stdout")
+        with open(self.stdout_path, "wb") as out:
+            self.proc = subprocess.Popen([redis_sentinel_bin(), conf], stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT, close_fds=True)
+        _register(self.proc.pid)
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise HarnessError("redis-sentinel exited with status %s at start: %s"
+                                   % (self.proc.returncode, file_tail(self.stdout_path, 1500)))
+            try:
+                if self.command("PING", timeout=1.0) == "PONG":
+                    return self
+            except (OSError, RedisError):
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise HarnessError("redis-sentinel did not answer PING in %.0fs" % timeout)
+            time.sleep(0.02)
+
+    def master_addr(self):
+        """What it answers to get-master-addr-by-name: "IP:port" or None."""
+        a = self.command("SENTINEL", "get-master-addr-by-name", self.master_name)
+        return None if a is None else "%s:%s" % (a[0], a[1])
+
+
 class BlackHole:
     """A TCP listener on 127.0.0.1 that accepts connections, reads what
     it is sent and never answers (a Redis that hangs). `addr` for

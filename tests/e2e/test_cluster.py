@@ -861,8 +861,9 @@ def test_reload_keeps_redis_and_node_but_applies_timing_and_fail_mode():
                                                   "on_redis_down": "closed"}})
         h.reload(a, cfg)
         text = h.stderr_text(a)
-        assert "reload: 'cluster' redis, password, node (or adding or removing the " \
-            "section) need a restart; keeping %s" % r1.addr in text, a.stderr_tail()
+        assert "reload: 'cluster' redis, sentinels, master_name, sentinel_password, " \
+            "password, node (or adding or removing the section) need a restart; " \
+            "keeping %s" % r1.addr in text, a.stderr_tail()
         # Still on the first Redis, under the first name.
         held += hold(a, 1)
         assert r1.leases("acme") == 2
@@ -1158,8 +1159,9 @@ def test_reload_removing_cluster_keeps_the_running_fail_mode_and_timing():
         cfg = dict(a.config)
         del cfg["cluster"]
         h.reload(a, cfg)
-        assert "reload: 'cluster' redis, password, node (or adding or removing the " \
-            "section) need a restart; keeping %s" % redis.addr in h.stderr_text(a)
+        assert "reload: 'cluster' redis, sentinels, master_name, sentinel_password, " \
+            "password, node (or adding or removing the section) need a restart; " \
+            "keeping %s" % redis.addr in h.stderr_text(a)
         held = hold(a, 1)
         # lease_ttl still 6 s (the default would be 10 s).
         def renewed_to_6s():

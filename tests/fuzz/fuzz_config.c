@@ -31,7 +31,7 @@
  */
 
 enum scope { TOP, UPSTREAM, REPLICA, TENANT, MODEL, TARGET };
-enum when { ALWAYS, IF_CLUSTER, IF_URL, IF_HEALTH, IF_LOADM, IF_TLS };
+enum when { ALWAYS, IF_CLUSTER, IF_SENTINELS, IF_URL, IF_HEALTH, IF_LOADM, IF_TLS };
 enum kind {
 	K_NUM,        /* range "LO-HI" in the row's unit */
 	K_ONE_OF,     /* range lists N words: value in 0..N-1 */
@@ -41,7 +41,8 @@ enum kind {
 	K_URL,
 	K_PATH,       /* a path starting with / */
 	K_NAME,       /* "LO-HI of CHARSET" */
-	K_REDIS,
+	K_REDIS,      /* cluster.redis: present unless sentinels are */
+	K_SENTINELS,  /* cluster.sentinels: 0 with redis, else 1-16 addresses */
 	K_LOGDEST,
 	K_KEYS,
 	K_UPSTREAM_REF,
@@ -154,6 +155,9 @@ STR(access_log, c->access_log)
 STR(redis, c->cluster.redis)
 STR(password, c->cluster.password)
 STR(node, c->cluster.node)
+STR(master_name, c->cluster.master_name)
+STR(sentinel_password, c->cluster.sentinel_password)
+NUM(nsentinels, c->cluster.nsentinels)
 STR(url, UP->url)
 STR(replica_url, REP->url)
 STR(api_key, UP->api_key)
@@ -194,6 +198,10 @@ static const struct where wheres[] = {
 	{ "tls.alpn", TOP, IF_TLS, K_BITS, n_tls_alpn, NULL },
 	{ "cluster", TOP, ALWAYS, K_MAPPING, n_cluster_enabled, NULL },
 	{ "cluster.redis", TOP, IF_CLUSTER, K_REDIS, NULL, s_redis },
+	{ "cluster.sentinels", TOP, IF_CLUSTER, K_SENTINELS, n_nsentinels, NULL },
+	{ "cluster.master_name", TOP, IF_SENTINELS, K_NAME, NULL, s_master_name },
+	{ "cluster.sentinel_password", TOP, IF_CLUSTER, K_ANY, NULL,
+	    s_sentinel_password },
 	{ "cluster.password", TOP, IF_CLUSTER, K_ANY, NULL, s_password },
 	{ "cluster.node", TOP, IF_CLUSTER, K_NAME, NULL, s_node },
 	{ "cluster.lease_ttl", TOP, IF_CLUSTER, K_NUM, n_lease_ttl, NULL },
@@ -447,6 +455,10 @@ check_one(const struct sl_config *cfg, const struct sl_key_info *k, const struct
 		if (!cfg->cluster.enabled)
 			return;
 		break;
+	case IF_SENTINELS:
+		if (!cfg->cluster.enabled || cfg->cluster.nsentinels == 0)
+			return;
+		break;
 	case IF_URL:
 		if (up->url == NULL)
 			return;
@@ -509,9 +521,23 @@ check_one(const struct sl_config *cfg, const struct sl_key_info *k, const struct
 		    s ? s : "(null)", k->range);
 		break;
 	case K_REDIS:
+		if (s == NULL && cfg->cluster.nsentinels > 0)
+			break;   /* the sentinels find the master */
 		fz_check(s != NULL && ((strncmp(s, "unix:/", 6) == 0) || addr_ok(s)), "redis",
 		    "%s '%s' is not %s", k->path, s ? s : "(null)", k->range);
 		break;
+	case K_SENTINELS: {
+		size_t i;
+
+		fz_check((v == 0) != (cfg->cluster.redis == NULL), "sentinels",
+		    "%s: %" PRId64 " sentinel(s) with redis %s", k->path, v,
+		    cfg->cluster.redis ? cfg->cluster.redis : "(null)");
+		fz_check(v >= 0 && v <= 16, "range", "%s: %" PRId64 " entries", k->path, v);
+		for (i = 0; i < cfg->cluster.nsentinels; i++)
+			fz_check(addr_ok(cfg->cluster.sentinels[i]), "sentinels",
+			    "%s '%s' is not %s", k->path, cfg->cluster.sentinels[i], k->range);
+		break;
+	}
 	case K_LOGDEST:
 		/* off is NULL; else stderr or a path. */
 		fz_check(s == NULL || (s[0] != '\0' && strcmp(s, "off") != 0), "logdest",

@@ -2312,7 +2312,82 @@ test_cluster_redis_host_name_is_refused(void **state)
 	    "  redis: \"unix:relative.sock\"\n",
 	    NAME ":10:10: cluster.redis: 'unix:relative.sock' is not", "unix:/path");
 	expect_error(*state, CLUSTER_HEAD "  node: \"gw-a\"\n",
-	    NAME ":10:3: cluster: missing required key 'redis'", NULL);
+	    NAME ":10:3: cluster: missing required key 'redis' (or 'sentinels')",
+	    NULL);
+}
+
+static void
+test_cluster_sentinels_load(void **state)
+{
+	struct fx *f = *state;
+	const struct sl_cluster_conf *cl;
+
+	expect_ok(f, CLUSTER_HEAD
+	    "  sentinels: [\"127.0.0.1:26379\", \"[::1]:26380\", "
+	    "\"10.0.0.3:26379\"]\n"
+	    "  master_name: \"sluice\"\n"
+	    "  sentinel_password: \"s3\"\n"
+	    "  password: \"m4\"\n");
+	cl = &f->cfg->cluster;
+	assert_null(cl->redis);
+	assert_int_equal(cl->nsentinels, 3);
+	assert_string_equal(cl->sentinels[0], "127.0.0.1:26379");
+	assert_string_equal(cl->sentinels[1], "[::1]:26380");
+	assert_string_equal(cl->sentinels[2], "10.0.0.3:26379");
+	assert_string_equal(cl->master_name, "sluice");
+	assert_string_equal(cl->sentinel_password, "s3");
+	assert_string_equal(cl->password, "m4");
+}
+
+static void
+test_cluster_redis_and_sentinels_exactly_one(void **state)
+{
+	expect_error(*state, CLUSTER_HEAD
+	    "  redis: \"127.0.0.1:6379\"\n"                 /* 10 */
+	    "  sentinels: [\"127.0.0.1:26379\"]\n"          /* 11: col 14 */
+	    "  master_name: m\n",
+	    NAME ":11:14: cluster.sentinels: give either redis or sentinels, "
+	    "not both", "fixed address");
+	expect_error(*state, CLUSTER_HEAD
+	    "  sentinels: [\"127.0.0.1:26379\"]\n",         /* 10: col 14 */
+	    NAME ":10:14: cluster: missing required key 'master_name'",
+	    "with 'sentinels'");
+	expect_error(*state, CLUSTER_HEAD
+	    "  redis: \"127.0.0.1:6379\"\n"
+	    "  master_name: m\n",                           /* 11: col 16 */
+	    NAME ":11:16: cluster.master_name: only with 'sentinels'", NULL);
+	expect_error(*state, CLUSTER_HEAD
+	    "  redis: \"127.0.0.1:6379\"\n"
+	    "  sentinel_password: pw\n",                    /* 11: col 22 */
+	    NAME ":11:22: cluster.sentinel_password: only with 'sentinels'",
+	    NULL);
+}
+
+static void
+test_cluster_sentinels_bad_entries_report_position(void **state)
+{
+	static const char *const want[] = {
+		NAME ":10:34: cluster.sentinels: 'sentinel.lan:26379' is not "
+		"IP:port or [v6]:port", "host names are not resolved",
+		NAME ":10:56: cluster.sentinels: '127.0.0.1:26379' is listed twice",
+		NULL,
+		NAME ":11:16: cluster.master_name: 'my master' must be 1-64 of",
+		"A-Z a-z",
+	};
+
+	expect_errors(*state, CLUSTER_HEAD
+	    "  sentinels: [\"127.0.0.1:26379\", \"sentinel.lan:26379\", "
+	    "\"127.0.0.1:26379\"]\n"
+	    "  master_name: \"my master\"\n", 3, want);
+	expect_error(*state, CLUSTER_HEAD
+	    "  sentinels: []\n"
+	    "  master_name: m\n",
+	    NAME ":10:14: cluster.sentinels: 0 entries; 1-16 sentinel addresses "
+	    "are allowed", NULL);
+	expect_error(*state, CLUSTER_HEAD
+	    "  sentinels: \"127.0.0.1:26379\"\n"
+	    "  master_name: m\n",
+	    NAME ":10:14: cluster.sentinels: expected a list, got a scalar", NULL);
 }
 
 static void
@@ -2743,6 +2818,9 @@ main(void)
 		T(test_cluster_defaults_and_absence),
 		T(test_cluster_heartbeat_over_a_third_of_lease_ttl_reports_value),
 		T(test_cluster_redis_host_name_is_refused),
+		T(test_cluster_sentinels_load),
+		T(test_cluster_redis_and_sentinels_exactly_one),
+		T(test_cluster_sentinels_bad_entries_report_position),
 		T(test_cluster_bad_on_redis_down_and_node_report_value),
 		T(test_tokens_budget_and_usage_keys),
 		T(test_tokens_bad_values_report_position),

@@ -1,0 +1,366 @@
+# SPDX-License-Identifier: BSD-2-Clause
+"""cluster.sentinels: the nodes find the Redis master through Redis Sentinel
+and follow a failover (issue 36; sluice.8 CLUSTER). A real topology on
+127.0.0.1: a master, a replica (--replicaof), three redis-sentinel, two
+sluice nodes and the stub; every process started and ended by pid."""
+
+import re
+import socket
+import threading
+import time
+
+import harness as h
+from harness import ACME_KEY, Gateway, Redis, Sentinel, Stub, _resp_encode, _RespReader
+
+MAX = 6
+HEARTBEAT = 0.5
+DOWN_AFTER_MS = 1000
+FAILOVER_TIMEOUT_MS = 4000
+LONG = dict(events=100000, interval=200)    # a stream that lasts until cut
+
+
+def sentinel_gw(stub, sentinels, node, on_redis_down="local_share", workers=2, **over):
+    cfg = h.gateway_config(
+        stub, workers=workers, log_level="info",
+        admin_listen="%s:%d" % (h.HOST, h.free_port()),
+        tenants={"acme": {"max_streams": MAX, "retry_after": 2}},
+        cluster={"sentinels": [s.addr for s in sentinels], "master_name": "sluice",
+                 "node": node, "lease_ttl": "4s", "heartbeat": "%dms" % (HEARTBEAT * 1000),
+                 "timeout": "200ms", "on_redis_down": on_redis_down})
+    cfg = h.deep_merge(cfg, over)
+    return Gateway(cfg, name=node)
+
+
+def healthz(gw):
+    """(mode, master address) from /healthz."""
+    r = h.admin_request(h.admin_port(gw), "GET", "/healthz")
+    assert r.status == 200, (r.status, r.text)
+    m = re.fullmatch(r"ok\ncluster: (\S+)\ncluster master: (\S+)\n", r.text)
+    assert m, "healthz body %r" % r.text
+    return m.group(1), m.group(2)
+
+
+def wait_follow(gw, addr, timeout):
+    """Wait until gw admits through Redis at addr; the time it took."""
+    t0 = time.monotonic()
+    h.wait_until(lambda: healthz(gw) == ("redis", addr), timeout, interval=0.05,
+                 msg="%s to admit through Redis at %s (now %r)" % (gw.name, addr, healthz(gw)))
+    return time.monotonic() - t0
+
+
+def wait_master_seen(gw, addr, timeout):
+    h.wait_until(lambda: healthz(gw)[1] == addr, timeout, interval=0.02,
+                 msg="%s to name master %s (now %r)" % (gw.name, addr, healthz(gw)))
+
+
+def try_stream(gw):
+    c, r = gw.open_stream(key=ACME_KEY, tag="acme", **LONG)
+    if r.status != 200:
+        r.read_all(timeout=5)
+        c.close()
+    return c, r
+
+
+def hold(gw, n):
+    held = []
+    for i in range(n):
+        c, r = try_stream(gw)
+        assert r.status == 200, "stream %d of %d on %s: %d %r" % (
+            i + 1, n, gw.name, r.status, bytes(r.data[:200]))
+        held.append(c)
+    return held
+
+
+def role(redis):
+    return redis.command("ROLE")[0]
+
+
+def topology():
+    """A master, its replica and three sentinels that see both and each
+    other: (master, replica, sentinels), started."""
+    master = Redis(name="redis-master").start()
+    replica = Redis(name="redis-replica",
+                    args=["--replicaof", h.HOST, master.port]).start()
+    h.wait_until(lambda: "master_link_status:up" in replica.command("INFO", "replication"),
+                 10, interval=0.05, msg="the replica to sync")
+    sentinels = [Sentinel(master, down_after_ms=DOWN_AFTER_MS,
+                          failover_timeout_ms=FAILOVER_TIMEOUT_MS).start() for _ in range(3)]
+    for s in sentinels:
+        h.wait_until(lambda: len(s.command("SENTINEL", "replicas", "sluice")) == 1 and
+                     len(s.command("SENTINEL", "sentinels", "sluice")) == 2, 20,
+                     interval=0.1, msg="sentinel %s to see the replica and 2 sentinels" % s.addr)
+    return master, replica, sentinels
+
+
+def stop_all(procs):
+    for p in procs:
+        if p is not None:
+            p.kill()
+
+
+def sluice_clients(redis):
+    """Clients of redis that are not sentinels, its replication link or
+    this probe: a sluice node's connection."""
+    out = []
+    for line in redis.command("CLIENT", "LIST").splitlines():
+        f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+        if f.get("name", "").startswith("sentinel-") or "M" in f.get("flags", "") \
+                or "S" in f.get("flags", "") or f.get("cmd") == "client|list":
+            continue
+        out.append(line)
+    return out
+
+
+def failover_case(how):
+    """Two nodes at max_streams 6 hold 3 streams each; the master dies
+    (SIGKILL), stalls (SIGSTOP) or dies with the first sentinel killed
+    too. Both follow the promoted replica, the runner never has more than
+    6 streams, 2 more requests on each node are refused once both admit
+    through Redis again, and the old master, back, is demoted and unused."""
+    master = replica = None
+    sentinels = []
+    with Stub() as stub:
+        try:
+            master, replica, sentinels = topology()
+            a = sentinel_gw(stub, sentinels, "gw-a")
+            b = sentinel_gw(stub, sentinels, "gw-b")
+            with a, b:
+                for gw in (a, b):
+                    wait_follow(gw, master.addr, 10)
+                h.wait_metric(a, "sluice_cluster_nodes", 2, timeout=5)
+                h.wait_metric(b, "sluice_cluster_nodes", 2, timeout=5)
+                held = hold(a, 3) + hold(b, 3)
+                h.wait_until(lambda: master.leases("acme") == 6, 5,
+                             msg="6 leases on the master")
+                h.wait_until(lambda: replica.leases("acme") == 6, 5,
+                             msg="6 leases replicated")
+                if how == "sentinel_killed":
+                    sentinels[0].kill()
+                t0 = time.monotonic()
+                if how == "stop":
+                    master.freeze()
+                else:
+                    master.kill()
+                live = [s for s in sentinels if s.running()]
+                # The sentinels' own failover, as they answer it.
+                h.wait_until(lambda: all(s.master_addr() == replica.addr for s in live),
+                             (DOWN_AFTER_MS + 3 * FAILOVER_TIMEOUT_MS) / 1000.0,
+                             interval=0.02, msg="the sentinels to promote the replica")
+                t_sentinels = time.monotonic() - t0
+                assert role(replica) == "master"
+                # Both nodes name the new master within 2 heartbeats of it.
+                for gw in (a, b):
+                    wait_master_seen(gw, replica.addr, 2 * HEARTBEAT + 0.25)
+                t_seen = time.monotonic() - t0
+                assert t_seen <= t_sentinels + 2 * HEARTBEAT + 0.25, (t_seen, t_sentinels)
+                for gw in (a, b):
+                    wait_follow(gw, replica.addr, 10)
+                # Exact again: the 6 held leases on the new master, 2 more refused each.
+                assert replica.leases("acme") == 6, replica.lease_members("acme")
+                for gw in (a, b):
+                    for _ in range(2):
+                        c, r = try_stream(gw)
+                        assert r.status == 429, (gw.name, r.status, bytes(r.data[:200]))
+                assert stub.tag("acme")["max_inflight"] == MAX, stub.tag("acme")
+                for gw in (a, b):
+                    m = h.scrape(gw)
+                    assert m.value("sluice_cluster_failovers_total") == 1, gw.name
+                    log = h.stderr_text(gw)
+                    assert re.search(r"cluster: Redis master 'sluice' switched from %s to %s "
+                                     r"\(sentinel 127\.0\.0\.1:\d+, " % (
+                                         re.escape(master.addr), re.escape(replica.addr)),
+                                     log), log[-3000:]
+                # The old master back: the sentinels demote it; no node uses it.
+                if how == "stop":
+                    master.thaw()
+                else:
+                    master.restart()
+                h.wait_until(lambda: role(master) == "slave", 30, interval=0.1,
+                             msg="the old master to be demoted")
+                assert sluice_clients(master) == [], sluice_clients(master)
+                for gw in (a, b):
+                    assert healthz(gw) == ("redis", replica.addr)
+                assert stub.tag("acme")["max_inflight"] == MAX, stub.tag("acme")
+                for c in held:
+                    c.close()
+        finally:
+            stop_all(sentinels + [replica, master])
+
+
+@h.skip_under("valgrind")
+@h.timeout(120)
+def test_sentinel_failover_sigkill_nodes_follow_and_stay_exact():
+    failover_case("kill")
+
+
+@h.skip_under("valgrind")
+@h.timeout(120)
+def test_sentinel_failover_sigstop_nodes_follow_and_stay_exact():
+    failover_case("stop")
+
+
+@h.skip_under("valgrind")
+@h.timeout(120)
+def test_sentinel_failover_with_a_sentinel_killed_nodes_follow():
+    failover_case("sentinel_killed")
+
+
+# ---------------------------------------------------------------- bad answers
+
+class ScriptedSentinel:
+    """A peer on 127.0.0.1 that speaks the sentinel protocol sluice uses
+    and answers get-master-addr-by-name with `answer` ("IP:port", or None
+    for nil), to make the answers real sentinels give only in a race:
+    a replica's address, a disagreement. `asked` counts the questions."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.asked = 0
+        self._stop = False
+        self._conns = []
+
+    @property
+    def addr(self):
+        return "%s:%d" % (h.HOST, self.port)
+
+    def start(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((h.HOST, 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self._t = threading.Thread(target=self._accept, daemon=True)
+        self._t.start()
+        return self
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            self._conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        c.settimeout(None)
+        r = _RespReader(c)
+        try:
+            while True:
+                cmd = r.reply()
+                word = cmd[0].upper()
+                if word == "PING":
+                    c.sendall(b"+PONG\r\n")
+                elif word == "SENTINEL" and cmd[1].lower() == "get-master-addr-by-name":
+                    self.asked += 1
+                    a = self.answer
+                    c.sendall(b"*-1\r\n" if a is None else
+                              _resp_encode(a.rsplit(":", 1)))
+                elif word == "SUBSCRIBE":
+                    ch = cmd[1].encode()
+                    c.sendall(b"*3\r\n$9\r\nsubscribe\r\n$%d\r\n%s\r\n:1\r\n" % (len(ch), ch))
+                else:
+                    c.sendall(b"-ERR unknown command\r\n")
+        except (OSError, ConnectionError, AssertionError, IndexError):
+            pass
+        finally:
+            c.close()
+
+    def stop(self):
+        self._stop = True
+        self._t.join(timeout=2)
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.sock.close()
+
+
+def test_sentinel_majority_wins_nil_and_dissent_are_logged():
+    """Four sentinels: one does not monitor the name (nil), one names the
+    replica, two name the master: the node takes the master (2 of the 3
+    that answered) and logs the other two."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        replica = Redis(name="redis-replica", args=["--replicaof", h.HOST, master.port])
+        fakes = [ScriptedSentinel(None).start(), ScriptedSentinel(None).start(),
+                 ScriptedSentinel(master.addr).start(), ScriptedSentinel(master.addr).start()]
+        try:
+            replica.start()
+            fakes[1].answer = replica.addr
+            with sentinel_gw(stub, fakes, "gw-a") as a:
+                wait_follow(a, master.addr, 10)
+                log = h.stderr_text(a)
+                assert "cluster: sentinel %s: it does not monitor 'sluice' (nil)" % \
+                    fakes[0].addr in log, log[-3000:]
+                assert "cluster: sentinel %s says master 'sluice' is %s; the majority " \
+                    "(2 of 3 that answered) says %s" % (fakes[1].addr, replica.addr,
+                                                       master.addr) in log, log[-3000:]
+                assert "cluster: Redis master 'sluice' is %s (sentinel %s)" % (
+                    master.addr, fakes[2].addr) in log, log[-3000:]
+                hold(a, 1)
+                assert master.leases("acme") == 1
+                assert h.scrape(a).value("sluice_cluster_failovers_total") == 0
+        finally:
+            for f in fakes:
+                f.stop()
+            replica.kill()
+
+
+def test_sentinel_naming_a_replica_is_refused_until_it_names_the_master():
+    """Every sentinel names an address whose ROLE is slave: the node does
+    not use it (on_redis_down, nothing written there) and asks again; once
+    they name the master, it admits through it."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        replica = Redis(name="redis-replica", args=["--replicaof", h.HOST, master.port])
+        fakes = []
+        try:
+            replica.start()
+            fakes = [ScriptedSentinel(replica.addr).start() for _ in range(3)]
+            with sentinel_gw(stub, fakes, "gw-a") as a:
+                h.wait_until(lambda: "%s is not a master (ROLE: slave)" % replica.addr
+                             in h.stderr_text(a), 10, msg="the ROLE refusal logged")
+                asked = sum(f.asked for f in fakes)
+                h.wait_until(lambda: sum(f.asked for f in fakes) > asked, 10,
+                             msg="the node to ask again")
+                assert healthz(a)[0] == "local_share", healthz(a)
+                assert replica.command("KEYS", "sluice:*") == []
+                assert master.command("KEYS", "sluice:*") == []
+                for f in fakes:
+                    f.answer = master.addr
+                wait_follow(a, master.addr, 10)
+                hold(a, 1)
+                assert master.leases("acme") == 1
+        finally:
+            for f in fakes:
+                f.stop()
+            replica.kill()
+
+
+def test_sentinel_all_down_node_stays_on_redis_down_then_finds_the_master():
+    """No sentinel reachable: the node starts in on_redis_down (local_share
+    admits its share), /healthz names no master, it asks again with
+    backoff; a sentinel started later is found."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        sentinels = [Sentinel(master, quorum=1, port=h.closed_port()) for _ in range(3)]
+        try:
+            with sentinel_gw(stub, sentinels, "gw-a") as a:
+                assert healthz(a) == ("local_share", "unknown")
+                log = h.stderr_text(a)
+                assert "cluster: no sentinel of 3 knows master 'sluice' (0 reachable)" in log, \
+                    log[-3000:]
+                held = hold(a, MAX)       # a node alone: its share is all of it
+                c, r = try_stream(a)
+                assert r.status == 429, r.status
+                sentinels[1].start()
+                wait_follow(a, master.addr, 15)
+                # The streams admitted meanwhile got their leases on the master.
+                h.wait_until(lambda: master.leases("acme") == MAX, 5,
+                             msg="the %d local admissions re-added" % MAX)
+                c, r = try_stream(a)
+                assert r.status == 429, r.status
+                for c in held:
+                    c.close()
+        finally:
+            stop_all(sentinels)
