@@ -33,9 +33,12 @@
  *   body framer.
  *
  * Response behaviours, each pinned by tests/unit/test_upframe.c:
- * - 1xx interim heads (100 Continue, 102, 103) are read and dropped, as
- *   today (they are counted in `interim`, at most SL_UPF_MAX_INTERIM); a
- *   101 is an error: sluice never asks to switch protocols.
+ * - 1xx interim heads (100 Continue, 102, 103) are read, checked like
+ *   final ones and dropped, as today (counted in `interim`, at most
+ *   SL_UPF_MAX_INTERIM); their Connection says nothing of the final
+ *   answer's. A 101 is an error: sluice never asks to switch protocols.
+ * - A status line is "HTTP/" DIGIT "." DIGIT SP 3DIGIT [SP reason], bytes
+ *   checked one by one (http-parser, built lax, takes "HTP/T1.1").
  * - A HEAD request's answer, a 204 and a 304 have no body whatever their
  *   head says; bytes after their head are extra (below).
  * - Content-Length: exactly that many bytes. Bytes after the end of an
@@ -46,7 +49,10 @@
  *   most SL_UPF_CHUNK_LINE_MAX bytes, its CRLF exact); trailer fields are
  *   checked like head lines, counted against max_header_bytes and dropped
  *   (RFC 9110 6.5.1 lets a recipient discard them; today's path does not
- *   relay them either).
+ *   relay them either). http-parser still reads framing fields there: a
+ *   trailer Connection: close, or one whose name starts with
+ *   Transfer-Encoding, makes the connection not reusable; a bad
+ *   Content-Length trailer fails the answer.
  * - No length and not chunked: the body runs until the runner closes
  *   (sl_upf_resp_eof() completes it); never reusable.
  * - An EOF before any byte of the answer is SL_UPF_E_CLOSED (the runner
@@ -59,7 +65,10 @@
  *   Content-Length with Transfer-Encoding (RFC 9112 6.3 leaves a proxy the
  *   choice; chunked winning would still leave a connection nobody can
  *   trust, so it is an error, as http-parser makes it), a coding other than
- *   chunked, chunked twice: SL_UPF_E_MALFORMED before any body byte.
+ *   chunked, chunked twice, and any head http-parser frames otherwise
+ *   than the rule reads it (a field named "Transfer-Encoding-x" is one to
+ *   http-parser as Debian builds it; "chunked<HTAB>"):
+ *   SL_UPF_E_MALFORMED before any body byte.
  * - A head over max_header_bytes (status line, fields, CRLFs, counted per
  *   head): SL_UPF_E_HEAD_TOO_LARGE.
  *

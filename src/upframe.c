@@ -150,6 +150,12 @@ sl_upf_fields_at(const struct sl_upf_fields *fs, size_t i, const char **name,
 {
 	if (i >= fs->n)
 		return -1;
+	if (fs->text == NULL) {
+		/* Only empty names and values were added. */
+		*name = *value = "";
+		*nlen = *vlen = 0;
+		return 0;
+	}
 	*name = fs->text + fs->f[i].name_off;
 	*nlen = fs->f[i].name_len;
 	*value = fs->text + fs->f[i].value_off;
@@ -186,6 +192,9 @@ enum lex_state {
 	LX_DATA_LF,
 	LX_RAW          /* LM_RAW: nothing to track */
 };
+
+/* What a status line starts with; 'd' is a digit. */
+#define VERSION_PAT "HTTP/d.d "
 
 /* A chunk no runner sends; keeps the arithmetic far from overflow. */
 #define CHUNK_MAX ((uint64_t)1 << 60)
@@ -224,7 +233,7 @@ lex_refuse(struct sl_upf_resp *r, enum sl_upf_error e, const char *why)
 static size_t
 lex(struct sl_upf_resp *r, const char *p, size_t n)
 {
-	size_t i = 0, take;
+	size_t i = 0, take, k;
 	unsigned char ch;
 	int h;
 
@@ -261,25 +270,36 @@ lex(struct sl_upf_resp *r, const char *p, size_t n)
 			return i;
 		}
 		switch (r->lex) {
-		case LX_START:
-			if (ch == '\r')
-				r->lex = LX_START_CR;
-			else if (ch != '\n')
-				r->lex = LX_VERSION;
-			break;
 		case LX_START_CR:
 			if (ch != '\n')
 				goto bare_cr;
 			r->lex = LX_START;
 			break;
+		case LX_START:
+			if (ch == '\r' || ch == '\n') {
+				if (ch == '\r')
+					r->lex = LX_START_CR;
+				break;
+			}
+			r->lex = LX_VERSION;
+			r->lex_digits = 0;
+			/* this byte is the version's first */
+			/* FALLTHROUGH */
 		case LX_VERSION:
-			if (ch == ' ') {
+			/*
+			 * "HTTP/" DIGIT "." DIGIT SP, byte by byte: http-parser
+			 * as built checks none of "HTTP/" ("HTP/T1.1" passes).
+			 */
+			k = (size_t)r->lex_digits++;
+			if (VERSION_PAT[k] == 'd' ? !(ch >= '0' && ch <= '9') :
+			    ch != (unsigned char)VERSION_PAT[k]) {
+				lex_refuse(r, SL_UPF_E_MALFORMED,
+				    "malformed status line");
+				return i;
+			}
+			if (k == sizeof(VERSION_PAT) - 2) {
 				r->lex = LX_CODE;
 				r->lex_digits = 0;
-			} else if (ch == '\r' || ch == '\n') {
-				lex_refuse(r, SL_UPF_E_MALFORMED,
-				    "status line without a status");
-				return i;
 			}
 			break;
 		case LX_CODE:

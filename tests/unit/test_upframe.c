@@ -398,6 +398,31 @@ test_bad_chunk_size_lines_are_refused(void **state)
 }
 
 static void
+test_trailer_framing_fields_forbid_reuse(void **state)
+{
+	(void)state;
+	/* http-parser reads Connection and Transfer-Encoding in trailers. */
+	expect_answer(S("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "2\r\nhi\r\n0\r\nConnection: close\r\n\r\n"), 0, 0,
+	    DONE_OK(200, "OK", "", "hi", 0, 0, SL_UPF_CHUNKED, 0));
+	expect_answer(S("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "2\r\nhi\r\n0\r\nTransfer-Encoding-X: 1\r\n\r\n"), 0, 0,
+	    DONE_OK(200, "OK", "", "hi", 0, 0, SL_UPF_CHUNKED, 0));
+	expect_answer(S("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "2\r\nhi\r\n0\r\nContent-Length: x\r\n\r\n"), 0, 0,
+	    FAILS(SL_UPF_E_MALFORMED, "hi"));
+}
+
+static void
+test_interim_connection_close_is_not_the_answers(void **state)
+{
+	(void)state;
+	expect_answer(S("HTTP/1.1 100 Continue\r\nConnection: close\r\n\r\n"
+	    "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx"), 0, 0,
+	    DONE_OK(200, "OK", "", "x", 1, 0, SL_UPF_LENGTH, 1));
+}
+
+static void
 test_trailer_is_checked_like_a_head_and_bounded(void **state)
 {
 	char big[MAX_HEAD + 300];
@@ -665,6 +690,9 @@ test_malformed_heads_are_refused(void **state)
 		"HTTP/1.1\r\n\r\n",
 		"HTTP/1.1 2x0 OK\r\n\r\n",
 		"HTTP/11 200 OK\r\n\r\n",
+		"HTP/T1.1 200 OK\r\n\r\n",   /* http-parser takes it */
+		"HXXX/1.1 200 OK\r\n\r\n",
+		"http/1.1 200 OK\r\n\r\n",
 		"HTTP/1.1 200 O\x7fK\r\n\r\n",
 		"\rHTTP/1.1 200 OK\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nX: \0\r\n\r\n",
@@ -709,6 +737,15 @@ test_framing_conflicts_are_refused(void **state)
 		"HTTP/1.1 200 OK\r\nContent-Length: 1234567890123456789\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\t\r\n\r\nhi",
+		/* http-parser reads it as chunked-less; the rule as chunked */
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\t\r\n\r\n"
+		    "2\r\nhi\r\n0\r\n\r\n",
+		/* any name starting so is a Transfer-Encoding to http-parser */
+		"HTTP/1.1 200 OK\r\nTransfer-Encodingx: y\r\n"
+		    "Content-Length: 2\r\n\r\nhi",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+		    "Transfer-Encodingx: y\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
 	};
 	size_t i;
 
@@ -1122,6 +1159,8 @@ main(void)
 		cmocka_unit_test(test_anything_but_crlf_after_chunk_data_is_refused),
 		cmocka_unit_test(test_bad_chunk_size_lines_are_refused),
 		cmocka_unit_test(test_trailer_is_checked_like_a_head_and_bounded),
+		cmocka_unit_test(test_trailer_framing_fields_forbid_reuse),
+		cmocka_unit_test(test_interim_connection_close_is_not_the_answers),
 		cmocka_unit_test(test_head_answer_has_no_body_whatever_the_head_says),
 		cmocka_unit_test(test_204_and_304_have_no_body),
 		cmocka_unit_test(test_100_continue_is_skipped),
