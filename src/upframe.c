@@ -226,6 +226,185 @@ lex_refuse(struct sl_upf_resp *r, enum sl_upf_error e, const char *why)
 }
 
 /*
+ * One byte of a head or a trailer section, in r->lex (<= LX_END). 0, or
+ * -1 with the refusal recorded.
+ */
+static int
+lex_head_byte(struct sl_upf_resp *r, unsigned char ch)
+{
+	size_t k;
+
+	if (++r->lex_head > r->max_header_bytes) {
+		lex_refuse(r, SL_UPF_E_HEAD_TOO_LARGE, r->lex_mode == LM_HEAD ?
+		    "response head too large" : "response trailer too large");
+		return -1;
+	}
+	if (ch == '\0' || (is_ctl(ch) && ch != '\r' && ch != '\n')) {
+		lex_refuse(r, SL_UPF_E_MALFORMED,
+		    "control byte in the response head");
+		return -1;
+	}
+	switch (r->lex) {
+	case LX_START_CR:
+		if (ch != '\n')
+			goto bare_cr;
+		r->lex = LX_START;
+		break;
+	case LX_START:
+		if (ch == '\r' || ch == '\n') {
+			if (ch == '\r')
+				r->lex = LX_START_CR;
+			break;
+		}
+		r->lex = LX_VERSION;
+		r->lex_digits = 0;
+		/* this byte is the version's first */
+		/* FALLTHROUGH */
+	case LX_VERSION:
+		/*
+		 * "HTTP/" DIGIT "." DIGIT SP, byte by byte: http-parser as
+		 * built checks none of "HTTP/" ("HTP/T1.1" passes).
+		 */
+		k = (size_t)r->lex_digits++;
+		if (VERSION_PAT[k] == 'd' ? !(ch >= '0' && ch <= '9') :
+		    ch != (unsigned char)VERSION_PAT[k]) {
+			lex_refuse(r, SL_UPF_E_MALFORMED, "malformed status line");
+			return -1;
+		}
+		if (k == sizeof(VERSION_PAT) - 2) {
+			r->lex = LX_CODE;
+			r->lex_digits = 0;
+		}
+		break;
+	case LX_CODE:
+		if (ch >= '0' && ch <= '9') {
+			if (++r->lex_digits > 3)
+				goto bad_status;
+			break;
+		}
+		if (r->lex_digits != 3 || (ch != ' ' && ch != '\r' && ch != '\n'))
+			goto bad_status;
+		r->lex = ch == ' ' ? LX_REASON : ch == '\r' ? LX_CR :
+		    LX_LINE_START;
+		break;
+	case LX_REASON:
+	case LX_VALUE:
+		if (ch == '\r')
+			r->lex = LX_CR;
+		else if (ch == '\n')
+			r->lex = LX_LINE_START;
+		break;
+	case LX_LINE_START:
+		if (ch == ' ' || ch == '\t') {
+			lex_refuse(r, SL_UPF_E_MALFORMED, "obsolete line folding");
+			return -1;
+		}
+		if (ch == '\r')
+			r->lex = LX_END_CR;
+		else if (ch == '\n')
+			r->lex = LX_END;
+		else if (ch == ':' || !sl_http_is_tchar(ch))
+			goto bad_name;
+		else
+			r->lex = LX_NAME;
+		break;
+	case LX_NAME:
+		if (ch == ':')
+			r->lex = LX_VALUE;
+		else if (!sl_http_is_tchar(ch))
+			goto bad_name;
+		break;
+	case LX_CR:
+	case LX_END_CR:
+		if (ch != '\n')
+			goto bare_cr;
+		r->lex = r->lex == LX_CR ? LX_LINE_START : LX_END;
+		break;
+	default:
+		break;
+	}
+	return 0;
+
+bare_cr:
+	lex_refuse(r, SL_UPF_E_MALFORMED, "CR not followed by LF");
+	return -1;
+bad_status:
+	lex_refuse(r, SL_UPF_E_MALFORMED, "status is not three digits");
+	return -1;
+bad_name:
+	lex_refuse(r, SL_UPF_E_MALFORMED, "invalid header name");
+	return -1;
+}
+
+/* One byte of chunked framing (not data), in r->lex (> LX_END). 0 or -1. */
+static int
+lex_chunk_byte(struct sl_upf_resp *r, unsigned char ch)
+{
+	int h;
+
+	if (++r->lex_line > SL_UPF_CHUNK_LINE_MAX && r->lex != LX_DATA_CR &&
+	    r->lex != LX_DATA_LF) {
+		lex_refuse(r, SL_UPF_E_MALFORMED, "chunk-size line too long");
+		return -1;
+	}
+	switch (r->lex) {
+	case LX_SIZE0:
+	case LX_SIZE:
+		if ((h = hexval(ch)) >= 0) {
+			if (r->lex_chunk >= CHUNK_MAX / 16) {
+				lex_refuse(r, SL_UPF_E_MALFORMED,
+				    "chunk size too large");
+				return -1;
+			}
+			r->lex_chunk = r->lex_chunk * 16 + (uint64_t)h;
+			r->lex = LX_SIZE;
+		} else if (r->lex == LX_SIZE0)
+			goto bad_chunk;
+		else if (ch == ';' || ch == ' ' || ch == '\t')
+			r->lex = LX_EXT;
+		else if (ch == '\r')
+			r->lex = LX_SIZE_LF;
+		else
+			goto bad_chunk;
+		break;
+	case LX_EXT:
+		if (ch == '\r')
+			r->lex = LX_SIZE_LF;
+		else if (is_ctl(ch))
+			goto bad_chunk;
+		break;
+	case LX_SIZE_LF:
+		if (ch != '\n')
+			goto bad_chunk;
+		if (r->lex_chunk == 0) {
+			/* The last chunk: the trailer section follows. */
+			r->lex = LX_LINE_START;
+			r->lex_head = 0;
+		} else
+			r->lex = LX_DATA;
+		break;
+	case LX_DATA_CR:
+		if (ch != '\r')
+			goto bad_chunk;
+		r->lex = LX_DATA_LF;
+		break;
+	case LX_DATA_LF:
+		if (ch != '\n')
+			goto bad_chunk;
+		r->lex = LX_SIZE0;
+		r->lex_line = 0;
+		break;
+	default:
+		break;
+	}
+	return 0;
+
+bad_chunk:
+	lex_refuse(r, SL_UPF_E_MALFORMED, "malformed chunked framing");
+	return -1;
+}
+
+/*
  * Accept a prefix of p[0..n): returns its length. Stops before a refused
  * byte (lex_bad set) or after the LF that ends a head or a trailer section
  * (lex == LX_END).
@@ -233,15 +412,15 @@ lex_refuse(struct sl_upf_resp *r, enum sl_upf_error e, const char *why)
 static size_t
 lex(struct sl_upf_resp *r, const char *p, size_t n)
 {
-	size_t i = 0, take, k;
+	size_t i = 0, take;
 	unsigned char ch;
-	int h;
 
 	if (r->lex_mode == LM_RAW)
 		return n;
 	while (i < n && r->lex != LX_END) {
 		ch = (unsigned char)p[i];
 		if (r->lex == LX_DATA) {
+			/* Chunk data: counted, not looked at. */
 			take = n - i;
 			if (take > r->lex_chunk)
 				take = (size_t)r->lex_chunk;
@@ -251,167 +430,11 @@ lex(struct sl_upf_resp *r, const char *p, size_t n)
 				r->lex = LX_DATA_CR;
 			continue;
 		}
-		if (r->lex <= LX_END) {
-			/* A head or trailer byte: counted against the limit. */
-			if (++r->lex_head > r->max_header_bytes) {
-				lex_refuse(r, SL_UPF_E_HEAD_TOO_LARGE, r->lex_mode ==
-				    LM_HEAD ? "response head too large" :
-				    "response trailer too large");
-				return i;
-			}
-			if (ch == '\0' || (is_ctl(ch) && ch != '\r' && ch != '\n')) {
-				lex_refuse(r, SL_UPF_E_MALFORMED,
-				    "control byte in the response head");
-				return i;
-			}
-		} else if (++r->lex_line > SL_UPF_CHUNK_LINE_MAX &&
-		    r->lex != LX_DATA_CR && r->lex != LX_DATA_LF) {
-			lex_refuse(r, SL_UPF_E_MALFORMED, "chunk-size line too long");
+		if ((r->lex <= LX_END ? lex_head_byte(r, ch) :
+		    lex_chunk_byte(r, ch)) == -1)
 			return i;
-		}
-		switch (r->lex) {
-		case LX_START_CR:
-			if (ch != '\n')
-				goto bare_cr;
-			r->lex = LX_START;
-			break;
-		case LX_START:
-			if (ch == '\r' || ch == '\n') {
-				if (ch == '\r')
-					r->lex = LX_START_CR;
-				break;
-			}
-			r->lex = LX_VERSION;
-			r->lex_digits = 0;
-			/* this byte is the version's first */
-			/* FALLTHROUGH */
-		case LX_VERSION:
-			/*
-			 * "HTTP/" DIGIT "." DIGIT SP, byte by byte: http-parser
-			 * as built checks none of "HTTP/" ("HTP/T1.1" passes).
-			 */
-			k = (size_t)r->lex_digits++;
-			if (VERSION_PAT[k] == 'd' ? !(ch >= '0' && ch <= '9') :
-			    ch != (unsigned char)VERSION_PAT[k]) {
-				lex_refuse(r, SL_UPF_E_MALFORMED,
-				    "malformed status line");
-				return i;
-			}
-			if (k == sizeof(VERSION_PAT) - 2) {
-				r->lex = LX_CODE;
-				r->lex_digits = 0;
-			}
-			break;
-		case LX_CODE:
-			if (ch >= '0' && ch <= '9') {
-				if (++r->lex_digits > 3)
-					goto bad_status;
-				break;
-			}
-			if (r->lex_digits != 3 ||
-			    (ch != ' ' && ch != '\r' && ch != '\n'))
-				goto bad_status;
-			r->lex = ch == ' ' ? LX_REASON : ch == '\r' ? LX_CR :
-			    LX_LINE_START;
-			break;
-		case LX_REASON:
-		case LX_VALUE:
-			if (ch == '\r')
-				r->lex = LX_CR;
-			else if (ch == '\n')
-				r->lex = LX_LINE_START;
-			break;
-		case LX_LINE_START:
-			if (ch == ' ' || ch == '\t') {
-				lex_refuse(r, SL_UPF_E_MALFORMED,
-				    "obsolete line folding");
-				return i;
-			}
-			if (ch == '\r')
-				r->lex = LX_END_CR;
-			else if (ch == '\n')
-				r->lex = LX_END;
-			else if (ch == ':' || !sl_http_is_tchar(ch))
-				goto bad_name;
-			else
-				r->lex = LX_NAME;
-			break;
-		case LX_NAME:
-			if (ch == ':')
-				r->lex = LX_VALUE;
-			else if (!sl_http_is_tchar(ch))
-				goto bad_name;
-			break;
-		case LX_CR:
-		case LX_END_CR:
-			if (ch != '\n')
-				goto bare_cr;
-			r->lex = r->lex == LX_CR ? LX_LINE_START : LX_END;
-			break;
-		case LX_SIZE0:
-		case LX_SIZE:
-			if ((h = hexval(ch)) >= 0) {
-				if (r->lex_chunk >= CHUNK_MAX / 16) {
-					lex_refuse(r, SL_UPF_E_MALFORMED,
-					    "chunk size too large");
-					return i;
-				}
-				r->lex_chunk = r->lex_chunk * 16 + (uint64_t)h;
-				r->lex = LX_SIZE;
-			} else if (r->lex == LX_SIZE0)
-				goto bad_chunk;
-			else if (ch == ';' || ch == ' ' || ch == '\t')
-				r->lex = LX_EXT;
-			else if (ch == '\r')
-				r->lex = LX_SIZE_LF;
-			else
-				goto bad_chunk;
-			break;
-		case LX_EXT:
-			if (ch == '\r')
-				r->lex = LX_SIZE_LF;
-			else if (is_ctl(ch))
-				goto bad_chunk;
-			break;
-		case LX_SIZE_LF:
-			if (ch != '\n')
-				goto bad_chunk;
-			if (r->lex_chunk == 0) {
-				/* The last chunk: the trailer section follows. */
-				r->lex = LX_LINE_START;
-				r->lex_head = 0;
-			} else
-				r->lex = LX_DATA;
-			break;
-		case LX_DATA_CR:
-			if (ch != '\r')
-				goto bad_chunk;
-			r->lex = LX_DATA_LF;
-			break;
-		case LX_DATA_LF:
-			if (ch != '\n')
-				goto bad_chunk;
-			r->lex = LX_SIZE0;
-			r->lex_line = 0;
-			break;
-		default:
-			break;
-		}
 		i++;
 	}
-	return i;
-
-bare_cr:
-	lex_refuse(r, SL_UPF_E_MALFORMED, "CR not followed by LF");
-	return i;
-bad_status:
-	lex_refuse(r, SL_UPF_E_MALFORMED, "status is not three digits");
-	return i;
-bad_name:
-	lex_refuse(r, SL_UPF_E_MALFORMED, "invalid header name");
-	return i;
-bad_chunk:
-	lex_refuse(r, SL_UPF_E_MALFORMED, "malformed chunked framing");
 	return i;
 }
 
