@@ -226,7 +226,10 @@ void sl_upf_resp_free(struct sl_upf_resp *r);
  * extra: counted, not consumed) and at ERROR. The caller keeps what was
  * not consumed and feeds it again, unchanged, before newer bytes. In
  * HEAD_DONE, DONE and ERROR it consumes nothing (at DONE, len > 0 is
- * counted as extra).
+ * counted as extra). After a pause the count may stop short of what the
+ * sink was given (http-parser keeps a Content-Length body's last byte to
+ * see the end on it): feed the rest again as always, nothing is given
+ * twice.
  */
 size_t sl_upf_resp_feed(struct sl_upf_resp *r, const char *data, size_t len);
 
