@@ -115,6 +115,18 @@ const char *sl_http_bearer(const char *value, size_t vlen, size_t *len);
 /* 1 if header name (nlen bytes) is hop-by-hop (RFC 9110 7.6.1 plus legacy ones). */
 int sl_http_is_hop_by_hop(const char *name, size_t nlen);
 
+/*
+ * 1 if the client's header name (nlen bytes) of request r is not passed on
+ * to an upstream as it came: hop-by-hop or named in r's Connection, Host
+ * (the replica's goes instead), Authorization and X-Api-Key (sluice's
+ * credentials, never the runner's: an upstream's api_key is added by the
+ * caller), Content-Length and Expect (the body is framed anew). The upstream
+ * request of sl_transfer.h and of sl_upframe.h both apply it; X-Forwarded-For
+ * (merged) and Accept-Encoding (maybe replaced) are their callers' to handle.
+ */
+int sl_req_header_dropped_upstream(const struct sl_req *r, const char *name,
+    size_t nlen);
+
 /* 1 if ch is an RFC 9110 token character (header names, parameters). */
 int sl_http_is_tchar(unsigned char ch);
 
@@ -175,6 +187,23 @@ void sl_resp_head_free(struct sl_resp_head *);
 /* One header line as libcurl delivers it, CRLF included. */
 enum sl_rh_result sl_resp_head_line(struct sl_resp_head *, const char *line,
     size_t len);
+
+/*
+ * The rule sl_resp_head_line() applies to each header field, for a framing
+ * that has the field already split (sl_upframe.h): name (nl bytes) and value
+ * (vl bytes, without leading or trailing whitespace). Records what h tracks
+ * (Content-Length, chunked, Connection's names, content type, Retry-After).
+ * 1: the field may reach the client; 0: it is dropped (hop-by-hop,
+ * Content-Length, X-Accel-Buffering); -1: the whole head is bad. Fields that
+ * Connection names are dropped once the head is complete: ask
+ * sl_resp_head_conn_named() then (Connection may come after them).
+ */
+int sl_resp_head_field(struct sl_resp_head *h, const char *name, size_t nl,
+    const char *value, size_t vl);
+
+/* 1 if the head's Connection fields (so far) name header name (nlen bytes). */
+int sl_resp_head_conn_named(const struct sl_resp_head *h, const char *name,
+    size_t nlen);
 
 /* Write the chunk-size line for n body bytes ("%zx\r\n"); returns its length. */
 size_t sl_http_chunk_header(char *dst, size_t dstlen, size_t n);

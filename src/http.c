@@ -719,6 +719,47 @@ sl_http_is_hop_by_hop(const char *name, size_t nlen)
 	return 0;
 }
 
+/* Connection header tokens name more hop-by-hop headers. */
+static int
+req_listed_in_connection(const struct sl_req *r, const char *name, size_t nlen)
+{
+	const char *v, *p, *end;
+	size_t vlen;
+
+	if ((v = sl_req_header(r, "connection", &vlen)) == NULL)
+		return 0;
+	p = v;
+	end = v + vlen;
+	while (p < end) {
+		const char *s, *e;
+
+		while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
+			p++;
+		s = p;
+		while (p < end && *p != ',')
+			p++;
+		e = p;
+		while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+			e--;
+		if ((size_t)(e - s) == nlen && strncasecmp(s, name, nlen) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+int
+sl_req_header_dropped_upstream(const struct sl_req *r, const char *name,
+    size_t nlen)
+{
+	return sl_http_is_hop_by_hop(name, nlen) ||
+	    sl_http_name_is(name, nlen, "host") ||
+	    sl_http_name_is(name, nlen, "authorization") ||
+	    sl_http_name_is(name, nlen, "x-api-key") ||
+	    sl_http_name_is(name, nlen, "content-length") ||
+	    sl_http_name_is(name, nlen, "expect") ||
+	    req_listed_in_connection(r, name, nlen);
+}
+
 int
 sl_ct_equal(const char *a, size_t alen, const char *b, size_t blen)
 {
@@ -883,11 +924,77 @@ resp_drop_conn_named(struct sl_resp_head *h)
 	h->len = out;
 }
 
+int
+sl_resp_head_conn_named(const struct sl_resp_head *h, const char *name,
+    size_t nlen)
+{
+	return resp_conn_named(h, name, nlen);
+}
+
+int
+sl_resp_head_field(struct sl_resp_head *h, const char *name, size_t nl,
+    const char *v, size_t vl)
+{
+	size_t i;
+
+	if (nl == 0)
+		return -1;
+	for (i = 0; i < nl; i++)
+		if (!sl_http_is_tchar((unsigned char)name[i]))
+			return -1;
+	for (i = 0; i < vl; i++) {
+		unsigned char ch = (unsigned char)v[i];
+
+		/* Never let CR, LF, NUL or other controls reach the client. */
+		if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+			return -1;
+	}
+	if (sl_http_name_is(name, nl, "content-length") &&
+	    resp_content_length(h, v, vl) == -1)
+		return -1;
+	/* The body is de-chunked; any other coding would reach the client undone. */
+	if (sl_http_name_is(name, nl, "transfer-encoding")) {
+		if (!(vl == 7 && strncasecmp(v, "chunked", 7) == 0))
+			return -1;
+		/*
+		 * Chunked named twice: the body may be chunked twice, and
+		 * one layer comes off. Refuse rather than relay the inner
+		 * framing as content.
+		 */
+		if (h->chunked)
+			return -1;
+		h->chunked = 1;
+	}
+	if (sl_http_name_is(name, nl, "connection") &&
+	    resp_conn_names(h, v, vl) == -1)
+		return -1;
+	if (sl_http_is_hop_by_hop(name, nl) ||
+	    sl_http_name_is(name, nl, "content-length") ||
+	    sl_http_name_is(name, nl, "x-accel-buffering"))
+		return 0;
+	if (sl_http_name_is(name, nl, "content-type") && vl >= 17 &&
+	    strncasecmp(v, "text/event-stream", 17) == 0)
+		h->is_sse = 1;
+	if (sl_http_name_is(name, nl, "content-type") && vl >= 16 &&
+	    strncasecmp(v, "application/json", 16) == 0)
+		h->is_json = 1;
+	if (sl_http_name_is(name, nl, "cache-control"))
+		h->has_cache_control = 1;
+	if (sl_http_name_is(name, nl, "content-encoding") &&
+	    !(vl == 8 && strncasecmp(v, "identity", 8) == 0))
+		h->encoded = 1;
+	if (sl_http_name_is(name, nl, "retry-after") && h->retry_after < 0)
+		/* The first one. */
+		h->retry_after = sl_http_retry_after(v, vl, time(NULL));
+	return 1;
+}
+
 enum sl_rh_result
 sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 {
 	size_t len = n, nl, i, rl, vl;
 	const char *colon, *v, *sp;
+	int keep;
 
 	/* libcurl hands each line with its CRLF (or bare LF). */
 	if (len > 0 && p[len - 1] == '\n')
@@ -943,52 +1050,16 @@ sl_resp_head_line(struct sl_resp_head *h, const char *p, size_t n)
 	if (colon == NULL || colon == p)
 		return SL_RH_BAD;
 	nl = (size_t)(colon - p);
-	for (i = 0; i < nl; i++)
-		if (!sl_http_is_tchar((unsigned char)p[i]))
-			return SL_RH_BAD;
 	v = colon + 1;
 	while (v < p + len && (*v == ' ' || *v == '\t'))
 		v++;
 	vl = (size_t)(p + len - v);
 	while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
 		vl--;
-	if (sl_http_name_is(p, nl, "content-length") &&
-	    resp_content_length(h, v, vl) == -1)
+	if ((keep = sl_resp_head_field(h, p, nl, v, vl)) == -1)
 		return SL_RH_BAD;
-	/* libcurl de-chunks; any other coding would reach the client undone. */
-	if (sl_http_name_is(p, nl, "transfer-encoding")) {
-		if (!(vl == 7 && strncasecmp(v, "chunked", 7) == 0))
-			return SL_RH_BAD;
-		/*
-		 * Chunked named twice: the body may be chunked twice, and
-		 * libcurl takes one layer off. Refuse rather than relay the
-		 * inner framing as content.
-		 */
-		if (h->chunked)
-			return SL_RH_BAD;
-		h->chunked = 1;
-	}
-	if (sl_http_name_is(p, nl, "connection") &&
-	    resp_conn_names(h, v, vl) == -1)
-		return SL_RH_BAD;
-	if (sl_http_is_hop_by_hop(p, nl) || sl_http_name_is(p, nl, "content-length") ||
-	    sl_http_name_is(p, nl, "x-accel-buffering"))
+	if (keep == 0)
 		return SL_RH_MORE;
-	if (sl_http_name_is(p, nl, "content-type") && (size_t)(p + len - v) >= 17 &&
-	    strncasecmp(v, "text/event-stream", 17) == 0)
-		h->is_sse = 1;
-	if (sl_http_name_is(p, nl, "content-type") && (size_t)(p + len - v) >= 16 &&
-	    strncasecmp(v, "application/json", 16) == 0)
-		h->is_json = 1;
-	if (sl_http_name_is(p, nl, "cache-control"))
-		h->has_cache_control = 1;
-	if (sl_http_name_is(p, nl, "content-encoding") &&
-	    !(vl == 8 && strncasecmp(v, "identity", 8) == 0))
-		h->encoded = 1;
-	if (sl_http_name_is(p, nl, "retry-after") && h->retry_after < 0)
-		/* The first one. */
-		h->retry_after = sl_http_retry_after(v, (size_t)(p + len - v),
-		    time(NULL));
 	if (h->len + len + 2 > SL_RESP_HEAD_MAX)
 		return SL_RH_BAD;
 	if (h->len + len + 2 > h->cap) {

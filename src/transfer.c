@@ -17,34 +17,6 @@
 #include "sl_transfer.h"
 #include "sl_upstream.h"
 
-/* Connection header tokens name more hop-by-hop headers. */
-static int
-listed_in_connection(const struct sl_req *r, const char *name, size_t nlen)
-{
-	const char *v, *p, *end;
-	size_t vlen;
-
-	if ((v = sl_req_header(r, "connection", &vlen)) == NULL)
-		return 0;
-	p = v;
-	end = v + vlen;
-	while (p < end) {
-		const char *s, *e;
-
-		while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
-			p++;
-		s = p;
-		while (p < end && *p != ',')
-			p++;
-		e = p;
-		while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
-			e--;
-		if ((size_t)(e - s) == nlen && strncasecmp(s, name, nlen) == 0)
-			return 1;
-	}
-	return 0;
-}
-
 /*
  * The upstream request's header list: the client's lines that are passed
  * on, and X-Forwarded-For, as list nodes and text in one block
@@ -131,13 +103,7 @@ sl_xfer_headers(struct sl_xfer *x, struct sl_transfers *xfers, size_t up,
 	    i++) {
 		if (memchr(value, '\0', vlen) != NULL || memchr(name, '\0', nlen))
 			return -1;
-		if (sl_http_is_hop_by_hop(name, nlen) ||
-		    sl_http_name_is(name, nlen, "host") ||
-		    sl_http_name_is(name, nlen, "authorization") ||
-		    sl_http_name_is(name, nlen, "x-api-key") ||
-		    sl_http_name_is(name, nlen, "content-length") ||
-		    sl_http_name_is(name, nlen, "expect") ||
-		    listed_in_connection(r, name, nlen))
+		if (sl_req_header_dropped_upstream(r, name, nlen))
 			continue;
 		if (sl_http_name_is(name, nlen, "x-forwarded-for")) {
 			/*

@@ -27,7 +27,7 @@ secs=${1:-60}
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
 build=${2:-$src/build-fuzz}
-targets=${FUZZ_TARGETS:-fuzz_request fuzz_config fuzz_upstream fuzz_values fuzz_usage fuzz_metrics fuzz_model fuzz_h2}
+targets=${FUZZ_TARGETS:-fuzz_request fuzz_config fuzz_upstream fuzz_values fuzz_usage fuzz_metrics fuzz_model fuzz_h2 fuzz_upframe}
 
 case $secs in
 '' | *[!0-9]*) echo "usage: $0 [SECONDS] [BUILD_DIR]" >&2; exit 2 ;;
