@@ -171,7 +171,8 @@ struct cl_addr {
 enum cl_gone {
 	CL_GONE_FAILED,      /* the connect failed; why: hiredis's error */
 	CL_GONE_LOST,        /* Redis closed it; why: the error, NULL if clean */
-	CL_GONE_REFUSED,     /* the greeting was refused (logged, counted) */
+	CL_GONE_REFUSED,     /* the greeting was refused (logged, counted;
+	                        a sentinel's: why is its reply, for the owner) */
 	CL_GONE_DROPPED      /* cl_redis_drop(); why: the caller's, or NULL */
 };
 

@@ -265,7 +265,10 @@ greet_cb(redisAsyncContext *ac, void *r, void *priv)
 
 	if (reply == NULL || ac != rd->ac)
 		return;
-	if (reply->type == REDIS_REPLY_ERROR) {
+	if (reply->type == REDIS_REPLY_ERROR && rd->cs == NULL) {
+		/* A sentinel's: its owner logs it, naming its own password. */
+		drop_as(rd, CL_GONE_REFUSED, reply->str);
+	} else if (reply->type == REDIS_REPLY_ERROR) {
 		cl_row_err(rd->cs, rd->row, ERR_REPLY);
 		cl_log_refusal(SL_LOG_ERROR, "AUTH refused", reply->str);
 		drop_as(rd, CL_GONE_REFUSED, "AUTH refused");

@@ -14,6 +14,8 @@
  */
 #include "config.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +39,8 @@ struct cl_sentinel {
 	double sub_connect_at;       /* next attempt */
 	double sub_deadline;         /* of the connect in progress */
 	double timeout_s;            /* a connect's limit */
+	int subscribed;              /* SUBSCRIBE answered on this connection */
+	uint64_t timeout_ms;         /* cluster.timeout, for the log */
 	/* A +switch-master for our name, until cl_sentinel_switched. */
 	int switched;
 	char sw_addr[80];
@@ -54,6 +58,34 @@ addr_fmt(char *dst, size_t len, const char *ip, const char *port)
 }
 
 /* ---- asking ----------------------------------------------------------- */
+
+/*
+ * A sentinel refusing us, said with the key to fix: cluster.password is
+ * the master's, not theirs.
+ */
+static void
+auth_why(char *why, size_t wlen, const char *str)
+{
+	if (str != NULL && strncmp(str, "NOAUTH", 6) == 0)
+		snprintf(why, wlen, "it wants a password: %s (set "
+		    "cluster.sentinel_password)", str);
+	else
+		snprintf(why, wlen, "AUTH refused: %s (check "
+		    "cluster.sentinel_password)", str != NULL ? str : "(no reply)");
+}
+
+/* A failed read: a sentinel that is silent says so, not EAGAIN. */
+static void
+io_why(struct cl_sentinel *s, const redisContext *c, char *why, size_t wlen)
+{
+	if (c->err == REDIS_ERR_IO &&
+	    (strcmp(c->errstr, strerror(EAGAIN)) == 0 ||
+	    strcmp(c->errstr, strerror(EWOULDBLOCK)) == 0))
+		snprintf(why, wlen, "no answer within cluster.timeout (%" PRIu64
+		    "ms)", s->timeout_ms);
+	else
+		snprintf(why, wlen, "%s", c->errstr);
+}
 
 /*
  * One sentinel's answer: 1 and addr, 0 nil (it does not monitor the
@@ -76,16 +108,22 @@ ask_one(struct cl_sentinel *s, size_t i, struct timeval tv, char *addr,
 	}
 	if (s->password != NULL) {
 		r = redisCommand(c, "AUTH %s", s->password);
+		if (r == NULL) {
+			io_why(s, c, why, wlen);
+			goto out;
+		}
 		if (cl_reply_is_error(r)) {
-			snprintf(why, wlen, "AUTH refused: %s (check "
-			    "cluster.sentinel_password)", r != NULL ? r->str : c->errstr);
+			auth_why(why, wlen, r->str);
 			goto out;
 		}
 		freeReplyObject(r);
 	}
 	r = redisCommand(c, "SENTINEL get-master-addr-by-name %s", s->name);
 	if (r == NULL)
-		snprintf(why, wlen, "%s", c->errstr);
+		io_why(s, c, why, wlen);
+	else if (r->type == REDIS_REPLY_ERROR && r->str != NULL &&
+	    strncmp(r->str, "NOAUTH", 6) == 0)
+		auth_why(why, wlen, r->str);
 	else if (r->type == REDIS_REPLY_NIL) {
 		snprintf(why, wlen, "it does not monitor '%s' (nil)", s->name);
 		rc = 0;
@@ -197,6 +235,7 @@ sub_cb(redisAsyncContext *ac, void *r, void *priv)
 	    reply->element[0]->type != REDIS_REPLY_STRING)
 		return;
 	if (strcmp(reply->element[0]->str, "subscribe") == 0) {
+		s->subscribed = 1;
 		cl_redis_answered(&s->sub);
 		sl_debug("cluster: following master '%s' through sentinel %s",
 		    s->name, s->addrs[s->sub_at]);
@@ -224,8 +263,16 @@ static void
 sub_gone(struct cl_redis *rd, enum cl_gone how, const char *why)
 {
 	struct cl_sentinel *s = rd->owner;
+	char msg[256];
 
-	if (how != CL_GONE_FAILED || s->n == 1)
+	s->subscribed = 0;
+	if (how == CL_GONE_REFUSED) {
+		/* Its AUTH (or PING) refused: logged as the asking does, once. */
+		auth_why(msg, sizeof(msg), why);
+		if (strcmp(s->said[s->sub_at], msg) != 0)
+			sl_warn("cluster: sentinel %s: %s", s->addrs[s->sub_at], msg);
+		memcpy(s->said[s->sub_at], msg, sizeof(msg));
+	} else if (how != CL_GONE_FAILED || s->n == 1)
 		sl_debug("cluster: sentinel %s: subscription gone: %s",
 		    s->addrs[s->sub_at], why != NULL ? why : "closed");
 	/* The next sentinel; the backoff grows once round all of them. */
@@ -246,6 +293,7 @@ sub_connect(struct cl_sentinel *s)
 		sub_gone(&s->sub, CL_GONE_FAILED, "cannot open a connection");
 		return;
 	}
+	s->subscribed = 0;
 	s->sub_deadline = sl_mono_s() + s->timeout_s;
 	redisAsyncCommandArgv(s->sub.ac, sub_cb, s, 2, argv, argl);
 }
@@ -274,6 +322,7 @@ cl_sentinel_new(const struct sl_config *cfg)
 	cl_redis_init(&s->sub, s->addrs[0], s->password, NULL, 0, NULL, 1,
 	    &sub_hooks, s);
 	s->timeout_s = cl_redis_connect_limit(cl->timeout_ms);
+	s->timeout_ms = cl->timeout_ms;
 	return s;
 fail:
 	cl_sentinel_free(s);
@@ -319,7 +368,7 @@ double
 cl_sentinel_timeout(const struct cl_sentinel *s, double now)
 {
 	double t = s->sub.ac == NULL ? s->sub_connect_at :
-	    !s->sub.connected ? s->sub_deadline : -1;
+	    !s->subscribed ? s->sub_deadline : -1;
 
 	if (t < 0)
 		return -1;
@@ -332,8 +381,14 @@ cl_sentinel_service(struct cl_sentinel *s, const struct pollfd *pfd, int n,
 {
 	if (n > 0)
 		cl_redis_handle(&s->sub, pfd);
-	if (s->sub.ac != NULL && !s->sub.connected && now >= s->sub_deadline)
-		cl_redis_drop(&s->sub, "connect timed out");
+	/*
+	 * Until SUBSCRIBE is answered, not only connected: a sentinel that
+	 * accepts and never answers would otherwise hold the subscription,
+	 * and the node would hear of no failover, for ever.
+	 */
+	if (s->sub.ac != NULL && !s->subscribed && now >= s->sub_deadline)
+		cl_redis_drop(&s->sub, s->sub.connected ?
+		    "no answer to SUBSCRIBE in time" : "connect timed out");
 	if (s->sub.ac == NULL && now >= s->sub_connect_at)
 		sub_connect(s);
 }

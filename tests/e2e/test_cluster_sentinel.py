@@ -364,3 +364,102 @@ def test_sentinel_all_down_node_stays_on_redis_down_then_finds_the_master():
                     c.close()
         finally:
             stop_all(sentinels)
+
+
+# ---------------------------------------------------------------- black-box
+
+def subscribers(sentinel):
+    """Connections to sentinel subscribed to a channel: a sluice node's
+    +switch-master subscription (sentinels do not subscribe to each other)."""
+    out = 0
+    for line in sentinel.command("CLIENT", "LIST").splitlines():
+        f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+        if int(f.get("sub", "0")) > 0:
+            out += 1
+    return out
+
+
+def test_sentinel_that_accepts_but_never_answers_is_passed_over():
+    """The first sentinel accepts TCP and never answers: the node asks the
+    next one (within cluster.timeout), admits through the master it names,
+    and its +switch-master subscription moves on to the sentinel that
+    answers instead of waiting on the silent one for ever."""
+    with Redis(name="redis-master") as master, Stub() as stub, h.BlackHole() as hole:
+        real = Sentinel(master, quorum=1).start()
+        try:
+            with sentinel_gw(stub, [hole, real], "gw-a") as a:
+                wait_follow(a, master.addr, 10)
+                assert "cluster: sentinel %s: no answer within cluster.timeout (200ms)" % \
+                    hole.addr in h.stderr_text(a), a.stderr_tail()
+                h.wait_until(lambda: subscribers(real) == 1, 10, interval=0.1,
+                             msg="the subscription on the sentinel that answers "
+                             "(%d connections to the silent one)" % hole.accepted)
+                held = hold(a, 2)
+                assert master.leases("acme") == 2
+                for c in held:
+                    c.close()
+        finally:
+            real.kill()
+
+
+def test_sentinel_password_wrong_is_named_and_the_node_stays_down():
+    """Sentinels with requirepass and a wrong cluster.sentinel_password:
+    the log names cluster.sentinel_password (not cluster.password, which is
+    the master's), the node stays in on_redis_down naming no master, and
+    it does not reconnect in a tight loop."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        s = Sentinel(master, quorum=1, password="s3cret").start()
+        try:
+            with sentinel_gw(stub, [s], "gw-a",
+                             cluster={"sentinel_password": "wrong"}) as a:
+                h.wait_until(lambda: "check cluster.sentinel_password" in h.stderr_text(a),
+                             10, msg="the refusal logged")
+                assert healthz(a) == ("local_share", "unknown")
+                def conns():
+                    info = s.command("INFO", "stats")
+                    return int(re.search(r"total_connections_received:(\d+)", info).group(1))
+                # The backoff grows to its 5 s cap: past the first
+                # attempts, a few connections a few seconds at most.
+                time.sleep(4)
+                n0 = conns()
+                time.sleep(3)
+                assert conns() - n0 <= 8, conns() - n0
+                log = h.stderr_text(a)
+                assert "check cluster.password" not in log, log[-3000:]
+                assert "set cluster.password" not in log, log[-3000:]
+                assert healthz(a) == ("local_share", "unknown")
+                assert master.command("KEYS", "sluice:*") == []
+        finally:
+            s.kill()
+
+
+def test_sentinel_password_right_finds_and_follows():
+    """With the sentinels' requirepass in cluster.sentinel_password the
+    node asks and subscribes (both AUTH first)."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        s = Sentinel(master, quorum=1, password="s3cret").start()
+        try:
+            with sentinel_gw(stub, [s], "gw-a",
+                             cluster={"sentinel_password": "s3cret"}) as a:
+                wait_follow(a, master.addr, 10)
+                h.wait_until(lambda: subscribers(s) == 1, 10, interval=0.1,
+                             msg="the subscription, authenticated")
+        finally:
+            s.kill()
+
+
+def test_sentinel_password_missing_says_to_set_sentinel_password():
+    """Sentinels with requirepass and no cluster.sentinel_password: the
+    log says to set cluster.sentinel_password, never cluster.password."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        s = Sentinel(master, quorum=1, password="s3cret").start()
+        try:
+            with sentinel_gw(stub, [s], "gw-a") as a:
+                want = "cluster: sentinel %s: it wants a password: NOAUTH" % s.addr
+                h.wait_until(lambda: want in h.stderr_text(a), 10, msg="the NOAUTH logged")
+                log = h.stderr_text(a)
+                assert "(set cluster.sentinel_password)" in log, log[-3000:]
+                assert "cluster.password" not in log, log[-3000:]
+                assert healthz(a) == ("local_share", "unknown")
+        finally:
+            s.kill()
