@@ -601,6 +601,9 @@ cluster_same_place(const struct sl_cluster_conf *o,
 	return 1;
 }
 
+/* 16 sentinels of "[v6]:port" and a master name. */
+#define SENTINELS_KEPT_MAX 1024
+
 static void
 keep_cluster(struct master *m, struct sl_config *ncfg)
 {
@@ -608,12 +611,28 @@ keep_cluster(struct master *m, struct sl_config *ncfg)
 	const struct sl_cluster_conf *o = &m->cur.cfg->cluster;
 	size_t i;
 
-	if (n->enabled != o->enabled || (o->enabled && !cluster_same_place(o, n)))
+	if (n->enabled != o->enabled || (o->enabled && !cluster_same_place(o, n))) {
+		/* What is kept, as written: "sluice" alone says nothing. */
+		char kept[SENTINELS_KEPT_MAX];
+		size_t at = 0;
+
+		if (!o->enabled)
+			snprintf(kept, sizeof(kept), "no cluster");
+		else if (o->redis != NULL)
+			snprintf(kept, sizeof(kept), "%s", o->redis);
+		else {
+			at = (size_t)snprintf(kept, sizeof(kept), "sentinels");
+			for (i = 0; i < o->nsentinels && at < sizeof(kept); i++)
+				at += (size_t)snprintf(kept + at, sizeof(kept) - at,
+				    "%s%s", i > 0 ? ", " : " ", o->sentinels[i]);
+			if (at < sizeof(kept))
+				snprintf(kept + at, sizeof(kept) - at,
+				    " (master '%s')", o->master_name);
+		}
 		sl_warn("reload: 'cluster' redis, sentinels, master_name, "
 		    "sentinel_password, password, node (or adding or removing the "
-		    "section) need a restart; keeping %s",
-		    !o->enabled ? "no cluster" : o->redis ? o->redis :
-		    o->master_name);
+		    "section) need a restart; keeping %s", kept);
+	}
 	if (o->enabled && !n->enabled) {
 		/*
 		 * The section was removed: the running one stays whole, its

@@ -19,7 +19,8 @@ FAILOVER_TIMEOUT_MS = 4000
 LONG = dict(events=100000, interval=200)    # a stream that lasts until cut
 
 
-def sentinel_gw(stub, sentinels, node, on_redis_down="local_share", workers=2, **over):
+def sentinel_gw(stub, sentinels, node, on_redis_down="local_share", workers=2,
+                allow_worker_changes=False, **over):
     cfg = h.gateway_config(
         stub, workers=workers, log_level="info",
         admin_listen="%s:%d" % (h.HOST, h.free_port()),
@@ -28,7 +29,7 @@ def sentinel_gw(stub, sentinels, node, on_redis_down="local_share", workers=2, *
                  "node": node, "lease_ttl": "4s", "heartbeat": "%dms" % (HEARTBEAT * 1000),
                  "timeout": "200ms", "on_redis_down": on_redis_down})
     cfg = h.deep_merge(cfg, over)
-    return Gateway(cfg, name=node)
+    return Gateway(cfg, name=node, allow_worker_changes=allow_worker_changes)
 
 
 def healthz(gw):
@@ -461,5 +462,42 @@ def test_sentinel_password_missing_says_to_set_sentinel_password():
                 assert "(set cluster.sentinel_password)" in log, log[-3000:]
                 assert "cluster.password" not in log, log[-3000:]
                 assert healthz(a) == ("local_share", "unknown")
+        finally:
+            s.kill()
+
+
+@h.timeout(60)
+def test_sentinel_reload_keeps_following_and_says_what_it_keeps():
+    """SIGHUP with sentinels: unchanged, no warning; a changed sentinels
+    list warns that it needs a restart and names the sentinels kept. A
+    stream held across both continues, and the new workers admit through
+    the same master."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        s = Sentinel(master, quorum=1).start()
+        try:
+            with sentinel_gw(stub, [s], "gw-a", allow_worker_changes=True) as a:
+                wait_follow(a, master.addr, 10)
+                c, r = try_stream(a)
+                assert r.status == 200, r.status
+                r.read_events(1, timeout=5)
+                h.reload(a, a.config)
+                assert "need a restart" not in h.stderr_text(a), a.stderr_tail()
+                cfg = h.deep_merge(a.config, {"cluster": {
+                    "sentinels": [s.addr, "127.0.0.1:%d" % h.closed_port()]}})
+                h.reload(a, cfg)
+                assert "reload: 'cluster' redis, sentinels, master_name, sentinel_password, " \
+                    "password, node (or adding or removing the section) need a restart; " \
+                    "keeping sentinels %s (master 'sluice')" % s.addr in h.stderr_text(a), \
+                    a.stderr_tail()
+                n = len(r.events)
+                r.read_events(n + 2, timeout=5)
+                assert len(r.events) >= n + 2 and not r.done, (len(r.events), r.done)
+                assert healthz(a) == ("redis", master.addr)
+                c2, r2 = try_stream(a)
+                assert r2.status == 200, r2.status
+                assert master.leases("acme") == 2
+                assert h.scrape(a).value("sluice_cluster_failovers_total") == 0
+                c.close()
+                c2.close()
         finally:
             s.kill()
