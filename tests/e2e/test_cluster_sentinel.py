@@ -4,6 +4,7 @@ and follow a failover (issue 36; sluice.8 CLUSTER). A real topology on
 127.0.0.1: a master, a replica (--replicaof), three redis-sentinel, two
 sluice nodes and the stub; every process started and ended by pid."""
 
+import json
 import re
 import socket
 import threading
@@ -166,6 +167,9 @@ def failover_case(how):
                 for gw in (a, b):
                     m = h.scrape(gw)
                     assert m.value("sluice_cluster_failovers_total") == 1, gw.name
+                    st = json.loads(h.admin_request(h.admin_port(gw), "GET", "/status.json").text)
+                    assert (st["cluster"]["master"], st["cluster"]["failovers"]) == \
+                        (replica.addr, 1), st["cluster"]
                     log = h.stderr_text(gw)
                     assert re.search(r"cluster: Redis master 'sluice' switched from %s to %s "
                                      r"\(sentinel 127\.0\.0\.1:\d+, " % (
@@ -499,5 +503,35 @@ def test_sentinel_reload_keeps_following_and_says_what_it_keeps():
                 assert h.scrape(a).value("sluice_cluster_failovers_total") == 0
                 c.close()
                 c2.close()
+        finally:
+            s.kill()
+
+
+@h.timeout(60)
+def test_sentinel_master_restarted_empty_gets_the_leases_back():
+    """The master the sentinels name restarts without its data (as a
+    promoted replica restarted empty would): the node re-adds the leases
+    of its streams in flight on it, as for a Redis restart, and stays
+    exact; it is no failover (same address)."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        s = Sentinel(master, quorum=1, down_after_ms=5000).start()
+        try:
+            with sentinel_gw(stub, [s], "gw-a") as a:
+                wait_follow(a, master.addr, 10)
+                held = hold(a, 4)
+                h.wait_until(lambda: master.leases("acme") == 4, 5, msg="4 leases")
+                master.kill()
+                master.restart()
+                h.wait_until(lambda: master.leases("acme") == 4, 10, interval=0.05,
+                             msg="the 4 leases re-added on the empty master")
+                wait_follow(a, master.addr, 10)
+                assert master.nodes() == ["gw-a"]
+                held += hold(a, MAX - 4)
+                c, r = try_stream(a)
+                assert r.status == 429, r.status
+                assert master.leases("acme") == MAX
+                assert h.scrape(a).value("sluice_cluster_failovers_total") == 0
+                for c in held:
+                    c.close()
         finally:
             s.kill()
