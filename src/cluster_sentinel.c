@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 
 #include "cluster_int.h"
 
@@ -55,6 +56,22 @@ addr_fmt(char *dst, size_t len, const char *ip, const char *port)
 		snprintf(dst, len, "[%s]:%s", ip, port);
 	else
 		snprintf(dst, len, "%s:%s", ip, port);
+}
+
+/*
+ * An IP literal and a port: what a node may connect to. A sentinel with
+ * announce-hostnames answers host names, and hiredis would resolve one
+ * with a blocking lookup in the master's and every worker's loop.
+ */
+static int
+addr_ok(const char *ip, const char *port)
+{
+	unsigned char bin[16];
+	char *end;
+	long p = strtol(port, &end, 10);
+
+	return *port != '\0' && *end == '\0' && p > 0 && p <= 65535 &&
+	    (inet_pton(AF_INET, ip, bin) == 1 || inet_pton(AF_INET6, ip, bin) == 1);
 }
 
 /* ---- asking ----------------------------------------------------------- */
@@ -130,10 +147,18 @@ ask_one(struct cl_sentinel *s, size_t i, struct timeval tv, char *addr,
 	} else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
 	    r->element[0]->type == REDIS_REPLY_STRING &&
 	    r->element[1]->type == REDIS_REPLY_STRING &&
-	    atoi(r->element[1]->str) > 0) {
+	    addr_ok(r->element[0]->str, r->element[1]->str)) {
 		addr_fmt(addr, alen, r->element[0]->str, r->element[1]->str);
 		rc = 1;
-	} else
+	} else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+	    r->element[0]->type == REDIS_REPLY_STRING &&
+	    r->element[1]->type == REDIS_REPLY_STRING &&
+	    strspn(r->element[1]->str, "0123456789") == r->element[1]->len &&
+	    r->element[1]->len > 0 && atoi(r->element[1]->str) > 0)
+		snprintf(why, wlen, "it names master '%s' by host name '%.80s' "
+		    "(not resolved: set the sentinels' announce-hostnames no)",
+		    s->name, r->element[0]->str);
+	else
 		snprintf(why, wlen, "unexpected answer: %s",
 		    r->type == REDIS_REPLY_ERROR ? r->str : "not [ip, port]");
 out:
@@ -248,6 +273,13 @@ sub_cb(redisAsyncContext *ac, void *r, void *priv)
 	if (sscanf(p->str, "%79s %63s %7s %63s %7s", name, oip, oport, nip,
 	    nport) != 5 || strcmp(name, s->name) != 0)
 		return;
+	if (!addr_ok(nip, nport)) {
+		/* Not followed: the next ask refuses it, and says why. */
+		sl_warn("cluster: sentinel %s: +switch-master to '%s %s' is not "
+		    "an IP address and port; not followed", s->addrs[s->sub_at],
+		    nip, nport);
+		return;
+	}
 	addr_fmt(s->sw_addr, sizeof(s->sw_addr), nip, nport);
 	snprintf(s->sw_who, sizeof(s->sw_who), "%s", s->addrs[s->sub_at]);
 	s->switched = 1;

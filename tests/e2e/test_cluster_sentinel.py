@@ -535,3 +535,27 @@ def test_sentinel_master_restarted_empty_gets_the_leases_back():
                     c.close()
         finally:
             s.kill()
+
+
+def test_sentinel_answering_a_host_name_is_refused_not_resolved():
+    """Sentinels with announce-hostnames answer a host name: sluice does
+    not resolve host names (a blocking lookup would stall the master's
+    and the workers' loops), so it refuses the answer with a log line
+    that says what to change, stays in on_redis_down and writes nothing."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        fake = ScriptedSentinel("localhost:%d" % master.port).start()
+        try:
+            with sentinel_gw(stub, [fake], "gw-a") as a:
+                want = ("cluster: sentinel %s: it names master 'sluice' by host name "
+                        "'localhost' (not resolved: set the sentinels' "
+                        "announce-hostnames no)" % fake.addr)
+                h.wait_until(lambda: want in h.stderr_text(a), 10, msg="the refusal logged")
+                asked = fake.asked
+                h.wait_until(lambda: fake.asked > asked, 10, msg="the node to ask again")
+                assert healthz(a) == ("local_share", "unknown")
+                assert master.command("KEYS", "sluice:*") == []
+                # Once it answers an address, the node follows it.
+                fake.answer = master.addr
+                wait_follow(a, master.addr, 15)
+        finally:
+            fake.stop()
