@@ -559,3 +559,41 @@ def test_sentinel_answering_a_host_name_is_refused_not_resolved():
                 wait_follow(a, master.addr, 15)
         finally:
             fake.stop()
+
+
+@h.timeout(60)
+def test_sentinels_that_never_answer_do_not_stall_healthz_or_streams():
+    """Two of three sentinels accept and never answer, and the master's
+    Redis goes away: the master process asks again at every reconnect,
+    each silent sentinel bounded by cluster.timeout (200 ms), so /healthz
+    answers within a bounded time throughout and a stream in flight keeps
+    flowing."""
+    with Redis(name="redis-master") as master, Stub() as stub, \
+            h.BlackHole() as hole1, h.BlackHole() as hole2:
+        real = Sentinel(master, quorum=1, down_after_ms=60000).start()
+        try:
+            with sentinel_gw(stub, [hole1, hole2, real], "gw-a") as a:
+                wait_follow(a, master.addr, 10)
+                c, r = try_stream(a)
+                assert r.status == 200, r.status
+                r.read_events(1, timeout=5)
+                master.kill()
+                h.wait_until(lambda: healthz(a)[0] == "local_share", 5,
+                             msg="the node to notice the loss")
+                asked = hole1.accepted
+                worst = 0.0
+                t_end = time.monotonic() + 4
+                while time.monotonic() < t_end:
+                    t0 = time.monotonic()
+                    assert healthz(a) == ("local_share", master.addr)
+                    worst = max(worst, time.monotonic() - t0)
+                # The master did ask the silent sentinels meanwhile, and a
+                # /healthz never waited more than two of them (0.4 s) and slack.
+                assert hole1.accepted > asked, (hole1.accepted, asked)
+                assert worst < 1.5, worst
+                n = len(r.events)
+                r.read_events(n + 3, timeout=5)
+                assert len(r.events) >= n + 3 and not r.done
+                c.close()
+        finally:
+            real.kill()
