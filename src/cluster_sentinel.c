@@ -25,6 +25,13 @@
 #include "cluster_int.h"
 
 #define SWITCH_CHANNEL "+switch-master"
+/*
+ * How often the subscription is probed: SUBSCRIBE again (idempotent, and
+ * answered in subscribed mode where a PING's answer is not delivered by
+ * hiredis 0.14). A sentinel that stalls with its connection open (stopped,
+ * wedged) is left within this plus timeout_s.
+ */
+#define SUB_PROBE_S 2.0
 
 struct cl_sentinel {
 	char **addrs;                /* the configured sentinels, in order */
@@ -40,7 +47,9 @@ struct cl_sentinel {
 	double sub_connect_at;       /* next attempt */
 	double sub_deadline;         /* of the connect in progress */
 	double timeout_s;            /* a connect's limit */
-	int subscribed;              /* SUBSCRIBE answered on this connection */
+	int subscribed;              /* the last SUBSCRIBE is answered */
+	int probing;                 /* it is a probe, not the first */
+	double probe_at;             /* when subscribed: the next probe */
 	uint64_t timeout_ms;         /* cluster.timeout, for the log */
 	/* A +switch-master for our name, until cl_sentinel_switched. */
 	int switched;
@@ -261,9 +270,12 @@ sub_cb(redisAsyncContext *ac, void *r, void *priv)
 		return;
 	if (strcmp(reply->element[0]->str, "subscribe") == 0) {
 		s->subscribed = 1;
+		s->probe_at = sl_mono_s() + SUB_PROBE_S;
 		cl_redis_answered(&s->sub);
-		sl_debug("cluster: following master '%s' through sentinel %s",
-		    s->name, s->addrs[s->sub_at]);
+		if (!s->probing)
+			sl_debug("cluster: following master '%s' through sentinel "
+			    "%s", s->name, s->addrs[s->sub_at]);
+		s->probing = 0;
 		return;
 	}
 	p = reply->element[2];
@@ -298,9 +310,18 @@ sub_gone(struct cl_redis *rd, enum cl_gone how, const char *why)
 	char msg[256];
 
 	s->subscribed = 0;
+	s->probing = 0;
 	if (how == CL_GONE_REFUSED) {
 		/* Its AUTH (or PING) refused: logged as the asking does, once. */
 		auth_why(msg, sizeof(msg), why);
+		if (strcmp(s->said[s->sub_at], msg) != 0)
+			sl_warn("cluster: sentinel %s: %s", s->addrs[s->sub_at], msg);
+		memcpy(s->said[s->sub_at], msg, sizeof(msg));
+	} else if (how == CL_GONE_DROPPED && why != NULL &&
+	    strncmp(why, "no answer", 9) == 0) {
+		/* A stalled sentinel: worth a line, once. */
+		snprintf(msg, sizeof(msg), "%s; following through the next "
+		    "sentinel", why);
 		if (strcmp(s->said[s->sub_at], msg) != 0)
 			sl_warn("cluster: sentinel %s: %s", s->addrs[s->sub_at], msg);
 		memcpy(s->said[s->sub_at], msg, sizeof(msg));
@@ -326,7 +347,21 @@ sub_connect(struct cl_sentinel *s)
 		return;
 	}
 	s->subscribed = 0;
+	s->probing = 0;
 	s->sub_deadline = sl_mono_s() + s->timeout_s;
+	redisAsyncCommandArgv(s->sub.ac, sub_cb, s, 2, argv, argl);
+}
+
+/* SUBSCRIBE again on the open subscription: it must be answered in time. */
+static void
+sub_probe(struct cl_sentinel *s, double now)
+{
+	const char *argv[2] = { "SUBSCRIBE", SWITCH_CHANNEL };
+	size_t argl[2] = { 9, sizeof(SWITCH_CHANNEL) - 1 };
+
+	s->subscribed = 0;
+	s->probing = 1;
+	s->sub_deadline = now + s->timeout_s;
 	redisAsyncCommandArgv(s->sub.ac, sub_cb, s, 2, argv, argl);
 }
 
@@ -400,10 +435,8 @@ double
 cl_sentinel_timeout(const struct cl_sentinel *s, double now)
 {
 	double t = s->sub.ac == NULL ? s->sub_connect_at :
-	    !s->subscribed ? s->sub_deadline : -1;
+	    !s->subscribed ? s->sub_deadline : s->probe_at;
 
-	if (t < 0)
-		return -1;
 	return t > now ? t - now : 0;
 }
 
@@ -421,6 +454,8 @@ cl_sentinel_service(struct cl_sentinel *s, const struct pollfd *pfd, int n,
 	if (s->sub.ac != NULL && !s->subscribed && now >= s->sub_deadline)
 		cl_redis_drop(&s->sub, s->sub.connected ?
 		    "no answer to SUBSCRIBE in time" : "connect timed out");
+	if (s->sub.ac != NULL && s->subscribed && now >= s->probe_at)
+		sub_probe(s, now);
 	if (s->sub.ac == NULL && now >= s->sub_connect_at)
 		sub_connect(s);
 }

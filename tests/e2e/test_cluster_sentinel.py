@@ -221,6 +221,8 @@ class ScriptedSentinel:
     def __init__(self, answer):
         self.answer = answer
         self.asked = 0
+        self.subscribes = 0
+        self.mute = False      # True: reads and never answers (a stalled sentinel)
         self._stop = False
         self._conns = []
 
@@ -255,6 +257,8 @@ class ScriptedSentinel:
             while True:
                 cmd = r.reply()
                 word = cmd[0].upper()
+                if self.mute:
+                    continue
                 if word == "PING":
                     c.sendall(b"+PONG\r\n")
                 elif word == "SENTINEL" and cmd[1].lower() == "get-master-addr-by-name":
@@ -263,6 +267,7 @@ class ScriptedSentinel:
                     c.sendall(b"*-1\r\n" if a is None else
                               _resp_encode(a.rsplit(":", 1)))
                 elif word == "SUBSCRIBE":
+                    self.subscribes += 1
                     ch = cmd[1].encode()
                     c.sendall(b"*3\r\n$9\r\nsubscribe\r\n$%d\r\n%s\r\n:1\r\n" % (len(ch), ch))
                 else:
@@ -596,4 +601,30 @@ def test_sentinels_that_never_answer_do_not_stall_healthz_or_streams():
                 assert len(r.events) >= n + 3 and not r.done
                 c.close()
         finally:
+            real.kill()
+
+
+@h.timeout(60)
+def test_sentinel_that_stalls_after_subscribe_loses_the_subscription():
+    """The sentinel the node is subscribed to stops answering (stalled,
+    SIGSTOP-like: the kernel keeps the connection): the node notices within
+    a bounded time and subscribes to the next sentinel, instead of hearing
+    of no failover for ever."""
+    with Redis(name="redis-master") as master, Stub() as stub:
+        fake = ScriptedSentinel(master.addr).start()
+        real = Sentinel(master, quorum=1).start()
+        try:
+            with sentinel_gw(stub, [fake, real], "gw-a") as a:
+                wait_follow(a, master.addr, 10)
+                h.wait_until(lambda: fake.subscribes >= 1, 10, msg="subscribed to the first")
+                assert subscribers(real) == 0
+                fake.mute = True
+                h.wait_until(lambda: subscribers(real) == 1, 15, interval=0.1,
+                             msg="the subscription moved to the sentinel that answers")
+                assert "cluster: sentinel %s: no answer to SUBSCRIBE in time; following " \
+                    "through the next sentinel" % fake.addr in h.stderr_text(a), \
+                    a.stderr_tail()
+                assert healthz(a) == ("redis", master.addr)
+        finally:
+            fake.stop()
             real.kill()
