@@ -73,6 +73,8 @@ static const char register_lua[] =
 /* ---- the master and its connection ------------------------------------ */
 
 #define RENEW_CHUNK 256          /* members per renew call */
+#define SWITCH_SETTLE_S 60.0     /* s after a +switch-master that an answer
+                                    naming the old master is a laggard's */
 
 struct rcell {
 	uint32_t tslot;
@@ -100,6 +102,15 @@ struct sl_cluster_m {
 	 * moments to ask them again.
 	 */
 	struct cl_sentinel *sent;
+	/*
+	 * After a +switch-master: the master it switched from, until when an
+	 * answer naming it is a lagging sentinel's (the others learn of the
+	 * switch a moment later), and whether the next connect may go to the
+	 * switch's address without asking.
+	 */
+	char sw_from[80];
+	double sw_until;
+	int sw_fresh;
 	int not_master;              /* Redis answered READONLY or LOADING */
 	double reask_at;             /* a worker's reask is honoured from */
 	uint64_t ttl_ms, hb_ms, timeout_ms;
@@ -275,6 +286,23 @@ cm_follow(struct sl_cluster_m *cm, const char *addr, const char *who,
  * a failed connection is the first sign of a failover). 0, or -1: none
  * known, the node stays in on_redis_down and asks again after backoff.
  */
+/*
+ * An answer that names the master a +switch-master switched from, soon
+ * after: sentinels that have not heard of the failover yet. Following it
+ * would count a failover back, and write to a master the sentinels have
+ * just replaced.
+ */
+static int
+cm_stale(struct sl_cluster_m *cm, const char *addr, const char *who)
+{
+	if (cm->sw_from[0] == '\0' || strcmp(addr, cm->sw_from) != 0 ||
+	    sl_mono_s() >= cm->sw_until)
+		return 0;
+	sl_warn("cluster: sentinel %s still names %s, the master '%s' switched "
+	    "from; keeping %s", who, addr, cl_sentinel_name(cm->sent), cm->redis);
+	return 1;
+}
+
 static int
 cm_locate(struct sl_cluster_m *cm)
 {
@@ -282,10 +310,17 @@ cm_locate(struct sl_cluster_m *cm)
 
 	if (cm->sent == NULL)
 		return 0;
+	if (cm->sw_fresh) {
+		/* A +switch-master named it a moment ago: go there. */
+		cm->sw_fresh = 0;
+		cl_redis_set_addr(&cm->rd, cm->redis);
+		return 0;
+	}
 	if (cl_sentinel_ask(cm->sent, cm->timeout_ms, addr, sizeof(addr), who,
 	    sizeof(who)) == -1)
 		return -1;
-	cm_follow(cm, addr, who, "asked");
+	if (!cm_stale(cm, addr, who))
+		cm_follow(cm, addr, who, "asked");
 	cl_redis_set_addr(&cm->rd, cm->redis);
 	return 0;
 }
@@ -997,6 +1032,9 @@ cm_sentinels(struct sl_cluster_m *cm, const struct pollfd *pfd, int n,
 	cl_sentinel_service(cm->sent, pfd, n, now);
 	if (cl_sentinel_switched(cm->sent, addr, sizeof(addr), who,
 	    sizeof(who)) && strcmp(addr, cm->redis) != 0) {
+		snprintf(cm->sw_from, sizeof(cm->sw_from), "%s", cm->redis);
+		cm->sw_until = now + SWITCH_SETTLE_S;
+		cm->sw_fresh = 1;
 		cm_follow(cm, addr, who, "+switch-master");
 		cl_redis_answered(&cm->rd);   /* no backoff: go there now */
 		if (cm->rd.ac != NULL)
@@ -1018,7 +1056,8 @@ cm_sentinels(struct sl_cluster_m *cm, const struct pollfd *pfd, int n,
 		/* A worker's doubt: ask; a switch moves the node there. */
 		cm->reask_at = now + 1.0;
 		if (cl_sentinel_ask(cm->sent, cm->timeout_ms, addr, sizeof(addr),
-		    who, sizeof(who)) == 0 && strcmp(addr, cm->redis) != 0) {
+		    who, sizeof(who)) == 0 && strcmp(addr, cm->redis) != 0 &&
+		    !cm_stale(cm, addr, who)) {
 			cm_follow(cm, addr, who, "asked");
 			cl_redis_answered(&cm->rd);
 			if (cm->rd.ac != NULL)

@@ -223,6 +223,7 @@ class ScriptedSentinel:
         self.asked = 0
         self.subscribes = 0
         self.mute = False      # True: reads and never answers (a stalled sentinel)
+        self._subscribed = []
         self._stop = False
         self._conns = []
 
@@ -268,6 +269,8 @@ class ScriptedSentinel:
                               _resp_encode(a.rsplit(":", 1)))
                 elif word == "SUBSCRIBE":
                     self.subscribes += 1
+                    if c not in self._subscribed:
+                        self._subscribed.append(c)
                     ch = cmd[1].encode()
                     c.sendall(b"*3\r\n$9\r\nsubscribe\r\n$%d\r\n%s\r\n:1\r\n" % (len(ch), ch))
                 else:
@@ -276,6 +279,21 @@ class ScriptedSentinel:
             pass
         finally:
             c.close()
+
+    def switch_master(self, old, new, name="sluice"):
+        """Publish +switch-master to the subscribed connections, as a
+        sentinel does once a failover is decided; how many got it."""
+        body = ("%s %s %s" % (name, " ".join(old.rsplit(":", 1)),
+                              " ".join(new.rsplit(":", 1)))).encode()
+        msg = _resp_encode([b"message", b"+switch-master", body])
+        n = 0
+        for c in list(self._subscribed):
+            try:
+                c.sendall(msg)
+                n += 1
+            except OSError:
+                pass
+        return n
 
     def stop(self):
         self._stop = True
@@ -628,3 +646,44 @@ def test_sentinel_that_stalls_after_subscribe_loses_the_subscription():
         finally:
             fake.stop()
             real.kill()
+
+
+@h.timeout(60)
+def test_sentinel_switch_master_is_followed_though_other_sentinels_lag():
+    """+switch-master is published once the failover is decided; the other
+    sentinels may still name the old master for a moment. The node follows
+    the switch (one failover, logged once) and does not switch back to the
+    old master because the laggards' answers are the majority."""
+    with Redis(name="redis-old") as old, Redis(name="redis-new") as new, Stub() as stub:
+        fakes = [ScriptedSentinel(old.addr).start() for _ in range(3)]
+        try:
+            with sentinel_gw(stub, fakes, "gw-a") as a:
+                wait_follow(a, old.addr, 10)
+                h.wait_until(lambda: fakes[0].subscribes >= 1, 10, msg="subscribed")
+                # Only the subscribed sentinel knows yet; the others lag.
+                fakes[0].answer = new.addr
+                assert fakes[0].switch_master(old.addr, new.addr) == 1
+                wait_follow(a, new.addr, 10)
+                h.wait_until(lambda: new.nodes() == ["gw-a"], 5, msg="registered on new")
+                held = hold(a, 1)
+                # Through the worker's connection, or admitted locally while
+                # it reconnects and re-added by the next heartbeat.
+                h.wait_until(lambda: new.leases("acme") == 1, 5, interval=0.05,
+                             msg="the lease on the new master")
+                assert healthz(a) == ("redis", new.addr)
+                # Its connections cut: it asks again, and the laggards'
+                # majority naming the old master is not followed.
+                new.command("CLIENT", "KILL", "TYPE", "normal")
+                want = "cluster: sentinel %s still names %s, the master 'sluice' switched " \
+                    "from; keeping %s" % (fakes[1].addr, old.addr, new.addr)
+                h.wait_until(lambda: want in h.stderr_text(a), 10, msg="the laggards logged")
+                wait_follow(a, new.addr, 10)
+                assert h.scrape(a).value("sluice_cluster_failovers_total") == 1
+                log = h.stderr_text(a)
+                assert "switched from %s to %s" % (new.addr, old.addr) not in log, log[-3000:]
+                assert old.leases("acme") == 0
+                for c in held:
+                    c.close()
+        finally:
+            for f in fakes:
+                f.stop()
