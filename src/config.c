@@ -31,6 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <yaml.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
 
 #include "sl_config.h"
 #include "config_int.h"
@@ -112,6 +114,45 @@ check_cluster(struct ctx *c, yaml_node_t *root)
 #define SENTINELS_MAX 16
 
 /*
+ * An IP:port or [v6]:port already checked, as what it connects to: the
+ * family, the address and the port.
+ */
+static void
+addr_bin(const char *s, int *af, unsigned char bin[16], long *port)
+{
+	char host[64];
+	const char *colon = strrchr(s, ':');
+	size_t n;
+
+	memset(bin, 0, 16);
+	*port = strtol(colon + 1, NULL, 10);
+	n = (size_t)(colon - s);
+	if (s[0] == '[') {
+		s++;
+		n -= 2;
+	}
+	if (n >= sizeof(host))
+		n = sizeof(host) - 1;
+	memcpy(host, s, n);
+	host[n] = '\0';
+	*af = strchr(host, ':') != NULL ? AF_INET6 : AF_INET;
+	(void)inet_pton(*af, host, bin);
+}
+
+/* The same sentinel, however written ("[::1]" and "[0::1]", port 026379). */
+static int
+same_addr(const char *a, const char *b)
+{
+	unsigned char ba[16], bb[16];
+	int fa, fb;
+	long pa, pb;
+
+	addr_bin(a, &fa, ba, &pa);
+	addr_bin(b, &fb, bb, &pb);
+	return fa == fb && pa == pb && memcmp(ba, bb, sizeof(ba)) == 0;
+}
+
+/*
  * cluster.sentinels: 1-16 sentinel addresses, each IP:port or [v6]:port
  * (not resolved, as cluster.redis), each once.
  */
@@ -152,11 +193,16 @@ parse_sentinels(struct ctx *c, yaml_node_t *v, const char *path)
 			continue;
 		}
 		for (i = 0; i < cl->nsentinels; i++)
-			if (strcmp(cl->sentinels[i], s) == 0)
+			if (same_addr(cl->sentinels[i], s))
 				break;
-		if (i < cl->nsentinels) {
+		if (i < cl->nsentinels && strcmp(cl->sentinels[i], s) == 0) {
 			cfg_err_at(c, &w->start_mark, "%s: '%s' is listed twice", path,
 			    s);
+			continue;
+		}
+		if (i < cl->nsentinels) {
+			cfg_err_at(c, &w->start_mark, "%s: '%s' is listed twice (as "
+			    "'%s')", path, s, cl->sentinels[i]);
 			continue;
 		}
 		if ((cl->sentinels[cl->nsentinels] = cfg_strdup(c, s)) != NULL)

@@ -2379,6 +2379,17 @@ test_cluster_sentinels_bad_entries_report_position(void **state)
 	    "  sentinels: [\"127.0.0.1:26379\", \"sentinel.lan:26379\", "
 	    "\"127.0.0.1:26379\"]\n"
 	    "  master_name: \"my master\"\n", 3, want);
+	/* The same sentinel written two ways is the same sentinel. */
+	expect_error(*state, CLUSTER_HEAD
+	    "  sentinels: [\"127.0.0.1:26379\", \"127.0.0.1:026379\"]\n"
+	    "  master_name: m\n",
+	    NAME ":10:34: cluster.sentinels: '127.0.0.1:026379' is listed twice "
+	    "(as '127.0.0.1:26379')", NULL);
+	expect_error(*state, CLUSTER_HEAD
+	    "  sentinels: [\"[::1]:26379\", \"[0:0::1]:26379\"]\n"
+	    "  master_name: m\n",
+	    NAME ":10:30: cluster.sentinels: '[0:0::1]:26379' is listed twice "
+	    "(as '[::1]:26379')", NULL);
 	expect_error(*state, CLUSTER_HEAD
 	    "  sentinels: []\n"
 	    "  master_name: m\n",
