@@ -271,6 +271,8 @@ struct cl_sentinel;
 /* NULL when out of memory; cfg->cluster.nsentinels > 0. */
 struct cl_sentinel *cl_sentinel_new(const struct sl_config *cfg);
 void cl_sentinel_free(struct cl_sentinel *);
+/* A reload's cluster.timeout, for the subscription and the log. */
+void cl_sentinel_reconf(struct cl_sentinel *, uint64_t timeout_ms);
 
 /*
  * Ask the sentinels in order SENTINEL get-master-addr-by-name, each

@@ -404,6 +404,8 @@ cm_conf(struct sl_cluster_m *cm, const struct sl_config *cfg)
 	cm->hb_ms = cfg->cluster.heartbeat_ms;
 	cm->timeout_ms = cfg->cluster.timeout_ms;
 	cm->down_mode = cfg->cluster.on_redis_down;
+	if (cm->sent != NULL)
+		cl_sentinel_reconf(cm->sent, cm->timeout_ms);
 	/* A shorter heartbeat applies now, not after the old one elapsed. */
 	hb = sl_mono_s() + (double)cm->hb_ms / 1000.0;
 	if (cm->next_hb > hb)

@@ -388,12 +388,18 @@ cl_sentinel_new(const struct sl_config *cfg)
 	/* Errors of the subscription are not Redis's: no region, no row. */
 	cl_redis_init(&s->sub, s->addrs[0], s->password, NULL, 0, NULL, 1,
 	    &sub_hooks, s);
-	s->timeout_s = cl_redis_connect_limit(cl->timeout_ms);
-	s->timeout_ms = cl->timeout_ms;
+	cl_sentinel_reconf(s, cl->timeout_ms);
 	return s;
 fail:
 	cl_sentinel_free(s);
 	return NULL;
+}
+
+void
+cl_sentinel_reconf(struct cl_sentinel *s, uint64_t timeout_ms)
+{
+	s->timeout_s = cl_redis_connect_limit(timeout_ms);
+	s->timeout_ms = timeout_ms;
 }
 
 void

@@ -687,3 +687,24 @@ def test_sentinel_switch_master_is_followed_though_other_sentinels_lag():
         finally:
             for f in fakes:
                 f.stop()
+
+
+@h.timeout(60)
+def test_sentinel_reload_of_cluster_timeout_applies_to_the_sentinels():
+    """cluster.timeout is taken by a reload: the next ask waits on a
+    silent sentinel for the new value, and the log says that value."""
+    with Redis(name="redis-master") as master, Stub() as stub, h.BlackHole() as hole:
+        real = Sentinel(master, quorum=1).start()
+        try:
+            with sentinel_gw(stub, [hole, real], "gw-a", allow_worker_changes=True) as a:
+                wait_follow(a, master.addr, 10)
+                assert "cluster: sentinel %s: no answer within cluster.timeout (200ms)" % \
+                    hole.addr in h.stderr_text(a)
+                h.reload(a, h.deep_merge(a.config, {"cluster": {"timeout": "300ms"}}))
+                master.command("CLIENT", "KILL", "TYPE", "normal")
+                want = "cluster: sentinel %s: no answer within cluster.timeout (300ms)" % \
+                    hole.addr
+                h.wait_until(lambda: want in h.stderr_text(a), 10, msg="the new timeout")
+                wait_follow(a, master.addr, 10)
+        finally:
+            real.kill()
