@@ -572,7 +572,12 @@ cell_free(struct sl_cluster_w *cw, int32_t i, int zrem)
 	const char *argv[3];
 	size_t argl[3];
 
-	if (zrem && cw->rd.ac != NULL && cw->rd.connected) {
+	/*
+	 * Not on a connection to a master the sentinels replaced: the lease
+	 * there is moot, and one the master re-added on the new master
+	 * expires within lease_ttl, as it would behind a ZREM sent there.
+	 */
+	if (zrem && cw->rd.ac != NULL && cw->rd.connected && cw_current(cw)) {
 		cw_member(cw, i, member);
 		argv[0] = "ZREM";
 		argv[1] = cw->keys[cw->cell_tenant[i]];
@@ -1034,7 +1039,8 @@ send_charge(struct sl_cluster_w *cw, struct charge *ch)
 	size_t argl[5];
 	int i;
 
-	if (cw->rd.ac == NULL || !cw->rd.connected)
+	/* Nor a charge: the old master's window is no one's now. */
+	if (cw->rd.ac == NULL || !cw->rd.connected || !cw_current(cw))
 		return -1;
 	snprintf(n, sizeof(n), "%" PRIu64, ch->tokens);
 	if (!ch->eval && cw->csha[0] != '\0') {

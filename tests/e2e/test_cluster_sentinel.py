@@ -708,3 +708,40 @@ def test_sentinel_reload_of_cluster_timeout_applies_to_the_sentinels():
                 wait_follow(a, master.addr, 10)
         finally:
             real.kill()
+
+
+def zrem_calls(redis):
+    m = re.search(r"cmdstat_zrem:calls=(\d+)", redis.command("INFO", "commandstats"))
+    return int(m.group(1)) if m else 0
+
+
+@h.timeout(60)
+def test_sentinel_switch_no_release_goes_to_the_old_master():
+    """Streams that end right after a +switch-master, before each worker
+    has moved to the new master: their releases are not written to the old
+    master (no node writes to a master the sentinels replaced), and their
+    leases are gone from the new one within lease_ttl."""
+    with Redis(name="redis-old") as old, Redis(name="redis-new") as new, Stub() as stub:
+        fakes = [ScriptedSentinel(old.addr).start() for _ in range(3)]
+        try:
+            with sentinel_gw(stub, fakes, "gw-a", workers=1,
+                             cluster={"heartbeat": "1s"}) as a:
+                wait_follow(a, old.addr, 10)
+                h.wait_until(lambda: fakes[0].subscribes >= 1, 10, msg="subscribed")
+                held = hold(a, 4)
+                h.wait_until(lambda: old.leases("acme") == 4, 5, msg="4 leases")
+                before = zrem_calls(old)
+                for f in fakes:
+                    f.answer = new.addr
+                assert fakes[0].switch_master(old.addr, new.addr) == 1
+                h.wait_until(lambda: healthz(a)[1] == new.addr, 5, interval=0.005,
+                             msg="the master to follow")
+                for c in held:
+                    c.close()
+                wait_follow(a, new.addr, 10)
+                h.wait_until(lambda: new.leases("acme") == 0, 6, interval=0.05,
+                             msg="the released leases gone from the new master")
+                assert zrem_calls(old) == before, (zrem_calls(old), before)
+        finally:
+            for f in fakes:
+                f.stop()
