@@ -218,7 +218,8 @@ class ScriptedSentinel:
     for nil), to make the answers real sentinels give only in a race:
     a replica's address, a disagreement. `asked` counts the questions."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, host=h.HOST):
+        self.host = host
         self.answer = answer
         self.asked = 0
         self.subscribes = 0
@@ -229,12 +230,13 @@ class ScriptedSentinel:
 
     @property
     def addr(self):
-        return "%s:%d" % (h.HOST, self.port)
+        return ("[%s]:%d" if ":" in self.host else "%s:%d") % (self.host, self.port)
 
     def start(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET,
+                                  socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((h.HOST, 0))
+        self.sock.bind((self.host, 0))
         self.sock.listen(64)
         self.sock.settimeout(0.1)
         self.port = self.sock.getsockname()[1]
@@ -745,3 +747,21 @@ def test_sentinel_switch_no_release_goes_to_the_old_master():
         finally:
             for f in fakes:
                 f.stop()
+
+
+def test_sentinel_on_ipv6_loopback_is_asked_and_followed():
+    """A sentinel listed as [::1]:port is asked and subscribed to, and a
+    +switch-master from it is followed."""
+    with Redis(name="redis-old") as old, Redis(name="redis-new") as new, Stub() as stub:
+        fake = ScriptedSentinel(old.addr, host="::1").start()
+        try:
+            with sentinel_gw(stub, [fake], "gw-a") as a:
+                wait_follow(a, old.addr, 10)
+                assert "(sentinel [::1]:%d)" % fake.port in h.stderr_text(a)
+                h.wait_until(lambda: fake.subscribes >= 1, 10, msg="subscribed")
+                fake.answer = new.addr
+                assert fake.switch_master(old.addr, new.addr) == 1
+                wait_follow(a, new.addr, 10)
+                assert h.scrape(a).value("sluice_cluster_failovers_total") == 1
+        finally:
+            fake.stop()
