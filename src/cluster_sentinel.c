@@ -41,6 +41,7 @@ struct cl_sentinel {
 	char (*said)[256];           /* per sentinel, the failure last logged:
 	                                the same one again is not */
 	int failing;                 /* the last ask found no master */
+	char disagreed[256];         /* the last disagreement logged */
 
 	struct cl_redis sub;         /* the subscription, polled */
 	size_t sub_at;               /* which sentinel it is to */
@@ -204,7 +205,6 @@ cl_sentinel_ask(struct cl_sentinel *s, uint64_t timeout_ms, char *addr,
 			memcpy(s->said[i], why, sizeof(s->said[i]));
 			continue;
 		}
-		s->said[i][0] = '\0';
 		reachable++;
 		answered++;
 		for (j = 0; j <= i; j++)
@@ -224,18 +224,36 @@ cl_sentinel_ask(struct cl_sentinel *s, uint64_t timeout_ms, char *addr,
 			    reachable);
 		goto out;
 	}
-	/* Of those that name one: a nil is a sentinel not watching it. */
+	/*
+	 * Of those that name one: a nil is a sentinel not watching it. The
+	 * same disagreement, or the same sentinel saying the same other
+	 * address, is logged once, not at every ask (every reconnect).
+	 */
 	if ((size_t)votes[best] * 2 <= answered) {
-		sl_warn("cluster: the sentinels disagree on master '%s' (%d of "
-		    "%zu that answered say %s): asking again", s->name,
+		snprintf(why, sizeof(why), "%d of %zu that answered say %s",
 		    votes[best], answered, ans[best]);
+		if (strcmp(s->disagreed, why) != 0)
+			sl_warn("cluster: the sentinels disagree on master '%s' "
+			    "(%s): asking again", s->name, why);
+		memcpy(s->disagreed, why, sizeof(why));
 		goto out;
 	}
-	for (j = 0; j < s->n; j++)
-		if (ans[j][0] != '\0' && strcmp(ans[j], ans[best]) != 0)
+	s->disagreed[0] = '\0';
+	for (j = 0; j < s->n; j++) {
+		if (ans[j][0] == '\0')
+			continue;
+		if (strcmp(ans[j], ans[best]) == 0) {
+			s->said[j][0] = '\0';
+			continue;
+		}
+		snprintf(why, sizeof(why), "says %s; the majority says %s",
+		    ans[j], ans[best]);
+		if (strcmp(s->said[j], why) != 0)
 			sl_warn("cluster: sentinel %s says master '%s' is %s; the "
 			    "majority (%d of %zu that answered) says %s", s->addrs[j],
 			    s->name, ans[j], votes[best], answered, ans[best]);
+		memcpy(s->said[j], why, sizeof(why));
+	}
 	snprintf(addr, alen, "%s", ans[best]);
 	snprintf(who, wlen, "%s", s->addrs[best]);
 	s->failing = 0;

@@ -765,3 +765,38 @@ def test_sentinel_on_ipv6_loopback_is_asked_and_followed():
                 assert h.scrape(a).value("sluice_cluster_failovers_total") == 1
         finally:
             fake.stop()
+
+
+@h.timeout(60)
+def test_sentinel_dissent_and_disagreement_are_logged_once_not_every_ask():
+    """A sentinel that keeps naming another address is logged once, not at
+    every ask (every reconnect); likewise sentinels that disagree with no
+    majority, until they agree again."""
+    with Redis(name="redis-master") as master, Redis(name="redis-other") as other, \
+            Stub() as stub:
+        # The dissenter first: asked every time (two agreeing end an ask).
+        fakes = [ScriptedSentinel(other.addr).start(), ScriptedSentinel(master.addr).start(),
+                 ScriptedSentinel(master.addr).start()]
+        try:
+            with sentinel_gw(stub, fakes, "gw-a", workers=1) as a:
+                wait_follow(a, master.addr, 10)
+                dissent = "cluster: sentinel %s says master 'sluice' is %s; the majority" % (
+                    fakes[0].addr, other.addr)
+                for _ in range(3):
+                    asked = fakes[1].asked
+                    master.command("CLIENT", "KILL", "TYPE", "normal")
+                    h.wait_until(lambda: fakes[1].asked > asked, 10, msg="asked again")
+                    wait_follow(a, master.addr, 10)
+                assert h.stderr_text(a).count(dissent) == 1, a.stderr_tail()
+                # No majority: one says other, one master, one nil.
+                fakes[2].answer = None
+                disagree = "cluster: the sentinels disagree on master 'sluice'"
+                for _ in range(3):
+                    asked = fakes[1].asked
+                    master.command("CLIENT", "KILL", "TYPE", "normal")
+                    h.wait_until(lambda: fakes[1].asked > asked, 10, msg="asked again")
+                h.wait_until(lambda: disagree in h.stderr_text(a), 5, msg="disagreement")
+                assert h.stderr_text(a).count(disagree) == 1, a.stderr_tail()
+        finally:
+            for f in fakes:
+                f.stop()
