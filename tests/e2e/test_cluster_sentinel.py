@@ -158,7 +158,8 @@ def failover_case(how):
                 for gw in (a, b):
                     wait_follow(gw, replica.addr, 10)
                 # Exact again: the 6 held leases on the new master, 2 more refused each.
-                assert replica.leases("acme") == 6, replica.lease_members("acme")
+                members = replica.lease_members("acme")
+                assert len(members) == 6, members
                 for gw in (a, b):
                     for _ in range(2):
                         c, r = try_stream(gw)
@@ -182,7 +183,11 @@ def failover_case(how):
                     master.restart()
                 h.wait_until(lambda: role(master) == "slave", 30, interval=0.1,
                              msg="the old master to be demoted")
-                assert sluice_clients(master) == [], sluice_clients(master)
+                # A probe of ours (role() above) may still be listed a moment
+                # after it closed; a node's connection would stay.
+                h.wait_until(lambda: sluice_clients(master) == [], 3, interval=0.05,
+                             msg="no client of the old master but the sentinels "
+                             "and replication (%r)" % (sluice_clients(master),))
                 for gw in (a, b):
                     assert healthz(gw) == ("redis", replica.addr)
                 assert stub.tag("acme")["max_inflight"] == MAX, stub.tag("acme")
