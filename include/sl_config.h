@@ -283,6 +283,18 @@ int sl_config_permission_warning(const char *path, char *msg, size_t len);
 
 void sl_config_free(struct sl_config *);
 
+/*
+ * Where a `cluster:` section leads, fixed for the master's life: its Redis
+ * or sentinels and master name, passwords and node name. Whether o and n
+ * lead to the same place; o's place in words for a log ("no cluster", the
+ * Redis address, or "sentinels A, B (master 'NAME')"); make n's place o's
+ * (n's own strings freed; a copy that runs out of memory is left NULL).
+ */
+int sl_cluster_same_place(const struct sl_cluster_conf *o,
+    const struct sl_cluster_conf *n);
+void sl_cluster_place_str(const struct sl_cluster_conf *o, char *buf, size_t len);
+void sl_cluster_keep_place(struct sl_cluster_conf *n, const struct sl_cluster_conf *o);
+
 /* Find a tenant index by name; -1 if absent. */
 int sl_config_tenant_index(const struct sl_config *, const char *name);
 

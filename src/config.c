@@ -871,6 +871,82 @@ sl_config_permission_warning(const char *path, char *msg, size_t len)
 	return 1;
 }
 
+/* Two strings, either NULL. */
+static int
+same_str(const char *a, const char *b)
+{
+	return (a == NULL) == (b == NULL) && (a == NULL || strcmp(a, b) == 0);
+}
+
+int
+sl_cluster_same_place(const struct sl_cluster_conf *o,
+    const struct sl_cluster_conf *n)
+{
+	size_t i;
+
+	if (!same_str(o->redis, n->redis) || !same_str(o->node, n->node) ||
+	    !same_str(o->password, n->password) ||
+	    !same_str(o->master_name, n->master_name) ||
+	    !same_str(o->sentinel_password, n->sentinel_password) ||
+	    o->nsentinels != n->nsentinels)
+		return 0;
+	for (i = 0; i < o->nsentinels; i++)
+		if (strcmp(o->sentinels[i], n->sentinels[i]) != 0)
+			return 0;
+	return 1;
+}
+
+void
+sl_cluster_place_str(const struct sl_cluster_conf *o, char *buf, size_t len)
+{
+	size_t i, at;
+
+	if (len == 0)
+		return;
+	if (!o->enabled)
+		snprintf(buf, len, "no cluster");
+	else if (o->redis != NULL)
+		snprintf(buf, len, "%s", o->redis);
+	else {
+		at = (size_t)snprintf(buf, len, "sentinels");
+		for (i = 0; i < o->nsentinels && at < len; i++)
+			at += (size_t)snprintf(buf + at, len - at, "%s%s",
+			    i > 0 ? ", " : " ", o->sentinels[i]);
+		if (at < len)
+			snprintf(buf + at, len - at, " (master '%s')", o->master_name);
+	}
+}
+
+void
+sl_cluster_keep_place(struct sl_cluster_conf *n, const struct sl_cluster_conf *o)
+{
+	size_t i;
+
+	free(n->redis);
+	free(n->node);
+	free(n->password);
+	free(n->master_name);
+	free(n->sentinel_password);
+	for (i = 0; i < n->nsentinels; i++)
+		free(n->sentinels[i]);
+	free(n->sentinels);
+	n->enabled = o->enabled;
+	n->redis = o->redis ? strdup(o->redis) : NULL;
+	n->node = o->node ? strdup(o->node) : NULL;
+	n->password = o->password ? strdup(o->password) : NULL;
+	n->master_name = o->master_name ? strdup(o->master_name) : NULL;
+	n->sentinel_password = o->sentinel_password ?
+	    strdup(o->sentinel_password) : NULL;
+	n->sentinels = NULL;
+	n->nsentinels = 0;
+	if (o->nsentinels > 0 &&
+	    (n->sentinels = calloc(o->nsentinels, sizeof(char *))) != NULL)
+		for (i = 0; i < o->nsentinels; i++)
+			if ((n->sentinels[n->nsentinels] = strdup(o->sentinels[i])) !=
+			    NULL)
+				n->nsentinels++;
+}
+
 void
 sl_config_free(struct sl_config *cfg)
 {

@@ -575,60 +575,17 @@ slot_live(const struct master *m, unsigned gen, int s)
  * life (members name the node; the region is sized at start); a reload
  * takes the rest of `cluster:` (timing, on_redis_down).
  */
-/* Two strings, either NULL. */
-static int
-same_str(const char *a, const char *b)
-{
-	return (a == NULL) == (b == NULL) && (a == NULL || strcmp(a, b) == 0);
-}
-
-/* The same Redis (or sentinels), credentials and node name. */
-static int
-cluster_same_place(const struct sl_cluster_conf *o,
-    const struct sl_cluster_conf *n)
-{
-	size_t i;
-
-	if (!same_str(o->redis, n->redis) || !same_str(o->node, n->node) ||
-	    !same_str(o->password, n->password) ||
-	    !same_str(o->master_name, n->master_name) ||
-	    !same_str(o->sentinel_password, n->sentinel_password) ||
-	    o->nsentinels != n->nsentinels)
-		return 0;
-	for (i = 0; i < o->nsentinels; i++)
-		if (strcmp(o->sentinels[i], n->sentinels[i]) != 0)
-			return 0;
-	return 1;
-}
-
-/* 16 sentinels of "[v6]:port" and a master name. */
-#define SENTINELS_KEPT_MAX 1024
-
 static void
 keep_cluster(struct master *m, struct sl_config *ncfg)
 {
 	struct sl_cluster_conf *n = &ncfg->cluster;
 	const struct sl_cluster_conf *o = &m->cur.cfg->cluster;
-	size_t i;
 
-	if (n->enabled != o->enabled || (o->enabled && !cluster_same_place(o, n))) {
+	if (n->enabled != o->enabled || (o->enabled && !sl_cluster_same_place(o, n))) {
 		/* What is kept, as written: "sluice" alone says nothing. */
-		char kept[SENTINELS_KEPT_MAX];
-		size_t at = 0;
+		char kept[1024];
 
-		if (!o->enabled)
-			snprintf(kept, sizeof(kept), "no cluster");
-		else if (o->redis != NULL)
-			snprintf(kept, sizeof(kept), "%s", o->redis);
-		else {
-			at = (size_t)snprintf(kept, sizeof(kept), "sentinels");
-			for (i = 0; i < o->nsentinels && at < sizeof(kept); i++)
-				at += (size_t)snprintf(kept + at, sizeof(kept) - at,
-				    "%s%s", i > 0 ? ", " : " ", o->sentinels[i]);
-			if (at < sizeof(kept))
-				snprintf(kept + at, sizeof(kept) - at,
-				    " (master '%s')", o->master_name);
-		}
+		sl_cluster_place_str(o, kept, sizeof(kept));
 		sl_warn("reload: 'cluster' redis, sentinels, master_name, "
 		    "sentinel_password, password, node (or adding or removing the "
 		    "section) need a restart; keeping %s", kept);
@@ -644,29 +601,7 @@ keep_cluster(struct master *m, struct sl_config *ncfg)
 		n->timeout_ms = o->timeout_ms;
 		n->on_redis_down = o->on_redis_down;
 	}
-	free(n->redis);
-	free(n->node);
-	free(n->password);
-	free(n->master_name);
-	free(n->sentinel_password);
-	for (i = 0; i < n->nsentinels; i++)
-		free(n->sentinels[i]);
-	free(n->sentinels);
-	n->enabled = o->enabled;
-	n->redis = o->redis ? strdup(o->redis) : NULL;
-	n->node = o->node ? strdup(o->node) : NULL;
-	n->password = o->password ? strdup(o->password) : NULL;
-	n->master_name = o->master_name ? strdup(o->master_name) : NULL;
-	n->sentinel_password = o->sentinel_password ?
-	    strdup(o->sentinel_password) : NULL;
-	n->sentinels = NULL;
-	n->nsentinels = 0;
-	if (o->nsentinels > 0 &&
-	    (n->sentinels = calloc(o->nsentinels, sizeof(char *))) != NULL)
-		for (i = 0; i < o->nsentinels; i++)
-			if ((n->sentinels[n->nsentinels] = strdup(o->sentinels[i])) !=
-			    NULL)
-				n->nsentinels++;
+	sl_cluster_keep_place(n, o);
 }
 
 /*
