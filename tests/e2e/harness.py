@@ -1337,6 +1337,11 @@ VALGRIND_MAX_TENANTS = 10000
 VALGRIND_RELOAD_TIMEOUT = 20.0
 
 
+def under_valgrind():
+    """Do the gateways of this run start under memcheck (check-valgrind)?"""
+    return "valgrind" in os.environ.get("SLUICE_WRAPPER", "")
+
+
 def _render(config):
     if "valgrind" in os.environ.get("SLUICE_WRAPPER", "") and \
             "max_tenants" not in (config.get("limits") or {}):
