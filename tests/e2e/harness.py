@@ -2031,6 +2031,11 @@ class Redis:
         if self.password:
             argv += ["--requirepass", self.password]
         argv += self.args
+        return self._spawn(argv, "redis-server", timeout)
+
+    def _spawn(self, argv, what, timeout):
+        """Start argv (output to stdout_path), registered by pid; return
+        self once it answers PING, or raise (killed) by `timeout` s."""
         with open(self.stdout_path, "wb") as out:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, close_fds=True)
@@ -2039,8 +2044,9 @@ class Redis:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise HarnessError("redis-server exited with status %s at start: %s"
-                                   % (self.proc.returncode, file_tail(self.stdout_path, 1500)))
+                raise HarnessError("%s exited with status %s at start: %s"
+                                   % (what, self.proc.returncode,
+                                      file_tail(self.stdout_path, 1500)))
             try:
                 if self.command("PING", timeout=1.0) == "PONG":
                     return self
@@ -2048,7 +2054,7 @@ class Redis:
                 pass
             if time.monotonic() > deadline:
                 self.kill()
-                raise HarnessError("redis-server did not answer PING in %.0fs" % timeout)
+                raise HarnessError("%s did not answer PING in %.0fs" % (what, timeout))
             time.sleep(0.02)
 
     def restart(self, timeout=10.0):
@@ -2202,25 +2208,7 @@ class Sentinel(Redis):
             with open(conf, "w") as f:
                 f.write("\n".join(lines) + "\n")
         self.stdout_path = tmpfile(self.name, ".stdout")
-        with open(self.stdout_path, "wb") as out:
-            self.proc = subprocess.Popen([redis_sentinel_bin(), conf], stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=subprocess.STDOUT, close_fds=True)
-        _register(self.proc.pid)
-        self.pid = self.proc.pid
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise HarnessError("redis-sentinel exited with status %s at start: %s"
-                                   % (self.proc.returncode, file_tail(self.stdout_path, 1500)))
-            try:
-                if self.command("PING", timeout=1.0) == "PONG":
-                    return self
-            except (OSError, RedisError):
-                pass
-            if time.monotonic() > deadline:
-                self.kill()
-                raise HarnessError("redis-sentinel did not answer PING in %.0fs" % timeout)
-            time.sleep(0.02)
+        return self._spawn([redis_sentinel_bin(), conf], "redis-sentinel", timeout)
 
     def master_addr(self):
         """What it answers to get-master-addr-by-name: "IP:port" or None."""
